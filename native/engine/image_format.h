@@ -1,0 +1,167 @@
+/*
+ * mpllm model image, format version 1: the ONE description of the file that
+ * `mpllm.convert` writes and the engine's loader reads. tools/mpllm/image.py
+ * mirrors these constants; tests/test_image_format.py proves the two agree.
+ *
+ * Why a format of our own: the esp32-ai model.bin is a packed stream with no
+ * alignment, no checksums and no tokenizer. The board reads it through a flash
+ * cache and stages part of it into RAM, so this layout is chosen for the device:
+ *   - every section starts 16-byte aligned (PIE 128-bit loads ignore address
+ *     bits 3:0, so a misaligned weight silently reads the wrong bytes);
+ *   - matrices are already in the kernels' packed layout, so staging is a copy;
+ *   - what is read per token from flash (one embedding row, one PLE row) is
+ *     contiguous, each with its scales beside it;
+ *   - embedding/PLE rows at or above the tokenizer's size are dropped (dead
+ *     weight: ~3.3 MB on the release model).
+ *
+ * All integers little-endian. Sizes in bytes. CRC-32 is the IEEE/zlib one
+ * (reflected polynomial 0xEDB88320, init and final xor 0xFFFFFFFF).
+ *
+ * File layout
+ * -----------
+ *   [0, 128)                 llm_image_header
+ *   [128, 128 + 32*n)        n x llm_image_section (the section table)
+ *   then sections, each at a 16-byte aligned offset, zero padding between.
+ *   file_bytes == total file length (readers reject a mismatch: truncation).
+ *
+ * header_crc32 is the CRC-32 of the header (with header_crc32 itself read as
+ * 0) followed by the whole section table. Each section's crc32 covers exactly
+ * its [offset, offset+size) bytes.
+ *
+ * Section names (NUL-padded to 16 bytes; unknown names are an error, missing
+ * ones too). kind tells how the payload is laid out:
+ *   "tokenizer"      KIND_TOKENIZER
+ *   "rope"           KIND_F32   f32 [seq_len][head_dim]: for position p,
+ *                               [p][i] = cos(p*freq_i), [p][head_dim/2 + i] =
+ *                               sin(p*freq_i), i < head_dim/2. Computed by the
+ *                               converter so no libm runs on the board.
+ *   "embed"          KIND_Q4    [vocab_rows, dim]; the tied head is its first
+ *                               vocab_out rows
+ *   "ple_rows"       KIND_ROWS  [vocab_rows, n_layers*ple_dim]
+ *   "ple_model_proj" KIND_Q4    [n_layers*ple_dim, dim]
+ *   "ple_proj_norm"  KIND_F32   [ple_dim]
+ *   "L<i>.attn_norm" KIND_F32   [dim]          (i = 0..n_layers-1, decimal)
+ *   "L<i>.qkv"       KIND_Q4    [3*dim, dim]   q rows 0..dim-1, k, then v
+ *   "L<i>.attn_proj" KIND_Q4    [dim, dim]
+ *   "L<i>.ffn_norm"  KIND_F32   [dim]
+ *   "L<i>.gate"      KIND_Q4    [ffn, dim]
+ *   "L<i>.up"        KIND_Q4    [ffn, dim]
+ *   "L<i>.down"      KIND_Q4    [dim, ffn]
+ *   "L<i>.ple_gate"  KIND_Q4    [ple_dim, dim]
+ *   "L<i>.ple_proj"  KIND_Q4    [dim, ple_dim]
+ *   "L<i>.ple_norm"  KIND_F32   [dim]
+ *   "out_norm"       KIND_F32   [dim]
+ *   "head"           KIND_Q4    [vocab_out, dim], present iff the
+ *                               LLM_IMAGE_FLAG_TIED_HEAD bit is clear
+ * Sections appear in the file in exactly this order.
+ *
+ * KIND_F32: raw f32 values, nothing else.
+ *
+ * KIND_Q4 (int4 weights in the matvec kernels' layout):
+ *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes
+ *   codes  rows x row_bytes
+ *   scales f32 [rows][n_groups]      (fp16 values of the source, widened)
+ *   cols_padded = cols rounded up to 32; row_bytes = cols_padded / 2 (a
+ *   multiple of 16, so every row and the scales stay 16-byte aligned).
+ *   n_groups = ceil(cols / group); group must be a multiple of 32 or >= cols,
+ *   so a 32-column block never straddles two groups.
+ *   Codes are offset binary (code = q + 8, q in -8..7; value = q * scale).
+ *   Within a row, 32-column block b occupies bytes [16b, 16b+16):
+ *     byte 16b + k  (k < 16) = code(col 32b + k) | code(col 32b + k + 16) << 4
+ *   Columns >= cols are padded with code 8 (value 0).
+ *   This is what the PIE kernel wants: one 16-byte load feeds two 16-lane MACs
+ *   (low nibbles against activations 32b..32b+15, high against +16..+31).
+ *
+ * KIND_ROWS (per-token lookup rows, dequantized, never multiplied):
+ *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes
+ *   rows records of row_bytes each; one record is
+ *     codes  ceil(cols/2) bytes, the source's order: column j in byte j>>1,
+ *            even j in the low nibble
+ *     scales fp16 [n_groups], n_groups = ceil(cols / group)
+ *     zero padding up to row_bytes = round_up(ceil(cols/2) + 2*n_groups, 16)
+ *
+ * KIND_TOKENIZER (byte-level BPE tables for the plain-Python tokenizer):
+ *   u32 n_vocab       (== vocab_out)
+ *   u32 n_merges
+ *   u32 n_special     ids of special tokens follow the byte table
+ *   u32 reserved (0)
+ *   u16 byte_ids[256] id of the single-byte token for each byte value
+ *                     (0xFFFF if the vocabulary has none)
+ *   u16 special_ids[n_special], then zero padding to a multiple of 4 bytes
+ *   u8  lengths[n_vocab]          byte length of each token's text
+ *   u8  text[sum(lengths)]        token texts as raw bytes (byte-level symbols
+ *                                 already mapped back to bytes; a special
+ *                                 token's text is its literal, e.g.
+ *                                 "<|endoftext|>")
+ *   zero padding to a multiple of 2 bytes (from the section start)
+ *   u16 merges[n_merges][3]       (left id, right id, merged id), in rank
+ *                                 order: merge 0 has the highest priority
+ *
+ * Header config fields describe the image, not the source: vocab_rows is the
+ * number of embedding/PLE rows kept, vocab_in_source what model.bin had.
+ */
+#ifndef LLM_IMAGE_FORMAT_H
+#define LLM_IMAGE_FORMAT_H
+
+#include <stdint.h>
+
+#define LLM_IMAGE_MAGIC "MPLLMIMG" /* 8 bytes, no NUL */
+#define LLM_IMAGE_VERSION 1u
+#define LLM_IMAGE_HEADER_BYTES 128u
+#define LLM_IMAGE_SECTION_BYTES 32u
+#define LLM_IMAGE_ALIGN 16u
+#define LLM_IMAGE_BLOCK_COLS 32u   /* packed-layout block width */
+#define LLM_IMAGE_NAME_BYTES 16u
+#define LLM_IMAGE_MAX_SECTIONS 512u
+
+#define LLM_IMAGE_FLAG_TIED_HEAD 1u
+#define LLM_IMAGE_FLAGS_KNOWN LLM_IMAGE_FLAG_TIED_HEAD
+
+enum llm_image_kind {
+    LLM_IMAGE_KIND_F32 = 1,
+    LLM_IMAGE_KIND_Q4 = 2,
+    LLM_IMAGE_KIND_ROWS = 3,
+    LLM_IMAGE_KIND_TOKENIZER = 4,
+};
+
+typedef struct llm_image_header {
+    char magic[8];             /* LLM_IMAGE_MAGIC */
+    uint32_t version;          /* LLM_IMAGE_VERSION */
+    uint32_t header_bytes;     /* 128 */
+    uint32_t file_bytes;       /* total image length */
+    uint32_t n_sections;
+    uint32_t header_crc32;     /* see above */
+    uint32_t flags;            /* LLM_IMAGE_FLAG_* */
+    uint32_t vocab_rows;       /* embedding / PLE rows stored */
+    uint32_t vocab_out;        /* logits per step == tokenizer size */
+    uint32_t vocab_in_source;  /* rows in the source model.bin */
+    uint32_t dim;
+    uint32_t n_layers;
+    uint32_t n_heads;
+    uint32_t ffn;
+    uint32_t ple_dim;
+    uint32_t seq_len;
+    uint32_t group;            /* source quantization group */
+    float rope_theta;
+    uint32_t eot_id;           /* <|endoftext|> */
+    uint8_t source_sha256[32]; /* sha256(sha256(model.bin) || sha256(tokenizer.json)) */
+    uint8_t reserved[128 - 112];  /* zero */
+} llm_image_header;
+
+typedef struct llm_image_section {
+    char name[LLM_IMAGE_NAME_BYTES]; /* NUL-padded */
+    uint32_t kind;                   /* enum llm_image_kind */
+    uint32_t offset;                 /* from file start, 16-byte aligned */
+    uint32_t size;                   /* payload bytes */
+    uint32_t crc32;                  /* CRC-32 of the payload */
+} llm_image_section;
+
+typedef struct llm_image_q4_header {
+    uint32_t rows, cols, group, row_bytes;
+} llm_image_q4_header;
+
+_Static_assert(sizeof(llm_image_header) == LLM_IMAGE_HEADER_BYTES, "header size");
+_Static_assert(sizeof(llm_image_section) == LLM_IMAGE_SECTION_BYTES, "section size");
+_Static_assert(sizeof(llm_image_q4_header) == 16, "q4 header size");
+
+#endif

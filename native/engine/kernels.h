@@ -1,0 +1,56 @@
+/*
+ * Kernel family: int4-weight x int8-activation matvec and int8 dot products.
+ * Every kernel has a scalar reference (kernels_ref.c, always compiled, also on
+ * the board so it can self-test) and a PIE twin (kernels_pie.c) with the SAME
+ * signature and the same bits. The dispatch at the bottom picks one per build.
+ */
+#ifndef LLM_KERNELS_H
+#define LLM_KERNELS_H
+
+#include <stdint.h>
+
+/* A matrix in the image's KIND_Q4 layout (see image_format.h): codes are
+ * offset-binary nibbles in 32-column blocks, byte 16b+k = col 32b+k (low) |
+ * col 32b+k+16 (high); rows are row_bytes apart and 16-byte aligned; scales
+ * are f32 [rows][n_groups]. */
+typedef struct llm_q4 {
+    const uint8_t *codes;
+    const float *scales;
+    uint32_t rows, cols, group, n_groups, row_bytes;
+} llm_q4;
+
+/* Quantize x[0..n) to int8 with one scale (DESIGN §3), writing xq[0..n_padded)
+ * (zeros past n, so padded weight columns meet zero activations).
+ * Contract: xmax = max(1e-8f, max|x_i|) in index order; inv = 127.f / xmax;
+ * q_i = lrintf(x_i * inv) (round half to even) clamped to [-127, 127];
+ * *xscale = xmax / 127.f. */
+void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
+                      float *xscale);
+
+/* y[r] for r in [row_begin, row_end): rows outside are untouched, so two cores
+ * can each take a range of the same call.
+ * Contract: per group, g = sum over its columns of (code-8)*xq exact in int32;
+ * acc = 0.f; for each group in order acc += (float)g * scale[r][group];
+ * y[r] = acc * xscale. No fused multiply-add. xq holds cols rounded up to 32
+ * values (llm_quantize_act's n_padded). */
+void llm_matvec_q4_ref(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
+                       uint32_t row_begin, uint32_t row_end);
+void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
+                       uint32_t row_begin, uint32_t row_end);
+
+/* sum a[i]*b[i] over n int8 pairs, exact in int32 (n <= 2^16). PIE version
+ * needs a, b 16-byte aligned and n a multiple of 16. */
+int32_t llm_dot_s8_ref(const int8_t *a, const int8_t *b, uint32_t n);
+int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n);
+
+#if defined(LLM_KERNELS_PIE)
+#define llm_matvec_q4 llm_matvec_q4_pie
+#define llm_dot_s8 llm_dot_s8_pie
+#define LLM_KERNELS_NAME "pie"
+#else
+#define llm_matvec_q4 llm_matvec_q4_ref
+#define llm_dot_s8 llm_dot_s8_ref
+#define LLM_KERNELS_NAME "ref"
+#endif
+
+#endif

@@ -1,0 +1,142 @@
+/*
+ * mpllm engine: the public C API that both bindings (CPython `_llm`,
+ * MicroPython `_llm`) wrap. Portable C11: no MicroPython or ESP-IDF here.
+ *
+ * Life of a model:
+ *   llm_open(image bytes, port)  validate + place sections (port decides where)
+ *   llm_prefill(prompt tokens)   layers for every token, head for the last
+ *   llm_step(token)              one token in, next token out
+ *   llm_reset()                  back to position 0, same model
+ *   llm_close()
+ * The engine never aborts and never allocates after llm_open except through
+ * the port; every failure is an llm_status with a message in llm_error.
+ */
+#ifndef LLM_H
+#define LLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LLM_VERSION "0.1.0"
+
+typedef enum llm_status {
+    LLM_OK = 0,
+    LLM_E_ARG,       /* bad argument (NULL, out-of-range token, bad option) */
+    LLM_E_FORMAT,    /* image malformed: magic, sizes, section table, layout */
+    LLM_E_VERSION,   /* image format version not supported */
+    LLM_E_CHECKSUM,  /* a CRC does not match */
+    LLM_E_CONFIG,    /* model dimensions impossible or unsupported */
+    LLM_E_NOMEM,     /* the port could not place a buffer */
+    LLM_E_CONTEXT,   /* no room left in the context window */
+    LLM_E_STATE,     /* call out of order (e.g. step before prefill) */
+} llm_status;
+
+/* Status plus a human-readable message naming what was wrong. */
+typedef struct llm_error {
+    llm_status status;
+    char message[160];
+} llm_error;
+
+const char *llm_status_name(llm_status status);
+
+/* Memory regions the engine asks the port for. */
+typedef enum llm_region {
+    LLM_REGION_FLASH = 0, /* read in place from the (mapped) image */
+    LLM_REGION_FAST = 1,  /* internal SRAM */
+    LLM_REGION_BULK = 2,  /* PSRAM */
+    LLM_REGION_COUNT = 3,
+} llm_region;
+
+/*
+ * The port: where memory comes from and how time is read. `alloc` returns
+ * 16-byte aligned memory in the region asked for, or in another one (it then
+ * reports the region it used through *placed), or NULL. The engine records
+ * placements for llm_memory().
+ */
+typedef struct llm_port {
+    void *ctx;
+    void *(*alloc)(void *ctx, size_t bytes, llm_region wanted, llm_region *placed);
+    void (*free)(void *ctx, void *ptr);
+    uint64_t (*now_us)(void *ctx);
+} llm_port;
+
+typedef struct llm_config {
+    uint32_t vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn;
+    uint32_t ple_dim, seq_len, group, eot_id, flags;
+    float rope_theta;
+} llm_config;
+
+/* Sampler. seed == 0 or temperature == 0: greedy (lowest id wins ties).
+ * Otherwise Gumbel-max over the top_k best logits (top_k == 0: all of them)
+ * with noise from PCG32 seeded by `seed` (see sampler.h for the exact recipe
+ * the Python reference mirrors). */
+typedef struct llm_sampler_options {
+    float temperature;
+    uint32_t top_k;
+    uint64_t seed;
+} llm_sampler_options;
+
+/* Stages timed per token; also the index into llm_stats.stage_us. */
+typedef enum llm_stage {
+    LLM_STAGE_EMBED = 0, /* embedding + PLE input */
+    LLM_STAGE_ATTN,      /* attention (norm, qkv, rope, scores, proj) */
+    LLM_STAGE_FFN,
+    LLM_STAGE_PLE,       /* per-layer PLE branch */
+    LLM_STAGE_HEAD,
+    LLM_STAGE_SAMPLE,
+    LLM_STAGE_COUNT,
+} llm_stage;
+
+typedef struct llm_stats {
+    uint32_t prefill_tokens;    /* tokens in the last prefill */
+    uint32_t tokens;            /* tokens through the layers since reset */
+    uint32_t heads;             /* head evaluations since reset */
+    uint64_t prefill_us;        /* wall time of the last prefill (TTFT) */
+    uint64_t stage_us[LLM_STAGE_COUNT]; /* summed since reset */
+    /* bytes read per region since reset (weights, KV, rows) */
+    uint64_t bytes[LLM_REGION_COUNT];
+} llm_stats;
+
+typedef struct llm_engine llm_engine;
+
+/* Validate `image` (len bytes; must stay valid and unchanged until close),
+ * place its sections through `port` and return a ready engine at position 0. */
+llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len,
+                    const llm_port *port, llm_error *err);
+void llm_close(llm_engine *e);
+void llm_reset(llm_engine *e);
+
+const llm_config *llm_get_config(const llm_engine *e);
+uint32_t llm_pos(const llm_engine *e);
+
+llm_status llm_set_sampler(llm_engine *e, const llm_sampler_options *opt,
+                           llm_error *err);
+
+/* Feed n tokens at the current position; the head runs for the last one only.
+ * *next receives the sampled next token. */
+llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
+                       int32_t *next, llm_error *err);
+/* Feed one token, get the next. */
+llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err);
+
+/* Logits (vocab_out floats) of the last head evaluation, or NULL before any. */
+const float *llm_logits(const llm_engine *e);
+
+void llm_get_stats(const llm_engine *e, llm_stats *out);
+
+/* The tokenizer section, for the Python-side tokenizer. */
+const uint8_t *llm_tokenizer(const llm_engine *e, size_t *len);
+
+/* One line per placed section or buffer: name, region, bytes. */
+typedef struct llm_placement {
+    const char *name;
+    llm_region region;
+    uint32_t bytes;
+} llm_placement;
+uint32_t llm_placement_count(const llm_engine *e);
+const llm_placement *llm_placement_at(const llm_engine *e, uint32_t i);
+
+/* "mpllm 0.1.0 kernels=ref numerics=exact-int8act" style summary. */
+const char *llm_build_info(void);
+
+#endif
