@@ -57,7 +57,9 @@ def build(
     out = out_dir / (name + (".so" if shared else ""))
     cmd = [compiler, *flags, *map(str, sources), "-o", str(out), "-lm"]
     digest = hashlib.sha256(" ".join(cmd).encode())
-    for src in sources:
+    # Headers change kernels too: hash every header the build can include.
+    headers = sorted({*ENGINE.glob("*.h"), *PORT_HOST.glob("*.h"), *CTESTS.glob("*.h")})
+    for src in [*sources, *headers]:
         digest.update(Path(src).read_bytes())
     stamp = out.with_suffix(out.suffix + ".stamp")
     if out.exists() and stamp.exists() and stamp.read_text() == digest.hexdigest():

@@ -1,0 +1,167 @@
+/*
+ * PIE twins of kernels_ref.c (kernels.h): same signatures, same bits.
+ * Written only with pie.h instruction macros plus scalar bookkeeping, so the
+ * same file runs natively on the ESP32-S3 and through the exact host model.
+ *
+ * q register plan (numbers must be literals for the assembler):
+ *   q0 weight bytes of one 32-column block     q1 0x0F in every byte
+ *   q2 low nibbles (codes of cols 32b..+15)    q3 high nibbles (cols +16..+31)
+ *   q4 activations 32b..32b+15                 q5 activations 32b+16..+31
+ *   q6 -8 in every byte (group correction)
+ *
+ * Method (DESIGN §6, approach (a), chosen over (b) because it is one vector
+ * op cheaper per block: (b) must first xor the offset-binary codes into
+ * two's complement): the codes are used as they are stored, unsigned 0..15,
+ * so each block costs
+ *   ee.vld.128.ip (weights), ee.andq (low), ee.vsr.32 + ee.andq (high),
+ *   2 x ee.vmulas.s8.accx.ld.ip (the MACs, which also load both activation
+ *   halves)  = 6 PIE instructions per 32 weights,
+ * and sum(code*x) - 8*sum(x) = sum((code-8)*x) is restored once per group by
+ * adding -8*sum(x over the group), computed once per call (not per row) with
+ * the same MAC against a vector of -8s.
+ *
+ * Schedule: the weight load and nibble split of block k+1 sit between the
+ * MACs of block k, so no instruction consumes a register loaded by the one
+ * just before it. The activation stream wraps at the end of every row (the
+ * last high-half load uses .ld.xp with a negative step), so the second MAC of
+ * a row's last block already loads the first activations of the next row and
+ * nothing past the vector is ever read. ACCX is read after two NOPs (DESIGN
+ * §6); sums stay far below 2^31 so rur.accx_0 is the whole value.
+ *
+ * SAR: ee.vsr.32 reads SAR = 4, written by SSAI at the start of every row.
+ * Keep the row loop free of variable shifts, 64-bit shifts and calls (they
+ * would let the compiler overwrite SAR; see pie.h).
+ */
+#include "kernels.h"
+#include "pie.h"
+
+#include <stddef.h>
+
+/* Groups handled per pass; their -8*sum(x) corrections live on the stack.
+ * The release model has one group per row, so one pass. */
+#define LLM_PIE_GROUP_CHUNK 32u
+
+static const uint8_t k_low_nibbles = 0x0F;
+static const int8_t k_minus8 = -8;
+
+/* corr[i] = -8 * sum of xq over group i's columns, i = 0..n-1 of this pass. */
+static void group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32_t b0,
+                              uint32_t b_end, int32_t *corr) {
+    const int8_t *m8 = &k_minus8;
+    const int8_t *xp = xq + 32u * b0;
+    EE_VLDBC_8_IP(6, m8, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t gb = b0 + i * bpg;
+        uint32_t nvec = 2u * ((gb + bpg < b_end ? gb + bpg : b_end) - gb); /* even, >= 2 */
+        EE_ZERO_ACCX();
+        EE_VLD_128_IP(4, xp, 16);
+        for (uint32_t j = 0; j + 2u < nvec; j += 2u) {
+            EE_VMULAS_S8_ACCX_LD_IP(5, xp, 16, 4, 6);
+            EE_VMULAS_S8_ACCX_LD_IP(4, xp, 16, 5, 6);
+        }
+        EE_VMULAS_S8_ACCX_LD_IP(5, xp, 16, 4, 6);
+        EE_VMULAS_S8_ACCX(5, 6);
+        NOP();
+        NOP();
+        uint32_t raw;
+        RUR_ACCX_0(raw);
+        corr[i] = (int32_t)raw;
+    }
+}
+
+void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
+                       uint32_t row_begin, uint32_t row_end) {
+    const uint32_t n_blocks = w->row_bytes / 16u;
+    uint32_t bpg = w->group >= w->cols ? n_blocks : w->group / 32u;
+    if (bpg == 0) bpg = 1; /* contract broken: match the reference, never hang */
+    if (n_blocks == 0) {
+        for (uint32_t r = row_begin; r < row_end; r++) {
+            float acc = 0.f;
+            y[r] = acc * xscale;
+        }
+        return;
+    }
+    const uint32_t n_groups = (n_blocks + bpg - 1u) / bpg;
+    const uint8_t *mask = &k_low_nibbles;
+    EE_VLDBC_8_IP(1, mask, 0);
+
+    for (uint32_t g0 = 0; g0 < n_groups && row_begin < row_end; g0 += LLM_PIE_GROUP_CHUNK) {
+        const uint32_t g1 = g0 + LLM_PIE_GROUP_CHUNK < n_groups ? g0 + LLM_PIE_GROUP_CHUNK
+                                                                : n_groups;
+        const uint32_t b0 = g0 * bpg;
+        const uint32_t b_end = g1 * bpg < n_blocks ? g1 * bpg : n_blocks;
+        const int first = g0 == 0, last = g1 == n_groups;
+        int32_t corr[LLM_PIE_GROUP_CHUNK];
+        group_corrections(xq, g1 - g0, bpg, b0, b_end, corr);
+
+        /* activation stream of this pass: q4 holds its first 16 bytes, xp
+         * points at the next 16; each row's last load steps back by `wrap` */
+        const int8_t *xp = xq + 32u * b0;
+        const intptr_t wrap = -(intptr_t)(32u * (b_end - b0) - 16u);
+        EE_VLD_128_IP(4, xp, 16);
+
+        for (uint32_t r = row_begin; r < row_end; r++) {
+            const uint8_t *wp = w->codes + (size_t)r * w->row_bytes + 16u * b0;
+            const float *sc = w->scales + (size_t)r * w->n_groups;
+            float acc = first ? 0.f : y[r];
+            SSAI(4);
+            EE_VLD_128_IP(0, wp, 16);
+            EE_ANDQ(2, 0, 1);
+            EE_VSR_32(3, 0);
+            EE_ANDQ(3, 3, 1);
+            for (uint32_t gi = g0; gi < g1; gi++) {
+                const uint32_t gb = gi * bpg;
+                const uint32_t ge = gb + bpg < b_end ? gb + bpg : b_end;
+                EE_ZERO_ACCX();
+                for (uint32_t b = gb; b < ge; b++) {
+                    if (b + 1u < b_end) {
+                        EE_VMULAS_S8_ACCX_LD_IP(5, xp, 16, 2, 4);
+                        EE_VLD_128_IP(0, wp, 16);
+                        EE_VMULAS_S8_ACCX_LD_IP(4, xp, 16, 3, 5);
+                        EE_ANDQ(2, 0, 1);
+                        EE_VSR_32(3, 0);
+                        EE_ANDQ(3, 3, 1);
+                    } else {
+                        EE_VMULAS_S8_ACCX_LD_XP(5, xp, wrap, 2, 4);
+                        EE_VMULAS_S8_ACCX_LD_IP(4, xp, 16, 3, 5);
+                    }
+                }
+                NOP();
+                NOP();
+                uint32_t raw;
+                RUR_ACCX_0(raw);
+                /* exact: the true group sum fits int32, so wrapping adds are exact */
+                const int32_t g = (int32_t)(raw + (uint32_t)corr[gi - g0]);
+                acc += (float)g * sc[gi];
+            }
+            y[r] = last ? acc * xscale : acc;
+        }
+    }
+}
+
+int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n) {
+    const uint32_t m = n / 16u;
+    if (m == 0) return 0;
+    EE_ZERO_ACCX();
+    EE_VLD_128_IP(0, a, 16);
+    EE_VLD_128_IP(1, b, 16);
+    uint32_t i = 1;
+    for (; i + 1u < m; i += 2u) {
+        EE_VMULAS_S8_ACCX_LD_IP(2, a, 16, 0, 1);
+        EE_VLD_128_IP(3, b, 16);
+        EE_VMULAS_S8_ACCX_LD_IP(0, a, 16, 2, 3);
+        EE_VLD_128_IP(1, b, 16);
+    }
+    if (i < m) {
+        EE_VMULAS_S8_ACCX_LD_IP(2, a, 16, 0, 1);
+        EE_VLD_128_IP(3, b, 16);
+        EE_VMULAS_S8_ACCX(2, 3);
+    } else {
+        EE_VMULAS_S8_ACCX(0, 1);
+    }
+    NOP();
+    NOP();
+    uint32_t raw;
+    RUR_ACCX_0(raw);
+    return (int32_t)raw;
+}

@@ -1,0 +1,357 @@
+/*
+ * PIE kernels (kernels_pie.c, through the host model) against their scalar
+ * references (kernels_ref.c), compared bit for bit (memcmp of the outputs).
+ *
+ *   pie_kernels_test random SEED N   N random shapes: rows 1..300, cols
+ *                                    16..768 (padding included), groups of
+ *                                    32..256 or whole rows, random row range;
+ *                                    plus N random dot products
+ *   pie_kernels_test extreme         +-127 activations, codes 0 and 15,
+ *                                    multi-group rows (group 128, 768 cols)
+ *   pie_kernels_test splits          every row split [0,k)+[k,rows) of a few
+ *                                    shapes, and every [a,b) of a small one
+ *   pie_kernels_test misaligned-x    activations 1 byte off (must abort)
+ *   pie_kernels_test misaligned-w    weight rows 8 bytes off (must abort)
+ *   pie_kernels_test misaligned-dot  dot operand 4 bytes off (must abort)
+ *   pie_kernels_test counts          PIE instructions per 32 weights and per
+ *                                    token for the release model's shapes
+ * Every mode prints "compared=<n> mismatches=<m>" (counts prints a table)
+ * and exits 1 on any mismatch.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "pie_model.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t rnd_below(uint32_t n) { return (uint32_t)(rnd() % n); }
+
+static float rnd_float(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rnd() >> 11) / 9007199254740992.0);
+}
+
+static void *xalloc(size_t n) {
+    void *p = aligned_alloc(16, (n + 15) / 16 * 16);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+typedef struct matrix {
+    llm_q4 w;
+    uint8_t *codes;
+    float *scales;
+    int8_t *xq;
+    float xscale;
+    uint32_t cols_padded;
+} matrix;
+
+enum { CODES_RANDOM, CODES_ZERO, CODES_FIFTEEN, CODES_ALTERNATE };
+enum { ACT_RANDOM, ACT_QUANTIZED, ACT_PLUS127, ACT_MINUS127, ACT_ALTERNATE, ACT_ZERO };
+
+static uint8_t pick_code(int kind, uint32_t r, uint32_t c) {
+    switch (kind) {
+    case CODES_ZERO: return 0;
+    case CODES_FIFTEEN: return 15;
+    case CODES_ALTERNATE: return ((r + c) & 1) ? 15 : 0;
+    default: return (uint8_t)rnd_below(16);
+    }
+}
+
+/* Pack to the image's KIND_Q4 layout: 32-column blocks, byte 16b+k holds
+ * column 32b+k in the low nibble and 32b+k+16 in the high one; padding
+ * columns get code 8. */
+static void make_matrix(matrix *m, uint32_t rows, uint32_t cols, uint32_t group, int codes_kind,
+                        int act_kind) {
+    m->cols_padded = (cols + 31u) / 32u * 32u;
+    uint32_t row_bytes = m->cols_padded / 2u;
+    uint32_t n_groups = (cols + group - 1u) / group;
+    m->codes = xalloc((size_t)rows * row_bytes);
+    m->scales = xalloc((size_t)rows * n_groups * sizeof(float));
+    m->xq = xalloc(m->cols_padded);
+    memset(m->codes, 0, (size_t)rows * row_bytes);
+    for (uint32_t r = 0; r < rows; r++) {
+        uint8_t *row = m->codes + (size_t)r * row_bytes;
+        for (uint32_t c = 0; c < m->cols_padded; c++) {
+            uint8_t code = c < cols ? pick_code(codes_kind, r, c) : 8;
+            uint32_t b = c / 32u, k = c % 32u;
+            uint8_t *byte = row + 16u * b + (k % 16u);
+            if (k < 16u)
+                *byte = (uint8_t)((*byte & 0xF0u) | code);
+            else
+                *byte = (uint8_t)((*byte & 0x0Fu) | (uint32_t)code << 4);
+        }
+        for (uint32_t g = 0; g < n_groups; g++) {
+            /* fp16-like magnitudes with both signs, occasionally zero */
+            float s = rnd_below(17) == 0 ? 0.f : rnd_float(-0.05f, 0.05f);
+            m->scales[(size_t)r * n_groups + g] = s;
+        }
+    }
+    if (act_kind == ACT_QUANTIZED) {
+        float *x = xalloc(cols * sizeof(float));
+        float amp = rnd_float(0.001f, 40.f);
+        for (uint32_t c = 0; c < cols; c++) x[c] = rnd_float(-amp, amp);
+        llm_quantize_act(x, cols, m->cols_padded, m->xq, &m->xscale);
+        free(x);
+    } else {
+        for (uint32_t c = 0; c < m->cols_padded; c++) {
+            int v = 0;
+            if (c < cols) {
+                switch (act_kind) {
+                case ACT_PLUS127: v = 127; break;
+                case ACT_MINUS127: v = -127; break;
+                case ACT_ALTERNATE: v = (c & 1) ? -127 : 127; break;
+                case ACT_ZERO: v = 0; break;
+                default: v = (int)rnd_below(255) - 127;
+                }
+            }
+            m->xq[c] = (int8_t)v;
+        }
+        m->xscale = rnd_float(1e-4f, 0.5f);
+    }
+    m->w = (llm_q4){.codes = m->codes, .scales = m->scales, .rows = rows, .cols = cols,
+                    .group = group, .n_groups = n_groups, .row_bytes = row_bytes};
+}
+
+static void free_matrix(matrix *m) {
+    free(m->codes);
+    free(m->scales);
+    free(m->xq);
+}
+
+static uint64_t compared, mismatches;
+
+/* Run ref over all rows and PIE over [a,b) (sentinel elsewhere); compare the
+ * PIE rows to the reference rows byte for byte, and the other rows to the
+ * sentinel (they must be untouched). */
+static void compare_range(const matrix *m, uint32_t a, uint32_t b, const char *label) {
+    uint32_t rows = m->w.rows;
+    float *yr = xalloc(rows * sizeof(float));
+    float *yp = xalloc(rows * sizeof(float));
+    llm_matvec_q4_ref(&m->w, m->xq, m->xscale, yr, 0, rows);
+    memset(yp, 0xA5, rows * sizeof(float));
+    llm_matvec_q4_pie(&m->w, m->xq, m->xscale, yp, a, b);
+    compared++;
+    int bad = memcmp(yp + a, yr + a, (size_t)(b - a) * sizeof(float)) != 0;
+    for (uint32_t r = 0; r < rows && !bad; r++) {
+        if (r >= a && r < b) continue;
+        uint32_t bits;
+        memcpy(&bits, yp + r, 4);
+        if (bits != 0xA5A5A5A5u) bad = 2;
+    }
+    if (bad) {
+        if (mismatches++ < 5) {
+            fprintf(stderr, "MISMATCH %s rows=%u cols=%u group=%u range=[%u,%u) %s\n", label, rows,
+                    m->w.cols, m->w.group, a, b, bad == 2 ? "(row outside range written)" : "");
+            for (uint32_t r = a; r < b; r++)
+                if (memcmp(yp + r, yr + r, 4)) {
+                    fprintf(stderr, "  row %u: pie %a ref %a\n", r, (double)yp[r], (double)yr[r]);
+                    break;
+                }
+        }
+    }
+    free(yr);
+    free(yp);
+}
+
+static uint32_t random_group(uint32_t cols) {
+    static const uint32_t options[] = {32, 64, 96, 128, 256};
+    if (rnd_below(3) == 0) return cols + rnd_below(100); /* one group per row */
+    return options[rnd_below(5)];
+}
+
+static void compare_dot(uint32_t n, int kind) {
+    int8_t *a = xalloc(n ? n : 16), *b = xalloc(n ? n : 16);
+    for (uint32_t i = 0; i < n; i++) {
+        switch (kind) {
+        case 1: a[i] = -128; b[i] = -128; break;
+        case 2: a[i] = 127; b[i] = -128; break;
+        default: a[i] = (int8_t)(int)(rnd_below(256) - 128); b[i] = (int8_t)(int)(rnd_below(256) - 128);
+        }
+    }
+    int32_t r = llm_dot_s8_ref(a, b, n), p = llm_dot_s8_pie(a, b, n);
+    compared++;
+    if (r != p && mismatches++ < 5)
+        fprintf(stderr, "MISMATCH dot n=%u kind=%d: pie %" PRId32 " ref %" PRId32 "\n", n, kind, p, r);
+    free(a);
+    free(b);
+}
+
+static int report(void) {
+    printf("compared=%" PRIu64 " mismatches=%" PRIu64 "\n", compared, mismatches);
+    return mismatches ? 1 : 0;
+}
+
+static int mode_random(uint64_t seed, uint32_t n) {
+    rng_state = seed;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t rows = 1 + rnd_below(300), cols = 16 + rnd_below(753);
+        matrix m;
+        make_matrix(&m, rows, cols, random_group(cols), CODES_RANDOM,
+                    rnd_below(2) ? ACT_QUANTIZED : ACT_RANDOM);
+        uint32_t a = rnd_below(rows), b = a + 1 + rnd_below(rows - a);
+        if (rnd_below(4) == 0) a = 0, b = rows;
+        compare_range(&m, a, b, "random");
+        free_matrix(&m);
+        compare_dot(16u * rnd_below(257), 0);
+    }
+    compare_dot(65536, 1); /* the contract's largest n, largest products */
+    compare_dot(65536, 2);
+    return report();
+}
+
+static int mode_extreme(void) {
+    rng_state = 7;
+    static const int acts[] = {ACT_PLUS127, ACT_MINUS127, ACT_ALTERNATE, ACT_ZERO, ACT_RANDOM};
+    static const int codes[] = {CODES_ZERO, CODES_FIFTEEN, CODES_ALTERNATE, CODES_RANDOM};
+    static const uint32_t shapes[][3] = {{300, 768, 128}, {64, 768, 32}, {17, 768, 768},
+                                         {33, 96, 128}, {9, 66, 128}, {5, 16, 32},
+                                         {40, 1536, 32}, {3, 1100, 32}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++)
+            for (size_t ci = 0; ci < sizeof codes / sizeof codes[0]; ci++) {
+                matrix m;
+                make_matrix(&m, shapes[s][0], shapes[s][1], shapes[s][2], codes[ci], acts[ai]);
+                compare_range(&m, 0, shapes[s][0], "extreme");
+                free_matrix(&m);
+            }
+    return report();
+}
+
+static int mode_splits(void) {
+    rng_state = 11;
+    static const uint32_t shapes[][3] = {{300, 768, 128}, {37, 96, 96}, {66, 66, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        matrix m;
+        make_matrix(&m, shapes[s][0], shapes[s][1], shapes[s][2], CODES_RANDOM, ACT_QUANTIZED);
+        uint32_t rows = shapes[s][0];
+        for (uint32_t k = 0; k <= rows; k++) {
+            /* the two halves written into one output must equal one full call */
+            float *yr = xalloc(rows * sizeof(float)), *yp = xalloc(rows * sizeof(float));
+            llm_matvec_q4_ref(&m.w, m.xq, m.xscale, yr, 0, rows);
+            memset(yp, 0xA5, rows * sizeof(float));
+            llm_matvec_q4_pie(&m.w, m.xq, m.xscale, yp, 0, k);
+            llm_matvec_q4_pie(&m.w, m.xq, m.xscale, yp, k, rows);
+            compared++;
+            if (memcmp(yp, yr, rows * sizeof(float)) && mismatches++ < 5)
+                fprintf(stderr, "MISMATCH split rows=%u k=%u\n", rows, k);
+            free(yr);
+            free(yp);
+        }
+        free_matrix(&m);
+    }
+    matrix m;
+    make_matrix(&m, 24, 160, 64, CODES_RANDOM, ACT_QUANTIZED);
+    for (uint32_t a = 0; a <= 24; a++)
+        for (uint32_t b = a; b <= 24; b++) compare_range(&m, a, b, "range");
+    free_matrix(&m);
+    return report();
+}
+
+static int mode_misaligned(const char *which) {
+    rng_state = 3;
+    matrix m;
+    make_matrix(&m, 4, 96, 128, CODES_RANDOM, ACT_RANDOM);
+    float y[4];
+    if (strcmp(which, "misaligned-x") == 0) {
+        int8_t *buf = xalloc(m.cols_padded + 16);
+        memcpy(buf + 1, m.xq, m.cols_padded);
+        llm_matvec_q4_pie(&m.w, buf + 1, m.xscale, y, 0, 4);
+    } else if (strcmp(which, "misaligned-w") == 0) {
+        uint8_t *buf = xalloc((size_t)4 * m.w.row_bytes + 16);
+        memcpy(buf + 8, m.codes, (size_t)4 * m.w.row_bytes);
+        m.w.codes = buf + 8;
+        llm_matvec_q4_pie(&m.w, m.xq, m.xscale, y, 0, 4);
+    } else {
+        int8_t *a = xalloc(64 + 16), *b = xalloc(64);
+        memset(a, 1, 80);
+        memset(b, 1, 64);
+        (void)llm_dot_s8_pie(a + 4, b, 64);
+    }
+    printf("no abort\n");
+    return 0;
+}
+
+/* PIE instruction counts of one full call per release shape. */
+static int mode_counts(void) {
+    rng_state = 5;
+    /* D 96, L 6, F 66, P 128, Vout 25353 (DESIGN §3) */
+    static const struct { const char *name; uint32_t rows, cols, per_token; } shapes[] = {
+        {"ple_model_proj", 768, 96, 1}, {"qkv", 288, 96, 6},      {"attn_proj", 96, 96, 6},
+        {"gate", 66, 96, 6},            {"up", 66, 96, 6},         {"down", 96, 66, 6},
+        {"ple_gate", 128, 96, 6},       {"ple_proj", 96, 128, 6},  {"head", 25353, 96, 1},
+    };
+    uint64_t tok_total = 0, tok_mac = 0, tok_weights = 0;
+    printf("%-15s %6s %5s %5s %12s %10s %10s %10s\n", "matrix", "rows", "cols", "x/tok",
+           "instr/call", "per32w", "per32w_pad", "instr/tok");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        matrix m;
+        make_matrix(&m, shapes[s].rows, shapes[s].cols, 128, CODES_RANDOM, ACT_QUANTIZED);
+        float *y = xalloc(shapes[s].rows * sizeof(float)), *yr = xalloc(shapes[s].rows * sizeof(float));
+        llm_pie_counts_reset();
+        llm_matvec_q4_pie(&m.w, m.xq, m.xscale, y, 0, shapes[s].rows);
+        uint64_t c[LLM_PIE_OP_COUNT];
+        llm_pie_counts_get(c);
+        uint64_t total = llm_pie_counts_total();
+        uint64_t macs = c[LLM_PIE_OP_EE_VMULAS_S8_ACCX] + c[LLM_PIE_OP_EE_VMULAS_S8_ACCX_LD_IP] +
+                        c[LLM_PIE_OP_EE_VMULAS_S8_ACCX_LD_XP];
+        llm_matvec_q4_ref(&m.w, m.xq, m.xscale, yr, 0, shapes[s].rows);
+        compared++;
+        if (memcmp(y, yr, shapes[s].rows * sizeof(float))) mismatches++;
+        double w = (double)shapes[s].rows * shapes[s].cols;
+        double wp = (double)shapes[s].rows * m.cols_padded;
+        printf("%-15s %6u %5u %5u %12" PRIu64 " %10.3f %10.3f %10" PRIu64 "\n", shapes[s].name,
+               shapes[s].rows, shapes[s].cols, shapes[s].per_token, total, total / (w / 32.0),
+               total / (wp / 32.0), total * shapes[s].per_token);
+        for (int op = 0; op < LLM_PIE_OP_COUNT; op++)
+            if (c[op]) printf("    %-26s %10" PRIu64 "\n", llm_pie_op_name((llm_pie_op)op), c[op]);
+        tok_total += total * shapes[s].per_token;
+        tok_mac += macs * shapes[s].per_token;
+        tok_weights += (uint64_t)w * shapes[s].per_token;
+        free(y);
+        free(yr);
+        free_matrix(&m);
+    }
+    printf("per token: matvec PIE instructions %" PRIu64 " (MACs %" PRIu64 ") over %" PRIu64
+           " weights = %.3f per 32 weights\n",
+           tok_total, tok_mac, tok_weights, tok_total / (tok_weights / 32.0));
+    /* dot product: per 32 products */
+    int8_t *a = xalloc(4096), *b = xalloc(4096);
+    memset(a, 3, 4096);
+    memset(b, -5, 4096);
+    llm_pie_counts_reset();
+    int32_t d = llm_dot_s8_pie(a, b, 4096);
+    printf("dot_s8 n=4096: %" PRIu64 " instructions = %.3f per 32 products (value %" PRId32 ")\n",
+           llm_pie_counts_total(), llm_pie_counts_total() / (4096 / 32.0), d);
+    compared++;
+    if (d != llm_dot_s8_ref(a, b, 4096)) mismatches++;
+    free(a);
+    free(b);
+    return report();
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "random") == 0)
+        return mode_random(strtoull(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
+    if (argc == 2 && strcmp(argv[1], "extreme") == 0) return mode_extreme();
+    if (argc == 2 && strcmp(argv[1], "splits") == 0) return mode_splits();
+    if (argc == 2 && strncmp(argv[1], "misaligned", 10) == 0) return mode_misaligned(argv[1]);
+    if (argc == 2 && strcmp(argv[1], "counts") == 0) return mode_counts();
+    fprintf(stderr, "usage: pie_kernels_test random SEED N | extreme | splits | "
+                    "misaligned-x | misaligned-w | misaligned-dot | counts\n");
+    return 2;
+}

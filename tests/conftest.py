@@ -1,0 +1,192 @@
+"""Shared pytest fixtures: generated test models (by shape name) and the golden sets.
+
+Models are generated from a fixed seed per shape, converted once, and cached for
+the whole session. Under pytest-xdist the workers share one cache directory
+(guarded by a file lock), so the release-shaped model is built once per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The tests run from a checkout whether or not `pip install -e .` was done.
+for _p in (ROOT / "tools", ROOT / "firmware" / "modules"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from mpllm.model import Config, QMatrix, Weights
+
+DATA = ROOT / "tests" / "data"
+GOLDEN = DATA / "golden"
+
+
+def _cfg(vin: int, vout: int, d: int, n_layers: int, n_heads: int, ffn: int, ple: int,
+         seq: int, *, tied: bool = True) -> Config:
+    return Config(vocab_in=vin, vocab_out=vout, dim=d, n_layers=n_layers, n_heads=n_heads,
+                  ffn=ffn, ple_dim=ple, seq_len=seq, group=128, tied_head=tied)
+
+
+# name -> (config, seed). "release" has the published model's exact shape.
+MODEL_SHAPES: dict[str, tuple[Config, int]] = {
+    "tiny": (_cfg(300, 280, 32, 2, 2, 24, 32, 64), 101),
+    # untied head and odd ffn / ple widths: exercises padding and the head section
+    "tiny_untied": (_cfg(300, 270, 32, 2, 2, 23, 33, 48, tied=False), 102),
+    "small": (_cfg(1024, 900, 64, 3, 4, 44, 64, 128), 103),
+    "release": (_cfg(32768, 25353, 96, 6, 4, 66, 128, 256), 104),
+}
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    name: str
+    config: Config  # of model.bin (vocab_in = source rows)
+    seed: int
+    model_bin: Path
+    tokenizer_json: Path
+    image: Path
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): xdist workers then may build twice, harmlessly
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    # xdist workers each get basetemp/popen-gwN; their parent is shared by the run.
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    d = root / "mpllm-models"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def test_model(model_cache_dir: Path) -> Callable[[str], ModelFiles]:
+    """test_model(name) -> ModelFiles with model.bin, tokenizer.json and the converted image.
+
+    Names: see MODEL_SHAPES ("tiny", "tiny_untied", "small", "release")."""
+    from mpllm.convert import convert
+    from mpllm.generate import write_test_model
+
+    made: dict[str, ModelFiles] = {}
+
+    def get(name: str) -> ModelFiles:
+        if name in made:
+            return made[name]
+        if name not in MODEL_SHAPES:
+            raise KeyError(f"unknown test model {name!r}; known: {sorted(MODEL_SHAPES)}")
+        cfg, seed = MODEL_SHAPES[name]
+        d = model_cache_dir / name
+        done = d / "done"
+        with _locked(model_cache_dir / f"{name}.lock"):
+            if not done.exists():
+                d.mkdir(exist_ok=True)
+                model_bin, tok = write_test_model(d, cfg, seed)
+                convert(model_bin, tok, d / "model.img", progress=False)
+                done.write_text("ok")
+        made[name] = ModelFiles(name, cfg, seed, d / "model.bin", d / "tokenizer.json",
+                               d / "model.img")
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(test_model: Callable[[str], ModelFiles]) -> ModelFiles:
+    return test_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def small_model(test_model: Callable[[str], ModelFiles]) -> ModelFiles:
+    return test_model("small")
+
+
+@pytest.fixture(scope="session")
+def release_model(test_model: Callable[[str], ModelFiles]) -> ModelFiles:
+    return test_model("release")
+
+
+@dataclass(frozen=True)
+class GoldenSet:
+    name: str
+    dir: Path
+    model_bin: Path
+    tokenizer_json: Path
+    meta: dict
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    logits: np.ndarray  # f32 [N, vout]
+
+
+GOLDEN_SETS = ("small", "medium")
+
+
+def load_golden(name: str) -> GoldenSet:
+    d = GOLDEN / name
+    if not (d / "meta.json").is_file():
+        pytest.fail(f"golden set {name!r} missing: expected it under tests/data/golden/{name}")
+    meta = json.loads((d / "meta.json").read_text())
+    lines = (d / "tokens.txt").read_text().splitlines()
+    prompt, generated = ([int(x) for x in line.split()] for line in lines[:2])
+    logits = np.fromfile(d / "logits.f32", dtype="<f4").reshape(len(generated), meta["vout"])
+    return GoldenSet(name, d, d / "model.bin", d / "tokenizer.json", meta, prompt, generated,
+                     logits)
+
+
+@pytest.fixture(scope="session", params=GOLDEN_SETS)
+def golden(request: pytest.FixtureRequest) -> GoldenSet:
+    """Each committed golden set in turn (tests/data/golden/{small,medium})."""
+    return load_golden(request.param)
+
+
+@pytest.fixture(scope="session")
+def golden_sets() -> dict[str, GoldenSet]:
+    return {name: load_golden(name) for name in GOLDEN_SETS}
+
+
+def same_weights(a: Weights, b: Weights) -> None:
+    """Exact equality, tensor by tensor (dtype and bytes)."""
+    assert a.config == b.config
+
+    def check(x: object, y: object, what: str) -> None:
+        if isinstance(x, QMatrix):
+            assert isinstance(y, QMatrix), what
+            assert x.group == y.group, what
+            assert x.q.dtype == y.q.dtype == np.int8, what
+            assert x.q.shape == y.q.shape and x.q.tobytes() == y.q.tobytes(), what
+            assert y.scales.dtype == np.float16, what
+            assert x.scales.tobytes() == y.scales.tobytes(), what
+        elif x is None:
+            assert y is None, what
+        else:
+            assert np.asarray(y).dtype == np.float32, what
+            assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), what
+
+    for f in ("tok_emb", "ple_model_proj", "ple_proj_norm", "ple_table", "out_norm", "head"):
+        check(getattr(a, f), getattr(b, f), f)
+    assert len(a.layers) == len(b.layers)
+    for i, (la, lb) in enumerate(zip(a.layers, b.layers)):
+        for f in dataclasses.fields(la):
+            check(getattr(la, f.name), getattr(lb, f.name), f"layer {i} {f.name}")

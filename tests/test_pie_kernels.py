@@ -1,0 +1,98 @@
+"""PIE kernels (kernels_pie.c through the host model) == scalar references,
+bit for bit, plus the instruction counts that feed the cost model.
+
+Drives tests/c/pie_kernels_test.c, built plain (-O2) and with ASan+UBSan.
+Run `pytest tests/test_pie_kernels.py -s` to see the instruction-count table.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import cbuild
+import pytest
+
+SOURCES = [
+    cbuild.CTESTS / "pie_kernels_test.c",
+    cbuild.ENGINE / "kernels_pie.c",
+    cbuild.ENGINE / "kernels_ref.c",
+    cbuild.ENGINE / "pie_model.c",
+]
+
+# random shapes per run: plain builds are fast, sanitized ones ~10x slower
+RANDOM_RUNS = {"plain": [(1, 3000), (20240601, 3000)], "sanitize": [(77, 500)]}
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("pie_kernels")
+    return {
+        "plain": cbuild.build("pie_kernels_test", SOURCES, out),
+        "sanitize": cbuild.build("pie_kernels_test_san", SOURCES, out, opt="-O1", sanitize=True),
+    }
+
+
+def compared(stdout: str) -> tuple[int, int]:
+    match = re.search(r"compared=(\d+) mismatches=(\d+)", stdout)
+    assert match, stdout
+    return int(match.group(1)), int(match.group(2))
+
+
+@pytest.mark.parametrize("flavour", ["plain", "sanitize"])
+def test_random_shapes_bit_exact(programs: dict[str, Path], flavour: str) -> None:
+    for seed, n in RANDOM_RUNS[flavour]:
+        result = cbuild.run(programs[flavour], "random", str(seed), str(n))
+        assert result.returncode == 0, result.stdout + result.stderr
+        # one matvec and one dot product per case, plus two largest-n dots
+        assert compared(result.stdout) == (2 * n + 2, 0)
+
+
+@pytest.mark.parametrize("flavour", ["plain", "sanitize"])
+# extreme: 8 shapes x 5 activation patterns x 4 code patterns; splits: every
+# k of rows 300, 37 and 66 (301 + 38 + 67) and every [a, b) of 24 rows (325)
+@pytest.mark.parametrize(("mode", "cases"), [("extreme", 160), ("splits", 731)])
+def test_fixed_sweeps_bit_exact(programs: dict[str, Path], flavour: str, mode: str,
+                                cases: int) -> None:
+    result = cbuild.run(programs[flavour], mode)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert compared(result.stdout) == (cases, 0)
+
+
+@pytest.mark.parametrize("mode", ["misaligned-x", "misaligned-w", "misaligned-dot"])
+def test_misaligned_buffer_is_caught(programs: dict[str, Path], mode: str) -> None:
+    result = cbuild.run(programs["plain"], mode)
+    assert result.returncode != 0
+    assert "no abort" not in result.stdout
+    assert "address not aligned" in result.stderr
+
+
+def expected_matvec_count(rows: int, cols: int, group: int) -> int:
+    """PIE instructions of one full llm_matvec_q4_pie call (one group chunk).
+
+    Per call: the 0x0F broadcast, the -8 broadcast, per group of nb blocks
+    zero.accx + first load + 2*nb MACs + 2 nops + rur, and the first
+    activation load. Per row: ssai + 4 (first block's load and nibble split),
+    6 per block except the last (2: its successor's load/split are the next
+    row's prologue), and per group zero.accx + 2 nops + rur.
+    """
+    n_blocks = (cols + 31) // 32
+    per_group = n_blocks if group >= cols else group // 32
+    groups = [min(per_group, n_blocks - b) for b in range(0, n_blocks, per_group)]
+    per_call = 3 + sum(5 + 2 * nb for nb in groups)
+    per_row = 1 + 4 + 6 * n_blocks - 4 + 4 * len(groups)
+    return per_call + rows * per_row
+
+
+def test_instruction_counts(programs: dict[str, Path]) -> None:
+    result = cbuild.run(programs["plain"], "counts")
+    assert result.returncode == 0, result.stdout + result.stderr
+    print(result.stdout)
+    rows = re.findall(r"^(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)", result.stdout, re.MULTILINE)
+    assert len(rows) == 9
+    for _name, r, c, _per_tok, total, _per32 in rows:
+        assert int(total) == expected_matvec_count(int(r), int(c), 128)
+    head = next(row for row in rows if row[0] == "head")
+    assert float(head[5]) < 7.7  # 23 instructions per 96-column row
+    dot = re.search(r"dot_s8 n=4096: (\d+) instructions", result.stdout)
+    assert dot and int(dot.group(1)) == 4 * 4096 // 32 + 5  # zero, 2 nops, rur, last MAC

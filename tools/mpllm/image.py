@@ -1,0 +1,635 @@
+"""Writer and reader of the mpllm model image (our flash format).
+
+native/engine/image_format.h is the specification; this module follows it and
+keeps every constant of it in the block below, so a change of format is one
+edit here and one there (tests/test_image_format.py checks the two agree).
+
+The reader is deliberately strict: it accepts exactly the canonical layout the
+writer produces (sections in the header file's order, each at the first
+16-byte boundary after the previous one, zero padding, no trailing bytes), and
+gives each kind of damage its own message. Reading an image back must give the
+`Weights` that were written, bit for bit: scales are stored as f32 widened from
+fp16, so they are narrowed back and checked to be exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
+from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+
+# ---- constants of native/engine/image_format.h (the spec) ------------------ #
+MAGIC = b"MPLLMIMG"
+VERSION = 1
+HEADER_BYTES = 128
+SECTION_BYTES = 32
+ALIGN = 16
+BLOCK_COLS = 32
+NAME_BYTES = 16
+MAX_SECTIONS = 512
+FLAG_TIED_HEAD = 1
+FLAGS_KNOWN = FLAG_TIED_HEAD
+KIND_F32 = 1
+KIND_Q4 = 2
+KIND_ROWS = 3
+KIND_TOKENIZER = 4
+Q4_HEADER_BYTES = 16
+PAD_CODE = 8  # offset-binary code of the value 0
+# llm_image_header: magic, 16 x u32 (version .. group), f32 rope_theta, u32 eot_id,
+# u8 source_sha256[32], u8 reserved[16].
+HEADER = struct.Struct("<8s16IfI32s16s")
+SECTION = struct.Struct(f"<{NAME_BYTES}s4I")
+Q4_HEADER = struct.Struct("<4I")
+HEADER_CRC_OFFSET = 8 + 4 * 4  # after magic, version, header_bytes, file_bytes, n_sections
+# ----------------------------------------------------------------------------- #
+
+assert HEADER.size == HEADER_BYTES and SECTION.size == SECTION_BYTES
+assert Q4_HEADER.size == Q4_HEADER_BYTES
+
+KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer"}
+
+
+class ImageFormatError(ValueError):
+    """The image is damaged, truncated or not an mpllm image of a version we read."""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    version: int
+    header_bytes: int
+    file_bytes: int
+    n_sections: int
+    header_crc32: int
+    flags: int
+    vocab_rows: int
+    vocab_out: int
+    vocab_in_source: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    ffn: int
+    ple_dim: int
+    seq_len: int
+    group: int
+    rope_theta: float
+    eot_id: int
+    source_sha256: bytes
+
+    @property
+    def tied_head(self) -> bool:
+        return bool(self.flags & FLAG_TIED_HEAD)
+
+    def config(self) -> Config:
+        return Config(vocab_in=self.vocab_rows, vocab_out=self.vocab_out, dim=self.dim,
+                      n_layers=self.n_layers, n_heads=self.n_heads, ffn=self.ffn,
+                      ple_dim=self.ple_dim, seq_len=self.seq_len, group=self.group,
+                      rope_theta=self.rope_theta, tied_head=self.tied_head)
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            MAGIC, self.version, self.header_bytes, self.file_bytes, self.n_sections,
+            self.header_crc32, self.flags, self.vocab_rows, self.vocab_out,
+            self.vocab_in_source, self.dim, self.n_layers, self.n_heads, self.ffn,
+            self.ple_dim, self.seq_len, self.group, self.rope_theta, self.eot_id,
+            self.source_sha256, bytes(HEADER_BYTES - 112))
+
+
+class Section(NamedTuple):
+    name: str
+    kind: int
+    offset: int
+    size: int
+    crc32: int
+
+
+@dataclass
+class ImageReport:
+    path: Path
+    file_bytes: int
+    header: ImageHeader
+    sections: list[Section]
+
+
+@dataclass
+class Image:
+    header: ImageHeader
+    config: Config
+    weights: Weights
+    rope: np.ndarray  # f32 [seq_len, head_dim]
+    tokenizer_section: bytes
+    sections: list[Section]
+
+
+# --------------------------------------------------------------------------- #
+# layout
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
+    """(name, kind, (rows, cols)) in file order; F32 shapes are (1, n)."""
+    d, lp = cfg.dim, cfg.n_layers * cfg.ple_dim
+    plan: list[tuple[str, int, tuple[int, int]]] = [
+        ("tokenizer", KIND_TOKENIZER, (0, 0)),
+        ("rope", KIND_F32, (cfg.seq_len, cfg.head_dim)),
+        ("embed", KIND_Q4, (cfg.vocab_in, d)),
+        ("ple_rows", KIND_ROWS, (cfg.vocab_in, lp)),
+        ("ple_model_proj", KIND_Q4, (lp, d)),
+        ("ple_proj_norm", KIND_F32, (1, cfg.ple_dim)),
+    ]
+    layer = {
+        "attn_norm": (KIND_F32, (1, d)),
+        "qkv": (KIND_Q4, (3 * d, d)),
+        "attn_proj": (KIND_Q4, (d, d)),
+        "ffn_norm": (KIND_F32, (1, d)),
+        "gate": (KIND_Q4, (cfg.ffn, d)),
+        "up": (KIND_Q4, (cfg.ffn, d)),
+        "down": (KIND_Q4, (d, cfg.ffn)),
+        "ple_gate": (KIND_Q4, (cfg.ple_dim, d)),
+        "ple_proj": (KIND_Q4, (d, cfg.ple_dim)),
+        "ple_norm": (KIND_F32, (1, d)),
+    }
+    for i in range(cfg.n_layers):
+        for f in LAYER_FIELDS:
+            kind, shape = layer[f]
+            plan.append((f"L{i}.{f}", kind, shape))
+    plan.append(("out_norm", KIND_F32, (1, d)))
+    if not cfg.tied_head:
+        plan.append(("head", KIND_Q4, (cfg.vocab_out, d)))
+    return plan
+
+
+def q4_row_bytes(cols: int) -> int:
+    return align_up(cols, BLOCK_COLS) // 2
+
+
+def rows_row_bytes(cols: int, group: int) -> int:
+    return align_up((cols + 1) // 2 + 2 * (-(-cols // group)), ALIGN)
+
+
+def q4_size(rows: int, cols: int, group: int) -> int:
+    return Q4_HEADER_BYTES + rows * q4_row_bytes(cols) + rows * (-(-cols // group)) * 4
+
+
+def rows_size(rows: int, cols: int, group: int) -> int:
+    return Q4_HEADER_BYTES + rows * rows_row_bytes(cols, group)
+
+
+def _check_group(cols: int, group: int, what: str, err: type[ValueError]) -> None:
+    if group <= 0:
+        raise err(f"{what}: group {group} must be positive")
+    if group % BLOCK_COLS and group < cols:
+        raise err(f"{what}: group {group} is neither a multiple of {BLOCK_COLS} nor >= "
+                  f"cols {cols}; a {BLOCK_COLS}-column block would straddle two groups")
+
+
+# --------------------------------------------------------------------------- #
+# packing helpers (also used by the C engine's tests to build payloads)
+
+
+def _check_q(m: QMatrix, what: str) -> None:
+    _check_group(m.cols, m.group, what, ValueError)
+    if m.q.dtype != np.int8:
+        raise ValueError(f"{what}: q must be int8, got {m.q.dtype}")
+    if m.scales.shape != (m.rows, m.n_groups):
+        raise ValueError(f"{what}: scales shape {m.scales.shape}, expected "
+                         f"{(m.rows, m.n_groups)}")
+    if m.q.size and (int(m.q.min()) < -8 or int(m.q.max()) > 7):
+        raise ValueError(f"{what}: int4 values must lie in -8..7")
+
+
+def pack_q4(m: QMatrix, what: str = "matrix") -> bytes:
+    """A whole KIND_Q4 payload: q4 header, kernel-layout codes, f32 scales."""
+    _check_q(m, what)
+    if not np.isfinite(m.scales).all():
+        raise ValueError(f"{what}: non-finite scales")
+    rows, cols = m.q.shape
+    padded = align_up(cols, BLOCK_COLS)
+    codes = np.full((rows, padded), PAD_CODE, np.uint8)
+    codes[:, :cols] = (m.q + 8).view(np.uint8)
+    blocks = codes.reshape(rows, padded // BLOCK_COLS, 2, BLOCK_COLS // 2)
+    packed = blocks[:, :, 0, :] | (blocks[:, :, 1, :] << 4)
+    scales = np.ascontiguousarray(m.scales, dtype=np.float16).astype("<f4")
+    return b"".join((Q4_HEADER.pack(rows, cols, m.group, padded // 2),
+                     packed.tobytes(), scales.tobytes()))
+
+
+def _q4_header(payload: memoryview, what: str, kind: str) -> tuple[int, int, int, int]:
+    if len(payload) < Q4_HEADER_BYTES:
+        raise ImageFormatError(f"section {what}: {len(payload)} bytes, too short for its "
+                               f"{kind} header")
+    return Q4_HEADER.unpack_from(payload, 0)
+
+
+def _f16_exact(s32: np.ndarray, what: str) -> np.ndarray:
+    bad = ~np.isfinite(s32)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ImageFormatError(f"section {what}: non-finite scale {s32[r, c]} at row {r} "
+                               f"group {c}")
+    s16 = s32.astype(np.float16)
+    if not np.array_equal(s16.astype(np.float32), s32):
+        r, c = np.argwhere(s16.astype(np.float32) != s32)[0]
+        raise ImageFormatError(f"section {what}: scale {s32[r, c]!r} at row {r} group {c} is "
+                               f"not an fp16 value (scales are widened fp16)")
+    return s16
+
+
+def unpack_q4(payload: bytes | memoryview, what: str = "q4") -> QMatrix:
+    """Inverse of pack_q4; checks sizes, padding codes and that scales are fp16 values."""
+    payload = memoryview(payload)
+    rows, cols, group, row_bytes = _q4_header(payload, what, "q4")
+    _check_group(cols, group, f"section {what}", ImageFormatError)
+    if row_bytes != q4_row_bytes(cols):
+        raise ImageFormatError(f"section {what}: row_bytes {row_bytes}, expected "
+                               f"{q4_row_bytes(cols)} for {cols} columns")
+    ng = -(-cols // group)
+    size = Q4_HEADER_BYTES + rows * row_bytes + rows * ng * 4
+    if len(payload) != size:
+        raise ImageFormatError(f"section {what}: {len(payload)} bytes, a [{rows}, {cols}] "
+                               f"q4 matrix with group {group} needs {size}")
+    packed = np.frombuffer(payload, np.uint8, rows * row_bytes, Q4_HEADER_BYTES)
+    packed = packed.reshape(rows, row_bytes // (BLOCK_COLS // 2), BLOCK_COLS // 2)
+    codes = np.stack((packed & 0x0F, packed >> 4), axis=2).reshape(rows, row_bytes * 2)
+    if cols < row_bytes * 2 and (codes[:, cols:] != PAD_CODE).any():
+        raise ImageFormatError(f"section {what}: padding columns must hold code {PAD_CODE}")
+    q = codes[:, :cols].astype(np.int8) - np.int8(8)
+    s32 = np.frombuffer(payload, "<f4", rows * ng, Q4_HEADER_BYTES + rows * row_bytes)
+    scales = _f16_exact(s32.reshape(rows, ng).astype(np.float32), what)
+    return QMatrix(q.astype(np.int8), scales, group)
+
+
+def pack_rows(m: QMatrix, what: str = "rows") -> bytes:
+    """A whole KIND_ROWS payload: q4 header, then one record per row (codes, fp16 scales)."""
+    _check_q(m, what)
+    if not np.isfinite(m.scales).all():
+        raise ValueError(f"{what}: non-finite scales")
+    rows, cols = m.q.shape
+    nc, ng = (cols + 1) // 2, m.n_groups
+    rb = rows_row_bytes(cols, m.group)
+    rec = np.zeros((rows, rb), np.uint8)
+    rec[:, :nc] = pack_nibbles(m.q, pad_code=PAD_CODE)
+    scales = np.ascontiguousarray(m.scales, dtype=np.float16).astype("<f2")
+    rec[:, nc:nc + 2 * ng] = scales.view(np.uint8).reshape(rows, 2 * ng)
+    return Q4_HEADER.pack(rows, cols, m.group, rb) + rec.tobytes()
+
+
+def unpack_rows(payload: bytes | memoryview, what: str = "rows") -> QMatrix:
+    """Inverse of pack_rows; checks sizes, zero record padding and finite scales."""
+    payload = memoryview(payload)
+    rows, cols, group, rb = _q4_header(payload, what, "rows")
+    if group <= 0:
+        raise ImageFormatError(f"section {what}: group {group} must be positive")
+    if cols == 0 or rb != rows_row_bytes(cols, group):
+        raise ImageFormatError(f"section {what}: row_bytes {rb}, expected "
+                               f"{rows_row_bytes(cols, group) if cols else 'cols > 0'}")
+    size = Q4_HEADER_BYTES + rows * rb
+    if len(payload) != size:
+        raise ImageFormatError(f"section {what}: {len(payload)} bytes, {rows} rows of "
+                               f"{rb} bytes need {size}")
+    rec = np.frombuffer(payload, np.uint8, rows * rb, Q4_HEADER_BYTES).reshape(rows, rb)
+    nc, ng = (cols + 1) // 2, -(-cols // group)
+    if (rec[:, nc + 2 * ng:] != 0).any():
+        raise ImageFormatError(f"section {what}: row padding bytes must be zero")
+    q = unpack_nibbles(rec[:, :nc], cols)
+    s16 = np.ascontiguousarray(rec[:, nc:nc + 2 * ng]).view("<f2").astype(np.float16)
+    bad = ~np.isfinite(s16)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ImageFormatError(f"section {what}: non-finite scale at row {r} group {c}")
+    return QMatrix(q, s16, group)
+
+
+# --------------------------------------------------------------------------- #
+# writing
+
+
+def _payloads(
+    weights: Weights, tokenizer_section: bytes, rope: np.ndarray
+) -> Iterator[tuple[str, int, Callable[[], bytes]]]:
+    """(name, kind, producer) in file order; producers pack lazily, one section at a time."""
+    w = weights
+    yield "tokenizer", KIND_TOKENIZER, lambda: bytes(tokenizer_section)
+    yield "rope", KIND_F32, lambda: np.ascontiguousarray(rope, "<f4").tobytes()
+    yield "embed", KIND_Q4, lambda: pack_q4(w.tok_emb, "embed")
+    yield "ple_rows", KIND_ROWS, lambda: pack_rows(w.ple_table, "ple_rows")
+    yield "ple_model_proj", KIND_Q4, lambda: pack_q4(w.ple_model_proj, "ple_model_proj")
+    yield "ple_proj_norm", KIND_F32, lambda: _f32(w.ple_proj_norm)
+    for i, layer in enumerate(w.layers):
+        for f in LAYER_FIELDS:
+            t = getattr(layer, f)
+            name = f"L{i}.{f}"
+            if isinstance(t, QMatrix):
+                yield name, KIND_Q4, (lambda t=t, name=name: pack_q4(t, name))
+            else:
+                yield name, KIND_F32, (lambda t=t: _f32(t))
+    yield "out_norm", KIND_F32, lambda: _f32(w.out_norm)
+    if not w.config.tied_head:
+        assert w.head is not None
+        yield "head", KIND_Q4, lambda: pack_q4(w.head, "head")
+
+
+def _f32(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, "<f4").tobytes()
+
+
+def _planned_size(kind: int, shape: tuple[int, int], group: int, tok_len: int) -> int:
+    rows, cols = shape
+    if kind == KIND_TOKENIZER:
+        return tok_len
+    if kind == KIND_F32:
+        return 4 * rows * cols
+    if kind == KIND_Q4:
+        return q4_size(rows, cols, group)
+    return rows_size(rows, cols, group)
+
+
+def _check_weights(weights: Weights) -> None:
+    cfg = weights.config
+    validate_config(cfg)
+    if len(weights.layers) != cfg.n_layers:
+        raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
+    if cfg.tied_head != (weights.head is None):
+        raise ValueError("config.tied_head must be True exactly when weights.head is None")
+    got = {
+        "embed": weights.tok_emb, "ple_rows": weights.ple_table,
+        "ple_model_proj": weights.ple_model_proj, "ple_proj_norm": weights.ple_proj_norm,
+        "out_norm": weights.out_norm, "head": weights.head,
+    }
+    for i, layer in enumerate(weights.layers):
+        for f in LAYER_FIELDS:
+            got[f"L{i}.{f}"] = getattr(layer, f)
+    for name, kind, (rows, cols) in section_plan(cfg)[2:]:
+        t = got[name]
+        if kind == KIND_F32:
+            if np.shape(t) != (cols,):
+                raise ValueError(f"{name}: shape {np.shape(t)}, expected ({cols},)")
+            if not np.isfinite(t).all():
+                raise ValueError(f"{name}: non-finite values")
+        elif not isinstance(t, QMatrix) or t.q.shape != (rows, cols) or t.group != cfg.group:
+            shape = (t.q.shape, t.group) if isinstance(t, QMatrix) else type(t)
+            raise ValueError(f"{name}: got {shape}, expected a [{rows}, {cols}] QMatrix with "
+                             f"group {cfg.group}")
+
+
+def write_image(
+    path: str | os.PathLike[str],
+    weights: Weights,
+    *,
+    tokenizer_section: bytes,
+    rope: np.ndarray,
+    source_sha256: bytes,
+    eot_id: int = 0,
+    vocab_in_source: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ImageReport:
+    """Write `weights` as an image. The caller has already chosen which rows to keep:
+    weights.config.vocab_in becomes vocab_rows (>= vocab_out). vocab_in_source defaults
+    to vocab_rows. progress(section_name, bytes_done, bytes_total) is called after each
+    section. The file appears only when complete (temp file + rename)."""
+    _check_weights(weights)
+    cfg = weights.config
+    vin_src = cfg.vocab_in if vocab_in_source is None else vocab_in_source
+    if vin_src < cfg.vocab_in:
+        raise ValueError(f"vocab_in_source {vin_src} < the {cfg.vocab_in} rows being written")
+    rope = np.asarray(rope)
+    if rope.dtype != np.float32 or rope.shape != (cfg.seq_len, cfg.head_dim):
+        raise ValueError(f"rope must be float32 {(cfg.seq_len, cfg.head_dim)}, got "
+                         f"{rope.dtype} {rope.shape}")
+    if len(source_sha256) != 32:
+        raise ValueError("source_sha256 must be 32 bytes")
+    if not 0 <= eot_id < cfg.vocab_out:
+        raise ValueError(f"eot_id {eot_id} outside the vocabulary 0..{cfg.vocab_out - 1}")
+    tok = bytes(tokenizer_section)
+    if len(tok) < 16 or struct.unpack_from("<I", tok, 0)[0] != cfg.vocab_out:
+        raise ValueError("tokenizer_section must start with u32 n_vocab == vocab_out "
+                         f"({cfg.vocab_out})")
+
+    plan = section_plan(cfg)
+    if len(plan) > MAX_SECTIONS:
+        raise ValueError(f"{cfg.n_layers} layers need {len(plan)} sections, the format allows "
+                         f"{MAX_SECTIONS}")
+    offsets, sizes = [], []
+    pos = align_up(HEADER_BYTES + SECTION_BYTES * len(plan))
+    for _name, kind, shape in plan:
+        pos = align_up(pos)
+        size = _planned_size(kind, shape, cfg.group, len(tok))
+        offsets.append(pos)
+        sizes.append(size)
+        pos += size
+    file_bytes = pos  # no padding after the last section
+    if file_bytes >= 1 << 32:
+        raise ValueError(f"image of {file_bytes} bytes does not fit the u32 offsets")
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sections: list[Section] = []
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(bytes(offsets[0]))  # header + table, rewritten at the end
+            for (name, kind, produce), off, size in zip(
+                    _payloads(weights, tok, rope), offsets, sizes):
+                f.write(bytes(off - f.tell()))  # zero alignment padding
+                data = produce()
+                if len(data) != size:
+                    raise AssertionError(f"{name}: packed {len(data)} bytes, planned {size}")
+                f.write(data)
+                sections.append(Section(name, kind, off, size, zlib.crc32(data)))
+                if progress is not None:
+                    progress(name, f.tell(), file_bytes)
+            assert f.tell() == file_bytes
+            header = ImageHeader(
+                version=VERSION, header_bytes=HEADER_BYTES, file_bytes=file_bytes,
+                n_sections=len(sections), header_crc32=0,
+                flags=FLAG_TIED_HEAD if cfg.tied_head else 0, vocab_rows=cfg.vocab_in,
+                vocab_out=cfg.vocab_out, vocab_in_source=vin_src, dim=cfg.dim,
+                n_layers=cfg.n_layers, n_heads=cfg.n_heads, ffn=cfg.ffn,
+                ple_dim=cfg.ple_dim, seq_len=cfg.seq_len, group=cfg.group,
+                rope_theta=cfg.rope_theta, eot_id=eot_id, source_sha256=bytes(source_sha256))
+            table = b"".join(SECTION.pack(s.name.encode("ascii"), s.kind, s.offset, s.size,
+                                          s.crc32) for s in sections)
+            crc = zlib.crc32(table, zlib.crc32(header.pack()))
+            header = dataclasses.replace(header, header_crc32=crc)
+            f.seek(0)
+            f.write(header.pack() + table)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return ImageReport(path=path, file_bytes=file_bytes, header=header, sections=sections)
+
+
+# --------------------------------------------------------------------------- #
+# reading
+
+
+def _source_bytes(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    return Path(source).read_bytes()
+
+
+def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
+    """Parse and verify the header and section table (not the payloads)."""
+    if len(data) < HEADER_BYTES:
+        raise ImageFormatError(f"file too short for an image header: {len(data)} bytes, "
+                               f"need {HEADER_BYTES}")
+    (magic, version, header_bytes, file_bytes, n_sections, header_crc, flags, vocab_rows,
+     vocab_out, vocab_in_source, dim, n_layers, n_heads, ffn, ple_dim, seq_len, group, theta,
+     eot_id, sha, reserved) = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ImageFormatError(f"bad magic {magic!r}: not an mpllm model image (expected "
+                               f"{MAGIC!r}; a model.bin must be converted first)")
+    if version != VERSION:
+        raise ImageFormatError(f"unsupported image version {version} (this reader knows "
+                               f"version {VERSION}; reconvert the model)")
+    if header_bytes != HEADER_BYTES:
+        raise ImageFormatError(f"header_bytes {header_bytes}, version {VERSION} has "
+                               f"{HEADER_BYTES}")
+    if file_bytes != len(data):
+        what = "truncated" if len(data) < file_bytes else "trailing bytes"
+        raise ImageFormatError(f"{what}: the header says the image is {file_bytes} bytes, "
+                               f"the file has {len(data)}")
+    if not 1 <= n_sections <= MAX_SECTIONS:
+        raise ImageFormatError(f"section count {n_sections} out of range 1..{MAX_SECTIONS}")
+    table_end = HEADER_BYTES + SECTION_BYTES * n_sections
+    if table_end > len(data):
+        raise ImageFormatError(f"section table of {n_sections} entries runs past the end of "
+                               f"the file")
+    hdr_zeroed = bytearray(data[:HEADER_BYTES])
+    hdr_zeroed[HEADER_CRC_OFFSET:HEADER_CRC_OFFSET + 4] = bytes(4)
+    crc = zlib.crc32(data[HEADER_BYTES:table_end], zlib.crc32(bytes(hdr_zeroed)))
+    if crc != header_crc:
+        raise ImageFormatError(f"header CRC mismatch (stored 0x{header_crc:08x}, computed "
+                               f"0x{crc:08x}): the header or section table is corrupt")
+    if any(reserved):
+        raise ImageFormatError("reserved header bytes are not zero")
+    if flags & ~FLAGS_KNOWN:
+        raise ImageFormatError(f"unknown flag bits 0x{flags & ~FLAGS_KNOWN:x} in image flags")
+    header = ImageHeader(version, header_bytes, file_bytes, n_sections, header_crc, flags,
+                         vocab_rows, vocab_out, vocab_in_source, dim, n_layers, n_heads, ffn,
+                         ple_dim, seq_len, group, float(theta), eot_id, bytes(sha))
+    try:
+        validate_config(header.config())
+    except ModelFormatError as e:
+        raise ImageFormatError(f"image header: {e}") from None
+    if vocab_rows > vocab_in_source:
+        raise ImageFormatError(f"vocab_rows {vocab_rows} exceeds vocab_in_source "
+                               f"{vocab_in_source}")
+    if eot_id >= vocab_out:
+        raise ImageFormatError(f"eot_id {eot_id} outside the vocabulary of {vocab_out}")
+
+    want = 7 + 10 * n_layers + (0 if header.tied_head else 1)
+    if n_sections != want:
+        raise ImageFormatError(f"{n_sections} sections, a {n_layers}-layer "
+                               f"{'tied' if header.tied_head else 'untied'}-head model has "
+                               f"{want}")
+    plan = section_plan(header.config())
+    valid = {name for name, _k, _s in plan}
+    sections: list[Section] = []
+    for i in range(n_sections):
+        raw, kind, offset, size, scrc = SECTION.unpack_from(data, HEADER_BYTES + SECTION_BYTES * i)
+        name_b, _, tail = raw.partition(b"\0")
+        try:
+            name = name_b.decode("ascii")
+        except UnicodeDecodeError:
+            raise ImageFormatError(f"section {i}: name {raw!r} is not ASCII") from None
+        if any(tail):
+            raise ImageFormatError(f"section {i}: name {raw!r} is not NUL-padded")
+        sections.append(Section(name, kind, offset, size, scrc))
+    names = [s.name for s in sections]
+    for s in sections:
+        if s.name not in valid:
+            raise ImageFormatError(f"unknown section name {s.name!r}")
+    for name, _k, _s in plan:
+        if name not in names:
+            raise ImageFormatError(f"missing section {name!r}")
+    pos = table_end
+    for i, (s, (name, kind, _shape)) in enumerate(zip(sections, plan)):
+        if s.name != name:
+            raise ImageFormatError(f"section {i} is {s.name!r}, expected {name!r}: sections "
+                                   f"must appear in image_format.h's order")
+        if s.kind != kind:
+            raise ImageFormatError(f"section {name!r} has kind {s.kind}, expected {kind} "
+                                   f"({KIND_NAMES[kind]})")
+        if s.offset % ALIGN:
+            raise ImageFormatError(f"section {name!r} at offset {s.offset} is not "
+                                   f"{ALIGN}-byte aligned")
+        if s.offset != align_up(pos):
+            raise ImageFormatError(f"section {name!r} at offset {s.offset}, expected "
+                                   f"{align_up(pos)} (overlap or gap in the layout)")
+        if s.offset + s.size > file_bytes:
+            raise ImageFormatError(f"section {name!r} [{s.offset}, {s.offset + s.size}) runs "
+                                   f"past the end of the {file_bytes}-byte file")
+        if any(data[pos:s.offset]):
+            raise ImageFormatError(f"non-zero padding before section {name!r}")
+        pos = s.offset + s.size
+    if pos != file_bytes:
+        raise ImageFormatError(f"{file_bytes - pos} bytes after the last section")
+    return header, sections
+
+
+def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Image:
+    """Read and fully verify an image; weights come back exactly as written."""
+    data = _source_bytes(source)
+    header, sections = read_header(data)
+    cfg = header.config()
+    plan = section_plan(cfg)
+    mv = memoryview(data)
+    payload: dict[str, memoryview] = {}
+    for s in sections:
+        p = mv[s.offset:s.offset + s.size]
+        crc = zlib.crc32(p)
+        if crc != s.crc32:
+            raise ImageFormatError(f"section {s.name!r} CRC mismatch (stored 0x{s.crc32:08x}, "
+                                   f"computed 0x{crc:08x}): the payload is corrupt")
+        payload[s.name] = p
+
+    tensors: dict[str, object] = {}
+    for name, kind, (rows, cols) in plan:
+        p = payload[name]
+        if kind == KIND_TOKENIZER:
+            if len(p) < 16:
+                raise ImageFormatError(f"tokenizer section of {len(p)} bytes is too short")
+            n_vocab = struct.unpack_from("<I", p, 0)[0]
+            if n_vocab != cfg.vocab_out:
+                raise ImageFormatError(f"tokenizer has {n_vocab} entries, the header's "
+                                       f"vocab_out is {cfg.vocab_out}")
+        elif kind == KIND_F32:
+            if len(p) != 4 * rows * cols:
+                raise ImageFormatError(f"section {name!r}: {len(p)} bytes, expected "
+                                       f"{4 * rows * cols} (f32 [{rows}, {cols}])")
+            arr = np.frombuffer(p, "<f4").astype(np.float32)
+            if not np.isfinite(arr).all():
+                raise ImageFormatError(f"section {name!r}: non-finite values")
+            tensors[name] = arr.reshape(rows, cols) if name == "rope" else arr
+        else:
+            m = unpack_q4(p, name) if kind == KIND_Q4 else unpack_rows(p, name)
+            if (m.rows, m.cols, m.group) != (rows, cols, cfg.group):
+                raise ImageFormatError(
+                    f"section {name!r}: [{m.rows}, {m.cols}] group {m.group}, the header's "
+                    f"config needs [{rows}, {cols}] group {cfg.group}")
+            tensors[name] = m
+    layers = [LayerWeights(**{f: tensors[f"L{i}.{f}"] for f in LAYER_FIELDS})
+              for i in range(cfg.n_layers)]
+    weights = Weights(config=cfg, tok_emb=tensors["embed"],
+                      ple_model_proj=tensors["ple_model_proj"],
+                      ple_proj_norm=tensors["ple_proj_norm"], ple_table=tensors["ple_rows"],
+                      layers=layers, out_norm=tensors["out_norm"], head=tensors.get("head"))
+    return Image(header=header, config=cfg, weights=weights, rope=tensors["rope"],
+                 tokenizer_section=bytes(payload["tokenizer"]), sections=sections)

@@ -1,0 +1,678 @@
+"""Host side of the tokenizer: read a Hugging Face tokenizer.json, check that it
+is the kind of byte-level BPE the esp32-ai release ships, and lay its tables
+out as the image's KIND_TOKENIZER section (see native/engine/image_format.h).
+
+The board never sees tokenizer.json: it gets only the section written here and
+encodes/decodes with the plain-Python `llm.Tokenizer`. Everything the JSON may
+say that the plain tokenizer cannot honour is rejected here, each with its own
+message, so a model that converts is a model whose prompts encode the same on
+the host and on the board.
+
+Also here: `synthetic_tokenizer_json` (a release-shaped tokenizer of any size,
+for generated test models) and `train_tokenizer_json` (a real BPE trained on a
+corpus, for the demo model).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+EOT_TEXT = "<|endoftext|>"
+MAX_TOKEN_BYTES = 255  # lengths are stored as u8
+MAX_IDS = 65536  # ids are stored as u16
+_NO_ID = 0xFFFF
+
+
+class TokenizerFormatError(ValueError):
+    """tokenizer.json is not a byte-level BPE the plain-Python tokenizer can reproduce."""
+
+
+def _byte_symbols() -> list[str]:
+    """Byte value -> the printable character byte-level BPE uses for it.
+
+    Printable Latin-1 bytes stand for themselves; the remaining 68 bytes
+    (controls, space, DEL, NBSP, soft hyphen...) are shifted to U+0100 upwards
+    in byte order, so every byte has a visible, non-space symbol.
+    """
+    keeps_itself = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    symbols = []
+    shifted = 0
+    for b in range(256):
+        if b in keeps_itself:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(0x100 + shifted))
+            shifted += 1
+    return symbols
+
+
+BYTE_SYMBOLS: list[str] = _byte_symbols()
+SYMBOL_TO_BYTE: dict[str, int] = {s: b for b, s in enumerate(BYTE_SYMBOLS)}
+
+
+@dataclass(frozen=True)
+class TokenizerTables:
+    """What the image keeps of a tokenizer: enough to encode and decode exactly."""
+
+    vocab_size: int
+    eot_id: int
+    token_bytes: list[bytes]  # per id; special tokens as their literal UTF-8 text
+    merges: list[tuple[int, int, int]]  # (left, right, merged) in rank order
+    byte_ids: list[int]  # 256 entries, 0xFFFF where the vocabulary lacks the byte
+    special_ids: list[int]  # ascending; always includes eot_id
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise TokenizerFormatError(message)
+
+
+def _symbols_to_bytes(token: str, where: str) -> bytes:
+    out = bytearray()
+    for ch in token:
+        b = SYMBOL_TO_BYTE.get(ch)
+        _require(
+            b is not None,
+            f"{where}: token {token!r} contains {ch!r} (U+{ord(ch):04X}), "
+            "which is not a byte-level BPE symbol",
+        )
+        out.append(b)
+    return bytes(out)
+
+
+def _parse_merge(entry: object, rank: int) -> tuple[str, str]:
+    # tokenizers < 0.20 writes "left right"; newer versions write ["left", "right"].
+    if isinstance(entry, str):
+        parts = entry.split(" ")
+        _require(len(parts) == 2, f"merge {rank} {entry!r} is not 'left right'")
+        return parts[0], parts[1]
+    if isinstance(entry, list) and len(entry) == 2 and all(isinstance(p, str) for p in entry):
+        return entry[0], entry[1]
+    raise TokenizerFormatError(f"merge {rank} {entry!r} is neither 'left right' nor [left, right]")
+
+
+def parse_tokenizer_json(text: str, where: str = "tokenizer.json") -> TokenizerTables:
+    """Validate the JSON text of a tokenizer and return its tables."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerFormatError(f"{where} is not valid JSON: {e}") from None
+    _require(isinstance(doc, dict), f"{where}: top level is not a JSON object")
+
+    model = doc.get("model")
+    _require(isinstance(model, dict), f"{where}: no 'model' object")
+    _require(
+        model.get("type") == "BPE",
+        "{}: model type is {!r}, expected 'BPE'".format(where, model.get("type")),
+    )
+    _require(
+        doc.get("normalizer") is None,
+        "{}: has a normalizer ({!r}); the release has none and the board cannot normalize".format(
+            where, (doc.get("normalizer") or {}).get("type")
+        ),
+    )
+    pre = doc.get("pre_tokenizer")
+    _require(
+        isinstance(pre, dict) and pre.get("type") == "ByteLevel",
+        "{}: pre_tokenizer must be a plain ByteLevel, found {!r}".format(
+            where, pre.get("type") if isinstance(pre, dict) else pre
+        ),
+    )
+    _require(
+        not pre.get("add_prefix_space", False),
+        f"{where}: ByteLevel pre_tokenizer has add_prefix_space=true; the release uses false",
+    )
+    _require(
+        pre.get("use_regex", True),
+        f"{where}: ByteLevel pre_tokenizer has use_regex=false; the release splits with the "
+        "GPT-2 pattern (use_regex=true)",
+    )
+    dec = doc.get("decoder")
+    _require(
+        isinstance(dec, dict) and dec.get("type") == "ByteLevel",
+        "{}: decoder must be ByteLevel, found {!r}".format(
+            where, dec.get("type") if isinstance(dec, dict) else dec
+        ),
+    )
+    post = doc.get("post_processor")
+    _require(
+        post is None or (isinstance(post, dict) and post.get("type") == "ByteLevel"),
+        "{}: post_processor {!r} may add tokens; only none or ByteLevel is supported".format(
+            where, post.get("type") if isinstance(post, dict) else post
+        ),
+    )
+    _require(not model.get("byte_fallback", False), f"{where}: BPE byte_fallback is set")
+    _require(
+        model.get("dropout") in (None, 0, 0.0),
+        "{}: BPE dropout is set ({!r})".format(where, model.get("dropout")),
+    )
+    _require(
+        not model.get("continuing_subword_prefix"),
+        "{}: BPE continuing_subword_prefix is set ({!r})".format(
+            where, model.get("continuing_subword_prefix")
+        ),
+    )
+    _require(
+        not model.get("end_of_word_suffix"),
+        "{}: BPE end_of_word_suffix is set ({!r})".format(where, model.get("end_of_word_suffix")),
+    )
+    _require(
+        not model.get("ignore_merges", False),
+        f"{where}: BPE ignore_merges is set; the board always applies merges",
+    )
+
+    vocab = model.get("vocab")
+    _require(isinstance(vocab, dict) and vocab, f"{where}: model vocab is missing or empty")
+    id_to_text: dict[int, str] = {}
+    for tok, i in vocab.items():
+        _require(isinstance(i, int) and i >= 0, f"{where}: token {tok!r} has invalid id {i!r}")
+        _require(
+            i not in id_to_text, f"{where}: id {i} used by both {id_to_text.get(i)!r} and {tok!r}"
+        )
+        id_to_text[i] = tok
+
+    specials: dict[int, str] = {}
+    for added in doc.get("added_tokens") or []:
+        content, i = added.get("content"), added.get("id")
+        _require(
+            isinstance(content, str) and isinstance(i, int) and i >= 0,
+            f"{where}: malformed added token {added!r}",
+        )
+        _require(
+            added.get("special", False),
+            f"{where}: added token {content!r} is not special; tokenizers would match it "
+            "inside ordinary "
+            "text, which the board's tokenizer does not do",
+        )
+        _require(
+            id_to_text.get(i, content) == content,
+            f"{where}: added token {content!r} has id {i}, which the vocab gives to "
+            f"{id_to_text.get(i)!r}",
+        )
+        id_to_text[i] = content
+        specials[i] = content
+
+    n = len(id_to_text)
+    _require(n <= MAX_IDS, f"{where}: {n} tokens; ids must fit in 16 bits (at most {MAX_IDS})")
+    missing = [i for i in range(n) if i not in id_to_text]
+    _require(
+        not missing,
+        f"{where}: ids are not dense 0..{n - 1}: {len(missing)} missing "
+        f"(first {missing[0] if missing else 0}, largest id {max(id_to_text)})",
+    )
+    text_to_id = {t: i for i, t in id_to_text.items()}
+    eot = text_to_id.get(EOT_TEXT)
+    _require(eot is not None, f"{where}: no {EOT_TEXT} token")
+    specials[eot] = EOT_TEXT
+
+    token_bytes: list[bytes] = []
+    for i in range(n):
+        t = id_to_text[i]
+        data = t.encode("utf-8") if i in specials else _symbols_to_bytes(t, where)
+        _require(
+            len(data) <= MAX_TOKEN_BYTES,
+            f"{where}: token {i} is {len(data)} bytes long; "
+            f"at most {MAX_TOKEN_BYTES} fit the image",
+        )
+        _require(len(data) > 0, f"{where}: token {i} is empty")
+        token_bytes.append(data)
+
+    byte_ids = [_NO_ID] * 256
+    for b, sym in enumerate(BYTE_SYMBOLS):
+        i = vocab.get(sym)
+        if i is not None:
+            byte_ids[b] = i
+    if _NO_ID in byte_ids:
+        _require(
+            model.get("unk_token") is None,
+            f"{where}: {byte_ids.count(_NO_ID)} byte symbols are missing and unk_token "
+            f"{model.get('unk_token')!r} is set; the board cannot reproduce unknown-token handling",
+        )
+
+    raw_merges = model.get("merges")
+    _require(isinstance(raw_merges, list), f"{where}: model merges is missing")
+    merges: list[tuple[int, int, int]] = []
+    for rank, entry in enumerate(raw_merges):
+        left, right = _parse_merge(entry, rank)
+        li, ri, mi = vocab.get(left), vocab.get(right), vocab.get(left + right)
+        _require(
+            li is not None and ri is not None,
+            f"{where}: merge {rank} ({left!r}, {right!r}) uses a token that is not in the vocab",
+        )
+        _require(
+            mi is not None,
+            f"{where}: merge {rank} ({left!r}, {right!r}) makes {left + right!r}, "
+            "which is not in the vocab",
+        )
+        merges.append((li, ri, mi))
+
+    return TokenizerTables(
+        vocab_size=n,
+        eot_id=eot,
+        token_bytes=token_bytes,
+        merges=merges,
+        byte_ids=byte_ids,
+        special_ids=sorted(specials),
+    )
+
+
+def load_tokenizer(path: str) -> TokenizerTables:
+    """Read and validate a tokenizer.json file (see `parse_tokenizer_json`)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerFormatError(f"{path} is not UTF-8: {e}") from None
+    return parse_tokenizer_json(text, where=str(path))
+
+
+def tokenizer_section(tables: TokenizerTables) -> bytes:
+    """The KIND_TOKENIZER section payload, byte for byte as image_format.h lays it out."""
+    n = tables.vocab_size
+    _require(
+        len(tables.token_bytes) == n,
+        f"token_bytes has {len(tables.token_bytes)} entries for {n} tokens",
+    )
+    _require(len(tables.byte_ids) == 256, "byte_ids must have 256 entries")
+    out = bytearray(struct.pack("<4I", n, len(tables.merges), len(tables.special_ids), 0))
+    out += struct.pack("<256H", *tables.byte_ids)
+    out += struct.pack(f"<{len(tables.special_ids)}H", *tables.special_ids)
+    out += bytes(-len(out) % 4)
+    out += bytes(len(t) for t in tables.token_bytes)
+    for t in tables.token_bytes:
+        out += t
+    out += bytes(-len(out) % 2)
+    for m in tables.merges:
+        out += struct.pack("<3H", *m)
+    return bytes(out)
+
+
+# --- making tokenizers -------------------------------------------------------
+
+
+def _tokenizer_doc(vocab: dict[str, int], merges: list[tuple[str, str]], eot_id: int) -> dict:
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": eot_id,
+                "content": EOT_TEXT,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
+        "normalizer": None,
+        "pre_tokenizer": dict(byte_level),
+        "post_processor": None,
+        "decoder": dict(byte_level, add_prefix_space=True),
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            # "left right" strings: what the release (tokenizers < 0.20) wrote, and
+            # what every tokenizers version still reads.
+            "merges": ["{} {}".format(*m) for m in merges],
+        },
+    }
+
+
+_ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "y",
+    "z",
+    "bl",
+    "br",
+    "ch",
+    "cl",
+    "cr",
+    "dr",
+    "fl",
+    "fr",
+    "gl",
+    "gr",
+    "pl",
+    "pr",
+    "sc",
+    "sh",
+    "sk",
+    "sl",
+    "sm",
+    "sn",
+    "sp",
+    "st",
+    "sw",
+    "th",
+    "tr",
+    "tw",
+    "wh",
+    "qu",
+    "str",
+]
+_VOWELS = [
+    "a",
+    "e",
+    "i",
+    "o",
+    "u",
+    "a",
+    "e",
+    "i",
+    "o",
+    "y",
+    "ee",
+    "oo",
+    "ea",
+    "ai",
+    "ou",
+    "ie",
+    "oa",
+]
+_CODAS = [
+    "-",
+    "-",
+    "-",
+    "-",
+    "b",
+    "d",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "x",
+    "ll",
+    "ss",
+    "nd",
+    "nt",
+    "ng",
+    "nk",
+    "st",
+    "ck",
+    "rd",
+    "rt",
+    "sh",
+    "th",
+    "ch",
+    "ed",
+    "er",
+    "ing",
+    "ly",
+    "y",
+]
+# Frequent story words go in first, so prompts like "Once upon a time" get
+# whole-word tokens the way they do with the release tokenizer.
+_COMMON = [
+    "the",
+    "a",
+    "and",
+    "was",
+    "to",
+    "he",
+    "she",
+    "it",
+    "they",
+    "her",
+    "his",
+    "said",
+    "there",
+    "once",
+    "upon",
+    "time",
+    "day",
+    "little",
+    "girl",
+    "boy",
+    "named",
+    "lily",
+    "tom",
+    "ben",
+    "mom",
+    "dad",
+    "wanted",
+    "play",
+    "park",
+    "big",
+    "happy",
+    "sad",
+    "saw",
+    "went",
+    "with",
+    "in",
+    "on",
+    "of",
+    "at",
+    "one",
+    "very",
+    "friend",
+    "friends",
+    "dog",
+    "cat",
+    "ball",
+    "tree",
+    "bird",
+    "sun",
+    "fun",
+    "toy",
+    "home",
+    "what",
+    "is",
+    "are",
+    "be",
+    "so",
+    "but",
+    "then",
+    "that",
+    "had",
+    "have",
+    "not",
+    "you",
+    "i",
+    "we",
+    "me",
+    "my",
+    "can",
+    "could",
+    "would",
+    "like",
+    "loved",
+    "looked",
+    "found",
+    "asked",
+    "started",
+    "felt",
+    "help",
+    "together",
+    "every",
+    "after",
+    "came",
+    "back",
+    "out",
+    "up",
+    "down",
+    "too",
+    "all",
+    "new",
+    "good",
+]
+_PUNCT = [
+    ".",
+    ",",
+    "!",
+    "?",
+    '"',
+    '."',
+    '!"',
+    '?"',
+    ',"',
+    "'",
+    ":",
+    ";",
+    "-",
+    "(",
+    ")",
+    "...",
+    "--",
+]
+
+
+def _english_ish(rng: random.Random) -> str:
+    word = ""
+    for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
+        coda = rng.choice(_CODAS)
+        word += rng.choice(_ONSETS) + rng.choice(_VOWELS) + ("" if coda == "-" else coda)
+    if rng.random() < 0.15:
+        word = word[:1].upper() + word[1:]
+    return word
+
+
+def _piece(rng: random.Random) -> str:
+    """A string the GPT-2 pre-split can produce as one piece, in byte-level symbols."""
+    r = rng.random()
+    if r < 0.84:
+        text = ("" if rng.random() < 0.3 else " ") + _english_ish(rng)
+    elif r < 0.90:
+        text = ("" if rng.random() < 0.5 else " ") + str(rng.randrange(10 ** rng.randint(1, 4)))
+    elif r < 0.97:
+        text = ("" if rng.random() < 0.6 else " ") + rng.choice(_PUNCT)
+    else:
+        text = rng.choice(("\n", "\n\n", "  ", "   ", "\t", "\n\n\n"))
+    return "".join(BYTE_SYMBOLS[b] for b in text.encode("utf-8"))
+
+
+def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Plain BPE (lowest rank first, leftmost on ties), for building the synthetic vocab."""
+    while len(symbols) > 1:
+        best = min(
+            (ranks.get((a, b), len(ranks)), i)
+            for i, (a, b) in enumerate(itertools.pairwise(symbols))
+        )
+        if best[0] == len(ranks):
+            break
+        i = best[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return symbols
+
+
+def synthetic_tokenizer_json(vocab_size: int, seed: int) -> str:
+    """A valid release-shaped byte-level BPE tokenizer.json of exactly `vocab_size` tokens.
+
+    Layout mirrors a trained release tokenizer: id 0 is <|endoftext|>, ids
+    1..256 the byte symbols in code point order (what BpeTrainer assigns), then
+    one token per merge. Merges build random English-ish words (with and
+    without the leading space symbol), numbers, punctuation and whitespace
+    runs, each from pieces already in the vocabulary, so every merge is
+    reachable by real text. Deterministic for a given (vocab_size, seed).
+    """
+    base = 1 + 256
+    if not isinstance(vocab_size, int) or vocab_size < base or vocab_size > MAX_IDS:
+        raise ValueError(f"vocab_size must be an int in {base}..{MAX_IDS}, got {vocab_size!r}")
+    rng = random.Random(seed)
+    vocab: dict[str, int] = {EOT_TEXT: 0}
+    for sym in sorted(BYTE_SYMBOLS):
+        vocab[sym] = len(vocab)
+    merges: list[tuple[str, str]] = []
+    ranks: dict[tuple[str, str], int] = {}
+
+    def new_merge(left: str, right: str) -> None:
+        ranks[(left, right)] = len(merges)
+        merges.append((left, right))
+        vocab[left + right] = len(vocab)
+
+    def add(target: str) -> None:
+        # Build `target` from the left, splitting at a random point where both
+        # halves already exist when there is one (keeps merge shapes varied).
+        stack = [target]
+        while stack and len(vocab) < vocab_size:
+            s = stack[-1]
+            if s in vocab:
+                stack.pop()
+                continue
+            splits = [k for k in range(1, len(s)) if s[:k] in vocab and s[k:] in vocab]
+            if splits:
+                k = rng.choice(splits)
+                new_merge(s[:k], s[k:])
+                stack.pop()
+            else:
+                stack.append(s[:-1])
+
+    for word in _COMMON:
+        for text in (" " + word, word, " " + word.capitalize(), word.capitalize()):
+            # Merge whatever the current merges make of the word, left to right,
+            # as a trainer would: the word then always encodes to one token.
+            segs = _apply_merges([BYTE_SYMBOLS[b] for b in text.encode("utf-8")], ranks)
+            while len(segs) > 1 and len(vocab) < vocab_size and segs[0] + segs[1] not in vocab:
+                new_merge(segs[0], segs[1])
+                segs[0:2] = [segs[0] + segs[1]]
+    while len(vocab) < vocab_size:
+        piece = _piece(rng)
+        if len(piece) > 1 and len(piece.encode("utf-8")) <= MAX_TOKEN_BYTES:
+            add(piece)
+    return json.dumps(_tokenizer_doc(vocab, merges, 0), ensure_ascii=False)
+
+
+def train_tokenizer_json(texts: Iterable[str], vocab_size: int) -> str:
+    """Train a byte-level BPE the way the release was made and return its JSON.
+
+    <|endoftext|> gets id 0 and all 256 byte symbols are in the vocabulary
+    whatever the corpus holds, so any text can be encoded; no token is longer
+    than the image's 255-byte limit.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        max_token_length=MAX_TOKEN_BYTES,  # a byte-level symbol is one byte
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    text = tok.to_str()
+    parse_tokenizer_json(text, where="trained tokenizer")  # fail here, not at convert time
+    return text
