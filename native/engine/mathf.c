@@ -1,0 +1,168 @@
+/*
+ * Portable float32 exp / log / erf; see mathf.h for the why and the accuracy.
+ * Every constant is a hex float so the Python mirror can use the same bits.
+ * The order of every + and * below is part of the contract: changing it
+ * changes results in the last bit and breaks host/board/reference agreement.
+ */
+#include "mathf.h"
+
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
+#error "llm mathf needs FLT_EVAL_METHOD == 0 (plain float32 arithmetic)"
+#endif
+
+static float llm_f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t llm_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* 1.5 * 2^23: (t + S) - S rounds t to an integer, ties to even, for |t| < 2^22. */
+#define LLM_ROUND_SHIFT 0x1.8p23f
+#define LLM_LOG2E 0x1.715476p+0f
+/* ln2 split: LN2_HI has 9 significant bits, so k * LN2_HI is exact for |k| < 2^15. */
+#define LLM_LN2_HI 0x1.63p-1f
+#define LLM_LN2_LO -0x1.bd0106p-13f
+
+float llm_expf(float x) {
+    if (x != x) {
+        return x + x;
+    }
+    if (x > 89.0f) {
+        return llm_f32_from_bits(0x7f800000u);
+    }
+    if (x < -104.0f) {
+        return 0.0f;
+    }
+    /* x = k*ln2 + r with |r| <= ln2/2 (plus rounding); k in [-150, 128]. */
+    float t = x * LLM_LOG2E;
+    float k = (t + LLM_ROUND_SHIFT) - LLM_ROUND_SHIFT;
+    int32_t n = (int32_t)k;
+    float r = x - k * LLM_LN2_HI; /* exact (Sterbenz) */
+    r = r - k * LLM_LN2_LO;
+    /* exp(r) = 1 + r + r^2 * q(r), q fitted near-minimax on |r| <= 0.3466 */
+    float q = 0x1.6a243ap-10f;
+    q = 0x1.1239ep-7f + r * q;
+    q = 0x1.5558f2p-5f + r * q;
+    q = 0x1.555492p-3f + r * q;
+    q = 0x1.fffffcp-2f + r * q;
+    float y = 1.0f + (r + (r * r) * q);
+    /* y * 2^n; the scale is split so each product rounds at most once. */
+    if (n > 127) {
+        return (y * 0x1p127f) * 2.0f;
+    }
+    if (n < -126) {
+        return (y * llm_f32_from_bits((uint32_t)(n + 100 + 127) << 23)) * 0x1p-100f;
+    }
+    return y * llm_f32_from_bits((uint32_t)(n + 127) << 23);
+}
+
+float llm_logf(float x) {
+    uint32_t ix = llm_f32_bits(x);
+    if (x != x) {
+        return x + x;
+    }
+    if ((ix & 0x7fffffffu) == 0) {
+        return llm_f32_from_bits(0xff800000u); /* -inf */
+    }
+    if (ix >> 31) {
+        float zero = 0.0f;
+        return zero / zero; /* negative: NaN */
+    }
+    if (ix == 0x7f800000u) {
+        return x;
+    }
+    int32_t e = 0;
+    if (ix < 0x00800000u) {
+        /* subnormal: scale into the normal range (exact) */
+        x = x * 0x1p25f;
+        ix = llm_f32_bits(x);
+        e = -25;
+    }
+    e += (int32_t)(ix >> 23) - 127;
+    uint32_t mant = ix & 0x007fffffu;
+    /* m in [sqrt(1/2), sqrt(2)): keeps log(m) small and symmetric */
+    if (mant > 0x3504f3u) {
+        mant |= 0x3f000000u; /* m in [0.5, 1) */
+        e += 1;
+    } else {
+        mant |= 0x3f800000u; /* m in [1, 2) */
+    }
+    float m = llm_f32_from_bits(mant);
+    float f = m - 1.0f; /* exact */
+    /* log(1+f) = f - (hfsq - s*(hfsq + R(s^2))), s = f/(2+f) */
+    float s = f / (2.0f + f);
+    float z = s * s;
+    float R = 0x1.31e1fcp-2f;
+    R = 0x1.995ec6p-2f + z * R;
+    R = 0x1.55557ap-1f + z * R;
+    R = z * R;
+    float hfsq = (0.5f * f) * f;
+    float dk = (float)e;
+    float w = s * (hfsq + R) + dk * LLM_LN2_LO;
+    w = (hfsq - w) - f;
+    return dk * LLM_LN2_HI - w;
+}
+
+/* erf(|x|) on [1, 4): 6 intervals of width 1/2, each a degree-7 polynomial in
+ * t = |x| - midpoint (t is exact: |x| and the midpoint share the ulp grid). */
+static const float llm_erf_mid[6][8] = {
+    {0x1.d8865ep-1f, 0x1.e4653p-3f, -0x1.2ebf54p-2f, 0x1.571d14p-3f,
+     -0x1.91ded2p-8f, -0x1.82905p-5f, 0x1.517a18p-6f, 0x1.ec8e7p-9f},
+    {0x1.f92d08p-1f, 0x1.b0553p-5f, -0x1.7a4a8p-4f, 0x1.7148ecp-4f,
+     -0x1.8a1486p-5f, 0x1.b1a74cp-8f, 0x1.28858ap-7f, -0x1.83f5aap-8f},
+    {0x1.ff4048p-1f, 0x1.d4143cp-8f, -0x1.074b2p-6f, 0x1.63ef22p-6f,
+     -0x1.38bdfp-6f, 0x1.5d542ep-7f, -0x1.6c53eap-9f, -0x1.7d36ecp-11f},
+    {0x1.fff2dp-1f, 0x1.3360dp-11f, -0x1.a6a56ep-10f, 0x1.69cedep-9f,
+     -0x1.aafeb6p-9f, 0x1.6949dap-9f, -0x1.b535a2p-10f, 0x1.4cc3f6p-11f},
+    {0x1.ffff7p-1f, 0x1.e9b5cep-16f, -0x1.8de92ap-14f, 0x1.9aa6d6p-13f,
+     -0x1.2c120ep-12f, 0x1.48d174p-12f, -0x1.1f0e16p-12f, 0x1.6ce3e2p-13f},
+    {0x1.fffffcp-1f, 0x1.d9364cp-21f, -0x1.bbbbb8p-19f, 0x1.0b7378p-17f,
+     -0x1.ce8feap-17f, 0x1.335912p-16f, -0x1.5b2874p-16f, 0x1.214804p-16f},
+};
+
+/* erf(x)/x - 1 = p(x^2) on |x| < 1 */
+static const float llm_erf_small[8] = {
+    0x1.06eba8p-3f, -0x1.812746p-2f, 0x1.ce2f08p-4f, -0x1.b829a8p-6f,
+    0x1.5628eep-8f, -0x1.bcbeap-11f, 0x1.d826b4p-14f, -0x1.43844cp-17f,
+};
+
+float llm_erff(float x) {
+    if (x != x) {
+        return x + x;
+    }
+    uint32_t ix = llm_f32_bits(x);
+    uint32_t sign = ix & 0x80000000u;
+    float ax = llm_f32_from_bits(ix & 0x7fffffffu);
+    float y;
+    if (ax < 1.0f) {
+        float z = ax * ax;
+        float p = llm_erf_small[7];
+        for (int i = 6; i >= 0; i--) {
+            p = llm_erf_small[i] + z * p;
+        }
+        y = ax + ax * p;
+    } else if (ax < 4.0f) {
+        int32_t j = (int32_t)((ax - 1.0f) * 2.0f); /* exact, truncates */
+        float mid = 1.25f + 0.5f * (float)j;
+        float t = ax - mid;
+        const float *c = llm_erf_mid[j];
+        float p = c[7];
+        for (int i = 6; i >= 0; i--) {
+            p = c[i] + t * p;
+        }
+        y = p;
+    } else {
+        y = 1.0f;
+    }
+    return llm_f32_from_bits(llm_f32_bits(y) | sign);
+}

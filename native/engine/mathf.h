@@ -1,0 +1,35 @@
+/*
+ * The engine's own float32 transcendentals: expf (softmax, SiLU), erff (GELU)
+ * and logf (Gumbel noise for the sampler).
+ *
+ * Why not libm: glibc and newlib round their expf/erff/logf differently in the
+ * last ulp, so the host and the board would compute different logits. These
+ * routines use only IEEE-exact float32 + - * / and integer bit moves, in a
+ * fixed order, so every conforming C11 target (FLT_EVAL_METHOD 0, compiled
+ * with -ffp-contract=off, no -ffast-math) returns the same bits.
+ * tools/mpllm/numerics.py mirrors each routine operation for operation.
+ *
+ * Accuracy (measured by tests/test_numerics.py against float64 libm):
+ *   llm_expf  <= 1 ulp for normal results; subnormal results are rounded once
+ *             (absolute error <= 1 subnormal ulp).
+ *   llm_logf  <= 1 ulp on every positive float, subnormals included.
+ *   llm_erff  <= 2 ulp on every float.
+ *
+ * Special values:
+ *   llm_expf: NaN -> NaN; x > 89 (incl. +inf) -> +inf; results above FLT_MAX
+ *             overflow to +inf; x < -104 (incl. -inf) -> +0; results below
+ *             the smallest subnormal round to 0.
+ *   llm_logf: NaN -> NaN; x < 0 (incl. -inf, not -0) -> NaN; +-0 -> -inf;
+ *             +inf -> +inf; log(1) == +0 exactly.
+ *   llm_erff: NaN -> NaN; |x| >= 4 (incl. +-inf) -> +-1 exactly (erf rounds
+ *             to 1 in float32 from |x| > 3.916 on); erff(-x) == -erff(x),
+ *             the sign of zero included.
+ */
+#ifndef LLM_MATHF_H
+#define LLM_MATHF_H
+
+float llm_expf(float x);
+float llm_logf(float x);
+float llm_erff(float x);
+
+#endif

@@ -1,0 +1,288 @@
+"""float32 numerics of the engine, mirrored operation for operation in numpy.
+
+Everything here returns the same bits as the C engine (DESIGN §3):
+  - `expf`, `logf`, `erff`: native/engine/mathf.c, same constants (hex floats),
+    same operation order, no libm;
+  - `quantize_act` and `matvec`: the kernels.h contract;
+  - `sum_seq`, `rmsnorm`, `silu`, `gelu`: the forward pass's exact order.
+Every array op keeps float32: constants are np.float32 and the tests assert
+dtypes, so numpy never widens an intermediate to float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import QMatrix
+
+F32 = np.float32
+
+
+def _c(hexfloat: str) -> np.float32:
+    return F32(float.fromhex(hexfloat))
+
+
+# ---- mathf mirror -------------------------------------------------------------
+
+_ROUND_SHIFT = _c("0x1.8p23")
+_LOG2E = _c("0x1.715476p+0")
+_LN2_HI = _c("0x1.63p-1")
+_LN2_LO = _c("-0x1.bd0106p-13")
+_EXP_Q = [_c(h) for h in ("0x1.6a243ap-10", "0x1.1239ep-7", "0x1.5558f2p-5",
+                          "0x1.555492p-3", "0x1.fffffcp-2")]
+_LOG_R = [_c(h) for h in ("0x1.31e1fcp-2", "0x1.995ec6p-2", "0x1.55557ap-1")]
+_ERF_SMALL = [_c(h) for h in (
+    "0x1.06eba8p-3", "-0x1.812746p-2", "0x1.ce2f08p-4", "-0x1.b829a8p-6",
+    "0x1.5628eep-8", "-0x1.bcbeap-11", "0x1.d826b4p-14", "-0x1.43844cp-17")]
+_ERF_MID = np.array([[float.fromhex(h) for h in row] for row in (
+    ("0x1.d8865ep-1", "0x1.e4653p-3", "-0x1.2ebf54p-2", "0x1.571d14p-3",
+     "-0x1.91ded2p-8", "-0x1.82905p-5", "0x1.517a18p-6", "0x1.ec8e7p-9"),
+    ("0x1.f92d08p-1", "0x1.b0553p-5", "-0x1.7a4a8p-4", "0x1.7148ecp-4",
+     "-0x1.8a1486p-5", "0x1.b1a74cp-8", "0x1.28858ap-7", "-0x1.83f5aap-8"),
+    ("0x1.ff4048p-1", "0x1.d4143cp-8", "-0x1.074b2p-6", "0x1.63ef22p-6",
+     "-0x1.38bdfp-6", "0x1.5d542ep-7", "-0x1.6c53eap-9", "-0x1.7d36ecp-11"),
+    ("0x1.fff2dp-1", "0x1.3360dp-11", "-0x1.a6a56ep-10", "0x1.69cedep-9",
+     "-0x1.aafeb6p-9", "0x1.6949dap-9", "-0x1.b535a2p-10", "0x1.4cc3f6p-11"),
+    ("0x1.ffff7p-1", "0x1.e9b5cep-16", "-0x1.8de92ap-14", "0x1.9aa6d6p-13",
+     "-0x1.2c120ep-12", "0x1.48d174p-12", "-0x1.1f0e16p-12", "0x1.6ce3e2p-13"),
+    ("0x1.fffffcp-1", "0x1.d9364cp-21", "-0x1.bbbbb8p-19", "0x1.0b7378p-17",
+     "-0x1.ce8feap-17", "0x1.335912p-16", "-0x1.5b2874p-16", "0x1.214804p-16"),
+)], dtype=np.float32)
+
+
+def _f32(x: np.ndarray | float) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def _from_bits(u: np.ndarray) -> np.ndarray:
+    return np.asarray(u, dtype=np.uint32).view(np.float32)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+
+
+def expf(x: np.ndarray | float) -> np.ndarray:
+    """llm_expf, element-wise (see native/engine/mathf.h for special values)."""
+    x = _f32(x)
+    shape = x.shape
+    x = x.reshape(-1)
+    with np.errstate(all="ignore"):
+        nan = np.isnan(x)
+        big = x > F32(89.0)
+        small = x < F32(-104.0)
+        xs = np.where(nan | big | small, F32(0.0), x)
+        t = xs * _LOG2E
+        k = (t + _ROUND_SHIFT) - _ROUND_SHIFT
+        n = k.astype(np.int32)
+        r = xs - k * _LN2_HI
+        r = r - k * _LN2_LO
+        q = np.full_like(r, _EXP_Q[0])
+        for c in _EXP_Q[1:]:
+            q = c + r * q
+        y = F32(1.0) + (r + (r * r) * q)
+        out = y * _from_bits(((np.clip(n, -126, 127) + 127).astype(np.uint32)) << 23)
+        # the rare branches are only evaluated when some element needs them
+        if (n > 127).any():
+            over = (y * F32(2.0**127)) * F32(2.0)
+            out = np.where(n > 127, over, out)
+        if (n < -126).any():
+            sub_scale = _from_bits(((np.clip(n, -150, -126) + 100 + 127).astype(np.uint32))
+                                   << 23)
+            under = (y * sub_scale) * F32(2.0**-100)
+            out = np.where(n < -126, under, out)
+        if (nan | big | small).any():
+            out = np.where(small, F32(0.0), out)
+            out = np.where(big, F32(np.inf), out)
+            out = np.where(nan, x + x, out)
+    assert out.dtype == np.float32
+    return out.reshape(shape)
+
+
+def logf(x: np.ndarray | float) -> np.ndarray:
+    """llm_logf, element-wise (see native/engine/mathf.h for special values)."""
+    x = _f32(x)
+    shape = x.shape
+    x = x.reshape(-1)
+    ix = _bits(x)
+    with np.errstate(all="ignore"):
+        nan = np.isnan(x)
+        zero = (ix & np.uint32(0x7FFFFFFF)) == 0
+        neg = (ix >> np.uint32(31)) != 0
+        pinf = ix == np.uint32(0x7F800000)
+        special = nan | zero | neg | pinf
+        xs = np.where(special, F32(1.0), x)
+        sub = _bits(xs) < np.uint32(0x00800000)
+        xs = np.where(sub, xs * F32(2.0**25), xs)
+        e = np.where(sub, -25, 0).astype(np.int32)
+        ixs = _bits(xs)
+        e = e + ((ixs >> np.uint32(23)).astype(np.int32) - 127)
+        mant = ixs & np.uint32(0x007FFFFF)
+        hi = mant > np.uint32(0x3504F3)
+        mant = np.where(hi, mant | np.uint32(0x3F000000), mant | np.uint32(0x3F800000))
+        e = e + hi.astype(np.int32)
+        m = _from_bits(mant)
+        f = m - F32(1.0)
+        s = f / (F32(2.0) + f)
+        z = s * s
+        R = np.full_like(z, _LOG_R[0])
+        R = _LOG_R[1] + z * R
+        R = _LOG_R[2] + z * R
+        R = z * R
+        hfsq = (F32(0.5) * f) * f
+        dk = e.astype(np.float32)
+        w = s * (hfsq + R) + dk * _LN2_LO
+        w = (hfsq - w) - f
+        out = dk * _LN2_HI - w
+        out = np.where(pinf, F32(np.inf), out)
+        out = np.where(neg, F32(np.nan), out)
+        out = np.where(zero, F32(-np.inf), out)
+        out = np.where(nan, x + x, out)
+    assert out.dtype == np.float32
+    return out.reshape(shape)
+
+
+def erff(x: np.ndarray | float) -> np.ndarray:
+    """llm_erff, element-wise (see native/engine/mathf.h for special values)."""
+    x = _f32(x)
+    shape = x.shape
+    x = x.reshape(-1)
+    with np.errstate(all="ignore"):
+        nan = np.isnan(x)
+        ix = _bits(x)
+        sign = ix & np.uint32(0x80000000)
+        ax = _from_bits(ix & np.uint32(0x7FFFFFFF))
+        ax = np.where(nan, F32(0.0), ax)
+        # |x| < 1
+        z = ax * ax
+        p = np.full_like(z, _ERF_SMALL[7])
+        for c in _ERF_SMALL[6::-1]:
+            p = c + z * p
+        y_small = ax + ax * p
+        # 1 <= |x| < 4
+        am = np.where((ax >= F32(1.0)) & (ax < F32(4.0)), ax, F32(1.0))
+        j = ((am - F32(1.0)) * F32(2.0)).astype(np.int32)
+        mid = F32(1.25) + F32(0.5) * j.astype(np.float32)
+        t = am - mid
+        coef = _ERF_MID[j]
+        p = coef[:, 7].copy()
+        for i in range(6, -1, -1):
+            p = coef[:, i] + t * p
+        y = np.where(ax < F32(1.0), y_small, np.where(ax < F32(4.0), p, F32(1.0)))
+        out = _from_bits(_bits(y) | sign)
+        out = np.where(nan, x + x, out)
+    assert out.dtype == np.float32
+    return out.reshape(shape)
+
+
+# ---- fp16 helpers -------------------------------------------------------------
+
+def fp16_to_f32(h: np.ndarray) -> np.ndarray:
+    """float16 values (or their uint16 bit patterns) widened exactly to float32."""
+    h = np.asarray(h)
+    if h.dtype == np.uint16:
+        h = h.view(np.float16)
+    if h.dtype != np.float16:
+        raise TypeError(f"fp16_to_f32 wants float16 or uint16 bits, got {h.dtype}")
+    return h.astype(np.float32)
+
+
+def f32_to_fp16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to the nearest float16 (ties to even; overflow -> inf)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+# ---- kernels.h contract --------------------------------------------------------
+
+def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """llm_quantize_act: (xq int8[n], xscale float32).
+
+    xmax = max(1e-8f, max|x|); inv = 127.f/xmax; q = rint(x*inv) (half to
+    even, like lrintf) clamped to +-127; xscale = xmax/127.f. A NaN in x
+    makes the C comparison `a > xmax` false, so NaN is skipped for xmax; its q
+    is undefined in C, so NaN input is rejected here.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 1:
+        raise ValueError(f"quantize_act wants a vector, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("quantize_act: activation vector holds NaN or Inf")
+    xmax = max(F32(1e-8), F32(np.max(np.abs(x)))) if x.size else F32(1e-8)
+    xmax = F32(xmax)
+    inv = F32(127.0) / xmax
+    q = np.rint(x * inv)
+    q = np.clip(q, -127, 127).astype(np.int8)
+    return q, F32(xmax / F32(127.0))
+
+
+def _group_dots(w: QMatrix, xq: np.ndarray) -> np.ndarray:
+    """int64 [rows, n_groups]: exact per-group integer dots (== the int32 sums)."""
+    cols, group, ng = w.cols, w.group, w.n_groups
+    if xq.shape != (cols,):
+        raise ValueError(f"matvec: x has {xq.shape[0]} values, matrix has {cols} columns")
+    pad = ng * group - cols
+    q = w.q.astype(np.int32)
+    x = xq.astype(np.int32)
+    if pad:
+        q = np.pad(q, ((0, 0), (0, pad)))
+        x = np.pad(x, (0, pad))
+    return np.einsum("rgc,gc->rg", q.reshape(w.rows, ng, group), x.reshape(ng, group))
+
+
+def matvec_q(w: QMatrix, xq: np.ndarray, xscale: np.float32) -> np.ndarray:
+    """llm_matvec_q4 on an already quantized input: float32 [rows]."""
+    g = _group_dots(w, xq).astype(np.float32)  # |g| <= 8*127*cols: exact in f32
+    sc = w.scales.astype(np.float32)
+    acc = np.zeros(w.rows, dtype=np.float32)
+    for k in range(w.n_groups):
+        acc = acc + g[:, k] * sc[:, k]
+    return acc * F32(xscale)
+
+
+def matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """quantize x then multiply: y = W x exactly as the engine computes it."""
+    xq, xs = quantize_act(x)
+    return matvec_q(w, xq, xs)
+
+
+# ---- order-sensitive float helpers ---------------------------------------------
+
+def sum_seq(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Sequential float32 sum along `axis`: s = 0.f; s += x[i] for i ascending.
+
+    np.cumsum accumulates strictly in order in the array dtype (np.sum is
+    pairwise). The C loop's leading 0.f is applied to the first element, so a
+    sum of negative zeros is +0 here as in C.
+    """
+    x = np.moveaxis(np.array(x, dtype=np.float32, copy=True), axis, -1)
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape[:-1], dtype=np.float32)
+    x[..., 0] = F32(0.0) + x[..., 0]
+    return np.cumsum(x, axis=-1, dtype=np.float32)[..., -1]
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """ss = sum_seq(x*x); inv = 1.f/sqrtf(ss/n + eps); out = (w*x)*inv.
+
+    Works on the last axis, so a [rows, n] array normalizes each row.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    w = np.asarray(w, dtype=np.float32)
+    n = x.shape[-1]
+    ss = sum_seq(x * x, axis=-1)
+    inv = F32(1.0) / np.sqrt(ss / F32(n) + F32(eps))
+    return (w * x) * inv[..., None]
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x / (1 + expf(-x))."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        return x / (F32(1.0) + expf(-x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """0.5f * x * (1 + erff(x * 0.70710678f)), evaluated ((0.5*x)*(1+erf))."""
+    x = np.asarray(x, dtype=np.float32)
+    return (F32(0.5) * x) * (F32(1.0) + erff(x * F32(0.70710678)))

@@ -1,0 +1,256 @@
+"""Reference forward pass: numpy float32 with the exact operation order of
+DESIGN §3. This is the oracle the C engine must equal bit for bit.
+
+What may be vectorized and what may not: integer dot products are exact in
+any order, and element-wise ops over independent rows, heads or positions do
+not depend on order; only float reductions do. Those run sequentially through
+`np.cumsum` (which accumulates strictly in order in float32) with the leading
+0.f of the C loops made explicit, so even the sign of a zero sum agrees.
+
+Per-token semantics match the engine: `forward_layers` runs one token through
+every layer at the current position (what prefill does for all but the last
+prompt token), `forward` also runs the final norm and the head.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import QMatrix, Weights
+from .numerics import expf, gelu, quantize_act, rmsnorm, silu, sum_seq
+from .sampler import Sampler, greedy
+
+F32 = np.float32
+
+
+@dataclass
+class _Q:
+    """A QMatrix prepared for fast exact matvecs.
+
+    Codes are kept as float32: every per-group dot is an integer of magnitude
+    <= 8 * 127 * group < 2^24, so a float32 BLAS product of integer-valued
+    operands is exact whatever order it sums in (== the kernel's int32 sum).
+    """
+
+    codes: np.ndarray  # f32 [n_groups, rows, group] (zero-padded columns)
+    scales: np.ndarray  # f32 [rows, n_groups]
+    rows: int
+    cols: int
+    group: int  # columns per group as stored (== cols when one group covers a row)
+
+    @classmethod
+    def of(cls, m: QMatrix) -> _Q:
+        ng, g = m.n_groups, m.group
+        if g * 127 * 8 >= 1 << 24:
+            raise ValueError(f"group {g} too large for exact float32 integer dots")
+        width = m.cols if ng == 1 else g  # no padding to stream when one group covers a row
+        q = np.zeros((m.rows, ng * width), dtype=np.float32)
+        q[:, : m.cols] = m.q
+        codes = np.ascontiguousarray(q.reshape(m.rows, ng, width).transpose(1, 0, 2))
+        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, width)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape != (self.cols,):
+            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
+        xq, xscale = quantize_act(x)
+        ng = self.codes.shape[0]
+        xp = np.zeros(ng * self.group, dtype=np.float32)
+        xp[: self.cols] = xq
+        xp = xp.reshape(ng, self.group)
+        acc = np.zeros(self.rows, dtype=np.float32)
+        for k in range(ng):
+            g = np.dot(self.codes[k], xp[k])  # exact integers
+            acc = acc + g * self.scales[:, k]
+        return acc * xscale
+
+
+def _dequant_row(m: QMatrix, t: int) -> np.ndarray:
+    """One row's values q * scale (exact in float32)."""
+    sc = np.repeat(m.scales[t].astype(np.float32), m.group)[: m.cols]
+    return m.q[t].astype(np.float32) * sc
+
+
+def _seq_sum_last(a: np.ndarray) -> np.ndarray:
+    """Sequential sum over the last axis starting from 0.f (see module doc)."""
+    return sum_seq(a, axis=-1)
+
+
+class Reference:
+    """The model, one token at a time, on a float32 KV cache."""
+
+    def __init__(self, weights: Weights, rope: np.ndarray) -> None:
+        cfg = weights.config
+        self.weights = weights
+        self.config = cfg
+        d, hd = cfg.dim, cfg.head_dim
+        if cfg.dim % cfg.n_heads or hd % 2:
+            raise ValueError(f"dim {d} / n_heads {cfg.n_heads} must give an even head_dim")
+        rope = np.asarray(rope)
+        if rope.shape != (cfg.seq_len, hd) or rope.dtype != np.float32:
+            raise ValueError(f"rope table must be float32 [{cfg.seq_len}, {hd}], got "
+                             f"{rope.dtype} {rope.shape}")
+        if len(weights.layers) != cfg.n_layers:
+            raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
+        self.rope = rope
+        self.ple_model_proj = _Q.of(weights.ple_model_proj)
+        self.layers = [
+            {name: _Q.of(getattr(lw, name)) for name in
+             ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj")}
+            for lw in weights.layers
+        ]
+        self.head = _Q.of(weights.output_head())
+        # constants exactly as the engine precomputes them
+        self.inv_sqrt_d = F32(1.0) / np.sqrt(F32(d))
+        self.sqrt_p = np.sqrt(F32(cfg.ple_dim))
+        self.inv_sqrt_hd = F32(1.0) / np.sqrt(F32(hd))
+        self.k_cache = np.zeros((cfg.n_layers, cfg.seq_len, d), dtype=np.float32)
+        self.v_cache = np.zeros((cfg.n_layers, cfg.seq_len, d), dtype=np.float32)
+        self.pos = 0
+
+    @classmethod
+    def from_image(cls, path: str | os.PathLike[str] | bytes) -> Reference:
+        from .image import read_image
+
+        img = read_image(path)
+        return cls(img.weights, img.rope)
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.k_cache[:] = 0
+        self.v_cache[:] = 0
+
+    # ---- pieces ------------------------------------------------------------
+
+    def _ple_input(self, x: np.ndarray, token: int) -> np.ndarray:
+        """ple [L, P] for this token (DESIGN §3 step 2)."""
+        cfg, w = self.config, self.weights
+        c = self.ple_model_proj(x) * self.inv_sqrt_d
+        c = rmsnorm(c.reshape(cfg.n_layers, cfg.ple_dim), w.ple_proj_norm)
+        tbl = _dequant_row(w.ple_table, token).reshape(cfg.n_layers, cfg.ple_dim)
+        return (c + tbl * self.sqrt_p) * F32(0.70710678)
+
+    def _rope(self, v: np.ndarray, pos: int) -> np.ndarray:
+        """Split-half rotation of every head of v ([n_heads*head_dim])."""
+        hd = self.config.head_dim
+        half = hd // 2
+        c = self.rope[pos, :half]
+        s = self.rope[pos, half:]
+        h = v.reshape(-1, hd)
+        a, b = h[:, :half], h[:, half:]
+        out = np.empty_like(h)
+        out[:, :half] = a * c - b * s
+        out[:, half:] = b * c + a * s
+        return out.reshape(-1)
+
+    def _attention(self, layer: int, q: np.ndarray, pos: int) -> np.ndarray:
+        cfg = self.config
+        nh, hd = cfg.n_heads, cfg.head_dim
+        T = pos + 1
+        qh = q.reshape(nh, 1, hd)
+        kh = self.k_cache[layer, :T].reshape(T, nh, hd).transpose(1, 0, 2)  # [nh, T, hd]
+        vh = self.v_cache[layer, :T].reshape(T, nh, hd).transpose(1, 0, 2)
+        scores = _seq_sum_last(qh * kh) * self.inv_sqrt_hd  # [nh, T]
+        # maxs starts at -1e30f; any order gives the same maximum
+        maxs = np.maximum(F32(-1e30), scores.max(axis=1))
+        w = expf(scores - maxs[:, None])  # [nh, T]
+        denom = _seq_sum_last(w)  # [nh]
+        # ao[i] = 0.f; ao[i] += w_t * v_t[i] for t ascending; then ao[i] /= denom
+        ao = sum_seq(w[:, :, None] * vh, axis=1)  # [nh, hd]
+        ao = ao / denom[:, None]
+        return ao.reshape(-1)
+
+    # ---- forward -----------------------------------------------------------
+
+    def _check_token(self, token: int, pos: int | None) -> int:
+        cfg = self.config
+        if pos is not None and pos != self.pos:
+            raise ValueError(f"position {pos} requested but the cache is at {self.pos} "
+                             "(tokens must be fed in order; reset() to start over)")
+        if not 0 <= int(token) < cfg.vocab_in:
+            raise ValueError(f"token {token} outside the embedding rows 0..{cfg.vocab_in - 1}")
+        if self.pos >= cfg.seq_len:
+            raise ValueError(f"context full: {cfg.seq_len} positions used")
+        return int(token)
+
+    def forward_layers(self, token: int, pos: int | None = None) -> np.ndarray:
+        """Run one token through every layer at the current position; returns
+        the residual x (before the final norm) and advances the position."""
+        token = self._check_token(token, pos)
+        cfg, w = self.config, self.weights
+        d = cfg.dim
+        p = self.pos
+        x = _dequant_row(w.tok_emb, token)
+        ple = self._ple_input(x, token)
+        for li, (lw, lq) in enumerate(zip(w.layers, self.layers, strict=True)):
+            h = rmsnorm(x, lw.attn_norm)
+            qkv = lq["qkv"](h)
+            q = self._rope(qkv[:d], p)
+            self.k_cache[li, p] = self._rope(qkv[d : 2 * d], p)
+            self.v_cache[li, p] = qkv[2 * d :]
+            ao = self._attention(li, q, p)
+            x = x + lq["attn_proj"](ao)
+            h = rmsnorm(x, lw.ffn_norm)
+            m = silu(lq["gate"](h)) * lq["up"](h)
+            x = x + lq["down"](m)
+            g = gelu(lq["ple_gate"](x)) * ple[li]
+            x = x + rmsnorm(lq["ple_proj"](g), lw.ple_norm)
+        self.pos = p + 1
+        return x
+
+    def head_logits(self, x: np.ndarray) -> np.ndarray:
+        """Final norm + head: float32 [vocab_out]."""
+        return self.head(rmsnorm(x, self.weights.out_norm))
+
+    def forward(self, token: int, pos: int | None = None) -> np.ndarray:
+        """One token through layers and head: logits float32 [vocab_out]."""
+        return self.head_logits(self.forward_layers(token, pos))
+
+    def prefill(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Layers for every token, head for the last only (as the engine)."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        for t in tokens[:-1]:
+            self.forward_layers(t)
+        return self.forward(tokens[-1])
+
+    def generate(
+        self,
+        prompt_ids: list[int] | np.ndarray,
+        n: int,
+        sampler: Sampler | None = None,
+        *,
+        teacher: list[int] | np.ndarray | None = None,
+    ) -> tuple[list[int], np.ndarray]:
+        """From the current state: prefill the prompt, then n tokens.
+
+        Returns (ids, logits_rows[n, vocab_out]); row k is the output whose pick
+        is ids[k]. With `teacher`, token teacher[k] (not ids[k]) is fed after
+        step k, so one disagreement cannot cascade (golden comparisons).
+        """
+        cfg = self.config
+        prompt = [int(t) for t in prompt_ids]
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if self.pos + len(prompt) + n - 1 > cfg.seq_len:
+            raise ValueError(f"prompt ({len(prompt)}) + {n} tokens do not fit the "
+                             f"{cfg.seq_len}-position context from position {self.pos}")
+        if teacher is not None and len(teacher) < n - 1:
+            raise ValueError(f"teacher has {len(teacher)} ids, need {n - 1}")
+        pick = sampler.pick if sampler is not None else greedy
+        rows = np.empty((n, cfg.vocab_out), dtype=np.float32)
+        ids: list[int] = []
+        logits = self.prefill(prompt)
+        for k in range(n):
+            if k:
+                feed = ids[-1] if teacher is None else int(teacher[k - 1])
+                logits = self.forward(feed)
+            rows[k] = logits
+            ids.append(pick(logits))
+        return ids, rows
+
+
+__all__ = ["Reference"]
