@@ -64,7 +64,7 @@ def build(
     stamp = out.with_suffix(out.suffix + ".stamp")
     if out.exists() and stamp.exists() and stamp.read_text() == digest.hexdigest():
         return out
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         raise subprocess.CalledProcessError(
             result.returncode, cmd, output=result.stdout, stderr=result.stderr
@@ -78,5 +78,5 @@ def run(program: Path, *args: str, env: dict[str, str] | None = None,
     """Run a built program; the caller asserts on returncode and output."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([str(program), *args], capture_output=True, text=True,
+    return subprocess.run([str(program), *args], check=False, capture_output=True, text=True,
                           env=full_env, timeout=timeout)
