@@ -53,11 +53,18 @@ typedef enum llm_region {
  * reports the region it used through *placed), or NULL. The engine records
  * placements for llm_memory().
  */
+typedef void (*llm_rows_fn)(void *arg, uint32_t row_begin, uint32_t row_end);
+
 typedef struct llm_port {
     void *ctx;
     void *(*alloc)(void *ctx, size_t bytes, llm_region wanted, llm_region *placed);
     void (*free)(void *ctx, void *ptr);
     uint64_t (*now_us)(void *ctx);
+    /* Optional (NULL: the engine calls fn(arg, 0, rows) itself). Run fn over
+     * [0, rows) split by rows across cores and return when every part is done.
+     * Each row is computed by exactly one call, so the split never changes a
+     * float reduction: results are identical however it divides the rows. */
+    void (*parallel_rows)(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows);
 } llm_port;
 
 typedef struct llm_config {

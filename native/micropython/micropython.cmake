@@ -1,0 +1,55 @@
+# `_llm` for CMake-based MicroPython ports (the esp32 port):
+#   make -C ports/esp32 BOARD_DIR=<repo>/firmware/boards/MPLLM_N16R8 \
+#        USER_C_MODULES=<repo>/native/micropython/micropython.cmake
+# On the ESP32-S3 the engine runs the PIE kernels natively, on the esp32 port
+# layer (partition mmap, heap_caps placement, core-0 worker). Make-based ports
+# (unix) use micropython.mk beside this file instead.
+
+get_filename_component(LLM_NATIVE_DIR ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
+
+if(NOT IDF_TARGET STREQUAL "esp32s3")
+    message(FATAL_ERROR "mpllm's _llm is built for the ESP32-S3 (its PIE kernels and "
+        "port layer); IDF_TARGET is '${IDF_TARGET}'")
+endif()
+
+# Same engine list as setup.py and micropython.mk (tests check they agree),
+# plus the PIE kernels. (The kernel self-test runs under PlatformIO, see
+# platformio.ini: the firmware's `_llm` keeps the CPython binding's API.)
+set(LLM_ENGINE_SOURCES engine.c image.c kernels_ref.c mathf.c sampler.c)
+list(TRANSFORM LLM_ENGINE_SOURCES PREPEND ${LLM_NATIVE_DIR}/engine/)
+set(LLM_DEVICE_SOURCES
+    ${LLM_NATIVE_DIR}/engine/kernels_pie.c
+    ${LLM_NATIVE_DIR}/port/esp32/port_esp32.c
+)
+
+add_library(usermod_llm INTERFACE)
+
+target_sources(usermod_llm INTERFACE
+    ${CMAKE_CURRENT_LIST_DIR}/modllm.c
+    ${LLM_ENGINE_SOURCES}
+    ${LLM_DEVICE_SOURCES}
+)
+
+target_include_directories(usermod_llm INTERFACE
+    ${CMAKE_CURRENT_LIST_DIR}
+    ${LLM_NATIVE_DIR}/engine
+    ${LLM_NATIVE_DIR}/port/esp32
+)
+
+# These sources are compiled inside MicroPython's own component (user modules
+# are INTERFACE libraries), so flags go on the files, not on a target: the
+# engine's float order is its bit-exact contract (no fused multiply-add, which
+# the S3 FPU has), PIE instructions are emitted natively, and build_info()
+# names the port. This file is include()d from the component's directory, where
+# these source properties are visible.
+set(LLM_C_SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/modllm.c
+    ${LLM_ENGINE_SOURCES}
+    ${LLM_DEVICE_SOURCES}
+)
+set_source_files_properties(${LLM_C_SOURCES} PROPERTIES
+    COMPILE_OPTIONS "-ffp-contract=off"
+    COMPILE_DEFINITIONS "LLM_KERNELS_PIE;LLM_PIE_NATIVE;LLM_PORT_NAME=\"esp32\""
+)
+
+target_link_libraries(usermod INTERFACE usermod_llm)

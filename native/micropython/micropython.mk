@@ -1,0 +1,33 @@
+# `_llm` for make-based MicroPython ports (the unix port), where USER_C_MODULES
+# names the directory holding this one: USER_C_MODULES=<repo>/native.
+# The engine runs on the host port layer (file mmap, malloc placement) with the
+# scalar kernels, as in the CPython `_llm`; the board build is micropython.cmake.
+# USERMOD_DIR is $(USER_C_MODULES)/micropython; objects are named after the
+# path below USER_C_MODULES, so the engine's land in $(BUILD)/engine/.
+LLM_NATIVE_DIR := $(patsubst %/micropython,%,$(USERMOD_DIR))
+
+# Scanned for QSTRs: the binding only.
+SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c
+
+# Same engine list as setup.py and micropython.cmake (tests check they agree).
+LLM_ENGINE_SOURCES := engine.c image.c kernels_ref.c mathf.c sampler.c
+SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,$(LLM_ENGINE_SOURCES))
+SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/port/host/port_host.c
+
+CFLAGS_USERMOD += -I$(USERMOD_DIR) -I$(LLM_NATIVE_DIR)/engine -I$(LLM_NATIVE_DIR)/port/host
+CFLAGS_USERMOD += -DLLM_PORT_NAME='"micropython-unix"'
+
+# The engine's float order is its bit-exact contract: no fused multiply-add,
+# anywhere it is compiled (DESIGN §3). It is C11 and built warning-clean with
+# its own flags; MicroPython's stricter float-conversion warnings are for
+# MicroPython's code.
+$(BUILD)/engine/%.o $(BUILD)/port/host/%.o: CFLAGS += -std=c11 -ffp-contract=off -Wno-double-promotion -Wno-float-conversion
+$(BUILD)/micropython/modllm.o: CFLAGS += -ffp-contract=off
+
+# Objects are named after their path below USER_C_MODULES, so this module's
+# land in $(BUILD)/micropython/, which is also the unix port's program path.
+# Rename the program rather than fail at link time.
+ifeq ($(PROG),micropython)
+PROG := micropython-llm
+$(info _llm: the interpreter is built as $(BUILD)/$(PROG) ($(BUILD)/micropython/ holds this module's objects))
+endif

@@ -1,0 +1,71 @@
+/*
+ * What differs between the two MicroPython builds of `_llm`, behind one small
+ * interface so that modllm.c is the same file on both:
+ *   - ESP32-S3 firmware (ESP_PLATFORM): the image is the `model` flash
+ *     partition mapped through the cache (native/port/esp32), placement with
+ *     heap_caps, a second core for half of each large matvec;
+ *   - unix port (everything else): the image is a file mapped read-only
+ *     (native/port/host), malloc placement. Used to test the binding itself.
+ */
+#ifndef MPLLM_MODLLM_PLATFORM_H
+#define MPLLM_MODLLM_PLATFORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm.h"
+
+#if defined(ESP_PLATFORM)
+
+#include "port_esp32.h"
+
+typedef llm_esp32_port mpllm_port_t;
+typedef llm_esp32_map mpllm_map_t;
+
+/* Model() with no argument opens the partition of this label. */
+#define MPLLM_DEFAULT_SOURCE LLM_ESP32_MODEL_LABEL
+#define MPLLM_SOURCE_KIND "partition"
+
+static inline llm_status mpllm_port_init(mpllm_port_t *p, llm_error *err) {
+    return llm_port_esp32_init(p, err);
+}
+static inline void mpllm_port_deinit(mpllm_port_t *p) { llm_port_esp32_deinit(p); }
+static inline llm_port *mpllm_port_get(mpllm_port_t *p) { return &p->port; }
+static inline llm_status mpllm_map(const char *source, mpllm_map_t *m, int *sys_errno,
+                                   llm_error *err) {
+    *sys_errno = 0;
+    return llm_esp32_map_partition(source, m, err);
+}
+static inline void mpllm_unmap(mpllm_map_t *m) { llm_esp32_unmap(m); }
+static inline const uint8_t *mpllm_map_data(const mpllm_map_t *m) { return m->data; }
+static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
+
+#else
+
+#include "port_host.h"
+
+typedef llm_host_port mpllm_port_t;
+typedef llm_host_map mpllm_map_t;
+
+/* No image is built into a unix build, so no MPLLM_DEFAULT_SOURCE: Model()
+ * needs a path or a buffer. */
+#define MPLLM_SOURCE_KIND "file"
+
+static inline llm_status mpllm_port_init(mpllm_port_t *p, llm_error *err) {
+    (void)err;
+    llm_port_host_init(p);
+    return LLM_OK;
+}
+static inline void mpllm_port_deinit(mpllm_port_t *p) { (void)p; }
+static inline llm_port *mpllm_port_get(mpllm_port_t *p) { return &p->port; }
+static inline llm_status mpllm_map(const char *source, mpllm_map_t *m, int *sys_errno,
+                                   llm_error *err) {
+    return llm_host_map_file(source, m, sys_errno, err);
+}
+static inline void mpllm_unmap(mpllm_map_t *m) { llm_host_unmap(m); }
+static inline const uint8_t *mpllm_map_data(const mpllm_map_t *m) { return m->data; }
+static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
+
+#endif
+
+#endif

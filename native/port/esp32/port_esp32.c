@@ -1,0 +1,242 @@
+/* ESP32-S3 port layer: see port_esp32.h. */
+#include "port_esp32.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "esp_err.h"
+#include "esp_heap_caps.h"
+#include "esp_timer.h"
+#include "freertos/FreeRTOS.h"
+#include "freertos/semphr.h"
+#include "freertos/task.h"
+
+#include "image_format.h"
+
+static llm_status port_fail(llm_error *err, llm_status st, const char *fmt, ...) {
+    if (err != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->status = st;
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* ---- placement ---------------------------------------------------------- */
+
+typedef struct block_prefix {
+    uint32_t bytes;
+    uint32_t region;
+    uint32_t magic;
+    uint32_t pad;
+} block_prefix;
+_Static_assert(sizeof(block_prefix) == 16, "prefix keeps 16-byte alignment");
+#define BLOCK_MAGIC 0x4C4C4D45u
+
+#define CAPS_FAST (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT)
+#define CAPS_BULK (MALLOC_CAP_SPIRAM | MALLOC_CAP_8BIT)
+
+static void *take(llm_esp32_port *p, size_t total, uint32_t caps, llm_region r, size_t bytes) {
+    block_prefix *pre = heap_caps_aligned_alloc(16, total, caps);
+    if (pre == NULL) return NULL;
+    pre->bytes = (uint32_t)bytes;
+    pre->region = (uint32_t)r;
+    pre->magic = BLOCK_MAGIC;
+    pre->pad = 0;
+    p->in_use[r] += bytes;
+    if (p->in_use[r] > p->peak[r]) p->peak[r] = p->in_use[r];
+    return pre + 1;
+}
+
+static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
+    llm_esp32_port *p = ctx;
+    if ((unsigned)wanted >= LLM_REGION_COUNT || bytes > UINT32_MAX - 64u) return NULL;
+    p->asked[wanted] += bytes;
+    size_t total = sizeof(block_prefix) + ((bytes + 15u) & ~(size_t)15u);
+    void *out = NULL;
+    llm_region r = LLM_REGION_BULK;
+    if (wanted == LLM_REGION_FAST) {
+        /* only if the block exists and enough SRAM stays free for everyone else */
+        size_t free_now = heap_caps_get_free_size(CAPS_FAST);
+        if (heap_caps_get_largest_free_block(CAPS_FAST) >= total &&
+            free_now >= total + p->fast_reserve) {
+            out = take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
+            if (out != NULL) r = LLM_REGION_FAST;
+        }
+        if (out == NULL) p->fast_fallbacks++;
+    }
+    if (out == NULL) out = take(p, total, CAPS_BULK, LLM_REGION_BULK, bytes);
+    if (out != NULL && placed != NULL) *placed = r;
+    return out;
+}
+
+static void esp32_free(void *ctx, void *ptr) {
+    llm_esp32_port *p = ctx;
+    if (ptr == NULL) return;
+    block_prefix *pre = (block_prefix *)ptr - 1;
+    if (pre->magic != BLOCK_MAGIC) return; /* not ours: leaking beats corrupting */
+    pre->magic = 0;
+    p->in_use[pre->region] -= pre->bytes;
+    heap_caps_free(pre);
+}
+
+static uint64_t esp32_now_us(void *ctx) {
+    (void)ctx;
+    return (uint64_t)esp_timer_get_time();
+}
+
+/* ---- the core-0 worker -------------------------------------------------- */
+
+struct llm_esp32_worker {
+    TaskHandle_t task;
+    SemaphoreHandle_t go;    /* caller -> worker: a job (or quit) is posted */
+    SemaphoreHandle_t done;  /* worker -> caller: the job is finished */
+    llm_rows_fn fn;          /* the job; written before `go`, read after it */
+    void *arg;
+    uint32_t begin, end;
+    int quit;
+};
+
+static void worker_main(void *param) {
+    llm_esp32_worker *w = param;
+    for (;;) {
+        xSemaphoreTake(w->go, portMAX_DELAY);
+        if (w->quit) break;
+        w->fn(w->arg, w->begin, w->end);
+        xSemaphoreGive(w->done);
+    }
+    xSemaphoreGive(w->done);
+    vTaskDelete(NULL);
+}
+
+static void worker_free(llm_esp32_worker *w) {
+    if (w->go != NULL) vSemaphoreDelete(w->go);
+    if (w->done != NULL) vSemaphoreDelete(w->done);
+    heap_caps_free(w);
+}
+
+llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
+    memset(p, 0, sizeof *p);
+    p->port.ctx = p;
+    p->port.alloc = esp32_alloc;
+    p->port.free = esp32_free;
+    p->port.now_us = esp32_now_us;
+    p->fast_reserve = LLM_ESP32_FAST_RESERVE;
+    p->split_min_rows = LLM_ESP32_SPLIT_MIN_ROWS;
+
+    llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
+    if (w == NULL) return port_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
+    w->go = xSemaphoreCreateBinary();
+    w->done = xSemaphoreCreateBinary();
+    if (w->go == NULL || w->done == NULL) {
+        worker_free(w);
+        return port_fail(err, LLM_E_NOMEM, "no memory for the worker's semaphores");
+    }
+    /* same priority as the MicroPython task: above idle, below Wi-Fi/BLE */
+    UBaseType_t prio = uxTaskPriorityGet(NULL);
+    if (xTaskCreatePinnedToCore(worker_main, "mpllm_worker", LLM_ESP32_WORKER_STACK, w, prio,
+                                &w->task, LLM_ESP32_WORKER_CORE) != pdPASS) {
+        worker_free(w);
+        return port_fail(err, LLM_E_NOMEM, "cannot start the core-%d worker task (%u bytes "
+                         "of stack)", LLM_ESP32_WORKER_CORE, (unsigned)LLM_ESP32_WORKER_STACK);
+    }
+    p->worker = w;
+    return LLM_OK;
+}
+
+void llm_port_esp32_deinit(llm_esp32_port *p) {
+    llm_esp32_worker *w = p->worker;
+    if (w == NULL) return;
+    w->quit = 1;
+    xSemaphoreGive(w->go);
+    xSemaphoreTake(w->done, portMAX_DELAY); /* the task has left its loop */
+    p->worker = NULL;
+    worker_free(w);
+}
+
+void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t rows) {
+    llm_esp32_port *p = port_ctx;
+    llm_esp32_worker *w = p->worker;
+    if (w == NULL || rows < p->split_min_rows) {
+        fn(arg, 0, rows);
+        return;
+    }
+    /* a multiple of 4 rows each side keeps both halves on whole 16-byte
+     * output groups; the split point changes no result */
+    uint32_t half = (rows / 2u) & ~3u;
+    w->fn = fn;
+    w->arg = arg;
+    w->begin = half;
+    w->end = rows;
+    xSemaphoreGive(w->go);      /* a full barrier: the job fields are visible */
+    fn(arg, 0, half);
+    xSemaphoreTake(w->done, portMAX_DELAY);
+}
+
+typedef struct matvec_job {
+    const llm_q4 *w;
+    const int8_t *xq;
+    float xscale;
+    float *y;
+} matvec_job;
+
+static void matvec_rows(void *arg, uint32_t begin, uint32_t end) {
+    const matvec_job *j = arg;
+    llm_matvec_q4(j->w, j->xq, j->xscale, j->y, begin, end);
+}
+
+void llm_esp32_matvec_q4(llm_esp32_port *p, const llm_q4 *w, const int8_t *xq, float xscale,
+                         float *y) {
+    matvec_job job = {w, xq, xscale, y};
+    llm_esp32_parallel_rows(p, matvec_rows, &job, w->rows);
+}
+
+/* ---- the model partition ------------------------------------------------ */
+
+static uint32_t le32(const uint8_t *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+llm_status llm_esp32_map_partition(const char *label, llm_esp32_map *map, llm_error *err) {
+    memset(map, 0, sizeof *map);
+    const esp_partition_t *part = esp_partition_find_first(
+        ESP_PARTITION_TYPE_DATA, (esp_partition_subtype_t)LLM_ESP32_MODEL_SUBTYPE, label);
+    if (part == NULL)
+        return port_fail(err, LLM_E_ARG, "no data partition '%s' (subtype 0x%02x) in the "
+                         "partition table: flash the mpllm firmware (tools/flash.py)",
+                         label, LLM_ESP32_MODEL_SUBTYPE);
+    uint8_t head[LLM_IMAGE_HEADER_BYTES];
+    esp_err_t rc = esp_partition_read(part, 0, head, sizeof head);
+    if (rc != ESP_OK)
+        return port_fail(err, LLM_E_FORMAT, "cannot read partition '%s': %s", label,
+                         esp_err_to_name(rc));
+    if (memcmp(head, LLM_IMAGE_MAGIC, 8) != 0)
+        return port_fail(err, LLM_E_FORMAT, "partition '%s' holds no mpllm model image (it "
+                         "starts %02x %02x %02x %02x): flash one with tools/flash.py --only "
+                         "model", label, head[0], head[1], head[2], head[3]);
+    /* header: magic[8], version, header_bytes, file_bytes (image_format.h) */
+    uint32_t file_bytes = le32(head + 16);
+    if (file_bytes < LLM_IMAGE_HEADER_BYTES || file_bytes > part->size)
+        return port_fail(err, LLM_E_FORMAT, "partition '%s' (%lu bytes) holds an image that "
+                         "claims %lu bytes: reflash it with tools/flash.py --only model", label,
+                         (unsigned long)part->size, (unsigned long)file_bytes);
+    const void *ptr = NULL;
+    rc = esp_partition_mmap(part, 0, file_bytes, ESP_PARTITION_MMAP_DATA, &ptr, &map->handle);
+    if (rc != ESP_OK)
+        return port_fail(err, LLM_E_NOMEM, "cannot map %lu bytes of partition '%s' into the "
+                         "flash cache: %s", (unsigned long)file_bytes, label,
+                         esp_err_to_name(rc));
+    map->data = ptr;
+    map->len = file_bytes;
+    map->partition_address = part->address;
+    map->partition_size = part->size;
+    return LLM_OK;
+}
+
+void llm_esp32_unmap(llm_esp32_map *map) {
+    if (map->data != NULL) esp_partition_munmap(map->handle);
+    memset(map, 0, sizeof *map);
+}

@@ -1,0 +1,92 @@
+/*
+ * ESP32-S3 port layer (ESP-IDF v5.5): where the engine's memory comes from,
+ * how the model partition is read, how time is taken, and the second core.
+ *
+ * Placement (DESIGN §7). The engine asks for a region per buffer; this port
+ * decides:
+ *   FLASH  never allocated: embedding and PLE rows are read in place from the
+ *          memory-mapped `model` partition (llm_esp32_map_partition).
+ *   FAST   internal SRAM (MALLOC_CAP_INTERNAL), as long as at least
+ *          `fast_reserve` bytes of internal SRAM stay free afterwards for
+ *          ESP-IDF, Wi-Fi and the MicroPython task; otherwise the buffer goes
+ *          to PSRAM and the engine is told so (*placed = BULK), which is what
+ *          Model.memory() then reports.
+ *   BULK   PSRAM (MALLOC_CAP_SPIRAM). No fallback to internal SRAM: that
+ *          would starve the buffers that need it.
+ * Every block carries a 16-byte prefix (size, region) so frees keep the
+ * per-region books in `in_use`/`peak` without a table.
+ *
+ * Two cores. MicroPython runs on core 1. llm_port_esp32_init starts a worker
+ * task pinned to core 0; llm_esp32_parallel_rows hands it the upper half of a
+ * row range and runs the lower half on the calling task, then waits. Each row
+ * is computed by the same kernel call as in a single-core run and no float
+ * reduction crosses rows, so the results are bit-identical. PIE instructions
+ * are executed only by these two tasks (the caller and the worker), both
+ * pinned, and a kernel never blocks mid-way (DESIGN §6).
+ */
+#ifndef LLM_PORT_ESP32_H
+#define LLM_PORT_ESP32_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "esp_partition.h"
+
+#include "kernels.h"
+#include "llm.h"
+
+#define LLM_ESP32_MODEL_LABEL "model"
+#define LLM_ESP32_MODEL_SUBTYPE 0x40
+/* Internal SRAM left free after a FAST placement. */
+#define LLM_ESP32_FAST_RESERVE (64u * 1024u)
+/* Row ranges below this run on the caller alone: handing over costs more. */
+#define LLM_ESP32_SPLIT_MIN_ROWS 64u
+#define LLM_ESP32_WORKER_CORE 0
+#define LLM_ESP32_WORKER_STACK 4096u
+
+typedef struct llm_esp32_worker llm_esp32_worker;
+
+typedef struct llm_esp32_port {
+    llm_port port;                       /* hand &this->port to llm_open */
+    size_t fast_reserve;                 /* see above; may be changed before llm_open */
+    uint32_t split_min_rows;
+    uint64_t in_use[LLM_REGION_COUNT];   /* bytes live now, per region placed */
+    uint64_t peak[LLM_REGION_COUNT];
+    uint64_t asked[LLM_REGION_COUNT];    /* bytes requested, per region wanted */
+    uint32_t fast_fallbacks;             /* FAST requests that went to PSRAM */
+    llm_esp32_worker *worker;            /* NULL: single core */
+} llm_esp32_port;
+
+/* Fill the port and start the core-0 worker. On failure (no memory for the
+ * task) returns LLM_E_NOMEM and leaves nothing running. */
+llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err);
+/* Stop the worker (waits for it to exit). Call after llm_close. */
+void llm_port_esp32_deinit(llm_esp32_port *p);
+
+/* fn(arg, begin, end) over [0, rows): the upper half on the core-0 worker,
+ * the lower half here; returns when both are done. Small ranges, or no
+ * worker, run here in one call. */
+typedef void (*llm_rows_fn)(void *arg, uint32_t begin, uint32_t end);
+void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t rows);
+
+/* y = W x for all rows of w, split across the two cores with the row-range
+ * kernel entry point (llm_matvec_q4 from kernels.h). */
+void llm_esp32_matvec_q4(llm_esp32_port *p, const llm_q4 *w, const int8_t *xq, float xscale,
+                         float *y);
+
+/* The mapped model image. */
+typedef struct llm_esp32_map {
+    const uint8_t *data;
+    size_t len;                          /* the image's file_bytes, not the partition size */
+    esp_partition_mmap_handle_t handle;
+    uint32_t partition_address;
+    uint32_t partition_size;
+} llm_esp32_map;
+
+/* Find the data partition `label` (subtype 0x40), check that it starts with
+ * an mpllm image that fits it, and map exactly that image through the flash
+ * cache. Errors name the partition and say what to flash. */
+llm_status llm_esp32_map_partition(const char *label, llm_esp32_map *map, llm_error *err);
+void llm_esp32_unmap(llm_esp32_map *map);
+
+#endif

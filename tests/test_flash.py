@@ -1,0 +1,390 @@
+"""tools/flash.py: the commands it runs, and every way it refuses before writing.
+
+No board, network or toolchain here: esptool is replaced (for the tests that
+need a board) by a stub package put first on PYTHONPATH, so `python -m esptool`
+runs the stub, which logs its arguments and prints what a real esptool would.
+Downloads come from an http.server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mpllm import firmware_pins as pins
+from mpllm import flash
+from mpllm.partitions import find, load_partitions
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = load_partitions(ROOT / pins.BOARD_DIR / "partitions.csv")
+MODEL_OFFSET = find(TABLE, "model").offset
+MODEL_SIZE = find(TABLE, "model").size
+
+REPORT_S3 = """esptool v5.6.0
+Connected to ESP32-S3 on /dev/ttyFAKE:
+Chip type:          ESP32-S3 (QFN56) (revision v0.2)
+Features:           Wi-Fi, BT 5 (LE), Dual Core + LP Core, 240MHz, Embedded PSRAM 8MB (AP_3v3)
+Crystal frequency:  40MHz
+MAC:                aa:bb:cc:dd:ee:ff
+Flash Memory Information:
+=========================
+Manufacturer: c8
+Device: 4018
+Detected flash size: 16MB
+"""
+
+STUB_MAIN = r'''
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_ESPTOOL_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\n")
+cmd = next(a for a in args if a in ("flash-id", "write-flash", "verify-flash", "erase-flash"))
+if cmd == "flash-id":
+    sys.stdout.write(os.environ["FAKE_ESPTOOL_REPORT"])
+    sys.exit(0)
+if cmd == "verify-flash" and os.environ.get("FAKE_ESPTOOL_VERIFY_FAIL"):
+    print("Verifying 0x200000 ... Verification failed (digest mismatch).")
+    sys.exit(2)
+print(cmd, "ok (stub)")
+'''
+
+
+@pytest.fixture
+def fake_esptool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stub `esptool` package first on PYTHONPATH; returns the call log path."""
+    pkg = tmp_path / "stub" / "esptool"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(STUB_MAIN)
+    log = tmp_path / "esptool.log"
+    log.write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "stub"))
+    monkeypatch.setenv("FAKE_ESPTOOL_LOG", str(log))
+    monkeypatch.setenv("FAKE_ESPTOOL_REPORT", REPORT_S3)
+    return log
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.fixture
+def local_parts(tmp_path: Path) -> tuple[Path, Path]:
+    fw = tmp_path / "firmware.bin"
+    fw.write_bytes(b"\xe9" + bytes(4095))
+    img = tmp_path / "model.img"
+    img.write_bytes(b"MPLLMIMG" + bytes(8184))
+    return fw, img
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("IDF_PATH", raising=False)
+    return cache
+
+
+def files_under(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file()) if d.exists() else []
+
+
+# ---------------------------------------------------------------------------
+# dry run
+
+
+def test_dry_run_prints_build_and_esptool_commands(capfd: pytest.CaptureFixture[str],
+                                                   tmp_path: Path,
+                                                   isolated_cache: Path) -> None:
+    rel = tmp_path / "release.json"
+    rel.write_text(json.dumps({"repo": "owner/repo", "revision": "abc", "files": [
+        {"name": "model.bin", "size": 10, "sha256": "a" * 64},
+        {"name": "tokenizer.json", "size": 20, "sha256": "b" * 64}]}))
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--port", "/dev/ttyACM0",
+                     "--release", str(rel)])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    lines = [ln[2:] for ln in out.splitlines() if ln.startswith("$ ")]
+    mp = isolated_cache / "mpllm" / f"micropython-{pins.MICROPYTHON_TAG}"
+    board = f"BOARD_DIR={ROOT / pins.BOARD_DIR}"
+    assert f"git clone --depth 1 --branch {pins.MICROPYTHON_TAG} {pins.MICROPYTHON_GIT} {mp}" \
+        in lines
+    assert f"make -C {mp}/mpy-cross" in lines
+    assert f"make -C {mp}/ports/esp32 {board} submodules" in lines
+    assert (f"make -C {mp}/ports/esp32 {board} "
+            f"USER_C_MODULES={ROOT / 'native/micropython/micropython.cmake'}") in lines
+    esptool = [ln for ln in lines if " -m esptool " in ln]
+    assert [ln.split(" -m esptool ")[1].split()[-1] for ln in esptool[:1]] == ["flash-id"]
+    fw = f"{mp}/ports/esp32/build-{pins.BOARD}/firmware.bin"
+    write = [ln for ln in esptool if " write-flash " in ln]
+    verify = [ln for ln in esptool if " verify-flash " in ln]
+    assert len(write) == 1 and len(verify) == 1
+    assert "--chip esp32s3 --port /dev/ttyACM0 --baud 460800" in write[0]
+    tail = write[0].split(" write-flash ")[1].split()
+    assert tail[:3] == ["0x0", fw, f"{MODEL_OFFSET:#x}"] and MODEL_OFFSET == 0x200000
+    assert verify[0].split(" verify-flash ")[1] == write[0].split(" write-flash ")[1]
+    assert "https://huggingface.co/owner/repo/resolve/abc/model.bin" in out
+    assert "mpremote connect /dev/ttyACM0 repl" in out
+    assert 'import llm; llm.story("Once upon a time")' in out
+    assert "ESP-IDF not found" in out  # said, even though a dry run goes on
+    assert files_under(isolated_cache) == []
+
+
+def test_dry_run_only_model_with_local_files(capfd: pytest.CaptureFixture[str],
+                                             local_parts: tuple[Path, Path]) -> None:
+    fw, img = local_parts
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "model", "--image", str(img)])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    assert "make " not in out and "firmware.bin" not in out
+    write = [ln for ln in out.splitlines() if " write-flash " in ln]
+    assert write[0].endswith(f"write-flash {MODEL_OFFSET:#x} {img}")
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--firmware",
+                     str(fw)])
+    out = capfd.readouterr().out
+    assert rc == 0
+    assert next(ln for ln in out.splitlines() if " write-flash " in ln).endswith(
+        f"write-flash 0x0 {fw}")
+    assert "convert " not in out and "download " not in out
+
+
+def test_dry_run_host_board(capfd: pytest.CaptureFixture[str]) -> None:
+    rc = flash.main(["--board", "host", "--dry-run"])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    assert f"-m pip install -e {ROOT}" in out
+    assert f"convert {ROOT / 'models/demo/model.bin'} {ROOT / 'models/demo/tokenizer.json'}" \
+        in out
+    assert "tools/chat.py --board host" in out
+
+
+# ---------------------------------------------------------------------------
+# with a (fake) board
+
+
+def test_flash_writes_and_verifies_at_partition_offsets(
+        fake_esptool: Path, local_parts: tuple[Path, Path],
+        capfd: pytest.CaptureFixture[str]) -> None:
+    fw, img = local_parts
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--firmware", str(fw),
+                     "--image", str(img)])
+    out = capfd.readouterr()
+    assert rc == 0, out.err
+    seq = calls(fake_esptool)
+    assert [c[-1] if c[-1] == "flash-id" else next(a for a in c if a.endswith("-flash"))
+            for c in seq] == ["flash-id", "write-flash", "verify-flash"]
+    pairs = ["0x0", str(fw), f"{MODEL_OFFSET:#x}", str(img)]
+    assert seq[1][-4:] == pairs and seq[2][-4:] == pairs
+    assert seq[1][:6] == ["--chip", "esp32s3", "--port", "/dev/ttyFAKE", "--baud", "460800"]
+    assert "ESP32-S3 (QFN56)" in out.out and "mpremote connect /dev/ttyFAKE repl" in out.out
+
+
+@pytest.mark.parametrize("report,message", [
+    (REPORT_S3.replace("ESP32-S3 (QFN56) (revision v0.2)", "ESP32-D0WD-V3 (revision v3.1)"),
+     "is a ESP32-D0WD-V3 (revision v3.1), not an ESP32-S3"),
+    (REPORT_S3.replace("Detected flash size: 16MB", "Detected flash size: 8MB"),
+     "has 8 MB of flash; mpllm needs 16 MB"),
+    (REPORT_S3.replace(", Embedded PSRAM 8MB (AP_3v3)", ""), "reports no embedded PSRAM"),
+    ("Chip is ESP32 (revision v1.0)\nDetected flash size: 4MB\n", "not an ESP32-S3"),
+    ("A fatal error occurred: Failed to connect\n", "did not report a chip type"),
+])
+def test_wrong_board_writes_nothing(fake_esptool: Path, local_parts: tuple[Path, Path],
+                                    monkeypatch: pytest.MonkeyPatch,
+                                    capfd: pytest.CaptureFixture[str],
+                                    report: str, message: str) -> None:
+    monkeypatch.setenv("FAKE_ESPTOOL_REPORT", report)
+    fw, img = local_parts
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--firmware", str(fw),
+                     "--image", str(img)])
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert [c[-1] for c in calls(fake_esptool)] == ["flash-id"]
+
+
+def test_esptool_4_report_is_understood() -> None:
+    info = flash.parse_chip_report(
+        "Chip is ESP32-S3 (QFN56) (revision v0.2)\n"
+        "Features: WiFi, BLE, Embedded PSRAM 8MB (AP_3v3)\n"
+        "Detected flash size: 16MB\n")
+    assert info == flash.ChipInfo("ESP32-S3 (QFN56) (revision v0.2)", 16 * 2**20,
+                                  "Embedded PSRAM 8MB (AP_3v3)")
+    flash.check_chip(info, skip_psram=False)
+    assert flash.esptool_cmd(4)("write-flash") == "write_flash"
+    assert flash.esptool_cmd(5)("write-flash") == "write-flash"
+
+
+def test_failed_verification_is_an_error(fake_esptool: Path, local_parts: tuple[Path, Path],
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FAKE_ESPTOOL_VERIFY_FAIL", "1")
+    fw, img = local_parts
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--firmware", str(fw),
+                     "--image", str(img)])
+    out = capfd.readouterr()
+    assert rc == 2
+    assert "verifying what was written" in out.err and "Verification failed" in out.out
+
+
+# ---------------------------------------------------------------------------
+# refusals before the board is touched
+
+
+def test_no_port(local_parts: tuple[Path, Path], fake_esptool: Path,
+                 capfd: pytest.CaptureFixture[str]) -> None:
+    fw, img = local_parts
+    rc = flash.main(["--board", "n16r8", "--firmware", str(fw), "--image", str(img)])
+    assert rc == 2
+    assert "no --port given" in capfd.readouterr().err
+    assert calls(fake_esptool) == []
+
+
+def test_image_too_large(tmp_path: Path, fake_esptool: Path, local_parts: tuple[Path, Path],
+                         capfd: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.img"
+    with open(big, "wb") as f:
+        f.truncate(MODEL_SIZE + 1)
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model",
+                     "--image", str(big)])
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert f"is {MODEL_SIZE + 1} bytes; the 'model' partition holds {MODEL_SIZE}" in err
+    assert calls(fake_esptool) == []
+
+
+def test_firmware_overlapping_the_model(tmp_path: Path, fake_esptool: Path,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    fw = tmp_path / "fw.bin"
+    with open(fw, "wb") as f:
+        f.truncate(MODEL_OFFSET + 16)
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
+                     "--firmware", str(fw)])
+    assert rc == 2
+    assert "would run into the model partition" in capfd.readouterr().err
+    assert calls(fake_esptool) == []
+
+
+def test_missing_local_files(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    rc = flash.main(["--board", "n16r8", "--port", "X", "--only", "model", "--model",
+                     str(tmp_path / "nope.bin"), "--tokenizer", str(tmp_path / "t.json")])
+    assert rc == 2 and "--model file not found" in capfd.readouterr().err
+    rc = flash.main(["--board", "n16r8", "--port", "X", "--only", "model", "--model", "m.bin"])
+    assert rc == 2 and "--model and --tokenizer go together" in capfd.readouterr().err
+
+
+def test_esp_idf_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_esptool: Path,
+                         capfd: pytest.CaptureFixture[str], isolated_cache: Path) -> None:
+    mp = tmp_path / "micropython"
+    (mp / "ports" / "esp32").mkdir(parents=True)
+    (mp / "ports" / "esp32" / "Makefile").write_text("")
+    args = ["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
+            "--micropython", str(mp)]
+    rc = flash.main(args)
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert "ESP-IDF not found: IDF_PATH is not set" in err and pins.ESP_IDF_VERSION in err
+    assert "--firmware FILE" in err
+    idf = tmp_path / "esp-idf"
+    (idf / "tools").mkdir(parents=True)
+    (idf / "tools" / "idf.py").write_text("")
+    monkeypatch.setenv("IDF_PATH", str(idf))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rc = flash.main(args)
+    assert rc == 2
+    assert "idf.py is not on PATH" in capfd.readouterr().err
+    assert calls(fake_esptool) == []
+    assert files_under(isolated_cache) == []
+
+
+# ---------------------------------------------------------------------------
+# downloads
+
+
+@pytest.fixture
+def http_dir(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    root = tmp_path / "served"
+    root.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, directory=str(root), **k)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", root
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _release(path: Path, base: str, files: dict[str, bytes], *,
+             wrong: str | None = None, size_off: int = 0) -> Path:
+    pins_list = []
+    for name, data in files.items():
+        sha = hashlib.sha256(data).hexdigest()
+        if name == wrong:
+            sha = hashlib.sha256(data + b"x").hexdigest()
+        pins_list.append({"name": name, "url": f"{base}/{name}", "sha256": sha,
+                          "size": len(data) + (size_off if name == wrong else 0)})
+    path.write_text(json.dumps({"files": pins_list}))
+    return path
+
+
+@pytest.mark.parametrize("size_off,message", [(0, "does not match the pinned"),
+                                              (5, "pinned size is")])
+def test_download_hash_or_size_mismatch_keeps_nothing(
+        http_dir: tuple[str, Path], tmp_path: Path, tiny_model, fake_esptool: Path,
+        capfd: pytest.CaptureFixture[str], size_off: int, message: str) -> None:
+    base, root = http_dir
+    files = {"model.bin": tiny_model.model_bin.read_bytes(),
+             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    rel = _release(tmp_path / "release.json", base, files, wrong="model.bin", size_off=size_off)
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model",
+                     "--release", str(rel), "--cache", str(cache)])
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert "download of model.bin" in err and message in err and "nothing was kept" in err
+    assert files_under(cache) == []
+    assert calls(fake_esptool) == []
+
+
+def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: Path,
+                                          tiny_model, fake_esptool: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
+    base, root = http_dir
+    files = {"model.bin": tiny_model.model_bin.read_bytes(),
+             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    rel = _release(tmp_path / "release.json", base, files)
+    cache = tmp_path / "cache"
+    args = ["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model", "--release",
+            str(rel), "--cache", str(cache)]
+    assert flash.main(args) == 0, capfd.readouterr().err
+    images = list((cache / "images").glob("*.img"))
+    assert len(images) == 1
+    # the converted image is byte-identical to the fixture's own conversion
+    assert images[0].read_bytes() == tiny_model.image.read_bytes()
+    write = next(c for c in calls(fake_esptool) if "write-flash" in c)
+    assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
+    # a second run uses the verified cache: no new files, same image
+    shutil.rmtree(root)
+    root.mkdir()
+    assert flash.main(args) == 0
+    assert "cached copy verified" in capfd.readouterr().out
+    assert sorted(p.name for p in files_under(cache)) == sorted(
+        ["model.bin", "tokenizer.json", images[0].name])

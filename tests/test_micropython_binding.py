@@ -1,0 +1,197 @@
+"""The MicroPython `_llm` (native/micropython/modllm.c).
+
+Always: the binding exposes the same names as the CPython `_llm`, and every
+build (setup.py, micropython.mk, micropython.cmake) compiles the same engine
+sources. With MICROPY_DIR pointing at a MicroPython checkout: build the unix
+port with our USER_C_MODULES and drive the real binding end to end, comparing
+every token and logit byte with the CPython `_llm` on the same image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpllm import firmware_pins as pins
+
+ROOT = Path(__file__).resolve().parent.parent
+MP_BINDING = ROOT / "native" / "micropython"
+MICROPY_DIR = os.environ.get("MICROPY_DIR")
+
+
+def _c_table(text: str, table: str, pattern: str) -> list[str]:
+    body = re.search(re.escape(table) + r"\[\] = \{(.*?)\n\};", text, re.DOTALL)
+    assert body, f"no {table} table"
+    return re.findall(pattern, body.group(1))
+
+
+def test_same_api_as_the_cpython_binding() -> None:
+    mp = (MP_BINDING / "modllm.c").read_text()
+    cp = (ROOT / "native" / "python" / "mod_llm.c").read_text()
+    mp_methods = set(_c_table(mp, "llm_model_locals_dict_table",
+                              r"\{ MP_ROM_QSTR\(MP_QSTR_(\w+)\)"))
+    cp_methods = set(_c_table(cp, "Model_methods", r'\{"(\w+)"'))
+    # __del__ is how MicroPython runs a finaliser; CPython uses tp_dealloc
+    assert mp_methods - {"__del__"} == cp_methods
+    mp_globals = set(_c_table(mp, "llm_module_globals_table",
+                                r"\{ MP_ROM_QSTR\(MP_QSTR_(\w+)\)")) - {
+        "__name__"}
+    cp_globals = set(_c_table(cp, "module_methods", r'\{"(\w+)"'))
+    cp_globals |= set(re.findall(r'PyModule_Add\w*\(module, "(\w+)"', cp))
+    assert mp_globals == cp_globals
+
+
+def _engine_list_setup() -> list[str]:
+    m = re.search(r"ENGINE_SOURCES = \[(.*?)\]", (ROOT / "setup.py").read_text())
+    return re.findall(r'"([\w.]+)"', m.group(1))
+
+
+def test_every_build_compiles_the_same_engine() -> None:
+    setup = _engine_list_setup()
+    mk = re.search(r"LLM_ENGINE_SOURCES := (.*)", (MP_BINDING / "micropython.mk").read_text())
+    cm = re.search(r"set\(LLM_ENGINE_SOURCES (.*?)\)",
+                   (MP_BINDING / "micropython.cmake").read_text())
+    assert mk.group(1).split() == setup
+    assert cm.group(1).split() == setup
+    for name in setup:
+        assert (ROOT / "native" / "engine" / name).is_file(), name
+
+
+# ---------------------------------------------------------------------------
+# the real binding on the unix port
+
+
+def _build_unix(mp: Path) -> Path:
+    """Build (incrementally) the unix port with our module; returns the binary.
+    Options avoid the submodules a bare checkout lacks (berkeley-db, mbedtls)
+    and the frozen micropython-lib manifest."""
+    port = mp / "ports" / "unix"
+    build = "build-mpllm-test"
+    base = ["make", "-C", str(port), f"BUILD={build}", "FROZEN_MANIFEST=",
+            "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", f"USER_C_MODULES={ROOT / 'native'}"]
+    mpy_cross = mp / "mpy-cross"
+    if not (mpy_cross / "build" / "mpy-cross").exists():
+        r = subprocess.run(["make", "-C", str(mpy_cross), "-j2"], capture_output=True,
+                           text=True, check=False)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([*base, "-j2"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    # micropython.mk renames the program (see there): micropython/ holds our objects
+    return port / build / "micropython-llm"
+
+
+@pytest.fixture(scope="module")
+def micropython() -> Path:
+    if not MICROPY_DIR:
+        pytest.skip("MICROPY_DIR is not set: point it at a MicroPython "
+                    f"{pins.MICROPYTHON_TAG} checkout to build the unix port with _llm")
+    mp = Path(MICROPY_DIR)
+    if not (mp / "ports" / "unix" / "Makefile").is_file():
+        pytest.fail(f"MICROPY_DIR={mp} is not a MicroPython checkout")
+    return _build_unix(mp)
+
+
+def _run_mp(exe: Path, code: str, tmp_path: Path) -> str:
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    env = dict(os.environ, MICROPYPATH=f"{ROOT / 'firmware' / 'modules'}:.frozen")
+    r = subprocess.run([str(exe), str(script)], capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+BAD_IMAGE = b"MPLLMIMG" + bytes(200)
+
+DRIVE = """
+import _llm
+m = _llm.Model({image!r})
+print("INFO", _llm.build_info())
+assert _llm.Model({image!r}) is m          # kept open across calls
+cfg = m.config()
+m.sampler(temperature={t}, top_k={k}, seed={seed})
+toks = [m.prefill({prompt})]
+for i in range({n}):
+    toks.append(m.step(toks[-1]))
+print("TOKENS", toks)
+print("LOGITS", m.logits().hex())
+print("POS", m.pos(), cfg["vocab_out"], cfg["tied_head"])
+names = [p[0] for p in m.memory()]
+print("MEM", len(names) > 0, m.stats()["tokens"])
+m.close()
+try:
+    m.step(1)
+except _llm.Error as e:
+    print("CLOSED", str(e))
+try:
+    _llm.Model({bad!r})
+except _llm.Error as e:
+    print("BAD", str(e))
+try:
+    _llm.Model({image!r}).step(10 ** 6)
+except ValueError as e:
+    print("RANGE", str(e))
+"""
+
+
+def _cpython_reference(image: Path, t: float, k: int, seed: int, prompt: list[int],
+                       n: int) -> tuple[list[int], str, str]:
+    from engine_ext import load
+
+    _llm = load()
+    with _llm.Model(str(image)) as m:
+        m.sampler(temperature=t, top_k=k, seed=seed)
+        toks = [m.prefill(prompt)]
+        for _ in range(n):
+            toks.append(m.step(toks[-1]))
+        logits = m.logits().hex()
+    with pytest.raises(_llm.Error) as bad:
+        _llm.Model(BAD_IMAGE)
+    return toks, logits, str(bad.value)
+
+
+@pytest.mark.parametrize("t,k,seed", [(0.0, 0, 0), (0.8, 40, 1234567890123)])
+def test_unix_binding_matches_cpython(micropython: Path, tiny_model, tmp_path: Path,
+                                      t: float, k: int, seed: int) -> None:
+    prompt, n = [5, 17, 42, 7], 20
+    out = _run_mp(micropython, DRIVE.format(image=str(tiny_model.image), t=t, k=k, seed=seed,
+                                            prompt=prompt, n=n, bad=BAD_IMAGE), tmp_path)
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    print(lines["INFO"])
+    ref_tokens, ref_logits, ref_bad = _cpython_reference(tiny_model.image, t, k, seed, prompt, n)
+    assert lines["TOKENS"] == str(ref_tokens)
+    assert lines["LOGITS"] == ref_logits
+    assert lines["POS"].split()[0] == str(len(prompt) + n)
+    assert lines["MEM"] == f"True {len(prompt) + n}"
+    assert "the model is closed" in lines["CLOSED"]
+    assert lines["BAD"] == ref_bad  # the engine's message, through the one helper
+    assert "out of range" in lines["RANGE"]
+    assert "port=micropython-unix" in lines["INFO"]
+
+
+def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path) -> None:
+    """llm.py on MicroPython unix with the demo model, end to end."""
+    demo = ROOT / "models" / "demo"
+    if not (demo / "model.bin").is_file():
+        pytest.skip("models/demo/model.bin is not there yet")
+    sys.path.insert(0, str(ROOT / "tools"))
+    from mpllm.convert import convert
+
+    img = tmp_path / "demo.img"
+    convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False)
+    code = f"""
+import llm
+if not hasattr(llm, "story"):
+    print("NOSTORY")
+else:
+    llm.story("Once upon a time", image={str(img)!r})
+"""
+    out = _run_mp(micropython, code, tmp_path)
+    if out.strip() == "NOSTORY":
+        pytest.skip("llm.py has no story() yet")
+    assert out.startswith("Once upon a time"), out[:200]
+    assert len(out.split()) > 10

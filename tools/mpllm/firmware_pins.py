@@ -1,0 +1,29 @@
+"""The versions and board facts the firmware is built against: the ONE place.
+
+`tools/flash.py` (via `mpllm.flash`) clones and builds exactly these, and the
+docs (firmware/README.md) and platformio.ini are checked against them by
+tests/test_firmware.py, so a bump here that is not carried over fails CI.
+"""
+
+from __future__ import annotations
+
+# MicroPython release whose esp32 port we build; its esp32 README names the
+# ESP-IDF below as the recommended one (it also lists v5.3 and v5.4.0-v5.4.2).
+MICROPYTHON_TAG = "v1.28.0"
+MICROPYTHON_GIT = "https://github.com/micropython/micropython.git"
+ESP_IDF_VERSION = "v5.5.1"
+
+# PlatformIO has no framework-espidf package for 5.5.1: platform 6.12.0 ships
+# ESP-IDF 5.5.0, the nearest one. The on-device tests only exercise the C
+# engine and basic IDF services, which do not change across 5.5.x patches.
+PLATFORMIO_PLATFORM = "espressif32 @ 6.12.0"
+PLATFORMIO_ESP_IDF = "v5.5.0"
+
+BOARD = "MPLLM_N16R8"
+BOARD_DIR = "firmware/boards/MPLLM_N16R8"
+USER_C_MODULES = "native/micropython/micropython.cmake"
+CHIP = "ESP32-S3"
+FLASH_BYTES = 16 * 1024 * 1024
+PSRAM_BYTES = 8 * 1024 * 1024
+MODEL_PARTITION = "model"
+MODEL_SUBTYPE = 0x40

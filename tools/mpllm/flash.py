@@ -1,0 +1,572 @@
+"""Put mpllm on a board: fetch and verify the model, convert it, build the
+firmware, check the chip, write both at their partition offsets, verify by hash.
+
+    python tools/flash.py --board n16r8 --port /dev/ttyACM0
+    python tools/flash.py --board n16r8 --port COM5 --only model --model m.bin --tokenizer t.json
+    python tools/flash.py --board n16r8 --dry-run          # print every command, touch nothing
+    python tools/flash.py --board host                     # the same preparation for the PC
+
+esptool, git, make and pip do the work under their own names (each run as a
+subprocess whose output streams to the terminal, which is also the progress
+display); this module decides what to run, checks what they report and stops
+with a clear message before anything is written when something is off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import firmware_pins as pins
+from .partitions import PartitionError, app_partition, check_layout, find, load_partitions
+
+ROOT = Path(__file__).resolve().parents[2]
+BOARD_DIR = ROOT / pins.BOARD_DIR
+USER_C_MODULES = ROOT / pins.USER_C_MODULES
+RELEASE_JSON = ROOT / "models" / "release.json"
+DEMO_DIR = ROOT / "models" / "demo"
+BUILD_SUBDIR = f"ports/esp32/build-{pins.BOARD}"
+# Merged bootloader + partition table + app from MicroPython's makeimg.py. On
+# the ESP32-S3 the bootloader lives at 0x0, so the merged file is written there.
+FIRMWARE_OFFSET = 0x0
+DEFAULT_BAUD = 460800
+
+
+class FlashError(RuntimeError):
+    """Stops the run before anything (more) is written; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------
+# running commands
+
+
+class Runner:
+    """Runs (or, in a dry run, only prints) external commands."""
+
+    def __init__(self, dry_run: bool, out: Callable[[str], None] = print) -> None:
+        self.dry_run = dry_run
+        self.out = out
+
+    def show(self, cmd: Sequence[str], cwd: Path | None = None) -> None:
+        prefix = f"(cd {shlex.quote(str(cwd))} && " if cwd else ""
+        suffix = ")" if cwd else ""
+        self.out(f"$ {prefix}{shlex.join(str(c) for c in cmd)}{suffix}")
+
+    def run(self, cmd: Sequence[str], what: str, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> None:
+        """Run with output streaming to the terminal; raise FlashError on failure."""
+        self.show(cmd, cwd)
+        if self.dry_run:
+            return
+        try:
+            rc = subprocess.run([str(c) for c in cmd], check=False, cwd=cwd,
+                                env=env).returncode
+        except FileNotFoundError:
+            raise FlashError(f"{what}: {cmd[0]} is not installed or not on PATH") from None
+        if rc != 0:
+            raise FlashError(f"{what} failed (exit {rc}): {shlex.join(str(c) for c in cmd)}")
+
+    def capture(self, cmd: Sequence[str], what: str) -> str:
+        """Run, echo and return combined output; raise FlashError on failure."""
+        self.show(cmd)
+        try:
+            r = subprocess.run([str(c) for c in cmd], check=False, capture_output=True,
+                               text=True)
+        except FileNotFoundError:
+            raise FlashError(f"{what}: {cmd[0]} is not installed or not on PATH") from None
+        text = r.stdout + r.stderr
+        for line in text.splitlines():
+            self.out(f"  {line}")
+        if r.returncode != 0:
+            raise FlashError(f"{what} failed (exit {r.returncode}); esptool said:\n{text.strip()}")
+        return text
+
+
+# ---------------------------------------------------------------------------
+# release model files
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    name: str
+    url: str
+    size: int
+    sha256: str
+
+
+def load_release(path: Path) -> list[PinnedFile]:
+    """The pinned files of models/release.json (the ones flash needs: model.bin and
+    tokenizer.json). Accepts `files` as a list of {name,...} or a {name: {...}} map;
+    a file without a url gets the Hugging Face resolve URL of `repo`@`revision`."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise FlashError(f"cannot read the release pins {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise FlashError(f"{path} is not valid JSON: {e}") from None
+    files = data.get("files")
+    if isinstance(files, dict):
+        files = [{"name": k, **v} for k, v in files.items()]
+    if not isinstance(files, list):
+        raise FlashError(f"{path}: no 'files' list")
+    repo = data.get("repo") or data.get("hf_repo")
+    revision = data.get("revision") or data.get("commit") or "main"
+    out: list[PinnedFile] = []
+    for f in files:
+        name = f.get("name") or f.get("path")
+        if name not in ("model.bin", "tokenizer.json"):
+            continue
+        url = f.get("url")
+        if not url:
+            if not repo:
+                raise FlashError(f"{path}: {name} has no url and the file names no repo")
+            url = f"https://huggingface.co/{repo}/resolve/{revision}/{name}"
+        try:
+            size = int(f["size"])
+            sha = str(f["sha256"]).lower()
+        except (KeyError, ValueError, TypeError):
+            raise FlashError(f"{path}: {name} needs an integer size and a sha256") from None
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise FlashError(f"{path}: {name}: sha256 {sha!r} is not 64 hex digits")
+        out.append(PinnedFile(name, url, size, sha))
+    names = {p.name for p in out}
+    if names != {"model.bin", "tokenizer.json"}:
+        raise FlashError(f"{path}: needs pins for model.bin and tokenizer.json, has "
+                         f"{sorted(names)}")
+    return sorted(out, key=lambda p: p.name)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _progress_bar(total: int, desc: str):  # tqdm bar, or None without tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+
+
+def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
+    """Return dest_dir/name holding exactly the pinned bytes, downloading if needed.
+    A download that does not match is deleted; nothing unverified is left behind."""
+    dest = dest_dir / pin.name
+    if run.dry_run:
+        run.out(f"download {pin.url} -> {dest} (verify {pin.size} bytes, sha256 {pin.sha256})")
+        return dest
+    if dest.is_file():
+        if dest.stat().st_size == pin.size and sha256_file(dest) == pin.sha256:
+            run.out(f"{pin.name}: cached copy verified ({pin.size} bytes, sha256 ok)")
+            return dest
+        run.out(f"{pin.name}: cached copy does not match its pin; downloading again")
+        dest.unlink()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    run.out(f"download {pin.url}")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{pin.name}.", dir=dest_dir)
+    tmp = Path(tmp_name)
+    h = hashlib.sha256()
+    n = 0
+    bar = _progress_bar(pin.size, pin.name)
+    try:
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(pin.url, timeout=60) as r:
+            while True:
+                block = r.read(1 << 16)
+                if not block:
+                    break
+                n += len(block)
+                if n > pin.size:
+                    raise FlashError(f"download of {pin.name} from {pin.url} is larger than "
+                                     f"its pinned size {pin.size}; nothing was kept")
+                h.update(block)
+                f.write(block)
+                if bar is not None:
+                    bar.update(len(block))
+        if n != pin.size:
+            raise FlashError(f"download of {pin.name} from {pin.url} has {n} bytes, pinned "
+                             f"size is {pin.size}; nothing was kept")
+        if h.hexdigest() != pin.sha256:
+            raise FlashError(f"download of {pin.name} from {pin.url}: sha256 {h.hexdigest()} "
+                             f"does not match the pinned {pin.sha256}; nothing was kept")
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        raise FlashError(f"cannot download {pin.name} from {pin.url}: {reason}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+        tmp.unlink(missing_ok=True)
+    run.out(f"{pin.name}: {pin.size} bytes, sha256 verified")
+    return dest
+
+
+# ---------------------------------------------------------------------------
+# model image
+
+
+def _check_local(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise FlashError(f"{what} file not found: {path}")
+    return path
+
+
+def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
+    """Convert once per source pair; the image is cached under its sources' hashes."""
+    if run.dry_run:
+        img = cache / "images" / "<sha256 of the sources>.img"
+        run.out(f"convert {model_bin} {tokenizer} -> {img}")
+        return img
+    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)).encode()).hexdigest()
+    img = cache / "images" / f"{key[:16]}.img"
+    if img.is_file():
+        run.out(f"model image: {img} (already converted from these files)")
+        return img
+    img.parent.mkdir(parents=True, exist_ok=True)
+    from .convert import ConvertError, convert
+
+    tmp = img.with_name(img.name + ".part")
+    run.out(f"convert {model_bin} {tokenizer} -> {img}")
+    try:
+        rep = convert(model_bin, tokenizer, tmp, progress=True)
+    except (ConvertError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        raise FlashError(f"conversion failed: {e}") from None
+    os.replace(tmp, img)
+    run.out(rep.size_table())
+    return img
+
+
+def resolve_model(args: argparse.Namespace, cache: Path, run: Runner) -> Path:
+    """The image to flash: --image as is, else converted from --model/--tokenizer or
+    from the release files (downloaded and verified against their pins)."""
+    if args.image:
+        return _check_local(Path(args.image), "--image")
+    if bool(args.model) != bool(args.tokenizer):
+        raise FlashError("--model and --tokenizer go together (a model.bin needs its "
+                         "tokenizer.json)")
+    if args.model:
+        model_bin = _check_local(Path(args.model), "--model")
+        tok = _check_local(Path(args.tokenizer), "--tokenizer")
+    else:
+        pinned = {p.name: p for p in load_release(Path(args.release))}
+        model_bin = fetch_pinned(pinned["model.bin"], cache / "release", run)
+        tok = fetch_pinned(pinned["tokenizer.json"], cache / "release", run)
+    return image_for(model_bin, tok, cache, run)
+
+
+# ---------------------------------------------------------------------------
+# firmware build
+
+
+def idf_environment(env: dict[str, str]) -> tuple[Path, str]:
+    """(IDF_PATH, version) of the ESP-IDF set up in this shell, or FlashError."""
+    how = (f"Install ESP-IDF {pins.ESP_IDF_VERSION} and run its export script in this shell "
+           f"(. $IDF_PATH/export.sh, or export.ps1 on Windows), or pass --firmware FILE "
+           f"to flash a firmware built elsewhere.")
+    idf_path = env.get("IDF_PATH")
+    if not idf_path:
+        raise FlashError(f"ESP-IDF not found: IDF_PATH is not set. {how}")
+    if not Path(idf_path, "tools", "idf.py").is_file():
+        raise FlashError(f"ESP-IDF not found: IDF_PATH={idf_path} has no tools/idf.py. {how}")
+    if shutil.which("idf.py", path=env.get("PATH")) is None:
+        raise FlashError(f"ESP-IDF is at {idf_path} but idf.py is not on PATH (the export "
+                         f"script was not run in this shell). {how}")
+    version = "unknown"
+    vfile = Path(idf_path, "tools", "cmake", "version.cmake")
+    if vfile.is_file():
+        parts = dict(re.findall(r"set\(IDF_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)\)",
+                                vfile.read_text()))
+        if len(parts) == 3:
+            version = f"v{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+    return Path(idf_path), version
+
+
+def micropython_version(mp_dir: Path) -> str | None:
+    cfg = mp_dir / "py" / "mpconfig.h"
+    if not cfg.is_file():
+        return None
+    text = cfg.read_text(errors="replace")
+    nums = [re.search(rf"#define MICROPY_VERSION_{k} \((\d+)\)", text) for k in
+            ("MAJOR", "MINOR", "MICRO")]
+    if not all(nums):
+        return None
+    return "v" + ".".join(m.group(1) for m in nums if m)
+
+
+def build_firmware(args: argparse.Namespace, cache: Path, run: Runner,
+                   env: dict[str, str]) -> Path:
+    """Build MicroPython with our board and module; return the merged firmware.bin."""
+    if args.micropython:
+        mp_dir = Path(args.micropython).resolve()
+        if not run.dry_run and not (mp_dir / "ports" / "esp32" / "Makefile").is_file():
+            raise FlashError(f"--micropython {mp_dir} is not a MicroPython checkout "
+                             f"(no ports/esp32/Makefile)")
+    else:
+        mp_dir = cache / f"micropython-{pins.MICROPYTHON_TAG}"
+    try:
+        idf_path, idf_version = idf_environment(env)
+    except FlashError as e:
+        if not run.dry_run:
+            raise
+        run.out(f"note: {e}\n      (dry run: continuing to show the build commands)")
+        idf_version = pins.ESP_IDF_VERSION
+    else:
+        run.out(f"ESP-IDF {idf_version} at {idf_path}")
+    if idf_version != pins.ESP_IDF_VERSION:
+        run.out(f"warning: this firmware is pinned to ESP-IDF {pins.ESP_IDF_VERSION} (what "
+                f"MicroPython {pins.MICROPYTHON_TAG} recommends); you have {idf_version}")
+    if not (mp_dir / "py" / "mpconfig.h").is_file():
+        if args.micropython:
+            if not run.dry_run:
+                raise FlashError(f"--micropython {mp_dir} has no py/mpconfig.h")
+        else:
+            run.run(["git", "clone", "--depth", "1", "--branch", pins.MICROPYTHON_TAG,
+                     pins.MICROPYTHON_GIT, mp_dir], "cloning MicroPython")
+    if not run.dry_run:
+        have = micropython_version(mp_dir)
+        if have != pins.MICROPYTHON_TAG:
+            run.out(f"warning: {mp_dir} is MicroPython {have}, the firmware is pinned to "
+                    f"{pins.MICROPYTHON_TAG}")
+    port = mp_dir / "ports" / "esp32"
+    board = f"BOARD_DIR={BOARD_DIR}"
+    mods = f"USER_C_MODULES={USER_C_MODULES}"
+    run.run(["make", "-C", mp_dir / "mpy-cross"], "building mpy-cross", env=env)
+    run.run(["make", "-C", port, board, "submodules"], "fetching the esp32 port's submodules",
+            env=env)
+    run.run(["make", "-C", port, board, mods], "building the firmware", env=env)
+    fw = mp_dir / BUILD_SUBDIR / "firmware.bin"
+    if not run.dry_run and not fw.is_file():
+        raise FlashError(f"the build finished but {fw} is missing")
+    return fw
+
+
+# ---------------------------------------------------------------------------
+# esptool
+
+
+def esptool_major() -> int | None:
+    try:
+        from importlib.metadata import version
+        return int(version("esptool").split(".")[0])
+    except Exception:  # noqa: BLE001 - not installed or an odd version string
+        return None
+
+
+def esptool_cmd(major: int | None) -> Callable[[str], str]:
+    """esptool 5 spells commands with dashes; 4.x with underscores."""
+    if major is not None and major < 5:
+        return lambda name: name.replace("-", "_")
+    return lambda name: name
+
+
+@dataclass(frozen=True)
+class ChipInfo:
+    chip: str
+    flash_bytes: int | None
+    psram: str | None
+
+
+def parse_chip_report(text: str) -> ChipInfo:
+    """Read esptool's flash-id report (4.x: 'Chip is ...', 5.x: 'Chip type: ...')."""
+    m = re.search(r"^\s*Chip (?:is|type:)\s*(.+?)\s*$", text, re.MULTILINE)
+    if not m:
+        raise FlashError("esptool did not report a chip type; is a board connected in "
+                         "bootloader mode on that port?")
+    chip = m.group(1)
+    flash = None
+    fm = re.search(r"Detected flash size:\s*(\d+)\s*([KM])B", text)
+    if fm:
+        flash = int(fm.group(1)) * (1024 if fm.group(2) == "K" else 1024 * 1024)
+    pm = re.search(r"Embedded PSRAM[^,\n]*", text)
+    return ChipInfo(chip, flash, pm.group(0).strip() if pm else None)
+
+
+def check_chip(info: ChipInfo, skip_psram: bool) -> None:
+    if not info.chip.upper().startswith(pins.CHIP):
+        raise FlashError(f"the board on this port is a {info.chip}, not an {pins.CHIP}: this "
+                         f"firmware would not run on it. Nothing was written.")
+    if info.flash_bytes is None:
+        raise FlashError("esptool could not detect the flash size; nothing was written")
+    if info.flash_bytes < pins.FLASH_BYTES:
+        raise FlashError(f"the board has {info.flash_bytes // (1024 * 1024)} MB of flash; "
+                         f"mpllm needs {pins.FLASH_BYTES // (1024 * 1024)} MB (an N16R8). "
+                         f"Nothing was written.")
+    if info.psram is None and not skip_psram:
+        raise FlashError("esptool reports no embedded PSRAM; mpllm needs 8 MB of octal PSRAM "
+                         "(an N16R8). If your module has PSRAM that esptool cannot see, pass "
+                         "--skip-psram-check. Nothing was written.")
+
+
+# ---------------------------------------------------------------------------
+# the two boards
+
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    if args.cache:
+        return Path(args.cache).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mpllm"
+
+
+def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> None:
+    table_path = BOARD_DIR / "partitions.csv"
+    try:
+        parts = load_partitions(table_path)
+        check_layout(parts, pins.FLASH_BYTES)
+        model_part = find(parts, pins.MODEL_PARTITION)
+        app = app_partition(parts)
+    except PartitionError as e:
+        raise FlashError(f"board partition table: {e}") from None
+    run.out(f"partitions ({table_path.relative_to(ROOT)}): firmware at {FIRMWARE_OFFSET:#x} "
+            f"(app {app.offset:#x}, {app.size} bytes), model at {model_part.offset:#x} "
+            f"({model_part.size} bytes)")
+    if not args.port and not run.dry_run:
+        raise FlashError("no --port given: name the board's serial port, e.g. --port "
+                         "/dev/ttyACM0 or --port COM5 (list them with: python -m "
+                         "serial.tools.list_ports)")
+    port = args.port or "PORT"
+    cache = _cache_dir(args)
+    writes: list[tuple[int, Path, str]] = []
+
+    # Everything that can fail without a board is done before the board is touched.
+    if args.only in (None, "model"):
+        img = resolve_model(args, cache, run)
+        if img.is_file():
+            size = img.stat().st_size
+            if size > model_part.size:
+                raise FlashError(f"model image {img} is {size} bytes; the '{model_part.name}' "
+                                 f"partition holds {model_part.size}. Nothing was written.")
+        writes.append((model_part.offset, img, "model image"))
+    if args.only in (None, "firmware"):
+        fw = Path(args.firmware) if args.firmware else build_firmware(args, cache, run, env)
+        if args.firmware:
+            _check_local(fw, "--firmware")
+        if fw.is_file():
+            limit = model_part.offset - FIRMWARE_OFFSET
+            if fw.stat().st_size > limit:
+                raise FlashError(f"firmware {fw} is {fw.stat().st_size} bytes and would run "
+                                 f"into the model partition at {model_part.offset:#x}. "
+                                 f"Nothing was written.")
+        writes.insert(0, (FIRMWARE_OFFSET, fw, "firmware"))
+
+    major = esptool_major()
+    if major is None and not run.dry_run:
+        raise FlashError("esptool is not installed: pip install 'mpllm[board]' (or pip "
+                         "install esptool)")
+    cmd = esptool_cmd(major)
+    esptool = [sys.executable, "-m", "esptool"]
+    if run.dry_run:
+        run.show([*esptool, "--port", port, cmd("flash-id")])
+        run.out(f"(check: chip is an {pins.CHIP}, flash >= {pins.FLASH_BYTES // 2**20} MB, "
+                f"embedded PSRAM)")
+    else:
+        report = run.capture([*esptool, "--port", port, cmd("flash-id")],
+                             "reading the chip with esptool")
+        info = parse_chip_report(report)
+        check_chip(info, args.skip_psram_check)
+        mb = (info.flash_bytes or 0) // 2**20
+        run.out(f"board: {info.chip}, {mb} MB flash, {info.psram or 'PSRAM not reported'}")
+
+    base = [*esptool, "--chip", "esp32s3", "--port", port, "--baud", str(args.baud)]
+    pairs: list[str] = []
+    for offset, path, _ in writes:
+        pairs += [f"{offset:#x}", str(path)]
+    if args.erase_all:
+        run.run([*base, cmd("erase-flash")], "erasing the whole flash")
+    run.run([*base, cmd("write-flash"), *pairs], "writing " + " and ".join(w[2] for w in writes))
+    run.run([*base, cmd("verify-flash"), *pairs],
+            "verifying what was written (esptool compares the flash's MD5 with the files)")
+    run.out("")
+    run.out("Done. Next:")
+    run.out(f"  mpremote connect {port} repl")
+    run.out('  >>> import llm; llm.story("Once upon a time")')
+
+
+def prepare_host(args: argparse.Namespace, run: Runner) -> None:
+    """Host board: build the CPython _llm with pip and convert the demo model."""
+    cache = _cache_dir(args)
+    run.run([sys.executable, "-m", "pip", "install", "-e", str(ROOT)],
+            "building the CPython _llm (pip install -e .)")
+    if args.image:
+        img = _check_local(Path(args.image), "--image")
+    else:
+        if bool(args.model) != bool(args.tokenizer):
+            raise FlashError("--model and --tokenizer go together")
+        model_bin = Path(args.model) if args.model else DEMO_DIR / "model.bin"
+        tok = Path(args.tokenizer) if args.tokenizer else DEMO_DIR / "tokenizer.json"
+        if not run.dry_run:
+            _check_local(model_bin, "model")
+            _check_local(tok, "tokenizer")
+        img = image_for(model_bin, tok, cache, run)
+    run.out("")
+    run.out(f"Done: model image {img}. Next:")
+    run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
+
+
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="flash",
+        description="Flash mpllm (MicroPython firmware + model image) onto an ESP32-S3 "
+                    "N16R8, or prepare the host board.")
+    ap.add_argument("--board", required=True, choices=["n16r8", "host"])
+    ap.add_argument("--port", help="serial port of the board (e.g. /dev/ttyACM0, COM5)")
+    ap.add_argument("--baud", type=int, default=DEFAULT_BAUD,
+                    help=f"esptool baud rate (default {DEFAULT_BAUD}; native USB ignores it)")
+    ap.add_argument("--only", choices=["firmware", "model"],
+                    help="write only this part (the other stays as it is on the board)")
+    ap.add_argument("--model", help="local model.bin instead of the pinned release download")
+    ap.add_argument("--tokenizer", help="local tokenizer.json (with --model)")
+    ap.add_argument("--image", help="an already converted model image (skips conversion)")
+    ap.add_argument("--firmware", help="a built firmware.bin (skips the MicroPython build)")
+    ap.add_argument("--micropython", help=f"MicroPython checkout to build from (default: a "
+                    f"cached clone of {pins.MICROPYTHON_TAG})")
+    ap.add_argument("--release", default=str(RELEASE_JSON), help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help="cache directory (default ~/.cache/mpllm)")
+    ap.add_argument("--erase-all", action="store_true",
+                    help="erase the whole flash first (also the filesystem); off by default")
+    ap.add_argument("--skip-psram-check", action="store_true",
+                    help="flash even if esptool reports no embedded PSRAM")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print every command and step without running or writing anything")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run = Runner(args.dry_run)
+    if args.dry_run:
+        run.out("dry run: nothing is downloaded, built or written")
+    try:
+        if args.board == "host":
+            if args.only or args.firmware or args.port:
+                raise FlashError("--only, --firmware and --port are for --board n16r8")
+            prepare_host(args, run)
+        else:
+            flash_n16r8(args, run, dict(os.environ))
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
