@@ -144,6 +144,8 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
                          "of stack)", LLM_ESP32_WORKER_CORE, (unsigned)LLM_ESP32_WORKER_STACK);
     }
     p->worker = w;
+    /* the engine hands every matvec to the worker split from here on */
+    p->port.parallel_rows = llm_esp32_parallel_rows;
     return LLM_OK;
 }
 

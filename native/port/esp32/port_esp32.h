@@ -63,10 +63,9 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err);
 /* Stop the worker (waits for it to exit). Call after llm_close. */
 void llm_port_esp32_deinit(llm_esp32_port *p);
 
-/* fn(arg, begin, end) over [0, rows): the upper half on the core-0 worker,
- * the lower half here; returns when both are done. Small ranges, or no
- * worker, run here in one call. */
-typedef void (*llm_rows_fn)(void *arg, uint32_t begin, uint32_t end);
+/* The port's parallel_rows (llm.h): fn(arg, begin, end) over [0, rows), the
+ * upper half on the core-0 worker, the lower half here; returns when both are
+ * done. Small ranges, or no worker, run here in one call. */
 void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t rows);
 
 /* y = W x for all rows of w, split across the two cores with the row-range

@@ -1,0 +1,91 @@
+"""`_llm`: the mpllm C engine as a Python module.
+
+The ONE description of the API. Two bindings implement it and must match:
+native/python/mod_llm.c (CPython, `pip install -e .`) and
+native/micropython/modllm.c (the board, and the MicroPython unix port).
+
+Errors:
+  * `_llm.Error` (a RuntimeError) for everything the engine reports: a bad or
+    corrupted image, an unsupported version, no memory, a full context, a call
+    out of order or on a closed model. str(error) is "<status>: <what was
+    wrong>", where <status> is one of: "bad argument", "bad image",
+    "unsupported version", "checksum mismatch", "bad config", "out of memory",
+    "context full", "bad state".
+  * TypeError / ValueError for arguments the binding rejects before calling
+    the engine (wrong types, token ids outside the embedding, empty prompt,
+    negative temperature, top_k larger than the vocabulary, seed outside u64).
+  * OSError (FileNotFoundError, PermissionError, ...) when a path cannot be
+    opened (CPython only: the board opens its flash partition).
+
+Determinism: for the same image, sampler settings and tokens, every call
+returns the same tokens and the same logits bytes on every host and on the
+board (DESIGN §3). reset() restarts the sampler's random stream from its seed.
+"""
+
+import sys
+from typing import Final
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:
+    from typing_extensions import Self
+
+__version__: Final[str]
+
+class Error(RuntimeError): ...
+
+def build_info() -> str:
+    """e.g. "mpllm 0.1.0 kernels=ref numerics=exact placement=... port=host".
+
+    kernels is "ref" (scalar C), "pie" (ESP32-S3 vector unit) or "pie-emu"
+    (the PIE kernels run through the exact host model of the vector unit)."""
+
+class Model:
+    def __init__(self, image: object) -> None:
+        """Open and validate a model image (every checksum is verified).
+
+        CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
+        or a bytes-like object (kept alive, and unchanged, until close(); an
+        object not 16-byte aligned is copied once). MicroPython: a bytes-like
+        object or the mapped `model` flash partition."""
+    def config(self) -> dict[str, int | float | bool]:
+        """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
+        seq_len, group, eot_id, flags (ints), rope_theta (float), tied_head (bool)."""
+    def reset(self) -> None:
+        """Back to position 0: empty context, no logits, stats cleared, sampler
+        stream restarted from its seed. The model stays open."""
+    def sampler(self, temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> None:
+        """How next tokens are chosen from now on. temperature == 0 or seed == 0:
+        greedy (lowest id wins a tie). Otherwise Gumbel-max over the top_k best
+        logits (top_k == 0: all) scaled by 1/temperature, with the engine's seeded
+        PCG32 stream, so a seed gives the same story everywhere."""
+    def prefill(self, tokens: list[int]) -> int:
+        """Feed prompt tokens at the current position (the head runs for the last
+        one only) and return the next token. Nothing changes if it raises."""
+    def step(self, token: int) -> int:
+        """Feed one token, return the next."""
+    def logits(self) -> bytes:
+        """vocab_out float32 little-endian values from the last head evaluation
+        (a copy). Raises Error ("bad state") before the first prefill/step."""
+    def tokenizer(self) -> bytes:
+        """The image's tokenizer section (layout: native/engine/image_format.h)."""
+    def pos(self) -> int:
+        """Tokens in the context (the position the next token goes to)."""
+    def stats(self) -> dict[str, object]:
+        """Since the last reset (or open):
+        tokens (int: tokens through the layers), prefill_tokens (int: in the last
+        prefill), heads (int: head evaluations), ttft_ms (float: wall time of the
+        last prefill, sampling included), stage_ms (dict: embed, attn, ffn, ple,
+        head, sample -> float ms, summed), total_ms (float: sum of stage_ms),
+        bytes (dict: flash, fast, bulk -> int bytes read: weights, norms, RoPE
+        rows, embedding/PLE rows, KV cache reads and writes; activations are not
+        counted)."""
+    def memory(self) -> list[tuple[str, str, int]]:
+        """(name, region, bytes) for every placed section and buffer; region is
+        "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"
+        (PSRAM). On the host the port records what the engine asked for."""
+    def close(self) -> None:
+        """Release the engine and the image. Idempotent; any other call on a
+        closed model raises Error ("bad state")."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: object) -> None: ...

@@ -1,0 +1,608 @@
+/*
+ * Image loader and validator (format: image_format.h).
+ *
+ * Order of checks: what must hold before anything else can be read safely
+ * comes first (length, magic, version, table bounds, header CRC), then the
+ * config, then each section (bounds, checksum, then its inner layout). A
+ * checksum is tested before the layout inside a section so that corruption is
+ * reported as corruption, not as a confusing layout error.
+ */
+#include "image.h"
+
+#include <string.h>
+
+#include "llm_error.h"
+
+static const uint32_t crc_table[256] = {
+    0x00000000u, 0x77073096u, 0xee0e612cu, 0x990951bau, 0x076dc419u, 0x706af48fu,
+    0xe963a535u, 0x9e6495a3u, 0x0edb8832u, 0x79dcb8a4u, 0xe0d5e91eu, 0x97d2d988u,
+    0x09b64c2bu, 0x7eb17cbdu, 0xe7b82d07u, 0x90bf1d91u, 0x1db71064u, 0x6ab020f2u,
+    0xf3b97148u, 0x84be41deu, 0x1adad47du, 0x6ddde4ebu, 0xf4d4b551u, 0x83d385c7u,
+    0x136c9856u, 0x646ba8c0u, 0xfd62f97au, 0x8a65c9ecu, 0x14015c4fu, 0x63066cd9u,
+    0xfa0f3d63u, 0x8d080df5u, 0x3b6e20c8u, 0x4c69105eu, 0xd56041e4u, 0xa2677172u,
+    0x3c03e4d1u, 0x4b04d447u, 0xd20d85fdu, 0xa50ab56bu, 0x35b5a8fau, 0x42b2986cu,
+    0xdbbbc9d6u, 0xacbcf940u, 0x32d86ce3u, 0x45df5c75u, 0xdcd60dcfu, 0xabd13d59u,
+    0x26d930acu, 0x51de003au, 0xc8d75180u, 0xbfd06116u, 0x21b4f4b5u, 0x56b3c423u,
+    0xcfba9599u, 0xb8bda50fu, 0x2802b89eu, 0x5f058808u, 0xc60cd9b2u, 0xb10be924u,
+    0x2f6f7c87u, 0x58684c11u, 0xc1611dabu, 0xb6662d3du, 0x76dc4190u, 0x01db7106u,
+    0x98d220bcu, 0xefd5102au, 0x71b18589u, 0x06b6b51fu, 0x9fbfe4a5u, 0xe8b8d433u,
+    0x7807c9a2u, 0x0f00f934u, 0x9609a88eu, 0xe10e9818u, 0x7f6a0dbbu, 0x086d3d2du,
+    0x91646c97u, 0xe6635c01u, 0x6b6b51f4u, 0x1c6c6162u, 0x856530d8u, 0xf262004eu,
+    0x6c0695edu, 0x1b01a57bu, 0x8208f4c1u, 0xf50fc457u, 0x65b0d9c6u, 0x12b7e950u,
+    0x8bbeb8eau, 0xfcb9887cu, 0x62dd1ddfu, 0x15da2d49u, 0x8cd37cf3u, 0xfbd44c65u,
+    0x4db26158u, 0x3ab551ceu, 0xa3bc0074u, 0xd4bb30e2u, 0x4adfa541u, 0x3dd895d7u,
+    0xa4d1c46du, 0xd3d6f4fbu, 0x4369e96au, 0x346ed9fcu, 0xad678846u, 0xda60b8d0u,
+    0x44042d73u, 0x33031de5u, 0xaa0a4c5fu, 0xdd0d7cc9u, 0x5005713cu, 0x270241aau,
+    0xbe0b1010u, 0xc90c2086u, 0x5768b525u, 0x206f85b3u, 0xb966d409u, 0xce61e49fu,
+    0x5edef90eu, 0x29d9c998u, 0xb0d09822u, 0xc7d7a8b4u, 0x59b33d17u, 0x2eb40d81u,
+    0xb7bd5c3bu, 0xc0ba6cadu, 0xedb88320u, 0x9abfb3b6u, 0x03b6e20cu, 0x74b1d29au,
+    0xead54739u, 0x9dd277afu, 0x04db2615u, 0x73dc1683u, 0xe3630b12u, 0x94643b84u,
+    0x0d6d6a3eu, 0x7a6a5aa8u, 0xe40ecf0bu, 0x9309ff9du, 0x0a00ae27u, 0x7d079eb1u,
+    0xf00f9344u, 0x8708a3d2u, 0x1e01f268u, 0x6906c2feu, 0xf762575du, 0x806567cbu,
+    0x196c3671u, 0x6e6b06e7u, 0xfed41b76u, 0x89d32be0u, 0x10da7a5au, 0x67dd4accu,
+    0xf9b9df6fu, 0x8ebeeff9u, 0x17b7be43u, 0x60b08ed5u, 0xd6d6a3e8u, 0xa1d1937eu,
+    0x38d8c2c4u, 0x4fdff252u, 0xd1bb67f1u, 0xa6bc5767u, 0x3fb506ddu, 0x48b2364bu,
+    0xd80d2bdau, 0xaf0a1b4cu, 0x36034af6u, 0x41047a60u, 0xdf60efc3u, 0xa867df55u,
+    0x316e8eefu, 0x4669be79u, 0xcb61b38cu, 0xbc66831au, 0x256fd2a0u, 0x5268e236u,
+    0xcc0c7795u, 0xbb0b4703u, 0x220216b9u, 0x5505262fu, 0xc5ba3bbeu, 0xb2bd0b28u,
+    0x2bb45a92u, 0x5cb36a04u, 0xc2d7ffa7u, 0xb5d0cf31u, 0x2cd99e8bu, 0x5bdeae1du,
+    0x9b64c2b0u, 0xec63f226u, 0x756aa39cu, 0x026d930au, 0x9c0906a9u, 0xeb0e363fu,
+    0x72076785u, 0x05005713u, 0x95bf4a82u, 0xe2b87a14u, 0x7bb12baeu, 0x0cb61b38u,
+    0x92d28e9bu, 0xe5d5be0du, 0x7cdcefb7u, 0x0bdbdf21u, 0x86d3d2d4u, 0xf1d4e242u,
+    0x68ddb3f8u, 0x1fda836eu, 0x81be16cdu, 0xf6b9265bu, 0x6fb077e1u, 0x18b74777u,
+    0x88085ae6u, 0xff0f6a70u, 0x66063bcau, 0x11010b5cu, 0x8f659effu, 0xf862ae69u,
+    0x616bffd3u, 0x166ccf45u, 0xa00ae278u, 0xd70dd2eeu, 0x4e048354u, 0x3903b3c2u,
+    0xa7672661u, 0xd06016f7u, 0x4969474du, 0x3e6e77dbu, 0xaed16a4au, 0xd9d65adcu,
+    0x40df0b66u, 0x37d83bf0u, 0xa9bcae53u, 0xdebb9ec5u, 0x47b2cf7fu, 0x30b5ffe9u,
+    0xbdbdf21cu, 0xcabac28au, 0x53b39330u, 0x24b4a3a6u, 0xbad03605u, 0xcdd70693u,
+    0x54de5729u, 0x23d967bfu, 0xb3667a2eu, 0xc4614ab8u, 0x5d681b02u, 0x2a6f2b94u,
+    0xb40bbe37u, 0xc30c8ea1u, 0x5a05df1bu, 0x2d02ef8du,
+};
+
+uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n) {
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+    return ~crc;
+}
+
+float llm_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            /* subnormal half: normalise into a float exponent */
+            uint32_t e = 127 - 15 + 1;
+            while ((man & 0x400u) == 0) {
+                man <<= 1;
+                e--;
+            }
+            bits = sign | (e << 23) | ((man & 0x3FFu) << 13);
+        }
+    } else if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static int f32_bits_finite(uint32_t bits) { return (bits & 0x7F800000u) != 0x7F800000u; }
+
+static const char *const layer_names[LLM_LSEC_COUNT] = {
+    "attn_norm", "qkv", "attn_proj", "ffn_norm", "gate",
+    "up", "down", "ple_gate", "ple_proj", "ple_norm",
+};
+
+uint32_t llm_image_section_count(uint32_t n_layers, int tied_head) {
+    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u);
+}
+
+/* Writes the NUL-padded 16-byte name image_format.h fixes for index i. */
+void llm_image_section_name(uint32_t i, uint32_t n_layers, char name[LLM_IMAGE_NAME_BYTES]) {
+    static const char *const fixed[LLM_SEC_LAYER0] = {
+        "tokenizer", "rope", "embed", "ple_rows", "ple_model_proj", "ple_proj_norm",
+    };
+    memset(name, 0, LLM_IMAGE_NAME_BYTES);
+    const char *s = NULL;
+    if (i < LLM_SEC_LAYER0) {
+        s = fixed[i];
+    } else if (i < LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers) {
+        uint32_t l = (i - LLM_SEC_LAYER0) / LLM_LSEC_COUNT;
+        uint32_t k = (i - LLM_SEC_LAYER0) % LLM_LSEC_COUNT;
+        /* "L<l>." then the field; l < LLM_MAX_LAYERS keeps it within 15 chars */
+        char digits[12];
+        int nd = 0;
+        do {
+            digits[nd++] = (char)('0' + l % 10);
+            l /= 10;
+        } while (l && nd < 11);
+        size_t at = 0;
+        name[at++] = 'L';
+        while (nd > 0 && at < LLM_IMAGE_NAME_BYTES - 1) name[at++] = digits[--nd];
+        if (at < LLM_IMAGE_NAME_BYTES - 1) name[at++] = '.';
+        for (const char *f = layer_names[k]; *f && at < LLM_IMAGE_NAME_BYTES - 1; f++)
+            name[at++] = *f;
+        return;
+    } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers) {
+        s = "out_norm";
+    } else {
+        s = "head";
+    }
+    size_t n = strlen(s);
+    memcpy(name, s, n < LLM_IMAGE_NAME_BYTES - 1 ? n : LLM_IMAGE_NAME_BYTES - 1);
+}
+
+void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_section *out) {
+    const uint8_t *p = info->data + LLM_IMAGE_HEADER_BYTES + (size_t)i * LLM_IMAGE_SECTION_BYTES;
+    memcpy(out->name, p, LLM_IMAGE_NAME_BYTES);
+    out->kind = rd32(p + 16);
+    out->offset = rd32(p + 20);
+    out->size = rd32(p + 24);
+    out->crc32 = rd32(p + 28);
+}
+
+const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size) {
+    llm_image_section s;
+    llm_image_section_get(info, i, &s);
+    if (size) *size = s.size;
+    return info->data + s.offset;
+}
+
+static void q4_header(const uint8_t *p, llm_image_q4_header *h) {
+    h->rows = rd32(p);
+    h->cols = rd32(p + 4);
+    h->group = rd32(p + 8);
+    h->row_bytes = rd32(p + 12);
+}
+
+static uint32_t ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0); }
+
+void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out) {
+    const uint8_t *p = llm_image_payload(info, i, NULL);
+    llm_image_q4_header h;
+    q4_header(p, &h);
+    out->rows = h.rows;
+    out->cols = h.cols;
+    out->group = h.group;
+    out->n_groups = ceil_div(h.cols, h.group);
+    out->row_bytes = h.row_bytes;
+    out->codes = p + sizeof(llm_image_q4_header);
+    /* 16-byte aligned: the payload is, and so is every row */
+    out->scales = (const float *)(const void *)(out->codes + (size_t)h.rows * h.row_bytes);
+}
+
+void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) {
+    const uint8_t *p = llm_image_payload(info, i, NULL);
+    llm_image_q4_header h;
+    q4_header(p, &h);
+    out->rows = h.rows;
+    out->cols = h.cols;
+    out->group = h.group;
+    out->n_groups = ceil_div(h.cols, h.group);
+    out->row_bytes = h.row_bytes;
+    out->records = p + sizeof(llm_image_q4_header);
+}
+
+/* ---- config ------------------------------------------------------------ */
+
+static llm_status check_config(const llm_config *c, llm_error *err) {
+#define LIMIT(field, lo, hi)                                                              \
+    if (c->field < (lo) || c->field > (hi))                                               \
+        return llm_fail(err, LLM_E_CONFIG, #field " = %lu, must be in %lu..%lu", \
+                        (unsigned long)c->field, (unsigned long)(lo), (unsigned long)(hi));
+    LIMIT(dim, 1u, LLM_MAX_DIM)
+    LIMIT(n_layers, 1u, LLM_MAX_LAYERS)
+    LIMIT(n_heads, 1u, LLM_MAX_DIM)
+    LIMIT(ffn, 1u, LLM_MAX_FFN)
+    LIMIT(ple_dim, 1u, LLM_MAX_PLE_COLS)
+    LIMIT(seq_len, 1u, LLM_MAX_SEQ_LEN)
+    LIMIT(vocab_rows, 1u, LLM_MAX_VOCAB)
+    LIMIT(vocab_out, 1u, LLM_MAX_VOCAB)
+    LIMIT(group, 1u, 0xFFFFFFFFu)
+#undef LIMIT
+    if (c->dim % c->n_heads != 0)
+        return llm_fail(err, LLM_E_CONFIG, "dim %lu is not a multiple of n_heads %lu",
+                        (unsigned long)c->dim, (unsigned long)c->n_heads);
+    if (c->head_dim % 2 != 0)
+        return llm_fail(err, LLM_E_CONFIG,
+                        "head_dim %lu is odd (split-half RoPE needs it even)",
+                        (unsigned long)c->head_dim);
+    if (c->group % LLM_IMAGE_BLOCK_COLS != 0) {
+        /* a 32-column kernel block must never straddle two groups */
+        uint32_t widest = c->dim > c->ffn ? c->dim : c->ffn;
+        if (c->ple_dim > widest) widest = c->ple_dim;
+        if (c->group < widest)
+            return llm_fail(err, LLM_E_CONFIG,
+                            "group %lu is neither a multiple of 32 nor >= %lu columns",
+                            (unsigned long)c->group, (unsigned long)widest);
+    }
+    if ((uint64_t)c->n_layers * c->ple_dim > LLM_MAX_PLE_COLS)
+        return llm_fail(err, LLM_E_CONFIG, "n_layers*ple_dim = %llu exceeds %lu",
+                        (unsigned long long)c->n_layers * c->ple_dim,
+                        (unsigned long)LLM_MAX_PLE_COLS);
+    if (c->vocab_out > c->vocab_rows)
+        return llm_fail(err, LLM_E_CONFIG,
+                        "vocab_out %lu > vocab_rows %lu (every output id needs an "
+                        "embedding row)",
+                        (unsigned long)c->vocab_out, (unsigned long)c->vocab_rows);
+    if (c->eot_id >= c->vocab_out)
+        return llm_fail(err, LLM_E_CONFIG, "eot_id %lu is not below vocab_out %lu",
+                        (unsigned long)c->eot_id, (unsigned long)c->vocab_out);
+    uint32_t tbits;
+    memcpy(&tbits, &c->rope_theta, sizeof tbits);
+    if (!f32_bits_finite(tbits) || !(c->rope_theta > 0.0f))
+        return llm_fail(err, LLM_E_CONFIG, "rope_theta must be positive and finite");
+    return LLM_OK;
+}
+
+/* ---- per-section layout ------------------------------------------------ */
+
+typedef struct expect {
+    uint32_t kind;
+    uint32_t rows, cols, group; /* Q4 / ROWS */
+    uint64_t f32_count;  /* F32 */
+} expect;
+
+static expect section_expect(const llm_config *c, uint32_t i) {
+    expect e = {0, 0, 0, c->group, 0};
+    uint32_t D = c->dim, F = c->ffn, P = c->ple_dim, L = c->n_layers;
+    switch (i) {
+    case LLM_SEC_TOKENIZER: e.kind = LLM_IMAGE_KIND_TOKENIZER; return e;
+    case LLM_SEC_ROPE:
+        e.kind = LLM_IMAGE_KIND_F32;
+        e.f32_count = (uint64_t)c->seq_len * c->head_dim;
+        return e;
+    case LLM_SEC_EMBED: e.kind = LLM_IMAGE_KIND_Q4; e.rows = c->vocab_rows; e.cols = D; return e;
+    case LLM_SEC_PLE_ROWS:
+        e.kind = LLM_IMAGE_KIND_ROWS;
+        e.rows = c->vocab_rows;
+        e.cols = L * P;
+        return e;
+    case LLM_SEC_PLE_MODEL_PROJ: e.kind = LLM_IMAGE_KIND_Q4; e.rows = L * P; e.cols = D; return e;
+    case LLM_SEC_PLE_PROJ_NORM: e.kind = LLM_IMAGE_KIND_F32; e.f32_count = P; return e;
+    default: break;
+    }
+    if (i < LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L) {
+        e.kind = LLM_IMAGE_KIND_Q4;
+        switch ((i - LLM_SEC_LAYER0) % LLM_LSEC_COUNT) {
+        case LLM_LSEC_ATTN_NORM:
+        case LLM_LSEC_FFN_NORM:
+        case LLM_LSEC_PLE_NORM: e.kind = LLM_IMAGE_KIND_F32; e.f32_count = D; break;
+        case LLM_LSEC_QKV: e.rows = 3 * D; e.cols = D; break;
+        case LLM_LSEC_ATTN_PROJ: e.rows = D; e.cols = D; break;
+        case LLM_LSEC_GATE:
+        case LLM_LSEC_UP: e.rows = F; e.cols = D; break;
+        case LLM_LSEC_DOWN: e.rows = D; e.cols = F; break;
+        case LLM_LSEC_PLE_GATE: e.rows = P; e.cols = D; break;
+        case LLM_LSEC_PLE_PROJ: e.rows = D; e.cols = P; break;
+        default: break;
+        }
+        return e;
+    }
+    if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L) {
+        e.kind = LLM_IMAGE_KIND_F32;
+        e.f32_count = D;
+        return e;
+    }
+    e.kind = LLM_IMAGE_KIND_Q4;
+    e.rows = c->vocab_out;
+    e.cols = D;
+    return e;
+}
+
+static const char *kind_name(uint32_t kind) {
+    switch (kind) {
+    case LLM_IMAGE_KIND_F32: return "F32";
+    case LLM_IMAGE_KIND_Q4: return "Q4";
+    case LLM_IMAGE_KIND_ROWS: return "ROWS";
+    case LLM_IMAGE_KIND_TOKENIZER: return "TOKENIZER";
+    default: return "unknown";
+    }
+}
+
+static llm_status check_f32(const char *name, const uint8_t *p, uint32_t size, uint64_t count,
+                            llm_error *err) {
+    if ((uint64_t)size != count * 4u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, config needs %llu f32 = %llu",
+                        name, (unsigned long)size, (unsigned long long)count,
+                        (unsigned long long)(count * 4u));
+    for (uint64_t k = 0; k < count; k++)
+        if (!f32_bits_finite(rd32(p + 4 * k)))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': value %llu is NaN or Inf", name,
+                            (unsigned long long)k);
+    return LLM_OK;
+}
+
+static llm_status check_q4_header(const char *name, const uint8_t *p, uint32_t size,
+                                  const expect *x, llm_image_q4_header *h, llm_error *err) {
+    if (size < sizeof(llm_image_q4_header))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
+    q4_header(p, h);
+    if (h->rows != x->rows || h->cols != x->cols)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': shape [%lu, %lu], config needs [%lu, %lu]",
+                        name, (unsigned long)h->rows, (unsigned long)h->cols,
+                        (unsigned long)x->rows, (unsigned long)x->cols);
+    if (h->group != x->group)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': group %lu, the header says %lu", name,
+                        (unsigned long)h->group, (unsigned long)x->group);
+    return LLM_OK;
+}
+
+static llm_status check_q4(const char *name, const uint8_t *p, uint32_t size, const expect *x,
+                           llm_error *err) {
+    llm_image_q4_header h;
+    llm_status st = check_q4_header(name, p, size, x, &h, err);
+    if (st != LLM_OK) return st;
+    if (h.group < h.cols && h.group % LLM_IMAGE_BLOCK_COLS != 0)
+        return llm_fail(err, LLM_E_FORMAT,
+                        "section '%s': group %lu is neither >= cols %lu nor a multiple of 32",
+                        name, (unsigned long)h.group, (unsigned long)h.cols);
+    uint64_t cols_padded = ((uint64_t)h.cols + 31u) / 32u * 32u;
+    if (h.row_bytes != cols_padded / 2u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': row_bytes %lu, layout needs %llu", name,
+                        (unsigned long)h.row_bytes, (unsigned long long)(cols_padded / 2u));
+    uint64_t n_groups = ceil_div(h.cols, h.group);
+    uint64_t codes = (uint64_t)h.rows * h.row_bytes;
+    uint64_t want = sizeof(llm_image_q4_header) + codes + (uint64_t)h.rows * n_groups * 4u;
+    if ((uint64_t)size != want)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
+                        (unsigned long)size, (unsigned long long)want);
+    const uint8_t *sc = p + sizeof(llm_image_q4_header) + codes;
+    for (uint64_t k = 0; k < (uint64_t)h.rows * n_groups; k++)
+        if (!f32_bits_finite(rd32(sc + 4 * k)))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is NaN or Inf",
+                            name, (unsigned long long)(k / n_groups));
+    return LLM_OK;
+}
+
+static llm_status check_rows(const char *name, const uint8_t *p, uint32_t size, const expect *x,
+                             llm_error *err) {
+    llm_image_q4_header h;
+    llm_status st = check_q4_header(name, p, size, x, &h, err);
+    if (st != LLM_OK) return st;
+    uint64_t n_groups = ceil_div(h.cols, h.group);
+    uint64_t code_bytes = ((uint64_t)h.cols + 1u) / 2u;
+    uint64_t rb = (code_bytes + 2u * n_groups + 15u) / 16u * 16u;
+    if (h.row_bytes != rb)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': row_bytes %lu, layout needs %llu", name,
+                        (unsigned long)h.row_bytes, (unsigned long long)rb);
+    uint64_t want = sizeof(llm_image_q4_header) + (uint64_t)h.rows * rb;
+    if ((uint64_t)size != want)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
+                        (unsigned long)size, (unsigned long long)want);
+    const uint8_t *rec = p + sizeof(llm_image_q4_header);
+    for (uint64_t r = 0; r < h.rows; r++, rec += rb)
+        for (uint64_t g = 0; g < n_groups; g++)
+            if ((rd16(rec + code_bytes + 2 * g) & 0x7C00u) == 0x7C00u)
+                return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is NaN or Inf",
+                                name, (unsigned long long)r);
+    return LLM_OK;
+}
+
+static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t size,
+                                  const llm_config *c, llm_error *err) {
+    if (size < 16u + 512u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small", name,
+                        (unsigned long)size);
+    uint32_t n_vocab = rd32(p), n_merges = rd32(p + 4), n_special = rd32(p + 8);
+    if (n_vocab != c->vocab_out)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
+                        (unsigned long)n_vocab, (unsigned long)c->vocab_out);
+    if (rd32(p + 12) != 0)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': reserved field is not 0", name);
+    for (uint32_t b = 0; b < 256; b++) {
+        uint16_t id = rd16(p + 16 + 2 * b);
+        if (id != 0xFFFFu && id >= n_vocab)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': byte %lu maps to id %u >= n_vocab",
+                            name, (unsigned long)b, id);
+    }
+    uint64_t at = 16u + 512u;
+    if ((uint64_t)n_special * 2u > size - at)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': special ids run past the end", name);
+    for (uint32_t k = 0; k < n_special; k++)
+        if (rd16(p + at + 2 * k) >= n_vocab)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': special id %u >= n_vocab", name,
+                            rd16(p + at + 2 * k));
+    at += (uint64_t)n_special * 2u;
+    at = (at + 3u) / 4u * 4u;
+    if (at > size || n_vocab > size - at)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': token lengths run past the end", name);
+    uint64_t text = 0;
+    for (uint32_t k = 0; k < n_vocab; k++) text += p[at + k];
+    at += n_vocab;
+    if (text > size - at)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': token texts run past the end", name);
+    at += text;
+    at = (at + 1u) / 2u * 2u;
+    if (at > size || (uint64_t)n_merges * 6u != size - at)
+        return llm_fail(err, LLM_E_FORMAT,
+                        "section '%s': %lu merges need %llu bytes after the texts, %llu remain",
+                        name, (unsigned long)n_merges, (unsigned long long)n_merges * 6u,
+                        (unsigned long long)(at > size ? 0 : size - at));
+    for (uint64_t k = 0; k < (uint64_t)n_merges * 3u; k++)
+        if (rd16(p + at + 2 * k) >= n_vocab)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': merge %llu uses id %u >= n_vocab",
+                            name, (unsigned long long)(k / 3), rd16(p + at + 2 * k));
+    return LLM_OK;
+}
+
+static int all_zero(const uint8_t *p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* ---- the whole image --------------------------------------------------- */
+
+llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
+                           llm_error *err) {
+    memset(info, 0, sizeof *info);
+    if (data == NULL)
+        return llm_fail(err, LLM_E_ARG, "image pointer is NULL");
+    if (((uintptr_t)data & (LLM_IMAGE_ALIGN - 1)) != 0)
+        return llm_fail(err, LLM_E_ARG, "image must start 16-byte aligned");
+    {
+        /* The engine reads f32/u32 in place: only a little-endian host can. */
+        const uint16_t probe = 1;
+        uint8_t first;
+        memcpy(&first, &probe, 1);
+        if (first != 1)
+            return llm_fail(err, LLM_E_CONFIG, "big-endian hosts are not supported");
+    }
+    if (len < LLM_IMAGE_HEADER_BYTES)
+        return llm_fail(err, LLM_E_FORMAT, "image is %lu bytes, shorter than its %u-byte header",
+                        (unsigned long)len, (unsigned)LLM_IMAGE_HEADER_BYTES);
+    if (memcmp(data, LLM_IMAGE_MAGIC, 8) != 0)
+        return llm_fail(err, LLM_E_FORMAT, "bad magic: not an mpllm image (convert model.bin "
+                                           "with mpllm-convert first)");
+    uint32_t version = rd32(data + 8);
+    if (version != LLM_IMAGE_VERSION)
+        return llm_fail(err, LLM_E_VERSION, "image format version %lu, this engine reads %u",
+                        (unsigned long)version, (unsigned)LLM_IMAGE_VERSION);
+    uint32_t header_bytes = rd32(data + 12);
+    if (header_bytes != LLM_IMAGE_HEADER_BYTES)
+        return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, format version 1 has %u",
+                        (unsigned long)header_bytes, (unsigned)LLM_IMAGE_HEADER_BYTES);
+    uint32_t file_bytes = rd32(data + 16);
+    if ((uint64_t)file_bytes != (uint64_t)len)
+        return llm_fail(err, LLM_E_FORMAT,
+                        "image is %lu bytes but its header says %lu (truncated or padded)",
+                        (unsigned long)len, (unsigned long)file_bytes);
+    uint32_t n_sections = rd32(data + 20);
+    if (n_sections == 0 || n_sections > LLM_IMAGE_MAX_SECTIONS)
+        return llm_fail(err, LLM_E_FORMAT, "n_sections %lu is not in 1..%u",
+                        (unsigned long)n_sections, (unsigned)LLM_IMAGE_MAX_SECTIONS);
+    uint64_t table_end = LLM_IMAGE_HEADER_BYTES + (uint64_t)n_sections * LLM_IMAGE_SECTION_BYTES;
+    if (table_end > len)
+        return llm_fail(err, LLM_E_FORMAT, "section table (%lu entries) runs past the image end",
+                        (unsigned long)n_sections);
+    {
+        static const uint8_t zero4[4] = {0, 0, 0, 0};
+        uint32_t crc = llm_crc32(0, data, 24);
+        crc = llm_crc32(crc, zero4, 4);
+        crc = llm_crc32(crc, data + 28, (size_t)(table_end - 28));
+        uint32_t stored = rd32(data + 24);
+        if (crc != stored) {
+#if !defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+            return llm_fail(err, LLM_E_CHECKSUM,
+                            "header/section-table CRC-32 is 0x%08lx, header says 0x%08lx "
+                            "(image corrupted)",
+                            (unsigned long)crc, (unsigned long)stored);
+#endif
+        }
+    }
+    uint32_t flags = rd32(data + 28);
+    if (flags & ~(uint32_t)LLM_IMAGE_FLAGS_KNOWN)
+        return llm_fail(err, LLM_E_FORMAT, "unknown flag bits 0x%lx (image from a newer converter?)",
+                        (unsigned long)(flags & ~(uint32_t)LLM_IMAGE_FLAGS_KNOWN));
+    if (!all_zero(data + 112, LLM_IMAGE_HEADER_BYTES - 112))
+        return llm_fail(err, LLM_E_FORMAT, "header reserved bytes are not zero");
+
+    llm_config *c = &info->config;
+    c->flags = flags;
+    c->vocab_rows = rd32(data + 32);
+    c->vocab_out = rd32(data + 36);
+    uint32_t vocab_in_source = rd32(data + 40);
+    c->dim = rd32(data + 44);
+    c->n_layers = rd32(data + 48);
+    c->n_heads = rd32(data + 52);
+    c->ffn = rd32(data + 56);
+    c->ple_dim = rd32(data + 60);
+    c->seq_len = rd32(data + 64);
+    c->group = rd32(data + 68);
+    memcpy(&c->rope_theta, data + 72, sizeof(float));
+    c->eot_id = rd32(data + 76);
+    c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    llm_status st = check_config(c, err);
+    if (st != LLM_OK) return st;
+    if (c->vocab_rows > vocab_in_source)
+        return llm_fail(err, LLM_E_CONFIG, "vocab_rows %lu exceeds vocab_in_source %lu",
+                        (unsigned long)c->vocab_rows, (unsigned long)vocab_in_source);
+
+    int tied = (flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    uint32_t want_sections = llm_image_section_count(c->n_layers, tied);
+    if (n_sections != want_sections)
+        return llm_fail(err, LLM_E_FORMAT, "%lu sections, a %lu-layer %s-head model has %lu",
+                        (unsigned long)n_sections, (unsigned long)c->n_layers,
+                        tied ? "tied" : "untied", (unsigned long)want_sections);
+
+    info->data = data;
+    info->len = len;
+    info->n_sections = n_sections;
+    uint64_t prev_end = table_end;
+    for (uint32_t i = 0; i < n_sections; i++) {
+        llm_image_section s;
+        char want[LLM_IMAGE_NAME_BYTES];
+        char shown[LLM_IMAGE_NAME_BYTES + 1];
+        llm_image_section_get(info, i, &s);
+        llm_image_section_name(i, c->n_layers, want);
+        if (memcmp(s.name, want, LLM_IMAGE_NAME_BYTES) != 0) {
+            for (uint32_t k = 0; k < LLM_IMAGE_NAME_BYTES; k++) {
+                char ch = s.name[k];
+                shown[k] = (ch >= 0x20 && ch < 0x7F) || ch == 0 ? ch : '?';
+            }
+            shown[LLM_IMAGE_NAME_BYTES] = 0;
+            return llm_fail(err, LLM_E_FORMAT, "section %lu is named '%s', expected '%s'",
+                            (unsigned long)i, shown, want);
+        }
+        expect x = section_expect(c, i);
+        if (s.kind != x.kind)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s' has kind %lu (%s), expected %s", want,
+                            (unsigned long)s.kind, kind_name(s.kind), kind_name(x.kind));
+        if (s.offset % LLM_IMAGE_ALIGN != 0)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s' offset %lu is not 16-byte aligned",
+                            want, (unsigned long)s.offset);
+        /* canonical layout: each section at the first aligned offset after the
+         * previous one, so overlaps and gaps are both errors */
+        uint64_t want_offset = (prev_end + LLM_IMAGE_ALIGN - 1) / LLM_IMAGE_ALIGN * LLM_IMAGE_ALIGN;
+        if ((uint64_t)s.offset != want_offset)
+            return llm_fail(err, LLM_E_FORMAT,
+                            "section '%s' at offset %lu, expected %llu (overlap or gap)", want,
+                            (unsigned long)s.offset, (unsigned long long)want_offset);
+        if ((uint64_t)s.offset + s.size > len)
+            return llm_fail(err, LLM_E_FORMAT,
+                            "section '%s' [%lu, +%lu) runs past the image end %lu", want,
+                            (unsigned long)s.offset, (unsigned long)s.size, (unsigned long)len);
+        if (!all_zero(data + prev_end, s.offset - prev_end))
+            return llm_fail(err, LLM_E_FORMAT, "padding before section '%s' is not zero", want);
+        const uint8_t *p = data + s.offset;
+        uint32_t crc = llm_crc32(0, p, s.size);
+        if (crc != s.crc32) {
+#if !defined(FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+            return llm_fail(err, LLM_E_CHECKSUM,
+                            "section '%s' CRC-32 is 0x%08lx, table says 0x%08lx (image corrupted)",
+                            want, (unsigned long)crc, (unsigned long)s.crc32);
+#endif
+        }
+        switch (x.kind) {
+        case LLM_IMAGE_KIND_F32: st = check_f32(want, p, s.size, x.f32_count, err); break;
+        case LLM_IMAGE_KIND_Q4: st = check_q4(want, p, s.size, &x, err); break;
+        case LLM_IMAGE_KIND_ROWS: st = check_rows(want, p, s.size, &x, err); break;
+        default: st = check_tokenizer(want, p, s.size, c, err); break;
+        }
+        if (st != LLM_OK) {
+            info->data = NULL;
+            return st;
+        }
+        prev_end = (uint64_t)s.offset + s.size;
+    }
+    if (prev_end != len) {
+        info->data = NULL;
+        return llm_fail(err, LLM_E_FORMAT, "%llu bytes after the last section",
+                        (unsigned long long)(len - prev_end));
+    }
+    return LLM_OK;
+}

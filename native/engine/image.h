@@ -1,0 +1,88 @@
+/*
+ * Image loader: validates an mpllm image (image_format.h) and hands out views
+ * of its sections. Validation reads only inside [data, data+len) and uses
+ * 64-bit arithmetic for every offset and size, so any byte string is safe to
+ * pass (the fuzzer in tests/c/fuzz_image.c holds it to that).
+ *
+ * After llm_image_check() returns LLM_OK every accessor below is valid for the
+ * returned llm_image_info: section i sits at its fixed index in the order
+ * image_format.h lists, with the size its kind and the config demand.
+ */
+#ifndef LLM_IMAGE_H
+#define LLM_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "image_format.h"
+#include "kernels.h"
+#include "llm.h"
+
+/* Fixed section indices; a layer's sections start at LLM_SEC_LAYER0 + 10*l. */
+enum {
+    LLM_SEC_TOKENIZER = 0,
+    LLM_SEC_ROPE = 1,
+    LLM_SEC_EMBED = 2,
+    LLM_SEC_PLE_ROWS = 3,
+    LLM_SEC_PLE_MODEL_PROJ = 4,
+    LLM_SEC_PLE_PROJ_NORM = 5,
+    LLM_SEC_LAYER0 = 6,
+};
+enum {
+    LLM_LSEC_ATTN_NORM = 0,
+    LLM_LSEC_QKV,
+    LLM_LSEC_ATTN_PROJ,
+    LLM_LSEC_FFN_NORM,
+    LLM_LSEC_GATE,
+    LLM_LSEC_UP,
+    LLM_LSEC_DOWN,
+    LLM_LSEC_PLE_GATE,
+    LLM_LSEC_PLE_PROJ,
+    LLM_LSEC_PLE_NORM,
+    LLM_LSEC_COUNT,
+};
+
+/* Upper bounds on a config. They keep every derived size far from overflow
+ * and the int32 dot products of kernels.h exact (8*127*cols < 2^31). */
+#define LLM_MAX_DIM 8192u
+#define LLM_MAX_FFN 32768u
+#define LLM_MAX_PLE_COLS 65536u   /* n_layers * ple_dim */
+#define LLM_MAX_SEQ_LEN 65536u
+#define LLM_MAX_VOCAB (1u << 24)
+#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 2u) / LLM_LSEC_COUNT)
+
+typedef struct llm_image_info {
+    const uint8_t *data;
+    size_t len;
+    llm_config config;
+    uint32_t n_sections;
+} llm_image_info;
+
+/* A KIND_ROWS section: rows records of row_bytes; codes then fp16 scales. */
+typedef struct llm_rows {
+    const uint8_t *records;
+    uint32_t rows, cols, group, n_groups, row_bytes;
+} llm_rows;
+
+/* Validate everything: header, section table, every section's checksum,
+ * layout and finiteness, and the config. `data` must be 16-byte aligned. */
+llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
+                           llm_error *err);
+
+/* The n_sections the config demands, and the expected name of section i. */
+uint32_t llm_image_section_count(uint32_t n_layers, int tied_head);
+void llm_image_section_name(uint32_t i, uint32_t n_layers, char name[LLM_IMAGE_NAME_BYTES]);
+
+/* Views into a checked image. */
+void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_section *out);
+const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size);
+void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out);
+void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out);
+
+/* CRC-32 (IEEE, as zlib.crc32): crc = llm_crc32(crc, p, n), start with 0. */
+uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n);
+
+/* IEEE half -> float, exact (subnormals included). */
+float llm_half_to_float(uint16_t h);
+
+#endif

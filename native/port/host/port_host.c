@@ -1,0 +1,146 @@
+/* Host port: see port_host.h. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "port_host.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Each block carries a 16-byte prefix with its size and region, so free can
+ * keep the books without a lookup table. */
+typedef struct block_prefix {
+    uint64_t bytes;
+    uint32_t region;
+    uint32_t magic;
+} block_prefix;
+_Static_assert(sizeof(block_prefix) == 16, "prefix keeps 16-byte alignment");
+#define BLOCK_MAGIC 0x4C4C4D48u
+
+static int fits(const llm_host_port *hp, llm_region r, uint64_t bytes) {
+    return hp->capacity[r] == 0 || hp->in_use[r] + bytes <= hp->capacity[r];
+}
+
+static void *host_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
+    llm_host_port *hp = ctx;
+    if ((unsigned)wanted >= LLM_REGION_COUNT || wanted == LLM_REGION_FLASH) return NULL;
+    hp->asked[wanted] += bytes;
+    llm_region r = wanted;
+    if (!fits(hp, r, bytes)) {
+        if (r == LLM_REGION_FAST && fits(hp, LLM_REGION_BULK, bytes))
+            r = LLM_REGION_BULK;
+        else
+            return NULL;
+    }
+    size_t rounded = (bytes + 15u) & ~(size_t)15u;
+    if (rounded < bytes || rounded > SIZE_MAX - sizeof(block_prefix)) return NULL;
+    void *raw = NULL;
+    if (posix_memalign(&raw, 16, sizeof(block_prefix) + (rounded ? rounded : 16u)) != 0)
+        return NULL;
+    block_prefix *pre = raw;
+    pre->bytes = bytes;
+    pre->region = (uint32_t)r;
+    pre->magic = BLOCK_MAGIC;
+    hp->in_use[r] += bytes;
+    if (hp->in_use[r] > hp->peak[r]) hp->peak[r] = hp->in_use[r];
+    hp->live_blocks++;
+    if (placed) *placed = r;
+    return pre + 1;
+}
+
+static void host_free(void *ctx, void *ptr) {
+    llm_host_port *hp = ctx;
+    if (ptr == NULL) return;
+    block_prefix *pre = (block_prefix *)ptr - 1;
+    if (pre->magic != BLOCK_MAGIC) return; /* not ours: leaking beats corrupting */
+    pre->magic = 0;
+    hp->in_use[pre->region] -= pre->bytes;
+    hp->live_blocks--;
+    free(pre);
+}
+
+static uint64_t host_now_us(void *ctx) {
+    (void)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void llm_port_host_init(llm_host_port *hp) {
+    memset(hp, 0, sizeof *hp);
+    hp->port.ctx = hp;
+    hp->port.alloc = host_alloc;
+    hp->port.free = host_free;
+    hp->port.now_us = host_now_us;
+}
+
+static llm_status map_fail(llm_error *err, int *sys_errno, int e, const char *path,
+                           const char *what) {
+    if (sys_errno) *sys_errno = e;
+    if (err) {
+        err->status = LLM_E_ARG;
+        snprintf(err->message, sizeof err->message, "cannot %s '%s': %s", what, path,
+                 e ? strerror(e) : "unknown error");
+    }
+    return LLM_E_ARG;
+}
+
+llm_status llm_host_map_file(const char *path, llm_host_map *map, int *sys_errno,
+                             llm_error *err) {
+    map->data = NULL;
+    map->len = 0;
+    if (sys_errno) *sys_errno = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return map_fail(err, sys_errno, errno, path, "open model image");
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return map_fail(err, sys_errno, e, path, "stat model image");
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return map_fail(err, sys_errno, EISDIR, path, "map model image");
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        if (err) {
+            err->status = LLM_E_ARG;
+            snprintf(err->message, sizeof err->message,
+                     "cannot map model image '%s': not a regular file", path);
+        }
+        return LLM_E_ARG;
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        if (err) {
+            err->status = LLM_E_ARG;
+            snprintf(err->message, sizeof err->message,
+                     "model image '%s' is empty (0 bytes)", path);
+        }
+        return LLM_E_ARG;
+    }
+    if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return map_fail(err, sys_errno, EFBIG, path, "map model image");
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd); /* the mapping stays valid */
+    if (p == MAP_FAILED) return map_fail(err, sys_errno, e, path, "map model image");
+    map->data = p;
+    map->len = (size_t)st.st_size;
+    return LLM_OK;
+}
+
+void llm_host_unmap(llm_host_map *map) {
+    if (map->data != NULL) munmap((void *)(uintptr_t)map->data, map->len);
+    map->data = NULL;
+    map->len = 0;
+}

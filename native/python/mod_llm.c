@@ -1,0 +1,558 @@
+/*
+ * CPython `_llm`: the engine (llm.h) behind the Python API documented once in
+ * firmware/modules/_llm.pyi, the same API the MicroPython `_llm` exposes.
+ *
+ * Thin glue: argument checking (TypeError/ValueError), one helper that turns
+ * an llm_status into `_llm.Error`, and the GIL released around compute.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <float.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "llm.h"
+#include "llm_names.h"
+#include "port_host.h"
+
+typedef struct {
+    PyObject *error; /* _llm.Error */
+} module_state;
+
+typedef struct {
+    PyObject_HEAD
+    llm_engine *engine;
+    llm_host_port port;  /* lives as long as the object: the engine points at it */
+    llm_host_map map;    /* set when opened from a path */
+    Py_buffer view;      /* set when opened from a bytes-like object */
+    int have_view;
+    void *copy;          /* aligned copy when the buffer was not 16-byte aligned */
+    int busy;            /* a call is running with the GIL released */
+    PyObject *error;     /* borrowed from the module state, kept alive by a ref */
+} ModelObject;
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* The one place an engine status becomes a Python exception. */
+static PyObject *raise_llm(PyObject *error_class, const llm_error *err) {
+    PyErr_Format(error_class, "%s: %s", llm_status_name(err->status), err->message);
+    return NULL;
+}
+
+static PyObject *raise_state(PyObject *error_class, const char *message) {
+    llm_error err;
+    err.status = LLM_E_STATE;
+    snprintf(err.message, sizeof err.message, "%s", message);
+    return raise_llm(error_class, &err);
+}
+
+/* Shared entry check: open and not in use by another thread. */
+static int ready(ModelObject *self) {
+    if (self->engine == NULL) {
+        raise_state(self->error, "the model is closed");
+        return 0;
+    }
+    if (self->busy) {
+        raise_state(self->error, "the model is in use by another thread");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+static void release(ModelObject *self) {
+    if (self->engine != NULL) {
+        llm_close(self->engine);
+        self->engine = NULL;
+    }
+    if (self->map.data != NULL) llm_host_unmap(&self->map);
+    if (self->have_view) {
+        PyBuffer_Release(&self->view);
+        self->have_view = 0;
+    }
+    if (self->copy != NULL) {
+        PyMem_RawFree(self->copy);
+        self->copy = NULL;
+    }
+}
+
+static void Model_dealloc(ModelObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    release(self);
+    Py_CLEAR(self->error);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args;
+    (void)kwds;
+    ModelObject *self = (ModelObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->engine = NULL;
+    self->map.data = NULL;
+    self->map.len = 0;
+    self->have_view = 0;
+    self->copy = NULL;
+    self->busy = 0;
+    self->error = NULL;
+    llm_port_host_init(&self->port);
+    return (PyObject *)self;
+}
+
+static PyObject *find_error_class(PyTypeObject *type);
+
+static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"image", NULL};
+    PyObject *image;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Model", kwlist, &image)) return -1;
+    if (self->error == NULL) {
+        self->error = find_error_class(Py_TYPE(self));
+        if (self->error == NULL) return -1;
+    }
+    if (self->engine != NULL || self->busy) {
+        PyErr_SetString(PyExc_TypeError, "Model.__init__ called twice");
+        return -1;
+    }
+    const uint8_t *data;
+    size_t len;
+    if (PyUnicode_Check(image) || PyObject_HasAttrString(image, "__fspath__")) {
+        PyObject *path = NULL;
+        if (!PyUnicode_FSConverter(image, &path)) return -1;
+        llm_error err;
+        int sys_errno = 0;
+        llm_status st;
+        const char *cpath = PyBytes_AS_STRING(path);
+        Py_BEGIN_ALLOW_THREADS
+        st = llm_host_map_file(cpath, &self->map, &sys_errno, &err);
+        Py_END_ALLOW_THREADS
+        if (st != LLM_OK) {
+            if (sys_errno != 0) {
+                errno = sys_errno;
+                PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, image);
+            } else {
+                raise_llm(self->error, &err);
+            }
+            Py_DECREF(path);
+            return -1;
+        }
+        Py_DECREF(path);
+        data = self->map.data;
+        len = self->map.len;
+    } else if (PyObject_CheckBuffer(image)) {
+        if (PyObject_GetBuffer(image, &self->view, PyBUF_SIMPLE) != 0) return -1;
+        self->have_view = 1;
+        data = self->view.buf;
+        len = (size_t)self->view.len;
+        if (((uintptr_t)data & 15u) != 0) {
+            /* the engine reads weights in place and its kernels need 16-byte
+             * alignment: keep an aligned copy instead of the caller's buffer */
+            uint8_t *raw = PyMem_RawMalloc(len + 16u);
+            if (raw == NULL) {
+                release(self);
+                PyErr_NoMemory();
+                return -1;
+            }
+            self->copy = raw;
+            uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + 15u) & ~(uintptr_t)15u);
+            memcpy(aligned, data, len);
+            data = aligned;
+            PyBuffer_Release(&self->view);
+            self->have_view = 0;
+        }
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "Model() takes a path (str or os.PathLike) or a bytes-like image, not %.100s",
+                     Py_TYPE(image)->tp_name);
+        return -1;
+    }
+    llm_error err;
+    llm_status st;
+    llm_engine *engine = NULL;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    st = llm_open(&engine, data, len, &self->port.port, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (st != LLM_OK) {
+        release(self);
+        raise_llm(self->error, &err);
+        return -1;
+    }
+    self->engine = engine;
+    return 0;
+}
+
+/* ---- methods ----------------------------------------------------------- */
+
+static PyObject *Model_close(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->busy) return raise_state(self->error, "the model is in use by another thread");
+    release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Model_enter(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Model_exit(ModelObject *self, PyObject *args) {
+    (void)args;
+    return Model_close(self, NULL);
+}
+
+static PyObject *Model_reset(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    llm_reset(self->engine);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Model_pos(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    return PyLong_FromUnsignedLong(llm_pos(self->engine));
+}
+
+static int set_item(PyObject *dict, const char *key, PyObject *value) {
+    if (value == NULL) return -1;
+    int r = PyDict_SetItemString(dict, key, value);
+    Py_DECREF(value);
+    return r;
+}
+
+static PyObject *Model_config(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    const llm_config *c = llm_get_config(self->engine);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    struct {
+        const char *key;
+        uint32_t value;
+    } ints[] = {
+        {"vocab_rows", c->vocab_rows}, {"vocab_out", c->vocab_out}, {"dim", c->dim},
+        {"n_layers", c->n_layers},     {"n_heads", c->n_heads},     {"head_dim", c->head_dim},
+        {"ffn", c->ffn},               {"ple_dim", c->ple_dim},     {"seq_len", c->seq_len},
+        {"group", c->group},           {"eot_id", c->eot_id},       {"flags", c->flags},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (set_item(d, ints[i].key, PyLong_FromUnsignedLong(ints[i].value)) != 0) goto fail;
+    if (set_item(d, "rope_theta", PyFloat_FromDouble(c->rope_theta)) != 0) goto fail;
+    if (set_item(d, "tied_head", PyBool_FromLong(c->flags & 1u)) != 0) goto fail;
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *Model_sampler(ModelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"temperature", "top_k", "seed", NULL};
+    double temperature = 0.0;
+    Py_ssize_t top_k = 0;
+    PyObject *seed_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dnO:sampler", kwlist, &temperature, &top_k,
+                                     &seed_obj))
+        return NULL;
+    if (!ready(self)) return NULL;
+    if (!(temperature >= 0.0) || temperature > FLT_MAX) {
+        PyErr_Format(PyExc_ValueError, "temperature must be finite and >= 0, got %R",
+                     PyTuple_Size(args) > 0 ? PyTuple_GetItem(args, 0) : Py_None);
+        return NULL;
+    }
+    if (top_k < 0 || (uint64_t)top_k > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "top_k must be in 0..2**32-1 (0: all ids), got %zd",
+                     top_k);
+        return NULL;
+    }
+    unsigned long long seed = 0;
+    if (seed_obj != NULL) {
+        if (!PyLong_Check(seed_obj)) {
+            PyErr_Format(PyExc_TypeError, "seed must be an int, not %.100s",
+                         Py_TYPE(seed_obj)->tp_name);
+            return NULL;
+        }
+        seed = PyLong_AsUnsignedLongLong(seed_obj);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "seed must be in 0..2**64-1");
+            return NULL;
+        }
+    }
+    llm_sampler_options opt;
+    opt.temperature = (float)temperature;
+    opt.top_k = (uint32_t)top_k;
+    opt.seed = (uint64_t)seed;
+    llm_error err;
+    if (llm_set_sampler(self->engine, &opt, &err) != LLM_OK) return raise_llm(self->error, &err);
+    Py_RETURN_NONE;
+}
+
+/* A token argument: an int in the embedding's range, else TypeError/ValueError. */
+static int token_arg(ModelObject *self, PyObject *obj, int32_t *out) {
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be int, not %.100s", Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred()) return 0;
+    uint32_t rows = llm_get_config(self->engine)->vocab_rows;
+    if (overflow || v < 0 || v >= (long long)rows) {
+        PyErr_Format(PyExc_ValueError, "token id %R out of range 0..%lu", obj,
+                     (unsigned long)rows - 1u);
+        return 0;
+    }
+    *out = (int32_t)v;
+    return 1;
+}
+
+static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
+    PyObject *tokens;
+    if (!PyArg_ParseTuple(args, "O:prefill", &tokens)) return NULL;
+    if (!ready(self)) return NULL;
+    PyObject *seq = PySequence_Fast(tokens, "prefill() takes a sequence of token ids");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "prefill() needs at least one token");
+        return NULL;
+    }
+    if ((size_t)n > UINT32_MAX) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "prefill(): too many tokens");
+        return NULL;
+    }
+    int32_t *ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
+    if (ids == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!token_arg(self, items[i], &ids[i])) {
+            PyMem_Free(ids);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    llm_error err;
+    llm_status st;
+    int32_t next = 0;
+    llm_engine *engine = self->engine;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    st = llm_prefill(engine, ids, (uint32_t)n, &next, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyMem_Free(ids);
+    if (st != LLM_OK) return raise_llm(self->error, &err);
+    return PyLong_FromLong(next);
+}
+
+static PyObject *Model_step(ModelObject *self, PyObject *args) {
+    PyObject *tok;
+    if (!PyArg_ParseTuple(args, "O:step", &tok)) return NULL;
+    if (!ready(self)) return NULL;
+    int32_t id;
+    if (!token_arg(self, tok, &id)) return NULL;
+    llm_error err;
+    llm_status st;
+    int32_t next = 0;
+    llm_engine *engine = self->engine;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    st = llm_step(engine, id, &next, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (st != LLM_OK) return raise_llm(self->error, &err);
+    return PyLong_FromLong(next);
+}
+
+static PyObject *Model_logits(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    const float *l = llm_logits(self->engine);
+    if (l == NULL) return raise_state(self->error, "no logits yet: call prefill() or step() first");
+    /* both supported hosts are little-endian, as the engine checks at open */
+    return PyBytes_FromStringAndSize((const char *)l,
+                                     (Py_ssize_t)llm_get_config(self->engine)->vocab_out * 4);
+}
+
+static PyObject *Model_tokenizer(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    size_t len = 0;
+    const uint8_t *p = llm_tokenizer(self->engine, &len);
+    return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)len);
+}
+
+static PyObject *Model_stats(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    llm_stats s;
+    llm_get_stats(self->engine, &s);
+    PyObject *d = PyDict_New(), *ms = NULL, *bytes = NULL;
+    if (d == NULL) return NULL;
+    if (set_item(d, "tokens", PyLong_FromUnsignedLong(s.tokens)) != 0) goto fail;
+    if (set_item(d, "prefill_tokens", PyLong_FromUnsignedLong(s.prefill_tokens)) != 0) goto fail;
+    if (set_item(d, "heads", PyLong_FromUnsignedLong(s.heads)) != 0) goto fail;
+    if (set_item(d, "ttft_ms", PyFloat_FromDouble((double)s.prefill_us / 1000.0)) != 0) goto fail;
+    ms = PyDict_New();
+    if (ms == NULL) goto fail;
+    uint64_t total = 0;
+    for (int i = 0; i < LLM_STAGE_COUNT; i++) {
+        total += s.stage_us[i];
+        if (set_item(ms, llm_stage_name((llm_stage)i),
+                     PyFloat_FromDouble((double)s.stage_us[i] / 1000.0)) != 0)
+            goto fail;
+    }
+    if (PyDict_SetItemString(d, "stage_ms", ms) != 0) goto fail;
+    if (set_item(d, "total_ms", PyFloat_FromDouble((double)total / 1000.0)) != 0) goto fail;
+    bytes = PyDict_New();
+    if (bytes == NULL) goto fail;
+    for (int r = 0; r < LLM_REGION_COUNT; r++)
+        if (set_item(bytes, llm_region_name((llm_region)r),
+                     PyLong_FromUnsignedLongLong(s.bytes[r])) != 0)
+            goto fail;
+    if (PyDict_SetItemString(d, "bytes", bytes) != 0) goto fail;
+    Py_DECREF(ms);
+    Py_DECREF(bytes);
+    return d;
+fail:
+    Py_XDECREF(ms);
+    Py_XDECREF(bytes);
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *Model_memory(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    uint32_t n = llm_placement_count(self->engine);
+    PyObject *list = PyList_New(n);
+    if (list == NULL) return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        const llm_placement *p = llm_placement_at(self->engine, i);
+        PyObject *t = Py_BuildValue("(ssk)", p->name, llm_region_name(p->region),
+                                    (unsigned long)p->bytes);
+        if (t == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
+static PyMethodDef Model_methods[] = {
+    {"config", (PyCFunction)Model_config, METH_NOARGS, "Model dimensions as a dict."},
+    {"reset", (PyCFunction)Model_reset, METH_NOARGS, "Back to position 0 (stats cleared)."},
+    {"sampler", (PyCFunction)(void (*)(void))Model_sampler, METH_VARARGS | METH_KEYWORDS,
+     "sampler(temperature=0.0, top_k=0, seed=0): choose how next tokens are picked."},
+    {"prefill", (PyCFunction)Model_prefill, METH_VARARGS,
+     "prefill(tokens) -> next token: run the prompt, head on the last token only."},
+    {"step", (PyCFunction)Model_step, METH_VARARGS, "step(token) -> next token."},
+    {"logits", (PyCFunction)Model_logits, METH_NOARGS,
+     "float32 little-endian logits of the last head evaluation, as bytes."},
+    {"tokenizer", (PyCFunction)Model_tokenizer, METH_NOARGS, "The image's tokenizer section."},
+    {"pos", (PyCFunction)Model_pos, METH_NOARGS, "Current position (tokens in the context)."},
+    {"stats", (PyCFunction)Model_stats, METH_NOARGS,
+     "Timing per stage (ms), token counts, TTFT and bytes read per region since reset."},
+    {"memory", (PyCFunction)Model_memory, METH_NOARGS,
+     "[(name, region, bytes)]: where each section and buffer was placed."},
+    {"close", (PyCFunction)Model_close, METH_NOARGS, "Release the model (idempotent)."},
+    {"__enter__", (PyCFunction)Model_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Model_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Model_slots[] = {
+    {Py_tp_new, Model_new},
+    {Py_tp_init, Model_init},
+    {Py_tp_dealloc, Model_dealloc},
+    {Py_tp_methods, Model_methods},
+    {Py_tp_doc, "Model(image): an mpllm model image, from a path (memory-mapped) or a "
+                "bytes-like object (kept alive until close)."},
+    {0, NULL},
+};
+
+static PyType_Spec Model_spec = {
+    .name = "_llm.Model",
+    .basicsize = sizeof(ModelObject),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Model_slots,
+};
+
+/* ---- module ------------------------------------------------------------ */
+
+static PyObject *mod_build_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return PyUnicode_FromString(llm_build_info());
+}
+
+static PyMethodDef module_methods[] = {
+    {"build_info", mod_build_info, METH_NOARGS,
+     "Version, kernels (ref / pie / pie-emu), numerics mode and placement plan."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def;
+
+static PyObject *find_error_class(PyTypeObject *type) {
+    /* Model is not subclassable, so its type is the one made from module_def */
+    PyObject *module = PyType_GetModule(type);
+    if (module == NULL) return NULL;
+    module_state *st = PyModule_GetState(module);
+    Py_INCREF(st->error);
+    return st->error;
+}
+
+static int module_exec(PyObject *module) {
+    module_state *st = PyModule_GetState(module);
+    st->error = PyErr_NewExceptionWithDoc(
+        "_llm.Error",
+        "An engine failure (bad image, checksum, context full, ...). The message starts "
+        "with the status name, then says what was wrong.",
+        PyExc_RuntimeError, NULL);
+    if (st->error == NULL) return -1;
+    if (PyModule_AddObjectRef(module, "Error", st->error) != 0) return -1;
+    PyObject *type = PyType_FromModuleAndSpec(module, &Model_spec, NULL);
+    if (type == NULL) return -1;
+    if (PyModule_AddObject(module, "Model", type) != 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    if (PyModule_AddStringConstant(module, "__version__", LLM_VERSION) != 0) return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg) {
+    module_state *st = PyModule_GetState(module);
+    Py_VISIT(st->error);
+    return 0;
+}
+
+static int module_clear(PyObject *module) {
+    module_state *st = PyModule_GetState(module);
+    Py_CLEAR(st->error);
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_llm",
+    .m_doc = "mpllm engine: a TinyStories model image run by the C engine.",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+};
+
+PyMODINIT_FUNC PyInit__llm(void) { return PyModuleDef_Init(&module_def); }

@@ -1,0 +1,57 @@
+"""Builds the CPython `_llm` extension; everything else is in pyproject.toml.
+
+    pip install -e .                      scalar reference kernels (default)
+    MPLLM_KERNELS=pie-emu pip install -e .  PIE kernels run through pie.h's
+                                          exact host model (slow; for testing)
+
+The engine sources are listed here explicitly (not globbed) so that a build
+never picks up a half-written file; native/micropython/micropython.cmake keeps
+the same list for the board.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+ROOT = Path(__file__).resolve().parent
+ENGINE = Path("native/engine")
+PORT_HOST = Path("native/port/host")
+
+ENGINE_SOURCES = ["engine.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c"]
+PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
+
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]
+
+
+def _kernels() -> tuple[list[str], list[tuple[str, str | None]]]:
+    choice = os.environ.get("MPLLM_KERNELS", "ref").strip() or "ref"
+    if choice == "ref":
+        return [], []
+    if choice == "pie-emu":
+        missing = [s for s in PIE_SOURCES if not (ROOT / ENGINE / s).is_file()]
+        if missing:
+            raise SystemExit(f"MPLLM_KERNELS=pie-emu needs {', '.join(missing)} in "
+                             f"{ENGINE}, which this checkout does not have")
+        return [str(ENGINE / s) for s in PIE_SOURCES], [("LLM_KERNELS_PIE", None)]
+    raise SystemExit(f"MPLLM_KERNELS={choice!r}: expected 'ref' or 'pie-emu'")
+
+
+pie_sources, pie_defines = _kernels()
+
+setup(
+    ext_modules=[
+        Extension(
+            "_llm",
+            sources=[str(ENGINE / s) for s in ENGINE_SOURCES]
+            + pie_sources
+            + [str(PORT_HOST / "port_host.c"), "native/python/mod_llm.c"],
+            include_dirs=[str(ENGINE), str(PORT_HOST)],
+            define_macros=[("LLM_PORT_NAME", '"host"'), *pie_defines],
+            depends=[str(p.relative_to(ROOT)) for p in sorted((ROOT / ENGINE).glob("*.h"))],
+            extra_compile_args=FLAGS,
+        )
+    ],
+)

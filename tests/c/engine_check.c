@@ -1,0 +1,285 @@
+#define _POSIX_C_SOURCE 200809L
+/*
+ * Loader and engine robustness, built by tests/test_engine_errors.py with
+ * ASan + UBSan (and LeakSanitizer where the platform has it).
+ *
+ *   engine_check IMAGE
+ *
+ * 1. the intact image opens and runs (prefill + steps + reset + rerun gives the
+ *    same bytes);
+ * 2. every placement the port can force (FAST exhausted, BULK exhausted, no
+ *    memory at all) either opens and computes the SAME logits bytes or fails
+ *    with LLM_E_NOMEM, leaking nothing;
+ * 3. one bit flipped in every header/table byte and in a stride over the
+ *    rest, and truncation at a sweep of lengths: every one must fail with a
+ *    status and a message, never crash.
+ * Prints one line per failed expectation and exits non-zero if any.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image.h"
+#include "llm.h"
+#include "port_host.h"
+#include "sampler.h"
+
+static int failures;
+
+#define EXPECT(cond, ...)                  \
+    do {                                   \
+        if (!(cond)) {                     \
+            failures++;                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);           \
+            printf("\n");                  \
+        }                                  \
+    } while (0)
+
+static uint8_t *aligned_copy(const uint8_t *src, size_t len) {
+    uint8_t *p = NULL;
+    if (posix_memalign((void **)&p, 16, len ? len : 16) != 0) return NULL;
+    memcpy(p, src, len);
+    return p;
+}
+
+/* Run a fixed token script; write logits of every head into out (n_heads x vocab_out). */
+static llm_status run_script(llm_engine *e, float *out, uint32_t *n_out, llm_error *err) {
+    const llm_config *c = llm_get_config(e);
+    int32_t prompt[5];
+    for (int i = 0; i < 5; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % c->vocab_out);
+    int32_t next;
+    uint32_t n = c->seq_len < 5 ? c->seq_len : 5;
+    llm_status st = llm_prefill(e, prompt, n, &next, err);
+    if (st != LLM_OK) return st;
+    *n_out = 0;
+    memcpy(out, llm_logits(e), c->vocab_out * sizeof(float));
+    (*n_out)++;
+    for (uint32_t k = 0; k < 6 && llm_pos(e) < c->seq_len; k++) {
+        st = llm_step(e, next, &next, err);
+        if (st != LLM_OK) return st;
+        memcpy(out + (size_t)*n_out * c->vocab_out, llm_logits(e), c->vocab_out * sizeof(float));
+        (*n_out)++;
+    }
+    return LLM_OK;
+}
+
+/* A port that splits every matvec into uneven row ranges and runs them last
+ * range first, the way a second core could finish in any order. */
+static uint32_t split_calls;
+static void split_rows(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows) {
+    (void)ctx;
+    uint32_t cut[4] = {0, rows / 3u, rows / 3u + (rows > 7u ? 7u : 0u), rows};
+    for (int k = 2; k >= 0; k--)
+        if (cut[k] < cut[k + 1]) fn(arg, cut[k], cut[k + 1]);
+    split_calls++;
+}
+
+static void check_row_split(const uint8_t *img, size_t len, const float *want, uint32_t n_want) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    hp.port.parallel_rows = split_rows;
+    llm_engine *e = NULL;
+    llm_error err;
+    llm_status st = llm_open(&e, img, len, &hp.port, &err);
+    EXPECT(st == LLM_OK, "open with a row-splitting port: %s", err.message);
+    if (st != LLM_OK) return;
+    size_t per = llm_get_config(e)->vocab_out;
+    float *got = malloc(7 * per * sizeof(float));
+    uint32_t n_got = 0;
+    split_calls = 0;
+    st = run_script(e, got, &n_got, &err);
+    EXPECT(st == LLM_OK && split_calls > 0, "row-split run: %s (%u splits)", err.message,
+           split_calls);
+    EXPECT(n_got == n_want && memcmp(want, got, n_want * per * 4) == 0,
+           "logits differ when the port splits rows across calls");
+    printf("row split: %u matvecs split, logits identical\n", split_calls);
+    free(got);
+    llm_close(e);
+}
+
+static void check_placements(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = NULL;
+    llm_error err;
+    llm_status st = llm_open(&e, img, len, &hp.port, &err);
+    EXPECT(st == LLM_OK, "intact image does not open: %s", err.message);
+    if (st != LLM_OK) return;
+    const llm_config *c = llm_get_config(e);
+    size_t per = (size_t)c->vocab_out;
+    float *want = malloc(7 * per * sizeof(float));
+    float *got = malloc(7 * per * sizeof(float));
+    uint32_t n_want = 0, n_got = 0;
+    st = run_script(e, want, &n_want, &err);
+    EXPECT(st == LLM_OK, "script failed: %s", err.message);
+    llm_reset(e);
+    EXPECT(llm_pos(e) == 0 && llm_logits(e) == NULL, "reset did not clear the state");
+    st = run_script(e, got, &n_got, &err);
+    EXPECT(st == LLM_OK && n_got == n_want && memcmp(want, got, n_want * per * 4) == 0,
+           "rerun after reset differs");
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    check_row_split(img, len, want, n_want);
+
+    /* Sweep region capacities: FAST exhausted early spills to BULK, BULK
+     * exhausted makes weights read in place and required buffers fail.
+     * Whatever opens must compute the same bytes as the default placement. */
+    uint64_t need_fast = hp.peak[LLM_REGION_FAST], need_bulk = hp.peak[LLM_REGION_BULK];
+    uint64_t total = need_fast + need_bulk;
+    int opened = 0, refused = 0;
+    for (uint32_t fk = 0; fk < 4; fk++) {
+        uint64_t fast_cap = fk == 0 ? 1 : fk == 3 ? 0 : total * fk / 4 + 1;
+        for (uint32_t bk = 0; bk <= 16; bk++) {
+            llm_port_host_init(&hp);
+            hp.capacity[LLM_REGION_FAST] = fast_cap;
+            hp.capacity[LLM_REGION_BULK] = total * bk / 16 + 1;
+            e = NULL;
+            st = llm_open(&e, img, len, &hp.port, &err);
+            if (st == LLM_OK) {
+                opened++;
+                st = run_script(e, got, &n_got, &err);
+                EXPECT(st == LLM_OK && n_got == n_want &&
+                           memcmp(want, got, n_want * per * 4) == 0,
+                       "caps fast=%llu bulk=%llu: logits differ from the default placement",
+                       (unsigned long long)hp.capacity[LLM_REGION_FAST],
+                       (unsigned long long)hp.capacity[LLM_REGION_BULK]);
+                llm_close(e);
+            } else {
+                refused++;
+                EXPECT(st == LLM_E_NOMEM && err.message[0],
+                       "caps fast=%llu bulk=%llu: status %d (%s), expected NOMEM",
+                       (unsigned long long)hp.capacity[LLM_REGION_FAST],
+                       (unsigned long long)hp.capacity[LLM_REGION_BULK], (int)st, err.message);
+                EXPECT(e == NULL, "failed open left *out set");
+            }
+            EXPECT(hp.live_blocks == 0, "caps fast=%llu bulk=%llu: %u blocks leaked",
+                   (unsigned long long)hp.capacity[LLM_REGION_FAST],
+                   (unsigned long long)hp.capacity[LLM_REGION_BULK], hp.live_blocks);
+        }
+    }
+    EXPECT(opened > 0 && refused > 0, "capacity sweep opened %d, refused %d", opened, refused);
+    printf("capacity sweep: %d opened, %d refused (fast %llu, bulk %llu bytes by default)\n",
+           opened, refused, (unsigned long long)need_fast, (unsigned long long)need_bulk);
+    free(want);
+    free(got);
+}
+
+static llm_status open_close(const uint8_t *src, size_t len, llm_error *err) {
+    uint8_t *img = aligned_copy(src, len);
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = NULL;
+    err->message[0] = 0;
+    llm_status st = llm_open(&e, img, len, &hp.port, err);
+    if (st == LLM_OK) llm_close(e);
+    free(img);
+    return st;
+}
+
+static void check_mutations(const uint8_t *img, size_t len) {
+    llm_image_info info;
+    llm_error err;
+    if (llm_image_check(img, len, &info, &err) != LLM_OK) return;
+    size_t table_end = LLM_IMAGE_HEADER_BYTES + (size_t)info.n_sections * LLM_IMAGE_SECTION_BYTES;
+    uint8_t *m = malloc(len);
+    size_t flips = 0;
+    for (size_t at = 0; at < len; at += at < table_end ? 1 : 97) {
+        for (int bit = 0; bit < 8; bit += (at < table_end ? 3 : 8)) {
+            memcpy(m, img, len);
+            m[at] ^= (uint8_t)(1u << bit);
+            llm_status st = open_close(m, len, &err);
+            flips++;
+            EXPECT(st != LLM_OK && err.message[0],
+                   "bit %d of byte %zu flipped: status %d, message '%s'", bit, at, (int)st,
+                   err.message);
+        }
+    }
+    size_t cuts = 0;
+    for (size_t n = 0; n < len; n += n < table_end + 64 ? 1 : 61) {
+        llm_status st = open_close(img, n, &err);
+        cuts++;
+        EXPECT(st == LLM_E_FORMAT && err.message[0], "truncated to %zu: status %d '%s'", n,
+               (int)st, err.message);
+    }
+    /* a longer buffer than the header says is an error too */
+    uint8_t *longer = calloc(1, len + 16);
+    memcpy(longer, img, len);
+    EXPECT(open_close(longer, len + 16, &err) == LLM_E_FORMAT, "16 trailing bytes accepted");
+    free(longer);
+    printf("checked %zu bit flips, %zu truncations\n", flips, cuts);
+    free(m);
+}
+
+static void check_arguments(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = NULL;
+    llm_error err;
+    EXPECT(llm_open(NULL, img, len, &hp.port, &err) == LLM_E_ARG, "NULL out accepted");
+    EXPECT(llm_open(&e, img, len, NULL, &err) == LLM_E_ARG, "NULL port accepted");
+    EXPECT(llm_open(&e, NULL, 0, &hp.port, &err) == LLM_E_ARG, "NULL image accepted");
+    EXPECT(llm_open(&e, img + 1, len - 1, &hp.port, &err) == LLM_E_ARG,
+           "misaligned image accepted");
+    if (llm_open(&e, img, len, &hp.port, &err) != LLM_OK) return;
+    const llm_config *c = llm_get_config(e);
+    int32_t next;
+    int32_t bad[2] = {0, (int32_t)c->vocab_rows};
+    EXPECT(llm_prefill(e, bad, 2, &next, &err) == LLM_E_ARG && llm_pos(e) == 0,
+           "out-of-range token in prefill accepted or state changed");
+    EXPECT(llm_step(e, -1, &next, &err) == LLM_E_ARG, "negative token accepted");
+    EXPECT(llm_prefill(e, bad, 0, &next, &err) == LLM_E_ARG, "empty prefill accepted");
+    llm_sampler_options opt = {-1.0f, 0, 1};
+    EXPECT(llm_set_sampler(e, &opt, &err) == LLM_E_ARG, "negative temperature accepted");
+    opt.temperature = 1.0f;
+    opt.top_k = LLM_SAMPLER_MAX_TOP_K + 1u;
+    EXPECT(llm_set_sampler(e, &opt, &err) == (opt.top_k < c->vocab_out ? LLM_E_ARG : LLM_OK),
+           "top_k above the sampler's limit: wrong status");
+    opt.top_k = c->vocab_out + 5u; /* covers every id: allowed */
+    EXPECT(llm_set_sampler(e, &opt, &err) == LLM_OK, "top_k >= vocab refused");
+    opt.top_k = 0;
+    opt.seed = 0;
+    EXPECT(llm_set_sampler(e, &opt, &err) == LLM_OK, "greedy options refused");
+    /* fill the context, then one more token must be refused */
+    int32_t tok = 1;
+    llm_status st = LLM_OK;
+    while (llm_pos(e) < c->seq_len && st == LLM_OK) st = llm_step(e, tok, &tok, &err);
+    EXPECT(st == LLM_OK, "stepping to seq_len failed: %s", err.message);
+    EXPECT(llm_step(e, tok, &tok, &err) == LLM_E_CONTEXT && err.message[0],
+           "step past seq_len not refused");
+    EXPECT(llm_prefill(e, &tok, 1, &next, &err) == LLM_E_CONTEXT, "prefill past seq_len accepted");
+    llm_reset(e);
+    EXPECT(llm_step(e, tok, &tok, &err) == LLM_OK, "step after reset failed");
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "leak after context test");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
+        return 2;
+    }
+    FILE *f = fopen(argv[1], "rb");
+    if (!f) {
+        perror(argv[1]);
+        return 2;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *raw = malloc((size_t)n);
+    if (fread(raw, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "short read\n");
+        return 2;
+    }
+    fclose(f);
+    uint8_t *img = aligned_copy(raw, (size_t)n);
+    free(raw);
+    printf("%s\n", llm_build_info());
+    check_placements(img, (size_t)n);
+    check_arguments(img, (size_t)n);
+    check_mutations(img, (size_t)n);
+    free(img);
+    printf("%d failures\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,68 @@
+"""Load the CPython `_llm` the tests exercise, rebuilding it if the C changed.
+
+`pip install -e .` builds `_llm` in place (into firmware/modules, where the
+top-level modules live). A developer who edits the engine and reruns pytest
+must not test the old binary, so `load()` compares the extension's mtime with
+every C source and setup.py and rebuilds in place when any is newer. Under
+pytest-xdist the workers share one build through a file lock.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = ROOT / "firmware" / "modules"
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
+def _sources() -> list[Path]:
+    native = ROOT / "native"
+    files = [ROOT / "setup.py"]
+    for sub in ("engine", "port/host", "python"):
+        files += sorted((native / sub).glob("*.[ch]"))
+    return files
+
+
+def _stale(ext: Path) -> bool:
+    if not ext.exists():
+        return True
+    built = ext.stat().st_mtime
+    return any(src.stat().st_mtime > built for src in _sources())
+
+
+def _build() -> None:
+    result = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                            check=False, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building _llm failed:\n{result.stdout}\n{result.stderr}")
+
+
+def load() -> ModuleType:
+    """The `_llm` module, built from the current sources."""
+    ext = MODULES / f"_llm{SUFFIX}"
+    if _stale(ext):
+        import fcntl
+
+        lock_path = ROOT / "build" / "_llm.lock"
+        lock_path.parent.mkdir(exist_ok=True)
+        with open(lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if _stale(ext):
+                    _build()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    if str(MODULES) not in sys.path:
+        sys.path.insert(0, str(MODULES))
+    module = importlib.import_module("_llm")
+    loaded = Path(module.__file__ or "")
+    if loaded.resolve() != ext.resolve():
+        raise RuntimeError(f"imported _llm from {loaded}, expected the in-place build {ext}; "
+                           f"uninstall the other copy")
+    return module

@@ -1,0 +1,318 @@
+"""The C engine (through CPython `_llm`) computes exactly what the reference does.
+
+Bit-exact means the raw float32 bytes of every logits vector are equal to
+mpllm.reference.Reference's, on generated models of four shapes (the release
+shape included), over at least 64 positions or the whole context; greedy and
+seeded sampled token sequences are identical to the Python sampler's. Then
+the API contract: prefill == stepping, context full, bad tokens, reset, stats
+and placement reporting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+
+import engine_ext
+import numpy as np
+import pytest
+from mpllm.image import read_image
+from mpllm.reference import Reference
+from mpllm.sampler import Sampler
+
+_llm = engine_ext.load()
+
+SHAPES = ("tiny", "tiny_untied", "small", "release")
+
+
+def _prompt(vocab_out: int, n: int, salt: int = 0) -> list[int]:
+    return [(37 * i + 11 + salt) % vocab_out for i in range(n)]
+
+
+def _positions(seq_len: int) -> int:
+    return min(seq_len, 72)
+
+
+def test_build_info_names_what_ran() -> None:
+    info = _llm.build_info()
+    assert info.startswith(f"mpllm {_llm.__version__} ")
+    assert "numerics=exact" in info and "port=host" in info
+    assert any(f"kernels={k} " in info for k in ("ref", "pie", "pie-emu")), info
+    print(info)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_logits_bit_exact(test_model, shape: str) -> None:  # type: ignore[no-untyped-def]
+    files = test_model(shape)
+    ref = Reference.from_image(files.image)
+    cfg = ref.config
+    total = _positions(cfg.seq_len)
+    assert total >= 64 or total == cfg.seq_len
+    prompt = _prompt(cfg.vocab_out, 7)
+    n = total - len(prompt) + 1  # prompt + (n - 1) fed tokens fill `total` positions
+    ids, rows = ref.generate(prompt, n)
+    with _llm.Model(files.image) as m:
+        got = [m.prefill(prompt)]
+        logits = [m.logits()]
+        for _ in range(n - 1):
+            got.append(m.step(got[-1]))
+            logits.append(m.logits())
+        assert m.pos() == total
+        stats = m.stats()
+    for k in range(n):
+        assert logits[k] == rows[k].tobytes(), f"{shape}: logits differ at output {k}"
+    assert got == ids
+    assert len(set(ids)) > 3, "degenerate test: the model repeats one token"
+    assert stats["tokens"] == total and stats["heads"] == n
+    assert stats["prefill_tokens"] == len(prompt)
+
+
+SAMPLERS = [  # (temperature, top_k, seed)
+    (0.8, 40, 1),
+    (1.0, 0, 2),
+    (0.5, 5, 3),
+    (1.3, 256, 12345678901234567),
+    (0.8, 1, 7),  # top-1 is greedy whatever the noise
+    (0.0, 40, 9),  # temperature 0: greedy
+    (0.8, 40, 0),  # seed 0: greedy
+]
+
+
+@pytest.mark.parametrize("shape", ["small", "release"])
+def test_sampled_sequences_match_python_sampler(test_model, shape: str) -> None:  # type: ignore[no-untyped-def]
+    files = test_model(shape)
+    ref = Reference.from_image(files.image)
+    prompt = _prompt(ref.config.vocab_out, 4, salt=5)
+    # the numpy reference is slow on the release head: fewer, shorter runs there
+    n, samplers = (16, SAMPLERS[:4]) if shape == "release" else (40, SAMPLERS)
+    seen: set[tuple[int, ...]] = set()
+    with _llm.Model(files.image) as m:
+        for temperature, top_k, seed in samplers:
+            ref.reset()
+            want, rows = ref.generate(prompt, n, Sampler(temperature, top_k, seed))
+            m.reset()
+            m.sampler(temperature=temperature, top_k=top_k, seed=seed)
+            got = [m.prefill(prompt)]
+            assert m.logits() == rows[0].tobytes()
+            for k in range(1, n):
+                got.append(m.step(got[-1]))
+                assert m.logits() == rows[k].tobytes(), (temperature, top_k, seed, k)
+            assert got == want, (temperature, top_k, seed)
+            seen.add(tuple(got))
+            if seed == 0 or temperature == 0 or top_k == 1:
+                ref.reset()
+                assert got == ref.generate(prompt, n)[0], "should equal greedy"
+    assert len(seen) >= 3, "samplers did not produce different stories"
+
+
+def test_prefill_equals_stepping(small_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(small_model.image) as a, _llm.Model(small_model.image) as b:
+        prompt = _prompt(a.config()["vocab_out"], 9)
+        next_a = a.prefill(prompt)
+        for t in prompt:
+            next_b = b.step(t)
+        assert next_a == next_b and a.logits() == b.logits() and a.pos() == b.pos() == 9
+        assert a.stats()["heads"] == 1 and b.stats()["heads"] == 9
+        # and prefill in pieces continues the same context
+        c = _llm.Model(small_model.image)
+        c.prefill(prompt[:4])
+        assert c.prefill(prompt[4:]) == next_a and c.logits() == a.logits()
+        for _ in range(10):
+            next_a, next_b = a.step(next_a), b.step(next_b)
+            assert next_a == next_b and a.logits() == b.logits()
+        c.close()
+
+
+def test_context_full(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(tiny_model.image) as m:
+        seq = m.config()["seq_len"]
+        with pytest.raises(_llm.Error, match=r"^context full: 65 tokens at position 0 exceed "
+                                             r"seq_len 64$"):
+            m.prefill([1] * (seq + 1))
+        assert m.pos() == 0
+        t = m.prefill([1] * (seq - 1))
+        t = m.step(t)
+        assert m.pos() == seq
+        logits = m.logits()
+        with pytest.raises(_llm.Error, match=r"^context full: all 64 positions used"):
+            m.step(t)
+        with pytest.raises(_llm.Error, match=r"^context full:"):
+            m.prefill([t])
+        assert m.pos() == seq and m.logits() == logits  # refused calls change nothing
+        m.reset()
+        assert m.pos() == 0
+        m.step(t)
+
+
+def test_bad_arguments(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(tiny_model.image) as m:
+        rows = m.config()["vocab_rows"]
+        for bad in (-1, rows, 2**31, 2**70):
+            with pytest.raises(ValueError, match=r"token id .* out of range 0\.\.279"):
+                m.step(bad)
+            with pytest.raises(ValueError, match="out of range"):
+                m.prefill([1, bad, 2])
+        for wrong in (1.0, "3", None):
+            with pytest.raises(TypeError, match="token ids must be int"):
+                m.step(wrong)
+        with pytest.raises(TypeError):
+            m.prefill(5)
+        with pytest.raises(ValueError, match="at least one token"):
+            m.prefill([])
+        assert m.pos() == 0 and m.stats()["tokens"] == 0
+        with pytest.raises(_llm.Error, match=r"^bad state: no logits yet"):
+            m.logits()
+        m.prefill((1, 2))  # any sequence
+        for kwargs in ({"temperature": -1.0}, {"temperature": float("nan")},
+                       {"temperature": float("inf")}, {"top_k": -1}, {"seed": -1},
+                       {"seed": 2**64}):
+            with pytest.raises(ValueError):
+                m.sampler(**kwargs)
+        with pytest.raises(TypeError):
+            m.sampler(seed=1.5)
+        with pytest.raises(_llm.Error, match=r"^bad argument: top_k 257 exceeds the supported"):
+            m.sampler(temperature=1.0, top_k=257, seed=1)
+        m.sampler(temperature=1.0, top_k=10_000, seed=1)  # >= vocab: every id
+
+
+def test_reset_replays_exactly(small_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(small_model.image) as m:
+        m.sampler(temperature=0.9, top_k=20, seed=77)
+        prompt = _prompt(m.config()["vocab_out"], 5)
+
+        def run() -> tuple[list[int], str]:
+            h = hashlib.sha256()
+            ids = [m.prefill(prompt)]
+            h.update(m.logits())
+            for _ in range(30):
+                ids.append(m.step(ids[-1]))
+                h.update(m.logits())
+            return ids, h.hexdigest()
+
+        first = run()
+        m.reset()
+        assert m.pos() == 0 and m.stats()["tokens"] == 0
+        with pytest.raises(_llm.Error, match="no logits yet"):
+            m.logits()
+        assert run() == first
+        # a new sampler call restarts the stream too
+        m.reset()
+        m.sampler(temperature=0.9, top_k=20, seed=77)
+        assert run() == first
+
+
+def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-def]
+    for shape in ("tiny", "tiny_untied"):
+        files = test_model(shape)
+        img = read_image(files.image)
+        with _llm.Model(files.image) as m:
+            c = m.config()
+            src = files.config
+            assert (c["vocab_out"], c["dim"], c["n_layers"], c["n_heads"], c["ffn"],
+                    c["ple_dim"], c["seq_len"], c["group"]) == (
+                src.vocab_out, src.dim, src.n_layers, src.n_heads, src.ffn, src.ple_dim,
+                src.seq_len, src.group)
+            assert c["head_dim"] == src.dim // src.n_heads
+            assert c["vocab_rows"] == img.header.vocab_rows
+            assert c["tied_head"] is src.tied_head and c["rope_theta"] == 10000.0
+            assert c["eot_id"] == img.header.eot_id
+            assert m.tokenizer() == img.tokenizer_section
+
+
+def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    img = read_image(tiny_model.image)
+    cfg = img.config
+    with _llm.Model(tiny_model.image) as m:
+        mem = m.memory()
+        where = {name: (region, size) for name, region, size in mem}
+        assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
+        assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
+        assert where["kv_cache"] == ("bulk", 2 * cfg.n_layers * cfg.seq_len * cfg.dim * 4)
+        assert where["head"][0] == "bulk" and where["logits"] == ("fast", cfg.vocab_out * 4)
+        assert where["activations"][0] == "fast" and where["norms"][0] == "fast"
+        for i in range(cfg.n_layers):
+            for f in ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj"):
+                assert where[f"L{i}.{f}"][0] == "fast"
+        sec = {s.name: s for s in img.sections}
+        for name in ("embed", "ple_rows"):
+            assert where[name][1] == sec[name].size
+
+        n_prompt, n_steps = 5, 6
+        t = m.prefill(_prompt(cfg.vocab_out, n_prompt))
+        for _ in range(n_steps):
+            t = m.step(t)
+        s = m.stats()
+        tokens = n_prompt + n_steps
+        heads = 1 + n_steps
+        assert s["tokens"] == tokens and s["heads"] == heads
+        assert s["ttft_ms"] > 0 and s["total_ms"] > 0
+        assert set(s["stage_ms"]) == {"embed", "attn", "ffn", "ple", "head", "sample"}
+        assert s["total_ms"] == pytest.approx(sum(s["stage_ms"].values()))
+        d, lp, hd = cfg.dim, cfg.n_layers * cfg.ple_dim, cfg.head_dim
+        embed_row = d // 2 + 4  # 32 columns of nibbles + one f32 scale
+        ple_row = -(-((lp + 1) // 2 + 2 * -(-lp // cfg.group)) // 16) * 16
+        assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
+        # KV: each layer writes k and v, and reads positions 0..pos for both
+        kv = sum(cfg.n_layers * (2 * d * 4 + 2 * (p + 1) * d * 4) for p in range(tokens))
+        head = heads * (cfg.vocab_out * (32 // 2) + cfg.vocab_out * 4)
+        assert s["bytes"]["bulk"] == kv + head
+        assert s["bytes"]["fast"] > 0
+        m.reset()
+        s = m.stats()
+        assert s["tokens"] == 0 and s["bytes"] == {"flash": 0, "fast": 0, "bulk": 0}
+
+
+def test_closed_model_and_lifetime(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    data = bytearray(tiny_model.image.read_bytes())
+    m = _llm.Model(data)
+    first = m.prefill([1, 2, 3])
+    m.close()
+    m.close()
+    for call in (lambda: m.step(1), m.logits, m.config, m.stats, m.memory, m.pos, m.reset,
+                 m.tokenizer, lambda: m.sampler(), lambda: m.prefill([1])):
+        with pytest.raises(_llm.Error, match=r"^bad state: the model is closed"):
+            call()
+    # the buffer was held while open (no resize), and is free again now
+    data.append(0)
+    with _llm.Model(tiny_model.image.read_bytes()) as m2:
+        assert m2.prefill([1, 2, 3]) == first
+
+
+def test_models_run_in_threads(small_model) -> None:  # type: ignore[no-untyped-def]
+    """The GIL is released around compute; separate models in separate threads
+    give exactly what they give alone."""
+    prompt = _prompt(900, 6)
+
+    def story(m: object) -> tuple[list[int], bytes]:
+        ids = [m.prefill(prompt)]  # type: ignore[attr-defined]
+        for _ in range(40):
+            ids.append(m.step(ids[-1]))  # type: ignore[attr-defined]
+        return ids, m.logits()  # type: ignore[attr-defined]
+
+    with _llm.Model(small_model.image) as alone:
+        want = story(alone)
+    models = [_llm.Model(small_model.image) for _ in range(3)]
+    results: list[tuple[list[int], bytes] | None] = [None] * 3
+
+    def worker(i: int, fn: Callable[[object], tuple[list[int], bytes]]) -> None:
+        results[i] = fn(models[i])
+
+    threads = [threading.Thread(target=worker, args=(i, story)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert results == [want] * 3
+    for mm in models:
+        mm.close()
+
+
+def test_greedy_first_token_matches_numpy_argmax(small_model) -> None:  # type: ignore[no-untyped-def]
+    """The engine's pick is the lowest-id maximum of the logits it returns."""
+    with _llm.Model(small_model.image) as m:
+        t = m.prefill(_prompt(900, 3))
+        for _ in range(20):
+            logits = np.frombuffer(m.logits(), dtype="<f4")
+            assert t == int(np.flatnonzero(logits == logits.max())[0])
+            t = m.step(t)

@@ -1,0 +1,317 @@
+"""The loader refuses every damaged image cleanly, with the right status and message.
+
+Three layers:
+  * Python, through `_llm.Model(bytes)`: one bit flipped in EVERY byte of a small
+    image, truncation at EVERY length, and hand-made images with valid checksums
+    but impossible contents (each needs its own specific message);
+  * the C program tests/c/engine_check.c under ASan + UBSan (+ LeakSanitizer):
+    bit flips and truncations again, argument and context errors, and a sweep of
+    port capacities (placement fallbacks must not change a single logits bit);
+  * the fuzzer (tests/test_fuzz_loader.py).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import cbuild
+import engine_ext
+import numpy as np
+import pytest
+
+_llm = engine_ext.load()
+
+HEADER = struct.Struct("<8s16IfI32s16s")
+SECTION = struct.Struct("<16s4I")
+HEADER_BYTES, SECTION_BYTES = 128, 32
+# field index in HEADER.unpack() order
+F = {name: i for i, name in enumerate(
+    ["magic", "version", "header_bytes", "file_bytes", "n_sections", "header_crc32", "flags",
+     "vocab_rows", "vocab_out", "vocab_in_source", "dim", "n_layers", "n_heads", "ffn",
+     "ple_dim", "seq_len", "group", "rope_theta", "eot_id", "sha", "reserved"])}
+
+
+class Img:
+    """A mutable image: header fields, section table and bytes, re-signed on demand."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytearray(data)
+        self.header = list(HEADER.unpack_from(data, 0))
+        n = self.header[F["n_sections"]]
+        self.sections = [list(SECTION.unpack_from(data, HEADER_BYTES + SECTION_BYTES * i))
+                         for i in range(n)]
+
+    def index(self, name: str) -> int:
+        names = [s[0].rstrip(b"\0").decode() for s in self.sections]
+        return names.index(name)
+
+    def payload(self, name: str) -> memoryview:
+        _n, _k, off, size, _c = self.sections[self.index(name)]
+        return memoryview(self.data)[off:off + size]
+
+    def signed(self, *, section_crcs: bool = True) -> bytes:
+        """Bytes with the table and header CRCs recomputed (section CRCs too if asked)."""
+        if section_crcs:
+            for s in self.sections:
+                s[4] = zlib.crc32(self.data[s[2]:s[2] + s[3]])
+        table = b"".join(SECTION.pack(*s) for s in self.sections)
+        h = list(self.header)
+        h[F["n_sections"]] = len(self.sections)
+        h[F["header_crc32"]] = 0
+        crc = zlib.crc32(table, zlib.crc32(HEADER.pack(*h)))
+        h[F["header_crc32"]] = crc
+        out = bytearray(self.data)
+        head = HEADER.pack(*h) + table
+        out[:len(head)] = head
+        return bytes(out)
+
+
+def open_error(data: bytes | bytearray) -> str:
+    with pytest.raises(_llm.Error) as info:
+        _llm.Model(bytes(data))
+    return str(info.value)
+
+
+@pytest.fixture(scope="module")
+def tiny_bytes(tiny_model) -> bytes:  # type: ignore[no-untyped-def]
+    return tiny_model.image.read_bytes()
+
+
+def test_intact_image_opens(tiny_bytes: bytes) -> None:
+    with _llm.Model(tiny_bytes) as m:
+        assert m.config()["dim"] == 32
+
+
+def test_every_single_bit_flip_is_refused(tiny_bytes: bytes) -> None:
+    img = Img(tiny_bytes)
+    n = len(img.sections)
+    table_end = HEADER_BYTES + SECTION_BYTES * n
+    owner = np.full(len(tiny_bytes), -1, np.int64)  # section index per byte, -1 = padding
+    for i, (_name, _k, off, size, _c) in enumerate(img.sections):
+        owner[off:off + size] = i
+    names = [s[0].rstrip(b"\0").decode() for s in img.sections]
+    data = bytearray(tiny_bytes)
+    counts: dict[str, int] = {}
+    for at in range(len(data)):
+        data[at] ^= 1 << (at % 8)
+        msg = open_error(data)
+        data[at] ^= 1 << (at % 8)
+        if at < 8:
+            want = ("bad image: bad magic",)
+        elif at < 12:
+            want = ("unsupported version:",)
+        elif at < 16:
+            want = ("bad image: header_bytes",)
+        elif at < 20:
+            want = ("bad image: image is",)
+        elif at < 24:  # n_sections: out of range, table past the end, or the CRC
+            want = ("bad image: n_sections", "bad image: section table",
+                    "checksum mismatch: header")
+        elif at < table_end:
+            want = ("checksum mismatch: header/section-table",)
+        elif owner[at] >= 0:
+            want = (f"checksum mismatch: section '{names[owner[at]]}' CRC-32",)
+        else:
+            want = ("bad image: padding before section",)
+        assert msg.startswith(want), f"byte {at}: {msg!r}, expected one of {want}"
+        kind = want[0].split(":")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    assert counts.get("checksum mismatch", 0) > len(data) // 2
+    assert counts.get("bad image", 0) > 0
+
+
+def test_every_truncation_is_refused(tiny_bytes: bytes) -> None:
+    for n in range(len(tiny_bytes)):
+        msg = open_error(tiny_bytes[:n])
+        if n < HEADER_BYTES:
+            assert msg == (f"bad image: image is {n} bytes, shorter than its 128-byte header"), n
+        else:
+            assert msg == (f"bad image: image is {n} bytes but its header says "
+                           f"{len(tiny_bytes)} (truncated or padded)"), n
+    assert open_error(tiny_bytes + bytes(16)).startswith("bad image: image is")
+
+
+# (description, mutation of an Img, expected message prefix); checksums are redone
+# after each mutation, so only the specific check can catch it.
+def _set(field: str, value: object) -> Callable[[Img], None]:
+    def f(img: Img) -> None:
+        img.header[F[field]] = value
+    return f
+
+
+def _swap_sections(img: Img) -> None:
+    img.sections[4], img.sections[5] = img.sections[5], img.sections[4]
+
+
+def _rename(img: Img) -> None:
+    img.sections[2][0] = b"embedding".ljust(16, b"\0")
+
+
+def _kind(img: Img) -> None:
+    img.sections[img.index("L0.qkv")][1] = 1
+
+
+def _misalign(img: Img) -> None:
+    img.sections[img.index("out_norm")][2] += 4
+
+
+def _shift(img: Img) -> None:
+    img.sections[img.index("out_norm")][2] += 16
+
+
+def _nan_norm(img: Img) -> None:
+    img.payload("L1.ffn_norm")[4:8] = struct.pack("<f", float("nan"))
+
+
+def _inf_scale(img: Img) -> None:
+    p = img.payload("L0.up")
+    rows, _cols, _g, row_bytes = struct.unpack_from("<4I", p, 0)
+    p[16 + rows * row_bytes:16 + rows * row_bytes + 4] = struct.pack("<f", float("inf"))
+
+
+def _nan_ple_scale(img: Img) -> None:
+    p = img.payload("ple_rows")
+    _rows, cols, _g, row_bytes = struct.unpack_from("<4I", p, 0)
+    at = 16 + 3 * row_bytes + (cols + 1) // 2
+    p[at:at + 2] = struct.pack("<e", float("nan"))
+
+
+def _q4_rows(img: Img) -> None:
+    p = img.payload("L0.gate")
+    struct.pack_into("<I", p, 0, struct.unpack_from("<I", p, 0)[0] + 1)
+
+
+def _q4_row_bytes(img: Img) -> None:
+    p = img.payload("L0.down")
+    struct.pack_into("<I", p, 12, struct.unpack_from("<I", p, 12)[0] + 16)
+
+
+def _q4_group(img: Img) -> None:
+    struct.pack_into("<I", img.payload("L1.qkv"), 8, 64)
+
+
+def _tok_vocab(img: Img) -> None:
+    p = img.payload("tokenizer")
+    struct.pack_into("<I", p, 0, struct.unpack_from("<I", p, 0)[0] - 1)
+
+
+def _tok_merge(img: Img) -> None:
+    p = img.payload("tokenizer")
+    struct.pack_into("<H", p, len(p) - 2, 0xFFFE)
+
+
+CASES: list[tuple[str, Callable[[Img], None], str]] = [
+    ("version 2", _set("version", 2), "unsupported version: image format version 2"),
+    ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
+    ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
+    ("reserved byte", _set("reserved", b"\1" + bytes(15)), "bad image: header reserved"),
+    ("zero dim", _set("dim", 0), "bad config: dim = 0, must be in 1..8192"),
+    ("zero layers", _set("n_layers", 0), "bad config: n_layers = 0"),
+    ("zero seq_len", _set("seq_len", 0), "bad config: seq_len = 0"),
+    ("huge vocab", _set("vocab_rows", 1 << 30), "bad config: vocab_rows = 1073741824"),
+    ("dim % heads", _set("n_heads", 3), "bad config: dim 32 is not a multiple of n_heads 3"),
+    ("odd head dim", _set("n_heads", 32), "bad config: head_dim 1 is odd"),
+    ("vocab_out > rows", _set("vocab_out", 281), "bad config: vocab_out 281 > vocab_rows 280"),
+    ("eot out of vocab", _set("eot_id", 280), "bad config: eot_id 280 is not below vocab_out"),
+    ("nan theta", _set("rope_theta", float("nan")), "bad config: rope_theta"),
+    ("rows > source", _set("vocab_in_source", 279), "bad config: vocab_rows 280 exceeds"),
+    ("group 16", _set("group", 16), "bad config: group 16 is neither a multiple of 32"),
+    ("sections swapped", _swap_sections,
+     "bad image: section 4 is named 'ple_proj_norm', expected 'ple_model_proj'"),
+    ("section renamed", _rename, "bad image: section 2 is named 'embedding', expected 'embed'"),
+    ("wrong kind", _kind, "bad image: section 'L0.qkv' has kind 1 (F32), expected Q4"),
+    ("misaligned", _misalign, "bad image: section 'out_norm' offset"),
+    ("gap", _shift, "bad image: section 'out_norm' at offset"),
+    ("NaN norm", _nan_norm, "bad image: section 'L1.ffn_norm': value 1 is NaN or Inf"),
+    ("Inf scale", _inf_scale, "bad image: section 'L0.up': scale of row 0 is NaN or Inf"),
+    ("NaN fp16 scale", _nan_ple_scale, "bad image: section 'ple_rows': scale of row 3 is NaN"),
+    ("q4 rows", _q4_rows, "bad image: section 'L0.gate': shape [25, 32], config needs [24, 32]"),
+    ("q4 row_bytes", _q4_row_bytes, "bad image: section 'L0.down': row_bytes 32, layout needs 16"),
+    ("q4 group", _q4_group, "bad image: section 'L1.qkv': group 64, the header says 128"),
+    ("tokenizer vocab", _tok_vocab, "bad image: section 'tokenizer': n_vocab 279 != vocab_out"),
+    ("tokenizer merge", _tok_merge, "bad image: section 'tokenizer': merge"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,want", CASES, ids=[c[0] for c in CASES])
+def test_specific_message(tiny_bytes: bytes, what: str, mutate: Callable[[Img], None],
+                          want: str) -> None:
+    img = Img(tiny_bytes)
+    assert _llm.Model(img.signed()).config()["vocab_rows"] == 280  # re-signing alone is fine
+    mutate(img)
+    msg = open_error(img.signed())
+    assert msg.startswith(want), f"{what}: {msg!r}"
+
+
+def test_extra_and_missing_sections(tiny_bytes: bytes) -> None:
+    img = Img(tiny_bytes)
+    n = len(img.sections)  # 6 + 10 per layer + out_norm
+    assert n == 6 + 10 * 2 + 1
+    img.sections.pop()
+    assert open_error(img.signed()) == (f"bad image: {n - 1} sections, a 2-layer tied-head "
+                                        f"model has {n}")
+    img = Img(tiny_bytes)
+    img.header[F["flags"]] = 0  # says untied: a head section would be needed
+    assert open_error(img.signed()) == (f"bad image: {n} sections, a 2-layer untied-head "
+                                        f"model has {n + 1}")
+
+
+def test_untied_image_needs_its_head(test_model) -> None:  # type: ignore[no-untyped-def]
+    data = test_model("tiny_untied").image.read_bytes()
+    img = Img(data)
+    img.header[F["flags"]] = 1  # claims tied: one section too many
+    assert "tied-head model has" in open_error(img.signed())
+
+
+def test_path_errors(tmp_path: Path, tiny_bytes: bytes) -> None:
+    with pytest.raises(FileNotFoundError):
+        _llm.Model(tmp_path / "missing.img")
+    with pytest.raises(IsADirectoryError):
+        _llm.Model(tmp_path)
+    empty = tmp_path / "empty.img"
+    empty.write_bytes(b"")
+    with pytest.raises(_llm.Error, match=r"^bad argument: model image '.*empty.img' is empty"):
+        _llm.Model(str(empty))
+    with pytest.raises(TypeError, match="path .* or a bytes-like image"):
+        _llm.Model(12)
+    good = tmp_path / "good.img"
+    good.write_bytes(tiny_bytes)
+    with _llm.Model(good) as m:
+        assert m.pos() == 0
+
+
+def test_misaligned_buffer_is_copied(tiny_bytes: bytes) -> None:
+    buf = bytearray(len(tiny_bytes) + 1)
+    buf[1:] = tiny_bytes
+    view = memoryview(buf)[1:]
+    with _llm.Model(view) as a, _llm.Model(tiny_bytes) as b:
+        assert a.prefill([1, 2, 3]) == b.prefill([1, 2, 3])
+        assert a.logits() == b.logits()
+
+
+def _engine_check() -> Path:
+    eng, port = cbuild.ENGINE, cbuild.PORT_HOST
+    sources = [eng / "engine.c", eng / "image.c", eng / "kernels_ref.c", eng / "mathf.c",
+               eng / "sampler.c", port / "port_host.c", cbuild.CTESTS / "engine_check.c"]
+    # cbuild's stamp covers the sources and the command: a define carrying a hash of
+    # the headers makes a header change rebuild too
+    headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h"))
+    tag = zlib.crc32(b"".join(h.read_bytes() for h in headers))
+    return cbuild.build("engine_check", sources, cbuild.ROOT / "build" / "ctests",
+                        sanitize=True, opt="-O1", defines={"LLM_HEADERS_TAG": f"{tag}u"})
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_untied"])
+def test_c_engine_check_under_sanitizers(test_model, name: str) -> None:  # type: ignore[no-untyped-def]
+    program = _engine_check()
+    result = cbuild.run(program, str(test_model(name).image),
+                        env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+                             "UBSAN_OPTIONS": "print_stacktrace=1"})
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "0 failures" in result.stdout, out
+    assert "capacity sweep:" in result.stdout and "bit flips" in result.stdout, out
+    assert "logits identical" in result.stdout, out
