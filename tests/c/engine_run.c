@@ -1,0 +1,82 @@
+/*
+ * Run the engine on an image and print what a comparison needs:
+ *
+ *   engine_run IMAGE N_STEPS
+ *
+ * prefills a fixed 4-token prompt, then steps greedily N_STEPS times, and
+ * prints the build, the generated ids and the FNV-1a 64 hash of every logits
+ * vector's raw bytes. tests/test_engine_pie.py builds it once with the
+ * reference kernels and once with the PIE kernels (through the host model of
+ * the vector unit) and demands identical output; the PIE build also prints
+ * the PIE instructions executed per token (prefill tokens and head included).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "llm.h"
+#include "port_host.h"
+#if defined(LLM_KERNELS_PIE)
+#include "pie_model.h"
+#endif
+
+static uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: engine_run IMAGE N_STEPS\n");
+        return 2;
+    }
+    llm_error err;
+    llm_host_map map;
+    int sys_errno = 0;
+    if (llm_host_map_file(argv[1], &map, &sys_errno, &err) != LLM_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return 1;
+    }
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = NULL;
+    if (llm_open(&e, map.data, map.len, &hp.port, &err) != LLM_OK) {
+        fprintf(stderr, "open: %s\n", err.message);
+        return 1;
+    }
+    const llm_config *c = llm_get_config(e);
+    uint32_t steps = (uint32_t)strtoul(argv[2], NULL, 10);
+    int32_t prompt[4];
+    for (int i = 0; i < 4; i++) prompt[i] = (int32_t)((11u * (uint32_t)i + 5u) % c->vocab_out);
+#if defined(LLM_KERNELS_PIE)
+    llm_pie_counts_reset();
+#endif
+    int32_t next;
+    if (llm_prefill(e, prompt, 4, &next, &err) != LLM_OK) {
+        fprintf(stderr, "prefill: %s\n", err.message);
+        return 1;
+    }
+    uint64_t hash = fnv1a64(0xcbf29ce484222325ull, llm_logits(e), c->vocab_out * sizeof(float));
+    printf("build %s\nids %d", llm_build_info(), (int)next);
+    uint32_t heads = 1;
+    for (uint32_t k = 0; k < steps && llm_pos(e) < c->seq_len; k++, heads++) {
+        if (llm_step(e, next, &next, &err) != LLM_OK) {
+            fprintf(stderr, "step: %s\n", err.message);
+            return 1;
+        }
+        hash = fnv1a64(hash, llm_logits(e), c->vocab_out * sizeof(float));
+        printf(" %d", (int)next);
+    }
+    printf("\nlogits_fnv1a64 %016llx over %u heads\n", (unsigned long long)hash, heads);
+#if defined(LLM_KERNELS_PIE)
+    /* tokens through the layers: 4 prompt + (heads - 1) steps; heads as counted */
+    printf("pie_instructions %llu for %u tokens and %u heads\n",
+           (unsigned long long)llm_pie_counts_total(), 4u + heads - 1u, heads);
+#endif
+    llm_close(e);
+    llm_host_unmap(&map);
+    return 0;
+}

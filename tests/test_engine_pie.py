@@ -1,0 +1,59 @@
+"""The whole engine built with the PIE kernels (run through the exact host model
+of the ESP32-S3 vector unit) computes the same logits bits as the engine built
+with the reference kernels (DESIGN §11: one forward pass; kernels change, bits
+do not). Also reports the PIE instructions the engine executes per token.
+
+The emulated head costs ~1 s per evaluation at the release shape, so the
+release check runs a short script; the small shapes run to 64+ positions.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import cbuild
+import pytest
+
+ENGINE_SOURCES = ["engine.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c"]
+PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
+
+
+def _build(pie: bool) -> Path:
+    sources = [cbuild.ENGINE / s for s in ENGINE_SOURCES]
+    sources += [cbuild.PORT_HOST / "port_host.c", cbuild.CTESTS / "engine_run.c"]
+    defines = {"LLM_PORT_NAME": '"host"'}
+    if pie:
+        sources += [cbuild.ENGINE / s for s in PIE_SOURCES]
+        defines["LLM_KERNELS_PIE"] = ""
+    name = "engine_run_pie" if pie else "engine_run_ref"
+    return cbuild.build(name, sources, cbuild.ROOT / "build" / "ctests", defines=defines)
+
+
+def _run(program: Path, image: Path, steps: int) -> str:
+    result = cbuild.run(program, str(image), str(steps), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _ids_and_hash(out: str) -> tuple[str, str]:
+    ids = re.search(r"^ids (.*)$", out, re.MULTILINE)
+    digest = re.search(r"^logits_fnv1a64 (\S+ over \d+ heads)$", out, re.MULTILINE)
+    assert ids and digest, out
+    return ids.group(1), digest.group(1)
+
+
+@pytest.mark.parametrize(("name", "steps"), [("tiny", 60), ("tiny_untied", 44),
+                                             ("small", 64), ("release", 3)])
+def test_pie_engine_equals_ref_engine(test_model, name: str, steps: int) -> None:  # type: ignore[no-untyped-def]
+    image = test_model(name).image
+    ref_out = _run(_build(pie=False), image, steps)
+    pie_out = _run(_build(pie=True), image, steps)
+    assert "kernels=ref" in ref_out and "kernels=pie-emu" in pie_out, (ref_out, pie_out)
+    assert _ids_and_hash(pie_out) == _ids_and_hash(ref_out)
+    counts = re.search(r"^pie_instructions (\d+) for (\d+) tokens and (\d+) heads$", pie_out,
+                       re.MULTILINE)
+    assert counts and int(counts.group(1)) > 0, pie_out
+    print(f"\n{name}: PIE == ref over {_ids_and_hash(ref_out)[1]}; "
+          f"{int(counts.group(1)):,} PIE instructions for {counts.group(2)} tokens, "
+          f"{counts.group(3)} heads")
