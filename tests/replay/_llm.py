@@ -1,0 +1,177 @@
+"""Replay double of the `_llm` engine, for running llm.py on MicroPython unix.
+
+The MicroPython unix interpreter from PyPI cannot load our C engine, so this
+pure-Python module stands in for it. It knows no numerics: it plays back
+what the REAL engine answered, recorded by tests/replay/record.py while the
+same llm.py ran on CPython. Anything llm.py asks that was not recorded (a
+sampler setting, a prompt, a token fed back that differs from the recorded
+one, a story longer than the recording, a call order the recording did not
+see) raises ReplayMiss, so a change in llm.py's behaviour cannot pass
+silently.
+
+Recording (a directory): replay.json = {"version": 1, "config": {...},
+"memory": [[name, region, bytes], ...], "runs": [{"sampler": [temperature,
+top_k, seed], "prompt": [ids...], "tokens": [next tokens returned by
+prefill, then by each step...]}]};
+tokenizer.bin = the image's tokenizer section.
+
+Model() with no argument opens the recording named by $MPLLM_REPLAY, the way
+the board's Model() opens its flash partition; Model(path) opens `path`.
+
+Runs unchanged on MicroPython and CPython (no typing, no dataclasses).
+"""
+
+import json
+import os
+
+__version__ = "replay"
+
+
+class Error(RuntimeError):
+    pass
+
+
+class ReplayMiss(Exception):
+    """llm.py asked for something the recording does not hold.
+
+    Deliberately not a ValueError/RuntimeError: llm.py must not be able to
+    catch and hide it."""
+
+
+def build_info():
+    return "mpllm replay double (tokens recorded from the real engine) port=replay"
+
+
+def _join(path, name):
+    return path + "/" + name if not path.endswith("/") else path + name
+
+
+class Model:
+    def __init__(self, image=None):
+        if image is None:
+            image = os.getenv("MPLLM_REPLAY")
+            if not image:
+                raise TypeError("Model() needs an image: a path or a buffer")
+        if not isinstance(image, str):
+            raise ReplayMiss("the replay double opens recordings by path only")
+        with open(_join(image, "replay.json")) as f:
+            rec = json.load(f)
+        if rec.get("version") != 1:
+            raise ReplayMiss("recording version " + str(rec.get("version")) + ", expected 1")
+        with open(_join(image, "tokenizer.bin"), "rb") as f:
+            self._tok = f.read()
+        self._config = rec["config"]
+        self._memory = rec.get("memory")
+        self._runs = rec["runs"]
+        self._open = True
+        self.reset()
+        self._sampler = (0.0, 0, 0)
+
+    def _ready(self):
+        if not self._open:
+            raise Error("bad state: the model is closed")
+
+    def config(self):
+        self._ready()
+        return dict(self._config)
+
+    def tokenizer(self):
+        self._ready()
+        return self._tok
+
+    def reset(self):
+        self._ready()
+        self._pos = 0
+        self._run = None  # the recorded token list being played
+        self._next = 0  # index in it of the next token to return
+        self._fed = 0  # tokens through the layers since reset
+        self._prefill_tokens = 0
+        self._heads = 0
+
+    def sampler(self, temperature=0.0, top_k=0, seed=0):
+        self._ready()
+        if self._pos:
+            raise ReplayMiss("sampler() in the middle of a story was never recorded")
+        self._sampler = (float(temperature), int(top_k), int(seed))
+
+    def prefill(self, tokens):
+        self._ready()
+        tokens = list(tokens)
+        if self._pos:
+            raise ReplayMiss("prefill() after tokens were fed was never recorded")
+        for run in self._runs:
+            s = run["sampler"]
+            if (float(s[0]), int(s[1]), int(s[2])) == self._sampler and run["prompt"] == tokens:
+                self._run = run["tokens"]
+                break
+        else:
+            raise ReplayMiss(
+                "no recording of prompt " + str(tokens) + " with sampler " + str(self._sampler)
+            )
+        self._pos = len(tokens)
+        self._fed += len(tokens)
+        self._prefill_tokens = len(tokens)
+        return self._give()
+
+    def _give(self):
+        if self._next >= len(self._run):
+            raise ReplayMiss(
+                "the recording ends after " + str(len(self._run)) + " tokens; llm.py asked for more"
+            )
+        t = self._run[self._next]
+        self._next += 1
+        self._heads += 1
+        return t
+
+    def step(self, token):
+        self._ready()
+        if self._run is None:
+            raise ReplayMiss("step() before prefill() was never recorded")
+        expect = self._run[self._next - 1]
+        if token != expect:
+            raise ReplayMiss(
+                "step(" + str(token) + "): the recording fed back " + str(expect) + " here"
+            )
+        if self._pos >= self._config["seq_len"]:
+            raise Error("context full: all " + str(self._config["seq_len"]) + " positions used")
+        self._pos += 1
+        self._fed += 1
+        return self._give()
+
+    def pos(self):
+        self._ready()
+        return self._pos
+
+    def logits(self):
+        raise ReplayMiss("logits are not recorded")
+
+    def memory(self):
+        self._ready()
+        if self._memory is None:
+            raise ReplayMiss("the memory report is not recorded")
+        return [tuple(x) for x in self._memory]
+
+    def stats(self):
+        self._ready()
+        # Counts as the engine keeps them; no clock in a replay, so times are 0.
+        stages = {}
+        for k in ("embed", "attn", "ffn", "ple", "head", "sample"):
+            stages[k] = 0.0
+        return {
+            "tokens": self._fed,
+            "prefill_tokens": self._prefill_tokens,
+            "heads": self._heads,
+            "ttft_ms": 0.0,
+            "stage_ms": stages,
+            "total_ms": 0.0,
+            "bytes": {"flash": 0, "fast": 0, "bulk": 0},
+        }
+
+    def close(self):
+        self._open = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,128 @@
+"""Record what the REAL `_llm` engine answers llm.py, for the replay double.
+
+CPython only. install(out_dir) puts a recording proxy in sys.modules["_llm"]
+(before `import llm`); every Model it opens is the real engine, watched:
+the sampler settings, each prompt given to prefill() and every token the
+engine returns are kept. save() writes out_dir/replay.json and
+out_dir/tokenizer.bin in the format tests/replay/_llm.py reads.
+
+Runs with the same sampler and prompt are merged; since the engine is
+deterministic the shorter must be a prefix of the longer, and save() raises
+if it is not (that would be an engine bug worth seeing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+
+class _Recorder:
+    def __init__(self, out_dir: Path, real: types.ModuleType) -> None:
+        self.out_dir = out_dir
+        self.real = real
+        self.runs: list[tuple[tuple[float, int, int], list[int], list[int]]] = []
+        self.config: dict[str, Any] | None = None
+        self.tokenizer: bytes | None = None
+        self.memory: list[list[Any]] | None = None
+
+    def save(self) -> None:
+        if self.config is None or self.tokenizer is None:
+            raise RuntimeError("nothing recorded: llm.py never opened a model")
+        merged: dict[tuple[Any, ...], tuple[tuple[float, int, int], list[int], list[int]]] = {}
+        for sampler, prompt, tokens in self.runs:
+            key = (sampler, tuple(prompt))
+            old = merged.get(key)
+            if old is not None:
+                short, long_ = sorted((old[2], tokens), key=len)
+                if long_[: len(short)] != short:
+                    raise RuntimeError(f"the engine answered {sampler} {prompt} two ways")
+                tokens = long_
+            merged[key] = (sampler, prompt, tokens)
+        data = {
+            "version": 1,
+            "config": self.config,
+            "memory": self.memory,
+            "runs": [{"sampler": list(s), "prompt": p, "tokens": t} for s, p, t in
+                     merged.values()],
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for name, blob in (("replay.json", json.dumps(data).encode()),
+                           ("tokenizer.bin", self.tokenizer)):
+            tmp = self.out_dir / (name + ".tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, self.out_dir / name)
+
+
+def _proxy_module(rec: _Recorder) -> types.ModuleType:
+    real = rec.real
+
+    class Model:
+        def __init__(self, image: object = None) -> None:
+            # The real Model needs a path on CPython; MPLLM_REPLAY_IMAGE plays the
+            # role of the board's built-in default.
+            if image is None:
+                image = os.environ["MPLLM_REPLAY_IMAGE"]
+            self._m = real.Model(image)
+            self._sampler = (0.0, 0, 0)
+            self._tokens: list[int] | None = None
+            rec.config = self._m.config()
+            rec.tokenizer = bytes(self._m.tokenizer())
+            rec.memory = [list(x) for x in self._m.memory()]
+
+        def __getattr__(self, name: str) -> Any:  # everything not recorded is passed on
+            return getattr(self._m, name)
+
+        def reset(self) -> None:
+            self._m.reset()
+            self._tokens = None
+
+        def sampler(self, temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> None:
+            self._m.sampler(temperature, top_k, seed)
+            self._sampler = (float(temperature), int(top_k), int(seed))
+
+        def prefill(self, tokens: list[int]) -> int:
+            t = self._m.prefill(tokens)
+            self._tokens = [t]
+            rec.runs.append((self._sampler, list(tokens), self._tokens))
+            return t
+
+        def step(self, token: int) -> int:
+            t = self._m.step(token)
+            if self._tokens is None:
+                raise RuntimeError("step() before prefill(): the replay cannot record this")
+            self._tokens.append(t)
+            return t
+
+        def close(self) -> None:
+            self._m.close()
+
+    mod = types.ModuleType("_llm")
+    mod.Model = Model  # type: ignore[attr-defined]
+    mod.Error = real.Error  # type: ignore[attr-defined]
+    mod.build_info = real.build_info  # type: ignore[attr-defined]
+    mod.__version__ = real.__version__  # type: ignore[attr-defined]
+    return mod
+
+
+_active: _Recorder | None = None
+
+
+def install(out_dir: str | os.PathLike[str]) -> None:
+    """Replace `_llm` with the recording proxy (call before importing llm)."""
+    global _active
+    import _llm as real
+
+    _active = _Recorder(Path(out_dir), real)
+    sys.modules["_llm"] = _proxy_module(_active)
+
+
+def save() -> None:
+    """Write the recording (replay.json + tokenizer.bin) into install()'s directory."""
+    if _active is None:
+        raise RuntimeError("record.install() was not called")
+    _active.save()

@@ -1,0 +1,148 @@
+"""tools/bench.py end to end: the host board, the gate CLI, and a real serial
+link (MicroPython unix on a pty, driven through mpremote's transport)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import engine_ext
+import pytest
+from serial_peer import SerialPeer
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "tools" / "bench.py"
+MODULES = ROOT / "firmware" / "modules"
+REPLAY = ROOT / "tests" / "replay"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_llm() -> None:
+    engine_ext.load()  # the CLI imports the in-place build from firmware/modules
+
+
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tools"), str(MODULES),
+                                         env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, check=False,
+                          timeout=timeout, env=env)
+
+
+def test_gate_pass_on_the_host_board(release_model) -> None:
+    r = bench("--board", "host", "--gate", "--image", str(release_model.image))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "PASS"
+    hashes = [ln.split()[-1] for ln in lines if ln.startswith("  ")]
+    assert len(hashes) == 2 and hashes[0] == hashes[1] and len(hashes[0]) == 16
+
+
+def test_gate_fail_exits_1(release_model) -> None:
+    # the hash of a different computation: the engine's must not match it
+    r = bench("--board", "host", "--gate", "--image", str(release_model.image),
+              "--expect", "0123456789abcdef")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == "FAIL"
+
+
+def test_gate_needs_an_image() -> None:
+    r = bench("--board", "host", "--gate")
+    assert r.returncode == 2 and "needs --image" in r.stderr
+
+
+def test_host_bench_writes_json_and_plot(small_model, tmp_path) -> None:
+    out = tmp_path / "host.json"
+    r = bench("--board", "host", "--image", str(small_model.image), "--tokens", "24",
+              "--json", str(out), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "build_info: mpllm" in r.stdout and "round trip" in r.stdout
+    data = json.loads(out.read_text())
+    (res,) = data["results"]
+    assert len(res["runs"]) == 6  # 3 prompts x (greedy, sampled)
+    for run in res["runs"]:
+        assert run["tokens"] == 24
+        assert run["engine_ms_per_token"] > 0 and run["roundtrip_tok_s"] > 0
+        assert set(run["stage_ms_per_token"]) == {"embed", "attn", "ffn", "ple", "head",
+                                                  "sample"}
+    greedy = [x for x in res["runs"] if x["mode"] == "greedy"]
+    sampled = [x for x in res["runs"] if x["mode"] == "sampled"]
+    assert len(greedy) == len(sampled) == 3
+    assert any(row[1] == "bulk" for row in res["memory"])
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_model_s3_prints_our_prediction(release_model, tmp_path) -> None:
+    r = bench("--model-s3", "--image", str(release_model.image), "--plot",
+              str(tmp_path / "s3.png"), "--json", str(tmp_path / "s3.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mpllm (ours)" in r.stdout and "counters: measured" in r.stdout
+    assert "ours, predicted ms/token per stage" in r.stdout
+    data = json.loads((tmp_path / "s3.json").read_text())
+    assert data["measured"]["pie_per_call"]["head"] > 0
+    assert (tmp_path / "s3.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mpremote_exec_against_the_serial_peer() -> None:
+    with SerialPeer([MODULES]) as peer:
+        # mpremote soft-resets first (the peer restarts MicroPython, as a board would)
+        code = ("import llm, sys; d = llm.Utf8Decoder(); "
+                "print(sys.implementation.name, d.feed(b'\\xc3') + d.feed(b'\\xa9'))")
+        r = subprocess.run([sys.executable, "-m", "mpremote", "connect", peer.port, "exec",
+                            code], capture_output=True, text=True, check=False, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.strip() == "micropython \u00e9"
+        assert peer.soft_resets == 1
+        # an exception on the device comes back as mpremote's error
+        r = subprocess.run([sys.executable, "-m", "mpremote", "connect", peer.port, "resume",
+                            "exec", "raise ValueError('from the peer')"], capture_output=True,
+                           text=True, timeout=60, check=False)
+        assert r.returncode != 0 and "from the peer" in r.stdout + r.stderr
+
+
+RECORD = """
+import sys
+sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
+import record
+record.install({out!r})
+from mpllm import bench
+bench.run_host({image!r}, [bench.RunSpec("Once upon a time", 0.0, 0, 0)], {n}, progress=False)
+record.save()
+"""
+
+
+def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
+    """bench.py --port over a real pty: MicroPython unix running llm.py with
+    the replay double of `_llm` (tests/replay), replaying what the real
+    engine answered to the very same bench snippet (recorded by
+    tests/replay/record.py)."""
+    rec_dir = tmp_path / "recording"
+    code = RECORD.format(modules=str(MODULES), tools=str(ROOT / "tools"), replay=str(REPLAY),
+                         out=str(rec_dir), image=str(small_model.image), n=20)
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert made.returncode == 0, made.stdout + made.stderr
+    out = tmp_path / "port.json"
+    with SerialPeer([REPLAY, MODULES], env={"MPLLM_REPLAY": str(rec_dir)}) as peer:
+        r = bench("--port", peer.port, "--greedy-only", "--prompt", "Once upon a time",
+                  "--tokens", "20", "--json", str(out), "--quiet", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "engine" in r.stdout and "round trip" in r.stdout
+    data = json.loads(out.read_text())
+    (res,) = data["results"]
+    (run,) = res["runs"]
+    assert run["mode"] == "greedy" and run["tokens"] == 20 and run["roundtrip_tok_s"] > 0
+    # the tokens that crossed the serial link are the real engine's
+    recorded = json.loads((rec_dir / "replay.json").read_text())["runs"][0]["tokens"]
+    host = subprocess.run([sys.executable, str(BENCH), "--board", "host", "--image",
+                           str(small_model.image), "--greedy-only", "--prompt",
+                           "Once upon a time", "--tokens", "20", "--json",
+                           str(tmp_path / "h.json"), "--quiet", "--no-plot"],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(MODULES)})
+    assert host.returncode == 0, host.stderr
+    (hrun,) = json.loads((tmp_path / "h.json").read_text())["results"][0]["runs"]
+    assert run["text"] == hrun["text"] and len(recorded) == 20

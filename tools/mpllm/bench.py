@@ -1,0 +1,642 @@
+"""Benchmark the board (or the host board) and check it computes what the host does.
+
+    python tools/bench.py --port /dev/ttyACM0          the board, over its serial REPL
+    python tools/bench.py --board host [--image IMG]   in-process, CPython `_llm`
+    python tools/bench.py --board host --release-shaped   ... plus a release-shaped model
+    python tools/bench.py --gate --image IMG [--port PORT | --board host]
+    python tools/bench.py --model-s3 [--release-shaped | --image IMG]   cost model
+
+Two speeds are reported (DESIGN §9): engine ms/token (the engine's own stage
+timers, decode steps only) and round-trip tok/s (when the text reaches this
+machine: through MicroPython's print and the serial link for a board). Also:
+per-stage ms, time to first token (engine and round trip), memory placement
+and build_info. Results go to a JSON file and a PNG stage chart.
+
+How the board is driven: mpremote's own SerialTransport enters the raw REPL,
+sends BENCH_SNIPPET with exec_raw_no_follow and follows the output as it
+streams, timestamping every byte. The snippet runs unchanged in-process on
+CPython for the host board.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import costmodel, gate
+
+STAGES = costmodel.STAGES
+
+#: The fixed prompt set (TinyStories openings).
+PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog")
+#: Sampled runs use upstream's sampler settings (DESIGN §3) and fixed seeds.
+SAMPLE_TEMPERATURE = 0.8
+SAMPLE_TOP_K = 40
+SAMPLE_SEED = 20240601
+
+START, END, INFO = "MPLLM-BENCH-START", "MPLLM-BENCH-END", "MPLLM-BENCH-INFO"
+
+# Runs on CPython (host board) and MicroPython (board, unix port). Prints the
+# story text as it is generated; control characters other than newline are
+# escaped, because a raw \x04 would end the raw REPL's output early.
+BENCH_SNIPPET = r'''
+import _llm
+import llm
+import json
+import time
+
+try:
+    _now = time.ticks_us
+
+    def _us(a, b):
+        return time.ticks_diff(b, a)
+except AttributeError:
+    def _now():
+        return int(time.perf_counter() * 1e6)
+
+    def _us(a, b):
+        return b - a
+
+
+def _clean(s):
+    out = []
+    for c in s:
+        o = ord(c)
+        if o < 32 and c != "\n" or o == 127:
+            out.append("\\x%%02x" %% o)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _bench(model, runs, n_tokens):
+    cfg = model.config()
+    tok = llm.Tokenizer(model.tokenizer())
+    info = {"build_info": _llm.build_info(), "config": cfg,
+            "memory": [list(m) for m in model.memory()]}
+    print("%(info)s", json.dumps(info))
+    for i, (prompt, temperature, top_k, seed) in enumerate(runs):
+        ids = tok.encode(prompt)
+        n = min(n_tokens, cfg["seq_len"] - len(ids) + 1)
+        model.reset()
+        model.sampler(temperature, top_k, seed)
+        dec = llm.Utf8Decoder()
+        print("%(start)s", i)
+        t0 = _now()
+        t = model.prefill(ids)
+        first = model.stats()
+        out = [t]
+        print(_clean(dec.feed(tok.token_bytes(t))), end="")
+        for _ in range(n - 1):
+            t = model.step(t)
+            out.append(t)
+            print(_clean(dec.feed(tok.token_bytes(t))), end="")
+        t1 = _now()
+        print(_clean(dec.flush()))
+        last = model.stats()
+        res = {"run": i, "prompt_ids": ids, "ids": out, "wall_us": _us(t0, t1),
+               "after_prefill": first, "final": last}
+        print("%(end)s", json.dumps(res))
+
+
+_m = _llm.Model(%(model_args)s)
+try:
+    _bench(_m, %(runs)r, %(n_tokens)d)
+finally:
+    _m.close()
+'''
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    prompt: str
+    temperature: float
+    top_k: int
+    seed: int
+
+    @property
+    def mode(self) -> str:
+        return "greedy" if self.seed == 0 or self.temperature == 0 else "sampled"
+
+
+def default_runs(prompts: Sequence[str] = PROMPTS, *, greedy: bool = True,
+                 sampled: bool = True) -> list[RunSpec]:
+    runs = []
+    for i, p in enumerate(prompts):
+        if greedy:
+            runs.append(RunSpec(p, 0.0, 0, 0))
+        if sampled:
+            runs.append(RunSpec(p, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, SAMPLE_SEED + i))
+    return runs
+
+
+def bench_snippet(runs: Sequence[RunSpec], n_tokens: int, model_args: str = "") -> str:
+    if n_tokens < 2:
+        raise ValueError(f"--tokens must be at least 2, got {n_tokens}")
+    spec = [(r.prompt, r.temperature, r.top_k, r.seed) for r in runs]
+    return BENCH_SNIPPET % {"info": INFO, "start": START, "end": END, "model_args": model_args,
+                            "runs": spec, "n_tokens": n_tokens}
+
+
+@dataclass
+class RunResult:
+    prompt: str
+    mode: str
+    prompt_tokens: int
+    tokens: int  # generated, the first one included
+    text: str
+    engine_ms_per_token: float  # decode steps: stage time after prefill / steps
+    stage_ms_per_token: dict[str, float]
+    engine_ttft_ms: float
+    roundtrip_tok_s: float  # tokens after the first / time between their arrival
+    roundtrip_ttft_ms: float  # start marker -> first text byte
+    engine_tok_s: float | None  # None when the engine's timers read 0 (a replay double)
+    wall_tok_s: float | None  # the snippet's own clock, prefill to last token
+
+
+@dataclass
+class BenchResult:
+    board: str
+    build_info: str
+    config: dict
+    memory: list
+    runs: list[RunResult] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        def mean(xs: list[float]) -> float:
+            return sum(xs) / len(xs) if xs else float("nan")
+
+        out = {"engine_ms_per_token": mean([r.engine_ms_per_token for r in self.runs]),
+               "roundtrip_tok_s": mean([r.roundtrip_tok_s for r in self.runs]),
+               "engine_ttft_ms": mean([r.engine_ttft_ms for r in self.runs]),
+               "roundtrip_ttft_ms": mean([r.roundtrip_ttft_ms for r in self.runs])}
+        for st in STAGES:
+            out[f"stage_{st}_ms"] = mean([r.stage_ms_per_token[st] for r in self.runs])
+        return out
+
+
+class StreamRecorder:
+    """Collects streamed output with the arrival time of every chunk."""
+
+    def __init__(self, on_text: Callable[[str], None] | None = None) -> None:
+        self.chunks: list[tuple[float, bytes]] = []
+        self.on_text = on_text
+
+    def feed(self, data: bytes) -> None:
+        self.chunks.append((time.perf_counter(), bytes(data)))
+        if self.on_text is not None:
+            self.on_text(data.decode("utf-8", "replace"))
+
+    def text(self) -> str:
+        return b"".join(c for _, c in self.chunks).decode("utf-8", "replace")
+
+    def time_of(self, offset: int) -> float:
+        """Arrival time of the byte at `offset` in the concatenated stream."""
+        pos = 0
+        for t, c in self.chunks:
+            pos += len(c)
+            if pos > offset:
+                return t
+        raise IndexError(f"offset {offset} past the end of the stream ({pos} bytes)")
+
+
+def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> BenchResult:
+    """Turn the snippet's output into results; ValueError with the output on
+    anything missing."""
+    raw = b"".join(c for _, c in rec.chunks)
+    text = raw.decode("utf-8", "replace")
+    info_at = raw.find(INFO.encode())
+    if info_at < 0:
+        raise ValueError(f"{board}: no {INFO} line in the output:\n{text[-2000:]}")
+    line_end = raw.find(b"\n", info_at)
+    info = json.loads(raw[info_at + len(INFO):line_end].decode())
+    result = BenchResult(board, info["build_info"], info["config"], info["memory"])
+    pos = line_end
+    for i, spec in enumerate(runs):
+        s = raw.find(f"{START} {i}".encode(), pos)
+        if s < 0:
+            raise ValueError(f"{board}: run {i} never started; output:\n{text[-2000:]}")
+        body = raw.find(b"\n", s) + 1
+        e = raw.find(END.encode(), body)
+        if e < 0:
+            raise ValueError(f"{board}: run {i} did not finish; output:\n{text[-2000:]}")
+        e_line = raw.find(b"\n", e)
+        res = json.loads(raw[e + len(END):e_line if e_line >= 0 else len(raw)].decode())
+        story = raw[body:e].decode("utf-8", "replace").rstrip("\r\n")
+        t_start = rec.time_of(s)
+        t_first = rec.time_of(body) if e > body else rec.time_of(e)
+        t_end = rec.time_of(e)
+        n = len(res["ids"])
+        a, f = res["after_prefill"], res["final"]
+        steps = f["tokens"] - a["tokens"]
+        per_stage = {st: (f["stage_ms"][st] - a["stage_ms"][st]) / steps if steps else 0.0
+                     for st in STAGES}
+        eng = sum(per_stage.values())
+        window = t_end - t_first
+        result.runs.append(RunResult(
+            prompt=spec.prompt, mode=spec.mode, prompt_tokens=len(res["prompt_ids"]),
+            tokens=n, text=story, engine_ms_per_token=eng, stage_ms_per_token=per_stage,
+            engine_ttft_ms=float(a["ttft_ms"]),
+            roundtrip_tok_s=(n - 1) / max(window, 1e-6),
+            roundtrip_ttft_ms=1e3 * (t_first - t_start),
+            engine_tok_s=1e3 / eng if eng > 0 else None,
+            wall_tok_s=n / (res["wall_us"] / 1e6) if res["wall_us"] > 0 else None))
+        pos = e
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Host board and serial board
+# ---------------------------------------------------------------------------
+
+class _TimedWriter(io.TextIOBase):
+    def __init__(self, rec: StreamRecorder) -> None:
+        self.rec = rec
+
+    def write(self, s: str) -> int:
+        self.rec.feed(s.encode("utf-8"))
+        return len(s)
+
+
+def _import_llm_modules(llm_module: object | None) -> object:
+    if llm_module is not None:
+        sys.modules["_llm"] = llm_module  # type: ignore[assignment]
+    gate._tokenizer_class()  # `llm` importable from a checkout
+    import _llm
+
+    return _llm
+
+
+def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: int, *,
+             llm_module: object | None = None, progress: bool = True) -> BenchResult:
+    """The bench on the host board: BENCH_SNIPPET in-process with the CPython `_llm`."""
+    _import_llm_modules(llm_module)
+    rec = StreamRecorder(_progress_callback(len(runs), progress))
+    with contextlib.redirect_stdout(_TimedWriter(rec)):
+        # the board's snippet, run unchanged on the host board
+        src = bench_snippet(runs, n_tokens, repr(os.fspath(image)))
+        exec(src, {"__name__": "mpllm_bench"})  # noqa: S102
+    _progress_close()
+    return parse_stream(rec, runs, "host")
+
+
+def _open_transport(port: str) -> object:
+    try:
+        from mpremote.transport_serial import SerialTransport
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SystemExit("talking to a board needs mpremote: pip install 'mpllm[board]'") from e
+    return SerialTransport(port, baudrate=115200)
+
+
+def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], None],
+                     soft_reset: bool = False, timeout: float = 120) -> bytes:
+    """Run `snippet` on the board at `port` through mpremote's transport,
+    streaming its stdout to `consumer`; returns its stderr (the traceback of
+    an exception, empty on success)."""
+    from mpremote.transport import TransportError
+
+    tr = _open_transport(port)
+    try:
+        tr.enter_raw_repl(soft_reset=soft_reset)
+        tr.exec_raw_no_follow(snippet)
+        _out, err = tr.follow(timeout, consumer)
+        tr.exit_raw_repl()
+    except TransportError as e:
+        raise RuntimeError(f"{port}: {e}") from e
+    finally:
+        tr.close()
+    return err
+
+
+def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: bool = False,
+             progress: bool = True, timeout: float = 120) -> BenchResult:
+    """The bench on a board (or a serial peer) through its raw REPL."""
+    rec = StreamRecorder(_progress_callback(len(runs), progress))
+    err = run_port_snippet(port, bench_snippet(runs, n_tokens), consumer=rec.feed,
+                           soft_reset=soft_reset, timeout=timeout)
+    _progress_close()
+    if err:
+        raise RuntimeError(f"{port}: the bench raised on the board:\n"
+                           f"{err.decode('utf-8', 'replace')}")
+    return parse_stream(rec, runs, port)
+
+
+def port_gate(port: str, *, soft_reset: bool = False, timeout: float = 300) -> gate.GateResult:
+    """The gate computed on the board at `port` (its model partition)."""
+    chunks: list[bytes] = []
+    err = run_port_snippet(port, gate.gate_snippet(""), consumer=chunks.append,
+                           soft_reset=soft_reset, timeout=timeout)
+    out = b"".join(chunks).decode("utf-8", "replace")
+    if err:
+        raise RuntimeError(f"{port}: the gate raised on the board:\n"
+                           f"{err.decode('utf-8', 'replace')}")
+    return gate.parse_gate_line(out, f"board at {port}")
+
+
+_BAR: list[object] = []
+
+
+def _progress_callback(n_runs: int, enabled: bool) -> Callable[[str], None] | None:
+    """A tqdm bar over the runs, advanced when a run's end marker streams by."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = tqdm(total=n_runs, desc="bench runs", unit="run", file=sys.__stderr__)
+    _BAR[:] = [bar]
+    tail = [""]
+
+    def on_text(s: str) -> None:
+        buf = tail[0] + s
+        k = buf.count(END)
+        if k:
+            bar.update(k)
+        tail[0] = buf[-(len(END) - 1):]  # a marker split across chunks still counts once
+
+    return on_text
+
+
+def _progress_close() -> None:
+    for bar in _BAR:
+        bar.close()  # type: ignore[attr-defined]
+    _BAR.clear()
+
+
+# ---------------------------------------------------------------------------
+# Reports
+# ---------------------------------------------------------------------------
+
+def _memory_summary(memory: list) -> str:
+    """Region totals, then the placements outside the per-layer matrices."""
+    totals: dict[str, int] = {}
+    named = []
+    for name, region, size in memory:
+        totals[region] = totals.get(region, 0) + int(size)
+        if not (name.startswith("L") and "." in name):
+            named.append(f"{name}:{region}")
+    layer = sorted({r for n, r, _ in memory if n.startswith("L") and "." in n})
+    parts = [f"{r} {b / 1024:.1f} KiB" for r, b in sorted(totals.items())]
+    return ("; ".join(parts) + " | " + ", ".join(named)
+            + (f", layer matrices:{'+'.join(layer)}" if layer else ""))
+
+
+def format_result(res: BenchResult) -> str:
+    s = res.summary()
+    lines = [f"board: {res.board}", f"build_info: {res.build_info}",
+             "memory: " + _memory_summary(res.memory),
+             (f"{'prompt':<36} {'mode':<8} {'tok':>4} {'engine ms/tok':>13} "
+             f"{'engine tok/s':>12} {'round-trip tok/s':>16} {'TTFT ms (eng/rt)':>17}")]
+    for r in res.runs:
+        lines.append(f"{r.prompt[:36]:<36} {r.mode:<8} {r.tokens:>4} "
+                     f"{r.engine_ms_per_token:>13.3f} {r.engine_tok_s or 0.0:>12.1f} "
+                     f"{r.roundtrip_tok_s:>16.1f} "
+                     f"{r.engine_ttft_ms:>8.1f}/{r.roundtrip_ttft_ms:<8.1f}")
+    lines.append("per stage, ms/token (mean over runs): "
+                 + ", ".join(f"{st} {s[f'stage_{st}_ms']:.3f}" for st in STAGES))
+    eng = s["engine_ms_per_token"]
+    eng_rate = f"{1e3 / eng:.1f} tok/s" if eng > 0 else "its stage timers read 0: no clock"
+    lines.append(f"engine {eng:.3f} ms/token ({eng_rate}); round trip "
+                 f"{s['roundtrip_tok_s']:.1f} tok/s")
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[BenchResult]) -> dict:
+    return {"results": [{**{k: v for k, v in asdict(r).items() if k != "runs"},
+                         "summary": r.summary(),
+                         "runs": [asdict(x) for x in r.runs]} for r in results]}
+
+
+def write_json(data: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def plot_stages(results: Sequence[BenchResult], path: Path) -> Path:
+    """Stacked bar per benchmarked model/board: ms/token per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r.board for r in results]
+    fig, ax = plt.subplots(figsize=(max(5, 2.2 * len(results) + 2), 4.5))
+    bottom = [0.0] * len(results)
+    for st in STAGES:
+        vals = [r.summary()[f"stage_{st}_ms"] for r in results]
+        ax.bar(labels, vals, bottom=bottom, label=st)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, r in enumerate(results):
+        ax.annotate(f"{bottom[i]:.2f} ms\n{r.summary()['roundtrip_tok_s']:.0f} tok/s round trip",
+                    (i, bottom[i]), textcoords="offset points", xytext=(0, 3), ha="center",
+                    fontsize=8)
+    ax.set_ylabel("engine ms per token (decode)")
+    ax.set_title("mpllm bench: time per stage")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+def _default_image() -> Path | None:
+    demo = costmodel.repo_root() / "models" / "demo"
+    found = sorted(demo.glob("*.img")) if demo.is_dir() else []
+    return found[0] if found else None
+
+
+def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:
+    """A random model with the release model's exact shape (H1's generator),
+    converted to an image; cached in out_dir."""
+    from .convert import convert
+    from .generate import write_test_model
+    from .model import Config
+
+    img = out_dir / "model.img"
+    if img.is_file():
+        return img
+    cfg = Config(vocab_in=32768, vocab_out=25353, dim=96, n_layers=6, n_heads=4, ffn=66,
+                 ple_dim=128, seq_len=256, group=128, tied_head=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_bin, tok = write_test_model(out_dir, cfg, seed)
+    convert(model_bin, tok, img, progress=False)
+    return img
+
+
+def _release_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "mpllm-bench-release-shaped"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--port", help="serial port of the board (or a serial peer)")
+    where.add_argument("--board", choices=["host"], help="run on this machine (CPython _llm)")
+    p.add_argument("--image", type=Path, help="model image (host board; the gate's reference)")
+    p.add_argument("--release-shaped", action="store_true",
+                   help="also bench a random model of the release shape (generated once)")
+    p.add_argument("--tokens", type=int, default=100, help="tokens per run (default 100)")
+    p.add_argument("--prompt", action="append", help="replace the fixed prompt set")
+    p.add_argument("--greedy-only", action="store_true", help="skip the sampled runs")
+    p.add_argument("--sampled-only", action="store_true", help="skip the greedy runs")
+    p.add_argument("--json", type=Path, help="write results here (default bench-<board>.json)")
+    p.add_argument("--plot", type=Path, help="write the stage chart here (default: beside --json)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--soft-reset", action="store_true",
+                   help="soft-reset the board before running (releases its model)")
+    p.add_argument("--timeout", type=float, default=120,
+                   help="seconds of silence from the board before giving up")
+    p.add_argument("--gate", action="store_true",
+                   help="check the gate: board (or host engine) hash == host reference hash")
+    p.add_argument("--expect", help="with --gate: compare against this hash, not the reference")
+    p.add_argument("--model-s3", action="store_true",
+                   help="print the ESP32-S3 cost model (uses --image/--release-shaped if given)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    if args.image is None and not args.release_shaped:
+        print("bench.py --gate needs --image (the image the board runs) or --release-shaped",
+              file=sys.stderr)
+        return 2
+    image = args.image or make_release_shaped(_release_dir())
+    if args.port:
+        other = port_gate(args.port, soft_reset=args.soft_reset, timeout=max(args.timeout, 300))
+    else:
+        _import_llm_modules(llm_module)
+        other = gate.engine_gate(image)
+    if args.expect:
+        want = args.expect.strip().lower()
+        if len(want) != 16 or any(c not in "0123456789abcdef" for c in want):
+            print(f"--expect {args.expect!r}: expected 16 hex digits", file=sys.stderr)
+            return 2
+        ref = gate.GateResult(want, other.prompt_ids, other.ids, "expected (--expect)")
+    else:
+        ref = gate.reference_gate(image)
+    ok, text = gate.compare(ref, other)
+    print(text)
+    return 0 if ok else 1
+
+
+def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    measured = None
+    image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped else None)
+    if image is not None:
+        _import_llm_modules(llm_module)
+        import _llm
+
+        with _llm.Model(os.fspath(image)) as m:
+            shape = costmodel.Shape.from_config(m.config())
+        if shape != costmodel.RELEASE:
+            print(f"{image}: not release-shaped ({shape}); the S3 prediction needs the release "
+                  "shape, using the analytic counts", file=sys.stderr)
+        else:
+            measured = costmodel.measure_host(os.fspath(image), llm_module=_llm)
+    rep = costmodel.report(measured)
+    print(rep.table())
+    ours = rep.predictions["ours"]
+    print("ours, predicted ms/token per stage on the N16R8: "
+          + ", ".join(f"{st} {ours[st]:.2f}" for st in STAGES) + f"; total {ours['total']:.2f}")
+    print("counters: " + ("measured (" + "; ".join(measured.sources.values()) + ")"
+                          if measured else "analytic (the engine's formulas, no image given)"))
+    if not args.no_plot:
+        path = args.plot or Path("costmodel-s3.png")
+        costmodel.plot(rep, path)
+        print(f"plot: {path}")
+    if args.json:
+        write_json(rep.to_json(), args.json)
+        print(f"json: {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.greedy_only and args.sampled_only:
+        print("--greedy-only and --sampled-only exclude each other", file=sys.stderr)
+        return 2
+    try:
+        if args.model_s3:
+            return _model_s3_main(args, llm_module)
+        if args.port is None and args.board is None:
+            print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
+            return 2
+        if args.gate:
+            return _gate_main(args, llm_module)
+        runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
+                            sampled=not args.greedy_only)
+        results: list[BenchResult] = []
+        if args.port:
+            results.append(run_port(args.port, runs, args.tokens, soft_reset=args.soft_reset,
+                                    progress=not args.quiet, timeout=args.timeout))
+        else:
+            images: list[tuple[str, Path]] = []
+            img = args.image or _default_image()
+            if img is not None:
+                images.append((f"host:{img.name}" if args.image else "host:demo", img))
+            if args.release_shaped:
+                images.append(("host:release-shaped", make_release_shaped(_release_dir())))
+            if not images:
+                print("no model: give --image PATH or --release-shaped (no demo model found "
+                      "under models/demo)", file=sys.stderr)
+                return 2
+            for label, path in images:
+                if not Path(path).is_file():
+                    print(f"{path}: no such image", file=sys.stderr)
+                    return 2
+                r = run_host(path, runs, args.tokens, llm_module=llm_module,
+                             progress=not args.quiet)
+                r.board = label
+                results.append(r)
+        for r in results:
+            print(format_result(r))
+            print()
+        name = "host" if args.board else Path(args.port).name
+        jpath = args.json or Path(f"bench-{name}.json")
+        write_json(to_json(results), jpath)
+        print(f"json: {jpath}")
+        if not args.no_plot:
+            ppath = args.plot or jpath.with_suffix(".png")
+            plot_stages(results, ppath)
+            print(f"plot: {ppath}")
+        return 0
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 1
+
+
+__all__ = [
+    "BENCH_SNIPPET",
+    "PROMPTS",
+    "BenchResult",
+    "RunResult",
+    "RunSpec",
+    "bench_snippet",
+    "default_runs",
+    "main",
+    "make_release_shaped",
+    "parse_stream",
+    "plot_stages",
+    "port_gate",
+    "run_host",
+    "run_port",
+    "run_port_snippet",
+]

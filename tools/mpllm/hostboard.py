@@ -1,0 +1,130 @@
+"""The host board: the board's own `llm.py` on the PC, over the CPython `_llm` engine.
+
+    from mpllm import hostboard
+    llm = hostboard.open_demo()        # converts models/demo once, then reuses the image
+    llm.story("Once upon a time")
+
+Images converted from model.bin + tokenizer.json are cached under
+$MPLLM_CACHE (default $XDG_CACHE_HOME/mpllm or ~/.cache/mpllm), in the same
+`images/` layout as `tools/flash.py --board host`, keyed by the sources'
+sha256: editing either source file gives a new image, the same files reuse it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ROOT / "firmware" / "modules"
+DEMO_DIR = ROOT / "models" / "demo"
+
+
+class HostBoardError(RuntimeError):
+    """The host board cannot start; the message says why and what to do."""
+
+
+def cache_dir() -> Path:
+    """Where converted images live: $MPLLM_CACHE, else the user cache's mpllm/."""
+    env = os.environ.get("MPLLM_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mpllm"
+
+
+def import_llm() -> ModuleType:
+    """The `llm` module and its engine, from an install or from this checkout."""
+    try:
+        import _llm
+        import llm
+    except ImportError:
+        # A checkout without `pip install -e .` (or a build made with
+        # `python setup.py build_ext --inplace`) keeps both in firmware/modules.
+        if str(MODULES) not in sys.path:
+            sys.path.insert(0, str(MODULES))
+        try:
+            import _llm  # noqa: F401
+            import llm
+        except ImportError as e:
+            raise HostBoardError(
+                f"the C engine `_llm` is not built ({e}): run `pip install -e .` in {ROOT}"
+            ) from None
+    return llm
+
+
+def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
+    """(model.bin, tokenizer.json) of the bundled demo model."""
+    model_bin, tok = demo_dir / "model.bin", demo_dir / "tokenizer.json"
+    for p in (model_bin, tok):
+        if not p.is_file():
+            raise HostBoardError(
+                f"demo model file missing: {p} (run from a checkout of mpllm, or pass "
+                f"--image with a converted model image)"
+            )
+    return model_bin, tok
+
+
+def _say(text: str) -> None:
+    # Progress goes to stderr, so that stdout carries only the story.
+    print(text, file=sys.stderr, flush=True)
+
+
+def ensure_image(model_bin: Path, tokenizer_json: Path, cache: Path | None = None) -> Path:
+    """The cached image converted from these two files, converting them if needed.
+
+    The first conversion shows its progress on stderr."""
+    import hashlib
+
+    from .flash import FlashError, Runner, image_for, sha256_file
+
+    cache = cache_dir() if cache is None else cache
+    # The key image_for() files an image under; checked here first so that a
+    # cached image is reused without a word.
+    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer_json)).encode())
+    cached = cache / "images" / f"{key.hexdigest()[:16]}.img"
+    if cached.is_file():
+        return cached
+    _say(f"Converting {model_bin} + {tokenizer_json.name} into a model image "
+         f"(first run only; cached in {cache / 'images'})")
+    try:
+        return image_for(model_bin, tokenizer_json, cache, Runner(dry_run=False, out=_say))
+    except FlashError as e:
+        raise HostBoardError(str(e)) from None
+
+
+def open_image(image: str | os.PathLike[str]) -> ModuleType:
+    """`llm` with the image at `image` loaded (replacing any other open model)."""
+    llm = import_llm()
+    path = Path(image)
+    if not path.is_file():
+        raise HostBoardError(f"model image not found: {path}")
+    llm.load(str(path))
+    return llm
+
+
+def open_sources(model_bin: Path, tokenizer_json: Path, cache: Path | None = None) -> ModuleType:
+    """`llm` with the (cached) image of model.bin + tokenizer.json loaded.
+
+    A cached image the engine rejects (damaged on disk, or written by an
+    older converter) is converted again once."""
+    llm = import_llm()
+    import _llm
+
+    img = ensure_image(model_bin, tokenizer_json, cache)
+    try:
+        llm.load(str(img))
+    except _llm.Error as e:
+        _say(f"the cached image {img} cannot be used ({e}); converting again")
+        img.unlink(missing_ok=True)
+        img = ensure_image(model_bin, tokenizer_json, cache)
+        llm.load(str(img))
+    return llm
+
+
+def open_demo(cache: Path | None = None) -> ModuleType:
+    """`llm` with the bundled demo model loaded (converted on first use)."""
+    model_bin, tok = demo_sources()
+    return open_sources(model_bin, tok, cache)
