@@ -39,7 +39,8 @@ if str(_TOOLS) not in sys.path:  # run from a checkout without `pip install -e .
 import numpy as np
 import torch
 from mpllm import corpus
-from mpllm.esp32ai import atomic_write_bytes, write_model_bin
+from mpllm.atomic import atomic_write_bytes
+from mpllm.esp32ai import write_model_bin
 from mpllm.model import Config
 from mpllm.tokenizer import train_tokenizer_json
 from mpllm.torch_model import PLEModel, TorchTwin, to_weights

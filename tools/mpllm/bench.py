@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import costmodel, gate
+from .atomic import atomic_path, atomic_write_bytes
 
 STAGES = costmodel.STAGES
 
@@ -418,9 +419,7 @@ def to_json(results: Sequence[BenchResult]) -> dict:
 
 
 def write_json(data: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
 
 
 def plot_stages(results: Sequence[BenchResult], path: Path) -> Path:
@@ -445,10 +444,9 @@ def plot_stages(results: Sequence[BenchResult], path: Path) -> Path:
     ax.set_title("mpllm bench: time per stage")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

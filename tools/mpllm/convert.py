@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_path
 from .esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
 from .image import (
     KIND_NAMES,
@@ -209,8 +210,7 @@ def convert(
         callback = progress or None
     # Write beside the target, verify, then rename: on any failure an existing file at
     # `out` is left exactly as it was.
-    staging = out.with_name(f".{out.name}.converting")
-    try:
+    with atomic_path(out) as staging:
         try:
             report = write_image(staging, trimmed, tokenizer_section=tok_section, rope=rope,
                                  source_sha256=fingerprint, eot_id=int(tables.eot_id),
@@ -231,9 +231,6 @@ def convert(
             differs = f"unreadable ({e})"
         if differs is not None:
             raise AssertionError(f"internal error: image read back differs in {differs}")
-        os.replace(staging, out)
-    finally:
-        staging.unlink(missing_ok=True)
     return ConvertReport(out=out, file_bytes=report.file_bytes, config=trimmed.config,
                          vocab_in_source=cfg.vocab_in, rows_dropped=cfg.vocab_in - keep,
                          source_sha256=fingerprint, sections=report.sections)

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import atomic_path
+
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 REGIONS = ("flash", "fast", "bulk")
 
@@ -844,10 +846,9 @@ def plot(rep: Report, path: str | os.PathLike[str]) -> Path:
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     out = Path(path)
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
     return out
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write_bytes
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 MAGIC_V1 = b"PLE\x00"
@@ -345,21 +345,6 @@ def encode_model_bin(weights: Weights, *, legacy: bool = False) -> bytes:
         parts.append(pack_nibbles(t.q, pad_code=0).tobytes())
         parts.append(np.asarray(t.scales, np.float16).astype("<f2").tobytes())
     return b"".join(parts)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write via a temp file in the same directory, then rename: never a partial file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_model_bin(

@@ -23,7 +23,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import firmware_pins as pins
+from .atomic import atomic_path
 from .partitions import PartitionError, app_partition, check_layout, find, load_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,13 +180,12 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
         dest.unlink()
     dest_dir.mkdir(parents=True, exist_ok=True)
     run.out(f"download {pin.url}")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{pin.name}.", dir=dest_dir)
-    tmp = Path(tmp_name)
     h = hashlib.sha256()
     n = 0
     bar = _progress_bar(pin.size, pin.name)
     try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(pin.url, timeout=60) as r:
+        with atomic_path(dest) as tmp, open(tmp, "wb") as f, \
+                urllib.request.urlopen(pin.url, timeout=60) as r:
             while True:
                 block = r.read(1 << 16)
                 if not block:
@@ -199,20 +198,20 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
                 f.write(block)
                 if bar is not None:
                     bar.update(len(block))
-        if n != pin.size:
-            raise FlashError(f"download of {pin.name} from {pin.url} has {n} bytes, pinned "
-                             f"size is {pin.size}; nothing was kept")
-        if h.hexdigest() != pin.sha256:
-            raise FlashError(f"download of {pin.name} from {pin.url}: sha256 {h.hexdigest()} "
-                             f"does not match the pinned {pin.sha256}; nothing was kept")
-        os.replace(tmp, dest)
+            f.flush()
+            if n != pin.size:
+                raise FlashError(f"download of {pin.name} from {pin.url} has {n} bytes, "
+                                 f"pinned size is {pin.size}; nothing was kept")
+            if h.hexdigest() != pin.sha256:
+                raise FlashError(f"download of {pin.name} from {pin.url}: sha256 "
+                                 f"{h.hexdigest()} does not match the pinned {pin.sha256}; "
+                                 f"nothing was kept")
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
         raise FlashError(f"cannot download {pin.name} from {pin.url}: {reason}") from None
     finally:
         if bar is not None:
             bar.close()
-        tmp.unlink(missing_ok=True)
     run.out(f"{pin.name}: {pin.size} bytes, sha256 verified")
     return dest
 
@@ -241,14 +240,11 @@ def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Pat
     img.parent.mkdir(parents=True, exist_ok=True)
     from .convert import ConvertError, convert
 
-    tmp = img.with_name(img.name + ".part")
     run.out(f"convert {model_bin} {tokenizer} -> {img}")
-    try:
-        rep = convert(model_bin, tokenizer, tmp, progress=True)
+    try:  # convert writes atomically: no partial image is ever cached
+        rep = convert(model_bin, tokenizer, img, progress=True)
     except (ConvertError, OSError) as e:
-        tmp.unlink(missing_ok=True)
         raise FlashError(f"conversion failed: {e}") from None
-    os.replace(tmp, img)
     run.out(rep.size_table())
     return img
 
@@ -418,11 +414,20 @@ def check_chip(info: ChipInfo, skip_psram: bool) -> None:
 # the two boards
 
 
+def default_cache_dir() -> Path:
+    """Downloads, clones and converted images: $MPLLM_CACHE, else the user cache's mpllm/.
+    The host board (chat.py) shares it, so a model is converted once."""
+    env = os.environ.get("MPLLM_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mpllm"
+
+
 def _cache_dir(args: argparse.Namespace) -> Path:
     if args.cache:
         return Path(args.cache).expanduser().resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mpllm"
+    return default_cache_dir()
 
 
 def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> None:
@@ -541,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micropython", help=f"MicroPython checkout to build from (default: a "
                     f"cached clone of {pins.MICROPYTHON_TAG})")
     ap.add_argument("--release", default=str(RELEASE_JSON), help=argparse.SUPPRESS)
-    ap.add_argument("--cache", help="cache directory (default ~/.cache/mpllm)")
+    ap.add_argument("--cache", help="cache directory (default $MPLLM_CACHE, else ~/.cache/mpllm)")
     ap.add_argument("--erase-all", action="store_true",
                     help="erase the whole flash first (also the filesystem); off by default")
     ap.add_argument("--skip-psram-check", action="store_true",

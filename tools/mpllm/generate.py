@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .esp32ai import atomic_write_bytes, validate_config, write_model_bin
+from .atomic import atomic_write_bytes
+from .esp32ai import validate_config, write_model_bin
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 SCALE_LOW, SCALE_HIGH = 0.002, 0.05

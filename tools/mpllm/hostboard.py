@@ -27,12 +27,10 @@ class HostBoardError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Where converted images live: $MPLLM_CACHE, else the user cache's mpllm/."""
-    env = os.environ.get("MPLLM_CACHE")
-    if env:
-        return Path(env).expanduser().resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mpllm"
+    """Where converted images live (shared with tools/flash.py)."""
+    from .flash import default_cache_dir
+
+    return default_cache_dir()
 
 
 def import_llm() -> ModuleType:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .atomic import atomic_path
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
@@ -435,42 +435,34 @@ def write_image(
         raise ValueError(f"image of {file_bytes} bytes does not fit the u32 offsets")
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     sections: list[Section] = []
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(bytes(offsets[0]))  # header + table, rewritten at the end
-            for (name, kind, produce), off, size in zip(
-                    _payloads(weights, tok, rope), offsets, sizes):
-                f.write(bytes(off - f.tell()))  # zero alignment padding
-                data = produce()
-                if len(data) != size:
-                    raise AssertionError(f"{name}: packed {len(data)} bytes, planned {size}")
-                f.write(data)
-                sections.append(Section(name, kind, off, size, zlib.crc32(data)))
-                if progress is not None:
-                    progress(name, f.tell(), file_bytes)
-            assert f.tell() == file_bytes
-            header = ImageHeader(
-                version=VERSION, header_bytes=HEADER_BYTES, file_bytes=file_bytes,
-                n_sections=len(sections), header_crc32=0,
-                flags=FLAG_TIED_HEAD if cfg.tied_head else 0, vocab_rows=cfg.vocab_in,
-                vocab_out=cfg.vocab_out, vocab_in_source=vin_src, dim=cfg.dim,
-                n_layers=cfg.n_layers, n_heads=cfg.n_heads, ffn=cfg.ffn,
-                ple_dim=cfg.ple_dim, seq_len=cfg.seq_len, group=cfg.group,
-                rope_theta=cfg.rope_theta, eot_id=eot_id, source_sha256=bytes(source_sha256))
-            table = b"".join(SECTION.pack(s.name.encode("ascii"), s.kind, s.offset, s.size,
-                                          s.crc32) for s in sections)
-            crc = zlib.crc32(table, zlib.crc32(header.pack()))
-            header = dataclasses.replace(header, header_crc32=crc)
-            f.seek(0)
-            f.write(header.pack() + table)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(bytes(offsets[0]))  # header + table, rewritten at the end
+        for (name, kind, produce), off, size in zip(
+                _payloads(weights, tok, rope), offsets, sizes):
+            f.write(bytes(off - f.tell()))  # zero alignment padding
+            data = produce()
+            if len(data) != size:
+                raise AssertionError(f"{name}: packed {len(data)} bytes, planned {size}")
+            f.write(data)
+            sections.append(Section(name, kind, off, size, zlib.crc32(data)))
+            if progress is not None:
+                progress(name, f.tell(), file_bytes)
+        assert f.tell() == file_bytes
+        header = ImageHeader(
+            version=VERSION, header_bytes=HEADER_BYTES, file_bytes=file_bytes,
+            n_sections=len(sections), header_crc32=0,
+            flags=FLAG_TIED_HEAD if cfg.tied_head else 0, vocab_rows=cfg.vocab_in,
+            vocab_out=cfg.vocab_out, vocab_in_source=vin_src, dim=cfg.dim,
+            n_layers=cfg.n_layers, n_heads=cfg.n_heads, ffn=cfg.ffn,
+            ple_dim=cfg.ple_dim, seq_len=cfg.seq_len, group=cfg.group,
+            rope_theta=cfg.rope_theta, eot_id=eot_id, source_sha256=bytes(source_sha256))
+        table = b"".join(SECTION.pack(s.name.encode("ascii"), s.kind, s.offset, s.size,
+                                      s.crc32) for s in sections)
+        crc = zlib.crc32(table, zlib.crc32(header.pack()))
+        header = dataclasses.replace(header, header_crc32=crc)
+        f.seek(0)
+        f.write(header.pack() + table)
     return ImageReport(path=path, file_bytes=file_bytes, header=header, sections=sections)
 
 
