@@ -1,0 +1,114 @@
+"""Write stories with the TinyStories model (`tools/chat.py`, `mpllm-chat`).
+
+    python tools/chat.py --board host "Once upon a time"   # one story on the PC
+    python tools/chat.py                                   # interactive, on the PC
+    python tools/chat.py --board n16r8 --port /dev/ttyACM0 "Once upon a time"
+                                          # prints the mpremote command for the board
+
+The host board runs the board's own llm.py over the CPython engine, with the
+bundled demo model (converted once into the cache, see mpllm.hostboard) or
+the image given with --image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from . import hostboard
+
+
+def _options(args: argparse.Namespace) -> dict[str, object]:
+    """The llm options the user gave (llm.py owns the defaults)."""
+    opts: dict[str, object] = {"max_tokens": args.max_tokens, "top_k": args.top_k,
+                               "temperature": 0.0 if args.greedy else args.temperature,
+                               "seed": args.seed}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def _board_command(args: argparse.Namespace, opts: dict[str, object]) -> str:
+    """The mpremote command that does the same on a board."""
+    port = args.port or "PORT"
+    call = ", ".join(f"{k}={v!r}" for k, v in opts.items())
+    if args.prompt is None:
+        code = f"import llm; llm.chat({call})"
+        return (f"mpremote connect {shlex.quote(port)} repl\n"
+                f"then at the >>> prompt: {code}")
+    # json's string literal is valid Python and uses double quotes, which
+    # survive the shell's single quotes.
+    code = f"import llm; llm.story({', '.join([json.dumps(args.prompt)] + ([call] if call else []))})"
+    return f"mpremote connect {shlex.quote(port)} exec {shlex.quote(code)}"
+
+
+def _print_stats(s: dict[str, object]) -> None:
+    def num(key: str, fmt: str) -> str:
+        v = s.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    print(f"stop: {s.get('stop')}   prompt tokens: {s.get('prompt_tokens')}   "
+          f"story tokens: {s.get('tokens')}   seed: {s.get('seed')}", file=sys.stderr)
+    print(f"time to first token: {num('ttft_ms', '.1f')} ms   "
+          f"engine: {num('engine_ms_per_token', '.2f')} ms/token   "
+          f"round trip: {num('tok_per_s', '.1f')} tok/s", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        llm = hostboard.import_llm()
+    except hostboard.HostBoardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser(
+        description="Write a story (or chat) with the TinyStories model.")
+    ap.add_argument("prompt", nargs="?", help="how the story begins (none: interactive chat)")
+    ap.add_argument("--board", choices=["host", "n16r8"], default="host",
+                    help="host: run on this PC (default); n16r8: show the command for a board")
+    ap.add_argument("--port", help="the board's serial port (with --board n16r8)")
+    ap.add_argument("--image", help="a converted model image (default: the bundled demo model)")
+    ap.add_argument("--max-tokens", type=int,
+                    help=f"story tokens at most ({llm.MAX_TOKENS})")
+    ap.add_argument("--temperature", type=float,
+                    help=f"sampling temperature, 0 = greedy ({llm.TEMPERATURE})")
+    ap.add_argument("--top-k", type=int, help=f"sample among the k best, 0 = all ({llm.TOP_K})")
+    ap.add_argument("--seed", type=int, help="sampling seed (default: a fresh one per story)")
+    ap.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    ap.add_argument("--stats", action="store_true",
+                    help="print timing and token counts after the (last) story, to stderr")
+    args = ap.parse_args(argv)
+    opts = _options(args)
+
+    if args.board == "n16r8":
+        if args.image:
+            ap.error("--image is for the host board; the board reads its flashed model "
+                     "(tools/flash.py --board n16r8 --image ... writes one)")
+        if not args.port:
+            print("(give --port to fill in the serial port)", file=sys.stderr)
+        print(_board_command(args, opts))
+        return 0
+    if args.port:
+        ap.error("--port is for --board n16r8")
+
+    try:
+        llm = hostboard.open_image(args.image) if args.image else hostboard.open_demo()
+    except (hostboard.HostBoardError, RuntimeError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.prompt is None:
+            llm.chat(**opts)
+            if args.stats:
+                _print_stats(llm.stats())
+            return 0
+        try:
+            llm.story(args.prompt, **opts)
+        except KeyboardInterrupt:
+            return 130
+        if args.stats:
+            _print_stats(llm.stats())
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
