@@ -10,8 +10,6 @@
  * included), all of it during llm_open. The forward pass allocates nothing.
  */
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "image.h"
@@ -74,17 +72,6 @@ struct llm_engine {
 };
 
 /* ---- status ------------------------------------------------------------ */
-
-llm_status llm_fail(llm_error *err, llm_status status, const char *fmt, ...) {
-    if (err != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = status;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 static llm_status ok(llm_error *err) {
     if (err != NULL) {
@@ -451,26 +438,14 @@ static void quantize(llm_engine *e, const float *x, uint32_t n) {
     llm_quantize_act(x, n, (n + 31u) / 32u * 32u, e->xq, &e->xscale);
 }
 
-typedef struct matvec_job {
-    const llm_q4 *w;
-    const int8_t *xq;
-    float xscale;
-    float *y;
-} matvec_job;
-
-static void matvec_rows(void *arg, uint32_t row_begin, uint32_t row_end) {
-    const matvec_job *job = arg;
-    llm_matvec_q4(job->w, job->xq, job->xscale, job->y, row_begin, row_end);
-}
-
 /* The port may split the rows across cores (DESIGN §7); each row is still one
  * kernel call's work, so the bits do not depend on the split. */
 static void matvec(llm_engine *e, const llm_mat *m, float *y) {
-    matvec_job job = {&m->w, e->xq, e->xscale, y};
+    llm_matvec_job job = {&m->w, e->xq, e->xscale, y};
     if (e->port.parallel_rows != NULL)
-        e->port.parallel_rows(e->port.ctx, matvec_rows, &job, m->w.rows);
+        e->port.parallel_rows(e->port.ctx, llm_matvec_job_rows, &job, m->w.rows);
     else
-        matvec_rows(&job, 0, m->w.rows);
+        llm_matvec_job_rows(&job, 0, m->w.rows);
     e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
                                  (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
 }

@@ -43,6 +43,15 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
 int32_t llm_dot_s8_ref(const int8_t *a, const int8_t *b, uint32_t n);
 int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n);
 
+/* One matvec as a row-range job: the form a port's parallel_rows (llm.h) runs
+ * on two cores. `llm_matvec_job_rows(&job, a, b)` computes rows [a, b). */
+typedef struct llm_matvec_job {
+    const llm_q4 *w;
+    const int8_t *xq;
+    float xscale;
+    float *y;
+} llm_matvec_job;
+
 #if defined(LLM_KERNELS_PIE)
 #define llm_matvec_q4 llm_matvec_q4_pie
 #define llm_dot_s8 llm_dot_s8_pie
@@ -52,5 +61,10 @@ int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n);
 #define llm_dot_s8 llm_dot_s8_ref
 #define LLM_KERNELS_NAME "ref"
 #endif
+
+static inline void llm_matvec_job_rows(void *arg, uint32_t row_begin, uint32_t row_end) {
+    const llm_matvec_job *job = (const llm_matvec_job *)arg;
+    llm_matvec_q4(job->w, job->xq, job->xscale, job->y, row_begin, row_end);
+}
 
 #endif

@@ -1,24 +1,12 @@
 /* Sampler; the recipe (constants, draw order, tie rules) is in sampler.h. */
 #include "sampler.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 
+#include "llm_error.h"
 #include "mathf.h"
 
 #define LLM_PCG_MULT 6364136223846793005ull
 #define LLM_PCG_INC 1442695040888963407ull
-
-static llm_status llm_sampler_fail(llm_error *err, llm_status st, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = st;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 void llm_rng_seed(llm_rng *rng, uint64_t seed) {
     rng->state = 0;
@@ -48,17 +36,17 @@ float llm_rng_gumbel(llm_rng *rng) {
 
 llm_status llm_sampler_check(const llm_sampler_options *opt, uint32_t n, llm_error *err) {
     if (!opt) {
-        return llm_sampler_fail(err, LLM_E_ARG, "sampler options are NULL");
+        return llm_fail(err, LLM_E_ARG, "sampler options are NULL");
     }
     float t = opt->temperature;
     /* t != t catches NaN; the second test catches +inf */
     if (t != t || t < 0.0f || t - t != 0.0f) {
-        return llm_sampler_fail(err, LLM_E_ARG,
+        return llm_fail(err, LLM_E_ARG,
                                 "sampler temperature must be finite and >= 0, got %g",
                                 (double)t);
     }
     if (opt->top_k > LLM_SAMPLER_MAX_TOP_K && opt->top_k < n) {
-        return llm_sampler_fail(err, LLM_E_ARG,
+        return llm_fail(err, LLM_E_ARG,
                                 "top_k %lu exceeds the supported %u (use 0 for all %lu ids)",
                                 (unsigned long)opt->top_k, LLM_SAMPLER_MAX_TOP_K,
                                 (unsigned long)n);
@@ -69,7 +57,7 @@ llm_status llm_sampler_check(const llm_sampler_options *opt, uint32_t n, llm_err
 llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options *opt,
                       llm_rng *rng, int32_t *out, llm_error *err) {
     if (!logits || !out || n == 0 || n > (uint32_t)INT32_MAX) {
-        return llm_sampler_fail(err, LLM_E_ARG, "llm_sample: no logits or no output");
+        return llm_fail(err, LLM_E_ARG, "llm_sample: no logits or no output");
     }
     llm_status st = llm_sampler_check(opt, n, err);
     if (st != LLM_OK) {
@@ -77,7 +65,7 @@ llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options
     }
     for (uint32_t i = 0; i < n; i++) {
         if (logits[i] != logits[i]) {
-            return llm_sampler_fail(err, LLM_E_ARG, "logit %lu is NaN", (unsigned long)i);
+            return llm_fail(err, LLM_E_ARG, "logit %lu is NaN", (unsigned long)i);
         }
     }
     if (opt->seed == 0 || opt->temperature == 0.0f) {
@@ -91,7 +79,7 @@ llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options
         return LLM_OK;
     }
     if (!rng) {
-        return llm_sampler_fail(err, LLM_E_ARG, "llm_sample: sampling needs an rng");
+        return llm_fail(err, LLM_E_ARG, "llm_sample: sampling needs an rng");
     }
     float temp = opt->temperature;
     uint32_t k = (opt->top_k == 0 || opt->top_k >= n) ? n : opt->top_k;

@@ -1,8 +1,6 @@
 /* ESP32-S3 port layer: see port_esp32.h. */
 #include "port_esp32.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "esp_err.h"
@@ -13,17 +11,7 @@
 #include "freertos/task.h"
 
 #include "image_format.h"
-
-static llm_status port_fail(llm_error *err, llm_status st, const char *fmt, ...) {
-    if (err != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = st;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
+#include "llm_error.h"
 
 /* ---- placement ---------------------------------------------------------- */
 
@@ -128,19 +116,19 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->split_min_rows = LLM_ESP32_SPLIT_MIN_ROWS;
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
-    if (w == NULL) return port_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
+    if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
     w->go = xSemaphoreCreateBinary();
     w->done = xSemaphoreCreateBinary();
     if (w->go == NULL || w->done == NULL) {
         worker_free(w);
-        return port_fail(err, LLM_E_NOMEM, "no memory for the worker's semaphores");
+        return llm_fail(err, LLM_E_NOMEM, "no memory for the worker's semaphores");
     }
     /* same priority as the MicroPython task: above idle, below Wi-Fi/BLE */
     UBaseType_t prio = uxTaskPriorityGet(NULL);
     if (xTaskCreatePinnedToCore(worker_main, "mpllm_worker", LLM_ESP32_WORKER_STACK, w, prio,
                                 &w->task, LLM_ESP32_WORKER_CORE) != pdPASS) {
         worker_free(w);
-        return port_fail(err, LLM_E_NOMEM, "cannot start the core-%d worker task (%u bytes "
+        return llm_fail(err, LLM_E_NOMEM, "cannot start the core-%d worker task (%u bytes "
                          "of stack)", LLM_ESP32_WORKER_CORE, (unsigned)LLM_ESP32_WORKER_STACK);
     }
     p->worker = w;
@@ -178,24 +166,6 @@ void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t
     xSemaphoreTake(w->done, portMAX_DELAY);
 }
 
-typedef struct matvec_job {
-    const llm_q4 *w;
-    const int8_t *xq;
-    float xscale;
-    float *y;
-} matvec_job;
-
-static void matvec_rows(void *arg, uint32_t begin, uint32_t end) {
-    const matvec_job *j = arg;
-    llm_matvec_q4(j->w, j->xq, j->xscale, j->y, begin, end);
-}
-
-void llm_esp32_matvec_q4(llm_esp32_port *p, const llm_q4 *w, const int8_t *xq, float xscale,
-                         float *y) {
-    matvec_job job = {w, xq, xscale, y};
-    llm_esp32_parallel_rows(p, matvec_rows, &job, w->rows);
-}
-
 /* ---- the model partition ------------------------------------------------ */
 
 static uint32_t le32(const uint8_t *b) {
@@ -207,28 +177,28 @@ llm_status llm_esp32_map_partition(const char *label, llm_esp32_map *map, llm_er
     const esp_partition_t *part = esp_partition_find_first(
         ESP_PARTITION_TYPE_DATA, (esp_partition_subtype_t)LLM_ESP32_MODEL_SUBTYPE, label);
     if (part == NULL)
-        return port_fail(err, LLM_E_ARG, "no data partition '%s' (subtype 0x%02x) in the "
+        return llm_fail(err, LLM_E_ARG, "no data partition '%s' (subtype 0x%02x) in the "
                          "partition table: flash the mpllm firmware (tools/flash.py)",
                          label, LLM_ESP32_MODEL_SUBTYPE);
     uint8_t head[LLM_IMAGE_HEADER_BYTES];
     esp_err_t rc = esp_partition_read(part, 0, head, sizeof head);
     if (rc != ESP_OK)
-        return port_fail(err, LLM_E_FORMAT, "cannot read partition '%s': %s", label,
+        return llm_fail(err, LLM_E_FORMAT, "cannot read partition '%s': %s", label,
                          esp_err_to_name(rc));
     if (memcmp(head, LLM_IMAGE_MAGIC, 8) != 0)
-        return port_fail(err, LLM_E_FORMAT, "partition '%s' holds no mpllm model image (it "
+        return llm_fail(err, LLM_E_FORMAT, "partition '%s' holds no mpllm model image (it "
                          "starts %02x %02x %02x %02x): flash one with tools/flash.py --only "
                          "model", label, head[0], head[1], head[2], head[3]);
     /* header: magic[8], version, header_bytes, file_bytes (image_format.h) */
     uint32_t file_bytes = le32(head + 16);
     if (file_bytes < LLM_IMAGE_HEADER_BYTES || file_bytes > part->size)
-        return port_fail(err, LLM_E_FORMAT, "partition '%s' (%lu bytes) holds an image that "
+        return llm_fail(err, LLM_E_FORMAT, "partition '%s' (%lu bytes) holds an image that "
                          "claims %lu bytes: reflash it with tools/flash.py --only model", label,
                          (unsigned long)part->size, (unsigned long)file_bytes);
     const void *ptr = NULL;
     rc = esp_partition_mmap(part, 0, file_bytes, ESP_PARTITION_MMAP_DATA, &ptr, &map->handle);
     if (rc != ESP_OK)
-        return port_fail(err, LLM_E_NOMEM, "cannot map %lu bytes of partition '%s' into the "
+        return llm_fail(err, LLM_E_NOMEM, "cannot map %lu bytes of partition '%s' into the "
                          "flash cache: %s", (unsigned long)file_bytes, label,
                          esp_err_to_name(rc));
     map->data = ptr;

@@ -68,11 +68,6 @@ void llm_port_esp32_deinit(llm_esp32_port *p);
  * done. Small ranges, or no worker, run here in one call. */
 void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t rows);
 
-/* y = W x for all rows of w, split across the two cores with the row-range
- * kernel entry point (llm_matvec_q4 from kernels.h). */
-void llm_esp32_matvec_q4(llm_esp32_port *p, const llm_q4 *w, const int8_t *xq, float xscale,
-                         float *y);
-
 /* The mapped model image. */
 typedef struct llm_esp32_map {
     const uint8_t *data;

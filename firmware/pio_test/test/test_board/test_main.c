@@ -63,7 +63,8 @@ static void test_two_core_matvec_is_identical(void) {
     int64_t t0 = esp_timer_get_time();
     llm_matvec_q4(&w, xq, xscale, y1, 0, rows);
     int64_t t1 = esp_timer_get_time();
-    llm_esp32_matvec_q4(&port, &w, xq, xscale, y2);
+    llm_matvec_job job = {&w, xq, xscale, y2};
+    llm_esp32_parallel_rows(&port, llm_matvec_job_rows, &job, rows);
     int64_t t2 = esp_timer_get_time();
     llm_port_esp32_deinit(&port);
     printf("matvec %ux%u: one core %lld us, two cores %lld us\n", (unsigned)rows,
