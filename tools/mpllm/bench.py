@@ -440,6 +440,7 @@ def plot_stages(results: Sequence[BenchResult], path: Path) -> Path:
         ax.annotate(f"{bottom[i]:.2f} ms\n{r.summary()['roundtrip_tok_s']:.0f} tok/s round trip",
                     (i, bottom[i]), textcoords="offset points", xytext=(0, 3), ha="center",
                     fontsize=8)
+    ax.set_ylim(0, max(bottom, default=1.0) * 1.2)  # room for the labels above the bars
     ax.set_ylabel("engine ms per token (decode)")
     ax.set_title("mpllm bench: time per stage")
     ax.legend(fontsize=8)
@@ -455,9 +456,13 @@ def plot_stages(results: Sequence[BenchResult], path: Path) -> Path:
 # ---------------------------------------------------------------------------
 
 def _default_image() -> Path | None:
-    demo = costmodel.repo_root() / "models" / "demo"
-    found = sorted(demo.glob("*.img")) if demo.is_dir() else []
-    return found[0] if found else None
+    """The bundled demo model's image (converted once into the cache), if there is one."""
+    from . import hostboard
+
+    try:
+        return hostboard.ensure_image(*hostboard.demo_sources())
+    except hostboard.HostBoardError:
+        return None
 
 
 def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:

@@ -226,14 +226,19 @@ def _check_local(path: Path, what: str) -> Path:
     return path
 
 
+def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
+    """Where the image converted from these two files is cached (keyed by their hashes)."""
+    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)).encode()).hexdigest()
+    return cache / "images" / f"{key[:16]}.img"
+
+
 def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
     """Convert once per source pair; the image is cached under its sources' hashes."""
     if run.dry_run:
         img = cache / "images" / "<sha256 of the sources>.img"
         run.out(f"convert {model_bin} {tokenizer} -> {img}")
         return img
-    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)).encode()).hexdigest()
-    img = cache / "images" / f"{key[:16]}.img"
+    img = cached_image_path(model_bin, tokenizer, cache)
     if img.is_file():
         run.out(f"model image: {img} (already converted from these files)")
         return img

@@ -74,15 +74,11 @@ def ensure_image(model_bin: Path, tokenizer_json: Path, cache: Path | None = Non
     """The cached image converted from these two files, converting them if needed.
 
     The first conversion shows its progress on stderr."""
-    import hashlib
-
-    from .flash import FlashError, Runner, image_for, sha256_file
+    from .flash import FlashError, Runner, cached_image_path, image_for
 
     cache = cache_dir() if cache is None else cache
-    # The key image_for() files an image under; checked here first so that a
-    # cached image is reused without a word.
-    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer_json)).encode())
-    cached = cache / "images" / f"{key.hexdigest()[:16]}.img"
+    # Checked here first so that a cached image is reused without a word.
+    cached = cached_image_path(model_bin, tokenizer_json, cache)
     if cached.is_file():
         return cached
     _say(f"Converting {model_bin} + {tokenizer_json.name} into a model image "
