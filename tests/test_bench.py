@@ -49,9 +49,15 @@ def test_gate_fail_exits_1(release_model) -> None:
     assert r.stdout.splitlines()[-1] == "FAIL"
 
 
-def test_gate_needs_an_image() -> None:
-    r = bench("--board", "host", "--gate")
+def test_board_gate_needs_the_image_the_board_runs() -> None:
+    r = bench("--port", "/dev/null", "--gate")
     assert r.returncode == 2 and "needs --image" in r.stderr
+
+
+def test_host_gate_defaults_to_the_demo_model() -> None:
+    r = bench("--board", "host", "--gate")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == "PASS"
 
 
 def test_host_bench_writes_json_and_plot(small_model, tmp_path) -> None:

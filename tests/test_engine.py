@@ -173,7 +173,9 @@ def test_bad_arguments(tiny_model) -> None:  # type: ignore[no-untyped-def]
             m.sampler(seed=1.5)
         with pytest.raises(_llm.Error, match=r"^bad argument: top_k 257 exceeds the supported"):
             m.sampler(temperature=1.0, top_k=257, seed=1)
-        m.sampler(temperature=1.0, top_k=10_000, seed=1)  # >= vocab: every id
+        with pytest.raises(ValueError, match=r"top_k must be in 0\.\.\d+"):
+            m.sampler(temperature=1.0, top_k=10_000, seed=1)  # more than the vocabulary
+        m.sampler(temperature=1.0, top_k=m.config()["vocab_out"], seed=1)  # every id
 
 
 def test_reset_replays_exactly(small_model) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,15 @@ Errors:
     the engine (wrong types, token ids outside the embedding, empty prompt,
     negative temperature, top_k larger than the vocabulary, seed outside u64).
   * OSError (FileNotFoundError, PermissionError, ...) when a path cannot be
-    opened (CPython only: the board opens its flash partition).
+    opened (CPython and the MicroPython unix port; on the board a missing
+    partition is an Error).
+
+Where the MicroPython binding (native/micropython/modllm.c) differs:
+  * Model() with no argument opens the flash partition labelled "model"; a
+    str names a partition on the board and a file on the unix port.
+  * One model is open at a time and stays open across calls (it is freed on
+    soft reset): Model(same source) returns the open model, Model(another
+    source) closes it first. On CPython every call opens a new model.
 
 Determinism: for the same image, sampler settings and tokens, every call
 returns the same tokens and the same logits bytes on every host and on the
@@ -45,9 +53,9 @@ class Model:
         """Open and validate a model image (every checksum is verified).
 
         CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
-        or a bytes-like object (kept alive, and unchanged, until close(); an
-        object not 16-byte aligned is copied once). MicroPython: a bytes-like
-        object or the mapped `model` flash partition."""
+        or a bytes-like object (a read-only, 16-byte aligned one is used in
+        place and kept alive until close(); any other is copied once, so later
+        changes to it cannot reach the engine). MicroPython: see above."""
     def config(self) -> dict[str, int | float | bool]:
         """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
         seq_len, group, eot_id, flags (ints), rope_theta (float), tied_head (bool)."""
@@ -57,7 +65,8 @@ class Model:
     def sampler(self, temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> None:
         """How next tokens are chosen from now on. temperature == 0 or seed == 0:
         greedy (lowest id wins a tie). Otherwise Gumbel-max over the top_k best
-        logits (top_k == 0: all) scaled by 1/temperature, with the engine's seeded
+        logits (top_k == 0 or vocab_out: all; otherwise at most 256, larger is an
+        Error; above vocab_out a ValueError) scaled by 1/temperature, with the engine's seeded
         PCG32 stream, so a seed gives the same story everywhere."""
     def prefill(self, tokens: list[int]) -> int:
         """Feed prompt tokens at the current position (the head runs for the last

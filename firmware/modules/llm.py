@@ -601,6 +601,7 @@ def _ms_since(start):
 MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
+TOP_K_MAX = 256  # LLM_SAMPLER_MAX_TOP_K in native/engine/sampler.h
 _OPTIONS = ("max_tokens", "temperature", "top_k", "seed")
 
 STOP_EOT = "eot"  # the model wrote <|endoftext|>
@@ -767,8 +768,13 @@ def generate(prompt, **options):
     """
     max_tokens, temperature, top_k, seed = _options(options)
     model = load()
-    if top_k > _vocab_out:
-        raise ValueError(f"top_k must be at most the vocabulary size {_vocab_out}, got {top_k}")
+    # The engine keeps its top-k list on the stack: up to TOP_K_MAX candidates, or
+    # the whole vocabulary (0 or vocab_out) without a list.
+    if top_k > TOP_K_MAX and top_k != _vocab_out:
+        raise ValueError(
+            f"top_k must be 0..{TOP_K_MAX}, or 0 / {_vocab_out} for the whole vocabulary, "
+            f"got {top_k}"
+        )
     ids = _prompt_ids(prompt)
     if temperature == 0:
         seed = None

@@ -275,7 +275,15 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     }
     /* KV cache: required, BULK asked */
     {
-        size_t kv = (size_t)L * S * D * sizeof(float);
+        /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
+         * config could wrap it to a tiny allocation */
+        uint64_t kv64 = (uint64_t)L * S * D * sizeof(float);
+        if (2u * kv64 > (uint64_t)SIZE_MAX) {
+            llm_close(e);
+            return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this "
+                            "machine's address space", (unsigned long long)(2u * kv64));
+        }
+        size_t kv = (size_t)kv64;
         e->key_cache = place(e, "kv_cache", 2u * kv, LLM_REGION_BULK, &e->kv_region);
         if (e->key_cache == NULL) {
             llm_close(e);

@@ -177,9 +177,11 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     } else {
         data = buf.buf;
         len = buf.len;
-        if (((uintptr_t)data & 15u) != 0) {
+        if (((uintptr_t)data & 15u) != 0 || !mp_obj_is_type(image, &mp_type_bytes)) {
             /* the engine reads weights in place and its kernels need 16-byte
-             * alignment: keep an aligned copy in port memory instead */
+             * alignment; and anything but bytes (a bytearray, a memoryview)
+             * could change or be resized under the open model: keep an
+             * aligned private copy in port memory instead */
             llm_region placed;
             self->copy = port->alloc(port->ctx, len, LLM_REGION_BULK, &placed);
             if (self->copy == NULL) {

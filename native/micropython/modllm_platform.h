@@ -1,7 +1,7 @@
 /*
  * What differs between the two MicroPython builds of `_llm`, behind one small
  * interface so that modllm.c is the same file on both:
- *   - ESP32-S3 firmware (ESP_PLATFORM): the image is the `model` flash
+ *   - ESP32-S3 firmware (Xtensa): the image is the `model` flash
  *     partition mapped through the cache (native/port/esp32), placement with
  *     heap_caps, a second core for half of each large matvec;
  *   - unix port (everything else): the image is a file mapped read-only
@@ -15,7 +15,10 @@
 
 #include "llm.h"
 
-#if defined(ESP_PLATFORM)
+/* Keyed on the compiler, not on ESP_PLATFORM: MicroPython's QSTR scan
+ * preprocesses modllm.c with the Xtensa compiler but without ESP-IDF's
+ * definitions (or ours from micropython.cmake). */
+#if defined(__XTENSA__)
 
 #include "port_esp32.h"
 

@@ -147,9 +147,10 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         self->have_view = 1;
         data = self->view.buf;
         len = (size_t)self->view.len;
-        if (((uintptr_t)data & 15u) != 0) {
+        if (((uintptr_t)data & 15u) != 0 || !self->view.readonly) {
             /* the engine reads weights in place and its kernels need 16-byte
-             * alignment: keep an aligned copy instead of the caller's buffer */
+             * alignment; and a writable buffer could change (or be resized)
+             * under the open model: keep an aligned private copy instead */
             uint8_t *raw = PyMem_RawMalloc(len + 16u);
             if (raw == NULL) {
                 release(self);
@@ -257,13 +258,16 @@ static PyObject *Model_sampler(ModelObject *self, PyObject *args, PyObject *kwds
         return NULL;
     if (!ready(self)) return NULL;
     if (!(temperature >= 0.0) || temperature > FLT_MAX) {
-        PyErr_Format(PyExc_ValueError, "temperature must be finite and >= 0, got %R",
-                     PyTuple_Size(args) > 0 ? PyTuple_GetItem(args, 0) : Py_None);
+        PyObject *got = PyFloat_FromDouble(temperature);
+        if (got != NULL) {
+            PyErr_Format(PyExc_ValueError, "temperature must be finite and >= 0, got %R", got);
+            Py_DECREF(got);
+        }
         return NULL;
     }
-    if (top_k < 0 || (uint64_t)top_k > UINT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "top_k must be in 0..2**32-1 (0: all ids), got %zd",
-                     top_k);
+    if (top_k < 0 || (uint64_t)top_k > llm_get_config(self->engine)->vocab_out) {
+        PyErr_Format(PyExc_ValueError, "top_k must be in 0..%u (0: all ids), got %zd",
+                     (unsigned)llm_get_config(self->engine)->vocab_out, top_k);
         return NULL;
     }
     unsigned long long seed = 0;

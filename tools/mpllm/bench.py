@@ -516,12 +516,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _have_matplotlib() -> bool:
+    """Plots need matplotlib (in the [board] and [dev] extras); without it, say so and go on."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+    return True
+
+
 def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
-    if args.image is None and not args.release_shaped:
-        print("bench.py --gate needs --image (the image the board runs) or --release-shaped",
+    if args.port and args.image is None and not args.release_shaped:
+        print("bench.py --port --gate needs --image: the image the board runs (or "
+              "--release-shaped)", file=sys.stderr)
+        return 2
+    image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped
+                           else _default_image())
+    if image is None:
+        print("bench.py --gate: no demo model found; give --image or --release-shaped",
               file=sys.stderr)
         return 2
-    image = args.image or make_release_shaped(_release_dir())
     if args.port:
         other = port_gate(args.port, soft_reset=args.soft_reset, timeout=max(args.timeout, 300))
     else:
@@ -561,7 +577,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
           + ", ".join(f"{st} {ours[st]:.2f}" for st in STAGES) + f"; total {ours['total']:.2f}")
     print("counters: " + ("measured (" + "; ".join(measured.sources.values()) + ")"
                           if measured else "analytic (the engine's formulas, no image given)"))
-    if not args.no_plot:
+    if not args.no_plot and _have_matplotlib():
         path = args.plot or Path("costmodel-s3.png")
         costmodel.plot(rep, path)
         print(f"plot: {path}")
@@ -616,7 +632,7 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         jpath = args.json or Path(f"bench-{name}.json")
         write_json(to_json(results), jpath)
         print(f"json: {jpath}")
-        if not args.no_plot:
+        if not args.no_plot and _have_matplotlib():
             ppath = args.plot or jpath.with_suffix(".png")
             plot_stages(results, ppath)
             print(f"plot: {ppath}")

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if args.stats:
             _print_stats(llm.stats())
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: _llm.Error
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

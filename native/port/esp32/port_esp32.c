@@ -125,11 +125,16 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     }
     /* same priority as the MicroPython task: above idle, below Wi-Fi/BLE */
     UBaseType_t prio = uxTaskPriorityGet(NULL);
+    /* the other core than the caller's: core 0 under MicroPython (which runs
+     * on core 1), core 1 for a caller on core 0 such as app_main in the
+     * PlatformIO tests; a worker on the caller's own core would split nothing */
+    BaseType_t core = xPortGetCoreID() == LLM_ESP32_WORKER_CORE ? 1 - LLM_ESP32_WORKER_CORE
+                                                                 : LLM_ESP32_WORKER_CORE;
     if (xTaskCreatePinnedToCore(worker_main, "mpllm_worker", LLM_ESP32_WORKER_STACK, w, prio,
-                                &w->task, LLM_ESP32_WORKER_CORE) != pdPASS) {
+                                &w->task, core) != pdPASS) {
         worker_free(w);
         return llm_fail(err, LLM_E_NOMEM, "cannot start the core-%d worker task (%u bytes "
-                         "of stack)", LLM_ESP32_WORKER_CORE, (unsigned)LLM_ESP32_WORKER_STACK);
+                         "of stack)", (int)core, (unsigned)LLM_ESP32_WORKER_STACK);
     }
     p->worker = w;
     /* the engine hands every matvec to the worker split from here on */

@@ -41,6 +41,7 @@
 #define LLM_ESP32_FAST_RESERVE (64u * 1024u)
 /* Row ranges below this run on the caller alone: handing over costs more. */
 #define LLM_ESP32_SPLIT_MIN_ROWS 64u
+/* The worker's core, unless the caller is on it (then the other one). */
 #define LLM_ESP32_WORKER_CORE 0
 #define LLM_ESP32_WORKER_STACK 4096u
 

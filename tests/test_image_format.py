@@ -1,0 +1,50 @@
+"""native/engine/image_format.h is the image format's specification; mpllm.image
+mirrors its constants and struct layouts. Compile a probe against the header and
+compare every value with the Python side, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import cbuild
+from mpllm import image
+
+PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include "image_format.h"
+int main(void) {
+    printf("MAGIC %s\n", LLM_IMAGE_MAGIC);
+    printf("VERSION %u\nHEADER_BYTES %u\nSECTION_BYTES %u\nALIGN %u\n", LLM_IMAGE_VERSION,
+           LLM_IMAGE_HEADER_BYTES, LLM_IMAGE_SECTION_BYTES, LLM_IMAGE_ALIGN);
+    printf("BLOCK_COLS %u\nNAME_BYTES %u\nMAX_SECTIONS %u\n", LLM_IMAGE_BLOCK_COLS,
+           LLM_IMAGE_NAME_BYTES, LLM_IMAGE_MAX_SECTIONS);
+    printf("FLAG_TIED_HEAD %u\nFLAGS_KNOWN %u\n", LLM_IMAGE_FLAG_TIED_HEAD, LLM_IMAGE_FLAGS_KNOWN);
+    printf("KIND_F32 %d\nKIND_Q4 %d\nKIND_ROWS %d\nKIND_TOKENIZER %d\n", LLM_IMAGE_KIND_F32,
+           LLM_IMAGE_KIND_Q4, LLM_IMAGE_KIND_ROWS, LLM_IMAGE_KIND_TOKENIZER);
+    printf("Q4_HEADER_BYTES %zu\n", sizeof(llm_image_q4_header));
+    printf("HEADER_CRC_OFFSET %zu\n", offsetof(llm_image_header, header_crc32));
+    printf("OFF_ROPE_THETA %zu\nOFF_SHA %zu\n", offsetof(llm_image_header, rope_theta),
+           offsetof(llm_image_header, source_sha256));
+    printf("OFF_SECTION_KIND %zu\n", offsetof(llm_image_section, kind));
+    return 0;
+}
+"""
+
+
+def test_header_constants_match_the_python_side(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = tmp_path / "probe.c"
+    src.write_text(PROBE)
+    exe = cbuild.build("image_format_probe", [src], tmp_path)
+    result = cbuild.run(exe)
+    assert result.returncode == 0, result.stderr
+    got = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert got.pop("MAGIC").encode() == image.MAGIC
+    # HEADER = "<8s16IfI32s16s": rope_theta follows the magic and 16 u32 fields,
+    # then eot_id, then the 32-byte fingerprint.
+    assert int(got.pop("OFF_ROPE_THETA")) == 8 + 16 * 4
+    assert int(got.pop("OFF_SHA")) == 8 + 16 * 4 + 4 + 4
+    assert int(got.pop("OFF_SECTION_KIND")) == image.NAME_BYTES
+    for name, value in got.items():
+        assert int(value) == getattr(image, name), name
+    assert image.HEADER.size == image.HEADER_BYTES
+    assert image.SECTION.size == image.SECTION_BYTES
