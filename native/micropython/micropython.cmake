@@ -36,20 +36,20 @@ target_include_directories(usermod_llm INTERFACE
     ${LLM_NATIVE_DIR}/port/esp32
 )
 
-# These sources are compiled inside MicroPython's own component (user modules
-# are INTERFACE libraries), so flags go on the files, not on a target: the
-# engine's float order is its bit-exact contract (no fused multiply-add, which
-# the S3 FPU has), PIE instructions are emitted natively, and build_info()
-# names the port. This file is include()d from the component's directory, where
-# these source properties are visible.
-set(LLM_C_SOURCES
-    ${CMAKE_CURRENT_LIST_DIR}/modllm.c
-    ${LLM_ENGINE_SOURCES}
-    ${LLM_DEVICE_SOURCES}
-)
-set_source_files_properties(${LLM_C_SOURCES} PROPERTIES
-    COMPILE_OPTIONS "-ffp-contract=off"
-    COMPILE_DEFINITIONS "LLM_KERNELS_PIE;LLM_PIE_NATIVE;LLM_PORT_NAME=\"esp32\""
+# The engine's float order is its bit-exact contract (no fused multiply-add,
+# which the S3 FPU has), the PIE kernels are emitted natively, and
+# build_info() names the port. These go on the interface, not on the source
+# files: the esp32 port compiles user-module sources twice (in the `main`
+# component and again for micropython.elf, whose objects are the ones linked),
+# and source-file properties are directory-scoped, so they missed the second
+# compile. The consequence is that all of MicroPython's main component is also
+# built with -ffp-contract=off (plain IEEE operations, a little slower float
+# code there) and sees these LLM_* macros, which nothing else uses.
+target_compile_options(usermod_llm INTERFACE -ffp-contract=off)
+target_compile_definitions(usermod_llm INTERFACE
+    LLM_KERNELS_PIE
+    LLM_PIE_NATIVE
+    LLM_PORT_NAME="esp32"
 )
 
 target_link_libraries(usermod INTERFACE usermod_llm)

@@ -9,6 +9,7 @@
 #include "freertos/FreeRTOS.h"
 #include "freertos/semphr.h"
 #include "freertos/task.h"
+#include "freertos/idf_additions.h" /* xTaskCreatePinnedToCore: an ESP-IDF addition */
 
 #include "image_format.h"
 #include "llm_error.h"
