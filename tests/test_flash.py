@@ -75,12 +75,31 @@ def calls(log: Path) -> list[list[str]]:
 
 
 @pytest.fixture
-def local_parts(tmp_path: Path) -> tuple[Path, Path]:
+def local_parts(tmp_path: Path, tiny_model) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
     fw = tmp_path / "firmware.bin"
-    fw.write_bytes(b"\xe9" + bytes(4095))
+    fw.write_bytes(b"\xe9" + bytes(4095))  # an ESP32 boot image starts with 0xE9
     img = tmp_path / "model.img"
-    img.write_bytes(b"MPLLMIMG" + bytes(8184))
+    img.write_bytes(tiny_model.image.read_bytes())  # a real (small) model image
     return fw, img
+
+
+def test_refuses_what_the_board_could_not_boot(local_parts: tuple[Path, Path], tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    fw, img = local_parts
+    bad_img = tmp_path / "bad.img"
+    data = bytearray(img.read_bytes())
+    data[-1] ^= 0xFF  # last section's payload: its CRC no longer matches
+    bad_img.write_bytes(bytes(data))
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/null", "--firmware", str(fw),
+                     "--image", str(bad_img), "--dry-run"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "is not a valid mpllm model image" in err and "CRC mismatch" in err
+    bad_fw = tmp_path / "notfw.bin"
+    bad_fw.write_bytes(b"MZ" + bytes(100))
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/null", "--firmware", str(bad_fw),
+                     "--image", str(img), "--dry-run"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "is not an ESP32 firmware image" in err
 
 
 @pytest.fixture(autouse=True)
@@ -262,6 +281,7 @@ def test_firmware_overlapping_the_model(tmp_path: Path, fake_esptool: Path,
                                         capfd: pytest.CaptureFixture[str]) -> None:
     fw = tmp_path / "fw.bin"
     with open(fw, "wb") as f:
+        f.write(b"\xe9")  # a boot image's magic, so only its size is wrong
         f.truncate(MODEL_OFFSET + 16)
     rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
                      "--firmware", str(fw)])

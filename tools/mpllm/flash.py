@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import firmware_pins as pins
 from .atomic import atomic_path
+from .image import ImageFormatError, verify_image
 from .partitions import PartitionError, app_partition, check_layout, find, load_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -463,12 +464,22 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
             if size > model_part.size:
                 raise FlashError(f"model image {img} is {size} bytes; the '{model_part.name}' "
                                  f"partition holds {model_part.size}. Nothing was written.")
+            try:  # the engine would refuse it at boot: refuse it before writing
+                verify_image(img)
+            except ImageFormatError as e:
+                raise FlashError(f"{img} is not a valid mpllm model image ({e}); convert the "
+                                 f"model with tools/convert.py. Nothing was written.") from None
         writes.append((model_part.offset, img, "model image"))
     if args.only in (None, "firmware"):
         fw = Path(args.firmware) if args.firmware else build_firmware(args, cache, run, env)
         if args.firmware:
             _check_local(fw, "--firmware")
         if fw.is_file():
+            with open(fw, "rb") as f:
+                if f.read(1) != b"\xe9":  # every ESP32 boot image starts with 0xE9
+                    raise FlashError(f"{fw} is not an ESP32 firmware image (no 0xE9 magic "
+                                     f"byte); use build-MPLLM_N16R8/firmware.bin. Nothing "
+                                     f"was written.")
             limit = model_part.offset - FIRMWARE_OFFSET
             if fw.stat().st_size > limit:
                 raise FlashError(f"firmware {fw} is {fw.stat().st_size} bytes and would run "

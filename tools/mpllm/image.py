@@ -577,12 +577,8 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
     return header, sections
 
 
-def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Image:
-    """Read and fully verify an image; weights come back exactly as written."""
-    data = _source_bytes(source)
+def _verified_payloads(data: bytes) -> tuple[ImageHeader, list[Section], dict[str, memoryview]]:
     header, sections = read_header(data)
-    cfg = header.config()
-    plan = section_plan(cfg)
     mv = memoryview(data)
     payload: dict[str, memoryview] = {}
     for s in sections:
@@ -592,6 +588,20 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
             raise ImageFormatError(f"section {s.name!r} CRC mismatch (stored 0x{s.crc32:08x}, "
                                    f"computed 0x{crc:08x}): the payload is corrupt")
         payload[s.name] = p
+    return header, sections, payload
+
+
+def verify_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> ImageHeader:
+    """Check header, section table and every section's CRC (what the engine checks at
+    open) without unpacking the weights; raises ImageFormatError."""
+    return _verified_payloads(_source_bytes(source))[0]
+
+
+def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Image:
+    """Read and fully verify an image; weights come back exactly as written."""
+    header, sections, payload = _verified_payloads(_source_bytes(source))
+    cfg = header.config()
+    plan = section_plan(cfg)
 
     tensors: dict[str, object] = {}
     for name, kind, (rows, cols) in plan:
