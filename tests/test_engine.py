@@ -231,7 +231,9 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
         assert where["kv_cache"] == ("bulk", 2 * cfg.n_layers * cfg.seq_len * cfg.dim * 4)
-        assert where["head"][0] == "bulk" and where["logits"] == ("fast", cfg.vocab_out * 4)
+        # decoding uses no logits buffer: the dense route's lives in PSRAM
+        assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
+        assert where["head_ids"][0] == "bulk" and where["head_tiles"][0] == "fast"
         assert where["activations"][0] == "fast" and where["norms"][0] == "fast"
         for i in range(cfg.n_layers):
             for f in ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj"):
@@ -257,7 +259,10 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
         # KV: each layer writes k and v, and reads positions 0..pos for both
         kv = sum(cfg.n_layers * (2 * d * 4 + 2 * (p + 1) * d * 4) for p in range(tokens))
-        head = heads * (cfg.vocab_out * (32 // 2) + cfg.vocab_out * 4)
+        # the head: each scored row (codes, scale, its token id), counted by the engine
+        assert heads <= s["head_tiles"] and s["head_waves"] >= heads
+        assert heads <= s["head_rows"] <= heads * cfg.vocab_out
+        head = s["head_rows"] * (-(-d // 32) * 16 + 4 + 2)
         assert s["bytes"]["bulk"] == kv + head
         assert s["bytes"]["fast"] > 0
         m.reset()

@@ -204,7 +204,7 @@ def _tok_merge(img: Img) -> None:
 
 
 CASES: list[tuple[str, Callable[[Img], None], str]] = [
-    ("version 2", _set("version", 2), "unsupported version: image format version 2"),
+    ("version 3", _set("version", 3), "unsupported version: image format version 3"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
     ("reserved byte", _set("reserved", b"\1" + bytes(15)), "bad image: header reserved"),
@@ -248,8 +248,8 @@ def test_specific_message(tiny_bytes: bytes, what: str, mutate: Callable[[Img], 
 
 def test_extra_and_missing_sections(tiny_bytes: bytes) -> None:
     img = Img(tiny_bytes)
-    n = len(img.sections)  # 6 + 10 per layer + out_norm
-    assert n == 6 + 10 * 2 + 1
+    n = len(img.sections)  # 6 + 10 per layer + out_norm + head_tiles
+    assert n == 6 + 10 * 2 + 2
     img.sections.pop()
     assert open_error(img.signed()) == (f"bad image: {n - 1} sections, a 2-layer tied-head "
                                         f"model has {n}")
@@ -295,7 +295,8 @@ def test_misaligned_buffer_is_copied(tiny_bytes: bytes) -> None:
 def _engine_check() -> Path:
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
     sources = [eng / "engine.c", eng / "image.c", eng / "kernels_ref.c", eng / "mathf.c",
-               eng / "sampler.c", port / "port_host.c", cbuild.CTESTS / "engine_check.c"]
+               eng / "sampler.c", eng / "head.c", port / "port_host.c",
+               cbuild.CTESTS / "engine_check.c"]
     # cbuild's stamp covers the sources and the command: a define carrying a hash of
     # the headers makes a header change rebuild too
     headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h"))

@@ -1,17 +1,24 @@
 /*
  * The engine: open (validate + place), one forward pass, prefill/step, stats.
  *
- * There is exactly one forward pass (`forward`). Kernels and placement change
- * which code multiplies and where bytes live, never the model arithmetic,
- * whose operation order is DESIGN §3 to the letter: the Python reference
- * (tools/mpllm/reference.py) mirrors it and the tests compare raw bits.
+ * Shaped like llama2.c's run.c: the weights (what the image gives, after
+ * staging) and the run state (what one token writes) are separate structs
+ * with a shape comment on every buffer, and there is exactly one forward pass
+ * (`forward`). Kernels, placement, plain mode and the core split change which
+ * code multiplies, where bytes live and which rows the head scores, never the
+ * model arithmetic, whose operation order is the numerics contract of
+ * tools/mpllm/reference.py (mirrored there, compared bit for bit by tests).
  *
  * Memory: everything the engine owns comes from the port (the engine struct
  * included), all of it during llm_open. The forward pass allocates nothing.
+ * Byte accounting (llm_stats.bytes) lives in the helpers that read the bytes
+ * (matvec, the row lookups, rmsnorm, attention, the head), not between the
+ * math lines.
  */
 #include <math.h>
 #include <string.h>
 
+#include "head.h"
 #include "image.h"
 #include "kernels.h"
 #include "llm.h"
@@ -26,41 +33,71 @@ typedef struct llm_mat {
     llm_region region;
 } llm_mat;
 
-typedef struct llm_layer {
-    const float *attn_norm, *ffn_norm, *ple_norm;
-    llm_mat qkv, attn_proj, gate, up, down, ple_gate, ple_proj;
-} llm_layer;
+typedef struct llm_layer_weights {
+    const float *attn_norm;  /* [dim] */
+    llm_mat qkv;             /* [3*dim, dim]: q rows, k rows, v rows */
+    llm_mat attn_proj;       /* [dim, dim] */
+    const float *ffn_norm;   /* [dim] */
+    llm_mat gate, up;        /* [ffn, dim] */
+    llm_mat down;            /* [dim, ffn] */
+    llm_mat ple_gate;        /* [ple_dim, dim] */
+    llm_mat ple_proj;        /* [dim, ple_dim] */
+    const float *ple_norm;   /* [dim] */
+} llm_layer_weights;
+
+typedef struct llm_weights {
+    const float *rope;            /* [seq_len][head_dim]: cos[head_dim/2] | sin, in the image */
+    llm_q4 embed;                 /* [vocab_rows, dim], read in place */
+    llm_rows ple_rows;            /* [vocab_rows, n_layers*ple_dim], read in place */
+    llm_mat ple_model_proj;       /* [n_layers*ple_dim, dim] */
+    const float *ple_proj_norm;   /* [ple_dim], shared by the n_layers slices */
+    llm_layer_weights *layers;    /* [n_layers] */
+    const float *out_norm;        /* [dim] */
+    llm_head head;                /* [vocab_out, dim] in tile order, + certificate */
+    llm_region norms_region;
+} llm_weights;
+
+/* A quantized matvec input (llm_quantize_act): q has cols rounded up to 32. */
+typedef struct llm_act {
+    int8_t *q;
+    float scale;
+} llm_act;
+
+typedef struct llm_run_state {
+    float *x;        /* [dim] residual stream */
+    float *xb;       /* [dim] normed input of a branch */
+    float *xb2;      /* [dim] output of a branch */
+    float *qkv;      /* [3*dim] this position's q | k | v */
+    float *att;      /* [dim] attention output, heads side by side */
+    float *hb, *hb2; /* [max(dim, ffn, ple_dim)] FFN / PLE hidden */
+    float *ple;      /* [n_layers*ple_dim] this token's PLE inputs */
+    float *trow;     /* [n_layers*ple_dim] this token's PLE table row */
+    float *scores;   /* [n_heads][seq_len] attention scores */
+    float *att_max, *att_den; /* [n_heads] softmax max and denominator */
+    llm_act act;     /* [widest rounded to 32] input of the next matvec */
+    llm_act head_in; /* [cols_padded] input of the last head evaluation */
+    float *key_cache, *value_cache; /* [n_layers][seq_len][dim] each */
+    float *logits;   /* [vocab_out] dense route and llm_logits() only */
+    llm_head_scratch head; /* bounds, heap, one wave of values */
+    llm_candidates cand;   /* the sampler's k best of the last evaluation */
+} llm_run_state;
 
 struct llm_engine {
     llm_port port;
     llm_image_info image;
     llm_config cfg;
-
-    /* weights */
-    const float *rope;       /* [seq_len][head_dim], in the image */
-    llm_q4 embed;            /* all vocab_rows rows, read in place */
-    llm_rows ple_rows;       /* read in place */
-    llm_mat ple_model_proj;
-    const float *ple_proj_norm;
-    llm_layer *layers;
-    const float *out_norm;
-    llm_mat head;
-    llm_region norms_region;
-
-    /* activations (one FAST block) */
-    float *x, *xb, *xb2, *qkv, *att, *hb, *hb2, *ple, *trow, *scores;
-    int8_t *xq;
-    float xscale;
-    float *logits;
-    float *key_cache, *value_cache; /* [n_layers][seq_len][dim] each */
-    llm_region kv_region;
+    llm_weights w;
+    llm_run_state s;
+    llm_region kv_region, logits_region;
 
     /* constants of the forward pass, computed once */
     float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;
 
     /* state */
     uint32_t pos;
-    int have_logits;
+    int have_head;   /* head_in holds an evaluation */
+    int have_logits; /* s.logits holds that evaluation's logits */
+    int plain;
     llm_sampler_options sampler;
     llm_rng rng;
     llm_stats stats;
@@ -111,8 +148,8 @@ const char *llm_status_name(llm_status status) {
 
 const char *llm_build_info(void) {
     return "mpllm " LLM_VERSION " kernels=" LLM_KERNELS_BUILT
-           " numerics=exact placement=embed+ple_rows:flash,core:fast>bulk,head+kv:bulk,"
-           "act+logits+norms:fast port=" LLM_PORT_NAME;
+           " numerics=exact head=certified placement=embed+ple_rows:flash,core:fast>bulk,"
+           "head+kv+logits:bulk,act+tiles+norms:fast port=" LLM_PORT_NAME;
 }
 
 /* ---- placement --------------------------------------------------------- */
@@ -146,12 +183,11 @@ static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wan
 }
 
 /* Stage a Q4 matrix into RAM: FAST first, then BULK, else read it in place. */
-static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, uint32_t rows,
-                      llm_mat *dst, llm_region first) {
-    size_t codes = (size_t)rows * src->row_bytes;
-    size_t scales = (size_t)rows * src->n_groups * sizeof(float);
+static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_mat *dst,
+                      llm_region first) {
+    size_t codes = (size_t)src->rows * src->row_bytes;
+    size_t scales = (size_t)src->rows * src->n_groups * sizeof(float);
     dst->w = *src;
-    dst->w.rows = rows;
     llm_region got = first;
     uint8_t *p = place(e, name, codes + scales, first, &got);
     if (p == NULL && first == LLM_REGION_FAST) p = place(e, name, codes + scales, LLM_REGION_BULK, &got);
@@ -184,6 +220,85 @@ void llm_close(llm_engine *e) {
     port.free(port.ctx, e);
 }
 
+static llm_status open_fail(llm_engine *e, llm_status st) {
+    llm_close(e);
+    return st;
+}
+
+/* The head: staged into BULK in the certificate's row order when the image
+ * has one (each staged row checked against its tile's box), else staged or
+ * read in place in id order with no certificate. */
+static llm_status stage_head(llm_engine *e, llm_error *err) {
+    const llm_config *c = &e->cfg;
+    llm_head *h = &e->w.head;
+    int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    uint32_t sec = tied ? LLM_SEC_EMBED : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
+    const char *name = tied ? "head" : section_name(e, sec);
+    llm_q4 src;
+    llm_image_q4_view(&e->image, sec, &src);
+    src.rows = c->vocab_out; /* tied: the first vocab_out embedding rows */
+    llm_tiles t;
+    llm_image_tiles_view(&e->image, &t);
+    memset(h, 0, sizeof *h);
+    h->cols_padded = src.row_bytes * 2u;
+    h->rows_region = h->ids_region = h->boxes_region = LLM_REGION_FLASH;
+
+    const size_t codes = (size_t)src.rows * src.row_bytes;
+    const size_t scales = (size_t)src.rows * src.n_groups * sizeof(float);
+    uint8_t *p = NULL;
+    llm_region got = LLM_REGION_BULK;
+    if (t.n_tiles > 0 && src.n_groups == 1u) p = place(e, name, codes + scales, LLM_REGION_BULK, &got);
+    if (p == NULL) {
+        llm_mat m;
+        stage_mat(e, name, &src, &m, LLM_REGION_BULK);
+        h->w = m.w;
+        h->rows_region = m.region;
+        return LLM_OK; /* no certificate: the dense route, ids in order */
+    }
+    /* a permutation, else the staged copy would lose or repeat rows */
+    llm_region seen_region;
+    uint8_t *seen = e->port.alloc(e->port.ctx, (t.rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
+    if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
+    llm_status st = llm_head_check_order(&t, seen, err);
+    e->port.free(e->port.ctx, seen);
+    if (st != LLM_OK) return st;
+    for (uint32_t i = 0; i < src.rows; i++) {
+        memcpy(p + (size_t)i * src.row_bytes, src.codes + (size_t)t.order[i] * src.row_bytes,
+               src.row_bytes);
+        memcpy(p + codes + (size_t)i * sizeof(float), &src.scales[t.order[i]], sizeof(float));
+    }
+    h->w = src;
+    h->w.codes = p;
+    h->w.scales = (const float *)(void *)(p + codes);
+    h->rows_region = got;
+
+    /* ids and boxes: small, read per evaluation. Ids per scored row (BULK);
+     * boxes for every tile, every evaluation (FAST). Else read in place. */
+    size_t ids_bytes = round16((size_t)t.rows * 2u);
+    uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
+    if (ids != NULL) {
+        memcpy(ids, t.order, (size_t)t.rows * 2u);
+        h->ids = ids;
+    } else {
+        h->ids = t.order;
+    }
+    size_t box_bytes = (size_t)t.n_tiles * 2u * h->cols_padded;
+    size_t sc_bytes = round16((size_t)t.n_tiles * sizeof(float));
+    uint8_t *b = place(e, "head_tiles", sc_bytes + box_bytes, LLM_REGION_FAST, &h->boxes_region);
+    if (b != NULL) {
+        memcpy(b, t.scales, (size_t)t.n_tiles * sizeof(float));
+        memcpy(b + sc_bytes, t.boxes, box_bytes);
+        h->tile_scale = (const float *)(void *)b;
+        h->boxes = (const int8_t *)(b + sc_bytes);
+    } else {
+        h->tile_scale = t.scales;
+        h->boxes = t.boxes;
+    }
+    h->tile_rows = t.tile_rows;
+    h->n_tiles = t.n_tiles;
+    return llm_head_check_boxes(h, err);
+}
+
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
                     llm_error *err) {
     if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
@@ -195,11 +310,12 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     if (st != LLM_OK) return st;
     const llm_config *c = &info.config;
     const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, F = c->ffn, S = c->seq_len;
+    const uint32_t H = c->n_heads;
 
     /* the engine struct, layer table and placement list: one FAST block */
     uint32_t cap = info.n_sections + 16u;
     size_t off_layers = round16(sizeof(llm_engine));
-    size_t off_place = off_layers + round16((size_t)L * sizeof(llm_layer));
+    size_t off_place = off_layers + round16((size_t)L * sizeof(llm_layer_weights));
     size_t off_owned = off_place + round16((size_t)cap * sizeof(llm_placement));
     size_t total = off_owned + (size_t)cap * sizeof(void *);
     llm_region got = LLM_REGION_FAST;
@@ -212,16 +328,16 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     e->port = *port;
     e->image = info;
     e->cfg = *c;
-    e->layers = (llm_layer *)(void *)(base + off_layers);
+    e->w.layers = (llm_layer_weights *)(void *)(base + off_layers);
     e->placements = (llm_placement *)(void *)(base + off_place);
     e->owned = (void **)(void *)(base + off_owned);
     e->cap_placements = cap;
     record(e, "engine", got, total, e);
 
     /* rows read per token stay where they are: in the (mapped) image */
-    e->rope = (const float *)(const void *)llm_image_payload(&info, LLM_SEC_ROPE, NULL);
-    llm_image_q4_view(&info, LLM_SEC_EMBED, &e->embed);
-    llm_image_rows_view(&info, LLM_SEC_PLE_ROWS, &e->ple_rows);
+    e->w.rope = (const float *)(const void *)llm_image_payload(&info, LLM_SEC_ROPE, NULL);
+    llm_image_q4_view(&info, LLM_SEC_EMBED, &e->w.embed);
+    llm_image_rows_view(&info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
     record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH, (size_t)S * c->head_dim * 4u, NULL);
     {
         uint32_t sz;
@@ -231,8 +347,14 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         record(e, section_name(e, LLM_SEC_PLE_ROWS), LLM_REGION_FLASH, sz, NULL);
     }
 
+    /* the head first among the large BULK blocks: its layout decides the
+     * scratch sizes below */
+    st = stage_head(e, err);
+    if (st != LLM_OK) return open_fail(e, st);
+
     /* activations: required, FAST asked */
     {
+        llm_run_state *s = &e->s;
         uint32_t widest = D > F ? D : F;
         if (P > widest) widest = P;
         size_t nf = 0;
@@ -245,53 +367,58 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         size_t o_hb2 = nf; nf += round16(widest);
         size_t o_ple = nf; nf += round16((size_t)L * P);
         size_t o_trow = nf; nf += round16((size_t)L * P);
-        size_t o_scores = nf; nf += round16(S);
-        size_t xq_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
-        size_t bytes = nf * sizeof(float) + xq_bytes;
+        size_t o_scores = nf; nf += round16((size_t)H * S);
+        size_t o_amax = nf; nf += round16(H);
+        size_t o_aden = nf; nf += round16(H);
+        size_t act_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
+        size_t head_in_bytes = round16(e->w.head.cols_padded);
+        size_t scratch = llm_head_scratch_bytes(&e->w.head);
+        size_t bytes = nf * sizeof(float) + act_bytes + head_in_bytes + scratch;
         float *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
-        if (a == NULL) {
-            llm_close(e);
-            return llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
-                            (unsigned long)bytes);
-        }
+        if (a == NULL)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
+                                         (unsigned long)bytes));
         memset(a, 0, bytes);
-        e->x = a + o_x;
-        e->xb = a + o_xb;
-        e->xb2 = a + o_xb2;
-        e->qkv = a + o_qkv;
-        e->att = a + o_att;
-        e->hb = a + o_hb;
-        e->hb2 = a + o_hb2;
-        e->ple = a + o_ple;
-        e->trow = a + o_trow;
-        e->scores = a + o_scores;
-        e->xq = (int8_t *)(void *)(a + nf);
+        s->x = a + o_x;
+        s->xb = a + o_xb;
+        s->xb2 = a + o_xb2;
+        s->qkv = a + o_qkv;
+        s->att = a + o_att;
+        s->hb = a + o_hb;
+        s->hb2 = a + o_hb2;
+        s->ple = a + o_ple;
+        s->trow = a + o_trow;
+        s->scores = a + o_scores;
+        s->att_max = a + o_amax;
+        s->att_den = a + o_aden;
+        uint8_t *q = (uint8_t *)(void *)(a + nf);
+        s->act.q = (int8_t *)q;
+        s->head_in.q = (int8_t *)(q + act_bytes);
+        llm_head_scratch_init(&s->head, &e->w.head, q + act_bytes + head_in_bytes);
     }
-    e->logits = place(e, "logits", (size_t)c->vocab_out * sizeof(float), LLM_REGION_FAST, NULL);
-    if (e->logits == NULL) {
-        llm_close(e);
-        return llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
-                        (unsigned long)c->vocab_out * 4u);
-    }
+    /* logits: only the dense route and llm_logits() write them, so BULK
+     * (internal SRAM is worth more than a buffer decoding never touches) */
+    e->s.logits = place(e, "logits", (size_t)c->vocab_out * sizeof(float), LLM_REGION_BULK,
+                        &e->logits_region);
+    if (e->s.logits == NULL)
+        return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
+                                     (unsigned long)c->vocab_out * 4u));
     /* KV cache: required, BULK asked */
     {
         /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
          * config could wrap it to a tiny allocation */
         uint64_t kv64 = (uint64_t)L * S * D * sizeof(float);
-        if (2u * kv64 > (uint64_t)SIZE_MAX) {
-            llm_close(e);
-            return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this "
-                            "machine's address space", (unsigned long long)(2u * kv64));
-        }
+        if (2u * kv64 > (uint64_t)SIZE_MAX)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds "
+                                         "this machine's address space",
+                                         (unsigned long long)(2u * kv64)));
         size_t kv = (size_t)kv64;
-        e->key_cache = place(e, "kv_cache", 2u * kv, LLM_REGION_BULK, &e->kv_region);
-        if (e->key_cache == NULL) {
-            llm_close(e);
-            return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
-                            (unsigned long)(2u * kv));
-        }
-        memset(e->key_cache, 0, 2u * kv);
-        e->value_cache = e->key_cache + (size_t)L * S * D;
+        e->s.key_cache = place(e, "kv_cache", 2u * kv, LLM_REGION_BULK, &e->kv_region);
+        if (e->s.key_cache == NULL)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
+                                         (unsigned long)(2u * kv)));
+        memset(e->s.key_cache, 0, 2u * kv);
+        e->s.value_cache = e->s.key_cache + (size_t)L * S * D;
     }
 
     /* optional staging last, so required buffers get memory first and
@@ -299,7 +426,8 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     /* norms: small, read every token: one FAST block */
     {
         size_t n_norm = (size_t)P + (size_t)L * 3u * D + D;
-        float *norms = place(e, "norms", n_norm * sizeof(float), LLM_REGION_FAST, &e->norms_region);
+        float *norms = place(e, "norms", n_norm * sizeof(float), LLM_REGION_FAST,
+                             &e->w.norms_region);
         const float *src;
         float *at = norms;
 #define NORM(dst, sec, n)                                                       \
@@ -311,17 +439,17 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     } else {                                                                    \
         (dst) = src;                                                            \
     }
-        NORM(e->ple_proj_norm, LLM_SEC_PLE_PROJ_NORM, P)
+        NORM(e->w.ple_proj_norm, LLM_SEC_PLE_PROJ_NORM, P)
         for (uint32_t l = 0; l < L; l++) {
             uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
-            NORM(e->layers[l].attn_norm, s0 + LLM_LSEC_ATTN_NORM, D)
-            NORM(e->layers[l].ffn_norm, s0 + LLM_LSEC_FFN_NORM, D)
-            NORM(e->layers[l].ple_norm, s0 + LLM_LSEC_PLE_NORM, D)
+            NORM(e->w.layers[l].attn_norm, s0 + LLM_LSEC_ATTN_NORM, D)
+            NORM(e->w.layers[l].ffn_norm, s0 + LLM_LSEC_FFN_NORM, D)
+            NORM(e->w.layers[l].ple_norm, s0 + LLM_LSEC_PLE_NORM, D)
         }
-        NORM(e->out_norm, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D)
+        NORM(e->w.out_norm, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D)
 #undef NORM
         if (norms == NULL) {
-            e->norms_region = LLM_REGION_FLASH;
+            e->w.norms_region = LLM_REGION_FLASH;
             record(e, "norms", LLM_REGION_FLASH, n_norm * sizeof(float), NULL);
         }
     }
@@ -330,11 +458,11 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     {
         llm_q4 src;
         llm_image_q4_view(&info, LLM_SEC_PLE_MODEL_PROJ, &src);
-        stage_mat(e, section_name(e, LLM_SEC_PLE_MODEL_PROJ), &src, src.rows, &e->ple_model_proj,
+        stage_mat(e, section_name(e, LLM_SEC_PLE_MODEL_PROJ), &src, &e->w.ple_model_proj,
                   LLM_REGION_FAST);
         for (uint32_t l = 0; l < L; l++) {
             uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
-            llm_layer *ly = &e->layers[l];
+            llm_layer_weights *ly = &e->w.layers[l];
             struct {
                 uint32_t k;
                 llm_mat *m;
@@ -346,20 +474,9 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
             };
             for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
                 llm_image_q4_view(&info, s0 + mats[k].k, &src);
-                stage_mat(e, section_name(e, s0 + mats[k].k), &src, src.rows, mats[k].m,
-                          LLM_REGION_FAST);
+                stage_mat(e, section_name(e, s0 + mats[k].k), &src, mats[k].m, LLM_REGION_FAST);
             }
         }
-    }
-
-    /* head: BULK, else read in place; tied = the first vocab_out embedding rows */
-    {
-        llm_q4 src;
-        int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
-        uint32_t sec = tied ? LLM_SEC_EMBED : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L + 1u;
-        llm_image_q4_view(&info, sec, &src);
-        stage_mat(e, tied ? "head" : section_name(e, sec), &src, c->vocab_out, &e->head,
-                  LLM_REGION_BULK);
     }
 
     e->inv_sqrt_dim = 1.0f / sqrtf((float)D);
@@ -375,6 +492,7 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
 void llm_reset(llm_engine *e) {
     if (e == NULL) return;
     e->pos = 0;
+    e->have_head = 0;
     e->have_logits = 0;
     memset(&e->stats, 0, sizeof e->stats);
     llm_rng_seed(&e->rng, e->sampler.seed);
@@ -382,7 +500,12 @@ void llm_reset(llm_engine *e) {
 
 const llm_config *llm_get_config(const llm_engine *e) { return e ? &e->cfg : NULL; }
 uint32_t llm_pos(const llm_engine *e) { return e ? e->pos : 0; }
-const float *llm_logits(const llm_engine *e) { return e && e->have_logits ? e->logits : NULL; }
+
+void llm_set_plain(llm_engine *e, int plain) {
+    if (e) e->plain = plain != 0;
+}
+
+int llm_plain(const llm_engine *e) { return e ? e->plain : 0; }
 
 void llm_get_stats(const llm_engine *e, llm_stats *out) {
     if (e && out) *out = e->stats;
@@ -431,36 +554,43 @@ static void lap(llm_engine *e, llm_stage stage, uint64_t *t) {
     *t = n;
 }
 
-static void rmsnorm(float *out, const float *x, const float *w, uint32_t n) {
+/* The core split plain mode turns off. */
+static llm_splitter splitter(const llm_engine *e) {
+    llm_splitter sp = {NULL, NULL};
+    if (!e->plain && e->port.parallel_rows != NULL) {
+        sp.split = e->port.parallel_rows;
+        sp.ctx = e->port.ctx;
+    }
+    return sp;
+}
+
+static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, uint32_t n) {
     float ss = 0.0f;
     for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
     float inv = 1.0f / sqrtf(ss / (float)n + 1e-6f);
     for (uint32_t i = 0; i < n; i++) out[i] = (w[i] * x[i]) * inv;
+    e->stats.bytes[e->w.norms_region] += (uint64_t)n * sizeof(float);
 }
 
 static float silu(float v) { return v / (1.0f + llm_expf(-v)); }
 static float gelu(float v) { return (0.5f * v) * (1.0f + llm_erff(v * 0.70710678f)); }
 
-/* Quantize an input vector once; matvecs below reuse it. */
-static void quantize(llm_engine *e, const float *x, uint32_t n) {
-    llm_quantize_act(x, n, (n + 31u) / 32u * 32u, e->xq, &e->xscale);
+/* Quantize x[0..n) as the input of the matvecs that follow. */
+static void quantize(llm_act *a, const float *x, uint32_t n) {
+    llm_quantize_act(x, n, (n + 31u) / 32u * 32u, a->q, &a->scale);
 }
 
-/* The port may split the rows across cores (DESIGN §7); each row is still one
- * kernel call's work, so the bits do not depend on the split. */
-static void matvec(llm_engine *e, const llm_mat *m, float *y) {
-    llm_matvec_job job = {&m->w, e->xq, e->xscale, y};
-    if (e->port.parallel_rows != NULL)
-        e->port.parallel_rows(e->port.ctx, llm_matvec_job_rows, &job, m->w.rows);
-    else
-        llm_matvec_job_rows(&job, 0, m->w.rows);
+/* y = m . in, on the calling core: a core matrix is too small to pay for a
+ * hand-off (the cost model, tools/mpllm/costmodel.py, weighs it). */
+static void matvec(llm_engine *e, const llm_mat *m, const llm_act *in, float *y) {
+    llm_matvec_q4(&m->w, in->q, in->scale, y, 0, m->w.rows);
     e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
                                  (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
 }
 
 /* Embedding row: kernel layout, 32-column blocks of nibbles. */
 static void embed_row(llm_engine *e, uint32_t token, float *out) {
-    const llm_q4 *w = &e->embed;
+    const llm_q4 *w = &e->w.embed;
     const uint8_t *row = w->codes + (size_t)token * w->row_bytes;
     const float *sc = w->scales + (size_t)token * w->n_groups;
     for (uint32_t j = 0; j < w->cols; j++) {
@@ -473,7 +603,7 @@ static void embed_row(llm_engine *e, uint32_t token, float *out) {
 
 /* PLE row: source nibble order, fp16 scales beside the codes. */
 static void ple_row(llm_engine *e, uint32_t token, float *out) {
-    const llm_rows *t = &e->ple_rows;
+    const llm_rows *t = &e->w.ple_rows;
     const uint8_t *rec = t->records + (size_t)token * t->row_bytes;
     const uint8_t *sc = rec + (t->cols + 1u) / 2u;
     for (uint32_t j = 0; j < t->cols; j++) {
@@ -486,67 +616,112 @@ static void ple_row(llm_engine *e, uint32_t token, float *out) {
     e->stats.bytes[LLM_REGION_FLASH] += t->row_bytes;
 }
 
-static void attention(llm_engine *e, uint32_t l, uint32_t pos) {
-    const uint32_t D = e->cfg.dim, H = e->cfg.n_heads, Dh = e->cfg.head_dim, S = e->cfg.seq_len;
-    const float *kc = e->key_cache + (size_t)l * S * D;
-    const float *vc = e->value_cache + (size_t)l * S * D;
-    for (uint32_t h = 0; h < H; h++) {
-        const float *q = e->qkv + h * Dh;
-        float *ao = e->att + h * Dh;
-        float maxs = -1e30f;
-        for (uint32_t t = 0; t <= pos; t++) {
-            const float *k = kc + (size_t)t * D + h * Dh;
-            float s = 0.0f;
-            for (uint32_t i = 0; i < Dh; i++) s += q[i] * k[i];
-            s *= e->inv_sqrt_head_dim;
-            e->scores[t] = s;
-            if (s > maxs) maxs = s;
-        }
-        for (uint32_t i = 0; i < Dh; i++) ao[i] = 0.0f;
-        float denom = 0.0f;
-        for (uint32_t t = 0; t <= pos; t++) {
-            float w = llm_expf(e->scores[t] - maxs);
-            denom += w;
-            const float *v = vc + (size_t)t * D + h * Dh;
-            for (uint32_t i = 0; i < Dh; i++) ao[i] += w * v[i];
-        }
-        for (uint32_t i = 0; i < Dh; i++) ao[i] /= denom;
-    }
-    e->stats.bytes[e->kv_region] += 2u * (uint64_t)(pos + 1u) * D * sizeof(float);
+/* This position's RoPE row: cos[head_dim/2] then sin[head_dim/2]. */
+static const float *rope_row(llm_engine *e, uint32_t pos) {
+    e->stats.bytes[LLM_REGION_FLASH] += (uint64_t)e->cfg.head_dim * sizeof(float);
+    return e->w.rope + (size_t)pos * e->cfg.head_dim;
 }
 
-/* One token through the model at e->pos; the head (and so logits) only if
- * run_head. Arguments were checked by the caller. */
+/* Attention of heads [h0, h1) at one layer and position. Positions are the
+ * outer loop, so each K and V row (all heads of a position, contiguous) is
+ * fetched from PSRAM once per layer, cache line by cache line; per head, every
+ * float sum still runs in ascending t exactly as the numerics contract says:
+ * scores dot(q,k) summed in i order then scaled, the max, w = expf(s - max),
+ * denom += w and ao += w*v in ascending t, then ao /= denom. */
+typedef struct attn_job {
+    llm_engine *e;
+    uint32_t layer, pos;
+} attn_job;
+
+static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
+    const attn_job *j = arg;
+    llm_engine *e = j->e;
+    llm_run_state *s = &e->s;
+    const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
+    const float *kc = s->key_cache + (size_t)j->layer * S * D;
+    const float *vc = s->value_cache + (size_t)j->layer * S * D;
+    for (uint32_t h = h0; h < h1; h++) s->att_max[h] = -1e30f;
+    for (uint32_t t = 0; t <= pos; t++) {
+        const float *krow = kc + (size_t)t * D;
+        for (uint32_t h = h0; h < h1; h++) {
+            const float *q = s->qkv + h * Dh, *k = krow + h * Dh;
+            float sc = 0.0f;
+            for (uint32_t i = 0; i < Dh; i++) sc += q[i] * k[i];
+            sc *= e->inv_sqrt_head_dim;
+            s->scores[(size_t)h * S + t] = sc;
+            if (sc > s->att_max[h]) s->att_max[h] = sc;
+        }
+    }
+    for (uint32_t h = h0; h < h1; h++) {
+        for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] = 0.0f;
+        s->att_den[h] = 0.0f;
+    }
+    for (uint32_t t = 0; t <= pos; t++) {
+        const float *vrow = vc + (size_t)t * D;
+        for (uint32_t h = h0; h < h1; h++) {
+            float w = llm_expf(s->scores[(size_t)h * S + t] - s->att_max[h]);
+            s->att_den[h] += w;
+            const float *v = vrow + h * Dh;
+            float *ao = s->att + h * Dh;
+            for (uint32_t i = 0; i < Dh; i++) ao[i] += w * v[i];
+        }
+    }
+    for (uint32_t h = h0; h < h1; h++)
+        for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] /= s->att_den[h];
+}
+
+/* Store this position's k, v, then attend, split across cores by heads. */
+static void attention(llm_engine *e, uint32_t l, uint32_t pos) {
+    const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
+    llm_run_state *s = &e->s;
+    memcpy(s->key_cache + ((size_t)l * S + pos) * D, s->qkv + D, D * sizeof(float));
+    memcpy(s->value_cache + ((size_t)l * S + pos) * D, s->qkv + 2u * D, D * sizeof(float));
+    attn_job job = {e, l, pos};
+    llm_splitter sp = splitter(e);
+    if (sp.split != NULL && e->cfg.n_heads > 1u) {
+        sp.split(sp.ctx, attention_heads, &job, e->cfg.n_heads);
+        e->stats.handoffs++;
+    } else {
+        attention_heads(&job, 0, e->cfg.n_heads);
+    }
+    /* this position's k and v written, every position's read once */
+    e->stats.bytes[e->kv_region] += 2u * (uint64_t)D * sizeof(float) +
+                                    2u * (uint64_t)(pos + 1u) * D * sizeof(float);
+}
+
+/* One token through the layers at e->pos; with run_head, the final norm and
+ * the head's quantized input (the head itself runs in select_next). */
 static void forward(llm_engine *e, uint32_t token, int run_head) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, F = c->ffn;
-    const uint32_t Dh = c->head_dim, half = Dh / 2u, S = c->seq_len, pos = e->pos;
-    float *x = e->x;
+    const uint32_t Dh = c->head_dim, half = Dh / 2u, pos = e->pos;
+    llm_run_state *s = &e->s;
+    float *x = s->x;
     uint64_t t = now(e);
 
     /* embedding, PLE input and this position's RoPE row */
     embed_row(e, token, x);
-    quantize(e, x, D);
-    matvec(e, &e->ple_model_proj, e->ple);
-    for (uint32_t i = 0; i < L * P; i++) e->ple[i] *= e->inv_sqrt_dim;
-    for (uint32_t l = 0; l < L; l++) rmsnorm(e->ple + l * P, e->ple + l * P, e->ple_proj_norm, P);
-    ple_row(e, token, e->trow);
+    quantize(&s->act, x, D);
+    matvec(e, &e->w.ple_model_proj, &s->act, s->ple);
+    for (uint32_t i = 0; i < L * P; i++) s->ple[i] *= e->inv_sqrt_dim;
+    for (uint32_t l = 0; l < L; l++)
+        rmsnorm(e, s->ple + l * P, s->ple + l * P, e->w.ple_proj_norm, P);
+    ple_row(e, token, s->trow);
     for (uint32_t i = 0; i < L * P; i++)
-        e->ple[i] = (e->ple[i] + e->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
-    const float *rope_cos = e->rope + (size_t)pos * Dh;
+        s->ple[i] = (s->ple[i] + s->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
+    const float *rope_cos = rope_row(e, pos);
     const float *rope_sin = rope_cos + half;
-    e->stats.bytes[LLM_REGION_FLASH] += (uint64_t)Dh * sizeof(float);
     lap(e, LLM_STAGE_EMBED, &t);
 
     for (uint32_t l = 0; l < L; l++) {
-        const llm_layer *ly = &e->layers[l];
+        const llm_layer_weights *ly = &e->w.layers[l];
 
         /* attention */
-        rmsnorm(e->xb, x, ly->attn_norm, D);
-        quantize(e, e->xb, D);
-        matvec(e, &ly->qkv, e->qkv);
+        rmsnorm(e, s->xb, x, ly->attn_norm, D);
+        quantize(&s->act, s->xb, D);
+        matvec(e, &ly->qkv, &s->act, s->qkv);
         for (uint32_t h = 0; h < 2u * c->n_heads; h++) { /* q heads then k heads */
-            float *v = e->qkv + h * Dh;
+            float *v = s->qkv + h * Dh;
             for (uint32_t i = 0; i < half; i++) {
                 float co = rope_cos[i], si = rope_sin[i];
                 float a = v[i], b = v[i + half];
@@ -554,57 +729,103 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
                 v[i + half] = b * co + a * si;
             }
         }
-        memcpy(e->key_cache + ((size_t)l * S + pos) * D, e->qkv + D, D * sizeof(float));
-        memcpy(e->value_cache + ((size_t)l * S + pos) * D, e->qkv + 2u * D, D * sizeof(float));
-        e->stats.bytes[e->kv_region] += 2u * (uint64_t)D * sizeof(float);
         attention(e, l, pos);
-        quantize(e, e->att, D);
-        matvec(e, &ly->attn_proj, e->xb2);
-        for (uint32_t i = 0; i < D; i++) x[i] += e->xb2[i];
+        quantize(&s->act, s->att, D);
+        matvec(e, &ly->attn_proj, &s->act, s->xb2);
+        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
         lap(e, LLM_STAGE_ATTN, &t);
 
         /* SwiGLU FFN */
-        rmsnorm(e->xb, x, ly->ffn_norm, D);
-        quantize(e, e->xb, D);
-        matvec(e, &ly->gate, e->hb);
-        matvec(e, &ly->up, e->hb2);
-        for (uint32_t i = 0; i < F; i++) e->hb[i] = silu(e->hb[i]) * e->hb2[i];
-        quantize(e, e->hb, F);
-        matvec(e, &ly->down, e->xb2);
-        for (uint32_t i = 0; i < D; i++) x[i] += e->xb2[i];
+        rmsnorm(e, s->xb, x, ly->ffn_norm, D);
+        quantize(&s->act, s->xb, D);
+        matvec(e, &ly->gate, &s->act, s->hb);
+        matvec(e, &ly->up, &s->act, s->hb2);
+        for (uint32_t i = 0; i < F; i++) s->hb[i] = silu(s->hb[i]) * s->hb2[i];
+        quantize(&s->act, s->hb, F);
+        matvec(e, &ly->down, &s->act, s->xb2);
+        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
         lap(e, LLM_STAGE_FFN, &t);
 
         /* PLE branch, on the raw residual */
-        quantize(e, x, D);
-        matvec(e, &ly->ple_gate, e->hb);
-        for (uint32_t i = 0; i < P; i++) e->hb[i] = gelu(e->hb[i]) * e->ple[l * P + i];
-        quantize(e, e->hb, P);
-        matvec(e, &ly->ple_proj, e->xb2);
-        rmsnorm(e->xb2, e->xb2, ly->ple_norm, D);
-        for (uint32_t i = 0; i < D; i++) x[i] += e->xb2[i];
+        quantize(&s->act, x, D);
+        matvec(e, &ly->ple_gate, &s->act, s->hb);
+        for (uint32_t i = 0; i < P; i++) s->hb[i] = gelu(s->hb[i]) * s->ple[l * P + i];
+        quantize(&s->act, s->hb, P);
+        matvec(e, &ly->ple_proj, &s->act, s->xb2);
+        rmsnorm(e, s->xb2, s->xb2, ly->ple_norm, D);
+        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
         lap(e, LLM_STAGE_PLE, &t);
     }
-    e->stats.bytes[e->norms_region] += ((uint64_t)3u * L * D + P) * sizeof(float);
     e->stats.tokens++;
 
     if (run_head) {
-        rmsnorm(x, x, e->out_norm, D);
-        quantize(e, x, D);
-        matvec(e, &e->head, e->logits);
-        e->stats.bytes[e->norms_region] += (uint64_t)D * sizeof(float);
-        e->stats.heads++;
-        e->have_logits = 1;
+        rmsnorm(e, x, x, e->w.out_norm, D);
+        quantize(&s->head_in, x, D);
+        e->have_head = 1;
+        e->have_logits = 0;
         lap(e, LLM_STAGE_HEAD, &t);
     }
 }
 
-/* The sampler only fails on NaN logits (a broken model): the token that
- * produced them has been consumed, so the position has moved on. */
-static llm_status sample(llm_engine *e, int32_t *next, llm_error *err) {
+static void charge_head(llm_engine *e, const llm_head_work *work, int dense) {
+    const llm_head *h = &e->w.head;
+    e->stats.heads++;
+    e->stats.head_rows += work->rows;
+    e->stats.head_tiles += work->tiles;
+    e->stats.head_waves += work->waves;
+    e->stats.handoffs += work->handoffs;
+    e->stats.bytes[h->rows_region] += (uint64_t)work->rows *
+                                      (h->w.row_bytes + (uint64_t)h->w.n_groups * sizeof(float));
+    if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->rows * 2u;
+    if (!dense)
+        e->stats.bytes[h->boxes_region] += (uint64_t)h->n_tiles * (2u * h->cols_padded +
+                                                                   sizeof(float));
+    else /* the logits buffer, written by the head and read by the sampler */
+        e->stats.bytes[e->logits_region] += (uint64_t)e->cfg.vocab_out * 2u * sizeof(float);
+}
+
+/* The head and the sampler for the evaluation forward() prepared. The
+ * certified route when plain mode is off and its preconditions hold (head.c),
+ * else the dense route; both choose the same token (head.c's proof). The
+ * sampler only fails on NaN logits (a broken model): the token that produced
+ * them has been consumed, so the position has moved on. */
+static llm_status select_next(llm_engine *e, int32_t *next, llm_error *err) {
+    const llm_head *h = &e->w.head;
+    llm_run_state *s = &e->s;
+    const uint32_t V = e->cfg.vocab_out;
     uint64_t t = now(e);
-    llm_status st = llm_sample(e->logits, e->cfg.vocab_out, &e->sampler, &e->rng, next, err);
+    llm_splitter sp = splitter(e);
+    llm_head_work work;
+    const uint32_t k = llm_sampler_candidates_needed(&e->sampler, V);
+    if (!e->plain && k > 0 && llm_head_certifiable(h, s->head_in.scale)) {
+        llm_candidates_init(&s->cand, k);
+        llm_status st = llm_head_certify(h, &s->head, s->head_in.q, s->head_in.scale, &s->cand,
+                                         &sp, &work, err);
+        charge_head(e, &work, 0);
+        lap(e, LLM_STAGE_HEAD, &t);
+        if (st != LLM_OK) return st;
+        st = llm_sample_candidates(&s->cand, &e->sampler, &e->rng, next, err);
+        lap(e, LLM_STAGE_SAMPLE, &t);
+        return st;
+    }
+    llm_head_dense(h, &s->head, s->head_in.q, s->head_in.scale, s->logits, &sp, &work);
+    e->have_logits = 1;
+    charge_head(e, &work, 1);
+    lap(e, LLM_STAGE_HEAD, &t);
+    llm_status st = llm_sample(s->logits, V, &e->sampler, &e->rng, next, err);
     lap(e, LLM_STAGE_SAMPLE, &t);
     return st;
+}
+
+const float *llm_logits(llm_engine *e) {
+    if (e == NULL || !e->have_head) return NULL;
+    if (!e->have_logits) {
+        llm_head_work work;
+        llm_head_dense(&e->w.head, &e->s.head, e->s.head_in.q, e->s.head_in.scale, e->s.logits,
+                       NULL, &work);
+        e->have_logits = 1;
+    }
+    return e->s.logits;
 }
 
 static llm_status check_token(const llm_engine *e, int32_t token, llm_error *err) {
@@ -633,7 +854,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
         forward(e, (uint32_t)tokens[i], i + 1u == n);
         e->pos++;
     }
-    llm_status st = sample(e, next, err);
+    llm_status st = select_next(e, next, err);
     e->stats.prefill_tokens = n;
     e->stats.prefill_us = now(e) - t0;
     return st == LLM_OK ? ok(err) : st;
@@ -648,6 +869,6 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
     if (st != LLM_OK) return st;
     forward(e, (uint32_t)token, 1);
     e->pos++;
-    st = sample(e, next, err);
+    st = select_next(e, next, err);
     return st == LLM_OK ? ok(err) : st;
 }

@@ -106,11 +106,13 @@ static const char *const layer_names[LLM_LSEC_COUNT] = {
 };
 
 uint32_t llm_image_section_count(uint32_t n_layers, int tied_head) {
-    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u);
+    /* layers, out_norm, the head if untied, head_tiles */
+    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u) + 1u;
 }
 
 /* Writes the NUL-padded 16-byte name image_format.h fixes for index i. */
-void llm_image_section_name(uint32_t i, uint32_t n_layers, char name[LLM_IMAGE_NAME_BYTES]) {
+void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
+                            char name[LLM_IMAGE_NAME_BYTES]) {
     static const char *const fixed[LLM_SEC_LAYER0] = {
         "tokenizer", "rope", "embed", "ple_rows", "ple_model_proj", "ple_proj_norm",
     };
@@ -137,8 +139,10 @@ void llm_image_section_name(uint32_t i, uint32_t n_layers, char name[LLM_IMAGE_N
         return;
     } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers) {
         s = "out_norm";
-    } else {
+    } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u && !tied_head) {
         s = "head";
+    } else {
+        s = "head_tiles";
     }
     size_t n = strlen(s);
     memcpy(name, s, n < LLM_IMAGE_NAME_BYTES - 1 ? n : LLM_IMAGE_NAME_BYTES - 1);
@@ -193,6 +197,22 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
     out->n_groups = ceil_div(h.cols, h.group);
     out->row_bytes = h.row_bytes;
     out->records = p + sizeof(llm_image_q4_header);
+}
+
+void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
+    const uint8_t *p = llm_image_payload(info, info->n_sections - 1u, NULL);
+    memset(out, 0, sizeof *out);
+    out->rows = rd32(p);
+    out->tile_rows = rd32(p + 4);
+    out->n_tiles = rd32(p + 8);
+    out->cols_padded = rd32(p + 12);
+    if (out->n_tiles == 0) return;
+    const uint8_t *q = p + sizeof(llm_image_tiles_header);
+    out->order = (const uint16_t *)(const void *)q;
+    q += (2u * (size_t)out->rows + 15u) / 16u * 16u;
+    out->scales = (const float *)(const void *)q;
+    q += (4u * (size_t)out->n_tiles + 15u) / 16u * 16u;
+    out->boxes = (const int8_t *)(const void *)q;
 }
 
 /* ---- config ------------------------------------------------------------ */
@@ -296,7 +316,13 @@ static expect section_expect(const llm_config *c, uint32_t i) {
         e.f32_count = D;
         return e;
     }
-    e.kind = LLM_IMAGE_KIND_Q4;
+    if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L + 1u && !(c->flags & LLM_IMAGE_FLAG_TIED_HEAD)) {
+        e.kind = LLM_IMAGE_KIND_Q4;
+        e.rows = c->vocab_out;
+        e.cols = D;
+        return e;
+    }
+    e.kind = LLM_IMAGE_KIND_HEAD_TILES;
     e.rows = c->vocab_out;
     e.cols = D;
     return e;
@@ -308,6 +334,7 @@ static const char *kind_name(uint32_t kind) {
     case LLM_IMAGE_KIND_Q4: return "Q4";
     case LLM_IMAGE_KIND_ROWS: return "ROWS";
     case LLM_IMAGE_KIND_TOKENIZER: return "TOKENIZER";
+    case LLM_IMAGE_KIND_HEAD_TILES: return "HEAD_TILES";
     default: return "unknown";
     }
 }
@@ -445,6 +472,66 @@ static int all_zero(const uint8_t *p, uint64_t n) {
     return 1;
 }
 
+/* Sizes, scales and padding of a head_tiles payload. That the order is a
+ * permutation and that every weight lies in its tile's box is checked by
+ * llm_open, which has the memory and touches the head rows anyway. */
+static llm_status check_tiles(const char *name, const uint8_t *p, uint32_t size, const expect *x,
+                              llm_error *err) {
+    if (size < sizeof(llm_image_tiles_header))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
+    llm_image_tiles_header h = {rd32(p), rd32(p + 4), rd32(p + 8), rd32(p + 12)};
+    const uint32_t cp = ceil_div(x->cols, LLM_IMAGE_BLOCK_COLS) * LLM_IMAGE_BLOCK_COLS;
+    if (h.rows != x->rows || h.cols_padded != cp)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': [%lu rows, %lu cols], the head is "
+                        "[%lu, %lu]", name, (unsigned long)h.rows, (unsigned long)h.cols_padded,
+                        (unsigned long)x->rows, (unsigned long)cp);
+    if (h.n_tiles == 0) {
+        if (size != sizeof h)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': no tiles but %lu bytes", name,
+                            (unsigned long)size);
+        return LLM_OK;
+    }
+    if (h.rows > 65536u || cp > LLM_IMAGE_TILES_MAX_COLS)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': tiles need rows <= 65536 and "
+                        "cols_padded <= %u", name, (unsigned)LLM_IMAGE_TILES_MAX_COLS);
+    if (h.tile_rows == 0 || h.tile_rows > LLM_IMAGE_TILES_MAX_ROWS ||
+        h.n_tiles != ceil_div(h.rows, h.tile_rows))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu tiles of %lu rows (at most %u) "
+                        "do not cover %lu rows", name, (unsigned long)h.n_tiles, (unsigned long)h.tile_rows,
+                        (unsigned)LLM_IMAGE_TILES_MAX_ROWS, (unsigned long)h.rows);
+    const uint64_t order_bytes = ((uint64_t)2u * h.rows + 15u) / 16u * 16u;
+    const uint64_t scale_bytes = ((uint64_t)4u * h.n_tiles + 15u) / 16u * 16u;
+    const uint64_t want = sizeof h + order_bytes + scale_bytes + (uint64_t)h.n_tiles * 2u * cp;
+    if ((uint64_t)size != want)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
+                        (unsigned long)size, (unsigned long long)want);
+    const uint8_t *sc = p + sizeof h + order_bytes;
+    if (!all_zero(p + sizeof h + 2u * (uint64_t)h.rows, order_bytes - 2u * (uint64_t)h.rows) ||
+        !all_zero(sc + 4u * (uint64_t)h.n_tiles, scale_bytes - 4u * (uint64_t)h.n_tiles))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': padding is not zero", name);
+    for (uint32_t t = 0; t < h.n_tiles; t++) {
+        uint32_t bits = rd32(sc + 4u * t);
+        uint32_t exponent = (bits >> 23) & 0xFFu;
+        /* a positive normal power of two: (mid +- half) * scale is then exact */
+        if ((bits & 0x807FFFFFu) != 0 || exponent == 0 || exponent == 0xFFu)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': tile %lu scale 0x%08lx is not a "
+                            "positive normal power of two", name, (unsigned long)t,
+                            (unsigned long)bits);
+        const int8_t *mid = (const int8_t *)(const void *)(sc + scale_bytes + (uint64_t)t * 2u * cp);
+        const int8_t *half = mid + cp;
+        for (uint32_t j = 0; j < cp; j++) {
+            if (half[j] < 0)
+                return llm_fail(err, LLM_E_FORMAT, "section '%s': tile %lu column %lu has a "
+                                "negative half-range", name, (unsigned long)t, (unsigned long)j);
+            if (j >= x->cols && (mid[j] != 0 || half[j] != 0))
+                return llm_fail(err, LLM_E_FORMAT, "section '%s': tile %lu padded column %lu "
+                                "is not zero", name, (unsigned long)t, (unsigned long)j);
+        }
+    }
+    return LLM_OK;
+}
+
 /* ---- the whole image --------------------------------------------------- */
 
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
@@ -474,7 +561,7 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
                         (unsigned long)version, (unsigned)LLM_IMAGE_VERSION);
     uint32_t header_bytes = rd32(data + 12);
     if (header_bytes != LLM_IMAGE_HEADER_BYTES)
-        return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, format version 1 has %u",
+        return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, this format version has %u",
                         (unsigned long)header_bytes, (unsigned)LLM_IMAGE_HEADER_BYTES);
     uint32_t file_bytes = rd32(data + 16);
     if ((uint64_t)file_bytes != (uint64_t)len)
@@ -548,7 +635,7 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
         char want[LLM_IMAGE_NAME_BYTES];
         char shown[LLM_IMAGE_NAME_BYTES + 1];
         llm_image_section_get(info, i, &s);
-        llm_image_section_name(i, c->n_layers, want);
+        llm_image_section_name(i, c->n_layers, tied, want);
         if (memcmp(s.name, want, LLM_IMAGE_NAME_BYTES) != 0) {
             for (uint32_t k = 0; k < LLM_IMAGE_NAME_BYTES; k++) {
                 char ch = s.name[k];
@@ -591,6 +678,7 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
         case LLM_IMAGE_KIND_F32: st = check_f32(want, p, s.size, x.f32_count, err); break;
         case LLM_IMAGE_KIND_Q4: st = check_q4(want, p, s.size, &x, err); break;
         case LLM_IMAGE_KIND_ROWS: st = check_rows(want, p, s.size, &x, err); break;
+        case LLM_IMAGE_KIND_HEAD_TILES: st = check_tiles(want, p, s.size, &x, err); break;
         default: st = check_tokenizer(want, p, s.size, c, err); break;
         }
         if (st != LLM_OK) {

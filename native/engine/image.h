@@ -49,7 +49,8 @@ enum {
 #define LLM_MAX_PLE_COLS 65536u   /* n_layers * ple_dim */
 #define LLM_MAX_SEQ_LEN 65536u
 #define LLM_MAX_VOCAB (1u << 24)
-#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 2u) / LLM_LSEC_COUNT)
+/* sections after the layers: out_norm, head (untied), head_tiles */
+#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 3u) / LLM_LSEC_COUNT)
 
 typedef struct llm_image_info {
     const uint8_t *data;
@@ -64,6 +65,15 @@ typedef struct llm_rows {
     uint32_t rows, cols, group, n_groups, row_bytes;
 } llm_rows;
 
+/* A KIND_HEAD_TILES section (image_format.h). n_tiles == 0: no certificate
+ * (the pointers are then NULL). boxes: [n_tiles][2*cols_padded]. */
+typedef struct llm_tiles {
+    const uint16_t *order;
+    const float *scales;
+    const int8_t *boxes;
+    uint32_t rows, tile_rows, n_tiles, cols_padded;
+} llm_tiles;
+
 /* Validate everything: header, section table, every section's checksum,
  * layout and finiteness, and the config. `data` must be 16-byte aligned. */
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
@@ -71,13 +81,15 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
 
 /* The n_sections the config demands, and the expected name of section i. */
 uint32_t llm_image_section_count(uint32_t n_layers, int tied_head);
-void llm_image_section_name(uint32_t i, uint32_t n_layers, char name[LLM_IMAGE_NAME_BYTES]);
+void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
+                            char name[LLM_IMAGE_NAME_BYTES]);
 
 /* Views into a checked image. */
 void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_section *out);
 const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size);
 void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out);
 void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out);
+void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out); /* the last section */
 
 /* CRC-32 (IEEE, as zlib.crc32): crc = llm_crc32(crc, p, n), start with 0. */
 uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n);

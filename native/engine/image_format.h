@@ -53,6 +53,10 @@
  *   "out_norm"       KIND_F32   [dim]
  *   "head"           KIND_Q4    [vocab_out, dim], present iff the
  *                               LLM_IMAGE_FLAG_TIED_HEAD bit is clear
+ *   "head_tiles"     KIND_HEAD_TILES  the head's row order and tile boxes
+ *                               for the certified head (below); always
+ *                               present, n_tiles == 0 when the converter
+ *                               could not certify this head
  * Sections appear in the file in exactly this order.
  *
  * KIND_F32: raw f32 values, nothing else.
@@ -97,6 +101,30 @@
  *   u16 merges[n_merges][3]       (left id, right id, merged id), in rank
  *                                 order: merge 0 has the highest priority
  *
+ * KIND_HEAD_TILES (what lets the engine skip head rows without changing the
+ * chosen token; the proof is in native/engine/head.c):
+ *   llm_image_tiles_header {rows, tile_rows, n_tiles, cols_padded}  16 bytes
+ *     rows == vocab_out; cols_padded == the head's cols rounded up to 32
+ *     (<= 512, which keeps every bound below 2^24); 1 <= tile_rows <= 1024;
+ *     n_tiles == ceil(rows / tile_rows), or 0 (no certificate: the engine
+ *     scores every row).
+ *   u16 order[rows]     order[i] = token id of the head row the engine stages
+ *                       at position i (a permutation of 0..rows-1; the
+ *                       converter sorts rows by norm, largest first, so the
+ *                       high-scoring rows share tiles). Zero padding to 16.
+ *   f32 scale[n_tiles]  sigma_t, each a positive normal power of two.
+ *                       Zero padding to 16.
+ *   i8  box[n_tiles][2*cols_padded]   tile t: mid[cols_padded] then
+ *                       half[cols_padded], half >= 0. (Contiguous, so the
+ *                       bounds of all tiles are one int8 matrix x vector.)
+ *   Tile t covers staged rows [t*tile_rows, min((t+1)*tile_rows, rows)). For
+ *   every such row r, column j and weight value w = (code-8)*scale_r:
+ *     (mid[j] - half[j]) * sigma_t <= w <= (mid[j] + half[j]) * sigma_t
+ *   (padded columns: mid = half = 0). sigma_t being a power of two makes both
+ *   products exact in f32, so the loader checks this for every weight.
+ *   Empty when n_tiles == 0: the payload is the 16-byte header, the order
+ *   and its padding only.
+ *
  * Header config fields describe the image, not the source: vocab_rows is the
  * number of embedding/PLE rows kept, vocab_in_source what model.bin had.
  */
@@ -106,7 +134,7 @@
 #include <stdint.h>
 
 #define LLM_IMAGE_MAGIC "MPLLMIMG" /* 8 bytes, no NUL */
-#define LLM_IMAGE_VERSION 1u
+#define LLM_IMAGE_VERSION 2u /* 2: + head_tiles */
 #define LLM_IMAGE_HEADER_BYTES 128u
 #define LLM_IMAGE_SECTION_BYTES 32u
 #define LLM_IMAGE_ALIGN 16u
@@ -122,7 +150,14 @@ enum llm_image_kind {
     LLM_IMAGE_KIND_Q4 = 2,
     LLM_IMAGE_KIND_ROWS = 3,
     LLM_IMAGE_KIND_TOKENIZER = 4,
+    LLM_IMAGE_KIND_HEAD_TILES = 5,
 };
+
+/* Bounds stay exact in int32 and below 2^24 (exactly representable as f32)
+ * while 2 * 127 * 127 * cols_padded < 2^24. */
+#define LLM_IMAGE_TILES_MAX_COLS 512u
+/* The engine scores a few tiles per hand-off into an SRAM buffer. */
+#define LLM_IMAGE_TILES_MAX_ROWS 1024u
 
 typedef struct llm_image_header {
     char magic[8];             /* LLM_IMAGE_MAGIC */
@@ -160,6 +195,11 @@ typedef struct llm_image_q4_header {
     uint32_t rows, cols, group, row_bytes;
 } llm_image_q4_header;
 
+typedef struct llm_image_tiles_header {
+    uint32_t rows, tile_rows, n_tiles, cols_padded;
+} llm_image_tiles_header;
+
+_Static_assert(sizeof(llm_image_tiles_header) == 16, "tiles header size");
 _Static_assert(sizeof(llm_image_header) == LLM_IMAGE_HEADER_BYTES, "header size");
 _Static_assert(sizeof(llm_image_section) == LLM_IMAGE_SECTION_BYTES, "section size");
 _Static_assert(sizeof(llm_image_q4_header) == 16, "q4 header size");

@@ -32,16 +32,28 @@ void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
  * Contract: per group, g = sum over its columns of (code-8)*xq exact in int32;
  * acc = 0.f; for each group in order acc += (float)g * scale[r][group];
  * y[r] = acc * xscale. No fused multiply-add. xq holds cols rounded up to 32
- * values (llm_quantize_act's n_padded). */
+ * values (llm_quantize_act's n_padded).
+ * Alignment, for both flavours (the reference does not need it, but a caller
+ * that only ever ran the reference must not learn otherwise on the board):
+ * xq, codes and every row (row_bytes is a multiple of 16) are 16-byte
+ * aligned. The PIE flavour's 128-bit loads ignore address bits 3:0: on the S3
+ * a misaligned xq or row silently gives wrong sums (the host model aborts). */
 void llm_matvec_q4_ref(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
                        uint32_t row_begin, uint32_t row_end);
 void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
                        uint32_t row_begin, uint32_t row_end);
 
-/* sum a[i]*b[i] over n int8 pairs, exact in int32 (n <= 2^16). PIE version
- * needs a, b 16-byte aligned and n a multiple of 16. */
-int32_t llm_dot_s8_ref(const int8_t *a, const int8_t *b, uint32_t n);
-int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n);
+/* int8 matrix x int8 vector: out[r] = sum_j a[r*n + j] * x[j] for r < rows,
+ * exact in int32 (n <= 2^16 keeps |sum| <= 2^30). One contract for both
+ * flavours: n is a multiple of 16 and a, x are 16-byte aligned (so every row
+ * is). The PIE flavour's 128-bit loads ignore address bits 3:0, so breaking
+ * this on the S3 silently reads the wrong bytes (the host model aborts). The
+ * certified head (head.c) uses it for its tile bounds: a = the tiles' boxes,
+ * x = [xq | |xq|]. */
+void llm_matvec_s8_ref(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
+                       int32_t *out);
+void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
+                       int32_t *out);
 
 /* One matvec as a row-range job: the form a port's parallel_rows (llm.h) runs
  * on two cores. `llm_matvec_job_rows(&job, a, b)` computes rows [a, b). */
@@ -54,11 +66,11 @@ typedef struct llm_matvec_job {
 
 #if defined(LLM_KERNELS_PIE)
 #define llm_matvec_q4 llm_matvec_q4_pie
-#define llm_dot_s8 llm_dot_s8_pie
+#define llm_matvec_s8 llm_matvec_s8_pie
 #define LLM_KERNELS_NAME "pie"
 #else
 #define llm_matvec_q4 llm_matvec_q4_ref
-#define llm_dot_s8 llm_dot_s8_ref
+#define llm_matvec_s8 llm_matvec_s8_ref
 #define LLM_KERNELS_NAME "ref"
 #endif
 

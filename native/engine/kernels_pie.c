@@ -21,8 +21,12 @@
  * the same MAC against a vector of -8s.
  *
  * Schedule: the weight load and nibble split of block k+1 sit between the
- * MACs of block k, so no instruction consumes a register loaded by the one
- * just before it. The activation stream wraps at the end of every row (the
+ * MACs of block k, to give the loads time. This is not complete: three places
+ * do consume a register loaded by the instruction just before (a row's first
+ * ee.andq reads the q0 its ee.vld.128.ip just loaded; inside a block the
+ * second MAC reads the q5 the first MAC's .ld.ip just loaded; and the last
+ * block's second MAC reads the q5 of the .ld.xp before it). The pipeline
+ * interlocks, so this costs cycles, never bits. The activation stream wraps at the end of every row (the
  * last high-half load uses .ld.xp with a negative step), so the second MAC of
  * a row's last block already loads the first activations of the next row and
  * nothing past the vector is ever read. ACCX is read after two NOPs (DESIGN
@@ -82,8 +86,6 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
         return;
     }
     const uint32_t n_groups = (n_blocks + bpg - 1u) / bpg;
-    const uint8_t *mask = &k_low_nibbles;
-    EE_VLDBC_8_IP(1, mask, 0);
 
     for (uint32_t g0 = 0; g0 < n_groups && row_begin < row_end; g0 += LLM_PIE_GROUP_CHUNK) {
         const uint32_t g1 = g0 + LLM_PIE_GROUP_CHUNK < n_groups ? g0 + LLM_PIE_GROUP_CHUNK
@@ -93,6 +95,11 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
         const int first = g0 == 0, last = g1 == n_groups;
         int32_t corr[LLM_PIE_GROUP_CHUNK];
         group_corrections(xq, g1 - g0, bpg, b0, b_end, corr);
+        /* the mask is (re)loaded after that call, not before: PIE registers
+         * are only known to survive plain C code the compiler sees, and
+         * nothing here depends on a q register kept across a call */
+        const uint8_t *mask = &k_low_nibbles;
+        EE_VLDBC_8_IP(1, mask, 0);
 
         /* activation stream of this pass: q4 holds its first 16 bytes, xp
          * points at the next 16; each row's last load steps back by `wrap` */
@@ -139,29 +146,40 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
     }
 }
 
-int32_t llm_dot_s8_pie(const int8_t *a, const int8_t *b, uint32_t n) {
+/* Contract in kernels.h (n a multiple of 16, a and x 16-byte aligned). Each
+ * row is one ACCX sum; loads alternate q0/q1 and q2/q3 so a MAC's fused load
+ * fetches the next pair while it multiplies the current one. */
+void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
+                       int32_t *out) {
     const uint32_t m = n / 16u;
-    if (m == 0) return 0;
-    EE_ZERO_ACCX();
-    EE_VLD_128_IP(0, a, 16);
-    EE_VLD_128_IP(1, b, 16);
-    uint32_t i = 1;
-    for (; i + 1u < m; i += 2u) {
-        EE_VMULAS_S8_ACCX_LD_IP(2, a, 16, 0, 1);
-        EE_VLD_128_IP(3, b, 16);
-        EE_VMULAS_S8_ACCX_LD_IP(0, a, 16, 2, 3);
-        EE_VLD_128_IP(1, b, 16);
+    for (uint32_t r = 0; r < rows; r++) {
+        if (m == 0) {
+            out[r] = 0;
+            continue;
+        }
+        const int8_t *ap = a + (size_t)r * n;
+        const int8_t *xp = x;
+        EE_ZERO_ACCX();
+        EE_VLD_128_IP(0, ap, 16);
+        EE_VLD_128_IP(1, xp, 16);
+        uint32_t i = 1;
+        for (; i + 1u < m; i += 2u) {
+            EE_VMULAS_S8_ACCX_LD_IP(2, ap, 16, 0, 1);
+            EE_VLD_128_IP(3, xp, 16);
+            EE_VMULAS_S8_ACCX_LD_IP(0, ap, 16, 2, 3);
+            EE_VLD_128_IP(1, xp, 16);
+        }
+        if (i < m) {
+            EE_VMULAS_S8_ACCX_LD_IP(2, ap, 16, 0, 1);
+            EE_VLD_128_IP(3, xp, 16);
+            EE_VMULAS_S8_ACCX(2, 3);
+        } else {
+            EE_VMULAS_S8_ACCX(0, 1);
+        }
+        NOP();
+        NOP();
+        uint32_t raw;
+        RUR_ACCX_0(raw);
+        out[r] = (int32_t)raw;
     }
-    if (i < m) {
-        EE_VMULAS_S8_ACCX_LD_IP(2, a, 16, 0, 1);
-        EE_VLD_128_IP(3, b, 16);
-        EE_VMULAS_S8_ACCX(2, 3);
-    } else {
-        EE_VMULAS_S8_ACCX(0, 1);
-    }
-    NOP();
-    NOP();
-    uint32_t raw;
-    RUR_ACCX_0(raw);
-    return (int32_t)raw;
 }

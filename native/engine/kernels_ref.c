@@ -7,11 +7,26 @@
 
 #include "kernels.h"
 
+/* Round half to even without libm: for |v| <= 2^22, adding 1.5*2^23 moves v
+ * to a binade whose spacing is 1, so the IEEE add itself rounds v to an
+ * integer (to nearest, ties to even: the default mode on the host and the
+ * only mode of the S3 FPU), and subtracting the constant back is exact. This
+ * equals lrintf(v) for every such v; the engine only feeds |v| <= 127. Needs
+ * float arithmetic in float (FLT_EVAL_METHOD 0: x86-64 SSE, Xtensa) and no
+ * -ffast-math (which would cancel the two constants). Saves the libm call
+ * (about 0.4 ms/token measured upstream on the S3). */
+static inline float round_half_even(float v) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    return (v + magic) - magic;
+}
+
 /* Contract: xmax starts at 1e-8f and takes max|x_i| in index order (a strict
  * `>` so the first of equal maxima wins, which cannot change the value);
- * inv = 127.f/xmax; q_i = lrintf(x_i*inv) in the default round-half-to-even
- * mode, clamped to [-127, 127]; entries n..n_padded-1 are 0;
- * *xscale = xmax/127.f. */
+ * inv = 127.f/xmax; q_i = x_i*inv rounded half to even (what lrintf does in
+ * the default mode), clamped to [-127, 127]; entries n..n_padded-1 are 0;
+ * *xscale = xmax/127.f. Clamping before rounding gives the same integers as
+ * clamping after (127 and -127 are integers), and keeps the rounding trick
+ * inside its range. */
 void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
                       float *xscale) {
     float xmax = 1e-8f;
@@ -22,9 +37,10 @@ void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
     float inv = 127.f / xmax;
     for (uint32_t i = 0; i < n; i++) {
         float v = x[i] * inv;
-        /* a NaN input would make lrintf's result unspecified: map it to 0 */
-        long q = v == v ? lrintf(v) : 0;
-        xq[i] = (int8_t)(q > 127 ? 127 : (q < -127 ? -127 : q));
+        /* NaN (a broken model) maps to 0; the comparisons below are false for it */
+        if (v != v) v = 0.0f;
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        xq[i] = (int8_t)round_half_even(v);
     }
     for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
     *xscale = xmax / 127.f;
@@ -63,10 +79,14 @@ void llm_matvec_q4_ref(const llm_q4 *w, const int8_t *xq, float xscale, float *y
     }
 }
 
-/* Contract: exact int32 sum of a[i]*b[i] in index order (n <= 2^16 keeps it
- * far from overflow: 2^16 * 2^14 = 2^30). No alignment needed. */
-int32_t llm_dot_s8_ref(const int8_t *a, const int8_t *b, uint32_t n) {
-    int32_t acc = 0;
-    for (uint32_t i = 0; i < n; i++) acc += (int32_t)a[i] * (int32_t)b[i];
-    return acc;
+/* Contract (kernels.h): out[r] = exact int32 sum over j < n of
+ * a[r*n + j] * x[j]; n a multiple of 16, a and x 16-byte aligned. */
+void llm_matvec_s8_ref(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
+                       int32_t *out) {
+    for (uint32_t r = 0; r < rows; r++) {
+        const int8_t *row = a + (size_t)r * n;
+        int32_t acc = 0;
+        for (uint32_t j = 0; j < n; j++) acc += (int32_t)row[j] * (int32_t)x[j];
+        out[r] = acc;
+    }
 }

@@ -61,9 +61,11 @@ typedef struct llm_port {
     void (*free)(void *ctx, void *ptr);
     uint64_t (*now_us)(void *ctx);
     /* Optional (NULL: the engine calls fn(arg, 0, rows) itself). Run fn over
-     * [0, rows) split by rows across cores and return when every part is done.
-     * Each row is computed by exactly one call, so the split never changes a
-     * float reduction: results are identical however it divides the rows. */
+     * [0, rows) split across cores and return when every part is done. The
+     * engine calls it only for work that pays for the hand-off (the head's
+     * waves of tiles, attention by heads; engine.c), so the port just halves
+     * the range. Each index is done by exactly one call and never reorders a
+     * float reduction: results are identical however the range is divided. */
     void (*parallel_rows)(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows);
 } llm_port;
 
@@ -102,6 +104,11 @@ typedef struct llm_stats {
     uint64_t stage_us[LLM_STAGE_COUNT]; /* summed since reset */
     /* bytes read per region since reset (weights, KV, rows) */
     uint64_t bytes[LLM_REGION_COUNT];
+    /* the head: rows and tiles scored, waves run (summed over evaluations);
+     * rows / (heads * vocab_out) is the fraction the certificate kept */
+    uint64_t head_rows;
+    uint32_t head_tiles, head_waves;
+    uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;
@@ -126,8 +133,18 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
 /* Feed one token, get the next. */
 llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err);
 
-/* Logits (vocab_out floats) of the last head evaluation, or NULL before any. */
-const float *llm_logits(const llm_engine *e);
+/* Logits (vocab_out floats) of the last head evaluation, or NULL before any.
+ * Decoding does not keep them (the certified head finds the next token
+ * without a logits buffer), so the first call after an evaluation runs the
+ * dense head once on that evaluation's input: the same bits the dense route
+ * gives. Not counted in llm_stats (it is not decoding work). */
+const float *llm_logits(llm_engine *e);
+
+/* Plain mode: every speed-up off (dense head into a logits buffer, nothing
+ * split across cores). Same tokens and logits, slower: the reference the
+ * speed-ups are tested against. Takes effect at the next head evaluation. */
+void llm_set_plain(llm_engine *e, int plain);
+int llm_plain(const llm_engine *e);
 
 void llm_get_stats(const llm_engine *e, llm_stats *out);
 

@@ -54,6 +54,88 @@ llm_status llm_sampler_check(const llm_sampler_options *opt, uint32_t n, llm_err
     return LLM_OK;
 }
 
+static int greedy(const llm_sampler_options *opt) {
+    return opt->seed == 0 || opt->temperature == 0.0f;
+}
+
+uint32_t llm_sampler_candidates_needed(const llm_sampler_options *opt, uint32_t n) {
+    if (greedy(opt)) return 1;
+    if (opt->top_k == 0 || opt->top_k >= n) return 0;
+    return opt->top_k;
+}
+
+void llm_candidates_init(llm_candidates *c, uint32_t k) {
+    c->k = k == 0 ? 1u : (k > LLM_SAMPLER_MAX_TOP_K ? LLM_SAMPLER_MAX_TOP_K : k);
+    c->count = 0;
+}
+
+/* (va, ia) comes before (vb, ib): larger value, then lower id. */
+static int precedes(float va, uint32_t ia, float vb, uint32_t ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+void llm_candidates_offer(llm_candidates *c, float value, uint32_t id) {
+    uint32_t j;
+    if (c->count < c->k) {
+        j = c->count++;
+    } else if (precedes(value, id, c->value[c->k - 1], c->id[c->k - 1])) {
+        j = c->k - 1;
+    } else {
+        return;
+    }
+    while (j > 0 && precedes(value, id, c->value[j - 1], c->id[j - 1])) {
+        c->value[j] = c->value[j - 1];
+        c->id[j] = c->id[j - 1];
+        j--;
+    }
+    c->value[j] = value;
+    c->id[j] = id;
+}
+
+float llm_candidates_floor(const llm_candidates *c) {
+    return c->count < c->k ? -__builtin_inff() : c->value[c->k - 1];
+}
+
+llm_status llm_sample_candidates(llm_candidates *c, const llm_sampler_options *opt,
+                                 llm_rng *rng, int32_t *out, llm_error *err) {
+    if (!c || !opt || !out || c->count == 0) {
+        return llm_fail(err, LLM_E_ARG, "llm_sample_candidates: no candidates or no output");
+    }
+    if (greedy(opt)) {
+        *out = (int32_t)c->id[0];
+        return LLM_OK;
+    }
+    if (!rng) {
+        return llm_fail(err, LLM_E_ARG, "llm_sample: sampling needs an rng");
+    }
+    /* draw order: ascending id (insertion sort of at most 256 entries) */
+    const uint32_t k = c->count;
+    for (uint32_t a = 1; a < k; a++) {
+        uint32_t id = c->id[a];
+        float v = c->value[a];
+        uint32_t b = a;
+        while (b > 0 && c->id[b - 1] > id) {
+            c->id[b] = c->id[b - 1];
+            c->value[b] = c->value[b - 1];
+            b--;
+        }
+        c->id[b] = id;
+        c->value[b] = v;
+    }
+    const float temp = opt->temperature;
+    uint32_t best = 0;
+    float best_v = 0.0f;
+    for (uint32_t a = 0; a < k; a++) {
+        float v = c->value[a] / temp + llm_rng_gumbel(rng);
+        if (a == 0 || v > best_v) {
+            best = c->id[a];
+            best_v = v;
+        }
+    }
+    *out = (int32_t)best;
+    return LLM_OK;
+}
+
 llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options *opt,
                       llm_rng *rng, int32_t *out, llm_error *err) {
     if (!logits || !out || n == 0 || n > (uint32_t)INT32_MAX) {
@@ -68,24 +150,15 @@ llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options
             return llm_fail(err, LLM_E_ARG, "logit %lu is NaN", (unsigned long)i);
         }
     }
-    if (opt->seed == 0 || opt->temperature == 0.0f) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < n; i++) {
-            if (logits[i] > logits[best]) {
-                best = i;
-            }
+    const uint32_t k = llm_sampler_candidates_needed(opt, n);
+    if (k == 0) {
+        /* every id is a candidate: one draw per id, ascending */
+        if (!rng) {
+            return llm_fail(err, LLM_E_ARG, "llm_sample: sampling needs an rng");
         }
-        *out = (int32_t)best;
-        return LLM_OK;
-    }
-    if (!rng) {
-        return llm_fail(err, LLM_E_ARG, "llm_sample: sampling needs an rng");
-    }
-    float temp = opt->temperature;
-    uint32_t k = (opt->top_k == 0 || opt->top_k >= n) ? n : opt->top_k;
-    uint32_t best = 0;
-    float best_v = 0.0f;
-    if (k == n) {
+        const float temp = opt->temperature;
+        uint32_t best = 0;
+        float best_v = 0.0f;
         for (uint32_t i = 0; i < n; i++) {
             float v = logits[i] / temp + llm_rng_gumbel(rng);
             if (i == 0 || v > best_v) {
@@ -96,43 +169,10 @@ llm_status llm_sample(const float *logits, uint32_t n, const llm_sampler_options
         *out = (int32_t)best;
         return LLM_OK;
     }
-    /* ids[0..cnt) ordered by (logit desc, id asc). Ids arrive ascending, so a
-     * newcomer only moves ahead of strictly smaller logits. */
-    uint32_t ids[LLM_SAMPLER_MAX_TOP_K];
-    uint32_t cnt = 0;
+    llm_candidates c;
+    llm_candidates_init(&c, k);
     for (uint32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        uint32_t j;
-        if (cnt < k) {
-            j = cnt++;
-        } else if (l > logits[ids[k - 1]]) {
-            j = k - 1;
-        } else {
-            continue;
-        }
-        while (j > 0 && l > logits[ids[j - 1]]) {
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        ids[j] = i;
+        llm_candidates_offer(&c, logits[i], i);
     }
-    /* draw order: ascending id */
-    for (uint32_t a = 1; a < k; a++) {
-        uint32_t id = ids[a];
-        uint32_t b = a;
-        while (b > 0 && ids[b - 1] > id) {
-            ids[b] = ids[b - 1];
-            b--;
-        }
-        ids[b] = id;
-    }
-    for (uint32_t a = 0; a < k; a++) {
-        float v = logits[ids[a]] / temp + llm_rng_gumbel(rng);
-        if (a == 0 || v > best_v) {
-            best = ids[a];
-            best_v = v;
-        }
-    }
-    *out = (int32_t)best;
-    return LLM_OK;
+    return llm_sample_candidates(&c, opt, rng, out, err);
 }

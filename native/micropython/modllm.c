@@ -114,9 +114,10 @@ static bool llm_same_source(mp_obj_t a, mp_obj_t b) {
 
 static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw,
     const mp_obj_t *all_args) {
-    enum { ARG_image };
+    enum { ARG_image, ARG_plain };
     static const mp_arg_t allowed_args[] = {
         { MP_QSTR_image, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
+        { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_BOOL, {.u_bool = false} },
     };
     mp_arg_val_t args[MP_ARRAY_SIZE(allowed_args)];
     mp_arg_parse_all_kw_array(n_args, n_kw, all_args, MP_ARRAY_SIZE(allowed_args),
@@ -141,6 +142,7 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     if (open != NULL && open->engine != NULL) {
         if (name != NULL && llm_same_source(open->source, image)) {
+            llm_set_plain(open->engine, args[ARG_plain].u_bool);
             return MP_OBJ_FROM_PTR(open);
         }
         llm_release(open);
@@ -202,6 +204,7 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
         llm_release(self);
         llm_raise(&err);
     }
+    llm_set_plain(engine, args[ARG_plain].u_bool);
     self->engine = engine;
     MP_STATE_VM(llm_open_model) = self;
     return MP_OBJ_FROM_PTR(self);
@@ -414,10 +417,14 @@ static mp_obj_t llm_ms(uint64_t us) {
 static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     llm_stats s;
     llm_get_stats(llm_ready(self_in)->engine, &s);
-    mp_obj_t d = mp_obj_new_dict(7);
+    mp_obj_t d = mp_obj_new_dict(11);
     llm_dict_int(d, MP_QSTR_tokens, s.tokens);
     llm_dict_int(d, MP_QSTR_prefill_tokens, s.prefill_tokens);
     llm_dict_int(d, MP_QSTR_heads, s.heads);
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_head_rows), mp_obj_new_int_from_ull(s.head_rows));
+    llm_dict_int(d, MP_QSTR_head_tiles, s.head_tiles);
+    llm_dict_int(d, MP_QSTR_head_waves, s.head_waves);
+    llm_dict_int(d, MP_QSTR_handoffs, s.handoffs);
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), llm_ms(s.prefill_us));
     mp_obj_t ms = mp_obj_new_dict(LLM_STAGE_COUNT);
     uint64_t total = 0;
@@ -438,6 +445,17 @@ static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     return d;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_stats_obj, llm_model_stats);
+
+static mp_obj_t llm_model_set_plain(mp_obj_t self_in, mp_obj_t on) {
+    llm_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on));
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_set_plain_obj, llm_model_set_plain);
+
+static mp_obj_t llm_model_plain(mp_obj_t self_in) {
+    return mp_obj_new_bool(llm_plain(llm_ready(self_in)->engine));
+}
+static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_plain_obj, llm_model_plain);
 
 static mp_obj_t llm_model_memory(mp_obj_t self_in) {
     llm_engine *e = llm_ready(self_in)->engine;
@@ -468,6 +486,8 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_pos), MP_ROM_PTR(&llm_model_pos_obj) },
     { MP_ROM_QSTR(MP_QSTR_stats), MP_ROM_PTR(&llm_model_stats_obj) },
     { MP_ROM_QSTR(MP_QSTR_memory), MP_ROM_PTR(&llm_model_memory_obj) },
+    { MP_ROM_QSTR(MP_QSTR_set_plain), MP_ROM_PTR(&llm_model_set_plain_obj) },
+    { MP_ROM_QSTR(MP_QSTR_plain), MP_ROM_PTR(&llm_model_plain_obj) },
     { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&llm_model_close_obj) },
     { MP_ROM_QSTR(MP_QSTR___enter__), MP_ROM_PTR(&llm_model_enter_obj) },
     { MP_ROM_QSTR(MP_QSTR___exit__), MP_ROM_PTR(&llm_model_exit_obj) },

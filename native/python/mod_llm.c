@@ -106,9 +106,10 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static PyObject *find_error_class(PyTypeObject *type);
 
 static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"image", NULL};
+    static char *kwlist[] = {"image", "plain", NULL};
     PyObject *image;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Model", kwlist, &image)) return -1;
+    int plain = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$p:Model", kwlist, &image, &plain)) return -1;
     if (self->error == NULL) {
         self->error = find_error_class(Py_TYPE(self));
         if (self->error == NULL) return -1;
@@ -183,6 +184,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         raise_llm(self->error, &err);
         return -1;
     }
+    llm_set_plain(engine, plain);
     self->engine = engine;
     return 0;
 }
@@ -401,6 +403,10 @@ static PyObject *Model_stats(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     if (set_item(d, "tokens", PyLong_FromUnsignedLong(s.tokens)) != 0) goto fail;
     if (set_item(d, "prefill_tokens", PyLong_FromUnsignedLong(s.prefill_tokens)) != 0) goto fail;
     if (set_item(d, "heads", PyLong_FromUnsignedLong(s.heads)) != 0) goto fail;
+    if (set_item(d, "head_rows", PyLong_FromUnsignedLongLong(s.head_rows)) != 0) goto fail;
+    if (set_item(d, "head_tiles", PyLong_FromUnsignedLong(s.head_tiles)) != 0) goto fail;
+    if (set_item(d, "head_waves", PyLong_FromUnsignedLong(s.head_waves)) != 0) goto fail;
+    if (set_item(d, "handoffs", PyLong_FromUnsignedLong(s.handoffs)) != 0) goto fail;
     if (set_item(d, "ttft_ms", PyFloat_FromDouble((double)s.prefill_us / 1000.0)) != 0) goto fail;
     ms = PyDict_New();
     if (ms == NULL) goto fail;
@@ -428,6 +434,19 @@ fail:
     Py_XDECREF(bytes);
     Py_DECREF(d);
     return NULL;
+}
+
+static PyObject *Model_set_plain(ModelObject *self, PyObject *arg) {
+    if (!ready(self)) return NULL;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    llm_set_plain(self->engine, on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Model_plain(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    return PyBool_FromLong(llm_plain(self->engine));
 }
 
 static PyObject *Model_memory(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -464,6 +483,9 @@ static PyMethodDef Model_methods[] = {
      "Timing per stage (ms), token counts, TTFT and bytes read per region since reset."},
     {"memory", (PyCFunction)Model_memory, METH_NOARGS,
      "[(name, region, bytes)]: where each section and buffer was placed."},
+    {"set_plain", (PyCFunction)Model_set_plain, METH_O,
+     "set_plain(on): every speed-up off (dense head, no core split); same results."},
+    {"plain", (PyCFunction)Model_plain, METH_NOARGS, "Whether plain mode is on."},
     {"close", (PyCFunction)Model_close, METH_NOARGS, "Release the model (idempotent)."},
     {"__enter__", (PyCFunction)Model_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Model_exit, METH_VARARGS, NULL},
@@ -475,8 +497,9 @@ static PyType_Slot Model_slots[] = {
     {Py_tp_init, Model_init},
     {Py_tp_dealloc, Model_dealloc},
     {Py_tp_methods, Model_methods},
-    {Py_tp_doc, "Model(image): an mpllm model image, from a path (memory-mapped) or a "
-                "bytes-like object (kept alive until close)."},
+    {Py_tp_doc, "Model(image, *, plain=False): an mpllm model image, from a path "
+                "(memory-mapped) or a bytes-like object (kept alive until close); plain turns "
+                "every speed-up off (same results)."},
     {0, NULL},
 };
 

@@ -12,7 +12,7 @@
  *                                    shapes, and every [a,b) of a small one
  *   pie_kernels_test misaligned-x    activations 1 byte off (must abort)
  *   pie_kernels_test misaligned-w    weight rows 8 bytes off (must abort)
- *   pie_kernels_test misaligned-dot  dot operand 4 bytes off (must abort)
+ *   pie_kernels_test misaligned-dot  llm_matvec_s8 operand 4 bytes off (must abort)
  *   pie_kernels_test counts          PIE instructions per 32 weights and per
  *                                    token for the release model's shapes
  * Every mode prints "compared=<n> mismatches=<m>" (counts prints a table)
@@ -174,21 +174,31 @@ static uint32_t random_group(uint32_t cols) {
     return options[rnd_below(5)];
 }
 
-static void compare_dot(uint32_t n, int kind) {
-    int8_t *a = xalloc(n ? n : 16), *b = xalloc(n ? n : 16);
-    for (uint32_t i = 0; i < n; i++) {
+/* llm_matvec_s8 (the head's tile bounds): rows x n int8 against n int8. */
+static void compare_dot(uint32_t rows, uint32_t n, int kind) {
+    size_t na = (size_t)rows * n;
+    int8_t *a = xalloc(na ? na : 16), *b = xalloc(n ? n : 16);
+    int32_t *yr = xalloc(4u * (rows ? rows : 1u)), *yp = xalloc(4u * (rows ? rows : 1u));
+    for (size_t i = 0; i < na; i++) {
         switch (kind) {
-        case 1: a[i] = -128; b[i] = -128; break;
-        case 2: a[i] = 127; b[i] = -128; break;
-        default: a[i] = (int8_t)(int)(rnd_below(256) - 128); b[i] = (int8_t)(int)(rnd_below(256) - 128);
+        case 1: a[i] = -128; break;
+        case 2: a[i] = 127; break;
+        default: a[i] = (int8_t)(int)(rnd_below(256) - 128);
         }
     }
-    int32_t r = llm_dot_s8_ref(a, b, n), p = llm_dot_s8_pie(a, b, n);
+    for (uint32_t i = 0; i < n; i++)
+        b[i] = kind == 0 ? (int8_t)(int)(rnd_below(256) - 128) : (int8_t)-128;
+    llm_matvec_s8_ref(a, rows, n, b, yr);
+    memset(yp, 0xA5, 4u * (rows ? rows : 1u));
+    llm_matvec_s8_pie(a, rows, n, b, yp);
     compared++;
-    if (r != p && mismatches++ < 5)
-        fprintf(stderr, "MISMATCH dot n=%u kind=%d: pie %" PRId32 " ref %" PRId32 "\n", n, kind, p, r);
+    if (memcmp(yr, yp, 4u * rows) != 0 && mismatches++ < 5)
+        fprintf(stderr, "MISMATCH matvec_s8 %ux%u kind=%d: pie %" PRId32 " ref %" PRId32 "\n",
+                rows, n, kind, yp[0], yr[0]);
     free(a);
     free(b);
+    free(yr);
+    free(yp);
 }
 
 static int report(void) {
@@ -207,10 +217,11 @@ static int mode_random(uint64_t seed, uint32_t n) {
         if (rnd_below(4) == 0) a = 0, b = rows;
         compare_range(&m, a, b, "random");
         free_matrix(&m);
-        compare_dot(16u * rnd_below(257), 0);
+        compare_dot(1u + rnd_below(8), 16u * rnd_below(257), 0);
     }
-    compare_dot(65536, 1); /* the contract's largest n, largest products */
-    compare_dot(65536, 2);
+    compare_dot(2, 65536, 1); /* the contract's largest n, largest products */
+    compare_dot(2, 65536, 2);
+    compare_dot(199, 192, 0); /* the release head's tile bounds */
     return report();
 }
 
@@ -280,7 +291,8 @@ static int mode_misaligned(const char *which) {
         int8_t *a = xalloc(64 + 16), *b = xalloc(64);
         memset(a, 1, 80);
         memset(b, 1, 64);
-        (void)llm_dot_s8_pie(a + 4, b, 64);
+        int32_t out;
+        llm_matvec_s8_pie(a + 4, 1, 64, b, &out);
     }
     printf("no abort\n");
     return 0;
@@ -329,18 +341,22 @@ static int mode_counts(void) {
     printf("per token: matvec PIE instructions %" PRIu64 " (MACs %" PRIu64 ") over %" PRIu64
            " weights = %.3f per 32 weights\n",
            tok_total, tok_mac, tok_weights, tok_total / (tok_weights / 32.0));
-    /* dot product: per 32 products */
-    int8_t *a = xalloc(4096), *b = xalloc(4096);
-    memset(a, 3, 4096);
-    memset(b, -5, 4096);
+    /* tile bounds: per 32 products, at the release head's 199 tiles x 192 */
+    int8_t *a = xalloc(199 * 192), *b = xalloc(192);
+    int32_t *out = xalloc(4 * 199), *ref = xalloc(4 * 199);
+    memset(a, 3, 199 * 192);
+    memset(b, -5, 192);
     llm_pie_counts_reset();
-    int32_t d = llm_dot_s8_pie(a, b, 4096);
-    printf("dot_s8 n=4096: %" PRIu64 " instructions = %.3f per 32 products (value %" PRId32 ")\n",
-           llm_pie_counts_total(), llm_pie_counts_total() / (4096 / 32.0), d);
+    llm_matvec_s8_pie(a, 199, 192, b, out);
+    printf("matvec_s8 199x192: %" PRIu64 " instructions = %.3f per 32 products (value %" PRId32 ")\n",
+           llm_pie_counts_total(), llm_pie_counts_total() / (199 * 192 / 32.0), out[0]);
+    llm_matvec_s8_ref(a, 199, 192, b, ref);
     compared++;
-    if (d != llm_dot_s8_ref(a, b, 4096)) mismatches++;
+    if (memcmp(out, ref, 4 * 199) != 0) mismatches++;
     free(a);
     free(b);
+    free(out);
+    free(ref);
     return report();
 }
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from .atomic import atomic_path
 from .esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
+from .head_tiles import MAX_TILE_ROWS, TILE_ROWS
 from .image import (
     KIND_NAMES,
     ImageFormatError,
@@ -144,11 +145,13 @@ def convert(
     out: str | os.PathLike[str],
     *,
     progress: bool | Callable[[str, int, int], None] = True,
+    tile_rows: int = TILE_ROWS,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
     progress=True shows a tqdm bar on stderr; a callable receives
-    (section_name, bytes_done, bytes_total)."""
+    (section_name, bytes_done, bytes_total). tile_rows: rows per tile of the certified
+    head (native/engine/head.c); 0 stores no certificate (every row is scored)."""
     from .rope import rope_table
     from .tokenizer import load_tokenizer, tokenizer_section
 
@@ -214,7 +217,8 @@ def convert(
         try:
             report = write_image(staging, trimmed, tokenizer_section=tok_section, rope=rope,
                                  source_sha256=fingerprint, eot_id=int(tables.eot_id),
-                                 vocab_in_source=cfg.vocab_in, progress=callback)
+                                 vocab_in_source=cfg.vocab_in, progress=callback,
+                                 tile_rows=tile_rows)
         finally:
             if bar is not None:
                 bar.close()
@@ -244,11 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model_bin", type=Path, help="esp32-ai model.bin")
     ap.add_argument("tokenizer_json", type=Path, help="matching tokenizer.json")
     ap.add_argument("-o", "--out", type=Path, required=True, help="output image file")
+    ap.add_argument("--tile-rows", type=int, default=TILE_ROWS, metavar="N",
+                    help=f"head rows per certified tile (default {TILE_ROWS}; 0 stores no "
+                         "certificate and the engine scores every head row)")
     ap.add_argument("-q", "--quiet", action="store_true",
                     help="no progress bar and no size table")
     args = ap.parse_args(argv)
     try:
-        rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet)
+        if not (args.tile_rows == 0 or 1 <= args.tile_rows <= MAX_TILE_ROWS):
+            raise ConvertError(f"--tile-rows {args.tile_rows}: must be 0 or 1..{MAX_TILE_ROWS}")
+        rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet,
+                      tile_rows=args.tile_rows)
     except (ConvertError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -228,8 +228,12 @@ def _check_local(path: Path, what: str) -> Path:
 
 
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
-    """Where the image converted from these two files is cached (keyed by their hashes)."""
-    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)).encode()).hexdigest()
+    """Where the image converted from these two files is cached: keyed by their hashes
+    and the image format version, so a newer format never reads a stale image."""
+    from .image import VERSION
+
+    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
+                          + f"image-v{VERSION}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 

@@ -26,13 +26,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import head_tiles as tiles_mod
 from .atomic import atomic_path
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 # ---- constants of native/engine/image_format.h (the spec) ------------------ #
 MAGIC = b"MPLLMIMG"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 128
 SECTION_BYTES = 32
 ALIGN = 16
@@ -45,6 +46,7 @@ KIND_F32 = 1
 KIND_Q4 = 2
 KIND_ROWS = 3
 KIND_TOKENIZER = 4
+KIND_HEAD_TILES = 5
 Q4_HEADER_BYTES = 16
 PAD_CODE = 8  # offset-binary code of the value 0
 # llm_image_header: magic, 16 x u32 (version .. group), f32 rope_theta, u32 eot_id,
@@ -58,7 +60,8 @@ HEADER_CRC_OFFSET = 8 + 4 * 4  # after magic, version, header_bytes, file_bytes,
 assert HEADER.size == HEADER_BYTES and SECTION.size == SECTION_BYTES
 assert Q4_HEADER.size == Q4_HEADER_BYTES
 
-KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer"}
+KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer",
+              KIND_HEAD_TILES: "head_tiles"}
 
 
 class ImageFormatError(ValueError):
@@ -130,6 +133,7 @@ class Image:
     rope: np.ndarray  # f32 [seq_len, head_dim]
     tokenizer_section: bytes
     sections: list[Section]
+    head_tiles: tiles_mod.HeadTiles
 
 
 # --------------------------------------------------------------------------- #
@@ -170,6 +174,7 @@ def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
     plan.append(("out_norm", KIND_F32, (1, d)))
     if not cfg.tied_head:
         plan.append(("head", KIND_Q4, (cfg.vocab_out, d)))
+    plan.append(("head_tiles", KIND_HEAD_TILES, (cfg.vocab_out, d)))
     return plan
 
 
@@ -319,7 +324,7 @@ def unpack_rows(payload: bytes | memoryview, what: str = "rows") -> QMatrix:
 
 
 def _payloads(
-    weights: Weights, tokenizer_section: bytes, rope: np.ndarray
+    weights: Weights, tokenizer_section: bytes, rope: np.ndarray, tiles_payload: bytes
 ) -> Iterator[tuple[str, int, Callable[[], bytes]]]:
     """(name, kind, producer) in file order; producers pack lazily, one section at a time."""
     w = weights
@@ -341,6 +346,7 @@ def _payloads(
     if not w.config.tied_head:
         assert w.head is not None
         yield "head", KIND_Q4, lambda: pack_q4(w.head, "head")
+    yield "head_tiles", KIND_HEAD_TILES, lambda: tiles_payload
 
 
 def _f32(a: np.ndarray) -> bytes:
@@ -374,6 +380,8 @@ def _check_weights(weights: Weights) -> None:
         for f in LAYER_FIELDS:
             got[f"L{i}.{f}"] = getattr(layer, f)
     for name, kind, (rows, cols) in section_plan(cfg)[2:]:
+        if kind == KIND_HEAD_TILES:
+            continue  # built from the head by write_image
         t = got[name]
         if kind == KIND_F32:
             if np.shape(t) != (cols,):
@@ -396,11 +404,13 @@ def write_image(
     eot_id: int = 0,
     vocab_in_source: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    tile_rows: int = tiles_mod.TILE_ROWS,
 ) -> ImageReport:
     """Write `weights` as an image. The caller has already chosen which rows to keep:
     weights.config.vocab_in becomes vocab_rows (>= vocab_out). vocab_in_source defaults
     to vocab_rows. progress(section_name, bytes_done, bytes_total) is called after each
-    section. The file appears only when complete (temp file + rename)."""
+    section. The file appears only when complete (temp file + rename). tile_rows sets the
+    certified head's tiles (0: no certificate; the engine then scores every row)."""
     _check_weights(weights)
     cfg = weights.config
     vin_src = cfg.vocab_in if vocab_in_source is None else vocab_in_source
@@ -419,6 +429,9 @@ def write_image(
         raise ValueError("tokenizer_section must start with u32 n_vocab == vocab_out "
                          f"({cfg.vocab_out})")
 
+    head = weights.tok_emb.take_rows(cfg.vocab_out) if cfg.tied_head else weights.head
+    assert head is not None
+    tiles_payload = tiles_mod.pack(tiles_mod.build(head, tile_rows))
     plan = section_plan(cfg)
     if len(plan) > MAX_SECTIONS:
         raise ValueError(f"{cfg.n_layers} layers need {len(plan)} sections, the format allows "
@@ -427,7 +440,8 @@ def write_image(
     pos = align_up(HEADER_BYTES + SECTION_BYTES * len(plan))
     for _name, kind, shape in plan:
         pos = align_up(pos)
-        size = _planned_size(kind, shape, cfg.group, len(tok))
+        size = (len(tiles_payload) if kind == KIND_HEAD_TILES
+                else _planned_size(kind, shape, cfg.group, len(tok)))
         offsets.append(pos)
         sizes.append(size)
         pos += size
@@ -440,7 +454,7 @@ def write_image(
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(bytes(offsets[0]))  # header + table, rewritten at the end
         for (name, kind, produce), off, size in zip(
-                _payloads(weights, tok, rope), offsets, sizes):
+                _payloads(weights, tok, rope, tiles_payload), offsets, sizes):
             f.write(bytes(off - f.tell()))  # zero alignment padding
             data = produce()
             if len(data) != size:
@@ -527,7 +541,7 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
     if eot_id >= vocab_out:
         raise ImageFormatError(f"eot_id {eot_id} outside the vocabulary of {vocab_out}")
 
-    want = 7 + 10 * n_layers + (0 if header.tied_head else 1)
+    want = 8 + 10 * n_layers + (0 if header.tied_head else 1)
     if n_sections != want:
         raise ImageFormatError(f"{n_sections} sections, a {n_layers}-layer "
                                f"{'tied' if header.tied_head else 'untied'}-head model has "
@@ -606,7 +620,12 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
     tensors: dict[str, object] = {}
     for name, kind, (rows, cols) in plan:
         p = payload[name]
-        if kind == KIND_TOKENIZER:
+        if kind == KIND_HEAD_TILES:
+            try:
+                tensors[name] = tiles_mod.unpack(p, name)
+            except tiles_mod.HeadTilesError as e:
+                raise ImageFormatError(str(e)) from None
+        elif kind == KIND_TOKENIZER:
             if len(p) < 16:
                 raise ImageFormatError(f"tokenizer section of {len(p)} bytes is too short")
             n_vocab = struct.unpack_from("<I", p, 0)[0]
@@ -634,5 +653,13 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
                       ple_model_proj=tensors["ple_model_proj"],
                       ple_proj_norm=tensors["ple_proj_norm"], ple_table=tensors["ple_rows"],
                       layers=layers, out_norm=tensors["out_norm"], head=tensors.get("head"))
+    head = weights.tok_emb.take_rows(cfg.vocab_out) if cfg.tied_head else weights.head
+    assert head is not None
+    tiles = tensors["head_tiles"]
+    assert isinstance(tiles, tiles_mod.HeadTiles)
+    problem = tiles_mod.check(tiles, head)
+    if problem is not None:
+        raise ImageFormatError(f"section 'head_tiles': {problem}")
     return Image(header=header, config=cfg, weights=weights, rope=tensors["rope"],
-                 tokenizer_section=bytes(payload["tokenizer"]), sections=sections)
+                 tokenizer_section=bytes(payload["tokenizer"]), sections=sections,
+                 head_tiles=tiles)

@@ -114,7 +114,6 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
     p->fast_reserve = LLM_ESP32_FAST_RESERVE;
-    p->split_min_rows = LLM_ESP32_SPLIT_MIN_ROWS;
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
     if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
@@ -156,13 +155,13 @@ void llm_port_esp32_deinit(llm_esp32_port *p) {
 void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t rows) {
     llm_esp32_port *p = port_ctx;
     llm_esp32_worker *w = p->worker;
-    if (w == NULL || rows < p->split_min_rows) {
+    if (w == NULL || rows < 2u) {
         fn(arg, 0, rows);
         return;
     }
-    /* a multiple of 4 rows each side keeps both halves on whole 16-byte
-     * output groups; the split point changes no result */
-    uint32_t half = (rows / 2u) & ~3u;
+    /* the engine only sends work that pays for the hand-off (llm.h); the
+     * split point changes no result */
+    uint32_t half = rows / 2u;
     w->fn = fn;
     w->arg = arg;
     w->begin = half;

@@ -39,8 +39,6 @@
 #define LLM_ESP32_MODEL_SUBTYPE 0x40
 /* Internal SRAM left free after a FAST placement. */
 #define LLM_ESP32_FAST_RESERVE (64u * 1024u)
-/* Row ranges below this run on the caller alone: handing over costs more. */
-#define LLM_ESP32_SPLIT_MIN_ROWS 64u
 /* The worker's core, unless the caller is on it (then the other one). */
 #define LLM_ESP32_WORKER_CORE 0
 #define LLM_ESP32_WORKER_STACK 4096u
@@ -50,7 +48,6 @@ typedef struct llm_esp32_worker llm_esp32_worker;
 typedef struct llm_esp32_port {
     llm_port port;                       /* hand &this->port to llm_open */
     size_t fast_reserve;                 /* see above; may be changed before llm_open */
-    uint32_t split_min_rows;
     uint64_t in_use[LLM_REGION_COUNT];   /* bytes live now, per region placed */
     uint64_t peak[LLM_REGION_COUNT];
     uint64_t asked[LLM_REGION_COUNT];    /* bytes requested, per region wanted */

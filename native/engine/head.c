@@ -1,0 +1,280 @@
+/*
+ * The output head and its certificate (head.h).
+ *
+ * Why this is exact: the certificate
+ * ---------------------------------
+ * Notation for one evaluation: xq[j] the int8 input (padded columns 0), xs the
+ * input scale (llm_quantize_act), row r with codes c_rj and scale s_r (one
+ * group: the head has cols <= group), w_rj = (c_rj - 8) * s_r its weights.
+ * The dense head computes, for every row (kernels.h, llm_matvec_q4):
+ *     g_r = sum_j (c_rj - 8) * xq[j]          exact int32
+ *     a_r = fl(0 + fl((float)g_r * s_r))      (float)g_r exact (|g_r| < 2^24)
+ *     v_r = fl(a_r * xs)                      the logit
+ * where fl() is round-to-nearest-even. The sampler then wants the k best
+ * pairs (v_r, id_r) under the total order "larger value first, lower id on
+ * ties" (k = 1 for greedy; sampler.h).
+ *
+ * Tile t holds rows R_t (consecutive in the staged order) and a box: int8
+ * mid[j], half[j] >= 0 and a power of two sigma_t with, for r in R_t,
+ *     (mid[j] - half[j]) * sigma_t <= w_rj <= (mid[j] + half[j]) * sigma_t.
+ * The converter builds the boxes; llm_open re-checks every weight against
+ * them (llm_head_check_boxes; exact because sigma_t is a power of two), so a
+ * wrong converter cannot make this engine wrong, only slow or rejected.
+ *
+ * Claim 1 (the bound). With A_t = sum_j mid[j]*xq[j] and
+ * B_t = sum_j half[j]*|xq[j]| (integers; |A_t + B_t| <= 2*127*127*512 < 2^24,
+ * so (float)(A_t + B_t) is exact), put
+ *     U_t = fl((float)(A_t + B_t) * sigma_t),    b_t = fl(U_t * xs).
+ * Then v_r <= b_t for every r in R_t.
+ * Proof. Write w_rj = (mid[j] + d_rj) * sigma_t with |d_rj| <= half[j]. In
+ * exact arithmetic g_r * s_r = sum_j w_rj * xq[j]
+ *   = sigma_t * (A_t + sum_j d_rj * xq[j]) <= sigma_t * (A_t + B_t).
+ * Rounding to nearest is monotone (x <= y implies fl(x) <= fl(y), with
+ * overflow to +-inf included), so fl(g_r * s_r) <= fl(sigma_t * (A_t+B_t)) = U_t
+ * (a float multiply rounds the exact product once). Adding 0 changes no value
+ * (-0 becomes +0, which compares equal), so a_r <= U_t. xs > 0 (xs >=
+ * 1e-8/127), so multiplying by it is monotone too: v_r = fl(a_r * xs) <=
+ * fl(U_t * xs) = b_t. No slack is needed: every step is an exact integer or
+ * one monotone rounding, unlike a bound computed in floats (upstream's
+ * pruned head adds a 1e-6 relative slack for that reason).
+ *
+ * Claim 2 (no NaN is skipped). If xs is finite, no v_r is NaN.
+ * Proof. g_r and s_r are finite (the loader rejects NaN/Inf scales), so their
+ * product is finite or +-inf, never NaN; a_r likewise. NaN would need 0*inf or
+ * inf-inf: a_r * xs with xs finite and > 0 is neither. (With several groups
+ * per row, a_r sums several products and inf - inf can appear: so one group
+ * is a precondition.) When xs is not finite (the final hidden state held an
+ * inf) the engine takes the dense route, whose NaN check reports it as before.
+ *
+ * Claim 3 (skipping is safe). Let F be the value of the k-th best pair found
+ * so far, or -inf while fewer than k are known (llm_candidates_floor). If
+ * b_t < F, no row of tile t belongs to the final k best.
+ * Proof. Every r in R_t has v_r <= b_t < F, so (v_r, id_r) is strictly worse
+ * than k pairs already found, whatever its id; F never decreases as more rows
+ * are offered. The test is strict: a row equal to F with a lower id would
+ * enter the list, and b_t = F does not exclude that.
+ *
+ * Hence: visiting tiles in any order, scoring each not-skipped tile's rows
+ * with the same kernel as the dense head, and offering them to the
+ * candidate list (which keeps the k best under the total order, whatever the
+ * offer order) ends with exactly the k pairs the dense head's selection
+ * yields, with the same value bits. Greedy takes the first; top-k sampling
+ * sorts the k ids ascending and draws one Gumbel value per candidate in that
+ * order (sampler.c), so the noise a candidate receives depends only on the k
+ * best set, never on which tiles were scanned or in what order, and the rng
+ * advances by exactly k draws as on the dense route. "Lowest id wins a tie"
+ * survives because ties are resolved by the total order, not by scan order.
+ *
+ * Order of visits (speed only): tiles by descending b_t from a binary max-heap,
+ * so the first tile scored is the one most likely to hold the winner and F
+ * rises fast; the scan stops at the first tile whose bound is below F (every
+ * remaining one is lower still). Tiles are scored in waves; F is re-read
+ * between waves.
+ */
+#include "head.h"
+
+#include <string.h>
+
+#include "llm_error.h"
+
+static uint32_t round16(uint32_t n) { return (n + 15u) & ~15u; }
+
+static uint32_t tile_rows_or_chunk(const llm_head *h) {
+    /* without tiles, the dense route still works in chunks of this many rows */
+    return h->n_tiles ? h->tile_rows : 128u;
+}
+
+uint32_t llm_head_scratch_bytes(const llm_head *h) {
+    uint32_t wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
+    return round16(2u * h->cols_padded) + round16(4u * h->n_tiles) * 2u +
+           round16(2u * h->n_tiles) + round16(2u * LLM_HEAD_WAVE_TILES) + round16(4u * wave_rows);
+}
+
+void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem) {
+    uint8_t *p = mem;
+    s->xcat = (int8_t *)p;
+    p += round16(2u * h->cols_padded);
+    s->ibound = (int32_t *)(void *)p;
+    p += round16(4u * h->n_tiles);
+    s->bound = (float *)(void *)p;
+    p += round16(4u * h->n_tiles);
+    s->heap = (uint16_t *)(void *)p;
+    p += round16(2u * h->n_tiles);
+    s->wave = (uint16_t *)(void *)p;
+    p += round16(2u * LLM_HEAD_WAVE_TILES);
+    s->wave_y = (float *)(void *)p;
+    s->wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
+}
+
+int llm_head_certifiable(const llm_head *h, float xscale) {
+    /* xscale - xscale is 0 for finite values, NaN for inf and NaN */
+    return h->n_tiles > 0 && h->w.n_groups == 1u && xscale - xscale == 0.0f;
+}
+
+/* ---- one wave: rows of several row ranges, split across cores ----------- */
+
+typedef struct wave_job {
+    const llm_head *h;
+    const int8_t *xq;
+    float xscale;
+    float *y;              /* y + k*stride: range k's values */
+    uint32_t stride;
+    const uint32_t *first; /* range k = staged rows [first[k], first[k] + count[k]) */
+    const uint32_t *count;
+} wave_job;
+
+static void wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
+    const wave_job *j = arg;
+    for (uint32_t k = k0; k < k1; k++) {
+        /* a view of the range's rows: the kernel writes y[0..count) */
+        llm_q4 part = j->h->w;
+        part.codes += (size_t)j->first[k] * part.row_bytes;
+        part.scales += (size_t)j->first[k] * part.n_groups;
+        part.rows = j->count[k];
+        llm_matvec_q4(&part, j->xq, j->xscale, j->y + (size_t)k * j->stride, 0, part.rows);
+    }
+}
+
+static void run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, llm_head_work *work) {
+    if (sp != NULL && sp->split != NULL && n > 1u) {
+        sp->split(sp->ctx, wave_ranges, job, n);
+        work->handoffs++;
+    } else {
+        wave_ranges(job, 0, n);
+    }
+    work->waves++;
+}
+
+static uint32_t id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
+
+void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
+                    float *logits, const llm_splitter *sp, llm_head_work *work) {
+    const uint32_t chunk = tile_rows_or_chunk(h);
+    uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
+    wave_job job = {h, xq, xscale, s->wave_y, chunk, first, count};
+    memset(work, 0, sizeof *work);
+    for (uint32_t r0 = 0; r0 < h->w.rows;) {
+        uint32_t n = 0, r = r0;
+        for (; n < LLM_HEAD_WAVE_TILES && r < h->w.rows; n++) {
+            first[n] = r;
+            count[n] = h->w.rows - r < chunk ? h->w.rows - r : chunk;
+            r += count[n];
+        }
+        run_wave(sp, &job, n, work);
+        for (uint32_t k = 0; k < n; k++)
+            for (uint32_t i = 0; i < count[k]; i++)
+                logits[id_of(h, first[k] + i)] = s->wave_y[(size_t)k * chunk + i];
+        r0 = r;
+    }
+    work->rows = h->w.rows;
+}
+
+/* ---- the certified route ------------------------------------------------ */
+
+/* Max-heap of tile ids on bound[]; ties keep whatever order the sift gives,
+ * which only changes the visiting order, never the result (claim 3). */
+static void sift_down(uint16_t *heap, uint32_t n, uint32_t i, const float *bound) {
+    for (;;) {
+        uint32_t l = 2u * i + 1u, best = i;
+        if (l < n && bound[heap[l]] > bound[heap[best]]) best = l;
+        if (l + 1u < n && bound[heap[l + 1u]] > bound[heap[best]]) best = l + 1u;
+        if (best == i) return;
+        uint16_t tmp = heap[i];
+        heap[i] = heap[best];
+        heap[best] = tmp;
+        i = best;
+    }
+}
+
+static uint16_t heap_pop(uint16_t *heap, uint32_t *n, const float *bound) {
+    uint16_t top = heap[0];
+    heap[0] = heap[--*n];
+    sift_down(heap, *n, 0, bound);
+    return top;
+}
+
+llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t *xq,
+                            float xscale, llm_candidates *cand, const llm_splitter *sp,
+                            llm_head_work *work, llm_error *err) {
+    const uint32_t cp = h->cols_padded, T = h->n_tiles;
+    memset(work, 0, sizeof *work);
+
+    /* claim 1: every tile's bound from one int8 matrix x vector */
+    memcpy(s->xcat, xq, cp);
+    for (uint32_t j = 0; j < cp; j++) s->xcat[cp + j] = (int8_t)(xq[j] < 0 ? -xq[j] : xq[j]);
+    llm_matvec_s8(h->boxes, T, 2u * cp, s->xcat, s->ibound);
+    for (uint32_t t = 0; t < T; t++) {
+        s->bound[t] = ((float)s->ibound[t] * h->tile_scale[t]) * xscale;
+        s->heap[t] = (uint16_t)t;
+    }
+    uint32_t n_heap = T;
+    for (uint32_t i = n_heap / 2u; i-- > 0;) sift_down(s->heap, n_heap, i, s->bound);
+
+    uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
+    wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, first, count};
+    uint32_t wave_cap = 1u; /* the first wave is one tile: it sets the floor */
+    while (n_heap > 0) {
+        /* claim 3: the floor only rises, so the first tile below it ends the scan */
+        const float floor = llm_candidates_floor(cand);
+        uint32_t n = 0;
+        while (n < wave_cap && n_heap > 0 && !(s->bound[s->heap[0]] < floor)) {
+            uint16_t t = heap_pop(s->heap, &n_heap, s->bound);
+            first[n] = (uint32_t)t * h->tile_rows;
+            count[n] = h->w.rows - first[n] < h->tile_rows ? h->w.rows - first[n] : h->tile_rows;
+            n++;
+        }
+        if (n == 0) break;
+        run_wave(sp, &job, n, work);
+        for (uint32_t k = 0; k < n; k++) {
+            const float *y = s->wave_y + (size_t)k * h->tile_rows;
+            for (uint32_t i = 0; i < count[k]; i++) {
+                const uint32_t row = first[k] + i;
+                if (y[i] != y[i]) /* unreachable by claim 2; kept as the dense route's check */
+                    return llm_fail(err, LLM_E_ARG, "logit %lu is NaN",
+                                    (unsigned long)id_of(h, row));
+                llm_candidates_offer(cand, y[i], id_of(h, row));
+            }
+            work->rows += count[k];
+        }
+        work->tiles += n;
+        wave_cap = LLM_HEAD_WAVE_TILES;
+    }
+    return LLM_OK;
+}
+
+/* ---- checks at open ------------------------------------------------------ */
+
+llm_status llm_head_check_order(const llm_tiles *t, uint8_t *seen, llm_error *err) {
+    memset(seen, 0, (t->rows + 7u) / 8u);
+    for (uint32_t i = 0; i < t->rows; i++) {
+        uint32_t id = t->order[i];
+        if (id >= t->rows || (seen[id >> 3] >> (id & 7u)) & 1u)
+            return llm_fail(err, LLM_E_FORMAT, "head_tiles: order[%lu] = %lu is %s", (unsigned long)i,
+                            (unsigned long)id, id >= t->rows ? "out of range" : "a repeat");
+        seen[id >> 3] = (uint8_t)(seen[id >> 3] | 1u << (id & 7u));
+    }
+    return LLM_OK;
+}
+
+llm_status llm_head_check_boxes(const llm_head *h, llm_error *err) {
+    const uint32_t cp = h->cols_padded;
+    for (uint32_t r = 0; r < h->w.rows; r++) {
+        const uint32_t t = r / h->tile_rows;
+        const int8_t *mid = h->boxes + (size_t)t * 2u * cp, *half = mid + cp;
+        const float sigma = h->tile_scale[t], sc = h->w.scales[r];
+        const uint8_t *row = h->w.codes + (size_t)r * h->w.row_bytes;
+        for (uint32_t j = 0; j < h->w.cols; j++) {
+            uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
+            int code = (j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4);
+            /* all three products exact: 4-bit x fp16 value, 8-bit x 2^e */
+            float w = (float)(code - 8) * sc;
+            float lo = (float)(mid[j] - half[j]) * sigma, hi = (float)(mid[j] + half[j]) * sigma;
+            if (!(lo <= w && w <= hi))
+                return llm_fail(err, LLM_E_FORMAT, "head_tiles: token %lu column %lu (%g) is "
+                                "outside tile %lu's box [%g, %g]",
+                                (unsigned long)id_of(h, r), (unsigned long)j, (double)w,
+                                (unsigned long)t, (double)lo, (double)hi);
+        }
+    }
+    return LLM_OK;
+}

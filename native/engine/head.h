@@ -1,0 +1,91 @@
+/*
+ * The output head: logits = head rows . x over vocab_out rows, and the
+ * certified head that finds the sampler's candidates while scoring only the
+ * rows that could be among them (the proof is at the top of head.c).
+ *
+ * Two routes, one answer:
+ *   llm_head_dense    every row, logits[id] for every id (plain mode, a
+ *                     sampler that needs every logit, Model.logits()).
+ *   llm_head_certify  the k best (value, id) pairs under (value desc, id asc)
+ *                     straight into an llm_candidates list, no logits buffer;
+ *                     the rows it skips provably cannot be among them.
+ * Both compute each scored row with the same matvec kernel call, so every
+ * value they produce is the same bits.
+ */
+#ifndef LLM_HEAD_H
+#define LLM_HEAD_H
+
+#include <stdint.h>
+
+#include "image.h"
+#include "kernels.h"
+#include "llm.h"
+#include "sampler.h"
+
+/* Tiles scored per hand-off to the second core once the first tile has set a
+ * floor. The first wave is always one tile: it usually sets the floor that
+ * prunes most of the rest. Pruning only happens between waves, so a larger
+ * wave scores more rows and pays fewer hand-offs: the cost model
+ * (tools/mpllm/costmodel.py) weighs the two. */
+#define LLM_HEAD_WAVE_TILES 8u
+
+/* The head as staged: rows in tile order (row i is token ids[i]). */
+typedef struct llm_head {
+    llm_q4 w;               /* [rows][row_bytes] codes, [rows][n_groups] scales */
+    const uint16_t *ids;    /* [rows] token id of staged row i; NULL: row i is id i */
+    /* the certificate; n_tiles == 0 when there is none */
+    const int8_t *boxes;    /* [n_tiles][2*cols_padded]: mid then half */
+    const float *tile_scale; /* [n_tiles] sigma_t, powers of two */
+    uint32_t tile_rows, n_tiles, cols_padded;
+    llm_region rows_region, ids_region, boxes_region;
+} llm_head;
+
+/* Scratch the head needs per evaluation; owned by the engine (FAST). */
+typedef struct llm_head_scratch {
+    int8_t *xcat;     /* [2*cols_padded] xq, then |xq| */
+    int32_t *ibound;  /* [n_tiles] integer tile bounds */
+    float *bound;     /* [n_tiles] logit bounds */
+    uint16_t *heap;   /* [n_tiles] tiles not yet scored, max-heap on bound */
+    uint16_t *wave;   /* [LLM_HEAD_WAVE_TILES] tiles of the current wave */
+    float *wave_y;    /* [LLM_HEAD_WAVE_TILES * max(tile_rows, 1)] their values */
+    uint32_t wave_rows; /* rows wave_y holds */
+} llm_head_scratch;
+
+/* What one evaluation cost, for llm_stats and the cost model. */
+typedef struct llm_head_work {
+    uint32_t rows, tiles, waves, handoffs;
+} llm_head_work;
+
+/* Runs fn over [0, n) split across cores (the port's parallel_rows), or
+ * inline when split is NULL. */
+typedef struct llm_splitter {
+    void (*split)(void *ctx, llm_rows_fn fn, void *arg, uint32_t n);
+    void *ctx;
+} llm_splitter;
+
+/* Bytes of scratch for a head of this shape (16-byte multiples). */
+uint32_t llm_head_scratch_bytes(const llm_head *h);
+void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem);
+
+/* Whether llm_head_certify may be used for this input: a certificate exists,
+ * every row is one group, and xscale is finite (see the proof in head.c). */
+int llm_head_certifiable(const llm_head *h, float xscale);
+
+/* logits[id] for every id, in wave_y-sized chunks. */
+void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
+                    float *logits, const llm_splitter *sp, llm_head_work *work);
+
+/* Offer every row that can still matter to `cand` (already initialised with
+ * its k). Fails only on a NaN value, which the preconditions rule out. */
+llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t *xq,
+                            float xscale, llm_candidates *cand, const llm_splitter *sp,
+                            llm_head_work *work, llm_error *err);
+
+/* Check an image's tile section against the head it describes: the order is
+ * a permutation (`seen` is rows/8 rounded up bytes of scratch) and, once the
+ * rows are staged in that order, every weight lies in its tile's box.
+ * Returns LLM_E_FORMAT naming the first violation. */
+llm_status llm_head_check_order(const llm_tiles *t, uint8_t *seen, llm_error *err);
+llm_status llm_head_check_boxes(const llm_head *h, llm_error *err);
+
+#endif
