@@ -49,8 +49,14 @@ def build_info() -> str:
     (the PIE kernels run through the exact host model of the vector unit)."""
 
 class Model:
-    def __init__(self, image: object) -> None:
-        """Open and validate a model image (every checksum is verified).
+    def __init__(self, image: object, *, plain: bool = False) -> None:
+        """Open and validate a model image (every checksum is verified, and every
+        head weight against its certificate tile's box).
+
+        plain=True turns every speed-up off: the head scores every row into a
+        logits buffer and nothing is split across cores. The tokens and logits
+        are the same bits; only speed and stats()["head_rows"] differ. It is the
+        reference the speed-ups are tested against (see also set_plain()).
 
         CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
         or a bytes-like object (a read-only, 16-byte aligned one is used in
@@ -75,7 +81,14 @@ class Model:
         """Feed one token, return the next."""
     def logits(self) -> bytes:
         """vocab_out float32 little-endian values from the last head evaluation
-        (a copy). Raises Error ("bad state") before the first prefill/step."""
+        (a copy). Raises Error ("bad state") before the first prefill/step.
+        Decoding does not keep logits (the certified head picks the token
+        without them), so the first call after an evaluation runs the full head
+        once on that evaluation's input: the same bits plain mode computes."""
+    def set_plain(self, on: bool) -> None:
+        """Plain mode on or off from the next head evaluation (see __init__)."""
+    def plain(self) -> bool:
+        """Whether plain mode is on."""
     def tokenizer(self) -> bytes:
         """The image's tokenizer section (layout: native/engine/image_format.h)."""
     def pos(self) -> int:
@@ -87,8 +100,12 @@ class Model:
         last prefill, sampling included), stage_ms (dict: embed, attn, ffn, ple,
         head, sample -> float ms, summed), total_ms (float: sum of stage_ms),
         bytes (dict: flash, fast, bulk -> int bytes read: weights, norms, RoPE
-        rows, embedding/PLE rows, KV cache reads and writes; activations are not
-        counted)."""
+        rows, embedding/PLE rows, KV cache reads and writes, head rows scored
+        with their token ids, the head's tile boxes; activations are not
+        counted), head_rows (int: head rows scored, summed over evaluations;
+        head_rows / (heads * vocab_out) is the share the certificate kept),
+        head_tiles, head_waves (int: tiles scored, and the waves they were
+        scored in), handoffs (int: pieces of work sent to the second core)."""
     def memory(self) -> list[tuple[str, str, int]]:
         """(name, region, bytes) for every placed section and buffer; region is
         "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"

@@ -619,16 +619,21 @@ _vocab_out = 0
 _last = {}  # stats of the last (or running) generation
 
 
-def load(image=None):
+def load(image=None, plain=None):
     """Open the model once and return it (an `_llm.Model`); later calls reuse it.
 
     image=None: on the board, the flash `model` partition (the binding's
     default); elsewhere the model already open. On the host give the path
     of a converted image (tools/chat.py does this for you). Another image
     closes the open one first.
+    plain=True turns the engine's speed-ups off (the certified head scores
+    every row, nothing runs on the second core): the same stories, slower;
+    False turns them back on; None leaves the setting as it is.
     """
     global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out
     if _model is not None and (image is None or image is _source or image == _source):
+        if plain is not None:
+            _model.set_plain(plain)
         return _model
     unload()
     import _llm
@@ -654,6 +659,8 @@ def load(image=None):
     except BaseException:
         model.close()
         raise
+    if plain is not None:
+        model.set_plain(plain)
     _model = model
     _source = image
     _tokenizer = tok
@@ -801,6 +808,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
         "engine_ms_per_token": None,
         "wall_ms": None,
         "tok_per_s": None,
+        "head_rows_fraction": None,
     }
     _last = stats
     budget = min(max_tokens, _seq_len - n_prompt)
@@ -852,6 +860,8 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
             steps = end["tokens"] - at_prefill["tokens"]
             if steps > 0:
                 stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / steps
+            if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
+                stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * _vocab_out)
 
 
 def stats():
@@ -864,7 +874,9 @@ def stats():
     ttft_ms (wall clock to the first story token, prompt included),
     engine_ttft_ms (the engine's own prefill time), engine_ms_per_token
     (engine time per story token after the first), wall_ms and tok_per_s
-    (round trip: story tokens per wall-clock second, output included).
+    (round trip: story tokens per wall-clock second, output included),
+    head_rows_fraction (share of the head's rows the engine scored: the
+    certified head skips rows that cannot be chosen; 1.0 in plain mode).
     """
     return dict(_last)
 

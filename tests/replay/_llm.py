@@ -47,7 +47,7 @@ def _join(path, name):
 
 
 class Model:
-    def __init__(self, image=None):
+    def __init__(self, image=None, plain=False):
         if image is None:
             image = os.getenv("MPLLM_REPLAY")
             if not image:
@@ -64,6 +64,7 @@ class Model:
         self._memory = rec.get("memory")
         self._runs = rec["runs"]
         self._open = True
+        self._plain = bool(plain)  # recordings are the same tokens either way
         self.reset()
         self._sampler = (0.0, 0, 0)
 
@@ -145,6 +146,14 @@ class Model:
     def logits(self):
         raise ReplayMiss("logits are not recorded")
 
+    def set_plain(self, on):
+        self._ready()
+        self._plain = bool(on)
+
+    def plain(self):
+        self._ready()
+        return self._plain
+
     def memory(self):
         self._ready()
         if self._memory is None:
@@ -153,7 +162,8 @@ class Model:
 
     def stats(self):
         self._ready()
-        # Counts as the engine keeps them; no clock in a replay, so times are 0.
+        # Counts as the engine keeps them; no clock in a replay, so times are 0,
+        # and no head counters (llm.stats() then reports no head_rows_fraction).
         stages = {}
         for k in ("embed", "attn", "ffn", "ple", "head", "sample"):
             stages[k] = 0.0

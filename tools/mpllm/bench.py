@@ -162,6 +162,10 @@ class RunResult:
     roundtrip_ttft_ms: float  # start marker -> first text byte
     engine_tok_s: float | None  # None when the engine's timers read 0 (a replay double)
     wall_tok_s: float | None  # the snippet's own clock, prefill to last token
+    # decode steps only: share of head rows the certified head scored, and bytes
+    # read per token per region (None: the engine reports no such counters)
+    head_rows_fraction: float | None = None
+    bytes_per_token: dict[str, float] | None = None
 
 
 @dataclass
@@ -188,6 +192,18 @@ class BenchResult:
         for st in STAGES:
             out[f"stage_{st}_ms"] = mean([r.stage_ms_per_token[st] for r in self.runs])
         return out
+
+    def head_rows_fraction(self) -> float | None:
+        """Mean share of head rows scored per decoded token, over the runs."""
+        xs = [r.head_rows_fraction for r in self.runs]
+        return None if not xs or None in xs else sum(xs) / len(xs)  # type: ignore[arg-type]
+
+    def bytes_per_token(self) -> dict[str, float] | None:
+        """Mean bytes read per decoded token, per region, over the runs."""
+        xs = [r.bytes_per_token for r in self.runs]
+        if not xs or any(x is None for x in xs):
+            return None
+        return {k: sum(x[k] for x in xs) / len(xs) for k in xs[0]}  # type: ignore[index]
 
 
 class StreamRecorder:
@@ -248,6 +264,11 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
                      for st in STAGES}
         eng = sum(per_stage.values())
         window = t_end - t_first
+        heads = f["heads"] - a["heads"]
+        frac = ((f["head_rows"] - a["head_rows"]) / (heads * result.config["vocab_out"])
+                if "head_rows" in f and heads > 0 else None)
+        per_region = ({r: (f["bytes"][r] - a["bytes"][r]) / steps for r in f["bytes"]}
+                      if steps and any(f["bytes"].values()) else None)
         result.runs.append(RunResult(
             prompt=spec.prompt, mode=spec.mode, prompt_tokens=len(res["prompt_ids"]),
             tokens=n, text=story, engine_ms_per_token=eng, stage_ms_per_token=per_stage,
@@ -255,7 +276,8 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
             roundtrip_tok_s=(n - 1) / max(window, 1e-6),
             roundtrip_ttft_ms=1e3 * (t_first - t_start),
             engine_tok_s=1e3 / eng if eng > 0 else None,
-            wall_tok_s=n / (res["wall_us"] / 1e6) if res["wall_us"] > 0 else None))
+            wall_tok_s=n / (res["wall_us"] / 1e6) if res["wall_us"] > 0 else None,
+            head_rows_fraction=frac, bytes_per_token=per_region))
         pos = e
     return result
 
@@ -414,12 +436,26 @@ def format_result(res: BenchResult) -> str:
     eng_rate = f"{1e3 / eng:.1f} tok/s" if eng > 0 else "its stage timers read 0: no clock"
     lines.append(f"engine {eng:.3f} ms/token ({eng_rate}); round trip "
                  f"{s['roundtrip_tok_s']:.1f} tok/s")
+    frac, per_region = res.head_rows_fraction(), res.bytes_per_token()
+    if frac is not None:
+        by_mode = {}
+        for mode in ("greedy", "sampled"):
+            xs = [r.head_rows_fraction for r in res.runs if r.mode == mode]
+            if xs and None not in xs:
+                by_mode[mode] = sum(xs) / len(xs)  # type: ignore[arg-type]
+        lines.append(f"head rows scored per token: {frac:.1%} ("
+                     + ", ".join(f"{m} {v:.1%}" for m, v in by_mode.items()) + ")")
+    if per_region is not None:
+        lines.append("bytes read per token: " + ", ".join(
+            f"{r} {v:,.0f}" for r, v in per_region.items()))
     return "\n".join(lines)
 
 
 def to_json(results: Sequence[BenchResult]) -> dict:
     return {"results": [{**{k: v for k, v in asdict(r).items() if k != "runs"},
                          "summary": r.summary(),
+                         "head_rows_fraction": r.head_rows_fraction(),
+                         "bytes_per_token": r.bytes_per_token(),
                          "runs": [asdict(x) for x in r.runs]} for r in results]}
 
 

@@ -49,6 +49,8 @@ def _print_stats(s: dict[str, object]) -> None:
 
     print(f"stop: {s.get('stop')}   prompt tokens: {s.get('prompt_tokens')}   "
           f"story tokens: {s.get('tokens')}   seed: {s.get('seed')}", file=sys.stderr)
+    if "head_rows_fraction" in s:
+        print(f"head rows scored: {num('head_rows_fraction', '.1%')}", file=sys.stderr)
     print(f"time to first token: {num('ttft_ms', '.1f')} ms   "
           f"engine: {num('engine_ms_per_token', '.2f')} ms/token   "
           f"round trip: {num('tok_per_s', '.1f')} tok/s", file=sys.stderr)
@@ -76,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy", action="store_true", help="always take the most likely token")
     ap.add_argument("--stats", action="store_true",
                     help="print timing and token counts after the (last) story, to stderr")
+    ap.add_argument("--plain", action="store_true",
+                    help="the engine with every speed-up off (every head row scored, one "
+                         "core): the same story, slower; for checking the speed-ups")
     args = ap.parse_args(argv)
     opts = _options(args)
 
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.image:
             ap.error("--image is for the host board; the board reads its flashed model "
                      "(tools/flash.py --board n16r8 --image ... writes one)")
+        if args.plain:
+            ap.error("--plain is for the host board (on a board: llm.load(plain=True))")
         if not args.port:
             print("(give --port to fill in the serial port)", file=sys.stderr)
         print(_board_command(args, opts))
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         llm = hostboard.open_image(args.image) if args.image else hostboard.open_demo()
+        llm.load(plain=args.plain)
     except (hostboard.HostBoardError, RuntimeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
