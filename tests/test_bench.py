@@ -79,6 +79,13 @@ def test_host_bench_writes_json_and_plot(small_model, tmp_path) -> None:
     assert len(greedy) == len(sampled) == 3
     assert any(row[1] == "bulk" for row in res["memory"])
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    # the certified head's share of rows and the traffic per decoded token
+    fracs = [x["head_rows_fraction"] for x in res["runs"]]
+    assert all(0 < f <= 1 for f in fracs)
+    assert res["head_rows_fraction"] == pytest.approx(sum(fracs) / len(fracs))
+    assert set(res["bytes_per_token"]) == {"flash", "fast", "bulk"}
+    assert res["bytes_per_token"]["bulk"] > 0 and res["bytes_per_token"]["flash"] > 0
+    assert "head rows scored per token" in r.stdout and "bytes read per token" in r.stdout
 
 
 def test_model_s3_prints_our_prediction(release_model, tmp_path) -> None:

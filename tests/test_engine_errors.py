@@ -203,7 +203,40 @@ def _tok_merge(img: Img) -> None:
     struct.pack_into("<H", p, len(p) - 2, 0xFFFE)
 
 
+# head_tiles of the tiny model: 280 rows, 32 columns, 3 tiles of 128
+_T_ORDER, _T_SCALES, _T_BOXES = 16, 16 + 560, 16 + 560 + 16
+
+
+def _tiles_repeat(img: Img) -> None:
+    p = img.payload("head_tiles")
+    struct.pack_into("<H", p, _T_ORDER + 2, struct.unpack_from("<H", p, _T_ORDER)[0])
+
+
+def _tiles_scale(img: Img) -> None:
+    struct.pack_into("<f", img.payload("head_tiles"), _T_SCALES, 1.5)
+
+
+def _tiles_negative_half(img: Img) -> None:
+    struct.pack_into("<b", img.payload("head_tiles"), _T_BOXES + 32, -1)
+
+
+def _tiles_narrow(img: Img) -> None:
+    p = img.payload("head_tiles")
+    p[_T_BOXES:_T_BOXES + 64] = bytes(64)  # tile 0's box: the single point 0
+
+
+def _tiles_count(img: Img) -> None:
+    struct.pack_into("<I", img.payload("head_tiles"), 8, 2)
+
+
 CASES: list[tuple[str, Callable[[Img], None], str]] = [
+    ("tiles order repeat", _tiles_repeat, "bad image: head_tiles: order[1] ="),
+    ("tiles scale", _tiles_scale,
+     "bad image: section 'head_tiles': tile 0 scale 0x3fc00000 is not a positive normal power"),
+    ("tiles half < 0", _tiles_negative_half,
+     "bad image: section 'head_tiles': tile 0 column 0 has a negative half-range"),
+    ("tiles box too narrow", _tiles_narrow, "bad image: head_tiles: token"),
+    ("tiles count", _tiles_count, "bad image: section 'head_tiles': 2 tiles of 128 rows"),
     ("version 3", _set("version", 3), "unsupported version: image format version 3"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
