@@ -5,6 +5,8 @@ accuracy bounds against float64 and the kernels.h quantization contract."""
 from __future__ import annotations
 
 import math
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -370,3 +372,15 @@ def test_mathf_same_bits_across_compilers(cbin: dict[str, Path], tmp_path: Path,
         assert r.returncode == 0, r.stderr
         outs.append(np.fromfile(out, dtype=np.float32))
     assert _same_bits(outs[0], outs[1]).all()
+
+
+def test_quantize_rounds_like_lrintf_without_libm(tmp_path: Path) -> None:
+    """kernels_ref.c rounds half to even with an add/subtract of 1.5*2^23 instead of
+    libm's lrintf: ~39 million values (every halfway point, a sweep of float bit
+    patterns, whole vectors with their own scale) against lrintf itself."""
+    exe = build("quantize_check", [ENGINE / "kernels_ref.c", CTESTS / "quantize_check.c"],
+                tmp_path)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, bad = (int(v) for v in re.fullmatch(r"compared=(\d+) mismatches=(\d+)\n", r.stdout).groups())
+    assert n > 30_000_000 and bad == 0
