@@ -1,9 +1,10 @@
 /*
  * Run the engine on an image and print what a comparison needs:
  *
- *   engine_run IMAGE N_STEPS
+ *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain]]
  *
- * prefills a fixed 4-token prompt, then steps greedily N_STEPS times, and
+ * prefills a fixed 4-token prompt, then steps N_STEPS times (greedy unless a
+ * sampler is given; "plain" turns the speed-ups off), and
  * prints the build, the generated ids and the FNV-1a 64 hash of every logits
  * vector's raw bytes. tests/test_engine_pie.py builds it once with the
  * reference kernels and once with the PIE kernels (through the host model of
@@ -29,8 +30,8 @@ static uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: engine_run IMAGE N_STEPS\n");
+    if (argc != 3 && argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain]]\n");
         return 2;
     }
     llm_error err;
@@ -49,6 +50,16 @@ int main(int argc, char **argv) {
     }
     const llm_config *c = llm_get_config(e);
     uint32_t steps = (uint32_t)strtoul(argv[2], NULL, 10);
+    if (argc >= 6) {
+        llm_sampler_options opt = {(float)strtod(argv[3], NULL),
+                                   (uint32_t)strtoul(argv[4], NULL, 10),
+                                   (uint64_t)strtoull(argv[5], NULL, 10)};
+        if (llm_set_sampler(e, &opt, &err) != LLM_OK) {
+            fprintf(stderr, "sampler: %s\n", err.message);
+            return 1;
+        }
+    }
+    llm_set_plain(e, argc == 7);
     int32_t prompt[4];
     for (int i = 0; i < 4; i++) prompt[i] = (int32_t)((11u * (uint32_t)i + 5u) % c->vocab_out);
 #if defined(LLM_KERNELS_PIE)
