@@ -553,6 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect", help="with --gate: compare against this hash, not the reference")
     p.add_argument("--model-s3", action="store_true",
                    help="print the ESP32-S3 cost model (uses --image/--release-shaped if given)")
+    p.add_argument("--rows-fraction", type=float, default=costmodel.RELEASE_GREEDY_FRACTION,
+                   help="with --model-s3: share of the release head's rows the certified head "
+                        "scores for greedy (default %(default)s, published 0.332-0.345)")
+    p.add_argument("--fraction-tokens", type=int, default=200,
+                   help="with --model-s3: tokens per run when measuring rows fractions on the "
+                        "demo (and release-shaped) model (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -598,24 +604,59 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
 
 
 def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    """The ESP32-S3 cost model: anchors, our build before/after, variants.
+
+    The engine's counters feed it where they exist: bytes and PIE counts from
+    a release-shaped image (--image or --release-shaped), and the certified
+    head's rows fractions measured on the demo model (its top-40/greedy ratio
+    scales the published greedy fraction for our sampled figure) and on the
+    release-shaped random model."""
+    if not 0.0 < args.rows_fraction <= 1.0:
+        print(f"--rows-fraction {args.rows_fraction}: expected a share in (0, 1]",
+              file=sys.stderr)
+        return 2
     measured = None
     image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped else None)
-    if image is not None:
-        _import_llm_modules(llm_module)
-        import _llm
-
-        with _llm.Model(os.fspath(image)) as m:
+    _llm = None
+    try:
+        _llm = _import_llm_modules(llm_module)
+    except ImportError as e:
+        print(f"_llm not importable ({e}): analytic counters only", file=sys.stderr)
+    if image is not None and _llm is not None:
+        with _llm.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
             shape = costmodel.Shape.from_config(m.config())
         if shape != costmodel.RELEASE:
             print(f"{image}: not release-shaped ({shape}); the S3 prediction needs the release "
                   "shape, using the analytic counts", file=sys.stderr)
+            image = None
         else:
             measured = costmodel.measure_host(os.fspath(image), llm_module=_llm)
-    rep = costmodel.report(measured)
+    demo = _default_image() if _llm is not None else None
+    fractions = (costmodel.measure_fractions(demo, os.fspath(image) if image else None,
+                                             llm_module=_llm, n_steps=args.fraction_tokens)
+                 if _llm is not None else costmodel.HeadFractions())
+    fractions.greedy = args.rows_fraction
+    rep = costmodel.report(measured, fractions)
     print(rep.table())
-    ours = rep.predictions["ours"]
-    print("ours, predicted ms/token per stage on the N16R8: "
-          + ", ".join(f"{st} {ours[st]:.2f}" for st in STAGES) + f"; total {ours['total']:.2f}")
+    for name in costmodel.OURS:
+        b = rep.builds[name]
+        fr = b.get("rows_fraction")
+        rows = "dense head" if fr is None else f"{100 * fr:.1f} % of head rows"
+        print(f"ours, predicted ms/token per stage on the N16R8 ({b['label']}, {rows}): "
+              + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in STAGES)
+              + f"; total {b['total_ms']:.2f} ({b['tok_s']:.1f} tok/s)")
+    lo, hi = fractions.greedy_range
+    line = (f"rows fractions: greedy {100 * fractions.greedy:.1f} % (release head, published "
+            f"{100 * lo:.1f}-{100 * hi:.1f} %)")
+    if fractions.sampled is not None:
+        line += (f"; sampled {100 * fractions.sampled:.1f} % = greedy x demo top-40/greedy "
+                 f"({100 * fractions.demo_topk:.1f} / {100 * fractions.demo_greedy:.1f} %)")
+    else:
+        line += "; sampled: no demo measurement (engine without head counters), greedy used"
+    if fractions.random_greedy is not None:
+        line += (f"; release-shaped random head {100 * fractions.random_greedy:.1f} % greedy, "
+                 f"{100 * fractions.random_topk:.1f} % top-40")
+    print(line)
     print("counters: " + ("measured (" + "; ".join(measured.sources.values()) + ")"
                           if measured else "analytic (the engine's formulas, no image given)"))
     if not args.no_plot and _have_matplotlib():
