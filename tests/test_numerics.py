@@ -384,3 +384,13 @@ def test_quantize_rounds_like_lrintf_without_libm(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     n, bad = (int(v) for v in re.fullmatch(r"compared=(\d+) mismatches=(\d+)\n", r.stdout).groups())
     assert n > 30_000_000 and bad == 0
+
+
+def test_four_wide_transcendentals_equal_one_at_a_time(tmp_path: Path) -> None:
+    """llm_expf4 / llm_erff4 (what softmax, SiLU and GELU call) give llm_expf /
+    llm_erff's bits lane by lane: ~44 million patterns, edges, specials."""
+    exe = build("mathf4_check", [ENGINE / "mathf.c", CTESTS / "mathf4_check.c"], tmp_path)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, bad = (int(v) for v in re.fullmatch(r"compared=(\d+) mismatches=(\d+)\n", r.stdout).groups())
+    assert n > 80_000_000 and bad == 0

@@ -572,8 +572,32 @@ static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, u
     e->stats.bytes[e->w.norms_region] += (uint64_t)n * sizeof(float);
 }
 
-static float silu(float v) { return v / (1.0f + llm_expf(-v)); }
-static float gelu(float v) { return (0.5f * v) * (1.0f + llm_erff(v * 0.70710678f)); }
+/* out[i] = silu(a[i]) * b[i] with silu(v) = v / (1 + expf(-v)), and
+ * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
+ * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
+ * at a time; independent chains let the S3's FPU overlap its latencies). */
+static void silu_mul(float *out, const float *a, const float *b, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 4u <= n; i += 4u) {
+        float e[4] = {-a[i], -a[i + 1u], -a[i + 2u], -a[i + 3u]};
+        llm_expf4(e, e);
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < 4u; k++) out[i + k] = (a[i + k] / (1.0f + e[k])) * b[i + k];
+    }
+    for (; i < n; i++) out[i] = (a[i] / (1.0f + llm_expf(-a[i]))) * b[i];
+}
+
+static void gelu_mul(float *out, const float *a, const float *b, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 4u <= n; i += 4u) {
+        float r[4];
+        for (uint32_t k = 0; k < 4u; k++) r[k] = a[i + k] * 0.70710678f;
+        llm_erff4(r, r);
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < 4u; k++) out[i + k] = ((0.5f * a[i + k]) * (1.0f + r[k])) * b[i + k];
+    }
+    for (; i < n; i++) out[i] = ((0.5f * a[i]) * (1.0f + llm_erff(a[i] * 0.70710678f))) * b[i];
+}
 
 /* Quantize x[0..n) as the input of the matvecs that follow. */
 static void quantize(llm_act *a, const float *x, uint32_t n) {
@@ -652,14 +676,24 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
             if (sc > s->att_max[h]) s->att_max[h] = sc;
         }
     }
+    /* the weights w = expf(s - max), written over the scores: independent, so
+     * four at a time; the sums below still run in ascending t */
     for (uint32_t h = h0; h < h1; h++) {
+        float *w = s->scores + (size_t)h * S;
+        const float m = s->att_max[h];
+        uint32_t t = 0;
+        for (; t + 4u <= pos + 1u; t += 4u) {
+            float d[4] = {w[t] - m, w[t + 1u] - m, w[t + 2u] - m, w[t + 3u] - m};
+            llm_expf4(d, w + t);
+        }
+        for (; t <= pos; t++) w[t] = llm_expf(w[t] - m);
         for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] = 0.0f;
         s->att_den[h] = 0.0f;
     }
     for (uint32_t t = 0; t <= pos; t++) {
         const float *vrow = vc + (size_t)t * D;
         for (uint32_t h = h0; h < h1; h++) {
-            float w = llm_expf(s->scores[(size_t)h * S + t] - s->att_max[h]);
+            float w = s->scores[(size_t)h * S + t];
             s->att_den[h] += w;
             const float *v = vrow + h * Dh;
             float *ao = s->att + h * Dh;
@@ -740,7 +774,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         quantize(&s->act, s->xb, D);
         matvec(e, &ly->gate, &s->act, s->hb);
         matvec(e, &ly->up, &s->act, s->hb2);
-        for (uint32_t i = 0; i < F; i++) s->hb[i] = silu(s->hb[i]) * s->hb2[i];
+        silu_mul(s->hb, s->hb, s->hb2, F);
         quantize(&s->act, s->hb, F);
         matvec(e, &ly->down, &s->act, s->xb2);
         for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
@@ -749,7 +783,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         /* PLE branch, on the raw residual */
         quantize(&s->act, x, D);
         matvec(e, &ly->ple_gate, &s->act, s->hb);
-        for (uint32_t i = 0; i < P; i++) s->hb[i] = gelu(s->hb[i]) * s->ple[l * P + i];
+        gelu_mul(s->hb, s->hb, s->ple + l * P, P);
         quantize(&s->act, s->hb, P);
         matvec(e, &ly->ple_proj, &s->act, s->xb2);
         rmsnorm(e, s->xb2, s->xb2, ly->ple_norm, D);

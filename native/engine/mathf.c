@@ -33,6 +33,24 @@ static uint32_t llm_f32_bits(float f) {
 #define LLM_LN2_HI 0x1.63p-1f
 #define LLM_LN2_LO -0x1.bd0106p-13f
 
+/* exp(x) = y * 2^n for x in [-104, 89]: the range reduction and polynomial,
+ * shared by llm_expf and llm_expf4 so both run the same operations. */
+static inline float expf_core(float x, int32_t *n_out) {
+    /* x = k*ln2 + r with |r| <= ln2/2 (plus rounding); k in [-150, 128]. */
+    float t = x * LLM_LOG2E;
+    float k = (t + LLM_ROUND_SHIFT) - LLM_ROUND_SHIFT;
+    *n_out = (int32_t)k;
+    float r = x - k * LLM_LN2_HI; /* exact (Sterbenz) */
+    r = r - k * LLM_LN2_LO;
+    /* exp(r) = 1 + r + r^2 * q(r), q fitted near-minimax on |r| <= 0.3466 */
+    float q = 0x1.6a243ap-10f;
+    q = 0x1.1239ep-7f + r * q;
+    q = 0x1.5558f2p-5f + r * q;
+    q = 0x1.555492p-3f + r * q;
+    q = 0x1.fffffcp-2f + r * q;
+    return 1.0f + (r + (r * r) * q);
+}
+
 float llm_expf(float x) {
     if (x != x) {
         return x + x;
@@ -43,19 +61,8 @@ float llm_expf(float x) {
     if (x < -104.0f) {
         return 0.0f;
     }
-    /* x = k*ln2 + r with |r| <= ln2/2 (plus rounding); k in [-150, 128]. */
-    float t = x * LLM_LOG2E;
-    float k = (t + LLM_ROUND_SHIFT) - LLM_ROUND_SHIFT;
-    int32_t n = (int32_t)k;
-    float r = x - k * LLM_LN2_HI; /* exact (Sterbenz) */
-    r = r - k * LLM_LN2_LO;
-    /* exp(r) = 1 + r + r^2 * q(r), q fitted near-minimax on |r| <= 0.3466 */
-    float q = 0x1.6a243ap-10f;
-    q = 0x1.1239ep-7f + r * q;
-    q = 0x1.5558f2p-5f + r * q;
-    q = 0x1.555492p-3f + r * q;
-    q = 0x1.fffffcp-2f + r * q;
-    float y = 1.0f + (r + (r * r) * q);
+    int32_t n;
+    float y = expf_core(x, &n);
     /* y * 2^n; the scale is split so each product rounds at most once. */
     if (n > 127) {
         return (y * 0x1p127f) * 2.0f;
@@ -64,6 +71,26 @@ float llm_expf(float x) {
         return (y * llm_f32_from_bits((uint32_t)(n + 100 + 127) << 23)) * 0x1p-100f;
     }
     return y * llm_f32_from_bits((uint32_t)(n + 127) << 23);
+}
+
+/* In [-87, 88], k (and n) stays in [-126, 127], where llm_expf takes its
+ * plain `y * 2^n` path; every other input (NaN, infinities, the extremes)
+ * goes through llm_expf itself. The four lanes are independent chains with
+ * no branch between them, so an in-order core can overlap their float
+ * latencies; each lane runs llm_expf's exact operations. */
+void llm_expf4(const float x[4], float y[4]) {
+    float v[4];
+    int32_t n[4];
+    int normal[4];
+    for (int i = 0; i < 4; i++) {
+        normal[i] = x[i] >= -87.0f && x[i] <= 88.0f; /* false for NaN */
+        v[i] = normal[i] ? x[i] : 0.0f;
+    }
+    /* unrolled, so the compiler's scheduler sees four independent chains */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) v[i] = expf_core(v[i], &n[i]);
+    for (int i = 0; i < 4; i++)
+        y[i] = normal[i] ? v[i] * llm_f32_from_bits((uint32_t)(n[i] + 127) << 23) : llm_expf(x[i]);
 }
 
 float llm_logf(float x) {
@@ -136,6 +163,16 @@ static const float llm_erf_small[8] = {
     0x1.5628eep-8f, -0x1.bcbeap-11f, 0x1.d826b4p-14f, -0x1.43844cp-17f,
 };
 
+/* erf(ax) for 0 <= ax < 1 (shared by llm_erff and llm_erff4). */
+static inline float erff_small(float ax) {
+    float z = ax * ax;
+    float p = llm_erf_small[7];
+    for (int i = 6; i >= 0; i--) {
+        p = llm_erf_small[i] + z * p;
+    }
+    return ax + ax * p;
+}
+
 float llm_erff(float x) {
     if (x != x) {
         return x + x;
@@ -145,12 +182,7 @@ float llm_erff(float x) {
     float ax = llm_f32_from_bits(ix & 0x7fffffffu);
     float y;
     if (ax < 1.0f) {
-        float z = ax * ax;
-        float p = llm_erf_small[7];
-        for (int i = 6; i >= 0; i--) {
-            p = llm_erf_small[i] + z * p;
-        }
-        y = ax + ax * p;
+        y = erff_small(ax);
     } else if (ax < 4.0f) {
         int32_t j = (int32_t)((ax - 1.0f) * 2.0f); /* exact, truncates */
         float mid = 1.25f + 0.5f * (float)j;
@@ -165,4 +197,22 @@ float llm_erff(float x) {
         y = 1.0f;
     }
     return llm_f32_from_bits(llm_f32_bits(y) | sign);
+}
+
+/* Lanes with |x| < 1 (where GELU's inputs mostly are) run the small-argument
+ * polynomial side by side, the others llm_erff itself: the same operations
+ * lane by lane, so the same bits. */
+void llm_erff4(const float x[4], float y[4]) {
+    float a[4];
+    int small[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = llm_f32_from_bits(llm_f32_bits(x[i]) & 0x7fffffffu);
+        small[i] = a[i] < 1.0f; /* false for NaN */
+        if (!small[i]) a[i] = 0.0f;
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) a[i] = erff_small(a[i]);
+    for (int i = 0; i < 4; i++)
+        y[i] = small[i] ? llm_f32_from_bits(llm_f32_bits(a[i]) | (llm_f32_bits(x[i]) & 0x80000000u))
+                        : llm_erff(x[i]);
 }

@@ -32,4 +32,12 @@ float llm_expf(float x);
 float llm_logf(float x);
 float llm_erff(float x);
 
+/* Four at a time: y[i] is bit for bit llm_expf(x[i]) / llm_erff(x[i]). Four
+ * independent chains of dependent float operations give an in-order FPU
+ * something to overlap (the S3's float ops wait for their inputs); the
+ * engine uses these wherever the elements are independent (softmax weights,
+ * SiLU, GELU). x and y may be the same array. */
+void llm_expf4(const float x[4], float y[4]);
+void llm_erff4(const float x[4], float y[4]);
+
 #endif
