@@ -109,7 +109,7 @@ def test_cache_line_overfetch() -> None:
     assert cm.lines_touched(0, 384, 64) == 6  # a whole row
     assert cm.lines_touched(16, 384, 64) == 7  # 16-byte aligned only
     assert cm.lines_touched(0, 96, 32) == 3  # no overfetch on 32-byte lines
-    b = dataclasses.replace(cm.BUILDS["mpllm-exact-greedy"], attn_split="none")
+    b = dataclasses.replace(cm.BUILDS["mpllm-exact-greedy"], attn_split="none", v_bytes=4)
     rows = 2 * 151 * cm.RELEASE.n_layers  # K and V rows read at position 150
 
     def kv_lines(**kw: object) -> float:
@@ -179,7 +179,10 @@ def test_before_and_after(report: cm.Report) -> None:
     lo = next(x for k, x in v.items() if "33.2 %" in k)
     hi = next(x for k, x in v.items() if "34.5 %" in k)
     assert lo["total_ms"] < report.predictions["mpllm-exact-greedy"]["total"] < hi["total_ms"]
-    assert any("int16" in k for k in v) and any("interleaved" in k for k in v)
+    assert any("int16 V" in k for k in v) and any("four-wide" in k for k in v)
+    without = {k: x["total_ms"] for k, x in v.items() if "without" in k}
+    assert len(without) == 2
+    assert all(t > report.predictions["mpllm-exact-greedy"]["total"] for t in without.values())
 
 
 def test_sram_plan() -> None:

@@ -10,6 +10,7 @@ and placement reporting.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable
@@ -230,7 +231,11 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
-        assert where["kv_cache"] == ("bulk", 2 * cfg.n_layers * cfg.seq_len * cfg.dim * 4)
+        # K as floats; V as int16 dots + a scale per position, and float rows for the
+        # (rare) positions whose dots do not fit int16; 64-byte alignment slack
+        cells = cfg.n_layers * cfg.seq_len * cfg.dim
+        assert where["kv_cache"] == ("bulk", cells * (4 + 4 + 2)
+                                     + cfg.n_layers * cfg.seq_len * 4 + 3 * 64)
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
         assert where["head_ids"][0] == "bulk" and where["head_tiles"][0] == "fast"
@@ -257,8 +262,12 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         embed_row = d // 2 + 4  # 32 columns of nibbles + one f32 scale
         ple_row = -(-((lp + 1) // 2 + 2 * -(-lp // cfg.group)) // 16) * 16
         assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
-        # KV: each layer writes k and v, and reads positions 0..pos for both
-        kv = sum(cfg.n_layers * (2 * d * 4 + 2 * (p + 1) * d * 4) for p in range(tokens))
+        # KV: each layer writes k and v, and reads positions 0..pos for both; a V row
+        # is its int16 dots and the position's scale
+        assert s["v_wide"] == 0
+        v_row = 2 * d + 4
+        kv = sum(cfg.n_layers * (4 * d + v_row + (p + 1) * (4 * d + v_row))
+                 for p in range(tokens))
         # the head: each scored row (codes, scale, its token id), counted by the engine
         assert heads <= s["head_tiles"] and s["head_waves"] >= heads
         assert heads <= s["head_rows"] <= heads * cfg.vocab_out
@@ -323,3 +332,39 @@ def test_greedy_first_token_matches_numpy_argmax(small_model) -> None:  # type: 
             logits = np.frombuffer(m.logits(), dtype="<f4")
             assert t == int(np.flatnonzero(logits == logits.max())[0])
             t = m.step(t)
+
+
+def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """V is cached as int16 integer dots; a position whose dots do not fit keeps
+    its row as floats. Force that: every embedding weight +7 (x is a constant
+    vector, so its int8 input is all 127) and layer 0's V rows all +7, so every
+    layer-0 dot is 7 * 127 * 64 = 56,896. Logits must still equal the reference."""
+    from mpllm.convert import convert
+    from mpllm.esp32ai import read_model_bin, write_model_bin
+    from mpllm.model import QMatrix
+
+    w = read_model_bin(small_model.model_bin.read_bytes())
+    d = w.config.dim
+    emb = QMatrix(np.full_like(w.tok_emb.q, 7), np.abs(w.tok_emb.scales), w.tok_emb.group)
+    l0 = w.layers[0]
+    q = l0.qkv.q.copy()
+    q[2 * d:] = 7
+    layers = [dataclasses.replace(l0, qkv=QMatrix(q, np.abs(l0.qkv.scales), l0.qkv.group),
+                                  attn_norm=np.abs(l0.attn_norm))] + w.layers[1:]
+    mb = tmp_path / "wide.bin"
+    write_model_bin(dataclasses.replace(w, tok_emb=emb, layers=layers), mb)
+    img = tmp_path / "wide.img"
+    convert(mb, small_model.tokenizer_json, img, progress=False)
+    ref = Reference.from_image(img)
+    prompt = [3, 9, 27]
+    ids, rows = ref.generate(prompt, 12)
+    with _llm.Model(img) as m:
+        got = [m.prefill(prompt)]
+        logits = [m.logits()]
+        for _ in range(11):
+            got.append(m.step(got[-1]))
+            logits.append(m.logits())
+        wide = m.stats()["v_wide"]
+    assert wide >= 14  # every layer-0 position at least
+    assert got == ids
+    assert all(a == b.tobytes() for a, b in zip(logits, rows))

@@ -105,7 +105,9 @@ class Model:
         counted), head_rows (int: head rows scored, summed over evaluations;
         head_rows / (heads * vocab_out) is the share the certificate kept),
         head_tiles, head_waves (int: tiles scored, and the waves they were
-        scored in), handoffs (int: pieces of work sent to the second core)."""
+        scored in), handoffs (int: pieces of work sent to the second core),
+        v_wide (int: cached V rows kept as floats because their integer dots
+        did not fit int16; the others are kept as dots, the same values)."""
     def memory(self) -> list[tuple[str, str, int]]:
         """(name, region, bytes) for every placed section and buffer; region is
         "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"

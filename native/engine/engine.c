@@ -76,7 +76,13 @@ typedef struct llm_run_state {
     float *att_max, *att_den; /* [n_heads] softmax max and denominator */
     llm_act act;     /* [widest rounded to 32] input of the next matvec */
     llm_act head_in; /* [cols_padded] input of the last head evaluation */
-    float *key_cache, *value_cache; /* [n_layers][seq_len][dim] each */
+    /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
+    float *key_cache;   /* [n_layers][seq_len][dim] */
+    int16_t *value_dots; /* [n_layers][seq_len][dim] V as the exact integer dots */
+    float *value_scale; /* [n_layers][seq_len] the position's activation scale */
+    float *value_cache; /* [n_layers][seq_len][dim] V as floats: wide rows only */
+    uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
+    float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
     llm_candidates cand;   /* the sampler's k best of the last evaluation */
@@ -89,6 +95,7 @@ struct llm_engine {
     llm_weights w;
     llm_run_state s;
     llm_region kv_region, logits_region;
+    int v_dots; /* V cached as int16 dots (its rows are one scale group) */
 
     /* constants of the forward pass, computed once */
     float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;
@@ -182,6 +189,17 @@ static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wan
     return p;
 }
 
+/* As place(), 64-byte aligned: PSRAM is read through the data cache in
+ * 64-byte lines, so a stream that starts on a line boundary touches no line
+ * it does not use (a 384-byte KV row is six lines, not seven). */
+static void *place64(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
+                     llm_region *placed) {
+    uint8_t *p = place(e, name, bytes + 48u, wanted, placed);
+    if (p == NULL) return NULL;
+    e->placements[e->n_placements - 1u].bytes = (uint32_t)bytes;
+    return p + ((64u - ((uintptr_t)p & 63u)) & 63u);
+}
+
 /* Stage a Q4 matrix into RAM: FAST first, then BULK, else read it in place. */
 static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_mat *dst,
                       llm_region first) {
@@ -247,7 +265,8 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     const size_t scales = (size_t)src.rows * src.n_groups * sizeof(float);
     uint8_t *p = NULL;
     llm_region got = LLM_REGION_BULK;
-    if (t.n_tiles > 0 && src.n_groups == 1u) p = place(e, name, codes + scales, LLM_REGION_BULK, &got);
+    if (t.n_tiles > 0 && src.n_groups == 1u)
+        p = place64(e, name, codes + scales, LLM_REGION_BULK, &got);
     if (p == NULL) {
         llm_mat m;
         stage_mat(e, name, &src, &m, LLM_REGION_BULK);
@@ -370,6 +389,8 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         size_t o_scores = nf; nf += round16((size_t)H * S);
         size_t o_amax = nf; nf += round16(H);
         size_t o_aden = nf; nf += round16(H);
+        size_t o_wide = nf; nf += round16(((size_t)L * S + 3u) / 4u); /* bytes, in floats */
+        size_t o_ones = nf; nf += round16(D); /* scales of 1: the V rows' integer dots */
         size_t act_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
         size_t head_in_bytes = round16(e->w.head.cols_padded);
         size_t scratch = llm_head_scratch_bytes(&e->w.head);
@@ -391,6 +412,9 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         s->scores = a + o_scores;
         s->att_max = a + o_amax;
         s->att_den = a + o_aden;
+        s->value_wide = (uint8_t *)(void *)(a + o_wide);
+        s->ones = a + o_ones;
+        for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
         uint8_t *q = (uint8_t *)(void *)(a + nf);
         s->act.q = (int8_t *)q;
         s->head_in.q = (int8_t *)(q + act_bytes);
@@ -403,22 +427,42 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     if (e->s.logits == NULL)
         return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
                                      (unsigned long)c->vocab_out * 4u));
-    /* KV cache: required, BULK asked */
+    /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
+     * qkv rows plus the position's activation scale when those rows are one
+     * scale group: attention recomputes each value with the kernel's own two
+     * roundings, so the floats (and every result) are the same bits at half
+     * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
+     * row as floats instead (value_wide). */
     {
+        const llm_q4 *qkv0;
+        llm_q4 view;
+        llm_image_q4_view(&info, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &view);
+        qkv0 = &view;
+        e->v_dots = qkv0->n_groups == 1u;
         /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
          * config could wrap it to a tiny allocation */
-        uint64_t kv64 = (uint64_t)L * S * D * sizeof(float);
-        if (2u * kv64 > (uint64_t)SIZE_MAX)
+        const uint64_t cells = (uint64_t)L * S * D;
+        const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
+                              (uint64_t)L * S * sizeof(float) + 3u * 64u;
+        if (kv64 > (uint64_t)SIZE_MAX / 2u)
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds "
                                          "this machine's address space",
-                                         (unsigned long long)(2u * kv64)));
-        size_t kv = (size_t)kv64;
-        e->s.key_cache = place(e, "kv_cache", 2u * kv, LLM_REGION_BULK, &e->kv_region);
-        if (e->s.key_cache == NULL)
+                                         (unsigned long long)kv64));
+        uint8_t *kv = place64(e, "kv_cache", (size_t)kv64, LLM_REGION_BULK, &e->kv_region);
+        if (kv == NULL)
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
-                                         (unsigned long)(2u * kv)));
-        memset(e->s.key_cache, 0, 2u * kv);
-        e->s.value_cache = e->s.key_cache + (size_t)L * S * D;
+                                         (unsigned long)kv64));
+        memset(kv, 0, (size_t)kv64);
+        /* each array starts on a cache line (row sizes are multiples of 64 at
+         * the release shape; every size is a multiple of 16 anyway) */
+        size_t at = 0;
+        e->s.key_cache = (float *)(void *)(kv + at);
+        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
+        e->s.value_cache = (float *)(void *)(kv + at);
+        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
+        e->s.value_scale = (float *)(void *)(kv + at);
+        at += ((size_t)L * S * 4u + 63u) & ~(size_t)63u;
+        e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
     }
 
     /* optional staging last, so required buffers get memory first and
@@ -612,6 +656,22 @@ static void matvec(llm_engine *e, const llm_mat *m, const llm_act *in, float *y)
                                  (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
 }
 
+/* The qkv matvec when V is cached as dots: q and k rows as usual; the V rows
+ * through the same kernel with every scale 1 and xscale 1, which makes it
+ * return (0 + (float)g * 1) * 1 = (float)g, the exact integer dot (|g| <
+ * 2^24). Same bytes read as one full call. */
+static void matvec_qk_vdots(llm_engine *e, const llm_mat *m, const llm_act *in, float *y) {
+    const uint32_t D = e->cfg.dim;
+    llm_matvec_q4(&m->w, in->q, in->scale, y, 0, 2u * D);
+    llm_q4 v = m->w;
+    v.codes += (size_t)2u * D * v.row_bytes;
+    v.scales = e->s.ones;
+    v.rows = D;
+    llm_matvec_q4(&v, in->q, 1.0f, y + 2u * D, 0, D);
+    e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
+                                 (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
+}
+
 /* Embedding row: kernel layout, 32-column blocks of nibbles. */
 static void embed_row(llm_engine *e, uint32_t token, float *out) {
     const llm_q4 *w = &e->w.embed;
@@ -655,6 +715,7 @@ static const float *rope_row(llm_engine *e, uint32_t pos) {
 typedef struct attn_job {
     llm_engine *e;
     uint32_t layer, pos;
+    const float *v_scale; /* [dim] the layer's V row scales (qkv rows 2*dim..) */
 } attn_job;
 
 static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
@@ -690,27 +751,71 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
         for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] = 0.0f;
         s->att_den[h] = 0.0f;
     }
+    const size_t row0 = (size_t)j->layer * S;
     for (uint32_t t = 0; t <= pos; t++) {
-        const float *vrow = vc + (size_t)t * D;
+        if (s->value_dots == NULL || s->value_wide[row0 + t]) {
+            const float *vrow = vc + (size_t)t * D;
+            for (uint32_t h = h0; h < h1; h++) {
+                float w = s->scores[(size_t)h * S + t];
+                s->att_den[h] += w;
+                const float *v = vrow + h * Dh;
+                float *ao = s->att + h * Dh;
+                for (uint32_t i = 0; i < Dh; i++) ao[i] += w * v[i];
+            }
+            continue;
+        }
+        /* v = (0 + (float)g * scale) * xscale: the kernel's own operations
+         * (kernels.h contract, one group), so the same float bits */
+        const int16_t *g = s->value_dots + (row0 + t) * D;
+        const float xs = s->value_scale[row0 + t];
         for (uint32_t h = h0; h < h1; h++) {
             float w = s->scores[(size_t)h * S + t];
             s->att_den[h] += w;
-            const float *v = vrow + h * Dh;
+            const int16_t *gh = g + h * Dh;
+            const float *sc = j->v_scale + h * Dh;
             float *ao = s->att + h * Dh;
-            for (uint32_t i = 0; i < Dh; i++) ao[i] += w * v[i];
+            for (uint32_t i = 0; i < Dh; i++) {
+                float acc = 0.0f;
+                acc += (float)gh[i] * sc[i];
+                ao[i] += w * (acc * xs);
+            }
         }
     }
     for (uint32_t h = h0; h < h1; h++)
         for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] /= s->att_den[h];
 }
 
-/* Store this position's k, v, then attend, split across cores by heads. */
-static void attention(llm_engine *e, uint32_t l, uint32_t pos) {
+/* Store this position's k, v, then attend, split across cores by heads.
+ * With V as dots, qkv[2D..3D) holds the exact integer dots (matvec_qk_vdots)
+ * and `vs` the layer's V row scales; v_scale is the qkv input's scale. */
+static void attention(llm_engine *e, uint32_t l, uint32_t pos, const float *vs, float v_scale) {
     const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
     llm_run_state *s = &e->s;
-    memcpy(s->key_cache + ((size_t)l * S + pos) * D, s->qkv + D, D * sizeof(float));
-    memcpy(s->value_cache + ((size_t)l * S + pos) * D, s->qkv + 2u * D, D * sizeof(float));
-    attn_job job = {e, l, pos};
+    const size_t row = (size_t)l * S + pos;
+    uint64_t v_bytes = (uint64_t)D * sizeof(float);
+    memcpy(s->key_cache + row * D, s->qkv + D, D * sizeof(float));
+    if (s->value_dots != NULL) {
+        const float *g = s->qkv + 2u * D;
+        int fits = 1;
+        for (uint32_t i = 0; i < D; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
+        s->value_wide[row] = (uint8_t)!fits;
+        if (fits) {
+            for (uint32_t i = 0; i < D; i++) s->value_dots[row * D + i] = (int16_t)g[i];
+            s->value_scale[row] = v_scale;
+            v_bytes = (uint64_t)D * 2u + sizeof(float);
+        } else {
+            /* too wide for int16: the floats the kernel would have given */
+            for (uint32_t i = 0; i < D; i++) {
+                float acc = 0.0f;
+                acc += g[i] * vs[i];
+                s->value_cache[row * D + i] = acc * v_scale;
+            }
+            e->stats.v_wide++;
+        }
+    } else {
+        memcpy(s->value_cache + row * D, s->qkv + 2u * D, D * sizeof(float));
+    }
+    attn_job job = {e, l, pos, vs};
     llm_splitter sp = splitter(e);
     if (sp.split != NULL && e->cfg.n_heads > 1u) {
         sp.split(sp.ctx, attention_heads, &job, e->cfg.n_heads);
@@ -718,9 +823,14 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos) {
     } else {
         attention_heads(&job, 0, e->cfg.n_heads);
     }
-    /* this position's k and v written, every position's read once */
-    e->stats.bytes[e->kv_region] += 2u * (uint64_t)D * sizeof(float) +
-                                    2u * (uint64_t)(pos + 1u) * D * sizeof(float);
+    /* this position's k and v written, every position's read once: K rows as
+     * floats, V rows as dots + scale, or floats where wide */
+    uint64_t read = (uint64_t)(pos + 1u) * D * sizeof(float);
+    for (uint32_t t = 0; t <= pos; t++)
+        read += s->value_dots != NULL && !s->value_wide[(size_t)l * S + t]
+                    ? (uint64_t)D * 2u + sizeof(float)
+                    : (uint64_t)D * sizeof(float);
+    e->stats.bytes[e->kv_region] += (uint64_t)D * sizeof(float) + v_bytes + read;
 }
 
 /* One token through the layers at e->pos; with run_head, the final norm and
@@ -753,7 +863,10 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         /* attention */
         rmsnorm(e, s->xb, x, ly->attn_norm, D);
         quantize(&s->act, s->xb, D);
-        matvec(e, &ly->qkv, &s->act, s->qkv);
+        if (s->value_dots != NULL)
+            matvec_qk_vdots(e, &ly->qkv, &s->act, s->qkv);
+        else
+            matvec(e, &ly->qkv, &s->act, s->qkv);
         for (uint32_t h = 0; h < 2u * c->n_heads; h++) { /* q heads then k heads */
             float *v = s->qkv + h * Dh;
             for (uint32_t i = 0; i < half; i++) {
@@ -763,7 +876,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
                 v[i + half] = b * co + a * si;
             }
         }
-        attention(e, l, pos);
+        attention(e, l, pos, ly->qkv.w.scales + 2u * D, s->act.scale);
         quantize(&s->act, s->att, D);
         matvec(e, &ly->attn_proj, &s->act, s->xb2);
         for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];

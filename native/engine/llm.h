@@ -109,6 +109,7 @@ typedef struct llm_stats {
     uint64_t head_rows;
     uint32_t head_tiles, head_waves;
     uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
+    uint32_t v_wide;            /* V rows cached as floats: their dots did not fit int16 */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;

@@ -417,7 +417,7 @@ static mp_obj_t llm_ms(uint64_t us) {
 static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     llm_stats s;
     llm_get_stats(llm_ready(self_in)->engine, &s);
-    mp_obj_t d = mp_obj_new_dict(11);
+    mp_obj_t d = mp_obj_new_dict(12);
     llm_dict_int(d, MP_QSTR_tokens, s.tokens);
     llm_dict_int(d, MP_QSTR_prefill_tokens, s.prefill_tokens);
     llm_dict_int(d, MP_QSTR_heads, s.heads);
@@ -425,6 +425,7 @@ static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     llm_dict_int(d, MP_QSTR_head_tiles, s.head_tiles);
     llm_dict_int(d, MP_QSTR_head_waves, s.head_waves);
     llm_dict_int(d, MP_QSTR_handoffs, s.handoffs);
+    llm_dict_int(d, MP_QSTR_v_wide, s.v_wide);
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), llm_ms(s.prefill_us));
     mp_obj_t ms = mp_obj_new_dict(LLM_STAGE_COUNT);
     uint64_t total = 0;

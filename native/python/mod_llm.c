@@ -407,6 +407,7 @@ static PyObject *Model_stats(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     if (set_item(d, "head_tiles", PyLong_FromUnsignedLong(s.head_tiles)) != 0) goto fail;
     if (set_item(d, "head_waves", PyLong_FromUnsignedLong(s.head_waves)) != 0) goto fail;
     if (set_item(d, "handoffs", PyLong_FromUnsignedLong(s.handoffs)) != 0) goto fail;
+    if (set_item(d, "v_wide", PyLong_FromUnsignedLong(s.v_wide)) != 0) goto fail;
     if (set_item(d, "ttft_ms", PyFloat_FromDouble((double)s.prefill_us / 1000.0)) != 0) goto fail;
     ms = PyDict_New();
     if (ms == NULL) goto fail;

@@ -594,12 +594,12 @@ class Build:
     sampler: str = "argmax"
     top_k: int = 40
     #: bytes per cached V element: 4 (fp32) or 2 (the exact int16 integer dot,
-    #: recomputed to the same float when read; a variant, not built yet)
+    #: recomputed to the same float when read: engine.c attention())
     v_bytes: int = 4
     #: core bytes that did not fit internal SRAM and live in PSRAM instead
     core_spill_bytes: int = 0
     #: independent element-wise float chains (exp, erf, log, divide) evaluated
-    #: this many at a time, hiding the FPU latency (same bits; a what-if)
+    #: this many at a time, hiding the FPU latency (same bits: mathf.c llm_expf4)
     chain_interleave: int = 1
     rope: str = "libm"  # "libm" (powf/cosf/sinf per token) | "table" (flash row)
     rows_from: str = "model.bin"  # flash rows per token: "model.bin" | "image"
@@ -701,16 +701,20 @@ BUILDS: dict[str, Build] = {
         "mpllm-exact-greedy", "exact, greedy", "pie",
         core=("int4", "sram"), head_fmt="int4", line=64, head="certified", logits="fused",
         rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=8,
-        first_wave_tiles=1, kv="fp32-rows", kv_offset=None, softmax_exp="llm", act_exp="llm",
+        first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
-        sampler="cand-greedy", rope="table", rows_from="image",
+        sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, chain_interleave=4,
         assumptions=(
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
              "boxes + tile scale in SRAM, max-heap order, first tile inline then waves of "
              "LLM_HEAD_WAVE_TILES (8) tiles, one hand-off each; scored rows + 4-byte scale + "
              "2-byte id from PSRAM"),
-            ("no logits buffer; attention positions outer over fp32 K/V rows (16-byte aligned), "
-             "split by heads (one hand-off per layer); no other matvec split"),
+            ("no logits buffer; attention positions outer over 64-byte aligned rows: K as fp32, "
+             "V as the exact int16 dots + one scale per position, each value recomputed with "
+             "the kernel's two roundings when read (4 ops); split by heads (one hand-off per "
+             "layer); no other matvec split"),
+            ("softmax weights, SiLU and GELU four elements at a time (llm_expf4 / llm_erff4, "
+             "unrolled: four independent chains for the in-order FPU; same bits)"),
             "quantization by the magic-number round half to even (no lrintf)",
         )),
 }
@@ -1326,7 +1330,10 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     out["embed"]["flash"] += q4_row_bytes(d) + n_groups(d, s.group) * 4  # embedding row
     out["embed"]["flash"] += ple_record_bytes(s)
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
-    out["attn"][pl["kv"]] += L * (2 * d * 4 + 2 * (pos + 1) * d * 4)
+    # K rows as floats, V rows as int16 dots + the position's scale (engine.c
+    # attention(); rows that do not fit int16 stay floats: none in a checked run)
+    v_row = 2 * d + 4
+    out["attn"][pl["kv"]] += L * (4 * d + v_row + (pos + 1) * (4 * d + v_row))
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
     for st in ("attn", "ffn", "ple"):
@@ -1486,6 +1493,9 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
             tok = m.step(tok)
         st = m.stats()
         memory = [tuple(x) for x in m.memory()]
+    if st.get("v_wide"):
+        raise ValueError(f"{st['v_wide']} V rows were cached as floats (dots wider than int16): "
+                         "the byte formulas assume none; measure on another prompt")
     placement = placement_from_memory(memory)
     totals = {r: int(st["bytes"][r]) for r in REGIONS}
     heads = int(st.get("heads", n_steps + 1))
@@ -1670,8 +1680,10 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         items["norm weights"] = (3 * L * d + p + d) * 4
         items["head tile index (boxes + scales)"] = nt * (2 * cp + 4)
         # x, xb, xb2, qkv, att, hb, hb2 (max(F, P)), ple, trow, scores [H][S], two
-        # quantized inputs; the head's [xq | |xq|], bounds, heap, wave and values
+        # quantized inputs; the head's [xq | |xq|], bounds, heap, wave and values;
+        # the V cache's per-position "wide" flags and the dots' unit scales
         act = (3 * d + 3 * d + d + 2 * max(s.ffn, p) + 2 * L * p + s.n_heads * s.seq_len) * 4
+        act += 2 * _r16(4 * s.n_heads) + _r16(L * s.seq_len) + _r16(4 * d)
         scratch = (_r16(2 * cp) + 2 * _r16(4 * nt) + _r16(2 * nt) + _r16(2 * wave_tiles)
                    + _r16(4 * wave_tiles * TILE_ROWS) + 40 * 8)
         items["activations + head scratch"] = _r16(act) + 2 * _r16(cp) + scratch
@@ -1913,33 +1925,22 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
                     f"{100 * val:.1f} %", dataclasses.replace(b, rows_fraction=val),
                     f"engine-measured on the {label}")
     spill = int(sram["core_spill_bytes"])  # type: ignore[call-overload]
-    if spill:
+    if spill:  # the engine places FAST what fits and the rest in PSRAM (llm_open)
         add(f"greedy, {spill / 1024:.0f} KiB of core spilled to PSRAM",
             dataclasses.replace(g, core_spill_bytes=spill),
             "if the SRAM plan must fit the assumed free SRAM")
         add(f"sampled, {spill / 1024:.0f} KiB of core spilled to PSRAM",
             dataclasses.replace(t, core_spill_bytes=spill),
             "if the SRAM plan must fit the assumed free SRAM")
-    add("greedy, V cached as exact int16 dots", dataclasses.replace(g, v_bytes=2),
-        "halves V traffic; recompute (float)g*scale*xscale per element read")
-    add("sampled, V cached as exact int16 dots", dataclasses.replace(t, v_bytes=2),
-        "as above")
+    # what each exact change of the after-build is worth: the build without it
+    add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
+        "V rows as floats: twice the V traffic, no recompute")
+    add("greedy without the four-wide exp/erf/div", dataclasses.replace(g, chain_interleave=1),
+        "one element at a time: every dependent float op waits for the previous one")
+    add("greedy with 16-byte-aligned KV rows", dataclasses.replace(g, kv_offset=None),
+        "KV rows not on line boundaries: a 384-byte row touches 7 lines 3 times in 4")
     add("greedy, waves of 16 tiles", dataclasses.replace(g, wave_tiles=16),
         "fewer hand-offs; same rows assumed (pruning between waves lost is not modelled)")
-    add("greedy, exp/erf/div of 4 elements interleaved", dataclasses.replace(g, chain_interleave=4),
-        "hides the FPU latency of independent chains; sums stay in order, same bits")
-    add("sampled, exp/erf/div of 4 elements interleaved",
-        dataclasses.replace(t, chain_interleave=4), "as above")
-    both = dataclasses.replace(g, chain_interleave=4, v_bytes=2)
-    add("greedy, interleaved + V as int16", both, "both exact changes")
-    add("sampled, interleaved + V as int16",
-        dataclasses.replace(t, chain_interleave=4, v_bytes=2), "both exact changes")
-    if spill:
-        add("greedy, interleaved + V as int16 + core spill",
-            dataclasses.replace(both, core_spill_bytes=spill), "with the SRAM deficit")
-        add("sampled, interleaved + V as int16 + core spill",
-            dataclasses.replace(t, chain_interleave=4, v_bytes=2, core_spill_bytes=spill),
-            "with the SRAM deficit")
     return out
 
 
