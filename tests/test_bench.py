@@ -159,3 +159,26 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
     assert host.returncode == 0, host.stderr
     (hrun,) = json.loads((tmp_path / "h.json").read_text())["results"][0]["runs"]
     assert run["text"] == hrun["text"] and len(recorded) == 20
+
+
+def test_compare_plain_checks_tokens_and_prints_the_ratio(small_model, tmp_path) -> None:
+    r = bench("--board", "host", "--image", str(small_model.image), "--tokens", "12",
+              "--compare-plain", "--json", str(tmp_path / "c.json"), "--quiet", "--no-plot")
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(x for x in r.stdout.splitlines() if "than plain" in x)
+    assert "same tokens in 6/6 runs" in line
+    boards = [x["board"] for x in json.loads((tmp_path / "c.json").read_text())["results"]]
+    assert boards == [f"host:{small_model.image.name}", f"host:{small_model.image.name} (plain)"]
+
+
+def test_compare_plain_flags_a_changed_story() -> None:
+    from mpllm.bench import BenchResult, RunResult, compare_plain
+
+    def result(text: str) -> BenchResult:
+        stages = dict.fromkeys(("embed", "attn", "ffn", "ple", "head", "sample"), 0.2)
+        run = RunResult("p", "greedy", 1, 5, text, 1.0, stages, 1.0, 1.0, 1.0, 1.0, 1.0)
+        return BenchResult("host", "info", {}, [], [run])
+
+    assert compare_plain(result("a story"), result("a story"))[1]
+    line, ok = compare_plain(result("a story"), result("a storm"))
+    assert not ok and "same tokens in 0/1 runs" in line

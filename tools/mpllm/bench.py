@@ -305,13 +305,16 @@ def _import_llm_modules(llm_module: object | None) -> object:
 
 
 def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: int, *,
-             llm_module: object | None = None, progress: bool = True) -> BenchResult:
-    """The bench on the host board: BENCH_SNIPPET in-process with the CPython `_llm`."""
+             llm_module: object | None = None, progress: bool = True,
+             plain: bool = False) -> BenchResult:
+    """The bench on the host board: BENCH_SNIPPET in-process with the CPython `_llm`
+    (plain: the engine with every speed-up off)."""
     _import_llm_modules(llm_module)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
     with contextlib.redirect_stdout(_TimedWriter(rec)):
         # the board's snippet, run unchanged on the host board
-        src = bench_snippet(runs, n_tokens, repr(os.fspath(image)))
+        src = bench_snippet(runs, n_tokens,
+                            repr(os.fspath(image)) + (", plain=True" if plain else ""))
         exec(src, {"__name__": "mpllm_bench"})  # noqa: S102
     _progress_close()
     return parse_stream(rec, runs, "host")
@@ -346,10 +349,11 @@ def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], Non
 
 
 def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: bool = False,
-             progress: bool = True, timeout: float = 120) -> BenchResult:
+             progress: bool = True, timeout: float = 120, plain: bool = False) -> BenchResult:
     """The bench on a board (or a serial peer) through its raw REPL."""
     rec = StreamRecorder(_progress_callback(len(runs), progress))
-    err = run_port_snippet(port, bench_snippet(runs, n_tokens), consumer=rec.feed,
+    err = run_port_snippet(port, bench_snippet(runs, n_tokens, "plain=True" if plain else ""),
+                           consumer=rec.feed,
                            soft_reset=soft_reset, timeout=timeout)
     _progress_close()
     if err:
@@ -451,6 +455,17 @@ def format_result(res: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def compare_plain(fast: BenchResult, plain: BenchResult) -> tuple[str, bool]:
+    """One line: the plain/fast ms-per-token ratio and whether every run gave the
+    same tokens (the speed-ups must never change them)."""
+    same = [a.text == b.text and a.tokens == b.tokens for a, b in zip(fast.runs, plain.runs)]
+    f, p = fast.summary()["engine_ms_per_token"], plain.summary()["engine_ms_per_token"]
+    ratio = f"{p / f:.2f}x faster than plain" if f > 0 else "no engine clock"
+    line = (f"{fast.board}: {ratio} ({p:.3f} -> {f:.3f} ms/token); same tokens in "
+            f"{sum(same)}/{len(same)} runs")
+    return line, all(same) and len(same) == len(plain.runs)
+
+
 def to_json(results: Sequence[BenchResult]) -> dict:
     return {"results": [{**{k: v for k, v in asdict(r).items() if k != "runs"},
                          "summary": r.summary(),
@@ -544,6 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write results here (default bench-<board>.json)")
     p.add_argument("--plot", type=Path, help="write the stage chart here (default: beside --json)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--plain", action="store_true",
+                   help="the engine with every speed-up off (dense head, one core): same tokens")
+    p.add_argument("--compare-plain", action="store_true",
+                   help="run every bench twice, with and without the speed-ups: print the "
+                        "ms/token ratio and check that every run produced the same tokens")
     p.add_argument("--soft-reset", action="store_true",
                    help="soft-reset the board before running (releases its model)")
     p.add_argument("--timeout", type=float, default=120,
@@ -684,10 +704,17 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             return _gate_main(args, llm_module)
         runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
                             sampled=not args.greedy_only)
+        if args.plain and args.compare_plain:
+            print("--plain and --compare-plain exclude each other", file=sys.stderr)
+            return 2
+        modes = [False, True] if args.compare_plain else [args.plain]
         results: list[BenchResult] = []
         if args.port:
-            results.append(run_port(args.port, runs, args.tokens, soft_reset=args.soft_reset,
-                                    progress=not args.quiet, timeout=args.timeout))
+            for plain in modes:
+                r = run_port(args.port, runs, args.tokens, soft_reset=args.soft_reset,
+                             progress=not args.quiet, timeout=args.timeout, plain=plain)
+                r.board += " (plain)" if plain else ""
+                results.append(r)
         else:
             images: list[tuple[str, Path]] = []
             img = args.image or _default_image()
@@ -703,13 +730,23 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
                 if not Path(path).is_file():
                     print(f"{path}: no such image", file=sys.stderr)
                     return 2
-                r = run_host(path, runs, args.tokens, llm_module=llm_module,
-                             progress=not args.quiet)
-                r.board = label
-                results.append(r)
+                for plain in modes:
+                    r = run_host(path, runs, args.tokens, llm_module=llm_module,
+                                 progress=not args.quiet, plain=plain)
+                    r.board = label + (" (plain)" if plain else "")
+                    results.append(r)
         for r in results:
             print(format_result(r))
             print()
+        if args.compare_plain:
+            same = True
+            for fast, plain in zip(results[::2], results[1::2]):
+                line, ok = compare_plain(fast, plain)
+                same &= ok
+                print(line)
+            if not same:
+                print("error: the speed-ups changed the output", file=sys.stderr)
+                return 1
         name = "host" if args.board else Path(args.port).name
         jpath = args.json or Path(f"bench-{name}.json")
         write_json(to_json(results), jpath)
