@@ -22,7 +22,8 @@ typedef struct llm_q4 {
 /* Quantize x[0..n) to int8 with one scale (DESIGN §3), writing xq[0..n_padded)
  * (zeros past n, so padded weight columns meet zero activations).
  * Contract: xmax = max(1e-8f, max|x_i|) in index order; inv = 127.f / xmax;
- * q_i = lrintf(x_i * inv) (round half to even) clamped to [-127, 127];
+ * q_i = x_i * inv rounded half to even (what lrintf does; computed without
+ * libm, kernels_ref.c) and clamped to [-127, 127];
  * *xscale = xmax / 127.f. */
 void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
                       float *xscale);
