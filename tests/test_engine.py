@@ -234,8 +234,10 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         # K as floats; V as int16 dots + a scale per position, and float rows for the
         # (rare) positions whose dots do not fit int16; 64-byte alignment slack
         cells = cfg.n_layers * cfg.seq_len * cfg.dim
+        # plus the sampler stream's state per position (16 bytes each, for rewind)
+        rng = -(-(cfg.seq_len + 1) * 16 // 64) * 64
         assert where["kv_cache"] == ("bulk", cells * (4 + 4 + 2)
-                                     + cfg.n_layers * cfg.seq_len * 4 + 3 * 64)
+                                     + cfg.n_layers * cfg.seq_len * 4 + 3 * 64 + rng)
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
         assert where["head_ids"][0] == "bulk" and where["head_tiles"][0] == "fast"

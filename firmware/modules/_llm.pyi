@@ -93,6 +93,14 @@ class Model:
         """The image's tokenizer section (layout: native/engine/image_format.h)."""
     def pos(self) -> int:
         """Tokens in the context (the position the next token goes to)."""
+    def rewind(self, pos: int) -> None:
+        """Drop positions >= pos (0 <= pos <= pos(); else ValueError), in O(1): the
+        next token fed goes to position pos. The sampler's random stream goes back
+        to where it stood once pos was decoded (after the evaluation that proposed
+        the token for pos), so for the same sampler settings decoding continues
+        exactly as if the dropped positions had never been decoded (rejected
+        drafts, undo). Logits are gone until the next
+        prefill/step."""
     def stats(self) -> dict[str, object]:
         """Since the last reset (or open):
         tokens (int: tokens through the layers), prefill_tokens (int: in the last

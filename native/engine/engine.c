@@ -82,6 +82,9 @@ typedef struct llm_run_state {
     float *value_scale; /* [n_layers][seq_len] the position's activation scale */
     float *value_cache; /* [n_layers][seq_len][dim] V as floats: wide rows only */
     uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
+    /* [seq_len + 1] the sampler's stream once position p was decoded (after
+     * the draws of the head evaluation there; inside a prompt, no draws) */
+    llm_rng *rng_at;
     float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
@@ -442,8 +445,9 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
          * config could wrap it to a tiny allocation */
         const uint64_t cells = (uint64_t)L * S * D;
+        const uint64_t rng_bytes = ((uint64_t)(S + 1u) * sizeof(llm_rng) + 63u) & ~(uint64_t)63u;
         const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
-                              (uint64_t)L * S * sizeof(float) + 3u * 64u;
+                              (uint64_t)L * S * sizeof(float) + 3u * 64u + rng_bytes;
         if (kv64 > (uint64_t)SIZE_MAX / 2u)
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds "
                                          "this machine's address space",
@@ -462,6 +466,8 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
         e->s.value_scale = (float *)(void *)(kv + at);
         at += ((size_t)L * S * 4u + 63u) & ~(size_t)63u;
+        e->s.rng_at = (llm_rng *)(void *)(kv + at);
+        at += (size_t)rng_bytes;
         e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
     }
 
@@ -540,6 +546,21 @@ void llm_reset(llm_engine *e) {
     e->have_logits = 0;
     memset(&e->stats, 0, sizeof e->stats);
     llm_rng_seed(&e->rng, e->sampler.seed);
+    e->s.rng_at[0] = e->rng;
+}
+
+llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err) {
+    if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_rewind: NULL engine");
+    if (pos > e->pos)
+        return llm_fail(err, LLM_E_ARG, "cannot rewind to position %lu: the context holds %lu",
+                        (unsigned long)pos, (unsigned long)e->pos);
+    /* the cache is append-only: rows >= pos are simply written again later;
+     * the stream goes back to where it stood once pos was decoded */
+    e->pos = pos;
+    e->rng = e->s.rng_at[pos];
+    e->have_head = 0;
+    e->have_logits = 0;
+    return ok(err);
 }
 
 const llm_config *llm_get_config(const llm_engine *e) { return e ? &e->cfg : NULL; }
@@ -584,6 +605,7 @@ llm_status llm_set_sampler(llm_engine *e, const llm_sampler_options *opt, llm_er
     if (st != LLM_OK) return st;
     e->sampler = *opt;
     llm_rng_seed(&e->rng, opt->seed);
+    e->s.rng_at[e->pos] = e->rng;
     return ok(err);
 }
 
@@ -1000,8 +1022,10 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
     for (uint32_t i = 0; i < n; i++) {
         forward(e, (uint32_t)tokens[i], i + 1u == n);
         e->pos++;
+        e->s.rng_at[e->pos] = e->rng; /* positions inside a prompt: no draw yet */
     }
     llm_status st = select_next(e, next, err);
+    e->s.rng_at[e->pos] = e->rng;
     e->stats.prefill_tokens = n;
     e->stats.prefill_us = now(e) - t0;
     return st == LLM_OK ? ok(err) : st;
@@ -1017,5 +1041,6 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
     forward(e, (uint32_t)token, 1);
     e->pos++;
     st = select_next(e, next, err);
+    e->s.rng_at[e->pos] = e->rng;
     return st == LLM_OK ? ok(err) : st;
 }

@@ -6,6 +6,7 @@
  *   llm_open(image bytes, port)  validate + place sections (port decides where)
  *   llm_prefill(prompt tokens)   layers for every token, head for the last
  *   llm_step(token)              one token in, next token out
+ *   llm_rewind(pos)              drop positions >= pos (drafts, undo)
  *   llm_reset()                  back to position 0, same model
  *   llm_close()
  * The engine never aborts and never allocates after llm_open except through
@@ -133,6 +134,15 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
                        int32_t *next, llm_error *err);
 /* Feed one token, get the next. */
 llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err);
+
+/* Drop positions >= pos (pos <= llm_pos) in O(1): the KV cache is
+ * append-only, so the next token fed goes to position pos. The sampler's
+ * stream goes back to where it stood once position pos was decoded (after
+ * the head evaluation that proposed the token for pos; inside a prompt, where
+ * nothing was evaluated, to the prompt's start), so decoding continues exactly
+ * as if the dropped positions had never been decoded (for the same sampler
+ * settings). Logits are gone until the next evaluation. */
+llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err);
 
 /* Logits (vocab_out floats) of the last head evaluation, or NULL before any.
  * Decoding does not keep them (the certified head finds the next token

@@ -241,6 +241,26 @@ static mp_obj_t llm_model_pos(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_pos_obj, llm_model_pos);
 
+static mp_obj_t llm_model_rewind(mp_obj_t self_in, mp_obj_t pos_in) {
+    llm_engine *e = llm_ready(self_in)->engine;
+    if (!mp_obj_is_int(pos_in) || mp_obj_is_bool(pos_in)) {
+        mp_raise_TypeError(MP_ERROR_TEXT("rewind() takes an int position"));
+    }
+    uint32_t now = llm_pos(e);
+    if (!mp_obj_is_small_int(pos_in) || MP_OBJ_SMALL_INT_VALUE(pos_in) < 0 ||
+        MP_OBJ_SMALL_INT_VALUE(pos_in) > (mp_int_t)now) {
+        mp_raise_msg_varg(&mp_type_ValueError,
+            MP_ERROR_TEXT("rewind position must be in 0..%u (the context holds %u tokens)"),
+            (unsigned)now, (unsigned)now);
+    }
+    llm_error err;
+    if (llm_rewind(e, (uint32_t)MP_OBJ_SMALL_INT_VALUE(pos_in), &err) != LLM_OK) {
+        llm_raise(&err);
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_rewind_obj, llm_model_rewind);
+
 static void llm_dict_int(mp_obj_t d, qstr key, mp_uint_t v) {
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(key), mp_obj_new_int_from_uint(v));
 }
@@ -485,6 +505,7 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_logits), MP_ROM_PTR(&llm_model_logits_obj) },
     { MP_ROM_QSTR(MP_QSTR_tokenizer), MP_ROM_PTR(&llm_model_tokenizer_obj) },
     { MP_ROM_QSTR(MP_QSTR_pos), MP_ROM_PTR(&llm_model_pos_obj) },
+    { MP_ROM_QSTR(MP_QSTR_rewind), MP_ROM_PTR(&llm_model_rewind_obj) },
     { MP_ROM_QSTR(MP_QSTR_stats), MP_ROM_PTR(&llm_model_stats_obj) },
     { MP_ROM_QSTR(MP_QSTR_memory), MP_ROM_PTR(&llm_model_memory_obj) },
     { MP_ROM_QSTR(MP_QSTR_set_plain), MP_ROM_PTR(&llm_model_set_plain_obj) },

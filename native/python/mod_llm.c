@@ -219,6 +219,27 @@ static PyObject *Model_pos(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromUnsignedLong(llm_pos(self->engine));
 }
 
+static PyObject *Model_rewind(ModelObject *self, PyObject *arg) {
+    if (!ready(self)) return NULL;
+    if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "rewind() takes an int position, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    int overflow = 0;
+    long long pos = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    uint32_t now = llm_pos(self->engine);
+    if (overflow || pos < 0 || pos > (long long)now) {
+        PyErr_Format(PyExc_ValueError, "rewind position must be in 0..%lu (the context "
+                     "holds %lu tokens), got %S", (unsigned long)now, (unsigned long)now, arg);
+        return NULL;
+    }
+    llm_error err;
+    if (llm_rewind(self->engine, (uint32_t)pos, &err) != LLM_OK) return raise_llm(self->error, &err);
+    Py_RETURN_NONE;
+}
+
 static int set_item(PyObject *dict, const char *key, PyObject *value) {
     if (value == NULL) return -1;
     int r = PyDict_SetItemString(dict, key, value);
@@ -480,6 +501,8 @@ static PyMethodDef Model_methods[] = {
      "float32 little-endian logits of the last head evaluation, as bytes."},
     {"tokenizer", (PyCFunction)Model_tokenizer, METH_NOARGS, "The image's tokenizer section."},
     {"pos", (PyCFunction)Model_pos, METH_NOARGS, "Current position (tokens in the context)."},
+    {"rewind", (PyCFunction)Model_rewind, METH_O,
+     "rewind(pos): drop positions >= pos; decoding goes on as if they were never decoded."},
     {"stats", (PyCFunction)Model_stats, METH_NOARGS,
      "Timing per stage (ms), token counts, TTFT and bytes read per region since reset."},
     {"memory", (PyCFunction)Model_memory, METH_NOARGS,
