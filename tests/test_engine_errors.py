@@ -229,7 +229,15 @@ def _tiles_count(img: Img) -> None:
     struct.pack_into("<I", img.payload("head_tiles"), 8, 2)
 
 
+def _fine_scale(img: Img) -> None:
+    p = img.payload("L0.up")
+    rows, cols = struct.unpack_from("<2I", p, 0)
+    struct.pack_into("<f", p, 16 + rows * ((cols + 31) // 32 * 16), 0.1)  # not an fp16 value
+
+
 CASES: list[tuple[str, Callable[[Img], None], str]] = [
+    ("scale not fp16", _fine_scale,
+     "bad image: section 'L0.up': scale of row 0 is not an fp16 value widened to f32"),
     ("tiles order repeat", _tiles_repeat, "bad image: head_tiles: order[1] ="),
     ("tiles scale", _tiles_scale,
      "bad image: section 'head_tiles': tile 0 scale 0x3fc00000 is not a positive normal power"),

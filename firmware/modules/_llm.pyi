@@ -54,9 +54,10 @@ class Model:
         head weight against its certificate tile's box).
 
         plain=True turns every speed-up off: the head scores every row into a
-        logits buffer and nothing is split across cores. The tokens and logits
-        are the same bits; only speed and stats()["head_rows"] differ. It is the
-        reference the speed-ups are tested against (see also set_plain()).
+        logits buffer, nothing is split across cores, V rows are cached as
+        floats and exp/erf run one element at a time. The tokens and logits are
+        the same bits; only speed, memory traffic and the head counters differ.
+        It is the reference the speed-ups are tested against (see set_plain()).
 
         CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
         or a bytes-like object (a read-only, 16-byte aligned one is used in
@@ -86,7 +87,7 @@ class Model:
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
     def set_plain(self, on: bool) -> None:
-        """Plain mode on or off from the next head evaluation (see __init__)."""
+        """Plain mode on or off from the next token on (see __init__)."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
     def tokenizer(self) -> bytes:

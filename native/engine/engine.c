@@ -266,24 +266,32 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
 
     const size_t codes = (size_t)src.rows * src.row_bytes;
     const size_t scales = (size_t)src.rows * src.n_groups * sizeof(float);
+    const int certified = t.n_tiles > 0 && src.n_groups == 1u;
+    if (certified) {
+        /* checked whether or not it is used below, so an image opens (or is
+         * refused) the same everywhere: a permutation, else the staged copy
+         * would lose or repeat rows, and every weight inside its box */
+        llm_region seen_region;
+        uint8_t *seen = e->port.alloc(e->port.ctx, (t.rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
+        if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
+        llm_status st = llm_head_check_order(&t, seen, err);
+        e->port.free(e->port.ctx, seen);
+        if (st != LLM_OK) return st;
+        st = llm_head_check_boxes(&src, &t, err);
+        if (st != LLM_OK) return st;
+    }
     uint8_t *p = NULL;
     llm_region got = LLM_REGION_BULK;
-    if (t.n_tiles > 0 && src.n_groups == 1u)
-        p = place64(e, name, codes + scales, LLM_REGION_BULK, &got);
+    if (certified) p = place64(e, name, codes + scales, LLM_REGION_BULK, &got);
     if (p == NULL) {
+        /* no room for the staged copy in its tile order: the dense route on
+         * the rows in id order (staged elsewhere or read in place) */
         llm_mat m;
         stage_mat(e, name, &src, &m, LLM_REGION_BULK);
         h->w = m.w;
         h->rows_region = m.region;
-        return LLM_OK; /* no certificate: the dense route, ids in order */
+        return LLM_OK;
     }
-    /* a permutation, else the staged copy would lose or repeat rows */
-    llm_region seen_region;
-    uint8_t *seen = e->port.alloc(e->port.ctx, (t.rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
-    if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
-    llm_status st = llm_head_check_order(&t, seen, err);
-    e->port.free(e->port.ctx, seen);
-    if (st != LLM_OK) return st;
     for (uint32_t i = 0; i < src.rows; i++) {
         memcpy(p + (size_t)i * src.row_bytes, src.codes + (size_t)t.order[i] * src.row_bytes,
                src.row_bytes);
@@ -318,7 +326,7 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     }
     h->tile_rows = t.tile_rows;
     h->n_tiles = t.n_tiles;
-    return llm_head_check_boxes(h, err);
+    return LLM_OK;
 }
 
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
@@ -642,9 +650,9 @@ static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, u
  * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
  * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
  * at a time; independent chains let the S3's FPU overlap its latencies). */
-static void silu_mul(float *out, const float *a, const float *b, uint32_t n) {
+static void silu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
-    for (; i + 4u <= n; i += 4u) {
+    for (; !one_at_a_time && i + 4u <= n; i += 4u) {
         float e[4] = {-a[i], -a[i + 1u], -a[i + 2u], -a[i + 3u]};
         llm_expf4(e, e);
 #pragma GCC unroll 4
@@ -653,9 +661,9 @@ static void silu_mul(float *out, const float *a, const float *b, uint32_t n) {
     for (; i < n; i++) out[i] = (a[i] / (1.0f + llm_expf(-a[i]))) * b[i];
 }
 
-static void gelu_mul(float *out, const float *a, const float *b, uint32_t n) {
+static void gelu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
-    for (; i + 4u <= n; i += 4u) {
+    for (; !one_at_a_time && i + 4u <= n; i += 4u) {
         float r[4];
         for (uint32_t k = 0; k < 4u; k++) r[k] = a[i + k] * 0.70710678f;
         llm_erff4(r, r);
@@ -765,7 +773,7 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
         float *w = s->scores + (size_t)h * S;
         const float m = s->att_max[h];
         uint32_t t = 0;
-        for (; t + 4u <= pos + 1u; t += 4u) {
+        for (; !e->plain && t + 4u <= pos + 1u; t += 4u) {
             float d[4] = {w[t] - m, w[t + 1u] - m, w[t + 2u] - m, w[t + 3u] - m};
             llm_expf4(d, w + t);
         }
@@ -816,7 +824,7 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, const float *vs, 
     const size_t row = (size_t)l * S + pos;
     uint64_t v_bytes = (uint64_t)D * sizeof(float);
     memcpy(s->key_cache + row * D, s->qkv + D, D * sizeof(float));
-    if (s->value_dots != NULL) {
+    if (s->value_dots != NULL && !e->plain) {
         const float *g = s->qkv + 2u * D;
         int fits = 1;
         for (uint32_t i = 0; i < D; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
@@ -835,7 +843,9 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, const float *vs, 
             e->stats.v_wide++;
         }
     } else {
+        /* plain mode (or rows of several scale groups): V as the kernel's floats */
         memcpy(s->value_cache + row * D, s->qkv + 2u * D, D * sizeof(float));
+        if (s->value_dots != NULL) s->value_wide[row] = 1;
     }
     attn_job job = {e, l, pos, vs};
     llm_splitter sp = splitter(e);
@@ -885,7 +895,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         /* attention */
         rmsnorm(e, s->xb, x, ly->attn_norm, D);
         quantize(&s->act, s->xb, D);
-        if (s->value_dots != NULL)
+        if (s->value_dots != NULL && !e->plain)
             matvec_qk_vdots(e, &ly->qkv, &s->act, s->qkv);
         else
             matvec(e, &ly->qkv, &s->act, s->qkv);
@@ -909,7 +919,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         quantize(&s->act, s->xb, D);
         matvec(e, &ly->gate, &s->act, s->hb);
         matvec(e, &ly->up, &s->act, s->hb2);
-        silu_mul(s->hb, s->hb, s->hb2, F);
+        silu_mul(s->hb, s->hb, s->hb2, F, e->plain);
         quantize(&s->act, s->hb, F);
         matvec(e, &ly->down, &s->act, s->xb2);
         for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
@@ -918,7 +928,7 @@ static void forward(llm_engine *e, uint32_t token, int run_head) {
         /* PLE branch, on the raw residual */
         quantize(&s->act, x, D);
         matvec(e, &ly->ple_gate, &s->act, s->hb);
-        gelu_mul(s->hb, s->hb, s->ple + l * P, P);
+        gelu_mul(s->hb, s->hb, s->ple + l * P, P, e->plain);
         quantize(&s->act, s->hb, P);
         matvec(e, &ly->ple_proj, &s->act, s->xb2);
         rmsnorm(e, s->xb2, s->xb2, ly->ple_norm, D);

@@ -18,11 +18,14 @@
  * mid[j], half[j] >= 0 and a power of two sigma_t with, for r in R_t,
  *     (mid[j] - half[j]) * sigma_t <= w_rj <= (mid[j] + half[j]) * sigma_t.
  * The converter builds the boxes; llm_open re-checks every weight against
- * them (llm_head_check_boxes; exact because sigma_t is a power of two), so a
- * wrong converter cannot make this engine wrong, only slow or rejected.
+ * them (llm_head_check_boxes). That check is exact: the loader holds every
+ * scale to an fp16 value, so (code - 8) * s_r has at most 15 significant bits,
+ * and sigma_t is a power of two, so (mid +- half) * sigma_t is exact too. A
+ * wrong converter therefore cannot make this engine wrong, only rejected.
  *
  * Claim 1 (the bound). With A_t = sum_j mid[j]*xq[j] and
- * B_t = sum_j half[j]*|xq[j]| (integers; |A_t + B_t| <= 2*127*127*512 < 2^24,
+ * B_t = sum_j half[j]*|xq[j]| (integers; |mid| <= 128, half <= 127, |xq| <= 127
+ * and cols_padded <= 512 give |A_t + B_t| <= 255*127*512 = 16,581,120 < 2^24,
  * so (float)(A_t + B_t) is exact), put
  *     U_t = fl((float)(A_t + B_t) * sigma_t),    b_t = fl(U_t * xs).
  * Then v_r <= b_t for every r in R_t.
@@ -256,24 +259,25 @@ llm_status llm_head_check_order(const llm_tiles *t, uint8_t *seen, llm_error *er
     return LLM_OK;
 }
 
-llm_status llm_head_check_boxes(const llm_head *h, llm_error *err) {
-    const uint32_t cp = h->cols_padded;
-    for (uint32_t r = 0; r < h->w.rows; r++) {
-        const uint32_t t = r / h->tile_rows;
-        const int8_t *mid = h->boxes + (size_t)t * 2u * cp, *half = mid + cp;
-        const float sigma = h->tile_scale[t], sc = h->w.scales[r];
-        const uint8_t *row = h->w.codes + (size_t)r * h->w.row_bytes;
-        for (uint32_t j = 0; j < h->w.cols; j++) {
+llm_status llm_head_check_boxes(const llm_q4 *rows, const llm_tiles *t, llm_error *err) {
+    const uint32_t cp = t->cols_padded;
+    for (uint32_t r = 0; r < t->rows; r++) {
+        const uint32_t tile = r / t->tile_rows, id = t->order[r];
+        const int8_t *mid = t->boxes + (size_t)tile * 2u * cp, *half = mid + cp;
+        const float sigma = t->scales[tile], sc = rows->scales[id];
+        const uint8_t *row = rows->codes + (size_t)id * rows->row_bytes;
+        for (uint32_t j = 0; j < rows->cols; j++) {
             uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
             int code = (j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4);
-            /* all three products exact: 4-bit x fp16 value, 8-bit x 2^e */
+            /* all three products exact: a 4-bit integer times an fp16 value
+             * (the loader holds scales to that), an 8-bit one times 2^e */
             float w = (float)(code - 8) * sc;
             float lo = (float)(mid[j] - half[j]) * sigma, hi = (float)(mid[j] + half[j]) * sigma;
             if (!(lo <= w && w <= hi))
                 return llm_fail(err, LLM_E_FORMAT, "head_tiles: token %lu column %lu (%g) is "
-                                "outside tile %lu's box [%g, %g]",
-                                (unsigned long)id_of(h, r), (unsigned long)j, (double)w,
-                                (unsigned long)t, (double)lo, (double)hi);
+                                "outside tile %lu's box [%g, %g]", (unsigned long)id,
+                                (unsigned long)j, (double)w, (unsigned long)tile, (double)lo,
+                                (double)hi);
         }
     }
     return LLM_OK;

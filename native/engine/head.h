@@ -82,10 +82,11 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
                             llm_head_work *work, llm_error *err);
 
 /* Check an image's tile section against the head it describes: the order is
- * a permutation (`seen` is rows/8 rounded up bytes of scratch) and, once the
- * rows are staged in that order, every weight lies in its tile's box.
- * Returns LLM_E_FORMAT naming the first violation. */
+ * a permutation (`seen` is rows/8 rounded up bytes of scratch), and every
+ * weight of the head (its rows in id order, as the image holds them) lies in
+ * the box of the tile its position in the order puts it in. LLM_E_FORMAT
+ * names the first violation. */
 llm_status llm_head_check_order(const llm_tiles *t, uint8_t *seen, llm_error *err);
-llm_status llm_head_check_boxes(const llm_head *h, llm_error *err);
+llm_status llm_head_check_boxes(const llm_q4 *rows, const llm_tiles *t, llm_error *err);
 
 #endif

@@ -100,6 +100,19 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 static int f32_bits_finite(uint32_t bits) { return (bits & 0x7F800000u) != 0x7F800000u; }
 
+/* A finite f32 that an fp16 holds exactly (image_format.h: Q4 scales are the
+ * source's fp16 values, widened). Among other things this keeps every weight
+ * (code - 8) * scale exact in f32, which the certified head's box check needs. */
+static int f32_bits_half_exact(uint32_t bits) {
+    uint32_t mag = bits & 0x7FFFFFFFu;
+    if (mag == 0) return 1;
+    int32_t e = (int32_t)(mag >> 23) - 127; /* a widened fp16 is a normal f32 */
+    if (e > 15 || e < -24 || (mag >> 23) == 0) return 0;
+    /* fp16 normals keep 10 fraction bits; subnormals (e < -14) fewer */
+    int32_t keep = e >= -14 ? 10 : 10 - (-14 - e);
+    return (mag & ((1u << (23 - keep)) - 1u)) == 0;
+}
+
 static const char *const layer_names[LLM_LSEC_COUNT] = {
     "attn_norm", "qkv", "attn_proj", "ffn_norm", "gate",
     "up", "down", "ple_gate", "ple_proj", "ple_norm",
@@ -388,10 +401,15 @@ static llm_status check_q4(const char *name, const uint8_t *p, uint32_t size, co
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
                         (unsigned long)size, (unsigned long long)want);
     const uint8_t *sc = p + sizeof(llm_image_q4_header) + codes;
-    for (uint64_t k = 0; k < (uint64_t)h.rows * n_groups; k++)
-        if (!f32_bits_finite(rd32(sc + 4 * k)))
+    for (uint64_t k = 0; k < (uint64_t)h.rows * n_groups; k++) {
+        uint32_t bits = rd32(sc + 4 * k);
+        if (!f32_bits_finite(bits))
             return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is NaN or Inf",
                             name, (unsigned long long)(k / n_groups));
+        if (!f32_bits_half_exact(bits))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is not an fp16 "
+                            "value widened to f32", name, (unsigned long long)(k / n_groups));
+    }
     return LLM_OK;
 }
 

@@ -105,7 +105,8 @@
  * chosen token; the proof is in native/engine/head.c):
  *   llm_image_tiles_header {rows, tile_rows, n_tiles, cols_padded}  16 bytes
  *     rows == vocab_out; cols_padded == the head's cols rounded up to 32
- *     (<= 512, which keeps every bound below 2^24); 1 <= tile_rows <= 1024;
+ *     (<= 512, which keeps every bound below 2^24); 1 <= tile_rows <= 1024
+ *     when there are tiles;
  *     n_tiles == ceil(rows / tile_rows), or 0 (no certificate: the engine
  *     scores every row).
  *   u16 order[rows]     order[i] = token id of the head row the engine stages
@@ -122,8 +123,8 @@
  *     (mid[j] - half[j]) * sigma_t <= w <= (mid[j] + half[j]) * sigma_t
  *   (padded columns: mid = half = 0). sigma_t being a power of two makes both
  *   products exact in f32, so the loader checks this for every weight.
- *   Empty when n_tiles == 0: the payload is the 16-byte header, the order
- *   and its padding only.
+ *   Empty when n_tiles == 0: the payload is the 16-byte header alone
+ *   (tile_rows is then 0).
  *
  * Header config fields describe the image, not the source: vocab_rows is the
  * number of embedding/PLE rows kept, vocab_in_source what model.bin had.
@@ -154,7 +155,7 @@ enum llm_image_kind {
 };
 
 /* Bounds stay exact in int32 and below 2^24 (exactly representable as f32)
- * while 2 * 127 * 127 * cols_padded < 2^24. */
+ * while (128 + 127) * 127 * cols_padded < 2^24 (|mid| <= 128, half, |xq| <= 127). */
 #define LLM_IMAGE_TILES_MAX_COLS 512u
 /* The engine scores a few tiles per hand-off into an SRAM buffer. */
 #define LLM_IMAGE_TILES_MAX_ROWS 1024u

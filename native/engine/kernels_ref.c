@@ -7,6 +7,12 @@
 
 #include "kernels.h"
 
+#include <float.h>
+
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
+#error "round_half_even needs FLT_EVAL_METHOD == 0 (plain float32 arithmetic)"
+#endif
+
 /* Round half to even without libm: for |v| <= 2^22, adding 1.5*2^23 moves v
  * to a binade whose spacing is 1, so the IEEE add itself rounds v to an
  * integer (to nearest, ties to even: the default mode on the host and the

@@ -151,9 +151,11 @@ llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err);
  * gives. Not counted in llm_stats (it is not decoding work). */
 const float *llm_logits(llm_engine *e);
 
-/* Plain mode: every speed-up off (dense head into a logits buffer, nothing
- * split across cores). Same tokens and logits, slower: the reference the
- * speed-ups are tested against. Takes effect at the next head evaluation. */
+/* Plain mode: every speed-up off: the dense head into a logits buffer,
+ * nothing split across cores, V rows cached as floats, exp/erf one element
+ * at a time. Same tokens and logits, slower: the reference the speed-ups are
+ * tested against. Takes effect from the next token on (V rows cached before
+ * keep the form they were stored in: both read back as the same floats). */
 void llm_set_plain(llm_engine *e, int plain);
 int llm_plain(const llm_engine *e);
 

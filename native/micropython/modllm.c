@@ -117,7 +117,7 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     enum { ARG_image, ARG_plain };
     static const mp_arg_t allowed_args[] = {
         { MP_QSTR_image, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
-        { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_BOOL, {.u_bool = false} },
+        { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
     };
     mp_arg_val_t args[MP_ARRAY_SIZE(allowed_args)];
     mp_arg_parse_all_kw_array(n_args, n_kw, all_args, MP_ARRAY_SIZE(allowed_args),
@@ -142,7 +142,10 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     if (open != NULL && open->engine != NULL) {
         if (name != NULL && llm_same_source(open->source, image)) {
-            llm_set_plain(open->engine, args[ARG_plain].u_bool);
+            /* the shared model keeps its mode unless plain= says otherwise */
+            if (args[ARG_plain].u_obj != mp_const_none) {
+                llm_set_plain(open->engine, mp_obj_is_true(args[ARG_plain].u_obj));
+            }
             return MP_OBJ_FROM_PTR(open);
         }
         llm_release(open);
@@ -204,7 +207,8 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
         llm_release(self);
         llm_raise(&err);
     }
-    llm_set_plain(engine, args[ARG_plain].u_bool);
+    llm_set_plain(engine, args[ARG_plain].u_obj != mp_const_none &&
+        mp_obj_is_true(args[ARG_plain].u_obj));
     self->engine = engine;
     MP_STATE_VM(llm_open_model) = self;
     return MP_OBJ_FROM_PTR(self);

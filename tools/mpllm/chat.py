@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print timing and token counts after the (last) story, to stderr")
     ap.add_argument("--plain", action="store_true",
                     help="the engine with every speed-up off (every head row scored, one "
-                         "core): the same story, slower; for checking the speed-ups")
+                         "core, V cached as floats): the same story, slower; for checking "
+                         "the speed-ups")
     args = ap.parse_args(argv)
     opts = _options(args)
 

@@ -1309,8 +1309,8 @@ def fit_stock(s: Shape = RELEASE, positions: Sequence[int] | None = None) -> Fit
 
 def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None = None,
                        *, head: bool = False, head_mode: str = "dense",
-                       head_rows: float | None = None, head_ids: bool = True
-                       ) -> dict[str, dict[str, float]]:
+                       head_rows: float | None = None, head_ids: bool = True,
+                       v_dots: bool = True) -> dict[str, dict[str, float]]:
     """Bytes the engine (native/engine/engine.c) charges per stage and region
     for one token at `pos`; with `head`, one head evaluation as well
     (`head_eval_bytes`).
@@ -1331,8 +1331,9 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     out["embed"]["flash"] += ple_record_bytes(s)
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
     # K rows as floats, V rows as int16 dots + the position's scale (engine.c
-    # attention(); rows that do not fit int16 stay floats: none in a checked run)
-    v_row = 2 * d + 4
+    # attention(); rows that do not fit int16 stay floats: none in a checked
+    # run), or as floats in plain mode (v_dots False)
+    v_row = 2 * d + 4 if v_dots else 4 * d
     out["attn"][pl["kv"]] += L * (4 * d + v_row + (pos + 1) * (4 * d + v_row))
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
@@ -1375,14 +1376,15 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
 
 def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
                      placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
-                     head_rows: float | None = None, head_ids: bool = True) -> dict[str, int]:
+                     head_rows: float | None = None, head_ids: bool = True,
+                     v_dots: bool = True) -> dict[str, int]:
     """Region totals the engine reports after prefill(n_prompt tokens) and
     n_steps step() calls from position 0 (one head evaluation per call).
     `head_rows` is the engine's total of head rows scored (default: all rows
     of every evaluation, the dense head)."""
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in range(n_prompt + n_steps):
-        for st in engine_stage_bytes(s, pos, placement).values():
+        for st in engine_stage_bytes(s, pos, placement, v_dots=v_dots).values():
             for r, b in st.items():
                 tot[r] += b
     heads = n_steps + 1
@@ -1398,11 +1400,12 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
 
 def check_bytes(measured_totals: Mapping[str, int], s: Shape, n_prompt: int, n_steps: int,
                 placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
-                head_rows: float | None = None, head_ids: bool = True) -> dict[str, int]:
+                head_rows: float | None = None, head_ids: bool = True,
+                v_dots: bool = True) -> dict[str, int]:
     """Analytic region totals for the same run; raises ValueError naming the
     regions where the engine's counters disagree with the formulas."""
     expect = run_region_bytes(s, n_prompt, n_steps, placement, head_mode=head_mode,
-                              head_rows=head_rows, head_ids=head_ids)
+                              head_rows=head_rows, head_ids=head_ids, v_dots=v_dots)
     bad = {r: (int(measured_totals.get(r, 0)), expect[r]) for r in REGIONS
            if int(measured_totals.get(r, 0)) != expect[r]}
     if bad:
@@ -1504,12 +1507,13 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     has_ids = any(name == "head_ids" for name, _, _ in memory)
     head_rows = float(st.get("head_rows", heads * s.vocab_out))
     check_bytes(totals, s, len(ids), n_steps, placement, head_mode=mode, head_rows=head_rows,
+                v_dots=not plain,
                 head_ids=has_ids)
     # per generated token: subtract the prompt's layer passes, which a story's
     # steady state does not pay per token
     prompt_only = dict.fromkeys(REGIONS, 0.0)
     for pos in range(len(ids) - 1):  # layers only: the head ran for the last prompt token
-        for regs in engine_stage_bytes(s, pos, placement).values():
+        for regs in engine_stage_bytes(s, pos, placement, v_dots=not plain).values():
             for r, v in regs.items():
                 prompt_only[r] += v
     per_token = {r: (totals[r] - prompt_only[r]) / (n_steps + 1) for r in REGIONS}
