@@ -9,6 +9,7 @@ every token and logit byte with the CPython `_llm` on the same image.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import _locked
 from mpllm import firmware_pins as pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +72,9 @@ def _build_unix(mp: Path) -> Path:
     Options avoid the submodules a bare checkout lacks (berkeley-db, mbedtls)
     and the frozen micropython-lib manifest."""
     port = mp / "ports" / "unix"
-    build = "build-mpllm-test"
+    # one build directory per checkout: make keeps objects newer than their
+    # sources, so another checkout with older files would silently reuse them
+    build = "build-mpllm-test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
     base = ["make", "-C", str(port), f"BUILD={build}", "FROZEN_MANIFEST=",
             "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", f"USER_C_MODULES={ROOT / 'native'}"]
     mpy_cross = mp / "mpy-cross"
@@ -92,7 +96,9 @@ def micropython() -> Path:
     mp = Path(MICROPY_DIR)
     if not (mp / "ports" / "unix" / "Makefile").is_file():
         pytest.fail(f"MICROPY_DIR={mp} is not a MicroPython checkout")
-    return _build_unix(mp)
+    # one build at a time: pytest-xdist workers share the build directory
+    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
+        return _build_unix(mp)
 
 
 def _run_mp(exe: Path, code: str, tmp_path: Path) -> str:
