@@ -97,3 +97,18 @@ def test_instruction_counts(programs: dict[str, Path]) -> None:
     dot = re.search(r"matvec_s8 199x192: (\d+) instructions", result.stdout)
     # per row of 12 vectors: one load + one MAC each, then zero, 2 nops, rur, a last load
     assert dot and int(dot.group(1)) == 199 * (2 * 192 // 16 + 5)
+
+
+@pytest.mark.parametrize(("flavour", "n"), [("plain", 1500), ("sanitize", 300)])
+def test_many_columns_bit_exact(programs: dict[str, Path], flavour: str, n: int) -> None:
+    """llm_matvec_q4_cols_pie (several positions in one pass over the weights):
+    every column equals the single-vector reference, and keeping a row's weights
+    in registers roughly halves the PIE work per column at 8 columns."""
+    result = cbuild.run(programs[flavour], "cols", "5", str(n))
+    assert result.returncode == 0, result.stdout + result.stderr
+    got, bad = compared(result.stdout)
+    assert bad == 0 and got > 2 * n  # 1..8 columns per call
+    per = {int(m): float(v) for m, v in
+           re.findall(r"cols m=(\d+) 128x96: ([\d.]+) PIE instructions", result.stdout)}
+    assert sorted(per) == list(range(1, 9))
+    assert per[8] < 0.6 * per[1] and all(per[m + 1] < per[m] for m in range(1, 8))

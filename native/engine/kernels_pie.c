@@ -146,6 +146,84 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
     }
 }
 
+/* Contract in kernels.h. For a row of one group and nb <= 3 blocks the row's
+ * weights are split once into q0..q5 (low / high nibbles of each block) and
+ * every column then costs zero.accx, 2*nb MACs whose fused loads stream its
+ * activations through q6/q7, and the ACCX read: the weights are fetched once
+ * for all m columns. Each column's sum, its -8*sum(x) correction and the two
+ * float roundings are the single-vector kernel's, so the bits are too.
+ * SAR = 4 is set right before the row's shifts; q6 holds the nibble mask only
+ * until the split (it is reloaded every row: no q register lives across a C
+ * call or a row). */
+void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *xq, uint32_t x_stride,
+                            const float *xscale, uint32_t m, float *y, uint32_t y_stride,
+                            uint32_t row_begin, uint32_t row_end) {
+    const uint32_t nb = w->row_bytes / 16u;
+    const int resident = w->n_groups == 1u && nb >= 1u && nb <= 3u && m <= LLM_MATVEC_MAX_COLS;
+    if (!resident) {
+        for (uint32_t c = 0; c < m; c++)
+            llm_matvec_q4_pie(w, xq + (size_t)c * x_stride, xscale[c], y + (size_t)c * y_stride,
+                              row_begin, row_end);
+        return;
+    }
+    int32_t corr[LLM_MATVEC_MAX_COLS];
+    for (uint32_t c = 0; c < m; c++)
+        group_corrections(xq + (size_t)c * x_stride, 1u, nb, 0u, nb, &corr[c]);
+    const uint8_t *mask = &k_low_nibbles;
+    for (uint32_t r = row_begin; r < row_end; r++) {
+        const uint8_t *wp = w->codes + (size_t)r * w->row_bytes;
+        const float sc = w->scales[r];
+        EE_VLDBC_8_IP(6, mask, 0);
+        SSAI(4);
+        EE_VLD_128_IP(7, wp, 16);
+        EE_ANDQ(0, 7, 6);
+        EE_VSR_32(7, 7);
+        EE_ANDQ(1, 7, 6);
+        if (nb > 1u) {
+            EE_VLD_128_IP(7, wp, 16);
+            EE_ANDQ(2, 7, 6);
+            EE_VSR_32(7, 7);
+            EE_ANDQ(3, 7, 6);
+        }
+        if (nb > 2u) {
+            EE_VLD_128_IP(7, wp, 16);
+            EE_ANDQ(4, 7, 6);
+            EE_VSR_32(7, 7);
+            EE_ANDQ(5, 7, 6);
+        }
+        for (uint32_t c = 0; c < m; c++) {
+            const int8_t *xp = xq + (size_t)c * x_stride;
+            EE_ZERO_ACCX();
+            EE_VLD_128_IP(6, xp, 16);
+            if (nb == 1u) {
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 0, 6);
+                EE_VMULAS_S8_ACCX(1, 7);
+            } else if (nb == 2u) {
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 0, 6);
+                EE_VMULAS_S8_ACCX_LD_IP(6, xp, 16, 1, 7);
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 2, 6);
+                EE_VMULAS_S8_ACCX(3, 7);
+            } else {
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 0, 6);
+                EE_VMULAS_S8_ACCX_LD_IP(6, xp, 16, 1, 7);
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 2, 6);
+                EE_VMULAS_S8_ACCX_LD_IP(6, xp, 16, 3, 7);
+                EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 4, 6);
+                EE_VMULAS_S8_ACCX(5, 7);
+            }
+            NOP();
+            NOP();
+            uint32_t raw;
+            RUR_ACCX_0(raw);
+            /* exact: the true sum fits int32, so the wrapping add is exact */
+            const int32_t g = (int32_t)(raw + (uint32_t)corr[c]);
+            float acc = 0.f;
+            acc += (float)g * sc;
+            y[(size_t)c * y_stride + r] = acc * xscale[c];
+        }
+    }
+}
+
 /* Contract in kernels.h (n a multiple of 16, a and x 16-byte aligned). Each
  * row is one ACCX sum; loads alternate q0/q1 and q2/q3 so a MAC's fused load
  * fetches the next pair while it multiplies the current one. */

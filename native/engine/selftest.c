@@ -73,6 +73,22 @@ static void matvec_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t group, ui
     snprintf(what, sizeof what, "%ux%u group %u%s", (unsigned)rows, (unsigned)cols,
              (unsigned)group, extreme ? " extreme" : "");
     verdict(c, memcmp(yr, yp, rows * sizeof(float)) == 0, "matvec_q4_pie", what);
+    /* the same rows against three activation vectors at once: this one, its
+     * negation and it shifted by one column (each column vs the ref) */
+    _Alignas(16) int8_t x3[3 * MAX_COLS];
+    float s3[3] = {xscale, xscale, xscale}, y3[3 * MAX_ROWS];
+    for (uint32_t j = 0; j < cp; j++) {
+        x3[j] = xq[j];
+        x3[cp + j] = (int8_t)-xq[j];
+        x3[2u * cp + j] = j + 1u < cols ? xq[j + 1u] : 0;
+    }
+    llm_matvec_q4_cols_pie(&w, x3, cp, s3, 3, y3, rows, 0, rows);
+    int same = 1;
+    for (uint32_t k = 0; k < 3u; k++) {
+        llm_matvec_q4_ref(&w, x3 + k * cp, xscale, yr, 0, rows);
+        same &= memcmp(yr, y3 + k * rows, rows * sizeof(float)) == 0;
+    }
+    verdict(c, same, "matvec_q4_cols_pie", what);
 }
 
 static void dot_case(ctx *c, uint32_t n, uint32_t seed, int extreme) {

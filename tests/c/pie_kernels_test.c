@@ -13,6 +13,8 @@
  *   pie_kernels_test misaligned-x    activations 1 byte off (must abort)
  *   pie_kernels_test misaligned-w    weight rows 8 bytes off (must abort)
  *   pie_kernels_test misaligned-dot  llm_matvec_s8 operand 4 bytes off (must abort)
+ *   pie_kernels_test cols SEED N      N random llm_matvec_q4_cols calls, every
+ *                                    column against the single-vector ref
  *   pie_kernels_test counts          PIE instructions per 32 weights and per
  *                                    token for the release model's shapes
  * Every mode prints "compared=<n> mismatches=<m>" (counts prints a table)
@@ -360,7 +362,71 @@ static int mode_counts(void) {
     return report();
 }
 
+/* llm_matvec_q4_cols: m columns against the single-vector reference, column
+ * by column (random shapes: resident rows of 1..3 blocks, and wider or
+ * multi-group ones that take the per-column path), plus the PIE counts of
+ * the release head's 96 columns for m = 1..8. */
+static int mode_cols(uint64_t seed, uint32_t n) {
+    rng_state = seed;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t rows = 1 + rnd_below(200);
+        uint32_t cols = rnd_below(4) ? 16 + rnd_below(81) : 97 + rnd_below(200);
+        uint32_t group = rnd_below(5) ? cols + rnd_below(50) : 32;
+        uint32_t m = 1 + rnd_below(LLM_MATVEC_MAX_COLS);
+        matrix mat;
+        make_matrix(&mat, rows, cols, group, rnd_below(6) ? CODES_RANDOM : CODES_FIFTEEN,
+                    ACT_QUANTIZED);
+        uint32_t stride = mat.cols_padded + 16u * rnd_below(3);
+        int8_t *xs = xalloc((size_t)m * stride);
+        float scale[LLM_MATVEC_MAX_COLS];
+        for (uint32_t c = 0; c < m; c++) {
+            float *x = xalloc(cols * sizeof(float));
+            float amp = rnd_float(0.001f, 40.f);
+            for (uint32_t k = 0; k < cols; k++)
+                x[k] = rnd_below(8) ? rnd_float(-amp, amp) : (k & 1 ? amp : -amp);
+            llm_quantize_act(x, cols, mat.cols_padded, xs + (size_t)c * stride, &scale[c]);
+            free(x);
+        }
+        uint32_t a = rnd_below(rows), b = a + 1 + rnd_below(rows - a);
+        size_t ys = rows + rnd_below(5);
+        float *yp = xalloc(m * ys * sizeof(float)), *yr = xalloc(rows * sizeof(float));
+        memset(yp, 0xA5, m * ys * sizeof(float));
+        llm_matvec_q4_cols_pie(&mat.w, xs, stride, scale, m, yp, (uint32_t)ys, a, b);
+        for (uint32_t c = 0; c < m; c++) {
+            llm_matvec_q4_ref(&mat.w, xs + (size_t)c * stride, scale[c], yr, a, b);
+            compared++;
+            if (memcmp(yr + a, yp + c * ys + a, (b - a) * sizeof(float)) != 0 && mismatches++ < 5)
+                fprintf(stderr, "MISMATCH cols %ux%u group %u m=%u column %u rows [%u,%u)\n",
+                        rows, cols, group, m, c, a, b);
+        }
+        free(xs);
+        free(yp);
+        free(yr);
+        free_matrix(&mat);
+    }
+    for (uint32_t m = 1; m <= LLM_MATVEC_MAX_COLS; m++) {
+        matrix mat;
+        make_matrix(&mat, 128, 96, 128, CODES_RANDOM, ACT_QUANTIZED);
+        int8_t *xs = xalloc((size_t)m * mat.cols_padded);
+        float scale[LLM_MATVEC_MAX_COLS], *y = xalloc(128 * m * sizeof(float));
+        for (uint32_t c = 0; c < m; c++) {
+            memcpy(xs + (size_t)c * mat.cols_padded, mat.xq, mat.cols_padded);
+            scale[c] = mat.xscale;
+        }
+        llm_pie_counts_reset();
+        llm_matvec_q4_cols_pie(&mat.w, xs, mat.cols_padded, scale, m, y, 128, 0, 128);
+        printf("cols m=%u 128x96: %.2f PIE instructions per row per column\n", m,
+               llm_pie_counts_total() / 128.0 / m);
+        free(xs);
+        free(y);
+        free_matrix(&mat);
+    }
+    return report();
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "cols") == 0)
+        return mode_cols(strtoull(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
     if (argc >= 4 && strcmp(argv[1], "random") == 0)
         return mode_random(strtoull(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
     if (argc == 2 && strcmp(argv[1], "extreme") == 0) return mode_extreme();
@@ -368,6 +434,6 @@ int main(int argc, char **argv) {
     if (argc == 2 && strncmp(argv[1], "misaligned", 10) == 0) return mode_misaligned(argv[1]);
     if (argc == 2 && strcmp(argv[1], "counts") == 0) return mode_counts();
     fprintf(stderr, "usage: pie_kernels_test random SEED N | extreme | splits | "
-                    "misaligned-x | misaligned-w | misaligned-dot | counts\n");
+                    "misaligned-x | misaligned-w | misaligned-dot | counts | cols SEED N\n");
     return 2;
 }
