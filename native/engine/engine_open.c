@@ -1,0 +1,445 @@
+/*
+ * Opening an image: validate it, place every section and buffer through the
+ * port (what goes to internal SRAM, PSRAM or stays in flash), stage the head
+ * in its certificate's order, and close. Also the engine's names for
+ * statuses, regions and stages, and build_info. The forward pass is
+ * engine.c.
+ *
+ * Memory: everything the engine owns comes from the port (the engine struct
+ * included), all of it here, in llm_open. The forward pass allocates nothing.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine_state.h"
+#include "llm_error.h"
+#include "llm_names.h"
+
+/* ---- status ------------------------------------------------------------ */
+
+const char *llm_status_name(llm_status status) {
+    switch (status) {
+    case LLM_OK: return "ok";
+    case LLM_E_ARG: return "bad argument";
+    case LLM_E_FORMAT: return "bad image";
+    case LLM_E_VERSION: return "unsupported version";
+    case LLM_E_CHECKSUM: return "checksum mismatch";
+    case LLM_E_CONFIG: return "bad config";
+    case LLM_E_NOMEM: return "out of memory";
+    case LLM_E_CONTEXT: return "context full";
+    case LLM_E_STATE: return "bad state";
+    }
+    return "unknown status";
+}
+
+/* ---- build info -------------------------------------------------------- */
+
+#if defined(LLM_KERNELS_PIE) && defined(__XTENSA__)
+#define LLM_KERNELS_BUILT "pie"
+#elif defined(LLM_KERNELS_PIE)
+#define LLM_KERNELS_BUILT "pie-emu" /* PIE kernels through pie.h's host model */
+#else
+#define LLM_KERNELS_BUILT "ref"
+#endif
+#ifndef LLM_PORT_NAME
+#define LLM_PORT_NAME "unnamed"
+#endif
+
+const char *llm_build_info(void) {
+    return "mpllm " LLM_VERSION " kernels=" LLM_KERNELS_BUILT
+           " numerics=exact head=certified placement=embed+ple_rows:flash,core:fast>bulk,"
+           "head+kv+logits:bulk,act+tiles+norms:fast port=" LLM_PORT_NAME;
+}
+
+/* ---- placement --------------------------------------------------------- */
+
+static const char *const region_names[LLM_REGION_COUNT] = {"flash", "fast", "bulk"};
+
+const char *llm_region_name(llm_region r) {
+    return (unsigned)r < LLM_REGION_COUNT ? region_names[r] : "unknown";
+}
+
+const char *llm_stage_name(llm_stage s) {
+    static const char *const names[LLM_STAGE_COUNT] = {"embed", "attn", "ffn",
+                                                       "ple",   "head", "sample"};
+    return (unsigned)s < LLM_STAGE_COUNT ? names[s] : "unknown";
+}
+
+static void record(llm_engine *e, const char *name, llm_region region, size_t bytes, void *owned) {
+    /* cap_placements is sized at open for every entry open can make */
+    if (e->n_placements >= e->cap_placements) return;
+    e->placements[e->n_placements].name = name;
+    e->placements[e->n_placements].region = region;
+    e->placements[e->n_placements].bytes = (uint32_t)bytes;
+    e->owned[e->n_placements] = owned;
+    e->n_placements++;
+}
+
+/* Ask for `wanted`; the port may answer with another region. NULL if none. */
+static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
+                   llm_region *placed) {
+    llm_region got = wanted;
+    void *p = e->port.alloc(e->port.ctx, bytes, wanted, &got);
+    if (p == NULL) return NULL;
+    if ((uintptr_t)p % 16u != 0 || (unsigned)got >= LLM_REGION_COUNT) {
+        /* a port breaking its contract would make PIE loads read wrong bytes */
+        e->port.free(e->port.ctx, p);
+        return NULL;
+    }
+    record(e, name, got, bytes, p);
+    if (placed) *placed = got;
+    return p;
+}
+
+/* As place(), 64-byte aligned: PSRAM is read through the data cache in
+ * 64-byte lines, so a stream that starts on a line boundary touches no line
+ * it does not use (a 384-byte KV row is six lines, not seven). */
+static void *place64(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
+                     llm_region *placed) {
+    uint8_t *p = place(e, name, bytes + 48u, wanted, placed);
+    if (p == NULL) return NULL;
+    e->placements[e->n_placements - 1u].bytes = (uint32_t)bytes;
+    return p + ((64u - ((uintptr_t)p & 63u)) & 63u);
+}
+
+/* Stage a Q4 matrix into RAM: FAST first, then BULK, else read it in place. */
+static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_mat *dst,
+                      llm_region first) {
+    size_t codes = (size_t)src->rows * src->row_bytes;
+    size_t scales = (size_t)src->rows * src->n_groups * sizeof(float);
+    dst->w = *src;
+    llm_region got = first;
+    uint8_t *p = place(e, name, codes + scales, first, &got);
+    if (p == NULL && first == LLM_REGION_FAST) p = place(e, name, codes + scales, LLM_REGION_BULK, &got);
+    if (p == NULL) {
+        dst->region = LLM_REGION_FLASH;
+        record(e, name, LLM_REGION_FLASH, codes + scales, NULL);
+        return;
+    }
+    memcpy(p, src->codes, codes);
+    memcpy(p + codes, src->scales, scales);
+    dst->w.codes = p;
+    dst->w.scales = (const float *)(void *)(p + codes);
+    dst->region = got;
+}
+
+static const char *section_name(const llm_engine *e, uint32_t i) {
+    /* table names equal the expected ones (checked) and are at most 15 chars,
+     * so the NUL-padded bytes in the image are a valid C string */
+    return (const char *)(e->image.data + LLM_IMAGE_HEADER_BYTES +
+                          (size_t)i * LLM_IMAGE_SECTION_BYTES);
+}
+
+static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
+
+void llm_close(llm_engine *e) {
+    if (e == NULL) return;
+    llm_port port = e->port;
+    for (uint32_t i = e->n_placements; i-- > 0;)
+        if (e->owned[i] != NULL && e->owned[i] != (void *)e) port.free(port.ctx, e->owned[i]);
+    port.free(port.ctx, e);
+}
+
+static llm_status open_fail(llm_engine *e, llm_status st) {
+    llm_close(e);
+    return st;
+}
+
+/* The head: staged into BULK in the certificate's row order when the image
+ * has one (each staged row checked against its tile's box), else staged or
+ * read in place in id order with no certificate. */
+static llm_status stage_head(llm_engine *e, llm_error *err) {
+    const llm_config *c = &e->cfg;
+    llm_head *h = &e->w.head;
+    int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    uint32_t sec = tied ? LLM_SEC_EMBED : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
+    const char *name = tied ? "head" : section_name(e, sec);
+    llm_q4 src;
+    llm_image_q4_view(&e->image, sec, &src);
+    src.rows = c->vocab_out; /* tied: the first vocab_out embedding rows */
+    llm_tiles t;
+    llm_image_tiles_view(&e->image, &t);
+    memset(h, 0, sizeof *h);
+    h->cols_padded = src.row_bytes * 2u;
+    h->rows_region = h->ids_region = h->boxes_region = LLM_REGION_FLASH;
+
+    const size_t codes = (size_t)src.rows * src.row_bytes;
+    const size_t scales = (size_t)src.rows * src.n_groups * sizeof(float);
+    const int certified = t.n_tiles > 0 && src.n_groups == 1u;
+    if (certified) {
+        /* checked whether or not it is used below, so an image opens (or is
+         * refused) the same everywhere: a permutation, else the staged copy
+         * would lose or repeat rows, and every weight inside its box */
+        llm_region seen_region;
+        uint8_t *seen = e->port.alloc(e->port.ctx, (t.rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
+        if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
+        llm_status st = llm_head_check_order(&t, seen, err);
+        e->port.free(e->port.ctx, seen);
+        if (st != LLM_OK) return st;
+        st = llm_head_check_boxes(&src, &t, err);
+        if (st != LLM_OK) return st;
+    }
+    uint8_t *p = NULL;
+    llm_region got = LLM_REGION_BULK;
+    if (certified) p = place64(e, name, codes + scales, LLM_REGION_BULK, &got);
+    if (p == NULL) {
+        /* no room for the staged copy in its tile order: the dense route on
+         * the rows in id order (staged elsewhere or read in place) */
+        llm_mat m;
+        stage_mat(e, name, &src, &m, LLM_REGION_BULK);
+        h->w = m.w;
+        h->rows_region = m.region;
+        return LLM_OK;
+    }
+    for (uint32_t i = 0; i < src.rows; i++) {
+        memcpy(p + (size_t)i * src.row_bytes, src.codes + (size_t)t.order[i] * src.row_bytes,
+               src.row_bytes);
+        memcpy(p + codes + (size_t)i * sizeof(float), &src.scales[t.order[i]], sizeof(float));
+    }
+    h->w = src;
+    h->w.codes = p;
+    h->w.scales = (const float *)(void *)(p + codes);
+    h->rows_region = got;
+
+    /* ids and boxes: small, read per evaluation. Ids per scored row (BULK);
+     * boxes for every tile, every evaluation (FAST). Else read in place. */
+    size_t ids_bytes = round16((size_t)t.rows * 2u);
+    uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
+    if (ids != NULL) {
+        memcpy(ids, t.order, (size_t)t.rows * 2u);
+        h->ids = ids;
+    } else {
+        h->ids = t.order;
+    }
+    size_t box_bytes = (size_t)t.n_tiles * 2u * h->cols_padded;
+    size_t sc_bytes = round16((size_t)t.n_tiles * sizeof(float));
+    uint8_t *b = place(e, "head_tiles", sc_bytes + box_bytes, LLM_REGION_FAST, &h->boxes_region);
+    if (b != NULL) {
+        memcpy(b, t.scales, (size_t)t.n_tiles * sizeof(float));
+        memcpy(b + sc_bytes, t.boxes, box_bytes);
+        h->tile_scale = (const float *)(void *)b;
+        h->boxes = (const int8_t *)(b + sc_bytes);
+    } else {
+        h->tile_scale = t.scales;
+        h->boxes = t.boxes;
+    }
+    h->tile_rows = t.tile_rows;
+    h->n_tiles = t.n_tiles;
+    return LLM_OK;
+}
+
+llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
+                    llm_error *err) {
+    if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
+    *out = NULL;
+    if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
+        return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
+    llm_image_info info;
+    llm_status st = llm_image_check(image, len, &info, err);
+    if (st != LLM_OK) return st;
+    const llm_config *c = &info.config;
+    const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, F = c->ffn, S = c->seq_len;
+    const uint32_t H = c->n_heads;
+
+    /* the engine struct, layer table and placement list: one FAST block */
+    uint32_t cap = info.n_sections + 16u;
+    size_t off_layers = round16(sizeof(llm_engine));
+    size_t off_place = off_layers + round16((size_t)L * sizeof(llm_layer_weights));
+    size_t off_owned = off_place + round16((size_t)cap * sizeof(llm_placement));
+    size_t total = off_owned + (size_t)cap * sizeof(void *);
+    llm_region got = LLM_REGION_FAST;
+    uint8_t *base = port->alloc(port->ctx, total, LLM_REGION_FAST, &got);
+    if (base == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for the engine state (%lu bytes)",
+                        (unsigned long)total);
+    memset(base, 0, total);
+    llm_engine *e = (llm_engine *)(void *)base;
+    e->port = *port;
+    e->image = info;
+    e->cfg = *c;
+    e->w.layers = (llm_layer_weights *)(void *)(base + off_layers);
+    e->placements = (llm_placement *)(void *)(base + off_place);
+    e->owned = (void **)(void *)(base + off_owned);
+    e->cap_placements = cap;
+    record(e, "engine", got, total, e);
+
+    /* rows read per token stay where they are: in the (mapped) image */
+    e->w.rope = (const float *)(const void *)llm_image_payload(&info, LLM_SEC_ROPE, NULL);
+    llm_image_q4_view(&info, LLM_SEC_EMBED, &e->w.embed);
+    llm_image_rows_view(&info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
+    record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH, (size_t)S * c->head_dim * 4u, NULL);
+    {
+        uint32_t sz;
+        llm_image_payload(&info, LLM_SEC_EMBED, &sz);
+        record(e, section_name(e, LLM_SEC_EMBED), LLM_REGION_FLASH, sz, NULL);
+        llm_image_payload(&info, LLM_SEC_PLE_ROWS, &sz);
+        record(e, section_name(e, LLM_SEC_PLE_ROWS), LLM_REGION_FLASH, sz, NULL);
+    }
+
+    /* the head first among the large BULK blocks: its layout decides the
+     * scratch sizes below */
+    st = stage_head(e, err);
+    if (st != LLM_OK) return open_fail(e, st);
+
+    /* activations: required, FAST asked */
+    {
+        llm_run_state *s = &e->s;
+        uint32_t widest = D > F ? D : F;
+        if (P > widest) widest = P;
+        size_t nf = 0;
+        size_t o_x = nf; nf += round16(D);
+        size_t o_xb = nf; nf += round16(D);
+        size_t o_xb2 = nf; nf += round16(D);
+        size_t o_qkv = nf; nf += round16(3u * (size_t)D);
+        size_t o_att = nf; nf += round16(D);
+        size_t o_hb = nf; nf += round16(widest);
+        size_t o_hb2 = nf; nf += round16(widest);
+        size_t o_ple = nf; nf += round16((size_t)L * P);
+        size_t o_trow = nf; nf += round16((size_t)L * P);
+        size_t o_scores = nf; nf += round16((size_t)H * S);
+        size_t o_amax = nf; nf += round16(H);
+        size_t o_aden = nf; nf += round16(H);
+        size_t o_wide = nf; nf += round16(((size_t)L * S + 3u) / 4u); /* bytes, in floats */
+        size_t o_ones = nf; nf += round16(D); /* scales of 1: the V rows' integer dots */
+        size_t act_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
+        size_t head_in_bytes = round16(e->w.head.cols_padded);
+        size_t scratch = llm_head_scratch_bytes(&e->w.head);
+        size_t bytes = nf * sizeof(float) + act_bytes + head_in_bytes + scratch;
+        float *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
+        if (a == NULL)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
+                                         (unsigned long)bytes));
+        memset(a, 0, bytes);
+        s->x = a + o_x;
+        s->xb = a + o_xb;
+        s->xb2 = a + o_xb2;
+        s->qkv = a + o_qkv;
+        s->att = a + o_att;
+        s->hb = a + o_hb;
+        s->hb2 = a + o_hb2;
+        s->ple = a + o_ple;
+        s->trow = a + o_trow;
+        s->scores = a + o_scores;
+        s->att_max = a + o_amax;
+        s->att_den = a + o_aden;
+        s->value_wide = (uint8_t *)(void *)(a + o_wide);
+        s->ones = a + o_ones;
+        for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
+        uint8_t *q = (uint8_t *)(void *)(a + nf);
+        s->act.q = (int8_t *)q;
+        s->head_in.q = (int8_t *)(q + act_bytes);
+        llm_head_scratch_init(&s->head, &e->w.head, q + act_bytes + head_in_bytes);
+    }
+    /* logits: only the dense route and llm_logits() write them, so BULK
+     * (internal SRAM is worth more than a buffer decoding never touches) */
+    e->s.logits = place(e, "logits", (size_t)c->vocab_out * sizeof(float), LLM_REGION_BULK,
+                        &e->logits_region);
+    if (e->s.logits == NULL)
+        return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
+                                     (unsigned long)c->vocab_out * 4u));
+    /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
+     * qkv rows plus the position's activation scale when those rows are one
+     * scale group: attention recomputes each value with the kernel's own two
+     * roundings, so the floats (and every result) are the same bits at half
+     * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
+     * row as floats instead (value_wide). */
+    {
+        const llm_q4 *qkv0;
+        llm_q4 view;
+        llm_image_q4_view(&info, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &view);
+        qkv0 = &view;
+        e->v_dots = qkv0->n_groups == 1u;
+        /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
+         * config could wrap it to a tiny allocation */
+        const uint64_t cells = (uint64_t)L * S * D;
+        const uint64_t rng_bytes = ((uint64_t)(S + 1u) * sizeof(llm_rng) + 63u) & ~(uint64_t)63u;
+        const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
+                              (uint64_t)L * S * sizeof(float) + 3u * 64u + rng_bytes;
+        if (kv64 > (uint64_t)SIZE_MAX / 2u)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds "
+                                         "this machine's address space",
+                                         (unsigned long long)kv64));
+        uint8_t *kv = place64(e, "kv_cache", (size_t)kv64, LLM_REGION_BULK, &e->kv_region);
+        if (kv == NULL)
+            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
+                                         (unsigned long)kv64));
+        memset(kv, 0, (size_t)kv64);
+        /* each array starts on a cache line (row sizes are multiples of 64 at
+         * the release shape; every size is a multiple of 16 anyway) */
+        size_t at = 0;
+        e->s.key_cache = (float *)(void *)(kv + at);
+        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
+        e->s.value_cache = (float *)(void *)(kv + at);
+        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
+        e->s.value_scale = (float *)(void *)(kv + at);
+        at += ((size_t)L * S * 4u + 63u) & ~(size_t)63u;
+        e->s.rng_at = (llm_rng *)(void *)(kv + at);
+        at += (size_t)rng_bytes;
+        e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
+    }
+
+    /* optional staging last, so required buffers get memory first and
+     * weights that find none are read in place instead */
+    /* norms: small, read every token: one FAST block */
+    {
+        size_t n_norm = (size_t)P + (size_t)L * 3u * D + D;
+        float *norms = place(e, "norms", n_norm * sizeof(float), LLM_REGION_FAST,
+                             &e->w.norms_region);
+        const float *src;
+        float *at = norms;
+#define NORM(dst, sec, n)                                                       \
+    src = (const float *)(const void *)llm_image_payload(&info, (sec), NULL);  \
+    if (norms != NULL) {                                                        \
+        memcpy(at, src, (size_t)(n) * sizeof(float));                           \
+        (dst) = at;                                                             \
+        at += (n);                                                              \
+    } else {                                                                    \
+        (dst) = src;                                                            \
+    }
+        NORM(e->w.ple_proj_norm, LLM_SEC_PLE_PROJ_NORM, P)
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
+            NORM(e->w.layers[l].attn_norm, s0 + LLM_LSEC_ATTN_NORM, D)
+            NORM(e->w.layers[l].ffn_norm, s0 + LLM_LSEC_FFN_NORM, D)
+            NORM(e->w.layers[l].ple_norm, s0 + LLM_LSEC_PLE_NORM, D)
+        }
+        NORM(e->w.out_norm, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D)
+#undef NORM
+        if (norms == NULL) {
+            e->w.norms_region = LLM_REGION_FLASH;
+            record(e, "norms", LLM_REGION_FLASH, n_norm * sizeof(float), NULL);
+        }
+    }
+
+    /* core matrices: FAST, else BULK, else in place */
+    {
+        llm_q4 src;
+        llm_image_q4_view(&info, LLM_SEC_PLE_MODEL_PROJ, &src);
+        stage_mat(e, section_name(e, LLM_SEC_PLE_MODEL_PROJ), &src, &e->w.ple_model_proj,
+                  LLM_REGION_FAST);
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
+            llm_layer_weights *ly = &e->w.layers[l];
+            struct {
+                uint32_t k;
+                llm_mat *m;
+            } mats[] = {
+                {LLM_LSEC_QKV, &ly->qkv},   {LLM_LSEC_ATTN_PROJ, &ly->attn_proj},
+                {LLM_LSEC_GATE, &ly->gate}, {LLM_LSEC_UP, &ly->up},
+                {LLM_LSEC_DOWN, &ly->down}, {LLM_LSEC_PLE_GATE, &ly->ple_gate},
+                {LLM_LSEC_PLE_PROJ, &ly->ple_proj},
+            };
+            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
+                llm_image_q4_view(&info, s0 + mats[k].k, &src);
+                stage_mat(e, section_name(e, s0 + mats[k].k), &src, mats[k].m, LLM_REGION_FAST);
+            }
+        }
+    }
+
+    e->inv_sqrt_dim = 1.0f / sqrtf((float)D);
+    e->sqrt_ple_dim = sqrtf((float)P);
+    e->inv_sqrt_head_dim = 1.0f / sqrtf((float)c->head_dim);
+    llm_reset(e);
+    *out = e;
+    return llm_engine_ok(err);
+}

@@ -1,0 +1,115 @@
+/*
+ * The engine's private state (engine.c, engine_open.c): the weights as staged
+ * and the run state of one token, llama2.c-style, a shape comment on every
+ * buffer. Nothing outside native/engine includes this: the API is llm.h.
+ */
+#ifndef LLM_ENGINE_STATE_H
+#define LLM_ENGINE_STATE_H
+
+#include "head.h"
+#include "image.h"
+#include "kernels.h"
+#include "llm.h"
+#include "sampler.h"
+
+/* A matrix and the region its bytes are read from (for llm_stats.bytes). */
+typedef struct llm_mat {
+    llm_q4 w;
+    llm_region region;
+} llm_mat;
+
+typedef struct llm_layer_weights {
+    const float *attn_norm;  /* [dim] */
+    llm_mat qkv;             /* [3*dim, dim]: q rows, k rows, v rows */
+    llm_mat attn_proj;       /* [dim, dim] */
+    const float *ffn_norm;   /* [dim] */
+    llm_mat gate, up;        /* [ffn, dim] */
+    llm_mat down;            /* [dim, ffn] */
+    llm_mat ple_gate;        /* [ple_dim, dim] */
+    llm_mat ple_proj;        /* [dim, ple_dim] */
+    const float *ple_norm;   /* [dim] */
+} llm_layer_weights;
+
+typedef struct llm_weights {
+    const float *rope;            /* [seq_len][head_dim]: cos[head_dim/2] | sin, in the image */
+    llm_q4 embed;                 /* [vocab_rows, dim], read in place */
+    llm_rows ple_rows;            /* [vocab_rows, n_layers*ple_dim], read in place */
+    llm_mat ple_model_proj;       /* [n_layers*ple_dim, dim] */
+    const float *ple_proj_norm;   /* [ple_dim], shared by the n_layers slices */
+    llm_layer_weights *layers;    /* [n_layers] */
+    const float *out_norm;        /* [dim] */
+    llm_head head;                /* [vocab_out, dim] in tile order, + certificate */
+    llm_region norms_region;
+} llm_weights;
+
+/* A quantized matvec input (llm_quantize_act): q has cols rounded up to 32. */
+typedef struct llm_act {
+    int8_t *q;
+    float scale;
+} llm_act;
+
+typedef struct llm_run_state {
+    float *x;        /* [dim] residual stream */
+    float *xb;       /* [dim] normed input of a branch */
+    float *xb2;      /* [dim] output of a branch */
+    float *qkv;      /* [3*dim] this position's q | k | v */
+    float *att;      /* [dim] attention output, heads side by side */
+    float *hb, *hb2; /* [max(dim, ffn, ple_dim)] FFN / PLE hidden */
+    float *ple;      /* [n_layers*ple_dim] this token's PLE inputs */
+    float *trow;     /* [n_layers*ple_dim] this token's PLE table row */
+    float *scores;   /* [n_heads][seq_len] attention scores */
+    float *att_max, *att_den; /* [n_heads] softmax max and denominator */
+    llm_act act;     /* [widest rounded to 32] input of the next matvec */
+    llm_act head_in; /* [cols_padded] input of the last head evaluation */
+    /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
+    float *key_cache;   /* [n_layers][seq_len][dim] */
+    int16_t *value_dots; /* [n_layers][seq_len][dim] V as the exact integer dots */
+    float *value_scale; /* [n_layers][seq_len] the position's activation scale */
+    float *value_cache; /* [n_layers][seq_len][dim] V as floats: wide rows only */
+    uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
+    /* [seq_len + 1] the sampler's stream once position p was decoded (after
+     * the draws of the head evaluation there; inside a prompt, no draws) */
+    llm_rng *rng_at;
+    float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
+    float *logits;   /* [vocab_out] dense route and llm_logits() only */
+    llm_head_scratch head; /* bounds, heap, one wave of values */
+    llm_candidates cand;   /* the sampler's k best of the last evaluation */
+} llm_run_state;
+
+struct llm_engine {
+    llm_port port;
+    llm_image_info image;
+    llm_config cfg;
+    llm_weights w;
+    llm_run_state s;
+    llm_region kv_region, logits_region;
+    int v_dots; /* V cached as int16 dots (its rows are one scale group) */
+
+    /* constants of the forward pass, computed once */
+    float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;
+
+    /* state */
+    uint32_t pos;
+    int have_head;   /* head_in holds an evaluation */
+    int have_logits; /* s.logits holds that evaluation's logits */
+    int plain;
+    llm_sampler_options sampler;
+    llm_rng rng;
+    llm_stats stats;
+
+    /* what went where, and what to free */
+    llm_placement *placements;
+    void **owned;
+    uint32_t n_placements, cap_placements;
+};
+
+/* The status every successful call leaves in *err. */
+static inline llm_status llm_engine_ok(llm_error *err) {
+    if (err != NULL) {
+        err->status = LLM_OK;
+        err->message[0] = 0;
+    }
+    return LLM_OK;
+}
+
+#endif
