@@ -268,8 +268,10 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         # is its int16 dots and the position's scale
         assert s["v_wide"] == 0
         v_row = 2 * d + 4
-        kv = sum(cfg.n_layers * (4 * d + v_row + (p + 1) * (4 * d + v_row))
-                 for p in range(tokens))
+        # the prompt is one pass (<= 8 tokens): its rows are read once for all of it
+        kv = cfg.n_layers * n_prompt * 2 * (4 * d + v_row)
+        kv += sum(cfg.n_layers * (4 * d + v_row + (p + 1) * (4 * d + v_row))
+                  for p in range(n_prompt, tokens))
         # the head: each scored row (codes, scale, its token id), counted by the engine
         assert heads <= s["head_tiles"] and s["head_waves"] >= heads
         assert heads <= s["head_rows"] <= heads * cfg.vocab_out

@@ -125,6 +125,11 @@ for i in range({n}):
     toks.append(m.step(toks[-1]))
 print("TOKENS", toks)
 print("LOGITS", m.logits().hex())
+m.rewind(m.pos() - 3)                       # drop three, verify three others in one pass
+print("VERIFY", m.verify([toks[-4], 1, 2]), m.pos())
+m.rewind(m.pos() - 3)
+print("RESTEP", [m.step(t) for t in (toks[-4], 1, 2)])
+print("VLOGITS", m.logits().hex())
 print("POS", m.pos(), cfg["vocab_out"], cfg["tied_head"])
 names = [p[0] for p in m.memory()]
 print("MEM", len(names) > 0, m.stats()["tokens"])
@@ -133,6 +138,15 @@ try:
     m.step(1)
 except _llm.Error as e:
     print("CLOSED", str(e))
+def closing(model):
+    yield 1
+    model.close()
+    yield 2
+g = _llm.Model({image!r})
+try:
+    g.prefill(closing(g))
+except _llm.Error as e:
+    print("GEN", str(e))
 try:
     _llm.Model({bad!r})
 except _llm.Error as e:
@@ -145,7 +159,7 @@ except ValueError as e:
 
 
 def _cpython_reference(image: Path, t: float, k: int, seed: int, prompt: list[int],
-                       n: int) -> tuple[list[int], str, str]:
+                       n: int) -> tuple[list[int], str, str, str]:
     from engine_ext import load
 
     _llm = load()
@@ -155,9 +169,11 @@ def _cpython_reference(image: Path, t: float, k: int, seed: int, prompt: list[in
         for _ in range(n):
             toks.append(m.step(toks[-1]))
         logits = m.logits().hex()
+        m.rewind(m.pos() - 3)
+        verify = f"{m.verify([toks[-4], 1, 2])} {m.pos()}"
     with pytest.raises(_llm.Error) as bad:
         _llm.Model(BAD_IMAGE)
-    return toks, logits, str(bad.value)
+    return toks, logits, str(bad.value), verify
 
 
 @pytest.mark.parametrize("t,k,seed", [(0.0, 0, 0), (0.8, 40, 1234567890123)])
@@ -168,11 +184,16 @@ def test_unix_binding_matches_cpython(micropython: Path, tiny_model, tmp_path: P
                                             prompt=prompt, n=n, bad=BAD_IMAGE), tmp_path)
     lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     print(lines["INFO"])
-    ref_tokens, ref_logits, ref_bad = _cpython_reference(tiny_model.image, t, k, seed, prompt, n)
+    ref_tokens, ref_logits, ref_bad, ref_verify = _cpython_reference(tiny_model.image, t, k, seed,
+                                                                     prompt, n)
     assert lines["TOKENS"] == str(ref_tokens)
     assert lines["LOGITS"] == ref_logits
+    # one verify pass == three steps after a rewind, on both bindings
+    assert lines["VERIFY"] == ref_verify
+    assert lines["RESTEP"] == ref_verify.rsplit(" ", 1)[0]
+    assert "the model is closed" in lines["GEN"]
     assert lines["POS"].split()[0] == str(len(prompt) + n)
-    assert lines["MEM"] == f"True {len(prompt) + n}"
+    assert lines["MEM"] == f"True {len(prompt) + n + 6}"  # + 3 verified, 3 stepped again
     assert "the model is closed" in lines["CLOSED"]
     assert lines["BAD"] == ref_bad  # the engine's message, through the one helper
     assert "out of range" in lines["RANGE"]

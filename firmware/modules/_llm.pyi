@@ -80,6 +80,13 @@ class Model:
         one only) and return the next token. Nothing changes if it raises."""
     def step(self, token: int) -> int:
         """Feed one token, return the next."""
+    def verify(self, tokens: list[int]) -> list[int]:
+        """Speculative decoding's pass: feed 1..8 tokens at once (the last accepted
+        token, then drafts) in one pass over the weights, and return for each
+        prefix the token plain decoding would choose next (the same tokens and
+        logits as that many step() calls, the sampler's stream included). Keep
+        the drafts that match (tokens[i + 1] == result[i]) and rewind() past
+        the rest; the result after the last match is the next token."""
     def logits(self) -> bytes:
         """vocab_out float32 little-endian values from the last head evaluation
         (a copy). Raises Error ("bad state") before the first prefill/step.

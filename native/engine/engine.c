@@ -147,28 +147,63 @@ static void quantize(llm_act *a, const float *x, uint32_t n) {
     llm_quantize_act(x, n, (n + 31u) / 32u * 32u, a->q, &a->scale);
 }
 
-/* y = m . in, on the calling core: a core matrix is too small to pay for a
- * hand-off (the cost model, tools/mpllm/costmodel.py, weighs it). */
-static void matvec(llm_engine *e, const llm_mat *m, const llm_act *in, float *y) {
-    llm_matvec_q4(&m->w, in->q, in->scale, y, 0, m->w.rows);
+/* A float buffer of position c of the pass: `field` is one of llm_col's
+ * float pointers, named by its offset. */
+#define COL(e, c, field) ((e)->s.col[(c)].field)
+
+/* y[c] = m . act[c] for the m positions of the pass, on the calling core (a
+ * core matrix is too small to pay for a hand-off; the cost model,
+ * tools/mpllm/costmodel.py, weighs it). Several positions go through the
+ * many-columns kernel, which reads each weight once for all of them; the
+ * values are the single-vector kernel's either way. `rows` limits the call to
+ * the first rows of the matrix, `unit` runs it with every scale and xscale 1
+ * (below). Bytes are charged once: the weights are read once per pass. */
+static void matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint32_t rows,
+                        uint32_t m, float *const *y, int unit) {
+    llm_q4 w = mat->w;
+    w.codes += (size_t)first * w.row_bytes;
+    w.scales = unit ? e->s.ones : w.scales + (size_t)first * w.n_groups;
+    w.rows = rows;
+    const int8_t *xq[LLM_BATCH_MAX];
+    float xs[LLM_BATCH_MAX];
+    float *out[LLM_BATCH_MAX];
+    for (uint32_t c = 0; c < m; c++) {
+        xq[c] = e->s.col[c].act.q;
+        xs[c] = unit ? 1.0f : e->s.col[c].act.scale;
+        out[c] = y[c];
+    }
+    if (m == 1u)
+        llm_matvec_q4(&w, xq[0], xs[0], out[0], 0, rows);
+    else
+        llm_matvec_q4_cols(&w, xq, xs, m, out, 0, rows);
+}
+
+static void charge_mat(llm_engine *e, const llm_mat *m) {
     e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
                                  (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
 }
+
+/* Every position's act through one matrix into its `out` buffer. */
+#define MATVEC(e, mat, m, field)                                  \
+    do {                                                          \
+        float *ys_[LLM_BATCH_MAX];                                \
+        for (uint32_t c_ = 0; c_ < (m); c_++) ys_[c_] = COL(e, c_, field); \
+        matvec_rows((e), (mat), 0, (mat)->w.rows, (m), ys_, 0);   \
+        charge_mat((e), (mat));                                   \
+    } while (0)
 
 /* The qkv matvec when V is cached as dots: q and k rows as usual; the V rows
  * through the same kernel with every scale 1 and xscale 1, which makes it
  * return (0 + (float)g * 1) * 1 = (float)g, the exact integer dot (|g| <
  * 2^24). Same bytes read as one full call. */
-static void matvec_qk_vdots(llm_engine *e, const llm_mat *m, const llm_act *in, float *y) {
+static void matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
     const uint32_t D = e->cfg.dim;
-    llm_matvec_q4(&m->w, in->q, in->scale, y, 0, 2u * D);
-    llm_q4 v = m->w;
-    v.codes += (size_t)2u * D * v.row_bytes;
-    v.scales = e->s.ones;
-    v.rows = D;
-    llm_matvec_q4(&v, in->q, 1.0f, y + 2u * D, 0, D);
-    e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
-                                 (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
+    float *ys[LLM_BATCH_MAX];
+    for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv);
+    matvec_rows(e, mat, 0, 2u * D, m, ys, 0);
+    for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + 2u * D;
+    matvec_rows(e, mat, 2u * D, D, m, ys, 1);
+    charge_mat(e, mat);
 }
 
 /* Embedding row: kernel layout, 32-column blocks of nibbles. */
@@ -205,15 +240,17 @@ static const float *rope_row(llm_engine *e, uint32_t pos) {
     return e->w.rope + (size_t)pos * e->cfg.head_dim;
 }
 
-/* Attention of heads [h0, h1) at one layer and position. Positions are the
- * outer loop, so each K and V row (all heads of a position, contiguous) is
- * fetched from PSRAM once per layer, cache line by cache line; per head, every
- * float sum still runs in ascending t exactly as the numerics contract says:
- * scores dot(q,k) summed in i order then scaled, the max, w = expf(s - max),
- * denom += w and ao += w*v in ascending t, then ao /= denom. */
+/* Attention of heads [h0, h1) at one layer for the m positions of a pass
+ * (position c at pos + c sees cache rows 0..pos + c). Rows are the outer
+ * loop, so each K and V row (all heads of a position, contiguous) is fetched
+ * from PSRAM once per layer for all m positions, cache line by cache line;
+ * for every position and head each float sum still runs in ascending t
+ * exactly as the numerics contract says: scores dot(q,k) summed in i order
+ * then scaled, the max, w = expf(s - max), denom += w and ao += w*v in
+ * ascending t, then ao /= denom. */
 typedef struct attn_job {
     llm_engine *e;
-    uint32_t layer, pos;
+    uint32_t layer, pos, m;
     const float *v_scale; /* [dim] the layer's V row scales (qkv rows 2*dim..) */
 } attn_job;
 
@@ -222,101 +259,123 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
     llm_engine *e = j->e;
     llm_run_state *s = &e->s;
     const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
+    const uint32_t m = j->m, last = pos + m - 1u;
     const float *kc = s->key_cache + (size_t)j->layer * S * D;
     const float *vc = s->value_cache + (size_t)j->layer * S * D;
-    for (uint32_t h = h0; h < h1; h++) s->att_max[h] = -1e30f;
-    for (uint32_t t = 0; t <= pos; t++) {
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
+    for (uint32_t t = 0; t <= last; t++) {
         const float *krow = kc + (size_t)t * D;
-        for (uint32_t h = h0; h < h1; h++) {
-            const float *q = s->qkv + h * Dh, *k = krow + h * Dh;
-            float sc = 0.0f;
-            for (uint32_t i = 0; i < Dh; i++) sc += q[i] * k[i];
-            sc *= e->inv_sqrt_head_dim;
-            s->scores[(size_t)h * S + t] = sc;
-            if (sc > s->att_max[h]) s->att_max[h] = sc;
+        for (uint32_t c = t > pos ? t - pos : 0u; c < m; c++) {
+            llm_col *col = &s->col[c];
+            for (uint32_t h = h0; h < h1; h++) {
+                const float *q = col->qkv + h * Dh, *k = krow + h * Dh;
+                float sc = 0.0f;
+                for (uint32_t i = 0; i < Dh; i++) sc += q[i] * k[i];
+                sc *= e->inv_sqrt_head_dim;
+                col->scores[(size_t)h * S + t] = sc;
+                if (sc > col->att_max[h]) col->att_max[h] = sc;
+            }
         }
     }
     /* the weights w = expf(s - max), written over the scores: independent, so
-     * four at a time; the sums below still run in ascending t */
-    for (uint32_t h = h0; h < h1; h++) {
-        float *w = s->scores + (size_t)h * S;
-        const float m = s->att_max[h];
-        uint32_t t = 0;
-        for (; !e->plain && t + 4u <= pos + 1u; t += 4u) {
-            float d[4] = {w[t] - m, w[t + 1u] - m, w[t + 2u] - m, w[t + 3u] - m};
-            llm_expf4(d, w + t);
+     * four at a time (one at a time in plain mode) */
+    for (uint32_t c = 0; c < m; c++) {
+        llm_col *col = &s->col[c];
+        for (uint32_t h = h0; h < h1; h++) {
+            float *w = col->scores + (size_t)h * S;
+            const float mx = col->att_max[h];
+            uint32_t t = 0;
+            for (; !e->plain && t + 4u <= pos + c + 1u; t += 4u) {
+                float d[4] = {w[t] - mx, w[t + 1u] - mx, w[t + 2u] - mx, w[t + 3u] - mx};
+                llm_expf4(d, w + t);
+            }
+            for (; t <= pos + c; t++) w[t] = llm_expf(w[t] - mx);
+            for (uint32_t i = 0; i < Dh; i++) col->att[h * Dh + i] = 0.0f;
+            col->att_den[h] = 0.0f;
         }
-        for (; t <= pos; t++) w[t] = llm_expf(w[t] - m);
-        for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] = 0.0f;
-        s->att_den[h] = 0.0f;
     }
     const size_t row0 = (size_t)j->layer * S;
-    for (uint32_t t = 0; t <= pos; t++) {
-        if (s->value_dots == NULL || s->value_wide[row0 + t]) {
-            const float *vrow = vc + (size_t)t * D;
-            for (uint32_t h = h0; h < h1; h++) {
-                float w = s->scores[(size_t)h * S + t];
-                s->att_den[h] += w;
-                const float *v = vrow + h * Dh;
-                float *ao = s->att + h * Dh;
-                for (uint32_t i = 0; i < Dh; i++) ao[i] += w * v[i];
-            }
-            continue;
-        }
-        /* v = (0 + (float)g * scale) * xscale: the kernel's own operations
-         * (kernels.h contract, one group), so the same float bits */
-        const int16_t *g = s->value_dots + (row0 + t) * D;
-        const float xs = s->value_scale[row0 + t];
+    float v[LLM_MAX_HEAD_DIM];
+    for (uint32_t t = 0; t <= last; t++) {
+        const int wide = s->value_dots == NULL || s->value_wide[row0 + t];
+        const int16_t *g = wide ? NULL : s->value_dots + (row0 + t) * D;
+        const float xs = wide ? 0.0f : s->value_scale[row0 + t];
+        const uint32_t c0 = t > pos ? t - pos : 0u;
         for (uint32_t h = h0; h < h1; h++) {
-            float w = s->scores[(size_t)h * S + t];
-            s->att_den[h] += w;
-            const int16_t *gh = g + h * Dh;
-            const float *sc = j->v_scale + h * Dh;
-            float *ao = s->att + h * Dh;
-            for (uint32_t i = 0; i < Dh; i++) {
-                float acc = 0.0f;
-                acc += (float)gh[i] * sc[i];
-                ao[i] += w * (acc * xs);
+            const float *vh;
+            if (wide) {
+                vh = vc + (size_t)t * D + h * Dh;
+            } else {
+                /* v = (0 + (float)g * scale) * xscale: the kernel's own
+                 * operations (kernels.h contract, one group), so the same
+                 * float bits; computed once for all m positions */
+                const int16_t *gh = g + h * Dh;
+                const float *sc = j->v_scale + h * Dh;
+                for (uint32_t i = 0; i < Dh; i++) {
+                    float acc = 0.0f;
+                    acc += (float)gh[i] * sc[i];
+                    v[i] = acc * xs;
+                }
+                vh = v;
+            }
+            for (uint32_t c = c0; c < m; c++) {
+                llm_col *col = &s->col[c];
+                float w = col->scores[(size_t)h * S + t];
+                col->att_den[h] += w;
+                float *ao = col->att + h * Dh;
+                for (uint32_t i = 0; i < Dh; i++) ao[i] += w * vh[i];
             }
         }
     }
-    for (uint32_t h = h0; h < h1; h++)
-        for (uint32_t i = 0; i < Dh; i++) s->att[h * Dh + i] /= s->att_den[h];
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t h = h0; h < h1; h++)
+            for (uint32_t i = 0; i < Dh; i++) s->col[c].att[h * Dh + i] /= s->col[c].att_den[h];
 }
 
-/* Store this position's k, v, then attend, split across cores by heads.
- * With V as dots, qkv[2D..3D) holds the exact integer dots (matvec_qk_vdots)
- * and `vs` the layer's V row scales; v_scale is the qkv input's scale. */
-static void attention(llm_engine *e, uint32_t l, uint32_t pos, const float *vs, float v_scale) {
+/* Store one position's k and v in the cache. With V as dots, col->qkv[2D..3D)
+ * holds the exact integer dots (matvec_qk_vdots) and `vs` the layer's V row
+ * scales; v_scale is the qkv input's scale. Returns the V bytes written. */
+static uint64_t store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
+                         const float *vs) {
     const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
     llm_run_state *s = &e->s;
-    const size_t row = (size_t)l * S + pos;
-    uint64_t v_bytes = (uint64_t)D * sizeof(float);
-    memcpy(s->key_cache + row * D, s->qkv + D, D * sizeof(float));
+    const size_t row = (size_t)l * S + p;
+    memcpy(s->key_cache + row * D, col->qkv + D, D * sizeof(float));
     if (s->value_dots != NULL && !e->plain) {
-        const float *g = s->qkv + 2u * D;
+        const float *g = col->qkv + 2u * D;
         int fits = 1;
         for (uint32_t i = 0; i < D; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
         s->value_wide[row] = (uint8_t)!fits;
         if (fits) {
             for (uint32_t i = 0; i < D; i++) s->value_dots[row * D + i] = (int16_t)g[i];
-            s->value_scale[row] = v_scale;
-            v_bytes = (uint64_t)D * 2u + sizeof(float);
-        } else {
-            /* too wide for int16: the floats the kernel would have given */
-            for (uint32_t i = 0; i < D; i++) {
-                float acc = 0.0f;
-                acc += g[i] * vs[i];
-                s->value_cache[row * D + i] = acc * v_scale;
-            }
-            e->stats.v_wide++;
+            s->value_scale[row] = col->act.scale;
+            return (uint64_t)D * 2u + sizeof(float);
         }
-    } else {
-        /* plain mode (or rows of several scale groups): V as the kernel's floats */
-        memcpy(s->value_cache + row * D, s->qkv + 2u * D, D * sizeof(float));
-        if (s->value_dots != NULL) s->value_wide[row] = 1;
+        /* too wide for int16: the floats the kernel would have given */
+        for (uint32_t i = 0; i < D; i++) {
+            float acc = 0.0f;
+            acc += g[i] * vs[i];
+            s->value_cache[row * D + i] = acc * col->act.scale;
+        }
+        e->stats.v_wide++;
+        return (uint64_t)D * sizeof(float);
     }
-    attn_job job = {e, l, pos, vs};
+    /* plain mode (or rows of several scale groups): V as the kernel's floats */
+    memcpy(s->value_cache + row * D, col->qkv + 2u * D, D * sizeof(float));
+    if (s->value_dots != NULL) s->value_wide[row] = 1;
+    return (uint64_t)D * sizeof(float);
+}
+
+/* The pass's k and v rows into the cache, then attention for all of its
+ * positions, split across cores by heads. */
+static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
+    const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
+    llm_run_state *s = &e->s;
+    uint64_t written = 0;
+    for (uint32_t c = 0; c < m; c++) written += (uint64_t)D * sizeof(float) +
+                                                store_kv(e, l, pos + c, &s->col[c], vs);
+    attn_job job = {e, l, pos, m, vs};
     llm_splitter sp = splitter(e);
     if (sp.split != NULL && e->cfg.n_heads > 1u) {
         sp.split(sp.ctx, attention_heads, &job, e->cfg.n_heads);
@@ -324,93 +383,123 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, const float *vs, 
     } else {
         attention_heads(&job, 0, e->cfg.n_heads);
     }
-    /* this position's k and v written, every position's read once: K rows as
-     * floats, V rows as dots + scale, or floats where wide */
-    uint64_t read = (uint64_t)(pos + 1u) * D * sizeof(float);
-    for (uint32_t t = 0; t <= pos; t++)
-        read += s->value_dots != NULL && !s->value_wide[(size_t)l * S + t]
-                    ? (uint64_t)D * 2u + sizeof(float)
-                    : (uint64_t)D * sizeof(float);
-    e->stats.bytes[e->kv_region] += (uint64_t)D * sizeof(float) + v_bytes + read;
+    /* every cache row the pass reads, once: K rows as floats, V rows as dots
+     * + scale, or floats where wide */
+    uint64_t read = 0;
+    for (uint32_t t = 0; t < pos + m; t++)
+        read += (uint64_t)D * sizeof(float) +
+                (s->value_dots != NULL && !s->value_wide[(size_t)l * S + t]
+                     ? (uint64_t)D * 2u + sizeof(float)
+                     : (uint64_t)D * sizeof(float));
+    e->stats.bytes[e->kv_region] += written + read;
 }
 
-/* One token through the layers at e->pos; with run_head, the final norm and
- * the head's quantized input (the head itself runs in select_next). */
-static void forward(llm_engine *e, uint32_t token, int run_head) {
-    const llm_config *c = &e->cfg;
-    const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, F = c->ffn;
-    const uint32_t Dh = c->head_dim, half = Dh / 2u, pos = e->pos;
+/* What a pass evaluates the head input for. */
+enum { HEADS_NONE, HEADS_LAST, HEADS_ALL };
+
+/* m tokens (1 <= m <= n_cols) through the layers at positions e->pos .. e->pos
+ * + m - 1, as one pass: every weight is read once for the m positions. The
+ * final norm and the head's quantized input for the last position or for
+ * all of them (the head itself runs in select_next). Arguments were checked
+ * by the caller; e->pos is not moved here. */
+static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads) {
+    const llm_config *cf = &e->cfg;
+    const uint32_t D = cf->dim, L = cf->n_layers, P = cf->ple_dim, F = cf->ffn;
+    const uint32_t Dh = cf->head_dim, half = Dh / 2u, pos = e->pos;
     llm_run_state *s = &e->s;
-    float *x = s->x;
     uint64_t t = now(e);
 
-    /* embedding, PLE input and this position's RoPE row */
-    embed_row(e, token, x);
-    quantize(&s->act, x, D);
-    matvec(e, &e->w.ple_model_proj, &s->act, s->ple);
-    for (uint32_t i = 0; i < L * P; i++) s->ple[i] *= e->inv_sqrt_dim;
-    for (uint32_t l = 0; l < L; l++)
-        rmsnorm(e, s->ple + l * P, s->ple + l * P, e->w.ple_proj_norm, P);
-    ple_row(e, token, s->trow);
-    for (uint32_t i = 0; i < L * P; i++)
-        s->ple[i] = (s->ple[i] + s->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
-    const float *rope_cos = rope_row(e, pos);
-    const float *rope_sin = rope_cos + half;
+    /* embedding, PLE input and RoPE rows */
+    for (uint32_t c = 0; c < m; c++) {
+        llm_col *col = &s->col[c];
+        embed_row(e, (uint32_t)tokens[c], col->x);
+        quantize(&col->act, col->x, D);
+    }
+    MATVEC(e, &e->w.ple_model_proj, m, ple);
+    for (uint32_t c = 0; c < m; c++) {
+        llm_col *col = &s->col[c];
+        for (uint32_t i = 0; i < L * P; i++) col->ple[i] *= e->inv_sqrt_dim;
+        for (uint32_t l = 0; l < L; l++)
+            rmsnorm(e, col->ple + l * P, col->ple + l * P, e->w.ple_proj_norm, P);
+        ple_row(e, (uint32_t)tokens[c], col->trow);
+        for (uint32_t i = 0; i < L * P; i++)
+            col->ple[i] = (col->ple[i] + col->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
+    }
+    /* each position's RoPE row: cos then sin */
+    const float *rope[LLM_BATCH_MAX];
+    for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, pos + c);
     lap(e, LLM_STAGE_EMBED, &t);
 
     for (uint32_t l = 0; l < L; l++) {
         const llm_layer_weights *ly = &e->w.layers[l];
 
         /* attention */
-        rmsnorm(e, s->xb, x, ly->attn_norm, D);
-        quantize(&s->act, s->xb, D);
+        for (uint32_t c = 0; c < m; c++) {
+            rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
+            quantize(&s->col[c].act, s->col[c].xb, D);
+        }
         if (s->value_dots != NULL && !e->plain)
-            matvec_qk_vdots(e, &ly->qkv, &s->act, s->qkv);
+            matvec_qk_vdots(e, &ly->qkv, m);
         else
-            matvec(e, &ly->qkv, &s->act, s->qkv);
-        for (uint32_t h = 0; h < 2u * c->n_heads; h++) { /* q heads then k heads */
-            float *v = s->qkv + h * Dh;
-            for (uint32_t i = 0; i < half; i++) {
-                float co = rope_cos[i], si = rope_sin[i];
-                float a = v[i], b = v[i + half];
-                v[i] = a * co - b * si;
-                v[i + half] = b * co + a * si;
+            MATVEC(e, &ly->qkv, m, qkv);
+        for (uint32_t c = 0; c < m; c++) {
+            const float *rope_cos = rope[c], *rope_sin = rope_cos + half;
+            for (uint32_t h = 0; h < 2u * cf->n_heads; h++) { /* q heads then k heads */
+                float *v = s->col[c].qkv + h * Dh;
+                for (uint32_t i = 0; i < half; i++) {
+                    float co = rope_cos[i], si = rope_sin[i];
+                    float a = v[i], b = v[i + half];
+                    v[i] = a * co - b * si;
+                    v[i + half] = b * co + a * si;
+                }
             }
         }
-        attention(e, l, pos, ly->qkv.w.scales + 2u * D, s->act.scale);
-        quantize(&s->act, s->att, D);
-        matvec(e, &ly->attn_proj, &s->act, s->xb2);
-        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
+        attention(e, l, pos, m, ly->qkv.w.scales + 2u * D);
+        for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
+        MATVEC(e, &ly->attn_proj, m, xb2);
+        for (uint32_t c = 0; c < m; c++)
+            for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
         lap(e, LLM_STAGE_ATTN, &t);
 
         /* SwiGLU FFN */
-        rmsnorm(e, s->xb, x, ly->ffn_norm, D);
-        quantize(&s->act, s->xb, D);
-        matvec(e, &ly->gate, &s->act, s->hb);
-        matvec(e, &ly->up, &s->act, s->hb2);
-        silu_mul(s->hb, s->hb, s->hb2, F, e->plain);
-        quantize(&s->act, s->hb, F);
-        matvec(e, &ly->down, &s->act, s->xb2);
-        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
+        for (uint32_t c = 0; c < m; c++) {
+            rmsnorm(e, s->col[c].xb, s->col[c].x, ly->ffn_norm, D);
+            quantize(&s->col[c].act, s->col[c].xb, D);
+        }
+        MATVEC(e, &ly->gate, m, hb);
+        MATVEC(e, &ly->up, m, hb2);
+        for (uint32_t c = 0; c < m; c++) {
+            silu_mul(s->col[c].hb, s->col[c].hb, s->col[c].hb2, F, e->plain);
+            quantize(&s->col[c].act, s->col[c].hb, F);
+        }
+        MATVEC(e, &ly->down, m, xb2);
+        for (uint32_t c = 0; c < m; c++)
+            for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
         lap(e, LLM_STAGE_FFN, &t);
 
         /* PLE branch, on the raw residual */
-        quantize(&s->act, x, D);
-        matvec(e, &ly->ple_gate, &s->act, s->hb);
-        gelu_mul(s->hb, s->hb, s->ple + l * P, P, e->plain);
-        quantize(&s->act, s->hb, P);
-        matvec(e, &ly->ple_proj, &s->act, s->xb2);
-        rmsnorm(e, s->xb2, s->xb2, ly->ple_norm, D);
-        for (uint32_t i = 0; i < D; i++) x[i] += s->xb2[i];
+        for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].x, D);
+        MATVEC(e, &ly->ple_gate, m, hb);
+        for (uint32_t c = 0; c < m; c++) {
+            gelu_mul(s->col[c].hb, s->col[c].hb, s->col[c].ple + l * P, P, e->plain);
+            quantize(&s->col[c].act, s->col[c].hb, P);
+        }
+        MATVEC(e, &ly->ple_proj, m, xb2);
+        for (uint32_t c = 0; c < m; c++) {
+            llm_col *col = &s->col[c];
+            rmsnorm(e, col->xb2, col->xb2, ly->ple_norm, D);
+            for (uint32_t i = 0; i < D; i++) col->x[i] += col->xb2[i];
+        }
         lap(e, LLM_STAGE_PLE, &t);
     }
-    e->stats.tokens++;
+    e->stats.tokens += m;
 
-    if (run_head) {
-        rmsnorm(e, x, x, e->w.out_norm, D);
-        quantize(&s->head_in, x, D);
-        e->have_head = 1;
-        e->have_logits = 0;
+    if (heads != HEADS_NONE) {
+        for (uint32_t c = heads == HEADS_ALL ? 0u : m - 1u; c < m; c++) {
+            llm_col *col = &s->col[c];
+            rmsnorm(e, col->x, col->x, e->w.out_norm, D);
+            quantize(&col->head_in, col->x, D);
+        }
         lap(e, LLM_STAGE_HEAD, &t);
     }
 }
@@ -432,23 +521,26 @@ static void charge_head(llm_engine *e, const llm_head_work *work, int dense) {
         e->stats.bytes[e->logits_region] += (uint64_t)e->cfg.vocab_out * 2u * sizeof(float);
 }
 
-/* The head and the sampler for the evaluation forward() prepared. The
- * certified route when plain mode is off and its preconditions hold (head.c),
- * else the dense route; both choose the same token (head.c's proof). The
- * sampler only fails on NaN logits (a broken model): the token that produced
- * them has been consumed, so the position has moved on. */
-static llm_status select_next(llm_engine *e, int32_t *next, llm_error *err) {
+/* The head and the sampler for position c of the pass forward() prepared.
+ * The certified route when plain mode is off and its preconditions hold
+ * (head.c), else the dense route; both choose the same token (head.c's
+ * proof). The sampler only fails on NaN logits (a broken model): the token
+ * that produced them has been consumed, so the position has moved on. */
+static llm_status select_next(llm_engine *e, uint32_t c, int32_t *next, llm_error *err) {
     const llm_head *h = &e->w.head;
     llm_run_state *s = &e->s;
+    const llm_act *in = &s->col[c].head_in;
     const uint32_t V = e->cfg.vocab_out;
     uint64_t t = now(e);
     llm_splitter sp = splitter(e);
     llm_head_work work;
+    e->have_head = 1;
+    e->head_col = c;
+    e->have_logits = 0;
     const uint32_t k = llm_sampler_candidates_needed(&e->sampler, V);
-    if (!e->plain && k > 0 && llm_head_certifiable(h, s->head_in.scale)) {
+    if (!e->plain && k > 0 && llm_head_certifiable(h, in->scale)) {
         llm_candidates_init(&s->cand, k);
-        llm_status st = llm_head_certify(h, &s->head, s->head_in.q, s->head_in.scale, &s->cand,
-                                         &sp, &work, err);
+        llm_status st = llm_head_certify(h, &s->head, in->q, in->scale, &s->cand, &sp, &work, err);
         charge_head(e, &work, 0);
         lap(e, LLM_STAGE_HEAD, &t);
         if (st != LLM_OK) return st;
@@ -456,7 +548,7 @@ static llm_status select_next(llm_engine *e, int32_t *next, llm_error *err) {
         lap(e, LLM_STAGE_SAMPLE, &t);
         return st;
     }
-    llm_head_dense(h, &s->head, s->head_in.q, s->head_in.scale, s->logits, &sp, &work);
+    llm_head_dense(h, &s->head, in->q, in->scale, s->logits, &sp, &work);
     e->have_logits = 1;
     charge_head(e, &work, 1);
     lap(e, LLM_STAGE_HEAD, &t);
@@ -468,18 +560,27 @@ static llm_status select_next(llm_engine *e, int32_t *next, llm_error *err) {
 const float *llm_logits(llm_engine *e) {
     if (e == NULL || !e->have_head) return NULL;
     if (!e->have_logits) {
+        const llm_act *in = &e->s.col[e->head_col].head_in;
         llm_head_work work;
-        llm_head_dense(&e->w.head, &e->s.head, e->s.head_in.q, e->s.head_in.scale, e->s.logits,
-                       NULL, &work);
+        llm_head_dense(&e->w.head, &e->s.head, in->q, in->scale, e->s.logits, NULL, &work);
         e->have_logits = 1;
     }
     return e->s.logits;
 }
 
-static llm_status check_token(const llm_engine *e, int32_t token, llm_error *err) {
-    if (token < 0 || (uint32_t)token >= e->cfg.vocab_rows)
-        return llm_fail(err, LLM_E_ARG, "token id %ld out of range 0..%lu", (long)token,
-                        (unsigned long)e->cfg.vocab_rows - 1u);
+static llm_status check_tokens(const llm_engine *e, const int32_t *tokens, uint32_t n,
+                               llm_error *err) {
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= e->cfg.vocab_rows)
+            return llm_fail(err, LLM_E_ARG, "token id %ld out of range 0..%lu", (long)tokens[i],
+                            (unsigned long)e->cfg.vocab_rows - 1u);
+    return LLM_OK;
+}
+
+static llm_status check_room(const llm_engine *e, uint32_t n, llm_error *err) {
+    if ((uint64_t)e->pos + n > e->cfg.seq_len)
+        return llm_fail(err, LLM_E_CONTEXT, "%lu tokens at position %lu exceed seq_len %lu",
+                        (unsigned long)n, (unsigned long)e->pos, (unsigned long)e->cfg.seq_len);
     return LLM_OK;
 }
 
@@ -489,21 +590,21 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
         return llm_fail(err, LLM_E_ARG, "llm_prefill: NULL argument");
     if (n == 0) return llm_fail(err, LLM_E_ARG, "llm_prefill: no tokens");
     /* check everything before touching the state: a failed call changes nothing */
-    if ((uint64_t)e->pos + n > e->cfg.seq_len)
-        return llm_fail(err, LLM_E_CONTEXT,
-                        "%lu tokens at position %lu exceed seq_len %lu",
-                        (unsigned long)n, (unsigned long)e->pos, (unsigned long)e->cfg.seq_len);
-    for (uint32_t i = 0; i < n; i++) {
-        llm_status st = check_token(e, tokens[i], err);
-        if (st != LLM_OK) return st;
-    }
+    llm_status st = check_room(e, n, err);
+    if (st == LLM_OK) st = check_tokens(e, tokens, n, err);
+    if (st != LLM_OK) return st;
     uint64_t t0 = now(e);
-    for (uint32_t i = 0; i < n; i++) {
-        forward(e, (uint32_t)tokens[i], i + 1u == n);
-        e->pos++;
-        e->s.rng_at[e->pos] = e->rng; /* positions inside a prompt: no draw yet */
+    /* the prompt in passes of up to n_cols tokens, the head for the last one */
+    uint32_t last = 0;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t m = n - i < e->s.n_cols ? n - i : e->s.n_cols;
+        forward(e, tokens + i, m, i + m == n ? HEADS_LAST : HEADS_NONE);
+        for (uint32_t c = 0; c < m; c++)
+            e->s.rng_at[++e->pos] = e->rng; /* positions inside a prompt: no draw yet */
+        last = m - 1u;
+        i += m;
     }
-    llm_status st = select_next(e, next, err);
+    st = select_next(e, last, next, err);
     e->s.rng_at[e->pos] = e->rng;
     e->stats.prefill_tokens = n;
     e->stats.prefill_us = now(e) - t0;
@@ -515,11 +616,38 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
     if (e->pos >= e->cfg.seq_len)
         return llm_fail(err, LLM_E_CONTEXT, "all %lu positions used (reset first)",
                         (unsigned long)e->cfg.seq_len);
-    llm_status st = check_token(e, token, err);
+    llm_status st = check_tokens(e, &token, 1, err);
     if (st != LLM_OK) return st;
-    forward(e, (uint32_t)token, 1);
+    forward(e, &token, 1, HEADS_LAST);
     e->pos++;
-    st = select_next(e, next, err);
+    st = select_next(e, 0, next, err);
     e->s.rng_at[e->pos] = e->rng;
     return st == LLM_OK ? llm_engine_ok(err) : st;
+}
+
+llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t *next,
+                      llm_error *err) {
+    if (e == NULL || next == NULL || tokens == NULL)
+        return llm_fail(err, LLM_E_ARG, "llm_verify: NULL argument");
+    if (m == 0 || m > LLM_VERIFY_MAX)
+        return llm_fail(err, LLM_E_ARG, "llm_verify: %lu tokens, a pass takes 1..%u",
+                        (unsigned long)m, (unsigned)LLM_VERIFY_MAX);
+    llm_status st = check_room(e, m, err);
+    if (st == LLM_OK) st = check_tokens(e, tokens, m, err);
+    if (st != LLM_OK) return st;
+    /* passes of n_cols positions (all of them when the batch buffers were
+     * placed); each position's head in order, so the sampler's stream sees the
+     * same draws as m steps */
+    for (uint32_t i = 0; i < m;) {
+        uint32_t n = m - i < e->s.n_cols ? m - i : e->s.n_cols;
+        forward(e, tokens + i, n, HEADS_ALL);
+        for (uint32_t c = 0; c < n; c++) {
+            e->pos++;
+            st = select_next(e, c, &next[i + c], err);
+            e->s.rng_at[e->pos] = e->rng;
+            if (st != LLM_OK) return st;
+        }
+        i += n;
+    }
+    return llm_engine_ok(err);
 }

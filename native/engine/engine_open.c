@@ -281,11 +281,14 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     st = stage_head(e, err);
     if (st != LLM_OK) return open_fail(e, st);
 
-    /* activations: required, FAST asked */
+    /* activations: position 0's buffers and what every pass shares (FAST,
+     * required); the other positions of a pass (BULK, optional: without them
+     * a pass carries one position) */
     {
         llm_run_state *s = &e->s;
         uint32_t widest = D > F ? D : F;
         if (P > widest) widest = P;
+        /* one position's buffers, in floats, then its int8 inputs */
         size_t nf = 0;
         size_t o_x = nf; nf += round16(D);
         size_t o_xb = nf; nf += round16(D);
@@ -299,36 +302,46 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         size_t o_scores = nf; nf += round16((size_t)H * S);
         size_t o_amax = nf; nf += round16(H);
         size_t o_aden = nf; nf += round16(H);
-        size_t o_wide = nf; nf += round16(((size_t)L * S + 3u) / 4u); /* bytes, in floats */
-        size_t o_ones = nf; nf += round16(D); /* scales of 1: the V rows' integer dots */
         size_t act_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
         size_t head_in_bytes = round16(e->w.head.cols_padded);
-        size_t scratch = llm_head_scratch_bytes(&e->w.head);
-        size_t bytes = nf * sizeof(float) + act_bytes + head_in_bytes + scratch;
-        float *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
+        size_t col_bytes = nf * sizeof(float) + act_bytes + head_in_bytes;
+        /* shared: the V cache's wide flags, unit scales, the head's scratch */
+        size_t shared = round16((size_t)L * S) + round16((size_t)D * sizeof(float)) +
+                        llm_head_scratch_bytes(&e->w.head);
+        size_t bytes = col_bytes + shared;
+        uint8_t *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
         if (a == NULL)
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
                                          (unsigned long)bytes));
         memset(a, 0, bytes);
-        s->x = a + o_x;
-        s->xb = a + o_xb;
-        s->xb2 = a + o_xb2;
-        s->qkv = a + o_qkv;
-        s->att = a + o_att;
-        s->hb = a + o_hb;
-        s->hb2 = a + o_hb2;
-        s->ple = a + o_ple;
-        s->trow = a + o_trow;
-        s->scores = a + o_scores;
-        s->att_max = a + o_amax;
-        s->att_den = a + o_aden;
-        s->value_wide = (uint8_t *)(void *)(a + o_wide);
-        s->ones = a + o_ones;
+        uint8_t *batch = place(e, "batch", (LLM_BATCH_MAX - 1u) * col_bytes, LLM_REGION_BULK, NULL);
+        s->n_cols = batch != NULL ? LLM_BATCH_MAX : 1u;
+        if (batch != NULL) memset(batch, 0, (LLM_BATCH_MAX - 1u) * col_bytes);
+        for (uint32_t c = 0; c < s->n_cols; c++) {
+            float *f = (float *)(void *)(c == 0 ? a : batch + (size_t)(c - 1u) * col_bytes);
+            llm_col *col = &s->col[c];
+            col->x = f + o_x;
+            col->xb = f + o_xb;
+            col->xb2 = f + o_xb2;
+            col->qkv = f + o_qkv;
+            col->att = f + o_att;
+            col->hb = f + o_hb;
+            col->hb2 = f + o_hb2;
+            col->ple = f + o_ple;
+            col->trow = f + o_trow;
+            col->scores = f + o_scores;
+            col->att_max = f + o_amax;
+            col->att_den = f + o_aden;
+            col->act.q = (int8_t *)(void *)(f + nf);
+            col->head_in.q = col->act.q + act_bytes;
+        }
+        uint8_t *sh = a + col_bytes;
+        s->value_wide = sh;
+        sh += round16((size_t)L * S);
+        s->ones = (float *)(void *)sh;
         for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
-        uint8_t *q = (uint8_t *)(void *)(a + nf);
-        s->act.q = (int8_t *)q;
-        s->head_in.q = (int8_t *)(q + act_bytes);
-        llm_head_scratch_init(&s->head, &e->w.head, q + act_bytes + head_in_bytes);
+        sh += round16((size_t)D * sizeof(float));
+        llm_head_scratch_init(&s->head, &e->w.head, sh);
     }
     /* logits: only the dense route and llm_logits() write them, so BULK
      * (internal SRAM is worth more than a buffer decoding never touches) */

@@ -48,7 +48,12 @@ typedef struct llm_act {
     float scale;
 } llm_act;
 
-typedef struct llm_run_state {
+/* Positions one pass can carry: several prompt tokens of a prefill, or the
+ * drafted tokens speculative decoding verifies (llm_verify). */
+#define LLM_BATCH_MAX LLM_MATVEC_MAX_COLS
+
+/* One position's working buffers within a pass (llm_run_state.col[c]). */
+typedef struct llm_col {
     float *x;        /* [dim] residual stream */
     float *xb;       /* [dim] normed input of a branch */
     float *xb2;      /* [dim] output of a branch */
@@ -60,7 +65,13 @@ typedef struct llm_run_state {
     float *scores;   /* [n_heads][seq_len] attention scores */
     float *att_max, *att_den; /* [n_heads] softmax max and denominator */
     llm_act act;     /* [widest rounded to 32] input of the next matvec */
-    llm_act head_in; /* [cols_padded] input of the last head evaluation */
+    llm_act head_in; /* [cols_padded] input of this position's head evaluation */
+} llm_col;
+
+typedef struct llm_run_state {
+    /* col[0] in internal SRAM (every token uses it), col[1..n_cols) in PSRAM */
+    llm_col col[LLM_BATCH_MAX];
+    uint32_t n_cols;
     /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
     float *key_cache;   /* [n_layers][seq_len][dim] */
     int16_t *value_dots; /* [n_layers][seq_len][dim] V as the exact integer dots */
@@ -90,7 +101,8 @@ struct llm_engine {
 
     /* state */
     uint32_t pos;
-    int have_head;   /* head_in holds an evaluation */
+    int have_head;   /* col[head_col].head_in holds the last evaluation */
+    uint32_t head_col;
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
     llm_sampler_options sampler;

@@ -248,6 +248,9 @@ static llm_status check_config(const llm_config *c, llm_error *err) {
     if (c->dim % c->n_heads != 0)
         return llm_fail(err, LLM_E_CONFIG, "dim %lu is not a multiple of n_heads %lu",
                         (unsigned long)c->dim, (unsigned long)c->n_heads);
+    if (c->head_dim > LLM_MAX_HEAD_DIM)
+        return llm_fail(err, LLM_E_CONFIG, "head_dim %lu exceeds %u", (unsigned long)c->head_dim,
+                        (unsigned)LLM_MAX_HEAD_DIM);
     if (c->head_dim % 2 != 0)
         return llm_fail(err, LLM_E_CONFIG,
                         "head_dim %lu is odd (split-half RoPE needs it even)",

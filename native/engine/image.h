@@ -45,6 +45,7 @@ enum {
 /* Upper bounds on a config. They keep every derived size far from overflow
  * and the int32 dot products of kernels.h exact (8*127*cols < 2^31). */
 #define LLM_MAX_DIM 8192u
+#define LLM_MAX_HEAD_DIM 256u     /* attention decodes one V head row on the stack */
 #define LLM_MAX_FFN 32768u
 #define LLM_MAX_PLE_COLS 65536u   /* n_layers * ple_dim */
 #define LLM_MAX_SEQ_LEN 65536u

@@ -45,21 +45,19 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
                        uint32_t row_begin, uint32_t row_end);
 
 /* Up to LLM_MATVEC_MAX_COLS activation vectors at once (speculative decoding
- * verifies several positions in one pass over the weights): for every c < m,
- * y[c * y_stride + r] for r in [row_begin, row_end) is exactly what
- * llm_matvec_q4(w, xq + c * x_stride, xscale[c], y + c * y_stride, row_begin,
- * row_end) writes, bit for bit. x_stride is a multiple of 16 (every column
- * stays 16-byte aligned). The PIE flavour keeps a row's weights in vector
- * registers across the columns when the row is one group of at most 3 blocks
- * (96 columns: every matrix of the release model but ple_proj), else it runs
- * the single-vector kernel per column. */
+ * verifies several positions in one pass over the weights; prefill feeds
+ * several prompt tokens): for every c < m, y[c][r] for r in [row_begin,
+ * row_end) is exactly what llm_matvec_q4(w, xq[c], xscale[c], y[c],
+ * row_begin, row_end) writes, bit for bit. Every xq[c] is 16-byte aligned.
+ * The PIE flavour keeps a row's weights in vector registers across the
+ * columns when the row is one group of at most 3 blocks (96 columns: every
+ * matrix of the release model but ple_proj), else it runs the single-vector
+ * kernel per column. */
 #define LLM_MATVEC_MAX_COLS 8u
-void llm_matvec_q4_cols_ref(const llm_q4 *w, const int8_t *xq, uint32_t x_stride,
-                            const float *xscale, uint32_t m, float *y, uint32_t y_stride,
-                            uint32_t row_begin, uint32_t row_end);
-void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *xq, uint32_t x_stride,
-                            const float *xscale, uint32_t m, float *y, uint32_t y_stride,
-                            uint32_t row_begin, uint32_t row_end);
+void llm_matvec_q4_cols_ref(const llm_q4 *w, const int8_t *const *xq, const float *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end);
+void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *const *xq, const float *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end);
 
 /* int8 matrix x int8 vector: out[r] = sum_j a[r*n + j] * x[j] for r < rows,
  * exact in int32 (n <= 2^16 keeps |sum| <= 2^30). One contract for both

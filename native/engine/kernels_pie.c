@@ -155,20 +155,17 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
  * SAR = 4 is set right before the row's shifts; q6 holds the nibble mask only
  * until the split (it is reloaded every row: no q register lives across a C
  * call or a row). */
-void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *xq, uint32_t x_stride,
-                            const float *xscale, uint32_t m, float *y, uint32_t y_stride,
-                            uint32_t row_begin, uint32_t row_end) {
+void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *const *xq, const float *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end) {
     const uint32_t nb = w->row_bytes / 16u;
     const int resident = w->n_groups == 1u && nb >= 1u && nb <= 3u && m <= LLM_MATVEC_MAX_COLS;
     if (!resident) {
-        for (uint32_t c = 0; c < m; c++)
-            llm_matvec_q4_pie(w, xq + (size_t)c * x_stride, xscale[c], y + (size_t)c * y_stride,
-                              row_begin, row_end);
+        for (uint32_t c = 0; c < m; c++) llm_matvec_q4_pie(w, xq[c], xscale[c], y[c], row_begin, row_end);
         return;
     }
     int32_t corr[LLM_MATVEC_MAX_COLS];
     for (uint32_t c = 0; c < m; c++)
-        group_corrections(xq + (size_t)c * x_stride, 1u, nb, 0u, nb, &corr[c]);
+        group_corrections(xq[c], 1u, nb, 0u, nb, &corr[c]);
     const uint8_t *mask = &k_low_nibbles;
     for (uint32_t r = row_begin; r < row_end; r++) {
         const uint8_t *wp = w->codes + (size_t)r * w->row_bytes;
@@ -192,7 +189,7 @@ void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *xq, uint32_t x_stride
             EE_ANDQ(5, 7, 6);
         }
         for (uint32_t c = 0; c < m; c++) {
-            const int8_t *xp = xq + (size_t)c * x_stride;
+            const int8_t *xp = xq[c];
             EE_ZERO_ACCX();
             EE_VLD_128_IP(6, xp, 16);
             if (nb == 1u) {
@@ -219,7 +216,7 @@ void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *xq, uint32_t x_stride
             const int32_t g = (int32_t)(raw + (uint32_t)corr[c]);
             float acc = 0.f;
             acc += (float)g * sc;
-            y[(size_t)c * y_stride + r] = acc * xscale[c];
+            y[c][r] = acc * xscale[c];
         }
     }
 }

@@ -86,12 +86,9 @@ void llm_matvec_q4_ref(const llm_q4 *w, const int8_t *xq, float xscale, float *y
 }
 
 /* Contract (kernels.h): each column is the single-vector kernel's result. */
-void llm_matvec_q4_cols_ref(const llm_q4 *w, const int8_t *xq, uint32_t x_stride,
-                            const float *xscale, uint32_t m, float *y, uint32_t y_stride,
-                            uint32_t row_begin, uint32_t row_end) {
-    for (uint32_t c = 0; c < m; c++)
-        llm_matvec_q4_ref(w, xq + (size_t)c * x_stride, xscale[c], y + (size_t)c * y_stride,
-                          row_begin, row_end);
+void llm_matvec_q4_cols_ref(const llm_q4 *w, const int8_t *const *xq, const float *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_q4_ref(w, xq[c], xscale[c], y[c], row_begin, row_end);
 }
 
 /* Contract (kernels.h): out[r] = exact int32 sum over j < n of

@@ -6,6 +6,7 @@
  *   llm_open(image bytes, port)  validate + place sections (port decides where)
  *   llm_prefill(prompt tokens)   layers for every token, head for the last
  *   llm_step(token)              one token in, next token out
+ *   llm_verify(tokens, m)        m drafted tokens in one pass, the next of each
  *   llm_rewind(pos)              drop positions >= pos (drafts, undo)
  *   llm_reset()                  back to position 0, same model
  *   llm_close()
@@ -134,6 +135,17 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
                        int32_t *next, llm_error *err);
 /* Feed one token, get the next. */
 llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err);
+
+/* Speculative decoding's pass: feed m tokens (1..LLM_VERIFY_MAX) at
+ * positions llm_pos() .. + m - 1 in one pass over the weights, and write to
+ * next[i] the token plain decoding would choose after tokens[0..i] (the head
+ * runs for every position, in order, so the sampler's stream advances as over
+ * m llm_step calls: the same tokens and logits bits). Then keep what matches:
+ * if tokens[1..a] == next[0..a-1], llm_rewind(e, start + a + 1) drops the
+ * rest and next[a] is the next token. */
+#define LLM_VERIFY_MAX 8u
+llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t *next,
+                      llm_error *err);
 
 /* Drop positions >= pos (pos <= llm_pos) in O(1): the KV cache is
  * append-only, so the next token fed goes to position pos. The sampler's

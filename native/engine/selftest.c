@@ -82,7 +82,9 @@ static void matvec_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t group, ui
         x3[cp + j] = (int8_t)-xq[j];
         x3[2u * cp + j] = j + 1u < cols ? xq[j + 1u] : 0;
     }
-    llm_matvec_q4_cols_pie(&w, x3, cp, s3, 3, y3, rows, 0, rows);
+    const int8_t *xp[3] = {x3, x3 + cp, x3 + 2u * cp};
+    float *yp3[3] = {y3, y3 + rows, y3 + 2u * rows};
+    llm_matvec_q4_cols_pie(&w, xp, s3, 3, yp3, 0, rows);
     int same = 1;
     for (uint32_t k = 0; k < 3u; k++) {
         llm_matvec_q4_ref(&w, x3 + k * cp, xscale, yr, 0, rows);

@@ -369,8 +369,11 @@ static int32_t llm_token_arg(llm_model_obj_t *self, mp_obj_t o) {
     return (int32_t)MP_OBJ_SMALL_INT_VALUE(o);
 }
 
-static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
-    llm_model_obj_t *self = llm_ready(self_in);
+/* A sequence of token ids as a fresh array of *n (m_del it). Iterating runs
+ * user code, which may close the model: the open check is repeated after
+ * it, before the engine's config is read. */
+static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, size_t *n_out,
+    const char *name) {
     size_t n;
     mp_obj_t *items;
     mp_obj_t seq = tokens;
@@ -382,14 +385,28 @@ static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
             mp_obj_list_append(seq, item);
         }
     }
+    llm_model_obj_t *self = llm_ready(self_in);
     mp_obj_get_array(seq, &n, &items);
     if (n == 0) {
-        mp_raise_ValueError(MP_ERROR_TEXT("prefill() needs at least one token"));
+        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s needs at least one token"), name);
+    }
+    if (n > max_n) {
+        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s takes at most %u tokens, got %u"),
+            name, (unsigned)max_n, (unsigned)n);
     }
     int32_t *ids = m_new(int32_t, n);
     for (size_t i = 0; i < n; i++) {
         ids[i] = llm_token_arg(self, items[i]);
     }
+    *n_out = n;
+    return ids;
+}
+
+static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
+    llm_ready(self_in);
+    size_t n;
+    int32_t *ids = llm_tokens_arg(self_in, tokens, UINT32_MAX / 2u, &n, "prefill()");
+    llm_model_obj_t *self = llm_ready(self_in);
     llm_check_interrupt();
     llm_error err;
     int32_t next = 0;
@@ -401,6 +418,27 @@ static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
     return MP_OBJ_NEW_SMALL_INT(next);
 }
 static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_prefill_obj, llm_model_prefill);
+
+static mp_obj_t llm_model_verify(mp_obj_t self_in, mp_obj_t tokens) {
+    llm_ready(self_in);
+    size_t n;
+    int32_t *ids = llm_tokens_arg(self_in, tokens, LLM_VERIFY_MAX, &n, "verify()");
+    llm_model_obj_t *self = llm_ready(self_in);
+    llm_check_interrupt();
+    llm_error err;
+    int32_t next[LLM_VERIFY_MAX];
+    llm_status st = llm_verify(self->engine, ids, (uint32_t)n, next, &err);
+    m_del(int32_t, ids, n);
+    if (st != LLM_OK) {
+        llm_raise(&err);
+    }
+    mp_obj_t out = mp_obj_new_list(n, NULL);
+    for (size_t i = 0; i < n; i++) {
+        mp_obj_list_store(out, MP_OBJ_NEW_SMALL_INT(i), MP_OBJ_NEW_SMALL_INT(next[i]));
+    }
+    return out;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_verify_obj, llm_model_verify);
 
 static mp_obj_t llm_model_step(mp_obj_t self_in, mp_obj_t token) {
     llm_model_obj_t *self = llm_ready(self_in);
@@ -506,6 +544,7 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_sampler), MP_ROM_PTR(&llm_model_sampler_obj) },
     { MP_ROM_QSTR(MP_QSTR_prefill), MP_ROM_PTR(&llm_model_prefill_obj) },
     { MP_ROM_QSTR(MP_QSTR_step), MP_ROM_PTR(&llm_model_step_obj) },
+    { MP_ROM_QSTR(MP_QSTR_verify), MP_ROM_PTR(&llm_model_verify_obj) },
     { MP_ROM_QSTR(MP_QSTR_logits), MP_ROM_PTR(&llm_model_logits_obj) },
     { MP_ROM_QSTR(MP_QSTR_tokenizer), MP_ROM_PTR(&llm_model_tokenizer_obj) },
     { MP_ROM_QSTR(MP_QSTR_pos), MP_ROM_PTR(&llm_model_pos_obj) },

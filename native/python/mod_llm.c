@@ -335,37 +335,53 @@ static int token_arg(ModelObject *self, PyObject *obj, int32_t *out) {
     return 1;
 }
 
-static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
-    PyObject *tokens;
-    if (!PyArg_ParseTuple(args, "O:prefill", &tokens)) return NULL;
-    if (!ready(self)) return NULL;
-    PyObject *seq = PySequence_Fast(tokens, "prefill() takes a sequence of token ids");
+/* A sequence of token ids as a fresh array (PyMem_Free it), or NULL with an
+ * exception. Iterating `tokens` runs user code, which may close the model:
+ * the open check is repeated after it, before the engine's config is read. */
+static int32_t *tokens_arg(ModelObject *self, PyObject *tokens, const char *name,
+                           Py_ssize_t max_n, Py_ssize_t *n_out) {
+    char what[64];
+    snprintf(what, sizeof what, "%s takes a sequence of token ids", name);
+    PyObject *seq = PySequence_Fast(tokens, what);
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int32_t *ids = NULL;
+    if (!ready(self)) goto done;
     if (n == 0) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "prefill() needs at least one token");
-        return NULL;
+        PyErr_Format(PyExc_ValueError, "%s needs at least one token", name);
+        goto done;
     }
-    if ((size_t)n > UINT32_MAX) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "prefill(): too many tokens");
-        return NULL;
+    if (n > max_n) {
+        PyErr_Format(PyExc_ValueError, "%s takes at most %zd tokens, got %zd", name, max_n, n);
+        goto done;
     }
-    int32_t *ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
+    ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
     if (ids == NULL) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        goto done;
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!token_arg(self, items[i], &ids[i])) {
             PyMem_Free(ids);
-            Py_DECREF(seq);
-            return NULL;
+            ids = NULL;
+            goto done;
         }
     }
+    *n_out = n;
+done:
     Py_DECREF(seq);
+    return ids;
+}
+
+static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
+    PyObject *tokens;
+    if (!PyArg_ParseTuple(args, "O:prefill", &tokens)) return NULL;
+    if (!ready(self)) return NULL;
+    Py_ssize_t n = 0;
+    /* a prompt longer than the context is the engine's "context full" */
+    int32_t *ids = tokens_arg(self, tokens, "prefill()", (Py_ssize_t)(UINT32_MAX / 2u), &n);
+    if (ids == NULL) return NULL;
     llm_error err;
     llm_status st;
     int32_t next = 0;
@@ -378,6 +394,35 @@ static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
     PyMem_Free(ids);
     if (st != LLM_OK) return raise_llm(self->error, &err);
     return PyLong_FromLong(next);
+}
+
+static PyObject *Model_verify(ModelObject *self, PyObject *tokens) {
+    if (!ready(self)) return NULL;
+    Py_ssize_t n = 0;
+    int32_t *ids = tokens_arg(self, tokens, "verify()", (Py_ssize_t)LLM_VERIFY_MAX, &n);
+    if (ids == NULL) return NULL;
+    int32_t next[LLM_VERIFY_MAX];
+    llm_error err;
+    llm_status st;
+    llm_engine *engine = self->engine;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    st = llm_verify(engine, ids, (uint32_t)n, next, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyMem_Free(ids);
+    if (st != LLM_OK) return raise_llm(self->error, &err);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(next[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
 }
 
 static PyObject *Model_step(ModelObject *self, PyObject *args) {
@@ -497,6 +542,8 @@ static PyMethodDef Model_methods[] = {
     {"prefill", (PyCFunction)Model_prefill, METH_VARARGS,
      "prefill(tokens) -> next token: run the prompt, head on the last token only."},
     {"step", (PyCFunction)Model_step, METH_VARARGS, "step(token) -> next token."},
+    {"verify", (PyCFunction)Model_verify, METH_O,
+     "verify(tokens) -> the next token after each prefix, one pass (speculative decoding)."},
     {"logits", (PyCFunction)Model_logits, METH_NOARGS,
      "float32 little-endian logits of the last head evaluation, as bytes."},
     {"tokenizer", (PyCFunction)Model_tokenizer, METH_NOARGS, "The image's tokenizer section."},

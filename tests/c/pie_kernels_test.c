@@ -391,7 +391,13 @@ static int mode_cols(uint64_t seed, uint32_t n) {
         size_t ys = rows + rnd_below(5);
         float *yp = xalloc(m * ys * sizeof(float)), *yr = xalloc(rows * sizeof(float));
         memset(yp, 0xA5, m * ys * sizeof(float));
-        llm_matvec_q4_cols_pie(&mat.w, xs, stride, scale, m, yp, (uint32_t)ys, a, b);
+        const int8_t *xp[LLM_MATVEC_MAX_COLS];
+        float *yv[LLM_MATVEC_MAX_COLS];
+        for (uint32_t c = 0; c < m; c++) {
+            xp[c] = xs + (size_t)c * stride;
+            yv[c] = yp + c * ys;
+        }
+        llm_matvec_q4_cols_pie(&mat.w, xp, scale, m, yv, a, b);
         for (uint32_t c = 0; c < m; c++) {
             llm_matvec_q4_ref(&mat.w, xs + (size_t)c * stride, scale[c], yr, a, b);
             compared++;
@@ -413,8 +419,14 @@ static int mode_cols(uint64_t seed, uint32_t n) {
             memcpy(xs + (size_t)c * mat.cols_padded, mat.xq, mat.cols_padded);
             scale[c] = mat.xscale;
         }
+        const int8_t *xp[LLM_MATVEC_MAX_COLS];
+        float *yv[LLM_MATVEC_MAX_COLS];
+        for (uint32_t c = 0; c < m; c++) {
+            xp[c] = xs + (size_t)c * mat.cols_padded;
+            yv[c] = y + 128u * c;
+        }
         llm_pie_counts_reset();
-        llm_matvec_q4_cols_pie(&mat.w, xs, mat.cols_padded, scale, m, y, 128, 0, 128);
+        llm_matvec_q4_cols_pie(&mat.w, xp, scale, m, yv, 0, 128);
         printf("cols m=%u 128x96: %.2f PIE instructions per row per column\n", m,
                llm_pie_counts_total() / 128.0 / m);
         free(xs);

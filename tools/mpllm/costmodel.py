@@ -66,6 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
+#: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their
+#: weights are read once per pass
+PREFILL_BATCH = 8
 REGIONS = ("flash", "fast", "bulk")
 
 # ---------------------------------------------------------------------------
@@ -1310,7 +1313,8 @@ def fit_stock(s: Shape = RELEASE, positions: Sequence[int] | None = None) -> Fit
 def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None = None,
                        *, head: bool = False, head_mode: str = "dense",
                        head_rows: float | None = None, head_ids: bool = True,
-                       v_dots: bool = True) -> dict[str, dict[str, float]]:
+                       v_dots: bool = True, weights: bool = True,
+                       kv_rows_read: int | None = None) -> dict[str, dict[str, float]]:
     """Bytes the engine (native/engine/engine.c) charges per stage and region
     for one token at `pos`; with `head`, one head evaluation as well
     (`head_eval_bytes`).
@@ -1322,7 +1326,7 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     pl.update(placement or {})
     out = {st: dict.fromkeys(REGIONS, 0.0) for st in STAGES}
     for m in matrices(s):
-        if m.name == "head":
+        if m.name == "head" or not weights:  # weights: once per pass (several prompt tokens)
             continue
         b = m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
         out[m.stage][pl["core"]] += b * m.per_token
@@ -1334,7 +1338,8 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     # attention(); rows that do not fit int16 stay floats: none in a checked
     # run), or as floats in plain mode (v_dots False)
     v_row = 2 * d + 4 if v_dots else 4 * d
-    out["attn"][pl["kv"]] += L * (4 * d + v_row + (pos + 1) * (4 * d + v_row))
+    rows_read = pos + 1 if kv_rows_read is None else kv_rows_read
+    out["attn"][pl["kv"]] += L * (4 * d + v_row + rows_read * (4 * d + v_row))
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
     for st in ("attn", "ffn", "ple"):
@@ -1374,6 +1379,17 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
     return out
 
 
+def _prompt_pass(pos: int, n_prompt: int) -> dict[str, object]:
+    """A prompt runs in passes of PREFILL_BATCH tokens: the first token of a
+    pass is charged the pass's weights and its cache reads (rows 0 .. the
+    pass's last, once), the others neither. Steps are passes of one."""
+    if pos >= n_prompt:
+        return {}
+    if pos % PREFILL_BATCH:
+        return {"weights": False, "kv_rows_read": 0}
+    return {"kv_rows_read": min(pos + PREFILL_BATCH, n_prompt)}
+
+
 def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
                      placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
                      head_rows: float | None = None, head_ids: bool = True,
@@ -1384,7 +1400,8 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
     of every evaluation, the dense head)."""
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in range(n_prompt + n_steps):
-        for st in engine_stage_bytes(s, pos, placement, v_dots=v_dots).values():
+        for st in engine_stage_bytes(s, pos, placement, v_dots=v_dots,
+                                     **_prompt_pass(pos, n_prompt)).values():  # type: ignore[arg-type]
             for r, b in st.items():
                 tot[r] += b
     heads = n_steps + 1
@@ -1509,13 +1526,17 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     check_bytes(totals, s, len(ids), n_steps, placement, head_mode=mode, head_rows=head_rows,
                 v_dots=not plain,
                 head_ids=has_ids)
-    # per generated token: subtract the prompt's layer passes, which a story's
-    # steady state does not pay per token
+    # per generated token: subtract the prompt's layer passes but one token's
+    # (a story's steady state does not pay them per token)
     prompt_only = dict.fromkeys(REGIONS, 0.0)
-    for pos in range(len(ids) - 1):  # layers only: the head ran for the last prompt token
-        for regs in engine_stage_bytes(s, pos, placement, v_dots=not plain).values():
+    for pos in range(len(ids)):
+        for regs in engine_stage_bytes(s, pos, placement, v_dots=not plain,
+                                       **_prompt_pass(pos, len(ids))).values():  # type: ignore[arg-type]
             for r, v in regs.items():
                 prompt_only[r] += v
+    for regs in engine_stage_bytes(s, len(ids) - 1, placement, v_dots=not plain).values():
+        for r, v in regs.items():
+            prompt_only[r] -= v
     per_token = {r: (totals[r] - prompt_only[r]) / (n_steps + 1) for r in REGIONS}
     positions = list(range(len(ids) - 1, len(ids) + n_steps))
     sources = {"bytes": f"_llm {llm_module.build_info()} stats() over {n_steps} steps, "  # type: ignore[attr-defined]

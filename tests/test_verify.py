@@ -1,0 +1,123 @@
+"""Model.verify(tokens): several positions in one pass over the weights, for
+speculative decoding. The result equals that many step() calls (tokens, the
+logits of every evaluation, the sampler's stream), and drafting + verify +
+rewind writes exactly the plain story, greedy and sampled."""
+
+from __future__ import annotations
+
+import random
+
+import engine_ext
+import pytest
+from mpllm import drafting
+
+_llm = engine_ext.load()
+
+SAMPLERS = [(0.0, 0, 0), (0.8, 40, 1), (0.8, 40, 2), (0.8, 40, 3), (1.2, 0, 4), (0.8, 40, 5)]
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_verify_equals_steps(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(sampler[2])
+    with _llm.Model(small_model.image) as a, _llm.Model(small_model.image) as b:
+        for m in (a, b):
+            m.sampler(*sampler)
+        assert a.prefill([1, 2, 3]) == b.prefill([1, 2, 3])
+        for _ in range(6):
+            feed = [rng.randrange(900) for _ in range(rng.randint(1, 8))]
+            got = a.verify(feed)
+            want = [b.step(t) for t in feed]
+            assert got == want
+            assert a.logits() == b.logits() and a.pos() == b.pos()
+        assert a.stats()["heads"] == b.stats()["heads"]
+
+
+def speculative(m, prompt: list[int], n: int, drafter: drafting.Drafter) -> tuple[list[int], int]:  # type: ignore[no-untyped-def]
+    """Story tokens by draft + verify + rewind, and the passes it took."""
+    story = [m.prefill(prompt)]
+    passes = 1
+    seq_len = m.config()["seq_len"]
+    while len(story) < n and m.pos() < seq_len:
+        room = min(n - len(story), seq_len - m.pos())
+        draft = drafter(prompt + story, min(room - 1, drafting.MAX_DRAFT))
+        start = m.pos()
+        got = m.verify([story[-1], *draft])
+        passes += 1
+        a = 0
+        while a < len(draft) and draft[a] == got[a]:
+            a += 1
+        m.rewind(start + a + 1)
+        story += got[:a + 1]
+    return story[:n], passes
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_speculative_story_equals_plain(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+    prompt = [7, 11, 13]
+    with _llm.Model(small_model.image, plain=True) as m:
+        m.sampler(*sampler)
+        plain = [m.prefill(prompt)]
+        while len(plain) < 60:
+            plain.append(m.step(plain[-1]))
+    # a drafter that is right most of the time (the answer with some noise),
+    # and one that is always wrong: both must give the plain story
+    rng = random.Random(1)
+
+    def oracle(ctx: list[int], k: int) -> list[int]:
+        i = len(ctx) - len(prompt)
+        return [t if rng.random() < 0.8 else (t + 1) % 900 for t in plain[i:i + k]]
+
+    for drafter in (oracle, lambda ctx, k: [0] * k, drafting.prompt_lookup):
+        with _llm.Model(small_model.image) as m:
+            m.sampler(*sampler)
+            story, passes = speculative(m, prompt, 60, drafter)
+        assert story == plain
+        if drafter is oracle:
+            assert passes < 40  # several tokens per pass
+
+
+def test_speculative_into_the_context_limit(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(tiny_model.image, plain=True) as m:
+        m.sampler(0.8, 40, 9)
+        plain = [m.prefill([1, 2])]
+        while m.pos() < 64:
+            plain.append(m.step(plain[-1]))
+    with _llm.Model(tiny_model.image) as m:
+        m.sampler(0.8, 40, 9)
+        story, _ = speculative(m, [1, 2], 100, lambda ctx, k: plain[len(ctx) - 2:][:k])
+        assert m.pos() == 64
+    assert story == plain
+
+
+def test_verify_arguments(small_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(small_model.image) as m:
+        m.prefill([1])
+        with pytest.raises(ValueError, match="at most 8 tokens"):
+            m.verify(list(range(9)))
+        with pytest.raises(ValueError, match="at least one token"):
+            m.verify([])
+        with pytest.raises(ValueError, match="out of range"):
+            m.verify([1, 10**6])
+        with pytest.raises(TypeError):
+            m.verify(5)
+        assert m.pos() == 1  # nothing changed
+        m.rewind(0)
+        m.prefill(list(range(124)))  # 4 positions left of 128
+        with pytest.raises(_llm.Error, match="context full"):
+            m.verify(list(range(9, 14)))
+        assert len(m.verify(list(range(9, 13)))) == 4
+
+
+def test_closing_the_model_while_its_tokens_are_read(small_model) -> None:  # type: ignore[no-untyped-def]
+    # iterating the argument runs user code that may close the model: the
+    # binding must notice instead of using the closed engine
+    for name in ("prefill", "verify"):
+        m = _llm.Model(small_model.image)
+
+        def tokens(model=m):  # type: ignore[no-untyped-def]
+            yield 1
+            model.close()
+            yield 2
+
+        with pytest.raises(_llm.Error, match="closed"):
+            getattr(m, name)(tokens())
