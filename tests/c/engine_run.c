@@ -73,13 +73,26 @@ int main(int argc, char **argv) {
     uint64_t hash = fnv1a64(0xcbf29ce484222325ull, llm_logits(e), c->vocab_out * sizeof(float));
     printf("build %s\nids %d", llm_build_info(), (int)next);
     uint32_t heads = 1;
+    int32_t fed[512], got[512];
+    uint32_t n_fed = 0;
     for (uint32_t k = 0; k < steps && llm_pos(e) < c->seq_len; k++, heads++) {
+        if (n_fed < 512) fed[n_fed] = next;
         if (llm_step(e, next, &next, &err) != LLM_OK) {
             fprintf(stderr, "step: %s\n", err.message);
             return 1;
         }
+        if (n_fed < 512) got[n_fed++] = next;
         hash = fnv1a64(hash, llm_logits(e), c->vocab_out * sizeof(float));
         printf(" %d", (int)next);
+    }
+    /* the last few steps again as one verify pass: the same tokens */
+    if (n_fed >= 2) {
+        uint32_t m = n_fed < 8u ? n_fed : 8u;
+        int32_t out[8];
+        int same = llm_rewind(e, llm_pos(e) - m, &err) == LLM_OK &&
+                   llm_verify(e, fed + n_fed - m, m, out, &err) == LLM_OK;
+        for (uint32_t i = 0; same && i < m; i++) same = out[i] == got[n_fed - m + i];
+        printf("\nverify_same %d", same);
     }
     printf("\nlogits_fnv1a64 %016llx over %u heads\n", (unsigned long long)hash, heads);
 #if defined(LLM_KERNELS_PIE)
