@@ -121,3 +121,41 @@ def test_closing_the_model_while_its_tokens_are_read(small_model) -> None:  # ty
 
         with pytest.raises(_llm.Error, match="closed"):
             getattr(m, name)(tokens())
+
+
+def test_one_scan_for_all_positions_reads_the_head_once(release_model) -> None:  # type: ignore[no-untyped-def]
+    """The pass scores every position's head in one scan: each tile's rows are
+    fetched once for all positions that need them, so the head and the cache
+    are read far less than by the same number of steps (the same answers)."""
+    feed = [5, 6, 7, 8, 9, 10, 11, 12]
+    with _llm.Model(release_model.image) as a, _llm.Model(release_model.image) as b:
+        for m in (a, b):
+            m.sampler(0.8, 40, 3)
+            feed[0] = m.prefill([1, 2, 3])
+        before_a, before_b = a.stats(), b.stats()
+        assert a.verify(feed) == [b.step(t) for t in feed]
+        sa, sb = a.stats(), b.stats()
+    diff = {k: (sa[k] - before_a[k], sb[k] - before_b[k]) for k in ("head_rows", "head_tiles",
+                                                                  "heads")}
+    assert diff["heads"] == (8, 8) and diff["head_rows"][0] == diff["head_rows"][1]
+    assert diff["head_tiles"][0] * 4 < diff["head_tiles"][1]
+    bulk = (sa["bytes"]["bulk"] - before_a["bytes"]["bulk"],
+            sb["bytes"]["bulk"] - before_b["bytes"]["bulk"])
+    assert bulk[0] * 4 < bulk[1]
+
+
+def test_verify_on_a_model_full_of_ties(tmp_path, small_model) -> None:  # type: ignore[no-untyped-def]
+    from test_certified_head import _tied_image
+
+    rng = random.Random(8)
+    pairs = [(rng.randrange(900), rng.randrange(900)) for _ in range(300)]
+    img = _tied_image(tmp_path, small_model, iter(pairs), "ties")
+    for sampler in SAMPLERS[:3] + [(0.8, 3, 4)]:
+        with _llm.Model(img) as a, _llm.Model(img) as b:
+            for m in (a, b):
+                m.sampler(*sampler)
+            assert a.prefill([4, 5]) == b.prefill([4, 5])
+            for _ in range(5):
+                feed = [rng.randrange(900) for _ in range(8)]
+                assert a.verify(feed) == [b.step(t) for t in feed]
+                assert a.logits() == b.logits()

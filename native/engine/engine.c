@@ -504,19 +504,21 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads)
     }
 }
 
-static void charge_head(llm_engine *e, const llm_head_work *work, int dense) {
+/* `evals` head evaluations whose rows were fetched once (work->rows_read)
+ * and their tile boxes read once per evaluation. */
+static void charge_head(llm_engine *e, const llm_head_work *work, int dense, uint32_t evals) {
     const llm_head *h = &e->w.head;
-    e->stats.heads++;
+    e->stats.heads += evals;
     e->stats.head_rows += work->rows;
     e->stats.head_tiles += work->tiles;
     e->stats.head_waves += work->waves;
     e->stats.handoffs += work->handoffs;
-    e->stats.bytes[h->rows_region] += (uint64_t)work->rows *
+    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read *
                                       (h->w.row_bytes + (uint64_t)h->w.n_groups * sizeof(float));
-    if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->rows * 2u;
+    if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->rows_read * 2u;
     if (!dense)
-        e->stats.bytes[h->boxes_region] += (uint64_t)h->n_tiles * (2u * h->cols_padded +
-                                                                   sizeof(float));
+        e->stats.bytes[h->boxes_region] += (uint64_t)evals * h->n_tiles *
+                                           (2u * h->cols_padded + sizeof(float));
     else /* the logits buffer, written by the head and read by the sampler */
         e->stats.bytes[e->logits_region] += (uint64_t)e->cfg.vocab_out * 2u * sizeof(float);
 }
@@ -541,7 +543,7 @@ static llm_status select_next(llm_engine *e, uint32_t c, int32_t *next, llm_erro
     if (!e->plain && k > 0 && llm_head_certifiable(h, in->scale)) {
         llm_candidates_init(&s->cand, k);
         llm_status st = llm_head_certify(h, &s->head, in->q, in->scale, &s->cand, &sp, &work, err);
-        charge_head(e, &work, 0);
+        charge_head(e, &work, 0, 1);
         lap(e, LLM_STAGE_HEAD, &t);
         if (st != LLM_OK) return st;
         st = llm_sample_candidates(&s->cand, &e->sampler, &e->rng, next, err);
@@ -550,11 +552,37 @@ static llm_status select_next(llm_engine *e, uint32_t c, int32_t *next, llm_erro
     }
     llm_head_dense(h, &s->head, in->q, in->scale, s->logits, &sp, &work);
     e->have_logits = 1;
-    charge_head(e, &work, 1);
+    charge_head(e, &work, 1, 1);
     lap(e, LLM_STAGE_HEAD, &t);
     llm_status st = llm_sample(s->logits, V, &e->sampler, &e->rng, next, err);
     lap(e, LLM_STAGE_SAMPLE, &t);
     return st;
+}
+
+/* The certified head for the pass's n positions in one scan, when every one
+ * of them may take the certified route (select_next's conditions); 0 when one
+ * may not (the caller then evaluates them one by one). */
+static int certify_many(llm_engine *e, uint32_t n, llm_status *st, llm_error *err) {
+    const llm_head *h = &e->w.head;
+    llm_run_state *s = &e->s;
+    const uint32_t k = llm_sampler_candidates_needed(&e->sampler, e->cfg.vocab_out);
+    if (e->plain || k == 0 || s->many == NULL) return 0;
+    const int8_t *xq[LLM_BATCH_MAX];
+    float xs[LLM_BATCH_MAX];
+    llm_candidates *cand[LLM_BATCH_MAX];
+    for (uint32_t c = 0; c < n; c++) {
+        if (!llm_head_certifiable(h, s->col[c].head_in.scale)) return 0;
+        xq[c] = s->col[c].head_in.q;
+        xs[c] = s->col[c].head_in.scale;
+        cand[c] = &s->cands[c];
+        llm_candidates_init(cand[c], k);
+    }
+    uint64_t t = now(e);
+    llm_head_work work;
+    *st = llm_head_certify_many(h, &s->head, s->many, xq, xs, n, cand, &work, err);
+    charge_head(e, &work, 0, n);
+    lap(e, LLM_STAGE_HEAD, &t);
+    return 1;
 }
 
 const float *llm_logits(llm_engine *e) {
@@ -641,11 +669,28 @@ llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t 
     for (uint32_t i = 0; i < m;) {
         uint32_t n = m - i < e->s.n_cols ? m - i : e->s.n_cols;
         forward(e, tokens + i, n, HEADS_ALL);
-        for (uint32_t c = 0; c < n; c++) {
-            e->pos++;
-            st = select_next(e, c, &next[i + c], err);
-            e->s.rng_at[e->pos] = e->rng;
+        if (n > 1u && certify_many(e, n, &st, err)) {
+            /* one scan found every position's candidates; the draws still go
+             * position by position, in order */
+            for (uint32_t c = 0; c < n && st == LLM_OK; c++) {
+                uint64_t t = now(e);
+                e->pos++;
+                e->have_head = 1;
+                e->head_col = c;
+                e->have_logits = 0;
+                st = llm_sample_candidates(&e->s.cands[c], &e->sampler, &e->rng, &next[i + c],
+                                           err);
+                e->s.rng_at[e->pos] = e->rng;
+                lap(e, LLM_STAGE_SAMPLE, &t);
+            }
             if (st != LLM_OK) return st;
+        } else {
+            for (uint32_t c = 0; c < n; c++) {
+                e->pos++;
+                st = select_next(e, c, &next[i + c], err);
+                e->s.rng_at[e->pos] = e->rng;
+                if (st != LLM_OK) return st;
+            }
         }
         i += n;
     }

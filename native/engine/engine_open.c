@@ -314,9 +314,19 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
                                          (unsigned long)bytes));
         memset(a, 0, bytes);
-        uint8_t *batch = place(e, "batch", (LLM_BATCH_MAX - 1u) * col_bytes, LLM_REGION_BULK, NULL);
+        /* the other positions' buffers, then a verify pass's candidate lists
+         * and the many-positions head scan's scratch */
+        const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * col_bytes;
+        const size_t cand_bytes = round16(LLM_BATCH_MAX * sizeof(llm_candidates));
+        const size_t batch_bytes = cols_bytes + cand_bytes +
+                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles));
+        uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
         s->n_cols = batch != NULL ? LLM_BATCH_MAX : 1u;
-        if (batch != NULL) memset(batch, 0, (LLM_BATCH_MAX - 1u) * col_bytes);
+        if (batch != NULL) {
+            memset(batch, 0, batch_bytes);
+            s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
+            s->many = batch + cols_bytes + cand_bytes;
+        }
         for (uint32_t c = 0; c < s->n_cols; c++) {
             float *f = (float *)(void *)(c == 0 ? a : batch + (size_t)(c - 1u) * col_bytes);
             llm_col *col = &s->col[c];

@@ -85,6 +85,10 @@ typedef struct llm_run_state {
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
     llm_candidates cand;   /* the sampler's k best of the last evaluation */
+    /* a verify pass's candidate lists and the scan's scratch (PSRAM; NULL
+     * without the batch buffers) */
+    llm_candidates *cands;  /* [LLM_BATCH_MAX] */
+    void *many;             /* LLM_HEAD_MANY_SCRATCH(n_tiles) bytes */
 } llm_run_state;
 
 struct llm_engine {

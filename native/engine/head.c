@@ -169,7 +169,7 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, fl
                 logits[id_of(h, first[k] + i)] = s->wave_y[(size_t)k * chunk + i];
         r0 = r;
     }
-    work->rows = h->w.rows;
+    work->rows = work->rows_read = h->w.rows;
 }
 
 /* ---- the certified route ------------------------------------------------ */
@@ -238,9 +238,101 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
                 llm_candidates_offer(cand, y[i], id_of(h, row));
             }
             work->rows += count[k];
+            work->rows_read += count[k];
         }
         work->tiles += n;
         wave_cap = LLM_HEAD_WAVE_TILES;
+    }
+    return LLM_OK;
+}
+
+/* ---- several positions in one scan ---------------------------------------- */
+
+static size_t r16(size_t n) { return (n + 15u) & ~(size_t)15u; }
+
+llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
+                                 const int8_t *const *xq, const float *xscale, uint32_t m,
+                                 llm_candidates *const *cand, llm_head_work *work,
+                                 llm_error *err) {
+    const uint32_t cp = h->cols_padded, T = h->n_tiles;
+    memset(work, 0, sizeof *work);
+    if (m == 0 || m > LLM_HEAD_MANY_MAX)
+        return llm_fail(err, LLM_E_ARG, "llm_head_certify_many: %lu positions",
+                        (unsigned long)m);
+    /* scratch: ibound[m][T], bound[m][T], key[T] (the largest bound), heap[T] */
+    uint8_t *p = mem;
+    int32_t *ibound = (int32_t *)(void *)p;
+    p += (size_t)LLM_HEAD_MANY_MAX * r16(4u * (size_t)T);
+    float *bound = (float *)(void *)p;
+    p += (size_t)LLM_HEAD_MANY_MAX * r16(4u * (size_t)T);
+    float *key = (float *)(void *)p;
+    p += r16(4u * (size_t)T);
+    uint16_t *heap = (uint16_t *)(void *)p;
+
+    /* claim 1, position by position */
+    for (uint32_t c = 0; c < m; c++) {
+        int32_t *ib = ibound + (size_t)c * r16(4u * (size_t)T) / 4u;
+        float *b = bound + (size_t)c * r16(4u * (size_t)T) / 4u;
+        memcpy(s->xcat, xq[c], cp);
+        for (uint32_t j = 0; j < cp; j++)
+            s->xcat[cp + j] = (int8_t)(xq[c][j] < 0 ? -xq[c][j] : xq[c][j]);
+        llm_matvec_s8(h->boxes, T, 2u * cp, s->xcat, ib);
+        for (uint32_t t = 0; t < T; t++) {
+            b[t] = ((float)ib[t] * h->tile_scale[t]) * xscale[c];
+            if (c == 0 || b[t] > key[t]) key[t] = b[t];
+        }
+    }
+    for (uint32_t t = 0; t < T; t++) heap[t] = (uint16_t)t;
+    uint32_t n_heap = T;
+    for (uint32_t i = n_heap / 2u; i-- > 0;) sift_down(heap, n_heap, i, key);
+
+    while (n_heap > 0) {
+        /* claim 3 per position: the tile matters to c unless its bound for c is
+         * below c's floor; past the largest bound below the smallest floor,
+         * no tile matters to anyone */
+        float lowest = llm_candidates_floor(cand[0]);
+        for (uint32_t c = 1; c < m; c++) {
+            float f = llm_candidates_floor(cand[c]);
+            if (f < lowest) lowest = f;
+        }
+        if (key[heap[0]] < lowest) break;
+        const uint16_t t = heap_pop(heap, &n_heap, key);
+        const int8_t *xs[LLM_HEAD_MANY_MAX];
+        float sc[LLM_HEAD_MANY_MAX], *ys[LLM_HEAD_MANY_MAX];
+        uint32_t who[LLM_HEAD_MANY_MAX], n = 0;
+        for (uint32_t c = 0; c < m; c++) {
+            const float b = bound[(size_t)c * r16(4u * (size_t)T) / 4u + t];
+            if (b < llm_candidates_floor(cand[c])) continue;
+            xs[n] = xq[c];
+            sc[n] = xscale[c];
+            ys[n] = s->wave_y + (size_t)n * h->tile_rows;
+            who[n++] = c;
+        }
+        if (n == 0) continue;
+        /* the tile's rows, read once, scored for every position that needs them
+         * (n <= 8 <= LLM_HEAD_WAVE_TILES, so the values fit the wave buffer) */
+        const uint32_t first = (uint32_t)t * h->tile_rows;
+        const uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
+        llm_q4 part = h->w;
+        part.codes += (size_t)first * part.row_bytes;
+        part.scales += (size_t)first * part.n_groups;
+        part.rows = count;
+        if (n == 1u)
+            llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
+        else
+            llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
+        for (uint32_t k = 0; k < n; k++) {
+            for (uint32_t i = 0; i < count; i++) {
+                const float v = ys[k][i];
+                if (v != v) /* unreachable by claim 2; kept as the dense route's check */
+                    return llm_fail(err, LLM_E_ARG, "logit %lu is NaN",
+                                    (unsigned long)id_of(h, first + i));
+                llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
+            }
+            work->rows += count; /* rows scored, counted per position */
+        }
+        work->tiles++;
+        work->rows_read += count;
     }
     return LLM_OK;
 }

@@ -53,7 +53,9 @@ typedef struct llm_head_scratch {
 
 /* What one evaluation cost, for llm_stats and the cost model. */
 typedef struct llm_head_work {
-    uint32_t rows, tiles, waves, handoffs;
+    uint32_t rows;      /* rows scored, summed over the positions evaluated */
+    uint32_t rows_read; /* rows fetched from memory (once per tile for all positions) */
+    uint32_t tiles, waves, handoffs;
 } llm_head_work;
 
 /* Runs fn over [0, n) split across cores (the port's parallel_rows), or
@@ -80,6 +82,22 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, fl
 llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t *xq,
                             float xscale, llm_candidates *cand, const llm_splitter *sp,
                             llm_head_work *work, llm_error *err);
+
+/* The certified head for m positions at once (speculative verification):
+ * what llm_head_certify does for each, in one scan whose tile rows are read
+ * once for all of them. Needs LLM_HEAD_MANY_SCRATCH(n_tiles) bytes of
+ * 16-byte aligned scratch (`mem`). Tiles are visited by the largest of their
+ * m bounds; a tile is scored for the positions whose own floor it does not
+ * fall below (head.c's claim 3, position by position), so every cand[c] ends
+ * with exactly the k best pairs of position c. */
+#define LLM_HEAD_MANY_MAX 8u
+#define LLM_HEAD_MANY_SCRATCH(n_tiles)                                                   \
+    ((size_t)LLM_HEAD_MANY_MAX * (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) * 2u + \
+     (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) + (((size_t)(n_tiles) * 2u + 15u) & ~(size_t)15u))
+llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
+                                 const int8_t *const *xq, const float *xscale, uint32_t m,
+                                 llm_candidates *const *cand, llm_head_work *work,
+                                 llm_error *err);
 
 /* Check an image's tile section against the head it describes: the order is
  * a permutation (`seen` is rows/8 rounded up bytes of scratch), and every
