@@ -39,7 +39,7 @@ def speculative(m, prompt: list[int], n: int, drafter: drafting.Drafter) -> tupl
     seq_len = m.config()["seq_len"]
     while len(story) < n and m.pos() < seq_len:
         room = min(n - len(story), seq_len - m.pos())
-        draft = drafter(prompt + story, min(room - 1, drafting.MAX_DRAFT))
+        draft = drafter(prompt + story, min(room - 1, drafting.max_draft()))
         start = m.pos()
         got = m.verify([story[-1], *draft])
         passes += 1
@@ -159,3 +159,40 @@ def test_verify_on_a_model_full_of_ties(tmp_path, small_model) -> None:  # type:
                 feed = [rng.randrange(900) for _ in range(8)]
                 assert a.verify(feed) == [b.step(t) for t in feed]
                 assert a.logits() == b.logits()
+
+
+@pytest.mark.parametrize("draft", ["lookup", "table"])
+@pytest.mark.parametrize("options", [{"temperature": 0}, {"seed": 7}, {"seed": 2**40 + 1},
+                                     {"seed": 3, "top_k": 0}])
+def test_llm_story_with_a_drafter_is_the_plain_story(small_model, draft, options) -> None:  # type: ignore[no-untyped-def]
+    """llm.py's speculative loop (draft= option) writes exactly the plain story,
+    including the stop at <|endoftext|>, the token budget and the context."""
+    from mpllm import hostboard
+
+    llm = hostboard.import_llm()
+    llm.load(str(small_model.image))
+    table = drafting.NgramTable()
+    with _llm.Model(small_model.image) as m:
+        for _p, s in drafting.decode_stories(m, [[5, 6, 7], [9, 9]], (0.8, 40, 99), 80, 0):
+            table.add(s)
+    drafter = "lookup" if draft == "lookup" else table.draft
+    for prompt, budget in (("Once upon a time", 60), ("The dog", 200)):
+        plain = "".join(llm.generate(prompt, max_tokens=budget, **options))
+        plain_stats = llm.stats()
+        fast = "".join(llm.generate(prompt, max_tokens=budget, draft=drafter, **options))
+        fast_stats = llm.stats()
+        assert fast == plain
+        assert fast_stats["stop"] == plain_stats["stop"]
+        assert fast_stats["tokens"] == plain_stats["tokens"]
+        assert fast_stats["passes"] >= 1 and fast_stats["tokens_per_pass"] >= 1.0
+    llm.unload()
+
+
+def test_draft_option_is_checked(small_model) -> None:  # type: ignore[no-untyped-def]
+    from mpllm import hostboard
+
+    llm = hostboard.import_llm()
+    llm.load(str(small_model.image))
+    with pytest.raises(ValueError, match="draft must be None, 'lookup' or a function"):
+        llm.generate("Once", draft="ngram")
+    llm.unload()

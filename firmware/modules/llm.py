@@ -602,7 +602,28 @@ MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
 TOP_K_MAX = 256  # LLM_SAMPLER_MAX_TOP_K in native/engine/sampler.h
-_OPTIONS = ("max_tokens", "temperature", "top_k", "seed")
+_OPTIONS = ("max_tokens", "temperature", "top_k", "seed", "draft")
+#: drafted tokens one verify pass checks at most (the engine takes 8 positions:
+#: the last token and up to 7 drafts)
+MAX_DRAFT = 7
+
+
+def prompt_lookup(context, max_len, max_ngram=3):
+    """A drafter: the tokens that followed the latest earlier occurrence of the
+    context's last n tokens (n = 3, 2, 1), at most max_len of them; [] if none."""
+    n_ctx = len(context)
+    n = min(max_ngram, n_ctx - 1)
+    while n > 0:
+        start = n_ctx - n - 1
+        while start >= 0:
+            k = 0
+            while k < n and context[start + k] == context[n_ctx - n + k]:
+                k += 1
+            if k == n:
+                return list(context[start + n:start + n + max_len])
+            start -= 1
+        n -= 1
+    return []
 
 STOP_EOT = "eot"  # the model wrote <|endoftext|>
 STOP_BUDGET = "budget"  # max_tokens story tokens were written
@@ -767,6 +788,12 @@ def generate(prompt, **options):
       seed         sampling seed: the same seed gives the same story on the
                    PC and on the board. Default: a fresh one per story (see
                    stats()["seed"]). seed=0 is greedy (the engine's rule).
+      draft        speculative decoding: None (off, the default), "lookup"
+                   (prompt_lookup), or a function (context ids, n) -> up to n
+                   guessed next ids. The engine checks a guess and the tokens
+                   after it in one pass and keeps what plain decoding would
+                   have written, so the story is the same; only the number
+                   of passes changes (stats()["tokens_per_pass"]).
 
     The story stops at <|endoftext|> (never yielded), after max_tokens
     tokens, or when prompt + story fill the context; stats() then says
@@ -782,15 +809,22 @@ def generate(prompt, **options):
             f"top_k must be 0..{TOP_K_MAX}, or 0 / {_vocab_out} for the whole vocabulary, "
             f"got {top_k}"
         )
+    draft = options.get("draft", None)
+    if draft == "lookup":
+        draft = prompt_lookup
+    elif draft is not None and not callable(draft):
+        raise ValueError(f"draft must be None, 'lookup' or a function, not {draft!r}")
+    if draft is not None and not (hasattr(model, "verify") and hasattr(model, "rewind")):
+        draft = None  # an engine without verify passes decodes plainly
     ids = _prompt_ids(prompt)
     if temperature == 0:
         seed = None
     elif seed is None:
         seed = _fresh_seed()
-    return _run(model, ids, max_tokens, temperature, top_k, seed)
+    return _run(model, ids, max_tokens, temperature, top_k, seed, draft)
 
 
-def _run(model, ids, max_tokens, temperature, top_k, seed):
+def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
     global _last
     start = _ticks_us()
     n_prompt = len(ids)
@@ -809,6 +843,10 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
         "wall_ms": None,
         "tok_per_s": None,
         "head_rows_fraction": None,
+        "passes": 0,
+        "drafted": 0,
+        "accepted": 0,
+        "tokens_per_pass": None,
     }
     _last = stats
     budget = min(max_tokens, _seq_len - n_prompt)
@@ -817,7 +855,10 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
     decoder = Utf8Decoder()
     stop = STOP_INTERRUPTED
     n = 0
+    produced = 0  # tokens the engine chose after the prompt's
     at_prefill = None
+    context = list(ids) if draft is not None else None
+    ahead = []  # tokens a verify pass chose beyond the current one
     try:
         model.reset()
         if seed is None:
@@ -835,7 +876,32 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
                 yield piece
             if n >= budget:
                 break
-            token = model.step(token)
+            if ahead:
+                token = ahead.pop(0)
+                continue
+            if draft is None:
+                token = model.step(token)
+                produced += 1
+                continue
+            # one pass: the current token and up to MAX_DRAFT guesses; the
+            # engine's choices equal plain decoding's, so keep the guesses it
+            # agrees with, and its choice after the last of them
+            context.append(token)
+            room = min(budget - n, _seq_len - model.pos()) - 1
+            guess = list(draft(context, min(MAX_DRAFT, room))) if room > 0 else []
+            at = model.pos()
+            got = model.verify([token] + guess)
+            a = 0
+            while a < len(guess) and guess[a] == got[a]:
+                a += 1
+            model.rewind(at + a + 1)
+            context.extend(guess[:a])
+            stats["passes"] += 1
+            stats["drafted"] += len(guess)
+            stats["accepted"] += a
+            produced += a + 1
+            ahead = got[1:a + 1]
+            token = got[0]
         if token == eot:
             stop = STOP_EOT
         elif n >= max_tokens:
@@ -857,9 +923,10 @@ def _run(model, ids, max_tokens, temperature, top_k, seed):
         if at_prefill is not None:
             stats["engine_ttft_ms"] = at_prefill["ttft_ms"]
             end = model.stats()
-            steps = end["tokens"] - at_prefill["tokens"]
-            if steps > 0:
-                stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / steps
+            if produced > 0:
+                stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / produced
+            if stats["passes"]:
+                stats["tokens_per_pass"] = produced / stats["passes"]
             if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
                 stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * _vocab_out)
 
@@ -876,7 +943,9 @@ def stats():
     (engine time per story token after the first), wall_ms and tok_per_s
     (round trip: story tokens per wall-clock second, output included),
     head_rows_fraction (share of the head's rows the engine scored: the
-    certified head skips rows that cannot be chosen; 1.0 in plain mode).
+    certified head skips rows that cannot be chosen; 1.0 in plain mode);
+    with a drafter: passes (verify passes), drafted and accepted (guessed
+    tokens, and those the engine agreed with), tokens_per_pass.
     """
     return dict(_last)
 

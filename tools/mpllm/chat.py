@@ -49,6 +49,9 @@ def _print_stats(s: dict[str, object]) -> None:
 
     print(f"stop: {s.get('stop')}   prompt tokens: {s.get('prompt_tokens')}   "
           f"story tokens: {s.get('tokens')}   seed: {s.get('seed')}", file=sys.stderr)
+    if s.get("tokens_per_pass"):
+        print(f"speculative: {num('tokens_per_pass', '.2f')} tokens per pass, "
+              f"{s.get('accepted')}/{s.get('drafted')} guesses kept", file=sys.stderr)
     if "head_rows_fraction" in s:
         print(f"head rows scored: {num('head_rows_fraction', '.1%')}", file=sys.stderr)
     print(f"time to first token: {num('ttft_ms', '.1f')} ms   "
@@ -78,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy", action="store_true", help="always take the most likely token")
     ap.add_argument("--stats", action="store_true",
                     help="print timing and token counts after the (last) story, to stderr")
+    ap.add_argument("--draft", choices=["none", "lookup", "ngram"], default="none",
+                    help="speculative decoding's drafter: prompt lookup, or an n-gram table of "
+                         "what the model itself writes (built once, cached); the story is the "
+                         "same, the engine just makes fewer passes (default none)")
     ap.add_argument("--plain", action="store_true",
                     help="the engine with every speed-up off (every head row scored, one "
                          "core, V cached as floats): the same story, slower; for checking "
@@ -91,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                      "(tools/flash.py --board n16r8 --image ... writes one)")
         if args.plain:
             ap.error("--plain is for the host board (on a board: llm.load(plain=True))")
+        if args.draft == "ngram":
+            ap.error("--draft ngram is for the host board (on a board: draft=\"lookup\")")
+        if args.draft == "lookup":
+            opts["draft"] = "lookup"
         if not args.port:
             print("(give --port to fill in the serial port)", file=sys.stderr)
         print(_board_command(args, opts))
@@ -99,8 +110,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--port is for --board n16r8")
 
     try:
-        llm = hostboard.open_image(args.image) if args.image else hostboard.open_demo()
+        image = args.image or hostboard.ensure_image(*hostboard.demo_sources())
+        llm = hostboard.open_image(image)
         llm.load(plain=args.plain)
+        if args.draft != "none" and not args.plain:  # plain mode: every speed-up off
+            if args.draft == "lookup":
+                opts["draft"] = "lookup"
+            else:
+                from .drafting import cached_table
+
+                opts["draft"] = cached_table(image, hostboard.cache_dir(),
+                                             say=hostboard.say).draft
     except (hostboard.HostBoardError, RuntimeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,27 +27,28 @@ Two drafters:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Drafter = Callable[[Sequence[int], int], list[int]]
 
-#: longest draft one pass verifies (the batched pass takes m <= 8 positions)
-MAX_DRAFT = 7
+#: story beginnings the self-distilled table and the study start from
+DEFAULT_PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog",
+                   "The sun was", "Once upon a time, there was")
+
 
 
 def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -> list[int]:
     """Tokens that followed the latest earlier occurrence of the context's last
-    n tokens (longest n first), at most max_len of them; [] when none."""
-    n_ctx = len(context)
-    for n in range(min(max_ngram, n_ctx - 1), 0, -1):
-        tail = list(context[n_ctx - n:])
-        for start in range(n_ctx - n - 1, -1, -1):
-            if list(context[start:start + n]) == tail:
-                return list(context[start + n:start + n + max_len])
-    return []
+    n tokens (longest n first), at most max_len of them; [] when none. The
+    board's own drafter (firmware/modules/llm.py), used here as it is."""
+    from .hostboard import import_llm
+
+    return list(import_llm().prompt_lookup(context, max_len, max_ngram))
 
 
 @dataclass
@@ -90,6 +91,33 @@ class NgramTable:
     def entries(self) -> int:
         return sum(len(c) for c in self.counts.values())
 
+    def to_json(self) -> dict[str, object]:
+        return {"order": self.order, "min_share": self.min_share,
+                "counts": [[list(ctx), [[t, k] for t, k in c.items()]]
+                           for ctx, c in self.counts.items()]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> NgramTable:
+        t = cls(order=int(d["order"]), min_share=float(d["min_share"]))  # type: ignore[arg-type]
+        for ctx, pairs in d["counts"]:  # type: ignore[union-attr]
+            t.counts[tuple(ctx)] = Counter({int(a): int(b) for a, b in pairs})
+        return t
+
+
+def self_distilled(model: object, prompts: Sequence[Sequence[int]], n_stories: int,
+                   n_tokens: int, eot: int, *, first_seed: int = 1000,
+                   progress: Callable[[int], None] | None = None) -> NgramTable:
+    """An n-gram table of what the open model writes: n_stories sampled stories
+    (T 0.8, top-k 40, seeds first_seed..), the prompts taken in turn."""
+    table = NgramTable()
+    for k in range(n_stories):
+        for _p, s in decode_stories(model, [prompts[k % len(prompts)]],
+                                    (0.8, 40, first_seed + k), n_tokens, eot):
+            table.add(s)
+        if progress is not None:
+            progress(k + 1)
+    return table
+
 
 def both(table: NgramTable) -> Drafter:
     """Prompt lookup when the context repeats itself, else the table."""
@@ -114,13 +142,22 @@ class Study:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def max_draft() -> int:
+    """Guesses one verify pass checks at most: llm.MAX_DRAFT (the board's)."""
+    from .hostboard import import_llm
+
+    return int(import_llm().MAX_DRAFT)
+
+
 def simulate(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Drafter,
-             max_draft: int = MAX_DRAFT) -> Study:
+             max_draft: int | None = None) -> Study:
     """Replay (prompt, story) pairs decoded plainly: at each pass the drafter sees
     the context so far and proposes up to max_draft tokens (never past the
     story's end); the pass keeps the prefix that equals the story and adds the
     one token it computes itself."""
     st = Study()
+    if max_draft is None:
+        max_draft = globals()["max_draft"]()
     for prompt, story in stories:
         story = list(story)
         i = 0
@@ -168,17 +205,13 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     from .hostboard import import_llm
 
     llm = import_llm()
-    prompts = list(prompts or ("Once upon a time", "One day, a little girl named Lily",
-                               "Tom and his dog", "The sun was", "Once upon a time, there was"))
+    prompts = list(prompts or DEFAULT_PROMPTS)
     with llm_module.Model(image) as m:  # type: ignore[attr-defined]
         tok = llm.Tokenizer(m.tokenizer())
         eot = m.config()["eot_id"]
         ids = [tok.encode(p) for p in prompts]
-        table = NgramTable()
-        for k in range(table_stories):  # self-distilled: seeds 1000.. never measured
-            for _p, s in decode_stories(m, [ids[k % len(ids)]], (0.8, 40, 1000 + k), n_tokens,
-                                        eot):
-                table.add(s)
+        # self-distilled: seeds 1000.., never the ones measured below
+        table = self_distilled(m, ids, table_stories, n_tokens, eot)
         runs = {"greedy": [(0.0, 0, 0)], "sampled": [(0.8, 40, s) for s in seeds]}
         out: dict[str, dict[str, dict[str, float]]] = {}
         for mode, samplers in runs.items():
@@ -220,3 +253,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cached_table(image: str | os.PathLike[str], cache: Path, *, n_stories: int = 200,
+                 n_tokens: int = 200, llm_module: object | None = None,
+                 say: Callable[[str], None] | None = None) -> NgramTable:
+    """The self-distilled table of `image`, built once (a few seconds for the
+    demo model, with a progress bar) and kept in `cache` under the image's hash."""
+    import hashlib
+    import json
+
+    from .atomic import atomic_write_bytes
+
+    digest = hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
+    path = cache / "drafts" / f"ngram-{digest}-{n_stories}x{n_tokens}.json"
+    if path.is_file():
+        return NgramTable.from_json(json.loads(path.read_text()))
+    if llm_module is None:
+        import _llm as llm_module  # type: ignore[no-redef]
+    from tqdm import tqdm
+
+    from .hostboard import import_llm
+
+    llm = import_llm()
+    if say is not None:
+        say(f"Building the n-gram drafter from {n_stories} stories the model writes "
+            f"(first run only; cached in {path.parent})")
+    with llm_module.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
+        tok = llm.Tokenizer(m.tokenizer())
+        prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
+        with tqdm(total=n_stories, desc="drafter", unit="story", file=sys.stderr,
+                  leave=False) as bar:
+            table = self_distilled(m, prompts, n_stories, n_tokens, m.config()["eot_id"],
+                                   progress=lambda k: bar.update(k - bar.n))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(table.to_json()).encode())
+    return table

@@ -65,7 +65,7 @@ def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
     return model_bin, tok
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     # Progress goes to stderr, so that stdout carries only the story.
     print(text, file=sys.stderr, flush=True)
 
@@ -81,10 +81,10 @@ def ensure_image(model_bin: Path, tokenizer_json: Path, cache: Path | None = Non
     cached = cached_image_path(model_bin, tokenizer_json, cache)
     if cached.is_file():
         return cached
-    _say(f"Converting {model_bin} + {tokenizer_json.name} into a model image "
+    say(f"Converting {model_bin} + {tokenizer_json.name} into a model image "
          f"(first run only; cached in {cache / 'images'})")
     try:
-        return image_for(model_bin, tokenizer_json, cache, Runner(dry_run=False, out=_say))
+        return image_for(model_bin, tokenizer_json, cache, Runner(dry_run=False, out=say))
     except FlashError as e:
         raise HostBoardError(str(e)) from None
 
@@ -111,7 +111,7 @@ def open_sources(model_bin: Path, tokenizer_json: Path, cache: Path | None = Non
     try:
         llm.load(str(img))
     except _llm.Error as e:
-        _say(f"the cached image {img} cannot be used ({e}); converting again")
+        say(f"the cached image {img} cannot be used ({e}); converting again")
         img.unlink(missing_ok=True)
         img = ensure_image(model_bin, tokenizer_json, cache)
         llm.load(str(img))
