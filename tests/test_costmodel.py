@@ -262,6 +262,130 @@ def test_rows_fractions_measured_on_the_demo(llm_mod) -> None:
     assert any("demo model" in k for k in rep.variants)
 
 
+# ---- speculative decoding: verify passes of m positions ---------------------------
+
+SPEC_STARTS = list(range(4, 204))
+
+
+def _draft(tpp: float, m: float) -> cm.DraftFigures:
+    return cm.DraftFigures("synthetic", tpp, m - 1.0)
+
+
+def _spec_ms(b: cm.Build, tpp: float, m: float, **passes: object) -> float:
+    p = cm._Passes(cm.fit(), cm.RELEASE, pie_calls=None, bound_pie=None, cols_pie=None,
+                   scale=(1.0, 1.0), **passes)
+    e = cm._spec_entry(b, p, _draft(tpp, m), cm.DEFAULT_UNION["sampled"], SPEC_STARTS)
+    return float(e["total_ms"])
+
+
+def test_cols_pie_measured_equals_closed_form() -> None:
+    per = cm.measure_cols_pie()
+    assert sorted(per) == list(range(1, 9))
+    for m, v in per.items():
+        assert v == pytest.approx(cm.pie_cols_instructions(128, 96, 128, m) / (128 * m), abs=0.006)
+    assert per[1] == pytest.approx(25.1, abs=0.05) and per[8] == pytest.approx(12.8, abs=0.05)
+    # rows wider than 3 blocks (ple_proj) and multi-group rows: the single kernel per column
+    assert cm.pie_cols_instructions(96, 128, 128, 3) == 3 * cm.pie_matvec_instructions(96, 128, 128)
+    assert cm.pie_cols_instructions(8, 300, 64, 2) == 2 * cm.pie_matvec_instructions(8, 300, 64)
+
+
+def test_a_pass_costs_more_with_m_and_less_than_m_steps() -> None:
+    f = cm.fit()
+    b = cm.BUILDS["mpllm-spec-sampled"]
+    u = cm.DEFAULT_UNION["sampled"]
+
+    def pass_ms(m: int, bb: cm.Build = b) -> float:
+        head = None if m == 1 else cm.PassHead.from_union(bb, cm.RELEASE, bb.rows_fraction, m,
+                                                          *u.at(m))
+        w = cm.pass_build_work(bb, cm.RELEASE, SPEC_STARTS, m, head=head)
+        return sum(1e3 * cm.stage_seconds(w[st], f) for st in cm.STAGES)
+
+    times = [pass_ms(m) for m in range(1, 9)]
+    assert times == sorted(times) and len(set(times)) == 8
+    assert times[0] == pytest.approx(cm.predict(cm.BUILDS["mpllm-exact-sampled"], f)["total"])
+    for m, t in enumerate(times, 1):  # weights, KV and head tiles shared: cheaper than m steps
+        assert m == 1 or t < m * times[0]
+    # what the pass shares shows: PSRAM-resident batch buffers cost, a split head scan saves
+    assert pass_ms(4, dataclasses.replace(b, batch="sram")) < pass_ms(4)
+    assert pass_ms(4, dataclasses.replace(b, many_split=True)) < pass_ms(4)
+    # attention reads the cache once per pass, computes per position, one hand-off per layer
+    w1 = cm.pass_work(b, cm.RELEASE, 100, 1)["attn"]
+    w4 = cm.pass_work(dataclasses.replace(b, batch="sram"), cm.RELEASE, 100, 4)["attn"]
+    assert w4.handoffs == w1.handoffs == cm.RELEASE.n_layers
+    assert sum(w4.lines_split.values()) < 1.1 * sum(w1.lines_split.values())
+    with pytest.raises(ValueError, match="1..8 positions"):
+        cm.pass_work(b, cm.RELEASE, 10, 9)
+    with pytest.raises(ValueError, match="outside the 256-position context"):
+        cm.pass_work(b, cm.RELEASE, 250, 8)
+
+
+def test_spec_ms_falls_as_tokens_per_pass_rises() -> None:
+    b = cm.BUILDS["mpllm-spec-sampled"]
+    plain = cm.predict(cm.BUILDS["mpllm-exact-sampled"], cm.fit())["total"]
+    assert _spec_ms(b, 1.0, 1.0) == pytest.approx(plain)  # nothing drafted: a step
+    per_tpp = [_spec_ms(b, tpp, 4.5) for tpp in (1.0, 1.5, 2.0, 2.8, 3.5, 4.5)]
+    assert per_tpp == sorted(per_tpp, reverse=True)
+    # a pass of 2 positions beats a step once it yields ~1.5 tokens; not when nothing is accepted
+    assert _spec_ms(b, 1.6, 2.0) < plain < _spec_ms(b, 1.0, 2.0)
+    assert _spec_ms(b, 1.45, 2.0) > plain
+    # drafting further costs: the same tokens per pass from longer drafts is slower
+    assert _spec_ms(b, 2.5, 3.0) < _spec_ms(b, 2.5, 5.0)
+
+
+def test_union_ratios_and_draft_figures() -> None:
+    u = cm.UnionRatios({2: 0.5, 8: 0.25}, {2: 1.0, 8: 0.9})
+    assert u.at(1) == (1.0, 1.0) and u.at(2) == pytest.approx((0.5, 1.0))
+    t5, r5 = u.at(5)  # m x ratio linear between the measured m: 1 -> 2 at m 2 .. 8
+    assert t5 * 5 == pytest.approx(1.0 + 3 * (2.0 - 1.0) / 6)
+    assert r5 * 5 == pytest.approx(2.0 + 3 * (8 * 0.9 - 2.0) / 6)
+    d = cm.DraftFigures.from_study("ngram", {"tokens_per_pass": 3.0, "accept_rate": 0.5,
+                                             "passes": 10, "story_tokens": 30})
+    # 20 accepted of 40 drafted over 10 passes: m = 5
+    assert d.drafted_per_pass == pytest.approx(4.0) and d.positions_per_pass == pytest.approx(5.0)
+    ph = cm.PassHead.from_union(cm.BUILDS["mpllm-spec-greedy"], cm.RELEASE, 0.34, 4, 0.25, 1.0)
+    one = cm.HeadCounts.from_fraction(cm.BUILDS["mpllm-spec-greedy"], cm.RELEASE, 0.34)
+    assert ph.tiles == pytest.approx(one.tiles) and ph.rows == pytest.approx(4 * one.rows)
+    assert cm.PassHead.from_union(cm.BUILDS["mpllm-spec-greedy"], cm.RELEASE, 0.34, 8, 1.0,
+                                  1.0).tiles == cm.RELEASE.n_tiles
+
+
+def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
+    demo = bench._default_image()
+    if demo is None:
+        pytest.skip("no demo model image")
+    _needs_head_counters(llm_mod, demo)
+    # passes of the story's own tokens: same tokens as the steps, bytes equal the formulas
+    # (measure_union raises otherwise), the demo's head shares nearly every tile
+    u = cm.measure_union(demo, llm_module=llm_mod, prompts=cm.SPEC_PROMPTS[:2], n_tokens=40,
+                         seeds=(1,), ms=(2, 4))
+    for mode in cm.SPEC_MODES:
+        assert set(u[mode].tiles) == {2, 4} and u[mode].passes[2] > 10
+        for m, v in u[mode].tiles.items():
+            assert 1.0 / m * 0.8 <= v <= 1.0  # between full sharing (1/m) and none (1)
+        assert 0.5 < u[mode].rows[2] <= 1.05 and 0.0 < u[mode].step_fraction <= 1.0
+    rel = cm.measure_union(release_model.image, llm_module=llm_mod, prompts=[[5, 6, 7]],
+                           n_tokens=16, seeds=(1,), ms=(3,), modes=("sampled",))
+    assert rel["sampled"].n_tiles == cm.RELEASE.n_tiles and rel["sampled"].tiles[3] > 0
+    drafts, table = cm.measure_drafting(demo, table_stories=4, n_tokens=40, seeds=(1,),
+                                        llm_module=llm_mod)
+    assert set(drafts) == {"greedy", "sampled"} and table["stories"] == 4
+    ngram = drafts["sampled"]["ngram"]
+    assert ngram.tokens_per_pass >= 1.0 and ngram.positions_per_pass >= ngram.tokens_per_pass
+    # the adaptive sweep replays the same stories through the same table: its default
+    # threshold and cap reproduce drafting.study's n-gram figure
+    sweep = cm.measure_adaptive(demo, llm_module=llm_mod, table_stories=4, n_tokens=40,
+                                seeds=(1,), shares=(0.5, 0.9), caps=(2, 7))
+    same = next(d for d in sweep["sampled"] if d.drafter == "ngram share>=0.50 cap 7")
+    assert same.tokens_per_pass == pytest.approx(ngram.tokens_per_pass)
+    assert same.positions_per_pass == pytest.approx(ngram.positions_per_pass)
+    spec = cm.SpecInputs.default()
+    spec.drafts, spec.union, spec.adaptive = drafts, u, sweep
+    rep = cm.report(spec=spec)
+    assert rep.builds["mpllm-spec-sampled"]["tokens_per_pass"] == pytest.approx(
+        drafts["sampled"][rep.builds["mpllm-spec-sampled"]["drafter"]].tokens_per_pass)
+    assert any("adaptive draft" in k for k in rep.variants)
+
+
 # ---- interfaces ------------------------------------------------------------------
 
 def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
@@ -273,13 +397,25 @@ def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
         assert b["total_ms"] == pytest.approx(sum(b["stages"].values()))
         assert b["positions"] == [4, 203] and "at_255" in b
     assert data["builds"]["mpllm-exact-greedy"]["rows_fraction"] == pytest.approx(0.34)
+    for name in ("mpllm-spec-greedy", "mpllm-spec-sampled"):
+        b = data["builds"][name]
+        assert set(b["stages"]) == set(cm.STAGES) and b["positions"] == [4, 203]
+        assert b["total_ms"] == pytest.approx(sum(b["stages"].values()))
+        assert b["drafter"] in ("lookup", "ngram", "both")
+        assert b["tokens_per_pass"] > 1 and b["positions_per_pass"] >= b["tokens_per_pass"]
+        assert b["total_ms"] == pytest.approx(b["pass_ms"] / b["tokens_per_pass"])
+        by_m = [b["pass_ms_by_m"][str(m)] for m in range(1, 9)]
+        assert by_m == sorted(by_m)
+    assert data["speculative"]["target_ms"] == 10.0
+    assert any("spilled" in k and k.startswith("spec sampled") for k in data["variants"])
     for a in data["anchors"]:
         assert {"name", "published_ms", "predicted_ms", "error", "fitted"} <= set(a)
         assert isinstance(a["fitted"], bool)
     assert data["sram"]["left_free_bytes"] == report.sram["left_free_bytes"]
     table = report.table()
     for needle in ("anchor", "published", "fitted", "mpllm (ours)", "34.0 % of rows",
-                   "tok/s", "targets:", "SRAM:"):
+                   "tok/s", "targets:", "SRAM:", "speculative decoding", "tokens / pass",
+                   "m = drafted + 1", "one pass (ms):", "target: speculative exact sampled"):
         assert needle in table, needle
     png = cm.plot(report, tmp_path / "cost.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -288,11 +424,20 @@ def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
 def test_bench_model_s3_writes_the_json(llm_mod, tmp_path, capsys) -> None:
     out = tmp_path / "s3.json"
     rc = bench.main(["--model-s3", "--json", str(out), "--no-plot", "--fraction-tokens", "20",
-                     "--rows-fraction", "0.3"], llm_module=llm_mod)
+                     "--rows-fraction", "0.3", "--draft-stories", "3", "--draft-tokens", "30",
+                     "--no-adaptive"], llm_module=llm_mod)
     assert rc == 0
     text = capsys.readouterr().out
     assert "rows fractions: greedy 30.0 %" in text and "counters: analytic" in text
+    assert "speculative: best drafter measured" in text and "tokens/pass" in text
     data = json.loads(out.read_text())
     assert data["builds"]["mpllm-exact-greedy"]["rows_fraction"] == pytest.approx(0.3)
-    assert {"mpllm-exact-greedy", "mpllm-exact-sampled"} <= set(data["builds"])
+    assert {"mpllm-exact-greedy", "mpllm-exact-sampled", "mpllm-spec-greedy",
+            "mpllm-spec-sampled"} <= set(data["builds"])
+    spec = data["builds"]["mpllm-spec-sampled"]
+    assert {"tokens_per_pass", "positions_per_pass", "drafter"} <= set(spec)
+    assert spec["rows_fraction"] == pytest.approx(
+        data["builds"]["mpllm-exact-sampled"]["rows_fraction"])
+    assert data["speculative"]["table"]["stories"] == 3
     assert bench.main(["--model-s3", "--rows-fraction", "1.5"], llm_module=llm_mod) == 2
+    assert bench.main(["--model-s3", "--draft-stories", "0"], llm_module=llm_mod) == 2

@@ -579,6 +579,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fraction-tokens", type=int, default=200,
                    help="with --model-s3: tokens per run when measuring rows fractions on the "
                         "demo (and release-shaped) model (default %(default)s)")
+    p.add_argument("--draft-stories", type=int, default=200,
+                   help="with --model-s3: stories the demo model writes for the n-gram "
+                        "drafter's table when measuring tokens per pass (default %(default)s)")
+    p.add_argument("--draft-tokens", type=int, default=200,
+                   help="with --model-s3: story tokens per run for the drafting and head-union "
+                        "measurements of the speculative builds (default %(default)s)")
+    p.add_argument("--no-adaptive", action="store_true",
+                   help="with --model-s3: skip the n-gram threshold x draft cap sweep "
+                        "(the adaptive draft length)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -635,6 +644,9 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print(f"--rows-fraction {args.rows_fraction}: expected a share in (0, 1]",
               file=sys.stderr)
         return 2
+    if args.draft_stories < 1 or args.draft_tokens < 10:
+        print("--draft-stories must be >= 1 and --draft-tokens >= 10", file=sys.stderr)
+        return 2
     measured = None
     image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped else None)
     _llm = None
@@ -656,15 +668,42 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
                                              llm_module=_llm, n_steps=args.fraction_tokens)
                  if _llm is not None else costmodel.HeadFractions())
     fractions.greedy = args.rows_fraction
-    rep = costmodel.report(measured, fractions)
+    # speculative builds: drafting and head sharing measured on the demo model
+    # (and the head sharing on the release-shaped image when one is in use)
+    if _llm is not None and demo is not None:
+        spec = costmodel.measure_spec(demo, os.fspath(image) if image else None,
+                                      llm_module=_llm, table_stories=args.draft_stories,
+                                      n_tokens=args.draft_tokens, adaptive=not args.no_adaptive)
+    else:
+        spec = costmodel.SpecInputs.default()
+        print("speculative inputs: no engine or demo model here, using the defaults measured "
+              "at 9a6b552", file=sys.stderr)
+    rep = costmodel.report(measured, fractions, spec=spec)
     print(rep.table())
-    for name in costmodel.OURS:
+    for name in (*costmodel.OURS, *costmodel.SPEC):
         b = rep.builds[name]
         fr = b.get("rows_fraction")
         rows = "dense head" if fr is None else f"{100 * fr:.1f} % of head rows"
+        if name in costmodel.SPEC:
+            rows += (f", {b['drafter']}: {b['tokens_per_pass']:.2f} tokens/pass, m "
+                     f"{b['positions_per_pass']:.2f}, pass {b['pass_ms']:.2f} ms")
         print(f"ours, predicted ms/token per stage on the N16R8 ({b['label']}, {rows}): "
               + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in STAGES)
               + f"; total {b['total_ms']:.2f} ({b['tok_s']:.1f} tok/s)")
+    for mode, rows_d in spec.drafts.items():
+        print(f"drafting ({mode}, demo model; {spec.source.get('drafts', '')}): " + "; ".join(
+            f"{n} {d.tokens_per_pass:.2f} tokens/pass, {d.drafted_per_pass:.2f} drafted/pass, "
+            f"accept {100 * d.accept_rate:.1f} %" for n, d in rows_d.items()))
+    if spec.table:
+        print(f"n-gram table: {spec.table.get('contexts', 0):,} contexts, "
+              f"{spec.table.get('entries', 0):,} entries from {spec.table.get('stories', 0)} "
+              "self-generated stories")
+    best = {n: rep.builds[n]["drafter"] for n in costmodel.SPEC}
+    print("speculative: best drafter measured "
+          + ", ".join(f"{costmodel.SPEC_BUILD_MODE[n]} {d}" for n, d in best.items())
+          + "; union sources: " + "; ".join(f"{k}: {spec.source[k]}" for k in
+                                             ("union", "union_release", "cols_pie")
+                                             if k in spec.source))
     lo, hi = fractions.greedy_range
     line = (f"rows fractions: greedy {100 * fractions.greedy:.1f} % (release head, published "
             f"{100 * lo:.1f}-{100 * hi:.1f} %)")

@@ -34,6 +34,21 @@ There is no board here, so speed is predicted from what a token costs:
     placement, cache line, kernels, splits, libm calls), each assumption
     stated beside it.
 
+Speculative decoding (`pass_work`; builds mpllm-spec-greedy/-sampled): a
+verify pass of m <= 8 positions (llm_verify) reads every weight once (they
+are in SRAM, so what that saves is PIE work: llm_matvec_q4_cols's count per
+row per column, `measure_cols_pie`), the KV cache once per layer, and each
+head tile once for all m (llm_head_certify_many, on one core, no hand-offs);
+everything else runs m times. ms/token = (time of one pass) / (story tokens
+per pass), passes starting at positions 4..203. Tokens per pass and m =
+drafted + 1 are measured on the demo model (`measure_drafting`, i.e.
+mpllm.drafting.study; the release model's acceptance cannot be measured
+here), and so is how many tiles the positions of a pass have in common
+(`measure_union`: pass tiles / m steps' tiles), applied to the release
+head's step fraction. Positions 1..m-1's buffers and the scan's scratch live
+in PSRAM and are charged in cache lines, though the engine's byte counters
+(checked per pass, `pass_region_bytes`) do not see them (`_batch_buffers`).
+
 Calibration (`fit`): four constants are solved jointly and exactly from four
 published stage times and then held fixed:
   C_OP          cycles per scalar op               <- stock attention (20 ms)
@@ -54,6 +69,7 @@ read off source code, each with its source.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import re
@@ -64,11 +80,14 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 #: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their
 #: weights are read once per pass
 PREFILL_BATCH = 8
+#: positions one verification pass carries (llm.h LLM_VERIFY_MAX)
+VERIFY_MAX = 8
 REGIONS = ("flash", "fast", "bulk")
 
 # ---------------------------------------------------------------------------
@@ -181,6 +200,10 @@ UPSTREAM_BLOCK_OPS = 2
 SCALAR_DOT_MACS_PER_S = 24.8e6
 #: esp32-ai's half2float, normal-number path.
 HALF2FLOAT_OPS = 8
+#: llm_matvec_q4_cols_pie (kernels_pie.c) keeps a row of up to this many
+#: 32-column blocks in q0..q5 and multiplies it with every column; wider or
+#: multi-group rows go through the single-vector kernel once per column.
+COLS_RESIDENT_BLOCKS = 3
 
 # Certified head: tiles, bounds, order.
 #: Rows per tile (ours and esp32-ai: CERT_TILE 128): 199 tiles for 25,353 rows.
@@ -410,6 +433,28 @@ def pie_row_instructions(cols: int, group: int) -> int:
     return pie_matvec_instructions(1, cols, group) - pie_matvec_instructions(0, cols, group)
 
 
+def cols_resident(cols: int, group: int) -> bool:
+    """Rows the many-columns kernel keeps in registers (one group, <= 3 blocks)."""
+    return n_groups(cols, group) == 1 and 1 <= _cdiv(cols, 32) <= COLS_RESIDENT_BLOCKS
+
+
+def pie_cols_instructions(rows: int, cols: int, group: int, m: int) -> int:
+    """PIE instructions of one llm_matvec_q4_cols_pie call with m columns
+    (kernels_pie.c), the closed form of what the host model counts
+    (`measure_cols_pie` parses its count, tests/test_costmodel.py holds the
+    two equal). Resident rows: per column the -8*sum(x) correction (the -8
+    broadcast, zero.accx, first load, 2*nb MACs, 2 nops, rur); per row the mask
+    broadcast, ssai and 4 per block to load and split the row once, then per
+    column zero.accx, the activation load, 2*nb MACs, 2 nops, rur. Other rows:
+    the single-vector kernel once per column."""
+    if m < 1:
+        raise ValueError(f"{m} columns")
+    if not cols_resident(cols, group):
+        return m * pie_matvec_instructions(rows, cols, group)
+    nb = _cdiv(cols, 32)
+    return m * (6 + 2 * nb) + rows * (2 + 4 * nb + m * (5 + 2 * nb))
+
+
 def upstream_pie_instructions(rows: int, cols: int) -> int:
     """esp32-ai's int4 PIE kernels (firmware/esp32_tinystories, head_i4_range and
     i4_range): per row zero.accx, the mask load, 8 PIE instructions per
@@ -541,6 +586,45 @@ def measure_pie_counts(
     return out
 
 
+def measure_cols_pie(*, root: Path | None = None, build_dir: Path | None = None,
+                     compiler: str | None = None) -> dict[int, float]:
+    """PIE instructions per row per column of llm_matvec_q4_cols_pie on a 128 x
+    96 matrix (the release head's tile, and the width of every resident core
+    matrix) for m = 1..8 columns, counted by the exact host model of the
+    vector unit: builds tests/c/pie_kernels_test.c as tests/test_pie_kernels.py
+    does and parses its "cols m=N 128x96: X PIE instructions per row per
+    column" lines. Raises FileNotFoundError without the sources or a compiler,
+    RuntimeError when the build or the run fails."""
+    base = root or repo_root()
+    engine, ctests = base / "native" / "engine", base / "tests" / "c"
+    sources = [ctests / "pie_kernels_test.c", engine / "kernels_pie.c",
+               engine / "kernels_ref.c", engine / "pie_model.c"]
+    for src in sources:
+        if not src.is_file():
+            raise FileNotFoundError(f"the many-columns PIE count needs {src} (a source checkout)")
+    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FileNotFoundError("the many-columns PIE count needs a C compiler (set CC)")
+    with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
+        exe = Path(tmp) / "pie_kernels_test"
+        cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-O2",
+               "-I", str(engine), "-I", str(base / "native" / "port" / "host"),
+               *map(str, sources), "-o", str(exe), "-lm"]
+        built = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            raise RuntimeError(f"building pie_kernels_test failed:\n{built.stderr}")
+        # no random cases (N = 0): only the counts of m = 1..8 columns
+        ran = subprocess.run([str(exe), "cols", "5", "0"], capture_output=True, text=True,
+                             check=False, timeout=120)
+    if ran.returncode != 0:
+        raise RuntimeError(f"pie_kernels_test cols failed:\n{ran.stdout}\n{ran.stderr}")
+    out = {int(m): float(v) for m, v in re.findall(
+        r"cols m=(\d+) 128x96: ([\d.]+) PIE instructions per row per column", ran.stdout)}
+    if sorted(out) != list(range(1, VERIFY_MAX + 1)):
+        raise RuntimeError(f"pie_kernels_test cols printed counts for m = {sorted(out)}")
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Builds
 # ---------------------------------------------------------------------------
@@ -606,6 +690,13 @@ class Build:
     chain_interleave: int = 1
     rope: str = "libm"  # "libm" (powf/cosf/sinf per token) | "table" (flash row)
     rows_from: str = "model.bin"  # flash rows per token: "model.bin" | "image"
+    #: a verify pass of m positions (pass_work): where positions 1..m-1's
+    #: working buffers and the many-positions head scan's scratch live,
+    #: "psram" (engine_open.c places them in BULK) or "sram" (a what-if)
+    batch: str = "psram"
+    #: the many-positions head scan split over both cores in waves (a what-if;
+    #: llm_head_certify_many runs on one core)
+    many_split: bool = False
     assumptions: tuple[str, ...] = field(default=())
 
 
@@ -734,6 +825,37 @@ BUILDS["mpllm-before-greedy"] = dataclasses.replace(
 #: our builds, in table order: before (today's engine) and after, greedy and sampled
 OURS = ("mpllm-before-greedy", "mpllm-before-sampled", "mpllm-exact-greedy",
         "mpllm-exact-sampled")
+_SPEC_NOTES = (
+    ("speculative decoding: drafts verified in passes of m positions (llm_verify), output "
+     "bit-identical to plain decoding; ms/token = the time of one pass / story tokens per pass, "
+     "m = drafted + 1 and tokens per pass measured on the demo model (mpllm.drafting.study; "
+     "the release model's acceptance cannot be measured here); passes of floor(m) and ceil(m) "
+     "positions mixed to the measured mean, starting at positions 4..203"),
+    ("a pass: the core's weights once (they are in SRAM: what it saves is PIE work, the "
+     "many-columns kernel's count per row per column, measured by the host model); KV rows "
+     "0..pos+m-1 once per layer for all m positions; per-position scalar work, scores, softmax "
+     "and V accumulation m times (each V row recomputed from its dots once); attention split by "
+     "heads, one hand-off per layer per pass"),
+    ("head: one certified scan for the m positions (llm_head_certify_many) on one core, no "
+     "hand-offs: tiles fetched = the demo model's union ratio x m x the release step's tiles, "
+     "rows scored per position = the demo's rows ratio x the step's; bounds per position, one "
+     "heap; m samplings"),
+    ("positions 1..m-1's buffers, every candidate list and the scan's scratch are in PSRAM "
+     "(engine_open.c 'batch'), uncharged by the engine's counters: each buffer fetched and "
+     "written back once per layer (the KV stream evicts them), attention scores 5 transfers "
+     "per line, m + 8 line fills per popped tile"),
+)
+BUILDS["mpllm-spec-greedy"] = dataclasses.replace(
+    BUILDS["mpllm-exact-greedy"], name="mpllm-spec-greedy", label="speculative, greedy",
+    assumptions=(*BUILDS["mpllm-exact-greedy"].assumptions, *_SPEC_NOTES))
+BUILDS["mpllm-spec-sampled"] = dataclasses.replace(
+    BUILDS["mpllm-exact-sampled"], name="mpllm-spec-sampled", label="speculative, T 0.8 top-40",
+    assumptions=(*BUILDS["mpllm-exact-sampled"].assumptions, *_SPEC_NOTES))
+#: the speculative builds and the decoding mode whose drafting each uses
+SPEC = ("mpllm-spec-greedy", "mpllm-spec-sampled")
+SPEC_BUILD_MODE = {"mpllm-spec-greedy": "greedy", "mpllm-spec-sampled": "sampled"}
+#: the issue's target for speculative exact decoding, sampled (ms/token, modelled)
+SPEC_TARGET_MS = 10.0
 UPSTREAM = ("stock", "pie_int4", "research_line32", "research_line64", "research_cert",
             "research_qact", "research_final")
 
@@ -1108,19 +1230,11 @@ def _draws(w: Work, b: Build, k: int) -> None:
     _chain(w, b, k * (2 * LOGF_OPS + DIV_OPS))
 
 
-def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | None = None,
-               counts: HeadCounts | None = None, bound_pie: float | None = None
-               ) -> dict[str, Work]:
-    """Per-stage cost drivers of one generated token at `pos`."""
-    if not 0 <= pos < s.seq_len:
-        raise ValueError(f"position {pos} outside the {s.seq_len}-position context")
-    d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
+def _embed_position(e: Work, b: Build, s: Shape) -> None:
+    """One position's embed stage but the PLE projection: embedding and PLE
+    rows from flash, the PLE input, the RoPE row."""
+    d, L, p, dh = s.dim, s.n_layers, s.ple_dim, s.head_dim
     lp = L * p
-    mats = {m.name: m for m in matrices(s)}
-    work = {st: Work() for st in STAGES}
-
-    # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
-    e = work["embed"]
     if b.rows_from == "image":
         e.flash(q4_row_bytes(d) + 4, b.line)
         e.flash(ple_record_bytes(s), b.line)
@@ -1131,11 +1245,26 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     for _ in range(L):
         _rmsnorm(e, p)
     _quantize(e, b, d)
-    _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
     if b.rope == "libm":
         e.compute(cycles=3 * (dh // 2) * NEWLIB_TRIG_CYCLES, ops=dh * 3)
     else:
         e.flash(dh * 4, b.line)
+
+
+def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | None = None,
+               counts: HeadCounts | None = None, bound_pie: float | None = None
+               ) -> dict[str, Work]:
+    """Per-stage cost drivers of one generated token at `pos`."""
+    if not 0 <= pos < s.seq_len:
+        raise ValueError(f"position {pos} outside the {s.seq_len}-position context")
+    d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
+    mats = {m.name: m for m in matrices(s)}
+    work = {st: Work() for st in STAGES}
+
+    # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
+    e = work["embed"]
+    _embed_position(e, b, s)
+    _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
 
     if b.core_spill_bytes:
         # the spilled tail of the core (ple_proj, ple_gate, ... of the last
@@ -1201,6 +1330,306 @@ def build_work(b: Build, s: Shape = RELEASE, positions: Sequence[int] | None = N
         for st in STAGES:
             total[st].add(one[st])
     return {st: w.scaled(1.0 / len(positions)) for st, w in total.items()}
+
+
+# ---------------------------------------------------------------------------
+# Speculative decoding: one verification pass of m positions (llm_verify)
+# ---------------------------------------------------------------------------
+
+#: A verify pass keeps position 0's working buffers (llm_col) in internal SRAM
+#: and those of positions 1..m-1, every position's candidate list and the
+#: many-positions head scan's scratch in PSRAM (engine_open.c places "batch" in
+#: BULK). The engine's byte counters do not charge them; the model does, in
+#: cache lines, assuming each layer's KV stream evicts them, so every buffer a
+#: layer touches is fetched and written back once per layer (write-allocate
+#: and write-back, one transfer each way as for the KV rows)...
+BATCH_VECTOR_TRANSFERS = 2
+#: ... except the attention scores ([n_heads][seq_len] per position): written
+#: in the score pass (fill + write-back), evicted by the K stream, read and
+#: rewritten by the softmax (fill + write-back), evicted by the V stream
+#: while it reads them (fill).
+SCORE_LINE_TRANSFERS = 5
+#: Line fills per tile the many-positions scan pops, its scratch in PSRAM:
+#: the deep levels of the heap sift (heap ids and their keys; the top levels
+#: stay cached), on top of one fill per position for that tile's bound (tiles
+#: come in bound order, not address order, and the tile stream between pops
+#: evicts the bound lines).
+MANY_POP_HEAP_LINES = 8
+
+
+@dataclass(frozen=True)
+class PassHead:
+    """What the many-positions head scan (llm_head_certify_many) does in one
+    pass: tiles fetched once for all positions (their rows read once) and rows
+    scored, summed over the positions (the engine's head_tiles and head_rows)."""
+
+    tiles: float
+    rows: float
+    source: str = "analytic"
+
+    @classmethod
+    def from_union(cls, b: Build, s: Shape, fraction: float, m: int, union: float,
+                   rows_ratio: float) -> PassHead:
+        """A pass of m positions from a single step's rows fraction: tiles =
+        union x m x one step's tiles (at most every tile), rows scored = rows
+        ratio x m x one step's rows (at most every fetched row per position)."""
+        one = HeadCounts.from_fraction(b, s, fraction)
+        tiles = min(float(s.n_tiles), union * m * one.tiles)
+        rows = min(tiles * TILE_ROWS * m, rows_ratio * m * one.rows)
+        return cls(tiles, rows, f"union {union:.3f}, rows ratio {rows_ratio:.3f}")
+
+
+def _cols_scale(m: int, cols_pie: Mapping[int, float] | None) -> float:
+    """Measured / closed-form PIE count of the many-columns kernel at m columns
+    (1.0 without a measurement; measured equal to it, tests/test_costmodel.py)."""
+    if not cols_pie or m not in cols_pie:
+        return 1.0
+    return cols_pie[m] / (pie_cols_instructions(TILE_ROWS, 96, 128, m) / (TILE_ROWS * m))
+
+
+def _matvec_pass(w: Work, b: Build, s: Shape, mat: Mat, m: int,
+                 pie_calls: Mapping[str, int] | None,
+                 cols_pie: Mapping[int, float] | None) -> None:
+    """One matrix for the m positions of a pass (engine.c matvec_rows): the
+    weights read once, the many-columns kernel for resident rows, the
+    single-vector kernel once per column for the others."""
+    if b.kernels != "pie" or b.core[0] != "int4":
+        raise ValueError(f"{b.name}: passes are modelled for our int4 PIE kernels")
+    rows, cols = mat.rows, mat.cols
+    ng = n_groups(cols, s.group)
+    nbytes = rows * q4_row_bytes(cols) + rows * ng * 4
+    split = b.split_rows is not None and rows >= b.split_rows
+    if split:
+        w.handoffs += 1
+    tier = b.core[1]
+    if tier == "psram":
+        w.psram(stream_lines(rows * q4_row_bytes(cols), b.line)
+                + stream_lines(rows * ng * 4, b.line), b.line, nbytes, split=split)
+    elif tier == "flash":
+        w.flash(nbytes, b.line)
+    else:
+        w.sram(nbytes)
+    if cols_resident(cols, s.group):
+        pie = pie_cols_instructions(rows, cols, s.group, m) * _cols_scale(m, cols_pie)
+    else:
+        one = (pie_calls[mat.name] if pie_calls and mat.name in pie_calls
+               else pie_matvec_instructions(rows, cols, s.group))
+        pie = m * one
+    w.compute(split=split, pie=pie, ops=m * rows * ROW_OPS_PIE)
+
+
+def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
+    """One layer's attention for positions pos..pos+m-1 (engine.c
+    attention_heads): every cached K/V row 0..pos+m-1 read once for all of
+    them, scores, softmax and V accumulation per (position, head), each V row
+    recomputed from its int16 dots once for all positions, split by heads
+    across the two cores (one hand-off)."""
+    if not b.kv.startswith("fp32") or b.attn_split not in ("heads", "none"):
+        raise ValueError(f"{b.name}: passes are modelled for fp32 K rows split by heads")
+    h, dh = s.n_heads, s.head_dim
+    last = pos + m - 1
+    pairs = h * sum(pos + c + 1 for c in range(m))
+    sp = b.attn_split == "heads" and pos >= b.attn_split_min_pos
+    if sp:
+        w.handoffs += 1
+    _kv_read(w, b, s, last, split=sp)
+    w.compute(split=sp, ops=pairs * (FDOT_OPS * dh + 4))
+    w.compute(split=sp, ops=pairs * 4)
+    _exp(w, b, b.softmax_exp, pairs, split=sp)
+    w.compute(split=sp, ops=pairs * FAXPY_OPS * dh)
+    if b.v_bytes != 4:
+        w.compute(split=sp, ops=(last + 1) * h * dh * 4)
+    w.compute(split=sp, ops=m * h * dh * 2)
+    _chain(w, b, m * h * dh * DIV_OPS, split=sp)
+
+
+def _scored_row_pie(n: float, s: Shape, cols_pie: Mapping[int, float] | None) -> float:
+    """PIE instructions per fetched head row scored for n positions (n may be
+    a mean): the single-vector kernel's row for one, the many-columns kernel's
+    row for several, linear between whole n (the count is linear in n)."""
+    d, g = s.dim, s.group
+
+    def at(k: int) -> float:
+        if k <= 1:
+            return float(pie_row_instructions(d, g))
+        nb = _cdiv(d, 32)
+        return (2 + 4 * nb + k * (5 + 2 * nb)) * _cols_scale(k, cols_pie)
+
+    n = min(max(n, 1.0), float(VERIFY_MAX))
+    lo = math.floor(n)
+    return at(lo) + (n - lo) * (at(min(lo + 1, VERIFY_MAX)) - at(lo))
+
+
+def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
+               cols_pie: Mapping[int, float] | None, bound_pie: float | None) -> None:
+    """The head of a pass (llm_head_certify_many): every position's input and
+    tile bounds, one max-heap on the largest of the m bounds, each tile's rows
+    fetched once and scored for the positions whose floor it does not fall
+    below, on one core (no hand-offs) unless `many_split`."""
+    if b.head != "certified" or b.kernels != "pie":
+        raise ValueError(f"{b.name}: passes are modelled for our certified head")
+    d, nt = s.dim, s.n_tiles
+    for _ in range(m):
+        _rmsnorm(w, d)
+        _quantize(w, b, d)
+    bp = bound_pie if bound_pie is not None else BOUND_PIE_PER_TILE
+    # bounds per position, the key (largest bound) kept beside them
+    w.compute(pie=m * nt * bp, ops=m * (nt * BOUND_OPS_PER_TILE + 2 * d + 2 * nt))
+    w.sram(m * nt * (2 * _cdiv(d, 16) * 16 + 4))
+    log_n = math.log2(max(nt, 2))
+    pops = ph.tiles + 1
+    w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + pops * 2 * log_n)
+              + pops * m * 3 + ph.tiles * m * 3)  # lowest floor, then each position's test
+    rows_read = ph.tiles * TILE_ROWS
+    n_bar = ph.rows / rows_read if rows_read else 1.0
+    nb = _cdiv(d, 32)
+    split = b.many_split
+    w.compute(split=split, pie=rows_read * _scored_row_pie(n_bar, s, cols_pie)
+              + ph.tiles * n_bar * (6 + 2 * nb),
+              ops=ph.rows * (ROW_OPS_PIE + CAND_OPS_PER_ROW))
+    if b.sampler == "cand-topk":
+        k = b.top_k
+        inserts = k * (1.0 + math.log(max(ph.rows / m / k, 1.0)))
+        w.compute(split=split, ops=m * inserts * (k / 2) * 3)
+    if split:
+        w.handoffs += math.ceil(ph.tiles / b.wave_tiles)
+    row_bytes = q4_row_bytes(d)
+    tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
+                  + stream_lines(TILE_ROWS * 2, b.line))
+    w.psram(ph.tiles * tile_lines, b.line, rows_read * (row_bytes + 4 + 2), split=split)
+
+
+def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: int,
+                   ph: PassHead) -> None:
+    """PSRAM line transfers of a pass's batch buffers (see BATCH_VECTOR_TRANSFERS):
+    positions 1..m-1's working vectors and scores, every position's candidate
+    list, the many-positions scan's bounds, key and heap."""
+    if b.batch != "psram":
+        return
+    line = b.line
+    d, L, p, h, nt = s.dim, s.n_layers, s.ple_dim, s.n_heads, s.n_tiles
+    widest = max(d, s.ffn, p)
+
+    def lines(nbytes: int) -> int:
+        return stream_lines(nbytes, line)
+
+    def charge(st: str, transfers: float, *, split: bool = False) -> None:
+        work[st].psram(transfers, line, transfers * line, split=split)
+
+    act = lines(_cdiv(widest, 32) * 32)
+    cp = _cdiv(d, 32) * 32
+    att_split = b.attn_split == "heads"
+    for c in range(1, m):
+        # embed: x, its quantized copy, the PLE inputs and table row (written)
+        charge("embed", BATCH_VECTOR_TRANSFERS * (lines(4 * d) + act + 2 * lines(4 * L * p)))
+        # per layer: x, xb, xb2, att, qkv, the quantized input, max/den
+        charge("attn", L * BATCH_VECTOR_TRANSFERS * (4 * lines(4 * d) + lines(12 * d) + act + 1))
+        charge("attn", L * SCORE_LINE_TRANSFERS * h * lines_touched(0, 4 * (pos + c + 1), line),
+               split=att_split)
+        charge("ffn", L * BATCH_VECTOR_TRANSFERS * 2 * lines(4 * widest))  # hb, hb2
+        charge("ple", L * lines(4 * p))  # the layer's PLE input, read
+        charge("head", BATCH_VECTOR_TRANSFERS * (lines(4 * d) + lines(cp)))  # x, head input
+    cand = lines(8 + 8 * b.top_k)
+    scratch = 2 * m * lines(4 * nt) + lines(4 * nt) + lines(2 * nt)
+    charge("head", BATCH_VECTOR_TRANSFERS * (m * cand + scratch))
+    charge("head", ph.tiles * (m + MANY_POP_HEAP_LINES))
+
+
+def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = None,
+              pie_calls: Mapping[str, int] | None = None, bound_pie: float | None = None,
+              cols_pie: Mapping[int, float] | None = None) -> dict[str, Work]:
+    """Per-stage cost drivers of one verification pass feeding positions
+    pos..pos+m-1 (llm_verify): every weight read once, the KV cache read once
+    per layer for all m, compute for each position, one hand-off per layer
+    (attention), the head's one scan for the m positions (`head`, default:
+    no sharing at b.rows_fraction), m samplings. A pass of one position is a
+    step (`token_work`: llm_verify evaluates its head by select_next)."""
+    if not 1 <= m <= VERIFY_MAX:
+        raise ValueError(f"a pass carries 1..{VERIFY_MAX} positions, not {m}")
+    if not 0 <= pos or pos + m > s.seq_len:
+        raise ValueError(f"positions {pos}..{pos + m - 1} outside the {s.seq_len}-position "
+                         "context")
+    if m == 1:
+        return token_work(b, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
+    ph = head or PassHead.from_union(b, s, b.rows_fraction, m, 1.0, 1.0)
+    d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
+    mats = {mt.name: mt for mt in matrices(s)}
+    work = {st: Work() for st in STAGES}
+
+    e = work["embed"]
+    for _ in range(m):
+        _embed_position(e, b, s)
+    _matvec_pass(e, b, s, mats["ple_model_proj"], m, pie_calls, cols_pie)
+    if b.core_spill_bytes:  # the spilled core streams from PSRAM once per pass
+        spill = b.core_spill_bytes
+        work["ple"].psram(stream_lines(spill, b.line), b.line, spill)
+
+    one = {st: Work() for st in ("attn", "ffn", "ple")}
+    a = one["attn"]
+    for _ in range(m):
+        _rmsnorm(a, d)
+        _quantize(a, b, d)
+        a.compute(ops=2 * h * (dh // 2) * 6)  # RoPE on q and k
+        _kv_store(a, b, s)
+        _quantize(a, b, d)
+        a.compute(ops=3 * d)
+    _matvec_pass(a, b, s, mats["qkv"], m, pie_calls, cols_pie)
+    _attention_pass(a, b, s, pos, m)
+    _matvec_pass(a, b, s, mats["attn_proj"], m, pie_calls, cols_pie)
+
+    fw = one["ffn"]
+    for _ in range(m):
+        _rmsnorm(fw, d)
+        _quantize(fw, b, d)
+        if b.quant_per_matvec:
+            _quantize(fw, b, d)
+        fw.compute(ops=f * 4)
+        _chain(fw, b, f * DIV_OPS)
+        _exp(fw, b, b.act_exp, f)
+        _quantize(fw, b, f)
+        fw.compute(ops=3 * d)
+    for name in ("gate", "up", "down"):
+        _matvec_pass(fw, b, s, mats[name], m, pie_calls, cols_pie)
+
+    pw = one["ple"]
+    for _ in range(m):
+        _quantize(pw, b, d)
+        if b.act_exp == "newlib":
+            pw.compute(erff=p)
+        else:
+            _chain(pw, b, p * ERFF_OPS)
+        pw.compute(ops=p * 5)
+        _quantize(pw, b, p)
+        _rmsnorm(pw, d)
+        pw.compute(ops=3 * d)
+    for name in ("ple_gate", "ple_proj"):
+        _matvec_pass(pw, b, s, mats[name], m, pie_calls, cols_pie)
+    for st, wk in one.items():
+        work[st].add(wk.scaled(L))
+
+    _head_many(work["head"], b, s, m, ph, cols_pie, bound_pie)
+    for _ in range(m):
+        _sample(work["sample"], b, s)
+    _batch_buffers(work, b, s, pos, m, ph)
+    return work
+
+
+def pass_build_work(b: Build, s: Shape, starts: Sequence[int], m: int, *,
+                    head: PassHead | None = None, pie_calls: Mapping[str, int] | None = None,
+                    bound_pie: float | None = None,
+                    cols_pie: Mapping[int, float] | None = None) -> dict[str, Work]:
+    """Per-stage cost drivers of one pass of m positions, averaged over the
+    passes starting at `starts`."""
+    starts = list(starts)
+    if not starts:
+        raise ValueError("starts is empty")
+    total = {st: Work() for st in STAGES}
+    for pos in starts:
+        one = pass_work(b, s, pos, m, head=head, pie_calls=pie_calls, bound_pie=bound_pie,
+                        cols_pie=cols_pie)
+        for st in STAGES:
+            total[st].add(one[st])
+    return {st: w.scaled(1.0 / len(starts)) for st, w in total.items()}
 
 
 def stage_breakdown(w: Work, fit: Fit) -> dict[str, float]:
@@ -1652,6 +2081,400 @@ def measure_fractions(demo_image: object | None, random_image: object | None = N
 
 
 # ---------------------------------------------------------------------------
+# Speculative decoding: what a pass yields (drafting) and how much of the head
+# its positions share (measured on the host engine)
+# ---------------------------------------------------------------------------
+
+#: mpllm.drafting.study's story prompts (its defaults), used for every
+#: measurement of the speculative inputs.
+SPEC_PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog",
+                "The sun was", "Once upon a time, there was")
+#: the sampled runs' seeds (drafting.study's defaults): T 0.8, top-k 40
+SPEC_SEEDS = (1, 2, 3, 4, 5)
+SPEC_MODES = ("greedy", "sampled")
+
+
+def _samplers(mode: str, seeds: Sequence[int]) -> list[tuple[float, int, int]]:
+    if mode == "greedy":
+        return [(0.0, 0, 0)]
+    if mode == "sampled":
+        return [(0.8, 40, sd) for sd in seeds]
+    raise ValueError(f"unknown mode {mode!r}: greedy or sampled")
+
+
+@dataclass(frozen=True)
+class DraftFigures:
+    """One drafter replayed over plainly decoded stories (mpllm.drafting.simulate):
+    story tokens per pass and the drafts each pass verifies."""
+
+    drafter: str
+    tokens_per_pass: float
+    drafted_per_pass: float
+    accept_rate: float = 0.0
+    passes: int = 0
+    story_tokens: int = 0
+
+    @property
+    def positions_per_pass(self) -> float:
+        """m: the pass's own token plus the drafts it verifies."""
+        return 1.0 + self.drafted_per_pass
+
+    @property
+    def usable(self) -> bool:
+        return (math.isfinite(self.drafted_per_pass) and self.tokens_per_pass >= 1.0
+                and 1.0 <= self.positions_per_pass <= VERIFY_MAX)
+
+    @classmethod
+    def from_study(cls, name: str, r: Mapping[str, float]) -> DraftFigures:
+        """From one drafting.study() row. The drafts per pass are its "drafted"
+        count when it has one, else accepted / accept_rate, accepted = story
+        tokens - passes (each pass emits its accepted drafts and one token)."""
+        passes, story = int(r["passes"]), int(r["story_tokens"])
+        rate = float(r["accept_rate"])
+        if "drafted" in r:
+            drafted = float(r["drafted"])
+        else:
+            accepted = story - passes
+            drafted = accepted / rate if rate > 0 else (0.0 if accepted == 0 and
+                                                         float(r["tokens_per_pass"]) == 1.0
+                                                         else math.nan)
+        return cls(name, float(r["tokens_per_pass"]), drafted / passes if passes else math.nan,
+                   rate, passes, story)
+
+
+#: mpllm.drafting.study on the demo model at 9a6b552 (n_tokens 200,
+#: table_stories 200, seeds 1-5): the figures used when it is not re-run
+#: (bench.py --model-s3 re-runs it whenever the engine and demo are here).
+DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
+    "greedy": {
+        "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 0.02497687326549491,
+                   "passes": 457, "story_tokens": 484},
+        "ngram": {"tokens_per_pass": 484 / 151, "accept_rate": 0.6201117318435754,
+                  "passes": 151, "story_tokens": 484},
+        "both": {"tokens_per_pass": 484 / 175, "accept_rate": 0.372289156626506,
+                 "passes": 175, "story_tokens": 484},
+    },
+    "sampled": {
+        "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 0.022125567322239033,
+                   "passes": 2278, "story_tokens": 2395},
+        "ngram": {"tokens_per_pass": 2395 / 848, "accept_rate": 0.5172183216315613,
+                  "passes": 848, "story_tokens": 2395},
+        "both": {"tokens_per_pass": 2395 / 948, "accept_rate": 0.322271714922049,
+                 "passes": 948, "story_tokens": 2395},
+    },
+}
+
+
+@dataclass
+class UnionRatios:
+    """Per pass of m positions, what the many-positions head scan did relative
+    to m single steps over the same positions (the same tokens): tiles fetched
+    (the "union" ratio: 1/m when every position needs the same tiles, 1 when
+    they share none) and rows scored summed over the positions."""
+
+    tiles: dict[int, float]
+    rows: dict[int, float]
+    step_tiles: float = math.nan  # mean tiles one step fetched
+    step_fraction: float = math.nan  # mean share of head rows one step scored
+    n_tiles: int = 0
+    passes: dict[int, int] = field(default_factory=dict)
+    source: str = "default"
+
+    def at(self, m: int) -> tuple[float, float]:
+        """(tiles ratio, rows ratio) at m: m x ratio is interpolated linearly in
+        m between the measured m (1 at m = 1), continued along the last two."""
+        if m == 1:
+            return 1.0, 1.0
+        out = []
+        for ratios in (self.tiles, self.rows):
+            pts = sorted({1: 1.0, **{int(k): k * v for k, v in ratios.items()}}.items())
+            if len(pts) == 1:
+                out.append(1.0 / m)
+                continue
+            for (m0, y0), (m1, y1) in itertools.pairwise(pts):
+                if m <= m1:
+                    break
+            y = y0 + (m - m0) * (y1 - y0) / (m1 - m0)
+            out.append(max(y, 0.0) / m)
+        return out[0], out[1]
+
+
+#: What measure_union found on the demo model at 9a6b552 (SPEC_PROMPTS x 200
+#: tokens, greedy and T 0.8/top-40 x seeds 1-5): its 8-tile head fetches the
+#: same tiles at every position, so a pass fetches one step's tiles (greedy
+#: exactly; sampled slightly fewer: the one-tile-at-a-time scan has no wave
+#: overshoot). Used when it is not re-measured.
+DEFAULT_UNION = {
+    "greedy": UnionRatios({m: 1.0 / m for m in range(2, VERIFY_MAX + 1)},
+                          {m: 1.0 for m in range(2, VERIFY_MAX + 1)}, n_tiles=8,
+                          source="default (demo model, measured at 9a6b552)"),
+    "sampled": UnionRatios({m: u / m for m, u in zip(range(2, VERIFY_MAX + 1),
+                                                     (0.947, 0.952, 0.960, 0.964, 0.971,
+                                                      0.978, 0.987), strict=True)},
+                           {m: 0.937 for m in range(2, VERIFY_MAX + 1)}, n_tiles=8,
+                           source="default (demo model, measured at 9a6b552)"),
+}
+
+
+@dataclass
+class SpecInputs:
+    """What the speculative builds are computed from: the drafters' tokens and
+    drafts per pass and the head's union ratios on the demo model (the
+    release model's acceptance cannot be measured here), the release-shaped
+    random head's union ratios (shown), the many-columns kernel's PIE counts,
+    and optionally an n-gram threshold x draft cap sweep (`adaptive`)."""
+
+    drafts: dict[str, dict[str, DraftFigures]]
+    union: dict[str, UnionRatios]
+    union_release: dict[str, UnionRatios] = field(default_factory=dict)
+    cols_pie: dict[int, float] | None = None
+    adaptive: dict[str, list[DraftFigures]] = field(default_factory=dict)
+    table: dict[str, object] = field(default_factory=dict)
+    source: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls) -> SpecInputs:
+        return cls({mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
+                    for mode, rows in DEFAULT_STUDY.items()},
+                   {k: dataclasses.replace(v) for k, v in DEFAULT_UNION.items()},
+                   source={"drafts": "default: drafting.study on the demo at 9a6b552 (200 "
+                                     "table stories)",
+                           "union": DEFAULT_UNION["greedy"].source,
+                           "cols_pie": "closed form (pie_cols_instructions)"})
+
+
+def measure_drafting(image: object, *, table_stories: int = 200, n_tokens: int = 200,
+                     seeds: Sequence[int] = SPEC_SEEDS, llm_module: object | None = None
+                     ) -> tuple[dict[str, dict[str, DraftFigures]], dict[str, object]]:
+    """mpllm.drafting.study on `image` (the demo model): per mode and drafter
+    the tokens and drafts per pass; and the n-gram table's size."""
+    from . import drafting
+
+    res = drafting.study(os.fspath(image), n_tokens=n_tokens,  # type: ignore[arg-type]
+                         table_stories=table_stories, seeds=seeds, llm_module=llm_module)
+    table = dict(res.pop("table").get("entries", {}))  # type: ignore[union-attr]
+    drafts = {mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
+              for mode, rows in res.items()}
+    return drafts, table
+
+
+def _encode_prompts(m: object, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
+    vocab = int(m.config()["vocab_out"])  # type: ignore[attr-defined]
+    if all(not isinstance(p, str) for p in prompts):
+        return [[int(t) % vocab for t in p] for p in prompts]  # type: ignore[union-attr]
+    from .hostboard import import_llm
+
+    tok = import_llm().Tokenizer(m.tokenizer())  # type: ignore[attr-defined]
+    return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+
+
+def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] | None = None,
+                      *, rows_read: float = 0.0, head_ids: bool = True,
+                      v_dots: bool = True) -> dict[str, float]:
+    """Bytes the engine charges per region for one llm_verify pass of m
+    positions at pos (m >= 2, the many-positions head scan): the weights and
+    the cache rows 0..pos+m-1 once, each position's flash rows, norms, cache
+    row written and tile boxes, and `rows_read` head rows (with their scales
+    and ids) once."""
+    tot = dict.fromkeys(REGIONS, 0.0)
+    for c in range(m):
+        kw: dict[str, object] = ({"kv_rows_read": pos + m} if c == 0
+                                 else {"weights": False, "kv_rows_read": 0})
+        for regs in engine_stage_bytes(s, pos + c, placement, v_dots=v_dots,
+                                       **kw).values():  # type: ignore[arg-type]
+            for r, v in regs.items():
+                tot[r] += v
+    pl = {"norms": "fast", **(placement or {})}
+    tot[pl["norms"]] += m * s.dim * 4
+    per_eval = head_eval_bytes(s, placement, mode="certified", rows=0.0, ids=head_ids)
+    rows = head_eval_bytes(s, placement, mode="certified", rows=rows_read, ids=head_ids)
+    for r in REGIONS:
+        tot[r] += m * per_eval[r] + (rows[r] - per_eval[r])
+    return tot
+
+
+def _check_pass_bytes(delta: Mapping[str, int], s: Shape, pos: int, m: int, tiles: int,
+                      placement: Mapping[str, str], head_ids: bool) -> None:
+    """The engine's bytes for one pass equal pass_region_bytes with the head
+    rows it read: a whole number of rows, within the tiles it fetched."""
+    base = pass_region_bytes(s, pos, m, placement, head_ids=head_ids)
+    per_row = head_eval_bytes(s, placement, mode="certified", rows=1.0, ids=head_ids)
+    empty = head_eval_bytes(s, placement, mode="certified", rows=0.0, ids=head_ids)
+    row_b = {r: per_row[r] - empty[r] for r in REGIONS}
+    head_region = max(row_b, key=row_b.get)  # type: ignore[arg-type]
+    rows = (delta[head_region] - base[head_region]) / row_b[head_region]
+    expect = {r: base[r] + rows * row_b[r] for r in REGIONS}
+    bad = {r: (delta[r], expect[r]) for r in REGIONS if abs(delta[r] - expect[r]) > 0.5}
+    last = s.vocab_out - (s.n_tiles - 1) * TILE_ROWS
+    if (bad or rows != int(rows) or not (tiles - 1) * TILE_ROWS < rows <= tiles * TILE_ROWS
+            and not (tiles - 1) * TILE_ROWS + last == rows):
+        raise ValueError(f"verify pass of {m} at {pos}: engine bytes {dict(delta)} disagree with "
+                         f"the pass formulas ({tiles} tiles, {rows} head rows; {bad})")
+
+
+def measure_union(image: object, *, llm_module: object | None = None,
+                  prompts: Sequence[str | Sequence[int]] = SPEC_PROMPTS, n_tokens: int = 200,
+                  seeds: Sequence[int] = SPEC_SEEDS, ms: Iterable[int] = range(2, VERIFY_MAX + 1),
+                  modes: Sequence[str] = SPEC_MODES) -> dict[str, UnionRatios]:
+    """Per mode, the head's union and rows ratios of verify passes against
+    single steps on `image`: each prompt's story is decoded by step() (its
+    per-step head_tiles and head_rows recorded), then fed again in passes of m
+    of its own tokens (Model.verify: every draft right, so every position's
+    head input is the step's); the pass must return the story's next tokens,
+    and its bytes must equal the pass formulas (`pass_region_bytes`)."""
+    if llm_module is None:
+        import _llm as llm_module  # type: ignore[no-redef]
+    ms = sorted({int(k) for k in ms})
+    if not ms or ms[0] < 2 or ms[-1] > VERIFY_MAX:
+        raise ValueError(f"m in 2..{VERIFY_MAX}, not {ms}")
+    out: dict[str, UnionRatios] = {}
+    with llm_module.Model(os.fspath(image)) as mdl:  # type: ignore[attr-defined]
+        cfg = mdl.config()
+        s = Shape.from_config(cfg)
+        eot, seq = int(cfg["eot_id"]), int(cfg["seq_len"])
+        ids = _encode_prompts(mdl, prompts)
+        memory = [tuple(x) for x in mdl.memory()]
+        placement = placement_from_memory(memory)
+        has_ids = any(name == "head_ids" for name, _, _ in memory)
+        for mode in modes:
+            sums = {k: [0, 0, 0, 0, 0] for k in ms}  # pass tiles, step tiles, rows, rows, passes
+            steps = step_tiles = step_rows = 0
+            for smp in _samplers(mode, seeds):
+                for prompt in ids:
+                    mdl.reset()
+                    mdl.sampler(*smp)
+                    story = [mdl.prefill(prompt)]
+                    tiles: list[int] = []
+                    rows: list[int] = []
+                    while (story[-1] != eot and len(story) < n_tokens
+                           and len(prompt) + len(story) < seq):
+                        a = mdl.stats()
+                        story.append(mdl.step(story[-1]))
+                        z = mdl.stats()
+                        tiles.append(z["head_tiles"] - a["head_tiles"])
+                        rows.append(z["head_rows"] - a["head_rows"])
+                    if story[-1] == eot:
+                        story.pop()
+                        tiles, rows = tiles[:len(story) - 1], rows[:len(story) - 1]
+                    steps += len(tiles)
+                    step_tiles += sum(tiles)
+                    step_rows += sum(rows)
+                    for k in ms:
+                        mdl.reset()
+                        mdl.sampler(*smp)
+                        if mdl.prefill(prompt) != story[0]:
+                            raise RuntimeError("prefill changed between two runs")
+                        i = 0
+                        while i + k <= len(tiles):
+                            a = mdl.stats()
+                            pos = mdl.pos()
+                            got = mdl.verify(story[i:i + k])
+                            z = mdl.stats()
+                            if list(got) != story[i + 1:i + k + 1]:
+                                raise RuntimeError(f"verify of {k} at {pos} returned {list(got)}, "
+                                                   f"steps {story[i + 1:i + k + 1]}")
+                            if z.get("v_wide", 0) != a.get("v_wide", 0):
+                                raise ValueError("V rows cached as floats: the byte formulas "
+                                                 "assume none")
+                            pt = z["head_tiles"] - a["head_tiles"]
+                            _check_pass_bytes({r: z["bytes"][r] - a["bytes"][r] for r in REGIONS},
+                                              s, pos, k, pt, placement, has_ids)
+                            acc = sums[k]
+                            acc[0] += pt
+                            acc[1] += sum(tiles[i:i + k])
+                            acc[2] += z["head_rows"] - a["head_rows"]
+                            acc[3] += sum(rows[i:i + k])
+                            acc[4] += 1
+                            i += k
+            out[mode] = UnionRatios(
+                {k: v[0] / v[1] for k, v in sums.items() if v[1]},
+                {k: v[2] / v[3] for k, v in sums.items() if v[3]},
+                step_tiles=step_tiles / steps if steps else math.nan,
+                step_fraction=step_rows / steps / s.vocab_out if steps else math.nan,
+                n_tiles=s.n_tiles, passes={k: v[4] for k, v in sums.items()},
+                source=(f"engine verify vs step on {Path(os.fspath(image)).name} "  # type: ignore[arg-type]
+                        f"({s.n_tiles} tiles): {len(ids)} prompts x {n_tokens} tokens"
+                        + (f" x seeds {list(seeds)}" if mode == "sampled" else "")
+                        + ", bytes checked equal to the pass formulas"))
+    return out
+
+
+def measure_adaptive(image: object, *, llm_module: object | None = None,
+                     table_stories: int = 200, n_tokens: int = 200,
+                     seeds: Sequence[int] = SPEC_SEEDS,
+                     shares: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+                     caps: Sequence[int] = tuple(range(1, VERIFY_MAX)),
+                     ) -> dict[str, list[DraftFigures]]:
+    """The self-distilled n-gram drafter with other confidence thresholds
+    (NgramTable.min_share) and draft caps, replayed over the same stories as
+    drafting.study (its table built the same way: table_stories stories from
+    seeds 1000.., T 0.8 top-40): the cost model picks the threshold and cap
+    that minimise ms/token (an adaptive draft length)."""
+    from . import drafting
+
+    if llm_module is None:
+        import _llm as llm_module  # type: ignore[no-redef]
+    out: dict[str, list[DraftFigures]] = {}
+    with llm_module.Model(os.fspath(image)) as mdl:  # type: ignore[attr-defined]
+        eot = int(mdl.config()["eot_id"])
+        ids = _encode_prompts(mdl, SPEC_PROMPTS)
+        table = drafting.NgramTable()
+        for k in range(table_stories):
+            for _p, st in drafting.decode_stories(mdl, [ids[k % len(ids)]], (0.8, 40, 1000 + k),
+                                                  n_tokens, eot):
+                table.add(st)
+        for mode in SPEC_MODES:
+            stories = [pair for smp in _samplers(mode, seeds)
+                       for pair in drafting.decode_stories(mdl, ids, smp, n_tokens, eot)]
+            rows = []
+            for share in shares:
+                t = dataclasses.replace(table, min_share=share)
+                for cap in caps:
+                    r = drafting.simulate(stories, t.draft, max_draft=cap)
+                    rows.append(DraftFigures(f"ngram share>={share:.2f} cap {cap}",
+                                             r.tokens_per_pass, r.drafted / r.passes,
+                                             r.accept_rate, r.passes, r.story_tokens))
+            out[mode] = rows
+    return out
+
+
+def measure_spec(demo_image: object, release_image: object | None = None, *,
+                 llm_module: object | None = None, table_stories: int = 200,
+                 n_tokens: int = 200, seeds: Sequence[int] = SPEC_SEEDS,
+                 adaptive: bool = True, cols: bool = True) -> SpecInputs:
+    """Every speculative input measured: drafting on the demo model, the
+    union ratios on the demo (and on a release-shaped image, fewer runs), the
+    many-columns PIE counts (when a compiler is here), the adaptive sweep."""
+    spec = SpecInputs.default()
+    drafts, table = measure_drafting(demo_image, table_stories=table_stories,
+                                     n_tokens=n_tokens, seeds=seeds, llm_module=llm_module)
+    spec.drafts, spec.table = drafts, table
+    spec.source["drafts"] = (f"drafting.study on the demo: {n_tokens} tokens, {table_stories} "
+                             f"table stories, seeds {list(seeds)}")
+    spec.union = measure_union(demo_image, llm_module=llm_module, n_tokens=n_tokens, seeds=seeds)
+    spec.source["union"] = spec.union["sampled"].source
+    if release_image is not None:
+        spec.union_release = measure_union(release_image, llm_module=llm_module,
+                                           prompts=SPEC_PROMPTS[:2], n_tokens=min(n_tokens, 100),
+                                           seeds=tuple(seeds)[:2], ms=(2, 4, 8))
+        spec.source["union_release"] = spec.union_release["sampled"].source
+    if cols:
+        try:
+            spec.cols_pie = measure_cols_pie()
+            spec.source["cols_pie"] = ("tests/c/pie_kernels_test.c cols through pie_model.c's "
+                                       "counters")
+        except (FileNotFoundError, RuntimeError) as e:
+            spec.source["cols_pie"] = f"closed form (not measured: {e})"
+    if adaptive:
+        spec.adaptive = measure_adaptive(demo_image, llm_module=llm_module,
+                                         table_stories=table_stories, n_tokens=n_tokens,
+                                         seeds=seeds)
+        spec.source["adaptive"] = (f"n-gram thresholds x caps over the same stories "
+                                   f"({table_stories} table stories)")
+    return spec
+
+
+# ---------------------------------------------------------------------------
 # Internal SRAM: what the placement plan needs and what is left
 # ---------------------------------------------------------------------------
 
@@ -1762,6 +2585,7 @@ class Report:
     sram: dict[str, object]
     measured: Measured | None
     positions: list[int]
+    spec: SpecInputs | None = None
 
     @property
     def predictions(self) -> dict[str, dict[str, float]]:
@@ -1816,15 +2640,86 @@ class Report:
         lines += ["", "variants (ms/token, total):"]
         for name, v in self.variants.items():
             lines.append(f"  {name:<58} {v['total_ms']:>6.2f}  ({v['note']})")
+        lines += self._spec_table()
         g = self.builds["mpllm-exact-greedy"]["total_ms"]
         sp = self.builds["mpllm-exact-sampled"]["total_ms"]
         lines += ["", (f"targets: exact greedy {g:.2f} ms (<= 13: {'met' if g <= 13 else 'NOT met'}),"
                   f" exact sampled {sp:.2f} ms (<= 14: {'met' if sp <= 14 else 'NOT met'})")]
+        if "mpllm-spec-sampled" in self.builds:
+            lines.append(self.spec_target_line())
         sr = self.sram
         lines.append(f"SRAM: plan needs {sr['need_bytes'] / 1024:.1f} KiB of the "
                      f"{sr['free_at_boot_bytes'] / 1024:.1f} KiB free at boot (assumed) -> "
                      f"{sr['left_free_bytes'] / 1024:+.1f} KiB left")
         return "\n".join(lines)
+
+    def spec_target_line(self) -> str:
+        """The speculative target (sampled, <= SPEC_TARGET_MS): met, or by how much not."""
+        b = self.builds["mpllm-spec-sampled"]
+        ms, tpp, m = b["total_ms"], b["tokens_per_pass"], b["positions_per_pass"]
+        head = (f"speculative exact sampled {ms:.2f} ms/token ({b['drafter']}, {tpp:.2f} "
+                f"tokens/pass, m {m:.2f})")
+        if ms <= SPEC_TARGET_MS:
+            line = f"target: {head} (<= {SPEC_TARGET_MS:g}: met)"
+        else:
+            need = b["pass_ms"] / SPEC_TARGET_MS  # type: ignore[operator]
+            line = (f"target: {head} (<= {SPEC_TARGET_MS:g}: NOT met, {ms - SPEC_TARGET_MS:.2f} "
+                    f"ms = {100 * (ms / SPEC_TARGET_MS - 1):.0f} % over; this pass would need "
+                    f"{need:.2f} tokens/pass)")
+        ad = self.variants.get("spec sampled, adaptive draft")
+        if ad is not None:
+            ams = float(ad["total_ms"])  # type: ignore[arg-type]
+            line += (f"; adaptive draft length ({ad['drafter']}): {ams:.2f} ms ("
+                     + ("met" if ams <= SPEC_TARGET_MS else
+                        f"NOT met, {ams - SPEC_TARGET_MS:.2f} ms over") + ")")
+        return line
+
+    def _spec_table(self) -> list[str]:
+        names = [n for n in SPEC if n in self.builds]
+        if not names:
+            return []
+        bs = [self.builds[n] for n in names]
+        w = 27
+        out = ["", ("speculative decoding, verify passes of m positions (drafting and head "
+                    "sharing measured on the demo model):"),
+               f"{'':<20}" + "".join(f"{BUILDS[n].label:>{w}}" for n in names)]
+
+        def row(label: str, vals: Iterable[str]) -> None:
+            out.append(f"{label:<20}" + "".join(f"{v:>{w}}" for v in vals))
+
+        row("drafter", (str(b["drafter"]) for b in bs))
+        row("tokens / pass", (f"{b['tokens_per_pass']:.2f}" for b in bs))
+        row("m = drafted + 1", (f"{b['positions_per_pass']:.2f}" for b in bs))
+        row("head rows / step", (f"{100 * b['rows_fraction']:.1f} %" for b in bs))
+        row("head tiles / pass", (f"{b['head_tiles_per_pass']:.1f} (union {b['union_ratio']:.2f})"
+                                  for b in bs))
+        out.append("one pass (ms):")
+        for st in STAGES:
+            row(f"  {st}", (f"{b['pass_stages'][st]:.2f}" for b in bs))
+        row("  pass total", (f"{b['pass_ms']:.2f}" for b in bs))
+        row("  hand-offs", (f"{b['handoffs_per_token'] * b['tokens_per_pass']:.1f}" for b in bs))
+        out.append("per generated token (ms):")
+        for st in (*STAGES, "total"):
+            row(f"  {st}", (f"{(b['total_ms'] if st == 'total' else b['stages'][st]):.2f}"
+                            for b in bs))
+        row("  tok/s", (f"{b['tok_s']:.1f}" for b in bs))
+        row("  pos 255", (f"{b['at_255']['total_ms']:.2f}" for b in bs))
+        for n, b in zip(names, bs, strict=True):
+            by_m = b.get("pass_ms_by_m", {})
+            out.append(f"pass ms by m ({BUILDS[n].label}): "
+                       + ", ".join(f"{m} {v:.1f}" for m, v in by_m.items()))
+            out.append(f"drafters ({SPEC_BUILD_MODE[n]}): " + "; ".join(
+                f"{d} {v['total_ms']:.2f} ms ({v['tokens_per_pass']:.2f} tok/pass, m "
+                f"{v['positions_per_pass']:.2f})" for d, v in b.get("drafters", {}).items()))
+        if self.spec is not None:
+            out.append("union (pass tiles / m steps' tiles, shown as m x ratio; rows ratio):")
+            for label, table in (("demo", self.spec.union),
+                                 ("release-shaped random", self.spec.union_release)):
+                for mode, u in table.items():
+                    out.append(f"  {label} {mode} ({u.n_tiles} tiles): " + ", ".join(
+                        f"m{m} {m * v:.3f}/{u.rows.get(m, math.nan):.3f}"
+                        for m, v in sorted(u.tiles.items())))
+        return out
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -1841,7 +2736,21 @@ class Report:
             "sram": self.sram,
             "assumptions": {n: list(b.assumptions) for n, b in BUILDS.items()},
             "measured": None if self.measured is None else dataclasses.asdict(self.measured),
+            "speculative": None if self.spec is None else _finite(
+                {**dataclasses.asdict(self.spec), "target_ms": SPEC_TARGET_MS,
+                 "modes": SPEC_BUILD_MODE}),
         }
+
+
+def _finite(x: object) -> object:
+    """JSON-safe: non-finite floats as None, keys as strings."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
@@ -1874,12 +2783,224 @@ def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
     return out
 
 
+class _Passes:
+    """Pass work of builds at whole m over given start positions, cached
+    (across reports too: the key holds everything the work depends on)."""
+
+    _memo: ClassVar[dict[tuple[object, ...], dict[str, Work]]] = {}
+    _MEMO_MAX = 4096
+
+    def __init__(self, f: Fit, s: Shape, *, pie_calls: Mapping[str, int] | None,
+                 bound_pie: float | None, cols_pie: Mapping[int, float] | None,
+                 scale: tuple[float, float]) -> None:
+        self.f, self.s = f, s
+        self.pie_calls, self.bound_pie, self.cols_pie, self.scale = (pie_calls, bound_pie,
+                                                                     cols_pie, scale)
+        self._key = (s, tuple(sorted((pie_calls or {}).items())), bound_pie,
+                     tuple(sorted((cols_pie or {}).items())), scale)
+
+    def head(self, b: Build, m: int, union: UnionRatios) -> PassHead | None:
+        if m == 1:
+            return None
+        u, r = union.at(m)
+        return PassHead.from_union(b, self.s, b.rows_fraction, m, u, r)
+
+    def work(self, b: Build, m: int, union: UnionRatios, starts: Sequence[int]
+             ) -> dict[str, Work]:
+        head = self.head(b, m, union)
+        key = (*self._key, b, m, head, tuple(starts))
+        if key not in self._memo:
+            if len(self._memo) >= self._MEMO_MAX:
+                self._memo.clear()
+            w = pass_build_work(b, self.s, starts, m, head=head, pie_calls=self.pie_calls,
+                                bound_pie=self.bound_pie, cols_pie=self.cols_pie)
+            self._memo[key] = _scale_memory(w, *self.scale) if self.scale != (1.0, 1.0) else w
+        return self._memo[key]
+
+    def ms(self, b: Build, m: int, union: UnionRatios, starts: Sequence[int]) -> float:
+        w = self.work(b, m, union, starts)
+        return sum(1e3 * stage_seconds(w[st], self.f) for st in STAGES)
+
+
+def _pass_mix(m: float) -> dict[int, float]:
+    """Passes of floor(m) and ceil(m) positions with mean m."""
+    m = min(max(m, 1.0), float(VERIFY_MAX))
+    lo = math.floor(m)
+    a = m - lo
+    return {lo: 1.0} if a < 1e-12 or lo == VERIFY_MAX else {lo: 1.0 - a, lo + 1: a}
+
+
+def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRatios,
+                positions: Sequence[int], *, by_m: bool = False) -> dict[str, object]:
+    """One speculative build, in _build_entry's schema (per generated token:
+    the pass's time / tokens per pass) plus the pass itself."""
+    if not draft.usable:
+        raise ValueError(f"drafter {draft.drafter}: no usable drafts per pass ({draft})")
+    f, s = passes.f, passes.s
+    mix = _pass_mix(draft.positions_per_pass)
+
+    def blend(starts_for: object) -> dict[str, object]:
+        stages = dict.fromkeys(STAGES, 0.0)
+        bd = {st: dict.fromkeys(("memory", "compute", "overlap", "handoffs"), 0.0)
+              for st in STAGES}
+        handoffs = psram = tiles = rows = 0.0
+        for m, wt in mix.items():
+            starts = starts_for(m)  # type: ignore[operator]
+            work = passes.work(b, m, union, starts)
+            for st in STAGES:
+                stages[st] += wt * 1e3 * stage_seconds(work[st], f)
+                for k, v in stage_breakdown(work[st], f).items():
+                    bd[st][k] += wt * 1e3 * v
+            handoffs += wt * sum(w.handoffs for w in work.values())
+            psram += wt * sum(w.bytes.get("psram", 0.0) for w in work.values())
+            head = passes.head(b, m, union) or HeadCounts.from_fraction(b, s, b.rows_fraction)
+            tiles += wt * head.tiles
+            rows += wt * head.rows
+        return {"stages": stages, "breakdown": bd, "handoffs": handoffs, "psram": psram,
+                "tiles": tiles, "rows": rows}
+
+    avg = blend(lambda m: positions)
+    end = blend(lambda m: [s.seq_len - m])  # the pass ending at the last position
+    tpp = draft.tokens_per_pass
+    per_tok = {st: v / tpp for st, v in avg["stages"].items()}  # type: ignore[attr-defined]
+    total = sum(per_tok.values())
+    one = HeadCounts.from_fraction(b, s, b.rows_fraction)
+    out: dict[str, object] = {
+        "label": b.label, "total_ms": total, "stages": per_tok, "tok_s": 1e3 / total,
+        "positions": [positions[0], positions[-1]],
+        "handoffs_per_token": avg["handoffs"] / tpp,  # type: ignore[operator]
+        "breakdown_ms": {st: {k: v / tpp for k, v in d.items()}
+                         for st, d in avg["breakdown"].items()},  # type: ignore[attr-defined]
+        "psram_bytes_per_token": avg["psram"] / tpp,  # type: ignore[operator]
+        "at_255": {"total_ms": sum(end["stages"].values()) / tpp,  # type: ignore[attr-defined]
+                   "stages": {st: v / tpp for st, v in end["stages"].items()}},  # type: ignore[attr-defined]
+        "rows_fraction": b.rows_fraction,
+        "tokens_per_pass": tpp, "positions_per_pass": draft.positions_per_pass,
+        "drafted_per_pass": draft.drafted_per_pass, "drafter": draft.drafter,
+        "accept_rate": draft.accept_rate,
+        "pass_ms": sum(avg["stages"].values()),  # type: ignore[attr-defined]
+        "pass_stages": avg["stages"], "pass_breakdown_ms": avg["breakdown"],
+        "pass_mix": {str(m): wt for m, wt in mix.items()},
+        "head_tiles_per_pass": avg["tiles"], "head_rows_per_pass": avg["rows"],
+        "head_tiles_per_step": one.tiles,
+        "union_ratio": avg["tiles"] / (draft.positions_per_pass * one.tiles),  # type: ignore[operator]
+        "union_source": union.source,
+    }
+    if by_m:
+        out["pass_ms_by_m"] = {str(m): passes.ms(b, m, union, positions)
+                               for m in range(1, VERIFY_MAX + 1)}
+    return out
+
+
+def _best_draft(b: Build, passes: _Passes, drafts: Mapping[str, DraftFigures],
+                union: UnionRatios, positions: Sequence[int]
+                ) -> tuple[DraftFigures, dict[str, dict[str, float]]]:
+    """The drafter with the lowest modelled ms/token, and every drafter's figure."""
+    table: dict[str, dict[str, float]] = {}
+    for name, d in drafts.items():
+        if not d.usable:
+            continue
+        e = _spec_entry(b, passes, d, union, positions)
+        table[name] = {"total_ms": float(e["total_ms"]),  # type: ignore[arg-type]
+                       "tokens_per_pass": d.tokens_per_pass,
+                       "positions_per_pass": d.positions_per_pass,
+                       "accept_rate": d.accept_rate}
+    if not table:
+        raise ValueError("no usable drafter figures")
+    best = min(table, key=lambda n: table[n]["total_ms"])
+    return drafts[best], table
+
+
+def _spec_builds(ours: Mapping[str, Build], passes: _Passes, spec: SpecInputs,
+                 positions: Sequence[int]) -> tuple[dict[str, Build], dict[str, dict[str, object]]]:
+    """The speculative builds: our exact builds (their rows fractions) in
+    verify passes, each with the best drafter measured for its mode."""
+    builds: dict[str, Build] = {}
+    entries: dict[str, dict[str, object]] = {}
+    for name in SPEC:
+        mode = SPEC_BUILD_MODE[name]
+        exact = ours["mpllm-exact-" + mode]
+        b = dataclasses.replace(BUILDS[name], rows_fraction=exact.rows_fraction)
+        union = spec.union[mode]
+        best, table = _best_draft(b, passes, spec.drafts[mode], union, positions)
+        e = _spec_entry(b, passes, best, union, positions, by_m=True)
+        e["drafters"] = table
+        builds[name], entries[name] = b, e
+    return builds, entries
+
+
+def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mapping[str, object]],
+                   passes: _Passes, spec: SpecInputs, positions: Sequence[int],
+                   sram: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    """What-ifs of the speculative builds (none of them exists as such)."""
+    out: dict[str, dict[str, object]] = {}
+
+    def add(key: str, b: Build, draft: DraftFigures, union: UnionRatios, note: str) -> None:
+        e = _spec_entry(b, passes, draft, union, positions)
+        out[key] = {"total_ms": e["total_ms"], "stages": e["stages"],
+                    "rows_fraction": e["rows_fraction"], "tokens_per_pass": e["tokens_per_pass"],
+                    "positions_per_pass": e["positions_per_pass"], "pass_ms": e["pass_ms"],
+                    "note": note}
+
+    spill = int(sram["core_spill_bytes"])  # type: ignore[call-overload]
+    for name in SPEC:
+        mode = SPEC_BUILD_MODE[name]
+        b, union = spec_builds[name], spec.union[mode]
+        best = spec.drafts[mode][str(entries[name]["drafter"])]
+        short = "spec " + mode
+        if spill:
+            add(f"{short}, {spill / 1024:.0f} KiB of core spilled to PSRAM",
+                dataclasses.replace(b, core_spill_bytes=spill), best, union,
+                "if the SRAM plan must fit the assumed free SRAM (once per pass)")
+        if mode != "sampled":
+            continue
+        for other, d in spec.drafts[mode].items():
+            if other != best.drafter and d.usable:
+                add(f"{short}, drafter {other}", b, d, union,
+                    f"{d.tokens_per_pass:.2f} tokens/pass, m {d.positions_per_pass:.2f}")
+        add(f"{short}, batch buffers in internal SRAM", dataclasses.replace(b, batch="sram"),
+            best, union, "positions 1..7's buffers and the scan's scratch in SRAM (~110 KiB "
+            "the plan does not have)")
+        add(f"{short}, head scan split over both cores", dataclasses.replace(b, many_split=True),
+            best, union, "waves of 8 tiles, one hand-off each (llm_head_certify_many is serial)")
+        nosh = UnionRatios({k: 1.0 for k in range(2, VERIFY_MAX + 1)}, union.rows,
+                           source="no sharing")
+        add(f"{short}, no tile shared between positions", b, best, nosh,
+            "pessimistic bound: a pass fetches m steps' tiles (capped at all 199)")
+        rel = spec.union_release.get(mode)
+        if rel is not None and rel.tiles:
+            add(f"{short}, the release-shaped random head's union", b, best, rel,
+                "union and rows ratios measured on the release-shaped random model")
+    for mode, rows in spec.adaptive.items():
+        name = f"mpllm-spec-{mode}"
+        base, union = spec_builds[name], spec.union[mode]
+        usable = [d for d in rows if d.usable]
+        if not usable:
+            continue
+        whatifs = [("", base)]
+        if mode == "sampled":
+            whatifs += [(" + batch buffers in SRAM", dataclasses.replace(base, batch="sram")),
+                        (" + batch buffers in SRAM + split head scan",
+                         dataclasses.replace(base, batch="sram", many_split=True))]
+        for extra, b in whatifs:
+            d = min(usable, key=lambda x, b=b: float(_spec_entry(b, passes, x, union,
+                                                                 positions)["total_ms"]))
+            add(f"spec {mode}, adaptive draft{extra}", b, d, union,
+                f"the n-gram threshold and cap the model picks, {d.drafter}: "
+                f"{d.tokens_per_pass:.2f} tokens/pass, m {d.positions_per_pass:.2f}")
+            out[f"spec {mode}, adaptive draft{extra}"]["drafter"] = d.drafter
+    return out
+
+
 def report(measured: Measured | None = None, fractions: HeadFractions | None = None,
-           s: Shape = RELEASE, positions: Sequence[int] | None = None) -> Report:
+           s: Shape = RELEASE, positions: Sequence[int] | None = None,
+           spec: SpecInputs | None = None) -> Report:
     """Fit on the fitted anchors, predict every anchor's build from its own
     configuration and our builds before/after. `measured` (from measure_host
     on a release-shaped image) supplies our bytes (as a checked scale on the
-    formulas) and PIE counts; `fractions` the certified head's rows fractions."""
+    formulas) and PIE counts; `fractions` the certified head's rows fractions;
+    `spec` (measure_spec, default SpecInputs.default()) the speculative
+    builds' drafting, union ratios and many-columns PIE counts."""
     pos = list(positions if positions is not None else story_positions())
     f = fit()
     fr = fractions or HeadFractions()
@@ -1920,7 +3041,13 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
         else "greedy fraction (no demo top-40 measurement: engine without head_rows)")
     sram = sram_plan(s, memory=measured.memory if measured and measured.memory else None)
     variants = _variants(ours, f, s, pos, fr, sram, pie_calls, bound_pie, measured)
-    return Report(f, anchors, builds, variants, fr, sram, measured, pos)
+    sp = spec or SpecInputs.default()
+    passes = _Passes(f, s, pie_calls=pie_calls, bound_pie=bound_pie, cols_pie=sp.cols_pie,
+                     scale=scale)
+    spec_builds, spec_entries = _spec_builds(ours, passes, sp, pos)
+    builds.update(spec_entries)
+    variants.update(_spec_variants(spec_builds, spec_entries, passes, sp, pos, sram))
+    return Report(f, anchors, builds, variants, fr, sram, measured, pos, sp)
 
 
 def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
@@ -1979,7 +3106,7 @@ def plot(rep: Report, path: str | os.PathLike[str]) -> Path:
 
     from .atomic import atomic_path
 
-    names = [*UPSTREAM, *OURS]
+    names = [*UPSTREAM, *OURS, *(n for n in SPEC if n in rep.builds)]
     preds = rep.predictions
     published = {a["build"]: a["published_ms"] for a in rep.anchors if a["stage"] == "total"}
     fig, ax = plt.subplots(figsize=(11, 5))
@@ -2013,16 +3140,22 @@ __all__ = [
     "BUILDS",
     "OURS",
     "RELEASE",
+    "SPEC",
+    "SPEC_TARGET_MS",
     "STAGES",
     "UPSTREAM",
     "Anchor",
     "Build",
+    "DraftFigures",
     "Fit",
     "HeadCounts",
     "HeadFractions",
     "Measured",
+    "PassHead",
     "Report",
     "Shape",
+    "SpecInputs",
+    "UnionRatios",
     "build_work",
     "check_bytes",
     "engine_stage_bytes",
@@ -2030,10 +3163,19 @@ __all__ = [
     "head_eval_bytes",
     "lines_touched",
     "matrices",
+    "measure_adaptive",
+    "measure_cols_pie",
+    "measure_drafting",
     "measure_fractions",
     "measure_head_fraction",
     "measure_host",
     "measure_pie_counts",
+    "measure_spec",
+    "measure_union",
+    "pass_build_work",
+    "pass_region_bytes",
+    "pass_work",
+    "pie_cols_instructions",
     "pie_matvec_instructions",
     "plot",
     "predict",
