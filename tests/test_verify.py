@@ -196,3 +196,35 @@ def test_draft_option_is_checked(small_model) -> None:  # type: ignore[no-untype
     with pytest.raises(ValueError, match="draft must be None, 'lookup' or a function"):
         llm.generate("Once", draft="ngram")
     llm.unload()
+
+
+def test_rewind_keeps_the_logits_of_a_kept_evaluation(small_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(small_model.image) as a, _llm.Model(small_model.image) as b:
+        for m in (a, b):
+            m.sampler(0.8, 40, 6)
+        t = a.prefill([1, 2, 3])
+        assert b.prefill([1, 2, 3]) == t
+        got = a.verify([t, 5, 6, 7])
+        a.rewind(a.pos() - 2)  # keep two of the four: the second evaluation proposed pos()
+        want = [b.step(x) for x in (t, 5)]
+        assert got[:2] == want and a.logits() == b.logits()
+        a.rewind(a.pos())  # a no-op keeps them too
+        assert a.logits() == b.logits()
+        a.rewind(0)
+        with pytest.raises(_llm.Error, match="no logits"):
+            a.logits()
+
+
+def test_a_drafter_must_return_token_ids(small_model) -> None:  # type: ignore[no-untyped-def]
+    from mpllm import hostboard
+
+    llm = hostboard.import_llm()
+    llm.load(str(small_model.image))
+    with pytest.raises(ValueError, match="not a token id"):
+        "".join(llm.generate("Once", seed=3, draft=lambda ctx, n: [10**7]))
+    # longer drafts than asked are cut, the story stays the plain one
+    plain = "".join(llm.generate("Once", seed=3, max_tokens=40))
+    long = "".join(llm.generate("Once", seed=3, max_tokens=40,
+                                draft=lambda ctx, n: drafting.prompt_lookup(ctx, 50) + [1] * 50))
+    assert long == plain
+    llm.unload()

@@ -888,11 +888,15 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
             # agrees with, and its choice after the last of them
             context.append(token)
             room = min(budget - n, _seq_len - model.pos()) - 1
-            guess = list(draft(context, min(MAX_DRAFT, room))) if room > 0 else []
+            n_guess = min(MAX_DRAFT, room)
+            guess = list(draft(context, n_guess))[:n_guess] if n_guess > 0 else []
+            for g in guess:  # a guess is a token id of this model, or an error now
+                if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < _vocab_out:
+                    raise ValueError(f"the drafter returned {g!r}, not a token id 0..{_vocab_out - 1}")
             at = model.pos()
             got = model.verify([token] + guess)
-            a = 0
-            while a < len(guess) and guess[a] == got[a]:
+            a = 0  # guesses kept; never past <|endoftext|>: the story ends there
+            while a < len(guess) and guess[a] == got[a] and got[a] != eot:
                 a += 1
             model.rewind(at + a + 1)
             context.extend(guess[:a])

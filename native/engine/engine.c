@@ -45,8 +45,16 @@ llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err) {
      * the stream goes back to where it stood once pos was decoded */
     e->pos = pos;
     e->rng = e->s.rng_at[pos];
-    e->have_head = 0;
-    e->have_logits = 0;
+    /* logits() stays valid when the evaluation that proposed the token for
+     * pos is one of the last pass's (its input is still in its column) */
+    if (e->have_head && pos >= e->head_pos0 && pos - e->head_pos0 < e->head_n) {
+        uint32_t col = e->head_col0 + (pos - e->head_pos0);
+        if (col != e->head_col) e->have_logits = 0;
+        e->head_col = col;
+    } else {
+        e->have_head = 0;
+        e->have_logits = 0;
+    }
     return llm_engine_ok(err);
 }
 
@@ -634,6 +642,9 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
     }
     st = select_next(e, last, next, err);
     e->s.rng_at[e->pos] = e->rng;
+    e->head_pos0 = e->pos;
+    e->head_col0 = last;
+    e->head_n = 1;
     e->stats.prefill_tokens = n;
     e->stats.prefill_us = now(e) - t0;
     return st == LLM_OK ? llm_engine_ok(err) : st;
@@ -650,6 +661,9 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
     e->pos++;
     st = select_next(e, 0, next, err);
     e->s.rng_at[e->pos] = e->rng;
+    e->head_pos0 = e->pos;
+    e->head_col0 = 0;
+    e->head_n = 1;
     return st == LLM_OK ? llm_engine_ok(err) : st;
 }
 
@@ -669,6 +683,9 @@ llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t 
     for (uint32_t i = 0; i < m;) {
         uint32_t n = m - i < e->s.n_cols ? m - i : e->s.n_cols;
         forward(e, tokens + i, n, HEADS_ALL);
+        e->head_pos0 = e->pos + 1u;
+        e->head_col0 = 0;
+        e->head_n = n;
         if (n > 1u && certify_many(e, n, &st, err)) {
             /* one scan found every position's candidates; the draws still go
              * position by position, in order */

@@ -76,6 +76,55 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
 }
 
 /* Ask for `wanted`; the port may answer with another region. NULL if none. */
+static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
+
+/* Where one position's buffers sit in its block (llm_col in engine_state.h):
+ * floats first, then its int8 matvec input and head input. */
+typedef struct col_layout {
+    size_t x, xb, xb2, qkv, att, hb, hb2, ple, trow, scores, amax, aden; /* in floats */
+    size_t n_floats, act_bytes, bytes;
+} col_layout;
+
+static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_cols_padded) {
+    const size_t D = c->dim, LP = (size_t)c->n_layers * c->ple_dim;
+    size_t widest = D > c->ffn ? D : c->ffn;
+    if (c->ple_dim > widest) widest = c->ple_dim;
+    size_t nf = 0;
+    k->x = nf; nf += round16(D);
+    k->xb = nf; nf += round16(D);
+    k->xb2 = nf; nf += round16(D);
+    k->qkv = nf; nf += round16(3u * D);
+    k->att = nf; nf += round16(D);
+    k->hb = nf; nf += round16(widest);
+    k->hb2 = nf; nf += round16(widest);
+    k->ple = nf; nf += round16(LP);
+    k->trow = nf; nf += round16(LP);
+    k->scores = nf; nf += round16((size_t)c->n_heads * c->seq_len);
+    k->amax = nf; nf += round16(c->n_heads);
+    k->aden = nf; nf += round16(c->n_heads);
+    k->n_floats = nf;
+    k->act_bytes = round16((widest + 31u) / 32u * 32u);
+    k->bytes = nf * sizeof(float) + k->act_bytes + round16(head_cols_padded);
+}
+
+static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
+    float *f = (float *)(void *)base;
+    col->x = f + k->x;
+    col->xb = f + k->xb;
+    col->xb2 = f + k->xb2;
+    col->qkv = f + k->qkv;
+    col->att = f + k->att;
+    col->hb = f + k->hb;
+    col->hb2 = f + k->hb2;
+    col->ple = f + k->ple;
+    col->trow = f + k->trow;
+    col->scores = f + k->scores;
+    col->att_max = f + k->amax;
+    col->att_den = f + k->aden;
+    col->act.q = (int8_t *)(void *)(f + k->n_floats);
+    col->head_in.q = col->act.q + k->act_bytes;
+}
+
 static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
                    llm_region *placed) {
     llm_region got = wanted;
@@ -130,7 +179,6 @@ static const char *section_name(const llm_engine *e, uint32_t i) {
                           (size_t)i * LLM_IMAGE_SECTION_BYTES);
 }
 
-static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
 
 void llm_close(llm_engine *e) {
     if (e == NULL) return;
@@ -238,8 +286,7 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     llm_status st = llm_image_check(image, len, &info, err);
     if (st != LLM_OK) return st;
     const llm_config *c = &info.config;
-    const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, F = c->ffn, S = c->seq_len;
-    const uint32_t H = c->n_heads;
+    const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, S = c->seq_len;
 
     /* the engine struct, layer table and placement list: one FAST block */
     uint32_t cap = info.n_sections + 16u;
@@ -282,70 +329,24 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     if (st != LLM_OK) return open_fail(e, st);
 
     /* activations: position 0's buffers and what every pass shares (FAST,
-     * required); the other positions of a pass (BULK, optional: without them
-     * a pass carries one position) */
+     * required); the other positions of a pass come after the required
+     * buffers (BULK, optional: without them a pass carries one position) */
+    col_layout lay;
+    col_layout_init(&lay, c, e->w.head.cols_padded);
     {
         llm_run_state *s = &e->s;
-        uint32_t widest = D > F ? D : F;
-        if (P > widest) widest = P;
-        /* one position's buffers, in floats, then its int8 inputs */
-        size_t nf = 0;
-        size_t o_x = nf; nf += round16(D);
-        size_t o_xb = nf; nf += round16(D);
-        size_t o_xb2 = nf; nf += round16(D);
-        size_t o_qkv = nf; nf += round16(3u * (size_t)D);
-        size_t o_att = nf; nf += round16(D);
-        size_t o_hb = nf; nf += round16(widest);
-        size_t o_hb2 = nf; nf += round16(widest);
-        size_t o_ple = nf; nf += round16((size_t)L * P);
-        size_t o_trow = nf; nf += round16((size_t)L * P);
-        size_t o_scores = nf; nf += round16((size_t)H * S);
-        size_t o_amax = nf; nf += round16(H);
-        size_t o_aden = nf; nf += round16(H);
-        size_t act_bytes = round16(((size_t)widest + 31u) / 32u * 32u);
-        size_t head_in_bytes = round16(e->w.head.cols_padded);
-        size_t col_bytes = nf * sizeof(float) + act_bytes + head_in_bytes;
         /* shared: the V cache's wide flags, unit scales, the head's scratch */
         size_t shared = round16((size_t)L * S) + round16((size_t)D * sizeof(float)) +
                         llm_head_scratch_bytes(&e->w.head);
-        size_t bytes = col_bytes + shared;
+        size_t bytes = lay.bytes + shared;
         uint8_t *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
         if (a == NULL)
             return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
                                          (unsigned long)bytes));
         memset(a, 0, bytes);
-        /* the other positions' buffers, then a verify pass's candidate lists
-         * and the many-positions head scan's scratch */
-        const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * col_bytes;
-        const size_t cand_bytes = round16(LLM_BATCH_MAX * sizeof(llm_candidates));
-        const size_t batch_bytes = cols_bytes + cand_bytes +
-                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles));
-        uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
-        s->n_cols = batch != NULL ? LLM_BATCH_MAX : 1u;
-        if (batch != NULL) {
-            memset(batch, 0, batch_bytes);
-            s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
-            s->many = batch + cols_bytes + cand_bytes;
-        }
-        for (uint32_t c = 0; c < s->n_cols; c++) {
-            float *f = (float *)(void *)(c == 0 ? a : batch + (size_t)(c - 1u) * col_bytes);
-            llm_col *col = &s->col[c];
-            col->x = f + o_x;
-            col->xb = f + o_xb;
-            col->xb2 = f + o_xb2;
-            col->qkv = f + o_qkv;
-            col->att = f + o_att;
-            col->hb = f + o_hb;
-            col->hb2 = f + o_hb2;
-            col->ple = f + o_ple;
-            col->trow = f + o_trow;
-            col->scores = f + o_scores;
-            col->att_max = f + o_amax;
-            col->att_den = f + o_aden;
-            col->act.q = (int8_t *)(void *)(f + nf);
-            col->head_in.q = col->act.q + act_bytes;
-        }
-        uint8_t *sh = a + col_bytes;
+        s->n_cols = 1;
+        col_init(&s->col[0], a, &lay);
+        uint8_t *sh = a + lay.bytes;
         s->value_wide = sh;
         sh += round16((size_t)L * S);
         s->ones = (float *)(void *)sh;
@@ -399,6 +400,26 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         e->s.rng_at = (llm_rng *)(void *)(kv + at);
         at += (size_t)rng_bytes;
         e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
+    }
+
+    /* the other positions of a pass, a verify pass's candidate lists and the
+     * many-positions head scan's scratch: optional, so after every required
+     * buffer (without them prefill and verify go one position per pass) */
+    {
+        llm_run_state *s = &e->s;
+        const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * lay.bytes;
+        const size_t cand_bytes = round16(LLM_BATCH_MAX * sizeof(llm_candidates));
+        const size_t batch_bytes = cols_bytes + cand_bytes +
+                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles));
+        uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
+        if (batch != NULL) {
+            memset(batch, 0, batch_bytes);
+            s->n_cols = LLM_BATCH_MAX;
+            for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
+                col_init(&s->col[k], batch + (size_t)(k - 1u) * lay.bytes, &lay);
+            s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
+            s->many = batch + cols_bytes + cand_bytes;
+        }
     }
 
     /* optional staging last, so required buffers get memory first and

@@ -107,6 +107,9 @@ struct llm_engine {
     uint32_t pos;
     int have_head;   /* col[head_col].head_in holds the last evaluation */
     uint32_t head_col;
+    /* the last pass's evaluations: column head_col0 + c proposed the token of
+     * position head_pos0 + c, c < head_n (what rewind keeps for logits()) */
+    uint32_t head_pos0, head_col0, head_n;
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
     llm_sampler_options sampler;
