@@ -245,7 +245,7 @@ CASES: list[tuple[str, Callable[[Img], None], str]] = [
      "bad image: section 'head_tiles': tile 0 column 0 has a negative half-range"),
     ("tiles box too narrow", _tiles_narrow, "bad image: head_tiles: token"),
     ("tiles count", _tiles_count, "bad image: section 'head_tiles': 2 tiles of 128 rows"),
-    ("version 3", _set("version", 3), "unsupported version: image format version 3"),
+    ("version 2", _set("version", 2), "unsupported version: image format version 2"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
     ("reserved byte", _set("reserved", b"\1" + bytes(15)), "bad image: header reserved"),
@@ -289,8 +289,8 @@ def test_specific_message(tiny_bytes: bytes, what: str, mutate: Callable[[Img], 
 
 def test_extra_and_missing_sections(tiny_bytes: bytes) -> None:
     img = Img(tiny_bytes)
-    n = len(img.sections)  # 6 + 10 per layer + out_norm + head_tiles
-    assert n == 6 + 10 * 2 + 2
+    n = len(img.sections)  # 6 + 10 per layer + out_norm + head_tiles + drafts
+    assert n == 6 + 10 * 2 + 3
     img.sections.pop()
     assert open_error(img.signed()) == (f"bad image: {n - 1} sections, a 2-layer tied-head "
                                         f"model has {n}")
@@ -337,7 +337,7 @@ def _engine_check() -> Path:
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
     sources = [eng / "engine.c", eng / "engine_open.c", eng / "image.c", eng / "kernels_ref.c",
                eng / "mathf.c",
-               eng / "sampler.c", eng / "head.c", port / "port_host.c",
+               eng / "sampler.c", eng / "head.c", eng / "drafter.c", port / "port_host.c",
                cbuild.CTESTS / "engine_check.c"]
     # cbuild's stamp covers the sources and the command: a define carrying a hash of
     # the headers makes a header change rebuild too

@@ -38,7 +38,7 @@ LAYER_NAMES = ["attn_norm", "qkv", "attn_proj", "ffn_norm", "gate", "up", "down"
 def expected_names(cfg: Config) -> list[str]:
     names = ["tokenizer", "rope", "embed", "ple_rows", "ple_model_proj", "ple_proj_norm"]
     names += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in LAYER_NAMES]
-    names += ["out_norm"] + ([] if cfg.tied_head else ["head"]) + ["head_tiles"]
+    names += ["out_norm"] + ([] if cfg.tied_head else ["head"]) + ["head_tiles", "drafts"]
     return names
 
 
@@ -103,7 +103,7 @@ def test_round_trip_exact(tmp_path: Path, shape: str) -> None:
     assert h.tied_head == cfg.tied_head and h.file_bytes == len(data)
     # the raw header, read independently of the module
     assert data[:8] == b"MPLLMIMG"
-    assert struct.unpack_from("<4I", data, 8) == (2, 128, len(data), len(expected_names(cfg)))
+    assert struct.unpack_from("<4I", data, 8) == (3, 128, len(data), len(expected_names(cfg)))
     assert struct.unpack_from("<12I", data, 28)[1:] == (
         cfg.vocab_in, cfg.vocab_out, cfg.vocab_in + 7, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.ffn,
         cfg.ple_dim, cfg.seq_len, cfg.group, struct.unpack("<I", struct.pack("<f", 1e4))[0])
@@ -291,15 +291,15 @@ def _add_offset(b: bytearray, i: int, delta: int) -> None:
 
 HEADER_DAMAGE = {
     "magic": (lambda b: b.__setitem__(slice(0, 8), b"MPLLMIMX"), r"bad magic b'MPLLMIMX'"),
-    "version": (lambda b: struct.pack_into("<I", b, 8, 3), "unsupported image version 3"),
+    "version": (lambda b: struct.pack_into("<I", b, 8, 2), "unsupported image version 2"),
     "header_bytes": (lambda b: struct.pack_into("<I", b, 12, 256), "header_bytes 256"),
     "flags": (lambda b: struct.pack_into("<I", b, 28, 3), "unknown flag bits 0x2"),
     "reserved": (lambda b: b.__setitem__(120, 7), "reserved header bytes are not zero"),
     "n_sections": (lambda b: struct.pack_into("<I", b, 20, 0), "section count 0 out of range"),
-    "n_sections_wrong": (lambda b: struct.pack_into("<I", b, 20, 27),
-                         "27 sections, a 2-layer tied-head model has 28"),
+    "n_sections_wrong": (lambda b: struct.pack_into("<I", b, 20, 28),
+                         "28 sections, a 2-layer tied-head model has 29"),
     "huge_layers": (lambda b: struct.pack_into("<I", b, 48, 2**31 - 1),
-                    "28 sections, a 2147483647-layer tied-head model has"),
+                    "29 sections, a 2147483647-layer tied-head model has"),
     "heads": (lambda b: struct.pack_into("<I", b, 52, 3),
               "image header: impossible dimensions: dim 32 is not divisible by n_heads 3"),
     "rows_lt_out": (lambda b: struct.pack_into("<I", b, 32, 279),
@@ -390,13 +390,13 @@ def test_failure_mid_write_leaves_no_file(tmp_path: Path) -> None:
 def test_config_replace_roundtrip_untied_head_present(tmp_path: Path) -> None:
     cfg = dataclasses.replace(SHAPES["tiny"], tied_head=False)
     _w, rep = write(tmp_path / "m.img", cfg)
-    assert [s.name for s in rep.sections[-2:]] == ["head", "head_tiles"]
+    assert [s.name for s in rep.sections[-3:]] == ["head", "head_tiles", "drafts"]
     assert read_image(tmp_path / "m.img").weights.head.q.shape == (280, 32)
 
 
 def test_too_many_layers_for_the_section_table(tmp_path: Path) -> None:
-    cfg = dataclasses.replace(SHAPES["tiny"], n_layers=51)  # 7 + 510 sections > 512
-    with pytest.raises(ValueError, match="51 layers need 518 sections, the format allows 512"):
+    cfg = dataclasses.replace(SHAPES["tiny"], n_layers=51)  # 9 + 510 sections > 512
+    with pytest.raises(ValueError, match="51 layers need 519 sections, the format allows 512"):
         write(tmp_path / "m.img", cfg)
     assert not list(tmp_path.iterdir())
 

@@ -5,7 +5,7 @@ compare every value with the Python side, so the two cannot drift apart."""
 from __future__ import annotations
 
 import cbuild
-from mpllm import image
+from mpllm import drafts_table, image
 
 PROBE = r"""
 #include <stddef.h>
@@ -21,6 +21,10 @@ int main(void) {
     printf("FLAG_TIED_HEAD %u\nFLAGS_KNOWN %u\n", LLM_IMAGE_FLAG_TIED_HEAD, LLM_IMAGE_FLAGS_KNOWN);
     printf("KIND_F32 %d\nKIND_Q4 %d\nKIND_ROWS %d\nKIND_TOKENIZER %d\n", LLM_IMAGE_KIND_F32,
            LLM_IMAGE_KIND_Q4, LLM_IMAGE_KIND_ROWS, LLM_IMAGE_KIND_TOKENIZER);
+    printf("KIND_HEAD_TILES %d\nKIND_DRAFTS %d\n", LLM_IMAGE_KIND_HEAD_TILES,
+           LLM_IMAGE_KIND_DRAFTS);
+    printf("DRAFTS_ORDER %u\nDRAFTS_MAX %u\nDRAFTS_HEADER %zu\n", LLM_IMAGE_DRAFTS_ORDER,
+           LLM_IMAGE_DRAFTS_MAX, sizeof(llm_image_drafts_header));
     printf("Q4_HEADER_BYTES %zu\n", sizeof(llm_image_q4_header));
     printf("HEADER_CRC_OFFSET %zu\n", offsetof(llm_image_header, header_crc32));
     printf("OFF_ROPE_THETA %zu\nOFF_SHA %zu\n", offsetof(llm_image_header, rope_theta),
@@ -44,6 +48,9 @@ def test_header_constants_match_the_python_side(tmp_path) -> None:  # type: igno
     assert int(got.pop("OFF_ROPE_THETA")) == 8 + 16 * 4
     assert int(got.pop("OFF_SHA")) == 8 + 16 * 4 + 4 + 4
     assert int(got.pop("OFF_SECTION_KIND")) == image.NAME_BYTES
+    assert int(got.pop("DRAFTS_ORDER")) == drafts_table.ORDER
+    assert int(got.pop("DRAFTS_MAX")) == drafts_table.MAX_DRAFT
+    assert int(got.pop("DRAFTS_HEADER")) == drafts_table.HEADER.size
     for name, value in got.items():
         assert int(value) == getattr(image, name), name
     assert image.HEADER.size == image.HEADER_BYTES

@@ -304,6 +304,7 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     e->port = *port;
     e->image = info;
     e->cfg = *c;
+    llm_image_drafts_view(&info, &e->w.drafts);
     e->w.layers = (llm_layer_weights *)(void *)(base + off_layers);
     e->placements = (llm_placement *)(void *)(base + off_place);
     e->owned = (void **)(void *)(base + off_owned);

@@ -39,6 +39,7 @@ typedef struct llm_weights {
     llm_layer_weights *layers;    /* [n_layers] */
     const float *out_norm;        /* [dim] */
     llm_head head;                /* [vocab_out, dim] in tile order, + certificate */
+    llm_drafts drafts;            /* the n-gram drafter's tables, read in place */
     llm_region norms_region;
 } llm_weights;
 

@@ -119,8 +119,8 @@ static const char *const layer_names[LLM_LSEC_COUNT] = {
 };
 
 uint32_t llm_image_section_count(uint32_t n_layers, int tied_head) {
-    /* layers, out_norm, the head if untied, head_tiles */
-    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u) + 1u;
+    /* layers, out_norm, the head if untied, head_tiles, drafts */
+    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u) + 2u;
 }
 
 /* Writes the NUL-padded 16-byte name image_format.h fixes for index i. */
@@ -154,8 +154,10 @@ void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
         s = "out_norm";
     } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u && !tied_head) {
         s = "head";
-    } else {
+    } else if (i + 1u < llm_image_section_count(n_layers, tied_head)) {
         s = "head_tiles";
+    } else {
+        s = "drafts";
     }
     size_t n = strlen(s);
     memcpy(name, s, n < LLM_IMAGE_NAME_BYTES - 1 ? n : LLM_IMAGE_NAME_BYTES - 1);
@@ -213,7 +215,7 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
 }
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
-    const uint8_t *p = llm_image_payload(info, info->n_sections - 1u, NULL);
+    const uint8_t *p = llm_image_payload(info, info->n_sections - 2u, NULL);
     memset(out, 0, sizeof *out);
     out->rows = rd32(p);
     out->tile_rows = rd32(p + 4);
@@ -226,6 +228,24 @@ void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
     out->scales = (const float *)(const void *)q;
     q += (4u * (size_t)out->n_tiles + 15u) / 16u * 16u;
     out->boxes = (const int8_t *)(const void *)q;
+}
+
+static size_t drafts_table_bytes(uint32_t n, uint32_t records) {
+    return ((size_t)records * (n + 2u) * 2u + 15u) / 16u * 16u;
+}
+
+void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
+    const uint8_t *p = llm_image_payload(info, info->n_sections - 1u, NULL);
+    memset(out, 0, sizeof *out);
+    out->max_draft = rd32(p + 12);
+    for (uint32_t k = 0; k <= LLM_IMAGE_DRAFTS_MAX; k++)
+        out->min_odds[k] = (uint16_t)(p[16 + 2 * k] | (p[17 + 2 * k] << 8));
+    const uint8_t *q = p + sizeof(llm_image_drafts_header);
+    for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
+        out->contexts[n - 1] = rd32(p + 4u * (n - 1));
+        out->records[n - 1] = (const uint16_t *)(const void *)q;
+        q += drafts_table_bytes(n, out->contexts[n - 1]);
+    }
 }
 
 /* ---- config ------------------------------------------------------------ */
@@ -338,9 +358,14 @@ static expect section_expect(const llm_config *c, uint32_t i) {
         e.cols = D;
         return e;
     }
-    e.kind = LLM_IMAGE_KIND_HEAD_TILES;
+    if (i + 1u < llm_image_section_count(L, (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0)) {
+        e.kind = LLM_IMAGE_KIND_HEAD_TILES;
+        e.rows = c->vocab_out;
+        e.cols = D;
+        return e;
+    }
+    e.kind = LLM_IMAGE_KIND_DRAFTS;
     e.rows = c->vocab_out;
-    e.cols = D;
     return e;
 }
 
@@ -351,6 +376,7 @@ static const char *kind_name(uint32_t kind) {
     case LLM_IMAGE_KIND_ROWS: return "ROWS";
     case LLM_IMAGE_KIND_TOKENIZER: return "TOKENIZER";
     case LLM_IMAGE_KIND_HEAD_TILES: return "HEAD_TILES";
+    case LLM_IMAGE_KIND_DRAFTS: return "DRAFTS";
     default: return "unknown";
     }
 }
@@ -553,6 +579,72 @@ static llm_status check_tiles(const char *name, const uint8_t *p, uint32_t size,
     return LLM_OK;
 }
 
+/* Sizes, order, ids and padding of a drafts payload (image_format.h). */
+static llm_status check_drafts(const char *name, const uint8_t *p, uint32_t size,
+                               const expect *x, llm_error *err) {
+    if (size < sizeof(llm_image_drafts_header))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
+    const uint32_t max_draft = rd32(p + 12);
+    if (max_draft > LLM_IMAGE_DRAFTS_MAX)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': max_draft %lu exceeds %u", name,
+                        (unsigned long)max_draft, (unsigned)LLM_IMAGE_DRAFTS_MAX);
+    for (uint32_t k = max_draft; k <= LLM_IMAGE_DRAFTS_MAX; k++)
+        if (p[16 + 2 * k] | p[17 + 2 * k])
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': min_odds[%lu] past max_draft is "
+                            "not zero", name, (unsigned long)k);
+    uint64_t want = sizeof(llm_image_drafts_header);
+    for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
+        const uint64_t records = rd32(p + 4u * (n - 1));
+        if (records > ((uint64_t)size + 1u))  /* keeps the sums below far from overflow */
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': %llu records do not fit", name,
+                            (unsigned long long)records);
+        want += (records * (n + 2u) * 2u + 15u) / 16u * 16u;
+    }
+    if ((uint64_t)size != want)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
+                        (unsigned long)size, (unsigned long long)want);
+    const uint8_t *q = p + sizeof(llm_image_drafts_header);
+    for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
+        const uint32_t records = rd32(p + 4u * (n - 1));
+        const uint32_t stride = 2u * (n + 2u);
+        for (uint32_t r = 0; r < records; r++) {
+            const uint8_t *rec = q + (size_t)r * stride;
+            for (uint32_t j = 0; j < n + 1u; j++) {
+                uint32_t id = (uint32_t)(rec[2 * j] | (rec[2 * j + 1] << 8));
+                if (id >= x->rows)
+                    return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu-token record %lu "
+                                    "holds token %lu, the vocabulary has %lu", name,
+                                    (unsigned long)n, (unsigned long)r, (unsigned long)id,
+                                    (unsigned long)x->rows);
+            }
+            if ((rec[2 * n + 2] | rec[2 * n + 3]) == 0)
+                return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu-token record %lu has "
+                                "share 0", name, (unsigned long)n, (unsigned long)r);
+            if (r > 0) {
+                /* little-endian u16s compared most significant token first */
+                const uint8_t *prev = rec - stride;
+                int order = 0;
+                for (uint32_t j = 0; j < n && order == 0; j++) {
+                    uint32_t a = (uint32_t)(prev[2 * j] | (prev[2 * j + 1] << 8));
+                    uint32_t b = (uint32_t)(rec[2 * j] | (rec[2 * j + 1] << 8));
+                    order = a < b ? -1 : a > b ? 1 : 0;
+                }
+                if (order >= 0)
+                    return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu-token record %lu is "
+                                    "not after record %lu", name, (unsigned long)n,
+                                    (unsigned long)r, (unsigned long)(r - 1));
+            }
+        }
+        const size_t used = (size_t)records * stride;
+        const size_t bytes = drafts_table_bytes(n, records);
+        if (!all_zero(q + used, bytes - used))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': padding is not zero", name);
+        q += bytes;
+    }
+    return LLM_OK;
+}
+
 /* ---- the whole image --------------------------------------------------- */
 
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
@@ -700,6 +792,7 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
         case LLM_IMAGE_KIND_Q4: st = check_q4(want, p, s.size, &x, err); break;
         case LLM_IMAGE_KIND_ROWS: st = check_rows(want, p, s.size, &x, err); break;
         case LLM_IMAGE_KIND_HEAD_TILES: st = check_tiles(want, p, s.size, &x, err); break;
+        case LLM_IMAGE_KIND_DRAFTS: st = check_drafts(want, p, s.size, &x, err); break;
         default: st = check_tokenizer(want, p, s.size, c, err); break;
         }
         if (st != LLM_OK) {

@@ -50,8 +50,8 @@ enum {
 #define LLM_MAX_PLE_COLS 65536u   /* n_layers * ple_dim */
 #define LLM_MAX_SEQ_LEN 65536u
 #define LLM_MAX_VOCAB (1u << 24)
-/* sections after the layers: out_norm, head (untied), head_tiles */
-#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 3u) / LLM_LSEC_COUNT)
+/* sections after the layers: out_norm, head (untied), head_tiles, drafts */
+#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 4u) / LLM_LSEC_COUNT)
 
 typedef struct llm_image_info {
     const uint8_t *data;
@@ -75,6 +75,15 @@ typedef struct llm_tiles {
     uint32_t rows, tile_rows, n_tiles, cols_padded;
 } llm_tiles;
 
+/* A KIND_DRAFTS section (image_format.h), read in place: records[n-1] holds
+ * contexts[n-1] records of n + 2 u16 (ctx[n], next, share). */
+typedef struct llm_drafts {
+    const uint16_t *records[LLM_IMAGE_DRAFTS_ORDER];
+    uint32_t contexts[LLM_IMAGE_DRAFTS_ORDER];
+    uint32_t max_draft;
+    uint16_t min_odds[LLM_IMAGE_DRAFTS_MAX + 1u];
+} llm_drafts;
+
 /* Validate everything: header, section table, every section's checksum,
  * layout and finiteness, and the config. `data` must be 16-byte aligned. */
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
@@ -90,7 +99,8 @@ void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_sec
 const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size);
 void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out);
 void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out);
-void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out); /* the last section */
+void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out);
+void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out);
 
 /* CRC-32 (IEEE, as zlib.crc32): crc = llm_crc32(crc, p, n), start with 0. */
 uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n);

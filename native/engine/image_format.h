@@ -1,5 +1,5 @@
 /*
- * mpllm model image, format version 1: the ONE description of the file that
+ * mpllm model image (format version: LLM_IMAGE_VERSION below): the ONE description of the file that
  * `mpllm.convert` writes and the engine's loader reads. tools/mpllm/image.py
  * mirrors these constants; tests/test_image_format.py proves the two agree.
  *
@@ -57,6 +57,9 @@
  *                               for the certified head (below); always
  *                               present, n_tiles == 0 when the converter
  *                               could not certify this head
+ *   "drafts"         KIND_DRAFTS  the n-gram drafter for speculative
+ *                               decoding (below); always present, empty
+ *                               when the converter built none
  * Sections appear in the file in exactly this order.
  *
  * KIND_F32: raw f32 values, nothing else.
@@ -126,6 +129,30 @@
  *   Empty when n_tiles == 0: the payload is the 16-byte header alone
  *   (tile_rows is then 0).
  *
+ * KIND_DRAFTS (a self-distilled n-gram table: what the model itself wrote
+ * after contexts of 1..3 tokens. It only decides how many tokens one verify
+ * pass may yield, never which ones: a wrong draft is rejected by the pass):
+ *   llm_image_drafts_header                                     32 bytes
+ *     u32 contexts[3]   records for contexts of 1, 2 and 3 tokens
+ *     u32 max_draft     drafts per pass at most, <= LLM_IMAGE_DRAFTS_MAX
+ *     u16 min_odds[8]   draft k+1 (k = 0..) is proposed only while the
+ *                       product of the shares of drafts 1..k+1 stays >=
+ *                       min_odds[k] (the cost model's price of one more
+ *                       position in a pass, as a fraction of a step's cost,
+ *                       in units of 1/65535); zero from max_draft on
+ *   then for n = 1, 2, 3: contexts[n-1] records of n + 2 u16 values
+ *       ctx[n] (oldest token first), next, share
+ *     in strictly increasing lexicographic order of ctx, each of the three
+ *     tables zero padded to a multiple of 16 bytes. next and every ctx token
+ *     are < vocab_out; share = floor(65535 * count(next) / (count(ctx) + 1))
+ *     >= 1, where next is the most frequent continuation of ctx.
+ *   Drafting (llm_draft, mirrored by mpllm.drafting.NgramTable.draft): odds
+ *   starts at 65535; for each draft take the longest ctx (3, 2, then 1
+ *   tokens) that ends the context and has a record (none: stop), then
+ *   odds = floor(odds * share / 65535); stop if odds < min_odds[k], else
+ *   propose next and append it to the context.
+ *   Empty: every count and max_draft zero.
+ *
  * Header config fields describe the image, not the source: vocab_rows is the
  * number of embedding/PLE rows kept, vocab_in_source what model.bin had.
  */
@@ -135,7 +162,7 @@
 #include <stdint.h>
 
 #define LLM_IMAGE_MAGIC "MPLLMIMG" /* 8 bytes, no NUL */
-#define LLM_IMAGE_VERSION 2u /* 2: + head_tiles */
+#define LLM_IMAGE_VERSION 3u /* 2: + head_tiles, 3: + drafts */
 #define LLM_IMAGE_HEADER_BYTES 128u
 #define LLM_IMAGE_SECTION_BYTES 32u
 #define LLM_IMAGE_ALIGN 16u
@@ -152,7 +179,13 @@ enum llm_image_kind {
     LLM_IMAGE_KIND_ROWS = 3,
     LLM_IMAGE_KIND_TOKENIZER = 4,
     LLM_IMAGE_KIND_HEAD_TILES = 5,
+    LLM_IMAGE_KIND_DRAFTS = 6,
 };
+
+/* The drafts table: contexts of 1..LLM_IMAGE_DRAFTS_ORDER tokens; a verify
+ * pass checks the last token and at most LLM_IMAGE_DRAFTS_MAX drafts. */
+#define LLM_IMAGE_DRAFTS_ORDER 3u
+#define LLM_IMAGE_DRAFTS_MAX 7u
 
 /* Bounds stay exact in int32 and below 2^24 (exactly representable as f32)
  * while (128 + 127) * 127 * cols_padded < 2^24 (|mid| <= 128, half, |xq| <= 127). */
@@ -200,7 +233,14 @@ typedef struct llm_image_tiles_header {
     uint32_t rows, tile_rows, n_tiles, cols_padded;
 } llm_image_tiles_header;
 
+typedef struct llm_image_drafts_header {
+    uint32_t contexts[LLM_IMAGE_DRAFTS_ORDER];
+    uint32_t max_draft;
+    uint16_t min_odds[LLM_IMAGE_DRAFTS_MAX + 1u];
+} llm_image_drafts_header;
+
 _Static_assert(sizeof(llm_image_tiles_header) == 16, "tiles header size");
+_Static_assert(sizeof(llm_image_drafts_header) == 32, "drafts header size");
 _Static_assert(sizeof(llm_image_header) == LLM_IMAGE_HEADER_BYTES, "header size");
 _Static_assert(sizeof(llm_image_section) == LLM_IMAGE_SECTION_BYTES, "section size");
 _Static_assert(sizeof(llm_image_q4_header) == 16, "q4 header size");

@@ -8,6 +8,7 @@
  *   llm_step(token)              one token in, next token out
  *   llm_verify(tokens, m)        m drafted tokens in one pass, the next of each
  *   llm_rewind(pos)              drop positions >= pos (drafts, undo)
+ *   llm_draft(context)           guesses for llm_verify from the image's table
  *   llm_reset()                  back to position 0, same model
  *   llm_close()
  * The engine never aborts and never allocates after llm_open except through
@@ -155,6 +156,18 @@ llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t 
  * as if the dropped positions had never been decoded (for the same sampler
  * settings). Logits are gone until the next evaluation. */
 llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err);
+
+/* Speculative decoding's drafter: up to max_len tokens (at most
+ * llm_draft_max) that the image's self-distilled n-gram table (image_format.h
+ * KIND_DRAFTS; the last 3 context tokens matter) expects after
+ * context[0..n-1], written to out; returns how many. It stops where the
+ * table's confidence falls below what one more position costs a pass, and
+ * reads the table in place (flash on the board). A draft never changes what
+ * is decoded, only how many tokens a verify pass yields. */
+uint32_t llm_draft(const llm_engine *e, const int32_t *context, uint32_t n, uint32_t max_len,
+                   int32_t *out);
+/* The table's longest draft; 0 when the image has no table. */
+uint32_t llm_draft_max(const llm_engine *e);
 
 /* Logits (vocab_out floats) of the last head evaluation, or NULL before any.
  * Decoding does not keep them (the certified head finds the next token

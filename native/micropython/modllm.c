@@ -271,7 +271,7 @@ static void llm_dict_int(mp_obj_t d, qstr key, mp_uint_t v) {
 
 static mp_obj_t llm_model_config(mp_obj_t self_in) {
     const llm_config *c = llm_get_config(llm_ready(self_in)->engine);
-    mp_obj_t d = mp_obj_new_dict(14);
+    mp_obj_t d = mp_obj_new_dict(15);
     llm_dict_int(d, MP_QSTR_vocab_rows, c->vocab_rows);
     llm_dict_int(d, MP_QSTR_vocab_out, c->vocab_out);
     llm_dict_int(d, MP_QSTR_dim, c->dim);
@@ -284,6 +284,7 @@ static mp_obj_t llm_model_config(mp_obj_t self_in) {
     llm_dict_int(d, MP_QSTR_group, c->group);
     llm_dict_int(d, MP_QSTR_eot_id, c->eot_id);
     llm_dict_int(d, MP_QSTR_flags, c->flags);
+    llm_dict_int(d, MP_QSTR_max_draft, llm_draft_max(llm_ready(self_in)->engine));
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_rope_theta), mp_obj_new_float(c->rope_theta));
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_tied_head), mp_obj_new_bool(c->flags & 1u));
     return d;
@@ -419,6 +420,29 @@ static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_prefill_obj, llm_model_prefill);
 
+static mp_obj_t llm_model_draft(mp_obj_t self_in, mp_obj_t context, mp_obj_t max_len_in) {
+    llm_ready(self_in);
+    mp_int_t max_len = mp_obj_get_int(max_len_in);
+    if (max_len < 0) {
+        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("draft() max_len must be >= 0, got %d"),
+            (int)max_len);
+    }
+    size_t n;
+    int32_t *ids = llm_tokens_arg(self_in, context, UINT32_MAX / 2u, &n, "draft()");
+    llm_model_obj_t *self = llm_ready(self_in);
+    int32_t out[LLM_IMAGE_DRAFTS_MAX];
+    uint32_t want = max_len > (mp_int_t)LLM_IMAGE_DRAFTS_MAX ? LLM_IMAGE_DRAFTS_MAX
+                                                             : (uint32_t)max_len;
+    uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
+    m_del(int32_t, ids, n);
+    mp_obj_t list = mp_obj_new_list(got, NULL);
+    for (uint32_t i = 0; i < got; i++) {
+        mp_obj_list_store(list, MP_OBJ_NEW_SMALL_INT(i), MP_OBJ_NEW_SMALL_INT(out[i]));
+    }
+    return list;
+}
+static MP_DEFINE_CONST_FUN_OBJ_3(llm_model_draft_obj, llm_model_draft);
+
 static mp_obj_t llm_model_verify(mp_obj_t self_in, mp_obj_t tokens) {
     llm_ready(self_in);
     size_t n;
@@ -545,6 +569,7 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_prefill), MP_ROM_PTR(&llm_model_prefill_obj) },
     { MP_ROM_QSTR(MP_QSTR_step), MP_ROM_PTR(&llm_model_step_obj) },
     { MP_ROM_QSTR(MP_QSTR_verify), MP_ROM_PTR(&llm_model_verify_obj) },
+    { MP_ROM_QSTR(MP_QSTR_draft), MP_ROM_PTR(&llm_model_draft_obj) },
     { MP_ROM_QSTR(MP_QSTR_logits), MP_ROM_PTR(&llm_model_logits_obj) },
     { MP_ROM_QSTR(MP_QSTR_tokenizer), MP_ROM_PTR(&llm_model_tokenizer_obj) },
     { MP_ROM_QSTR(MP_QSTR_pos), MP_ROM_PTR(&llm_model_pos_obj) },

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "llm.h"
+#include "image_format.h"
 #include "llm_names.h"
 #include "port_host.h"
 
@@ -260,6 +261,7 @@ static PyObject *Model_config(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
         {"n_layers", c->n_layers},     {"n_heads", c->n_heads},     {"head_dim", c->head_dim},
         {"ffn", c->ffn},               {"ple_dim", c->ple_dim},     {"seq_len", c->seq_len},
         {"group", c->group},           {"eot_id", c->eot_id},       {"flags", c->flags},
+        {"max_draft", llm_draft_max(self->engine)},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if (set_item(d, ints[i].key, PyLong_FromUnsignedLong(ints[i].value)) != 0) goto fail;
@@ -394,6 +396,36 @@ static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
     PyMem_Free(ids);
     if (st != LLM_OK) return raise_llm(self->error, &err);
     return PyLong_FromLong(next);
+}
+
+static PyObject *Model_draft(ModelObject *self, PyObject *args) {
+    PyObject *context;
+    Py_ssize_t max_len;
+    if (!PyArg_ParseTuple(args, "On:draft", &context, &max_len)) return NULL;
+    if (!ready(self)) return NULL;
+    if (max_len < 0) {
+        PyErr_Format(PyExc_ValueError, "draft() max_len must be >= 0, got %zd", max_len);
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    int32_t *ids = tokens_arg(self, context, "draft()", (Py_ssize_t)(UINT32_MAX / 2u), &n);
+    if (ids == NULL) return NULL;
+    int32_t out[LLM_IMAGE_DRAFTS_MAX];
+    uint32_t want = max_len > (Py_ssize_t)LLM_IMAGE_DRAFTS_MAX ? LLM_IMAGE_DRAFTS_MAX
+                                                               : (uint32_t)max_len;
+    uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
+    PyMem_Free(ids);
+    PyObject *list = PyList_New((Py_ssize_t)got);
+    if (list == NULL) return NULL;
+    for (uint32_t i = 0; i < got; i++) {
+        PyObject *v = PyLong_FromLong(out[i]);
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    return list;
 }
 
 static PyObject *Model_verify(ModelObject *self, PyObject *tokens) {
@@ -548,6 +580,9 @@ static PyMethodDef Model_methods[] = {
      "float32 little-endian logits of the last head evaluation, as bytes."},
     {"tokenizer", (PyCFunction)Model_tokenizer, METH_NOARGS, "The image's tokenizer section."},
     {"pos", (PyCFunction)Model_pos, METH_NOARGS, "Current position (tokens in the context)."},
+    {"draft", (PyCFunction)Model_draft, METH_VARARGS,
+     "draft(context, max_len): up to max_len guesses from the image's n-gram table "
+     "(for verify)."},
     {"rewind", (PyCFunction)Model_rewind, METH_O,
      "rewind(pos): drop positions >= pos; decoding goes on as if they were never decoded."},
     {"stats", (PyCFunction)Model_stats, METH_NOARGS,

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import drafts_table
 from . import head_tiles as tiles_mod
 from .atomic import atomic_path
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
@@ -33,7 +34,7 @@ from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 # ---- constants of native/engine/image_format.h (the spec) ------------------ #
 MAGIC = b"MPLLMIMG"
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 128
 SECTION_BYTES = 32
 ALIGN = 16
@@ -47,6 +48,7 @@ KIND_Q4 = 2
 KIND_ROWS = 3
 KIND_TOKENIZER = 4
 KIND_HEAD_TILES = 5
+KIND_DRAFTS = 6
 Q4_HEADER_BYTES = 16
 PAD_CODE = 8  # offset-binary code of the value 0
 # llm_image_header: magic, 16 x u32 (version .. group), f32 rope_theta, u32 eot_id,
@@ -61,7 +63,7 @@ assert HEADER.size == HEADER_BYTES and SECTION.size == SECTION_BYTES
 assert Q4_HEADER.size == Q4_HEADER_BYTES
 
 KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer",
-              KIND_HEAD_TILES: "head_tiles"}
+              KIND_HEAD_TILES: "head_tiles", KIND_DRAFTS: "drafts"}
 
 
 class ImageFormatError(ValueError):
@@ -134,6 +136,7 @@ class Image:
     tokenizer_section: bytes
     sections: list[Section]
     head_tiles: tiles_mod.HeadTiles
+    drafts: drafts_table.DraftsTable
 
 
 # --------------------------------------------------------------------------- #
@@ -175,6 +178,7 @@ def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
     if not cfg.tied_head:
         plan.append(("head", KIND_Q4, (cfg.vocab_out, d)))
     plan.append(("head_tiles", KIND_HEAD_TILES, (cfg.vocab_out, d)))
+    plan.append(("drafts", KIND_DRAFTS, (cfg.vocab_out, 0)))
     return plan
 
 
@@ -324,7 +328,8 @@ def unpack_rows(payload: bytes | memoryview, what: str = "rows") -> QMatrix:
 
 
 def _payloads(
-    weights: Weights, tokenizer_section: bytes, rope: np.ndarray, tiles_payload: bytes
+    weights: Weights, tokenizer_section: bytes, rope: np.ndarray, tiles_payload: bytes,
+    drafts_payload: bytes
 ) -> Iterator[tuple[str, int, Callable[[], bytes]]]:
     """(name, kind, producer) in file order; producers pack lazily, one section at a time."""
     w = weights
@@ -347,6 +352,7 @@ def _payloads(
         assert w.head is not None
         yield "head", KIND_Q4, lambda: pack_q4(w.head, "head")
     yield "head_tiles", KIND_HEAD_TILES, lambda: tiles_payload
+    yield "drafts", KIND_DRAFTS, lambda: drafts_payload
 
 
 def _f32(a: np.ndarray) -> bytes:
@@ -380,8 +386,8 @@ def _check_weights(weights: Weights) -> None:
         for f in LAYER_FIELDS:
             got[f"L{i}.{f}"] = getattr(layer, f)
     for name, kind, (rows, cols) in section_plan(cfg)[2:]:
-        if kind == KIND_HEAD_TILES:
-            continue  # built from the head by write_image
+        if kind in (KIND_HEAD_TILES, KIND_DRAFTS):
+            continue  # built from the head by write_image / given to it
         t = got[name]
         if kind == KIND_F32:
             if np.shape(t) != (cols,):
@@ -405,12 +411,14 @@ def write_image(
     vocab_in_source: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     tile_rows: int = tiles_mod.TILE_ROWS,
+    drafts: drafts_table.DraftsTable | None = None,
 ) -> ImageReport:
     """Write `weights` as an image. The caller has already chosen which rows to keep:
     weights.config.vocab_in becomes vocab_rows (>= vocab_out). vocab_in_source defaults
     to vocab_rows. progress(section_name, bytes_done, bytes_total) is called after each
     section. The file appears only when complete (temp file + rename). tile_rows sets the
-    certified head's tiles (0: no certificate; the engine then scores every row)."""
+    certified head's tiles (0: no certificate; the engine then scores every row).
+    drafts: the n-gram drafter's table (default: an empty one, no drafting)."""
     _check_weights(weights)
     cfg = weights.config
     vin_src = cfg.vocab_in if vocab_in_source is None else vocab_in_source
@@ -432,6 +440,9 @@ def write_image(
     head = weights.tok_emb.take_rows(cfg.vocab_out) if cfg.tied_head else weights.head
     assert head is not None
     tiles_payload = tiles_mod.pack(tiles_mod.build(head, tile_rows))
+    drafts_payload = drafts_table.EMPTY if drafts is None else drafts.pack()
+    if drafts is not None:
+        drafts_table.DraftsTable.unpack(drafts_payload, cfg.vocab_out)  # ids in range, order
     plan = section_plan(cfg)
     if len(plan) > MAX_SECTIONS:
         raise ValueError(f"{cfg.n_layers} layers need {len(plan)} sections, the format allows "
@@ -441,6 +452,7 @@ def write_image(
     for _name, kind, shape in plan:
         pos = align_up(pos)
         size = (len(tiles_payload) if kind == KIND_HEAD_TILES
+                else len(drafts_payload) if kind == KIND_DRAFTS
                 else _planned_size(kind, shape, cfg.group, len(tok)))
         offsets.append(pos)
         sizes.append(size)
@@ -454,7 +466,7 @@ def write_image(
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(bytes(offsets[0]))  # header + table, rewritten at the end
         for (name, kind, produce), off, size in zip(
-                _payloads(weights, tok, rope, tiles_payload), offsets, sizes):
+                _payloads(weights, tok, rope, tiles_payload, drafts_payload), offsets, sizes):
             f.write(bytes(off - f.tell()))  # zero alignment padding
             data = produce()
             if len(data) != size:
@@ -541,7 +553,7 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
     if eot_id >= vocab_out:
         raise ImageFormatError(f"eot_id {eot_id} outside the vocabulary of {vocab_out}")
 
-    want = 8 + 10 * n_layers + (0 if header.tied_head else 1)
+    want = 9 + 10 * n_layers + (0 if header.tied_head else 1)
     if n_sections != want:
         raise ImageFormatError(f"{n_sections} sections, a {n_layers}-layer "
                                f"{'tied' if header.tied_head else 'untied'}-head model has "
@@ -625,6 +637,11 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
                 tensors[name] = tiles_mod.unpack(p, name)
             except tiles_mod.HeadTilesError as e:
                 raise ImageFormatError(str(e)) from None
+        elif kind == KIND_DRAFTS:
+            try:
+                tensors[name] = drafts_table.DraftsTable.unpack(p, cfg.vocab_out)
+            except drafts_table.DraftsError as e:
+                raise ImageFormatError(str(e)) from None
         elif kind == KIND_TOKENIZER:
             if len(p) < 16:
                 raise ImageFormatError(f"tokenizer section of {len(p)} bytes is too short")
@@ -662,4 +679,4 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
         raise ImageFormatError(f"section 'head_tiles': {problem}")
     return Image(header=header, config=cfg, weights=weights, rope=tensors["rope"],
                  tokenizer_section=bytes(payload["tokenizer"]), sections=sections,
-                 head_tiles=tiles)
+                 head_tiles=tiles, drafts=tensors["drafts"])  # type: ignore[arg-type]
