@@ -36,7 +36,8 @@ def fingerprint(model: Path, tok: Path) -> bytes:
 
 def test_cli_converts_and_prints_size_table(tiny_model: ModelFiles, tmp_path: Path) -> None:
     out = tmp_path / "tiny.img"
-    r = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o", str(out))
+    r = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o", str(out),
+                "--drafter-stories", "0")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("section"))
@@ -221,3 +222,16 @@ def test_main_in_process_returns_2(tmp_path: Path, capsys: Cap) -> None:
                  str(tmp_path / "c.img"), "-q"]) == 2
     assert "model file not found" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_cli_builds_the_drafter_by_default(tiny_model: ModelFiles, tmp_path: Path) -> None:
+    out = tmp_path / "tiny.img"
+    r = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"n-gram drafter: [\d,]+ contexts from 200 stories", r.stdout)
+    drafts = read_image(out).drafts
+    assert drafts.max_draft == 7 and drafts.entries > 100
+    bad = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o",
+                  str(tmp_path / "x.img"), "--drafter-stories", "-1")
+    assert bad.returncode == 2 and "--drafter-stories -1: must be >= 0" in bad.stderr
+    assert not (tmp_path / "x.img").exists()

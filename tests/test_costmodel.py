@@ -371,11 +371,12 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
     assert set(drafts) == {"greedy", "sampled"} and table["stories"] == 4
     ngram = drafts["sampled"]["ngram"]
     assert ngram.tokens_per_pass >= 1.0 and ngram.positions_per_pass >= ngram.tokens_per_pass
-    # the adaptive sweep replays the same stories through the same table: its default
-    # threshold and cap reproduce drafting.study's n-gram figure
+    # the adaptive sweep replays the same stories through the same table: its priced
+    # row (the table convert stores) reproduces drafting.study's n-gram figure
     sweep = cm.measure_adaptive(demo, llm_module=llm_mod, table_stories=4, n_tokens=40,
-                                seeds=(1,), shares=(0.5, 0.9), caps=(2, 7))
-    same = next(d for d in sweep["sampled"] if d.drafter == "ngram share>=0.50 cap 7")
+                                seeds=(1,), odds=(0.5, 0.9), caps=(2, 7))
+    assert len(sweep["sampled"]) == 1 + 2 * 2
+    same = next(d for d in sweep["sampled"] if d.drafter == "ngram priced")
     assert same.tokens_per_pass == pytest.approx(ngram.tokens_per_pass)
     assert same.positions_per_pass == pytest.approx(ngram.positions_per_pass)
     spec = cm.SpecInputs.default()

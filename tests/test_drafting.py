@@ -16,16 +16,18 @@ def test_prompt_lookup_takes_the_latest_longest_match() -> None:
     assert D.prompt_lookup([7], 4) == []
 
 
-def test_ngram_table_drafts_while_confident() -> None:
-    t = D.NgramTable(order=2, min_share=0.6)
+def test_ngram_counts_become_the_drafts_table() -> None:
+    t = D.NgramTable(order=2)
     for _ in range(3):
         t.add([1, 2, 3, 4])
     t.add([1, 2, 5])
-    assert t.predict([1, 2]) == (3, 0.75)
-    assert t.draft([1], 5) == [2, 3, 4]  # 2 always follows 1; then 3 (3 of 4); then 4
-    t.min_share = 0.8
-    assert t.draft([1], 5) == [2]  # 3 after "1 2" is only 75 %
-    assert t.draft([99], 5) == []
+    assert t.counts[(1, 2)] == {3: 3, 5: 1} and (1, 2, 3) not in t.counts
+    table = t.table([0.5] * 7)
+    assert table.records[1][(1, 2)] == (3, 65535 * 3 // 5)
+    assert table.draft([1], 5) == [2]  # 2 (odds 4/5), then 3 would be 4/5 * 3/5 = .48 < .5
+    assert t.table([0.4] * 7).draft([1], 5) == [2, 3]  # then 4: .48 * 3/4 = .36 < .4
+    assert t.table([0.3] * 7).draft([1], 5) == [2, 3, 4]
+    assert table.draft([99], 5) == []
 
 
 def test_simulate_counts_passes_exactly() -> None:

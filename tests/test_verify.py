@@ -175,7 +175,7 @@ def test_llm_story_with_a_drafter_is_the_plain_story(small_model, draft, options
     with _llm.Model(small_model.image) as m:
         for _p, s in drafting.decode_stories(m, [[5, 6, 7], [9, 9]], (0.8, 40, 99), 80, 0):
             table.add(s)
-    drafter = "lookup" if draft == "lookup" else table.draft
+    drafter = "lookup" if draft == "lookup" else table.table([0.0] * 7).draft
     for prompt, budget in (("Once upon a time", 60), ("The dog", 200)):
         plain = "".join(llm.generate(prompt, max_tokens=budget, **options))
         plain_stats = llm.stats()
@@ -193,7 +193,9 @@ def test_draft_option_is_checked(small_model) -> None:  # type: ignore[no-untype
 
     llm = hostboard.import_llm()
     llm.load(str(small_model.image))
-    with pytest.raises(ValueError, match="draft must be None, 'lookup' or a function"):
+    with pytest.raises(ValueError, match="draft must be 'auto', 'ngram', 'lookup', None"):
+        llm.generate("Once", draft="bigram")
+    with pytest.raises(ValueError, match="this image has no n-gram drafter table"):
         llm.generate("Once", draft="ngram")
     llm.unload()
 

@@ -788,12 +788,16 @@ def generate(prompt, **options):
       seed         sampling seed: the same seed gives the same story on the
                    PC and on the board. Default: a fresh one per story (see
                    stats()["seed"]). seed=0 is greedy (the engine's rule).
-      draft        speculative decoding: None (off, the default), "lookup"
-                   (prompt_lookup), or a function (context ids, n) -> up to n
-                   guessed next ids. The engine checks a guess and the tokens
-                   after it in one pass and keeps what plain decoding would
-                   have written, so the story is the same; only the number
-                   of passes changes (stats()["tokens_per_pass"]).
+      draft        speculative decoding: "auto" (the default: "ngram" when
+                   the image has a drafter table and the model is not in
+                   plain mode, else None), None or "none" (off), "ngram"
+                   (the image's self-distilled n-gram table, Model.draft),
+                   "lookup" (prompt_lookup), or a function (context ids, n)
+                   -> up to n guessed next ids. The engine checks a guess
+                   and the tokens after it in one pass and keeps what plain
+                   decoding would have written, so the story is the same;
+                   only the number of passes changes
+                   (stats()["tokens_per_pass"]).
 
     The story stops at <|endoftext|> (never yielded), after max_tokens
     tokens, or when prompt + story fill the context; stats() then says
@@ -809,19 +813,36 @@ def generate(prompt, **options):
             f"top_k must be 0..{TOP_K_MAX}, or 0 / {_vocab_out} for the whole vocabulary, "
             f"got {top_k}"
         )
-    draft = options.get("draft", None)
-    if draft == "lookup":
-        draft = prompt_lookup
-    elif draft is not None and not callable(draft):
-        raise ValueError(f"draft must be None, 'lookup' or a function, not {draft!r}")
-    if draft is not None and not (hasattr(model, "verify") and hasattr(model, "rewind")):
-        draft = None  # an engine without verify passes decodes plainly
+    draft = _drafter(model, options.get("draft", "auto"))
     ids = _prompt_ids(prompt)
     if temperature == 0:
         seed = None
     elif seed is None:
         seed = _fresh_seed()
     return _run(model, ids, max_tokens, temperature, top_k, seed, draft)
+
+
+def _drafter(model, draft):
+    """The drafting function a draft= option names (None: decode plainly)."""
+    if draft == "none":
+        draft = None
+    if draft is not None and not callable(draft) and draft not in ("auto", "ngram", "lookup"):
+        raise ValueError(
+            f"draft must be 'auto', 'ngram', 'lookup', None or a function, not {draft!r}")
+    if not (hasattr(model, "verify") and hasattr(model, "rewind")):
+        return None  # an engine without verify passes decodes plainly
+    has_table = hasattr(model, "draft") and model.config().get("max_draft", 0) > 0
+    if draft == "auto":
+        plain = model.plain() if hasattr(model, "plain") else False
+        draft = "ngram" if has_table and not plain else None
+    if draft == "ngram":
+        if not has_table:
+            raise ValueError("draft='ngram': this image has no n-gram drafter table "
+                             "(convert it without --drafter-stories 0)")
+        return lambda context, n: model.draft(context[-3:], n)
+    if draft == "lookup":
+        return prompt_lookup
+    return draft
 
 
 def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):

@@ -81,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy", action="store_true", help="always take the most likely token")
     ap.add_argument("--stats", action="store_true",
                     help="print timing and token counts after the (last) story, to stderr")
-    ap.add_argument("--draft", choices=["none", "lookup", "ngram"], default="none",
-                    help="speculative decoding's drafter: prompt lookup, or an n-gram table of "
-                         "what the model itself writes (built once, cached); the story is the "
-                         "same, the engine just makes fewer passes (default none)")
+    ap.add_argument("--draft", choices=["auto", "none", "lookup", "ngram"], default="auto",
+                    help="speculative decoding's drafter: the image's n-gram table of what the "
+                         "model itself writes (built by convert), or prompt lookup; the story "
+                         "is the same, the engine just makes fewer passes (default auto: the "
+                         "table when the image has one)")
     ap.add_argument("--plain", action="store_true",
                     help="the engine with every speed-up off (every head row scored, one "
-                         "core, V cached as floats): the same story, slower; for checking "
-                         "the speed-ups")
+                         "core, V cached as floats, no drafting): the same story, slower; "
+                         "for checking the speed-ups")
     args = ap.parse_args(argv)
     opts = _options(args)
 
@@ -98,10 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                      "(tools/flash.py --board n16r8 --image ... writes one)")
         if args.plain:
             ap.error("--plain is for the host board (on a board: llm.load(plain=True))")
-        if args.draft == "ngram":
-            ap.error("--draft ngram is for the host board (on a board: draft=\"lookup\")")
-        if args.draft == "lookup":
-            opts["draft"] = "lookup"
+        if args.draft != "auto":
+            opts["draft"] = None if args.draft == "none" else args.draft
         if not args.port:
             print("(give --port to fill in the serial port)", file=sys.stderr)
         print(_board_command(args, opts))
@@ -113,14 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         image = args.image or hostboard.ensure_image(*hostboard.demo_sources())
         llm = hostboard.open_image(image)
         llm.load(plain=args.plain)
-        if args.draft != "none" and not args.plain:  # plain mode: every speed-up off
-            if args.draft == "lookup":
-                opts["draft"] = "lookup"
-            else:
-                from .drafting import cached_table
-
-                opts["draft"] = cached_table(image, hostboard.cache_dir(),
-                                             say=hostboard.say).draft
+        if args.plain:  # plain mode: every speed-up off, drafting too
+            if args.draft not in ("auto", "none"):
+                ap.error("--plain decodes without drafting; leave out --draft")
+            opts["draft"] = None
+        elif args.draft != "auto":
+            opts["draft"] = None if args.draft == "none" else args.draft
     except (hostboard.HostBoardError, RuntimeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

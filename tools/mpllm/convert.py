@@ -4,8 +4,11 @@
 
 Steps: validate the tokenizer, read model.bin (its output vocab must equal the
 tokenizer size), drop embedding/PLE rows the tokenizer can never produce, bake
-the RoPE table, fingerprint the sources, write the image (atomically), read it
-back and check it equals what was meant to be written. Bad input exits with
+the RoPE table, fingerprint the sources, write the image (atomically), then,
+unless --drafter-stories 0, let the model write stories on this PC and store
+what it wrote as the image's n-gram drafter (speculative decoding's guesses;
+needs the host engine `_llm`), read the image back and check it equals what
+was meant to be written. Bad input exits with
 status 2 and a one-line message, and leaves no output file behind.
 """
 
@@ -28,11 +31,16 @@ from .head_tiles import MAX_TILE_ROWS, TILE_ROWS
 from .image import (
     KIND_NAMES,
     ImageFormatError,
+    ImageReport,
     Section,
     read_image,
     write_image,
 )
 from .model import Config, QMatrix, Weights
+
+#: stories the model writes for its drafter when converting from the command
+#: line or flash.py (a few seconds for the demo model)
+DRAFTER_STORIES = 200
 
 
 class ConvertError(ValueError):
@@ -48,6 +56,8 @@ class ConvertReport:
     rows_dropped: int
     source_sha256: bytes
     sections: list[Section]
+    drafts_records: int = 0  # contexts in the n-gram drafter (0: none built)
+    drafts_seconds: float = 0.0
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -146,12 +156,16 @@ def convert(
     *,
     progress: bool | Callable[[str, int, int], None] = True,
     tile_rows: int = TILE_ROWS,
+    drafter_stories: int = 0,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
     progress=True shows a tqdm bar on stderr; a callable receives
     (section_name, bytes_done, bytes_total). tile_rows: rows per tile of the certified
-    head (native/engine/head.c); 0 stores no certificate (every row is scored)."""
+    head (native/engine/head.c); 0 stores no certificate (every row is scored).
+    drafter_stories: stories the model writes (on this PC, through `_llm`) for
+    the self-distilled n-gram drafter; 0 (the default here, not on the command
+    line) stores an empty table: the image decodes the same, without guesses."""
     from .rope import rope_table
     from .tokenizer import load_tokenizer, tokenizer_section
 
@@ -213,15 +227,25 @@ def convert(
         callback = progress or None
     # Write beside the target, verify, then rename: on any failure an existing file at
     # `out` is left exactly as it was.
+    if drafter_stories < 0:
+        raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
+    drafts = None
+    drafts_seconds = 0.0
     with atomic_path(out) as staging:
+        def write(drafts: object = None) -> ImageReport:
+            return write_image(staging, trimmed, tokenizer_section=tok_section, rope=rope,
+                               source_sha256=fingerprint, eot_id=int(tables.eot_id),
+                               vocab_in_source=cfg.vocab_in, progress=callback,
+                               tile_rows=tile_rows, drafts=drafts)  # type: ignore[arg-type]
         try:
-            report = write_image(staging, trimmed, tokenizer_section=tok_section, rope=rope,
-                                 source_sha256=fingerprint, eot_id=int(tables.eot_id),
-                                 vocab_in_source=cfg.vocab_in, progress=callback,
-                                 tile_rows=tile_rows)
+            report = write()
         finally:
             if bar is not None:
                 bar.close()
+        if drafter_stories:
+            drafts, drafts_seconds = _build_drafter(staging, drafter_stories, progress is True)
+            callback = None
+            report = write(drafts)
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
         try:
@@ -237,7 +261,34 @@ def convert(
             raise AssertionError(f"internal error: image read back differs in {differs}")
     return ConvertReport(out=out, file_bytes=report.file_bytes, config=trimmed.config,
                          vocab_in_source=cfg.vocab_in, rows_dropped=cfg.vocab_in - keep,
-                         source_sha256=fingerprint, sections=report.sections)
+                         source_sha256=fingerprint, sections=report.sections,
+                         drafts_records=drafts.entries if drafts is not None else 0,
+                         drafts_seconds=drafts_seconds)
+
+
+def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, float]:
+    """The n-gram drafter for the image just written (its model writes the
+    stories), and the seconds it took."""
+    import time
+
+    from .drafting import build_drafts
+
+    try:
+        import _llm
+    except ImportError:
+        raise ConvertError("the n-gram drafter needs the host engine _llm (pip install -e . "
+                           "in the repository), or pass --drafter-stories 0") from None
+    t0 = time.perf_counter()
+    if show:
+        from tqdm import tqdm
+
+        with tqdm(total=n_stories, desc="drafter", unit="story", file=sys.stderr,
+                  leave=False) as bar:
+            table = build_drafts(image, n_stories, llm_module=_llm,
+                                 progress=lambda k: bar.update(k - bar.n))
+    else:
+        table = build_drafts(image, n_stories, llm_module=_llm)
+    return table, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,14 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-rows", type=int, default=TILE_ROWS, metavar="N",
                     help=f"head rows per certified tile (default {TILE_ROWS}; 0 stores no "
                          "certificate and the engine scores every head row)")
+    ap.add_argument("--drafter-stories", type=int, default=DRAFTER_STORIES, metavar="N",
+                    help=f"stories the model writes on this PC for its n-gram drafter "
+                         f"(speculative decoding's guesses; default {DRAFTER_STORIES}; 0 "
+                         "stores none: same stories, no guesses)")
     ap.add_argument("-q", "--quiet", action="store_true",
                     help="no progress bar and no size table")
     args = ap.parse_args(argv)
     try:
         if not (args.tile_rows == 0 or 1 <= args.tile_rows <= MAX_TILE_ROWS):
             raise ConvertError(f"--tile-rows {args.tile_rows}: must be 0 or 1..{MAX_TILE_ROWS}")
+        if args.drafter_stories < 0:
+            raise ConvertError(f"--drafter-stories {args.drafter_stories}: must be >= 0")
         rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet,
-                      tile_rows=args.tile_rows)
+                      tile_rows=args.tile_rows, drafter_stories=args.drafter_stories)
     except (ConvertError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -271,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{'tied' if cfg.tied_head else 'untied'} head")
         print(rep.size_table())
         print(f"fingerprint {rep.source_sha256.hex()}")
+        if rep.drafts_records:
+            print(f"n-gram drafter: {rep.drafts_records:,} contexts from "
+                  f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     return 0
 

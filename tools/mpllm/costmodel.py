@@ -2142,25 +2142,26 @@ class DraftFigures:
                    rate, passes, story)
 
 
-#: mpllm.drafting.study on the demo model at 9a6b552 (n_tokens 200,
-#: table_stories 200, seeds 1-5): the figures used when it is not re-run
+#: mpllm.drafting.study on the demo model (n_tokens 200, table_stories 200,
+#: seeds 1-5, the drafts table priced by draft_prices() for the release
+#: shape, as convert builds it): the figures used when it is not re-run
 #: (bench.py --model-s3 re-runs it whenever the engine and demo are here).
 DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
     "greedy": {
-        "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 0.02497687326549491,
-                   "passes": 457, "story_tokens": 484},
-        "ngram": {"tokens_per_pass": 484 / 151, "accept_rate": 0.6201117318435754,
-                  "passes": 151, "story_tokens": 484},
-        "both": {"tokens_per_pass": 484 / 175, "accept_rate": 0.372289156626506,
-                 "passes": 175, "story_tokens": 484},
+        "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 27 / 1081,
+                   "passes": 457, "drafted": 1081, "story_tokens": 484},
+        "ngram": {"tokens_per_pass": 484 / 186, "accept_rate": 298 / 316,
+                  "passes": 186, "drafted": 316, "story_tokens": 484},
+        "both": {"tokens_per_pass": 484 / 214, "accept_rate": 270 / 736,
+                 "passes": 214, "drafted": 736, "story_tokens": 484},
     },
     "sampled": {
-        "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 0.022125567322239033,
-                   "passes": 2278, "story_tokens": 2395},
-        "ngram": {"tokens_per_pass": 2395 / 848, "accept_rate": 0.5172183216315613,
-                  "passes": 848, "story_tokens": 2395},
-        "both": {"tokens_per_pass": 2395 / 948, "accept_rate": 0.322271714922049,
-                 "passes": 948, "story_tokens": 2395},
+        "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 117 / 5288,
+                   "passes": 2278, "drafted": 5288, "story_tokens": 2395},
+        "ngram": {"tokens_per_pass": 2395 / 1151, "accept_rate": 1244 / 1505,
+                  "passes": 1151, "drafted": 1505, "story_tokens": 2395},
+        "both": {"tokens_per_pass": 2395 / 1221, "accept_rate": 1174 / 4045,
+                 "passes": 1221, "drafted": 4045, "story_tokens": 2395},
     },
 }
 
@@ -2237,8 +2238,8 @@ class SpecInputs:
         return cls({mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
                     for mode, rows in DEFAULT_STUDY.items()},
                    {k: dataclasses.replace(v) for k, v in DEFAULT_UNION.items()},
-                   source={"drafts": "default: drafting.study on the demo at 9a6b552 (200 "
-                                     "table stories)",
+                   source={"drafts": "default: drafting.study on the demo (200 table "
+                                     "stories, release-priced drafts table)",
                            "union": DEFAULT_UNION["greedy"].source,
                            "cols_pie": "closed form (pie_cols_instructions)"})
 
@@ -2251,6 +2252,7 @@ def measure_drafting(image: object, *, table_stories: int = 200, n_tokens: int =
     from . import drafting
 
     res = drafting.study(os.fspath(image), n_tokens=n_tokens,  # type: ignore[arg-type]
+                         prices=draft_prices(),
                          table_stories=table_stories, seeds=seeds, llm_module=llm_module)
     table = dict(res.pop("table").get("entries", {}))  # type: ignore[union-attr]
     drafts = {mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
@@ -2402,14 +2404,15 @@ def measure_union(image: object, *, llm_module: object | None = None,
 def measure_adaptive(image: object, *, llm_module: object | None = None,
                      table_stories: int = 200, n_tokens: int = 200,
                      seeds: Sequence[int] = SPEC_SEEDS,
-                     shares: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+                     odds: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
                      caps: Sequence[int] = tuple(range(1, VERIFY_MAX)),
                      ) -> dict[str, list[DraftFigures]]:
-    """The self-distilled n-gram drafter with other confidence thresholds
-    (NgramTable.min_share) and draft caps, replayed over the same stories as
-    drafting.study (its table built the same way: table_stories stories from
-    seeds 1000.., T 0.8 top-40): the cost model picks the threshold and cap
-    that minimise ms/token (an adaptive draft length)."""
+    """The self-distilled n-gram drafter with other (constant) thresholds on
+    the chance that a whole draft is accepted (the drafts table's min_odds)
+    and draft caps, replayed over the same stories as
+    drafting.study (its table built the same way: drafting.self_distilled),
+    beside the table convert stores ("ngram priced": draft_prices()): the
+    cost model picks the threshold and cap that minimise ms/token."""
     from . import drafting
 
     if llm_module is None:
@@ -2418,20 +2421,18 @@ def measure_adaptive(image: object, *, llm_module: object | None = None,
     with llm_module.Model(os.fspath(image)) as mdl:  # type: ignore[attr-defined]
         eot = int(mdl.config()["eot_id"])
         ids = _encode_prompts(mdl, SPEC_PROMPTS)
-        table = drafting.NgramTable()
-        for k in range(table_stories):
-            for _p, st in drafting.decode_stories(mdl, [ids[k % len(ids)]], (0.8, 40, 1000 + k),
-                                                  n_tokens, eot):
-                table.add(st)
+        table = drafting.self_distilled(mdl, ids, table_stories, n_tokens, eot)
         for mode in SPEC_MODES:
             stories = [pair for smp in _samplers(mode, seeds)
                        for pair in drafting.decode_stories(mdl, ids, smp, n_tokens, eot)]
-            rows = []
-            for share in shares:
-                t = dataclasses.replace(table, min_share=share)
+            r = drafting.simulate(stories, table.table(draft_prices()).draft)
+            rows = [DraftFigures("ngram priced", r.tokens_per_pass, r.drafted / r.passes,
+                                 r.accept_rate, r.passes, r.story_tokens)]
+            for x in odds:
                 for cap in caps:
+                    t = table.table([x] * cap, cap)
                     r = drafting.simulate(stories, t.draft, max_draft=cap)
-                    rows.append(DraftFigures(f"ngram share>={share:.2f} cap {cap}",
+                    rows.append(DraftFigures(f"ngram odds>={x:.2f} cap {cap}",
                                              r.tokens_per_pass, r.drafted / r.passes,
                                              r.accept_rate, r.passes, r.story_tokens))
             out[mode] = rows
@@ -3186,3 +3187,23 @@ __all__ = [
     "story_positions",
     "upstream_pie_instructions",
 ]
+
+
+def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
+                 rows_fraction: float | None = None) -> list[float]:
+    """What draft k (k = 1..VERIFY_MAX-1) adds to a verify pass, as a fraction
+    of one plain step: (pass(k+1 positions) - pass(k)) / pass(1), modeled on
+    the S3 for shape `s` over the story positions (every 10th start), with
+    the default union ratios. The converter writes these as the drafts
+    table's min_odds: a guess is proposed only while the chance that it and
+    every guess before it are accepted pays for its position."""
+    b = BUILDS[build]
+    if rows_fraction is not None:
+        b = dataclasses.replace(b, rows_fraction=rows_fraction)
+    sp = SpecInputs.default()
+    passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
+                     scale=(1.0, 1.0))
+    union = sp.union[SPEC_BUILD_MODE[build]]
+    starts = [p for p in story_positions() if p + VERIFY_MAX <= s.seq_len][::10]
+    ms = [passes.ms(b, m, union, starts) for m in range(1, VERIFY_MAX + 1)]
+    return [(ms[k] - ms[k - 1]) / ms[0] for k in range(1, VERIFY_MAX)]

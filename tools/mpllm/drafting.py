@@ -17,11 +17,12 @@ emits the accepted drafts plus the one token the pass computes itself, so
 Two drafters:
   * `prompt_lookup`: the last n tokens (n = 3, 2, 1) matched earlier in the
     context; propose what followed them there.
-  * `NgramTable`: what the model itself writes after 1-3 token contexts,
+  * the image's n-gram table (`NgramTable` counts, `build_drafts` makes the
+    section convert stores, `drafts_table` its format and the engine's
+    drafting rule): what the model itself writes after 1-3 token contexts,
     counted over stories it generated (self-distilled, so it predicts this
-    model, not the training text); a draft grows while the continuation's
-    share of its context's counts stays above `min_share`, so it stops where
-    the table is not confident.
+    model, not the training text); a draft grows while the chance that all
+    of it is accepted pays for the positions it adds to a verify pass.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from . import drafts_table
 
 Drafter = Callable[[Sequence[int], int], list[int]]
 
@@ -53,10 +55,10 @@ def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -
 
 @dataclass
 class NgramTable:
-    """Next-token counts after contexts of 1..order tokens."""
+    """Next-token counts after contexts of 1..order tokens (what `table` turns
+    into the image's drafts section)."""
 
-    order: int = 3
-    min_share: float = 0.5
+    order: int = drafts_table.ORDER
     counts: dict[tuple[int, ...], Counter[int]] = field(default_factory=dict)
 
     def add(self, tokens: Sequence[int]) -> None:
@@ -67,49 +69,26 @@ class NgramTable:
                 ctx = tuple(tokens[i - n:i])
                 self.counts.setdefault(ctx, Counter())[tokens[i]] += 1
 
-    def predict(self, context: Sequence[int]) -> tuple[int, float] | None:
-        """(most frequent next token, its share) for the longest known context."""
-        for n in range(min(self.order, len(context)), 0, -1):
-            c = self.counts.get(tuple(context[len(context) - n:]))
-            if c:
-                tok, k = max(c.items(), key=lambda kv: (kv[1], -kv[0]))
-                return tok, k / sum(c.values())
-        return None
-
-    def draft(self, context: Sequence[int], max_len: int) -> list[int]:
-        out: list[int] = []
-        ctx = list(context)
-        while len(out) < max_len:
-            p = self.predict(ctx)
-            if p is None or p[1] < self.min_share:
-                break
-            out.append(p[0])
-            ctx.append(p[0])
-        return out
-
     @property
     def entries(self) -> int:
         return sum(len(c) for c in self.counts.values())
 
-    def to_json(self) -> dict[str, object]:
-        return {"order": self.order, "min_share": self.min_share,
-                "counts": [[list(ctx), [[t, k] for t, k in c.items()]]
-                           for ctx, c in self.counts.items()]}
-
-    @classmethod
-    def from_json(cls, d: dict[str, object]) -> NgramTable:
-        t = cls(order=int(d["order"]), min_share=float(d["min_share"]))  # type: ignore[arg-type]
-        for ctx, pairs in d["counts"]:  # type: ignore[union-attr]
-            t.counts[tuple(ctx)] = Counter({int(a): int(b) for a, b in pairs})
-        return t
+    def table(self, min_odds: Sequence[float],
+              max_draft: int = drafts_table.MAX_DRAFT) -> drafts_table.DraftsTable:
+        """The drafts section: each context's most frequent continuation;
+        min_odds[k] is what draft k+1 must be worth (costmodel.draft_prices)."""
+        return drafts_table.DraftsTable.from_counts(self.counts, min_odds, max_draft)
 
 
 def self_distilled(model: object, prompts: Sequence[Sequence[int]], n_stories: int,
                    n_tokens: int, eot: int, *, first_seed: int = 1000,
                    progress: Callable[[int], None] | None = None) -> NgramTable:
-    """An n-gram table of what the open model writes: n_stories sampled stories
-    (T 0.8, top-k 40, seeds first_seed..), the prompts taken in turn."""
+    """An n-gram table of what the open model writes: one greedy story per
+    prompt, then n_stories sampled ones (T 0.8, top-k 40, seeds first_seed..),
+    the prompts taken in turn. progress(k) after each of the n_stories."""
     table = NgramTable()
+    for _p, s in decode_stories(model, prompts, (0.0, 0, 0), n_tokens, eot):
+        table.add(s)
     for k in range(n_stories):
         for _p, s in decode_stories(model, [prompts[k % len(prompts)]],
                                     (0.8, 40, first_seed + k), n_tokens, eot):
@@ -119,7 +98,28 @@ def self_distilled(model: object, prompts: Sequence[Sequence[int]], n_stories: i
     return table
 
 
-def both(table: NgramTable) -> Drafter:
+def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int = 200,
+                 llm_module: object | None = None,
+                 progress: Callable[[int], None] | None = None) -> drafts_table.DraftsTable:
+    """The drafts section for `image` (what convert stores): the model's own
+    stories counted, each draft priced by the cost model for the image's
+    shape on the S3."""
+    from . import costmodel
+    from .hostboard import import_llm
+
+    if llm_module is None:
+        import _llm as llm_module  # type: ignore[no-redef]
+    llm = import_llm()
+    with llm_module.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
+        cfg = m.config()
+        tok = llm.Tokenizer(m.tokenizer())
+        prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
+        counts = self_distilled(m, prompts, n_stories, n_tokens, int(cfg["eot_id"]),
+                                progress=progress)
+    return counts.table(costmodel.draft_prices(costmodel.Shape.from_config(cfg)))
+
+
+def both(table: drafts_table.DraftsTable) -> Drafter:
     """Prompt lookup when the context repeats itself, else the table."""
     def draft(context: Sequence[int], max_len: int) -> list[int]:
         return prompt_lookup(context, max_len) or table.draft(context, max_len)
@@ -196,10 +196,18 @@ def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: tup
 
 def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 200,
           table_stories: int = 40, seeds: Sequence[int] = (1, 2, 3, 4, 5),
-          llm_module: object | None = None) -> dict[str, dict[str, dict[str, float]]]:
+          llm_module: object | None = None, prices: Sequence[float] | None = None
+          ) -> dict[str, dict[str, dict[str, float]]]:
     """tokens per pass and acceptance of each drafter on `image`, greedy and
-    sampled (T 0.8, top-k 40): the n-gram table is built from table_stories
-    stories the model writes from other seeds than the ones measured."""
+    sampled (T 0.8, top-k 40): the n-gram table is built as convert builds
+    the image's (build_drafts: table_stories stories the model writes, from
+    other seeds than the ones measured, each draft priced by the cost model
+    for the image's shape, or by `prices`: costmodel.draft_prices() measures
+    the demo's acceptance at the release model's prices)."""
+    import time
+
+    from . import costmodel
+
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
     from .hostboard import import_llm
@@ -208,10 +216,16 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     prompts = list(prompts or DEFAULT_PROMPTS)
     with llm_module.Model(image) as m:  # type: ignore[attr-defined]
         tok = llm.Tokenizer(m.tokenizer())
-        eot = m.config()["eot_id"]
+        cfg = m.config()
+        eot = cfg["eot_id"]
         ids = [tok.encode(p) for p in prompts]
         # self-distilled: seeds 1000.., never the ones measured below
-        table = self_distilled(m, ids, table_stories, n_tokens, eot)
+        t0 = time.perf_counter()
+        counts = self_distilled(m, ids, table_stories, n_tokens, eot)
+        if prices is None:
+            prices = costmodel.draft_prices(costmodel.Shape.from_config(cfg))
+        table = counts.table(prices)
+        build_s = time.perf_counter() - t0
         runs = {"greedy": [(0.0, 0, 0)], "sampled": [(0.8, 40, s) for s in seeds]}
         out: dict[str, dict[str, dict[str, float]]] = {}
         for mode, samplers in runs.items():
@@ -223,9 +237,10 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
                 r = simulate(stories, d)
                 out[mode][name] = {"tokens_per_pass": r.tokens_per_pass,
                                    "accept_rate": r.accept_rate, "passes": r.passes,
-                                   "story_tokens": r.story_tokens}
-    out["table"] = {"entries": {"contexts": len(table.counts), "entries": table.entries,
-                                "stories": table_stories}}
+                                   "drafted": r.drafted, "story_tokens": r.story_tokens}
+    out["table"] = {"entries": {"contexts": len(counts.counts), "entries": counts.entries,
+                                "records": table.entries, "bytes": len(table.pack()),
+                                "build_s": build_s, "stories": table_stories}}
     return out
 
 
@@ -241,8 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = study(args.image, n_tokens=args.tokens, table_stories=args.table_stories)
     t = res.pop("table")["entries"]
-    print(f"n-gram table: {t['contexts']:,} contexts, {t['entries']:,} entries from "
-          f"{t['stories']} self-generated stories")
+    print(f"n-gram table: {t['records']:,} contexts kept ({t['bytes']:,} bytes) from "
+          f"{t['stories']} self-generated stories in {t['build_s']:.1f} s")
     print(f"{'mode':<8} {'drafter':<8} {'tokens/pass':>11} {'accepted':>9} {'passes':>7}")
     for mode, rows in res.items():
         for name, r in rows.items():
@@ -254,38 +269,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def cached_table(image: str | os.PathLike[str], cache: Path, *, n_stories: int = 200,
-                 n_tokens: int = 200, llm_module: object | None = None,
-                 say: Callable[[str], None] | None = None) -> NgramTable:
-    """The self-distilled table of `image`, built once (a few seconds for the
-    demo model, with a progress bar) and kept in `cache` under the image's hash."""
-    import hashlib
-    import json
-
-    from .atomic import atomic_write_bytes
-
-    digest = hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
-    path = cache / "drafts" / f"ngram-{digest}-{n_stories}x{n_tokens}.json"
-    if path.is_file():
-        return NgramTable.from_json(json.loads(path.read_text()))
-    if llm_module is None:
-        import _llm as llm_module  # type: ignore[no-redef]
-    from tqdm import tqdm
-
-    from .hostboard import import_llm
-
-    llm = import_llm()
-    if say is not None:
-        say(f"Building the n-gram drafter from {n_stories} stories the model writes "
-            f"(first run only; cached in {path.parent})")
-    with llm_module.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
-        tok = llm.Tokenizer(m.tokenizer())
-        prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
-        with tqdm(total=n_stories, desc="drafter", unit="story", file=sys.stderr,
-                  leave=False) as bar:
-            table = self_distilled(m, prompts, n_stories, n_tokens, m.config()["eot_id"],
-                                   progress=lambda k: bar.update(k - bar.n))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps(table.to_json()).encode())
-    return table

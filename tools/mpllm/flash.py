@@ -229,11 +229,13 @@ def _check_local(path: Path, what: str) -> Path:
 
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
-    and the image format version, so a newer format never reads a stale image."""
+    and the image format version, so a newer format never reads a stale image, and the
+    drafter's story count (convert.DRAFTER_STORIES)."""
+    from .convert import DRAFTER_STORIES
     from .image import VERSION
 
     key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
-                          + f"image-v{VERSION}").encode()).hexdigest()
+                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 
@@ -248,11 +250,13 @@ def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Pat
         run.out(f"model image: {img} (already converted from these files)")
         return img
     img.parent.mkdir(parents=True, exist_ok=True)
-    from .convert import ConvertError, convert
+    from .convert import DRAFTER_STORIES, ConvertError, convert
 
-    run.out(f"convert {model_bin} {tokenizer} -> {img}")
+    run.out(f"convert {model_bin} {tokenizer} -> {img} (with the n-gram drafter: the model "
+            f"writes {DRAFTER_STORIES} stories on this PC)")
     try:  # convert writes atomically: no partial image is ever cached
-        rep = convert(model_bin, tokenizer, img, progress=True)
+        rep = convert(model_bin, tokenizer, img, progress=True,
+                      drafter_stories=DRAFTER_STORIES)
     except (ConvertError, OSError) as e:
         raise FlashError(f"conversion failed: {e}") from None
     run.out(rep.size_table())
