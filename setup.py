@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent
 ENGINE = Path("native/engine")
 PORT_HOST = Path("native/port/host")
 
-ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c"]
+ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]

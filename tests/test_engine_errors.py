@@ -337,7 +337,7 @@ def _engine_check() -> Path:
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
     sources = [eng / "engine.c", eng / "engine_open.c", eng / "image.c", eng / "kernels_ref.c",
                eng / "mathf.c",
-               eng / "sampler.c", eng / "head.c", eng / "drafter.c", port / "port_host.c",
+               eng / "sampler.c", eng / "head.c", eng / "drafter.c", eng / "attention_fast.c", port / "port_host.c",
                cbuild.CTESTS / "engine_check.c"]
     # cbuild's stamp covers the sources and the command: a define carrying a hash of
     # the headers makes a header change rebuild too

@@ -15,7 +15,7 @@ from pathlib import Path
 import cbuild
 import pytest
 
-ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c"]
+ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 
 

@@ -35,7 +35,7 @@ def _build_harness() -> Path:
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
     sources = [eng / "engine.c", eng / "engine_open.c", eng / "image.c", eng / "kernels_ref.c",
                eng / "mathf.c",
-               eng / "sampler.c", eng / "head.c", eng / "drafter.c", port / "port_host.c",
+               eng / "sampler.c", eng / "head.c", eng / "drafter.c", eng / "attention_fast.c", port / "port_host.c",
                cbuild.CTESTS / "fuzz_image.c"]
     headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h"))
     tag = zlib.crc32(b"".join(h.read_bytes() for h in headers))

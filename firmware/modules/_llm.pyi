@@ -49,7 +49,7 @@ def build_info() -> str:
     (the PIE kernels run through the exact host model of the vector unit)."""
 
 class Model:
-    def __init__(self, image: object, *, plain: bool = False) -> None:
+    def __init__(self, image: object, *, plain: bool = False, fast: bool = False) -> None:
         """Open and validate a model image (every checksum is verified, and every
         head weight against its certificate tile's box).
 
@@ -59,13 +59,18 @@ class Model:
         the same bits; only speed, memory traffic and the head counters differ.
         It is the reference the speed-ups are tested against (see set_plain()).
 
+        fast=True (opt-in, LOSSY; not with plain): attention over an int8 KV
+        cache, scored by the int8 kernel, with a cheap exp (see set_fast()).
+
         CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
         or a bytes-like object (a read-only, 16-byte aligned one is used in
         place and kept alive until close(); any other is copied once, so later
         changes to it cannot reach the engine). MicroPython: see above."""
     def config(self) -> dict[str, int | float | bool]:
         """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
-        seq_len, group, eot_id, flags (ints), rope_theta (float), tied_head (bool)."""
+        seq_len, group, eot_id, flags, max_draft (ints: max_draft is the longest
+        guess of the image's n-gram drafter, 0 without one), rope_theta (float),
+        tied_head (bool)."""
     def reset(self) -> None:
         """Back to position 0: empty context, no logits, stats cleared, sampler
         stream restarted from its seed. The model stays open."""
@@ -87,6 +92,12 @@ class Model:
         logits as that many step() calls, the sampler's stream included). Keep
         the drafts that match (tokens[i + 1] == result[i]) and rewind() past
         the rest; the result after the last match is the next token."""
+    def draft(self, context: list[int], max_len: int) -> list[int]:
+        """Up to max_len (capped at config()["max_draft"]) guesses for verify()
+        from the image's self-distilled n-gram table, after context (its last
+        3 tokens matter; at least one token): the draft stops where the table's
+        confidence no longer pays for a position in the pass. [] without a
+        table. Guesses never change what is decoded."""
     def logits(self) -> bytes:
         """vocab_out float32 little-endian values from the last head evaluation
         (a copy). Raises Error ("bad state") before the first prefill/step.
@@ -97,6 +108,15 @@ class Model:
         """Plain mode on or off from the next token on (see __init__)."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
+    def set_fast(self, on: bool) -> None:
+        """Fast mode (LOSSY, opt-in) on or off. The KV cache changes form, so
+        only at position 0 (Error "bad state" otherwise: reset() first), and
+        not while plain mode is on (set_plain(True) on a fast model is a
+        ValueError). Decoding in fast mode is still exactly reproducible, and
+        verify() still equals step() calls; it is exact mode's stories that
+        it does not reproduce."""
+    def fast(self) -> bool:
+        """Whether fast mode is on."""
     def tokenizer(self) -> bytes:
         """The image's tokenizer section (layout: native/engine/image_format.h)."""
     def pos(self) -> int:

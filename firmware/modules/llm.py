@@ -640,7 +640,7 @@ _vocab_out = 0
 _last = {}  # stats of the last (or running) generation
 
 
-def load(image=None, plain=None):
+def load(image=None, plain=None, fast=None):
     """Open the model once and return it (an `_llm.Model`); later calls reuse it.
 
     image=None: on the board, the flash `model` partition (the binding's
@@ -650,11 +650,15 @@ def load(image=None, plain=None):
     plain=True turns the engine's speed-ups off (the certified head scores
     every row, nothing runs on the second core): the same stories, slower;
     False turns them back on; None leaves the setting as it is.
+    fast=True (opt-in, LOSSY): attention over an int8 KV cache with a cheap
+    exp; stories differ from exact mode's (bench.py --fast --quality
+    measures by how much). Not together with plain=True.
     """
     global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out
+    if plain and fast:
+        raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
     if _model is not None and (image is None or image is _source or image == _source):
-        if plain is not None:
-            _model.set_plain(plain)
+        _set_modes(_model, plain, fast)
         return _model
     unload()
     import _llm
@@ -680,8 +684,11 @@ def load(image=None, plain=None):
     except BaseException:
         model.close()
         raise
-    if plain is not None:
-        model.set_plain(plain)
+    try:
+        _set_modes(model, plain, fast)
+    except BaseException:
+        model.close()
+        raise
     _model = model
     _source = image
     _tokenizer = tok
@@ -695,6 +702,25 @@ def load(image=None, plain=None):
     except ImportError:
         pass
     return model
+
+
+def _set_modes(model, plain, fast):
+    """plain= / fast= of load() (None: leave as it is). Fast mode changes the
+    KV cache's form, so changing it starts the context over."""
+    if fast is not None and bool(fast) != model.fast():
+        model.reset()
+        if fast:
+            model.set_plain(False)
+        model.set_fast(bool(fast))
+    if plain is not None:
+        model.set_plain(plain)
+
+
+def mode():
+    """Which engine mode the open model runs: "plain" (the exact reference,
+    every speed-up off), "exact" (the default) or "fast" (lossy, opt-in)."""
+    model = load()
+    return "fast" if model.fast() else "plain" if model.plain() else "exact"
 
 
 def unload():
@@ -813,7 +839,7 @@ def generate(prompt, **options):
             f"top_k must be 0..{TOP_K_MAX}, or 0 / {_vocab_out} for the whole vocabulary, "
             f"got {top_k}"
         )
-    draft = _drafter(model, options.get("draft", "auto"))
+    draft = drafter(model, options.get("draft", "auto"))
     ids = _prompt_ids(prompt)
     if temperature == 0:
         seed = None
@@ -822,7 +848,7 @@ def generate(prompt, **options):
     return _run(model, ids, max_tokens, temperature, top_k, seed, draft)
 
 
-def _drafter(model, draft):
+def drafter(model, draft="auto"):
     """The drafting function a draft= option names (None: decode plainly)."""
     if draft == "none":
         draft = None
@@ -864,6 +890,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
         "wall_ms": None,
         "tok_per_s": None,
         "head_rows_fraction": None,
+        "produced": 0,
         "passes": 0,
         "drafted": 0,
         "accepted": 0,
@@ -876,10 +903,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
     decoder = Utf8Decoder()
     stop = STOP_INTERRUPTED
     n = 0
-    produced = 0  # tokens the engine chose after the prompt's
     at_prefill = None
-    context = list(ids) if draft is not None else None
-    ahead = []  # tokens a verify pass chose beyond the current one
     try:
         model.reset()
         if seed is None:
@@ -889,6 +913,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
         token = model.prefill(ids)
         stats["ttft_ms"] = _ms_since(start)
         at_prefill = model.stats()
+        following = decode_tokens(model, token, budget - 1, draft, list(ids), eot, stats)
         while token != eot:
             n += 1
             stats["tokens"] = n
@@ -897,36 +922,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
                 yield piece
             if n >= budget:
                 break
-            if ahead:
-                token = ahead.pop(0)
-                continue
-            if draft is None:
-                token = model.step(token)
-                produced += 1
-                continue
-            # one pass: the current token and up to MAX_DRAFT guesses; the
-            # engine's choices equal plain decoding's, so keep the guesses it
-            # agrees with, and its choice after the last of them
-            context.append(token)
-            room = min(budget - n, _seq_len - model.pos()) - 1
-            n_guess = min(MAX_DRAFT, room)
-            guess = list(draft(context, n_guess))[:n_guess] if n_guess > 0 else []
-            for g in guess:  # a guess is a token id of this model, or an error now
-                if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < _vocab_out:
-                    raise ValueError(f"the drafter returned {g!r}, not a token id 0..{_vocab_out - 1}")
-            at = model.pos()
-            got = model.verify([token] + guess)
-            a = 0  # guesses kept; never past <|endoftext|>: the story ends there
-            while a < len(guess) and guess[a] == got[a] and got[a] != eot:
-                a += 1
-            model.rewind(at + a + 1)
-            context.extend(guess[:a])
-            stats["passes"] += 1
-            stats["drafted"] += len(guess)
-            stats["accepted"] += a
-            produced += a + 1
-            ahead = got[1:a + 1]
-            token = got[0]
+            token = next(following)
         if token == eot:
             stop = STOP_EOT
         elif n >= max_tokens:
@@ -948,12 +944,59 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
         if at_prefill is not None:
             stats["engine_ttft_ms"] = at_prefill["ttft_ms"]
             end = model.stats()
+            produced = stats["produced"]
             if produced > 0:
                 stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / produced
             if stats["passes"]:
                 stats["tokens_per_pass"] = produced / stats["passes"]
             if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
                 stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * _vocab_out)
+
+
+def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=None):
+    """The n tokens plain decoding writes after `token` (the engine's last
+    choice, not yet fed), one at a time: model.step, or with a drafter
+    (function (context ids, n) -> guesses; `context` the ids fed so far)
+    verify passes that feed the token and up to MAX_DRAFT guesses at once
+    and keep what plain decoding would have chosen, so the tokens are the
+    same. No guess is kept past `eot`. `counts` (a dict) gets produced
+    (tokens the engine chose), passes, drafted and accepted added to it."""
+    if counts is None:
+        counts = {}
+    for key in ("produced", "passes", "drafted", "accepted"):
+        counts.setdefault(key, 0)
+    seq_len = model.config()["seq_len"]
+    vocab = model.config()["vocab_out"]
+    ahead = []  # tokens a verify pass chose beyond the one it yielded
+    made = 0
+    while made < n:
+        if ahead:
+            token = ahead.pop(0)
+        elif draft is None:
+            token = model.step(token)
+            counts["produced"] += 1
+        else:
+            context.append(token)
+            n_guess = min(MAX_DRAFT, min(n - made, seq_len - model.pos()) - 1)
+            guess = list(draft(context, n_guess))[:n_guess] if n_guess > 0 else []
+            for g in guess:  # a guess is a token id of this model, or an error now
+                if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < vocab:
+                    raise ValueError(f"the drafter returned {g!r}, not a token id 0..{vocab - 1}")
+            at = model.pos()
+            got = model.verify([token] + guess)
+            a = 0  # guesses kept
+            while a < len(guess) and guess[a] == got[a] and got[a] != eot:
+                a += 1
+            model.rewind(at + a + 1)
+            context.extend(guess[:a])
+            counts["passes"] += 1
+            counts["drafted"] += len(guess)
+            counts["accepted"] += a
+            counts["produced"] += a + 1
+            ahead = got[1:a + 1]
+            token = got[0]
+        made += 1
+        yield token
 
 
 def stats():

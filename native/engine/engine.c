@@ -377,9 +377,28 @@ static uint64_t store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *c
 
 /* The pass's k and v rows into the cache, then attention for all of its
  * positions, split across cores by heads. */
+static void fast_heads(void *arg, uint32_t h0, uint32_t h1) {
+    const attn_job *j = arg;
+    llm_fast_attention_heads(j->e, j->layer, j->pos, j->m, h0, h1);
+}
+
 static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
     const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
     llm_run_state *s = &e->s;
+    if (e->fast) {
+        for (uint32_t c = 0; c < m; c++)
+            llm_fast_store_kv(e, l, pos + c, s->col[c].qkv + D, s->col[c].qkv + 2u * D);
+        attn_job job = {e, l, pos, m, vs};
+        llm_splitter sp = splitter(e);
+        if (sp.split != NULL && e->cfg.n_heads > 1u) {
+            sp.split(sp.ctx, fast_heads, &job, e->cfg.n_heads);
+            e->stats.handoffs++;
+        } else {
+            fast_heads(&job, 0, e->cfg.n_heads);
+        }
+        e->stats.bytes[e->kv_region] += llm_fast_kv_bytes(e, m) + llm_fast_kv_bytes(e, pos + m);
+        return;
+    }
     uint64_t written = 0;
     for (uint32_t c = 0; c < m; c++) written += (uint64_t)D * sizeof(float) +
                                                 store_kv(e, l, pos + c, &s->col[c], vs);
@@ -446,7 +465,7 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads)
             rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
             quantize(&s->col[c].act, s->col[c].xb, D);
         }
-        if (s->value_dots != NULL && !e->plain)
+        if (s->value_dots != NULL && !e->plain && !e->fast)
             matvec_qk_vdots(e, &ly->qkv, m);
         else
             MATVEC(e, &ly->qkv, m, qkv);

@@ -69,6 +69,18 @@ typedef struct llm_col {
     llm_act head_in; /* [cols_padded] input of this position's head evaluation */
 } llm_col;
 
+/* Fast mode's int8 KV cache (attention_fast.c has the layout), laid over
+ * the exact cache's float arrays. */
+typedef struct llm_fast_kv {
+    int8_t *kq;    /* [n_layers][n_heads][seq_len][dhp] K rows, int8 */
+    int8_t *vt;    /* [n_layers][n_heads][head_dim][sp] V, transposed, int8 */
+    float *ks, *vs; /* [n_layers][n_heads][seq_len] their scales */
+    int8_t *qq;    /* [LLM_BATCH_MAX][n_heads][dhp] the quantized queries */
+    int8_t *uq;    /* [LLM_BATCH_MAX][n_heads][sp] the quantized weights */
+    int32_t *dots; /* [LLM_BATCH_MAX][n_heads][seq_len] integer scores */
+    uint32_t dhp, sp; /* head_dim, seq_len rounded up to 16 */
+} llm_fast_kv;
+
 typedef struct llm_run_state {
     /* col[0] in internal SRAM (every token uses it), col[1..n_cols) in PSRAM */
     llm_col col[LLM_BATCH_MAX];
@@ -82,6 +94,7 @@ typedef struct llm_run_state {
     /* [seq_len + 1] the sampler's stream once position p was decoded (after
      * the draws of the head evaluation there; inside a prompt, no draws) */
     llm_rng *rng_at;
+    llm_fast_kv fast;   /* fast mode only */
     float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
@@ -113,6 +126,7 @@ struct llm_engine {
     uint32_t head_pos0, head_col0, head_n;
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
+    int fast;        /* attention over the int8 KV cache (lossy, opt-in) */
     llm_sampler_options sampler;
     llm_rng rng;
     llm_stats stats;
@@ -122,6 +136,14 @@ struct llm_engine {
     void **owned;
     uint32_t n_placements, cap_placements;
 };
+
+/* Fast mode's attention (attention_fast.c): store position p's k and v of
+ * layer l; attention of heads [h0, h1) for the pass's m positions; bytes
+ * read for `positions` cached positions. */
+void llm_fast_store_kv(llm_engine *e, uint32_t l, uint32_t p, const float *k, const float *v);
+void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, uint32_t h0,
+                              uint32_t h1);
+uint64_t llm_fast_kv_bytes(const llm_engine *e, uint32_t positions);
 
 /* The status every successful call leaves in *err. */
 static inline llm_status llm_engine_ok(llm_error *err) {

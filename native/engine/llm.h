@@ -184,6 +184,14 @@ const float *llm_logits(llm_engine *e);
 void llm_set_plain(llm_engine *e, int plain);
 int llm_plain(const llm_engine *e);
 
+/* Fast mode (opt-in, LOSSY): attention over an int8 KV cache with PIE
+ * scores and a cheap exp (native/engine/attention_fast.c). Stories differ
+ * from exact mode's; a quality gate checks them (bench.py --fast --quality).
+ * Chosen at position 0 only (the cache changes form: LLM_E_STATE otherwise)
+ * and not together with plain mode; llm_reset keeps it. */
+llm_status llm_set_fast(llm_engine *e, int fast, llm_error *err);
+int llm_fast(const llm_engine *e);
+
 void llm_get_stats(const llm_engine *e, llm_stats *out);
 
 /* The tokenizer section, for the Python-side tokenizer. */

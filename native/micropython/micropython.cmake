@@ -15,7 +15,7 @@ endif()
 # Same engine list as setup.py and micropython.mk (tests check they agree),
 # plus the PIE kernels. (The kernel self-test runs under PlatformIO, see
 # platformio.ini: the firmware's `_llm` keeps the CPython binding's API.)
-set(LLM_ENGINE_SOURCES engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c)
+set(LLM_ENGINE_SOURCES engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c)
 list(TRANSFORM LLM_ENGINE_SOURCES PREPEND ${LLM_NATIVE_DIR}/engine/)
 set(LLM_DEVICE_SOURCES
     ${LLM_NATIVE_DIR}/engine/kernels_pie.c

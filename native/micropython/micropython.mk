@@ -10,7 +10,7 @@ LLM_NATIVE_DIR := $(patsubst %/micropython,%,$(USERMOD_DIR))
 SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c
 
 # Same engine list as setup.py and micropython.cmake (tests check they agree).
-LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c
+LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c
 SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,$(LLM_ENGINE_SOURCES))
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/port/host/port_host.c
 

@@ -25,6 +25,7 @@
 #include "py/objstr.h"
 #include "py/runtime.h"
 
+#include "image_format.h"
 #include "llm.h"
 #include "llm_names.h"
 #include "modllm_platform.h"
@@ -114,15 +115,22 @@ static bool llm_same_source(mp_obj_t a, mp_obj_t b) {
 
 static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw,
     const mp_obj_t *all_args) {
-    enum { ARG_image, ARG_plain };
+    enum { ARG_image, ARG_plain, ARG_fast };
     static const mp_arg_t allowed_args[] = {
         { MP_QSTR_image, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
         { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
+        { MP_QSTR_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
     };
     mp_arg_val_t args[MP_ARRAY_SIZE(allowed_args)];
     mp_arg_parse_all_kw_array(n_args, n_kw, all_args, MP_ARRAY_SIZE(allowed_args),
         allowed_args, args);
     mp_obj_t image = args[ARG_image].u_obj;
+    const int plain = args[ARG_plain].u_obj != mp_const_none && mp_obj_is_true(args[ARG_plain].u_obj);
+    const int fast = args[ARG_fast].u_obj != mp_const_none && mp_obj_is_true(args[ARG_fast].u_obj);
+    if (plain && fast) {
+        mp_raise_ValueError(MP_ERROR_TEXT("plain (the exact reference) and fast (lossy) exclude "
+            "each other"));
+    }
     const char *name = NULL;
     mp_buffer_info_t buf = {0};
 
@@ -142,9 +150,23 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     if (open != NULL && open->engine != NULL) {
         if (name != NULL && llm_same_source(open->source, image)) {
-            /* the shared model keeps its mode unless plain= says otherwise */
+            /* the shared model keeps its modes unless plain= / fast= say
+             * otherwise (a change of fast mode starts the context over) */
+            if (args[ARG_fast].u_obj != mp_const_none && fast != llm_fast(open->engine)) {
+                llm_error err;
+                llm_reset(open->engine);
+                if (fast) {
+                    llm_set_plain(open->engine, 0);
+                }
+                if (llm_set_fast(open->engine, fast, &err) != LLM_OK) {
+                    llm_raise(&err);
+                }
+            }
             if (args[ARG_plain].u_obj != mp_const_none) {
-                llm_set_plain(open->engine, mp_obj_is_true(args[ARG_plain].u_obj));
+                if (plain && llm_fast(open->engine)) {
+                    mp_raise_ValueError(MP_ERROR_TEXT("a fast model cannot be plain"));
+                }
+                llm_set_plain(open->engine, plain);
             }
             return MP_OBJ_FROM_PTR(open);
         }
@@ -207,8 +229,15 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
         llm_release(self);
         llm_raise(&err);
     }
-    llm_set_plain(engine, args[ARG_plain].u_obj != mp_const_none &&
-        mp_obj_is_true(args[ARG_plain].u_obj));
+    llm_set_plain(engine, plain);
+    if (fast) {
+        llm_error ferr;
+        if (llm_set_fast(engine, 1, &ferr) != LLM_OK) {
+            llm_close(engine);
+            llm_release(self);
+            llm_raise(&ferr);
+        }
+    }
     self->engine = engine;
     MP_STATE_VM(llm_open_model) = self;
     return MP_OBJ_FROM_PTR(self);
@@ -533,7 +562,24 @@ static mp_obj_t llm_model_stats(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_stats_obj, llm_model_stats);
 
+static mp_obj_t llm_model_set_fast(mp_obj_t self_in, mp_obj_t on) {
+    llm_error err;
+    if (llm_set_fast(llm_ready(self_in)->engine, mp_obj_is_true(on), &err) != LLM_OK) {
+        llm_raise(&err);
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_set_fast_obj, llm_model_set_fast);
+
+static mp_obj_t llm_model_fast(mp_obj_t self_in) {
+    return mp_obj_new_bool(llm_fast(llm_ready(self_in)->engine));
+}
+static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_fast_obj, llm_model_fast);
+
 static mp_obj_t llm_model_set_plain(mp_obj_t self_in, mp_obj_t on) {
+    if (mp_obj_is_true(on) && llm_fast(llm_ready(self_in)->engine)) {
+        mp_raise_ValueError(MP_ERROR_TEXT("a fast model cannot be plain"));
+    }
     llm_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on));
     return mp_const_none;
 }
@@ -578,6 +624,8 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_memory), MP_ROM_PTR(&llm_model_memory_obj) },
     { MP_ROM_QSTR(MP_QSTR_set_plain), MP_ROM_PTR(&llm_model_set_plain_obj) },
     { MP_ROM_QSTR(MP_QSTR_plain), MP_ROM_PTR(&llm_model_plain_obj) },
+    { MP_ROM_QSTR(MP_QSTR_set_fast), MP_ROM_PTR(&llm_model_set_fast_obj) },
+    { MP_ROM_QSTR(MP_QSTR_fast), MP_ROM_PTR(&llm_model_fast_obj) },
     { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&llm_model_close_obj) },
     { MP_ROM_QSTR(MP_QSTR___enter__), MP_ROM_PTR(&llm_model_enter_obj) },
     { MP_ROM_QSTR(MP_QSTR___exit__), MP_ROM_PTR(&llm_model_exit_obj) },

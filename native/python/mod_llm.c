@@ -107,10 +107,16 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static PyObject *find_error_class(PyTypeObject *type);
 
 static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"image", "plain", NULL};
+    static char *kwlist[] = {"image", "plain", "fast", NULL};
     PyObject *image;
-    int plain = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$p:Model", kwlist, &image, &plain)) return -1;
+    int plain = 0, fast = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$pp:Model", kwlist, &image, &plain, &fast))
+        return -1;
+    if (plain && fast) {
+        PyErr_SetString(PyExc_ValueError, "plain (the exact reference) and fast (lossy) "
+                        "exclude each other");
+        return -1;
+    }
     if (self->error == NULL) {
         self->error = find_error_class(Py_TYPE(self));
         if (self->error == NULL) return -1;
@@ -186,6 +192,12 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     llm_set_plain(engine, plain);
+    if (fast && llm_set_fast(engine, 1, &err) != LLM_OK) {
+        llm_close(engine);
+        release(self);
+        raise_llm(self->error, &err);
+        return -1;
+    }
     self->engine = engine;
     return 0;
 }
@@ -539,8 +551,27 @@ static PyObject *Model_set_plain(ModelObject *self, PyObject *arg) {
     if (!ready(self)) return NULL;
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
+    if (on && llm_fast(self->engine)) {
+        PyErr_SetString(PyExc_ValueError, "a fast model cannot be plain (the exact reference): "
+                        "set_fast(False) first");
+        return NULL;
+    }
     llm_set_plain(self->engine, on);
     Py_RETURN_NONE;
+}
+
+static PyObject *Model_set_fast(ModelObject *self, PyObject *arg) {
+    if (!ready(self)) return NULL;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    llm_error err;
+    if (llm_set_fast(self->engine, on, &err) != LLM_OK) return raise_llm(self->error, &err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Model_fast(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!ready(self)) return NULL;
+    return PyBool_FromLong(llm_fast(self->engine));
 }
 
 static PyObject *Model_plain(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -592,6 +623,9 @@ static PyMethodDef Model_methods[] = {
     {"set_plain", (PyCFunction)Model_set_plain, METH_O,
      "set_plain(on): every speed-up off (dense head, no core split); same results."},
     {"plain", (PyCFunction)Model_plain, METH_NOARGS, "Whether plain mode is on."},
+    {"set_fast", (PyCFunction)Model_set_fast, METH_O,
+     "set_fast(on): attention over an int8 KV cache (LOSSY, opt-in); at position 0 only."},
+    {"fast", (PyCFunction)Model_fast, METH_NOARGS, "Whether fast (lossy) mode is on."},
     {"close", (PyCFunction)Model_close, METH_NOARGS, "Release the model (idempotent)."},
     {"__enter__", (PyCFunction)Model_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Model_exit, METH_VARARGS, NULL},

@@ -154,6 +154,15 @@ class Model:
         self._ready()
         return self._plain
 
+    def fast(self):
+        self._ready()
+        return False  # recordings are of exact mode
+
+    def set_fast(self, on):
+        self._ready()
+        if on:
+            raise ReplayMiss("fast mode is not recorded")
+
     def memory(self):
         self._ready()
         if self._memory is None:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import costmodel, gate
 from .atomic import atomic_path, atomic_write_bytes
+from .quality import QUALITY_MAX_NATS
 
 STAGES = costmodel.STAGES
 
@@ -79,10 +80,13 @@ def _clean(s):
     return "".join(out)
 
 
-def _bench(model, runs, n_tokens):
+def _bench(model, runs, n_tokens, draft):
     cfg = model.config()
     tok = llm.Tokenizer(model.tokenizer())
-    info = {"build_info": _llm.build_info(), "config": cfg,
+    drafter = llm.drafter(model, draft)
+    mode = "fast" if model.fast() else "plain" if model.plain() else "exact"
+    info = {"build_info": _llm.build_info(), "config": cfg, "mode": mode,
+            "drafter": None if drafter is None else "ngram" if draft == "auto" else draft,
             "memory": [list(m) for m in model.memory()]}
     print("%(info)s", json.dumps(info))
     for i, (prompt, temperature, top_k, seed) in enumerate(runs):
@@ -97,21 +101,21 @@ def _bench(model, runs, n_tokens):
         first = model.stats()
         out = [t]
         print(_clean(dec.feed(tok.token_bytes(t))), end="")
-        for _ in range(n - 1):
-            t = model.step(t)
+        counts = {}
+        for t in llm.decode_tokens(model, t, n - 1, drafter, list(ids), None, counts):
             out.append(t)
             print(_clean(dec.feed(tok.token_bytes(t))), end="")
         t1 = _now()
         print(_clean(dec.flush()))
         last = model.stats()
         res = {"run": i, "prompt_ids": ids, "ids": out, "wall_us": _us(t0, t1),
-               "after_prefill": first, "final": last}
+               "after_prefill": first, "final": last, "counts": counts}
         print("%(end)s", json.dumps(res))
 
 
 _m = _llm.Model(%(model_args)s)
 try:
-    _bench(_m, %(runs)r, %(n_tokens)d)
+    _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
 finally:
     _m.close()
 '''
@@ -140,12 +144,27 @@ def default_runs(prompts: Sequence[str] = PROMPTS, *, greedy: bool = True,
     return runs
 
 
-def bench_snippet(runs: Sequence[RunSpec], n_tokens: int, model_args: str = "") -> str:
+#: engine modes: exact (the default), plain (every speed-up off: the exact
+#: reference), fast (lossy, opt-in); what the bench passes to _llm.Model
+MODES = {"exact": "", "plain": "plain=True", "fast": "fast=True"}
+DRAFTS = ("auto", "none", "lookup", "ngram")
+
+
+def bench_snippet(runs: Sequence[RunSpec], n_tokens: int, model_args: str = "",
+                  draft: str = "auto") -> str:
     if n_tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {n_tokens}")
+    if draft not in DRAFTS:
+        raise ValueError(f"draft must be one of {DRAFTS}, not {draft!r}")
     spec = [(r.prompt, r.temperature, r.top_k, r.seed) for r in runs]
     return BENCH_SNIPPET % {"info": INFO, "start": START, "end": END, "model_args": model_args,
-                            "runs": spec, "n_tokens": n_tokens}
+                            "runs": spec, "n_tokens": n_tokens, "draft": draft}
+
+
+def _model_args(image: str, mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
+    return ", ".join(a for a in (image, MODES[mode]) if a)
 
 
 @dataclass
@@ -166,6 +185,20 @@ class RunResult:
     # read per token per region (None: the engine reports no such counters)
     head_rows_fraction: float | None = None
     bytes_per_token: dict[str, float] | None = None
+    # verify passes (speculative decoding): passes over the weights after the
+    # prefill, guesses checked and kept (passes == tokens - 1 without a drafter)
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        """Tokens after the first per pass over the weights (1.0 without drafting)."""
+        return (self.tokens - 1) / self.passes if self.passes else None
+
+    @property
+    def draft_accept_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
 
 
 @dataclass
@@ -175,6 +208,17 @@ class BenchResult:
     config: dict
     memory: list
     runs: list[RunResult] = field(default_factory=list)
+    mode: str = "exact"  # exact, plain or fast (lossy)
+    drafter: str | None = None  # the draft= option that drafted, None: steps
+
+    def tokens_per_pass(self) -> float | None:
+        """Story tokens after the first per pass over the weights, over all runs."""
+        passes = sum(r.passes for r in self.runs)
+        return sum(r.tokens - 1 for r in self.runs) / passes if passes else None
+
+    def draft_accept_rate(self) -> float | None:
+        drafted = sum(r.drafted for r in self.runs)
+        return sum(r.accepted for r in self.runs) / drafted if drafted else None
 
     def summary(self) -> dict[str, float]:
         def mean(xs: list[float]) -> float:
@@ -241,7 +285,8 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
         raise ValueError(f"{board}: no {INFO} line in the output:\n{text[-2000:]}")
     line_end = raw.find(b"\n", info_at)
     info = json.loads(raw[info_at + len(INFO):line_end].decode())
-    result = BenchResult(board, info["build_info"], info["config"], info["memory"])
+    result = BenchResult(board, info["build_info"], info["config"], info["memory"],
+                         mode=info.get("mode", "exact"), drafter=info.get("drafter"))
     pos = line_end
     for i, spec in enumerate(runs):
         s = raw.find(f"{START} {i}".encode(), pos)
@@ -259,7 +304,11 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
         t_end = rec.time_of(e)
         n = len(res["ids"])
         a, f = res["after_prefill"], res["final"]
-        steps = f["tokens"] - a["tokens"]
+        # per token written after the first (a verify pass also runs the
+        # positions of refused guesses: those are its cost, not tokens)
+        steps = n - 1
+        counts = res.get("counts", {})
+        passes = int(counts.get("passes", 0)) or (f["tokens"] - a["tokens"])
         per_stage = {st: (f["stage_ms"][st] - a["stage_ms"][st]) / steps if steps else 0.0
                      for st in STAGES}
         eng = sum(per_stage.values())
@@ -277,7 +326,8 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
             roundtrip_ttft_ms=1e3 * (t_first - t_start),
             engine_tok_s=1e3 / eng if eng > 0 else None,
             wall_tok_s=n / (res["wall_us"] / 1e6) if res["wall_us"] > 0 else None,
-            head_rows_fraction=frac, bytes_per_token=per_region))
+            head_rows_fraction=frac, bytes_per_token=per_region, passes=passes,
+            drafted=int(counts.get("drafted", 0)), accepted=int(counts.get("accepted", 0))))
         pos = e
     return result
 
@@ -306,15 +356,15 @@ def _import_llm_modules(llm_module: object | None) -> object:
 
 def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: int, *,
              llm_module: object | None = None, progress: bool = True,
-             plain: bool = False) -> BenchResult:
+             mode: str = "exact", draft: str = "auto") -> BenchResult:
     """The bench on the host board: BENCH_SNIPPET in-process with the CPython `_llm`
-    (plain: the engine with every speed-up off)."""
+    (mode: exact, plain = every speed-up off, fast = lossy; draft: llm.drafter's
+    option)."""
     _import_llm_modules(llm_module)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
     with contextlib.redirect_stdout(_TimedWriter(rec)):
         # the board's snippet, run unchanged on the host board
-        src = bench_snippet(runs, n_tokens,
-                            repr(os.fspath(image)) + (", plain=True" if plain else ""))
+        src = bench_snippet(runs, n_tokens, _model_args(repr(os.fspath(image)), mode), draft)
         exec(src, {"__name__": "mpllm_bench"})  # noqa: S102
     _progress_close()
     return parse_stream(rec, runs, "host")
@@ -349,10 +399,11 @@ def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], Non
 
 
 def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: bool = False,
-             progress: bool = True, timeout: float = 120, plain: bool = False) -> BenchResult:
+             progress: bool = True, timeout: float = 120, mode: str = "exact",
+             draft: str = "auto") -> BenchResult:
     """The bench on a board (or a serial peer) through its raw REPL."""
     rec = StreamRecorder(_progress_callback(len(runs), progress))
-    err = run_port_snippet(port, bench_snippet(runs, n_tokens, "plain=True" if plain else ""),
+    err = run_port_snippet(port, bench_snippet(runs, n_tokens, _model_args("", mode), draft),
                            consumer=rec.feed,
                            soft_reset=soft_reset, timeout=timeout)
     _progress_close()
@@ -425,7 +476,13 @@ def _memory_summary(memory: list) -> str:
 
 def format_result(res: BenchResult) -> str:
     s = res.summary()
+    tpp, rate = res.tokens_per_pass(), res.draft_accept_rate()
+    drafting = ("steps (no drafter)" if res.drafter is None else
+                f"drafter {res.drafter}: {tpp or 1.0:.2f} tokens per pass, "
+                f"{'-' if rate is None else f'{rate:.0%}'} of guesses kept")
+    label = {"fast": "fast (LOSSY, opt-in)", "plain": "plain (every speed-up off)"}
     lines = [f"board: {res.board}", f"build_info: {res.build_info}",
+             f"mode: {label.get(res.mode, res.mode)}; {drafting}",
              "memory: " + _memory_summary(res.memory),
              (f"{'prompt':<36} {'mode':<8} {'tok':>4} {'engine ms/tok':>13} "
              f"{'engine tok/s':>12} {'round-trip tok/s':>16} {'TTFT ms (eng/rt)':>17}")]
@@ -471,6 +528,8 @@ def to_json(results: Sequence[BenchResult]) -> dict:
                          "summary": r.summary(),
                          "head_rows_fraction": r.head_rows_fraction(),
                          "bytes_per_token": r.bytes_per_token(),
+                         "tokens_per_pass": r.tokens_per_pass(),
+                         "draft_accept_rate": r.draft_accept_rate(),
                          "runs": [asdict(x) for x in r.runs]} for r in results]}
 
 
@@ -560,7 +619,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="write the stage chart here (default: beside --json)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--plain", action="store_true",
-                   help="the engine with every speed-up off (dense head, one core): same tokens")
+                   help="the engine with every speed-up off (dense head, one core, no "
+                        "drafting): same tokens")
+    p.add_argument("--fast", action="store_true",
+                   help="fast mode (LOSSY, opt-in): attention over an int8 KV cache; with "
+                        "--quality, the quality gate against exact mode instead of a bench")
+    p.add_argument("--quality", action="store_true",
+                   help="with --fast: cross-entropy on held-out demo text and greedy agreement "
+                        "of fast vs exact mode (exit 1 if the cross-entropy differs by more "
+                        f"than {QUALITY_MAX_NATS} nats)")
+    p.add_argument("--draft", choices=DRAFTS, default="auto",
+                   help="speculative decoding's drafter (default auto: the image's n-gram "
+                        "table when it has one; the tokens are the same either way)")
     p.add_argument("--compare-plain", action="store_true",
                    help="run every bench twice, with and without the speed-ups: print the "
                         "ms/token ratio and check that every run produced the same tokens")
@@ -601,6 +671,31 @@ def _have_matplotlib() -> bool:
               file=sys.stderr)
         return False
     return True
+
+
+def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    """bench.py --fast --quality: fast mode against exact mode on held-out demo
+    text (mpllm.quality); the demo model unless --image."""
+    from . import hostboard, quality
+
+    if args.port:
+        print("--fast --quality runs on the host board (it reads logits at every "
+              "position)", file=sys.stderr)
+        return 2
+    image = args.image or _default_image()
+    if image is None:
+        print("bench.py --quality: no demo model found; give --image", file=sys.stderr)
+        return 2
+    report = Path(hostboard.demo_sources()[0]).parent / "train_report.json"
+    q = quality.measure(image, report, llm_module=llm_module)
+    print(q.line())
+    if args.json:
+        write_json({"quality": {"tokens": q.tokens, "exact_nats": q.exact_nats,
+                                "fast_nats": q.fast_nats, "delta_nats": q.delta_nats,
+                                "greedy_agreement": q.agreement, "max_delta_nats":
+                                QUALITY_MAX_NATS, "passed": q.passed}}, args.json)
+        print(f"json: {args.json}")
+    return 0 if q.passed else 1
 
 
 def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -743,16 +838,24 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             return _gate_main(args, llm_module)
         runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
                             sampled=not args.greedy_only)
-        if args.plain and args.compare_plain:
-            print("--plain and --compare-plain exclude each other", file=sys.stderr)
+        if args.plain + args.compare_plain + args.fast > 1:
+            print("--plain, --fast and --compare-plain exclude each other", file=sys.stderr)
             return 2
-        modes = [False, True] if args.compare_plain else [args.plain]
+        if args.quality and not args.fast:
+            print("--quality is fast mode's gate: give --fast too", file=sys.stderr)
+            return 2
+        if args.quality:
+            return _quality_main(args, llm_module)
+        modes = (["exact", "plain"] if args.compare_plain else
+                 ["plain" if args.plain else "fast" if args.fast else "exact"])
+        suffix = {"exact": "", "plain": " (plain)", "fast": " (fast, lossy)"}
         results: list[BenchResult] = []
         if args.port:
-            for plain in modes:
+            for mode in modes:
                 r = run_port(args.port, runs, args.tokens, soft_reset=args.soft_reset,
-                             progress=not args.quiet, timeout=args.timeout, plain=plain)
-                r.board += " (plain)" if plain else ""
+                             progress=not args.quiet, timeout=args.timeout, mode=mode,
+                             draft=args.draft)
+                r.board += suffix[mode]
                 results.append(r)
         else:
             images: list[tuple[str, Path]] = []
@@ -769,10 +872,10 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
                 if not Path(path).is_file():
                     print(f"{path}: no such image", file=sys.stderr)
                     return 2
-                for plain in modes:
+                for mode in modes:
                     r = run_host(path, runs, args.tokens, llm_module=llm_module,
-                                 progress=not args.quiet, plain=plain)
-                    r.board = label + (" (plain)" if plain else "")
+                                 progress=not args.quiet, mode=mode, draft=args.draft)
+                    r.board = label + suffix[mode]
                     results.append(r)
         for r in results:
             print(format_result(r))

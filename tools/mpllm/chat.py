@@ -90,15 +90,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="the engine with every speed-up off (every head row scored, one "
                          "core, V cached as floats, no drafting): the same story, slower; "
                          "for checking the speed-ups")
+    ap.add_argument("--fast", action="store_true",
+                    help="fast mode (LOSSY, opt-in): attention over an int8 KV cache with a "
+                         "cheap exp; the stories differ from exact mode's (bench.py --fast "
+                         "--quality measures by how much)")
     args = ap.parse_args(argv)
     opts = _options(args)
+    if args.fast and args.plain:
+        ap.error("--fast and --plain exclude each other (plain is the exact reference)")
 
     if args.board == "n16r8":
         if args.image:
             ap.error("--image is for the host board; the board reads its flashed model "
                      "(tools/flash.py --board n16r8 --image ... writes one)")
-        if args.plain:
-            ap.error("--plain is for the host board (on a board: llm.load(plain=True))")
+        if args.plain or args.fast:
+            ap.error("--plain and --fast are for the host board (on a board: "
+                     "llm.load(plain=True) / llm.load(fast=True))")
         if args.draft != "auto":
             opts["draft"] = None if args.draft == "none" else args.draft
         if not args.port:
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         image = args.image or hostboard.ensure_image(*hostboard.demo_sources())
         llm = hostboard.open_image(image)
-        llm.load(plain=args.plain)
+        llm.load(plain=args.plain, fast=args.fast)
         if args.plain:  # plain mode: every speed-up off, drafting too
             if args.draft not in ("auto", "none"):
                 ap.error("--plain decodes without drafting; leave out --draft")
