@@ -442,3 +442,18 @@ def test_bench_model_s3_writes_the_json(llm_mod, tmp_path, capsys) -> None:
     assert data["speculative"]["table"]["stories"] == 3
     assert bench.main(["--model-s3", "--rows-fraction", "1.5"], llm_module=llm_mod) == 2
     assert bench.main(["--model-s3", "--draft-stories", "0"], llm_module=llm_mod) == 2
+
+
+def test_fast_build_and_draft_prices(report: cm.Report) -> None:
+    data = json.loads(json.dumps(report.to_json()))
+    fast, spec = data["builds"]["mpllm-fast-sampled"], data["builds"]["mpllm-spec-sampled"]
+    # fast mode changes attention only: cheaper there, the rest the same pass
+    assert fast["pass_stages"]["attn"] < spec["pass_stages"]["attn"]
+    assert fast["pass_stages"]["head"] == pytest.approx(spec["pass_stages"]["head"])
+    assert fast["tokens_per_pass"] == spec["tokens_per_pass"]
+    assert "target: fast (lossy) sampled" in report.spec_target_line()
+    prices = cm.draft_prices()
+    assert len(prices) == cm.VERIFY_MAX - 1 and all(0.2 < p < 1.0 for p in prices)
+    # the same figures as the speculative build's pass ms by m
+    by_m = [spec["pass_ms_by_m"][str(m)] for m in range(1, cm.VERIFY_MAX + 1)]
+    assert prices[0] == pytest.approx((by_m[1] - by_m[0]) / by_m[0], rel=0.1)

@@ -146,9 +146,15 @@ void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
                 w[t] = ((float)dots[t] * (sq * ks[t])) * e->inv_sqrt_head_dim;
                 if (w[t] > mx) mx = w[t];
             }
+            /* four exps at a time: independent chains for the in-order FPU */
+            uint32_t t = 0;
+            for (; t + 4u <= n; t += 4u) {
+#pragma GCC unroll 4
+                for (uint32_t k = 0; k < 4u; k++) w[t + k] = fast_exp(w[t + k] - mx);
+            }
+            for (; t < n; t++) w[t] = fast_exp(w[t] - mx);
             float den = 0.0f;
-            for (uint32_t t = 0; t < n; t++) {
-                w[t] = fast_exp(w[t] - mx);
+            for (t = 0; t < n; t++) {
                 den += w[t];
                 w[t] *= vs[t]; /* the V scale folded into the weight */
             }
