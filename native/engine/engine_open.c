@@ -47,7 +47,7 @@ const char *llm_status_name(llm_status status) {
 
 const char *llm_build_info(void) {
     return "mpllm " LLM_VERSION " kernels=" LLM_KERNELS_BUILT
-           " numerics=exact head=certified placement=embed+ple_rows:flash,core:fast>bulk,"
+           " numerics=exact modes=exact,plain,fast(lossy) head=certified placement=embed+ple_rows:flash,core:fast>bulk,"
            "head+kv+logits:bulk,act+tiles+norms:fast port=" LLM_PORT_NAME;
 }
 

@@ -1,7 +1,7 @@
 /*
  * Run the engine on an image and print what a comparison needs:
  *
- *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain]]
+ *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast]]
  *
  * prefills a fixed 4-token prompt, then steps N_STEPS times (greedy unless a
  * sampler is given; "plain" turns the speed-ups off), and
@@ -13,6 +13,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "llm.h"
 #include "port_host.h"
@@ -31,7 +32,7 @@ static uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain]]\n");
+        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast]]\n");
         return 2;
     }
     llm_error err;
@@ -59,7 +60,14 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    llm_set_plain(e, argc == 7);
+    if (argc == 7 && strcmp(argv[6], "fast") == 0) {
+        if (llm_set_fast(e, 1, &err) != LLM_OK) {
+            fprintf(stderr, "fast: %s\n", err.message);
+            return 1;
+        }
+    } else {
+        llm_set_plain(e, argc == 7);
+    }
     int32_t prompt[4];
     for (int i = 0; i < 4; i++) prompt[i] = (int32_t)((11u * (uint32_t)i + 5u) % c->vocab_out);
 #if defined(LLM_KERNELS_PIE)
@@ -93,6 +101,20 @@ int main(int argc, char **argv) {
                    llm_verify(e, fed + n_fed - m, m, out, &err) == LLM_OK;
         for (uint32_t i = 0; same && i < m; i++) same = out[i] == got[n_fed - m + i];
         printf("\nverify_same %d", same);
+    }
+    /* the n-gram drafter after every prefix of what was decoded */
+    if (llm_draft_max(e) > 0) {
+        int32_t ctx[516], d[8];
+        uint32_t n_ctx = 0, drafted = 0;
+        uint64_t dh = 0xcbf29ce484222325ull;
+        for (int i = 0; i < 4; i++) ctx[n_ctx++] = prompt[i];
+        for (uint32_t i = 0; i < n_fed; i++) {
+            ctx[n_ctx++] = fed[i];
+            uint32_t k = llm_draft(e, ctx, n_ctx, 7, d);
+            dh = fnv1a64(dh, d, k * sizeof(int32_t));
+            drafted += k;
+        }
+        printf("\ndrafts %u fnv1a64 %016llx", drafted, (unsigned long long)dh);
     }
     printf("\nlogits_fnv1a64 %016llx over %u heads\n", (unsigned long long)hash, heads);
 #if defined(LLM_KERNELS_PIE)

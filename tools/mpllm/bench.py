@@ -587,9 +587,15 @@ def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:
     from .generate import write_test_model
     from .model import Config
 
+    from .image import ImageFormatError, verify_image
+
     img = out_dir / "model.img"
     if img.is_file():
-        return img
+        try:
+            verify_image(img)  # an image of an older format is converted again
+            return img
+        except ImageFormatError:
+            pass
     cfg = Config(vocab_in=32768, vocab_out=25353, dim=96, n_layers=6, n_heads=4, ffn=66,
                  ple_dim=128, seq_len=256, group=128, tied_head=True)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3169,6 +3169,8 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
     # what each exact change of the after-build is worth: the build without it
     add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
         "V rows as floats: twice the V traffic, no recompute")
+    add("fast (lossy) sampled, no drafting", dataclasses.replace(t, kv="int8-fast", v_bytes=1),
+        "fast mode's int8 KV cache, one position per pass")
     add("greedy without the four-wide exp/erf/div", dataclasses.replace(g, chain_interleave=1),
         "one element at a time: every dependent float op waits for the previous one")
     add("greedy with 16-byte-aligned KV rows", dataclasses.replace(g, kv_offset=None),
