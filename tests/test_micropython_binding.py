@@ -202,19 +202,26 @@ def test_unix_binding_matches_cpython(micropython: Path, tiny_model, tmp_path: P
 
 def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path) -> None:
     """llm.py on MicroPython unix with the demo model, end to end through the real
-    binding: the same greedy and seeded stories, byte for byte, as CPython's."""
+    binding: the same greedy and seeded stories, byte for byte, as CPython's, with
+    the image's n-gram drafter guessing (the same passes) and in fast mode."""
     demo = ROOT / "models" / "demo"
     assert (demo / "model.bin").is_file(), "the bundled demo model is missing"
     sys.path.insert(0, str(ROOT / "tools"))
     from mpllm.convert import convert
 
     img = tmp_path / "demo.img"
-    convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False)
+    convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False,
+            drafter_stories=20)
     code = f"""
 import llm
 llm.load({str(img)!r})
 llm.story("Once upon a time", temperature=0)
+s = llm.stats()
+print("PASSES", s["passes"], s["accepted"], s["drafted"])
 llm.story("Tom and his dog", seed=7, max_tokens=60)
+llm.load(fast=True)
+print("MODE", llm.mode())
+llm.story("Once upon a time", seed=3, max_tokens=60)
 """
     out = _run_mp(micropython, code, tmp_path)
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -224,4 +231,7 @@ llm.story("Tom and his dog", seed=7, max_tokens=60)
     assert out.startswith("Once upon a time"), out[:200]
     assert "[stopped: token budget 60 reached]" in out or out.count("Tom and his dog") == 1
     assert out == host.stdout
+    passes = next(line for line in out.splitlines() if line.startswith("PASSES")).split()
+    assert int(passes[1]) > 0 and int(passes[2]) > 0  # guesses were made and kept
+    assert "MODE fast" in out
     print(out)
