@@ -19,6 +19,7 @@ from setuptools import Extension, setup
 ROOT = Path(__file__).resolve().parent
 ENGINE = Path("native/engine")
 PORT_HOST = Path("native/port/host")
+BINDING = Path("native/binding")
 
 ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
@@ -47,10 +48,12 @@ setup(
             "_llm",
             sources=[str(ENGINE / s) for s in ENGINE_SOURCES]
             + pie_sources
-            + [str(PORT_HOST / "port_host.c"), "native/python/mod_llm.c"],
-            include_dirs=[str(ENGINE), str(PORT_HOST)],
+            + [str(PORT_HOST / "port_host.c"), str(BINDING / "llm_bind.c"),
+               "native/python/mod_llm.c"],
+            include_dirs=[str(ENGINE), str(PORT_HOST), str(BINDING)],
             define_macros=[("LLM_PORT_NAME", '"host"'), *pie_defines],
-            depends=[str(p.relative_to(ROOT)) for p in sorted((ROOT / ENGINE).glob("*.h"))],
+            depends=[str(p.relative_to(ROOT)) for d in (ENGINE, BINDING)
+                     for p in sorted((ROOT / d).glob("*.h"))],
             extra_compile_args=FLAGS,
         )
     ],

@@ -601,7 +601,6 @@ def _ms_since(start):
 MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
-TOP_K_MAX = 256  # LLM_SAMPLER_MAX_TOP_K in native/engine/sampler.h
 _OPTIONS = ("max_tokens", "temperature", "top_k", "seed", "draft")
 #: drafted tokens one verify pass checks at most (the engine takes 8 positions:
 #: the last token and up to 7 drafts)
@@ -832,13 +831,10 @@ def generate(prompt, **options):
     """
     max_tokens, temperature, top_k, seed = _options(options)
     model = load()
-    # The engine keeps its top-k list on the stack: up to TOP_K_MAX candidates, or
-    # the whole vocabulary (0 or vocab_out) without a list.
-    if top_k > TOP_K_MAX and top_k != _vocab_out:
-        raise ValueError(
-            f"top_k must be 0..{TOP_K_MAX}, or 0 / {_vocab_out} for the whole vocabulary, "
-            f"got {top_k}"
-        )
+    # the engine's own rules for the sampler (top_k's limit is _llm.MAX_TOP_K),
+    # checked now rather than once the story has started
+    model.reset()
+    model.sampler(temperature, top_k, 0)
     draft = drafter(model, options.get("draft", "auto"))
     ids = _prompt_ids(prompt)
     if temperature == 0:

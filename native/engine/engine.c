@@ -61,6 +61,12 @@ llm_status llm_rewind(llm_engine *e, uint32_t pos, llm_error *err) {
 const llm_config *llm_get_config(const llm_engine *e) { return e ? &e->cfg : NULL; }
 uint32_t llm_pos(const llm_engine *e) { return e ? e->pos : 0; }
 
+void llm_set_interrupt(llm_engine *e, int (*poll)(void *ctx), void *ctx) {
+    if (e == NULL) return;
+    e->interrupt_poll = poll;
+    e->interrupt_ctx = ctx;
+}
+
 void llm_set_plain(llm_engine *e, int plain) {
     if (e) e->plain = plain != 0;
 }
@@ -649,9 +655,20 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
     if (st == LLM_OK) st = check_tokens(e, tokens, n, err);
     if (st != LLM_OK) return st;
     uint64_t t0 = now(e);
-    /* the prompt in passes of up to n_cols tokens, the head for the last one */
+    /* the prompt in passes of up to n_cols tokens, the head for the last one;
+     * an interrupt between passes undoes the call (the cache is append-only,
+     * the last evaluation's head input is untouched: nothing to restore but
+     * the position and the stream) */
+    const uint32_t pos0 = e->pos;
+    const llm_rng rng0 = e->rng;
     uint32_t last = 0;
     for (uint32_t i = 0; i < n;) {
+        if (i > 0 && e->interrupt_poll != NULL && e->interrupt_poll(e->interrupt_ctx)) {
+            e->pos = pos0;
+            e->rng = rng0;
+            return llm_fail(err, LLM_E_INTERRUPTED, "prefill interrupted after %lu of %lu "
+                            "tokens: nothing was kept", (unsigned long)i, (unsigned long)n);
+        }
         uint32_t m = n - i < e->s.n_cols ? n - i : e->s.n_cols;
         forward(e, tokens + i, m, i + m == n ? HEADS_LAST : HEADS_NONE);
         for (uint32_t c = 0; c < m; c++)

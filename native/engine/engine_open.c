@@ -28,6 +28,7 @@ const char *llm_status_name(llm_status status) {
     case LLM_E_NOMEM: return "out of memory";
     case LLM_E_CONTEXT: return "context full";
     case LLM_E_STATE: return "bad state";
+    case LLM_E_INTERRUPTED: return "interrupted";
     }
     return "unknown status";
 }
@@ -274,6 +275,12 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     h->tile_rows = t.tile_rows;
     h->n_tiles = t.n_tiles;
     return LLM_OK;
+}
+
+llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
+    llm_image_info info;
+    llm_status st = llm_image_check(image, len, &info, err);
+    return st == LLM_OK ? llm_engine_ok(err) : st;
 }
 
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,

@@ -127,6 +127,8 @@ struct llm_engine {
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
     int fast;        /* attention over the int8 KV cache (lossy, opt-in) */
+    int (*interrupt_poll)(void *ctx); /* llm_set_interrupt */
+    void *interrupt_ctx;
     llm_sampler_options sampler;
     llm_rng rng;
     llm_stats stats;

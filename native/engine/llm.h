@@ -32,6 +32,7 @@ typedef enum llm_status {
     LLM_E_NOMEM,     /* the port could not place a buffer */
     LLM_E_CONTEXT,   /* no room left in the context window */
     LLM_E_STATE,     /* call out of order (e.g. step before prefill) */
+    LLM_E_INTERRUPTED, /* the interrupt poll (llm_set_interrupt) asked to stop */
 } llm_status;
 
 /* Status plus a human-readable message naming what was wrong. */
@@ -122,6 +123,10 @@ typedef struct llm_engine llm_engine;
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len,
                     const llm_port *port, llm_error *err);
 void llm_close(llm_engine *e);
+/* What llm_open checks of the bytes (header, sections, checksums, layout),
+ * without allocating: a binding can refuse a bad image before it gives up
+ * the model it has open. */
+llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err);
 void llm_reset(llm_engine *e);
 
 const llm_config *llm_get_config(const llm_engine *e);
@@ -134,6 +139,12 @@ llm_status llm_set_sampler(llm_engine *e, const llm_sampler_options *opt,
  * *next receives the sampled next token. */
 llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
                        int32_t *next, llm_error *err);
+/* Interrupts: long prefills call poll(ctx) between passes (every few
+ * tokens); when it returns nonzero the prefill stops, puts the position and
+ * the sampler's stream back where they were, and returns LLM_E_INTERRUPTED:
+ * nothing changed (only llm_stats' timers count the work done). NULL: none. */
+void llm_set_interrupt(llm_engine *e, int (*poll)(void *ctx), void *ctx);
+
 /* Feed one token, get the next. */
 llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err);
 

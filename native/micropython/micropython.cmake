@@ -18,6 +18,7 @@ endif()
 set(LLM_ENGINE_SOURCES engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c)
 list(TRANSFORM LLM_ENGINE_SOURCES PREPEND ${LLM_NATIVE_DIR}/engine/)
 set(LLM_DEVICE_SOURCES
+    ${LLM_NATIVE_DIR}/binding/llm_bind.c
     ${LLM_NATIVE_DIR}/engine/kernels_pie.c
     ${LLM_NATIVE_DIR}/port/esp32/port_esp32.c
 )
@@ -33,6 +34,7 @@ target_sources(usermod_llm INTERFACE
 target_include_directories(usermod_llm INTERFACE
     ${CMAKE_CURRENT_LIST_DIR}
     ${LLM_NATIVE_DIR}/engine
+    ${LLM_NATIVE_DIR}/binding
     ${LLM_NATIVE_DIR}/port/esp32
 )
 

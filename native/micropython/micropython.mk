@@ -13,15 +13,17 @@ SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c
 LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c
 SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,$(LLM_ENGINE_SOURCES))
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/port/host/port_host.c
+SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/binding/llm_bind.c
 
 CFLAGS_USERMOD += -I$(USERMOD_DIR) -I$(LLM_NATIVE_DIR)/engine -I$(LLM_NATIVE_DIR)/port/host
+CFLAGS_USERMOD += -I$(LLM_NATIVE_DIR)/binding
 CFLAGS_USERMOD += -DLLM_PORT_NAME='"micropython-unix"'
 
 # The engine's float order is its bit-exact contract: no fused multiply-add,
 # anywhere it is compiled (DESIGN §3). It is C11 and built warning-clean with
 # its own flags; MicroPython's stricter float-conversion warnings are for
 # MicroPython's code.
-$(BUILD)/engine/%.o $(BUILD)/port/host/%.o: CFLAGS += -std=c11 -ffp-contract=off -Wno-double-promotion -Wno-float-conversion
+$(BUILD)/engine/%.o $(BUILD)/port/host/%.o $(BUILD)/binding/%.o: CFLAGS += -std=c11 -ffp-contract=off -Wno-double-promotion -Wno-float-conversion
 $(BUILD)/micropython/modllm.o: CFLAGS += -ffp-contract=off
 
 # Objects are named after their path below USER_C_MODULES, so this module's

@@ -25,8 +25,8 @@
 #include "py/objstr.h"
 #include "py/runtime.h"
 
-#include "image_format.h"
 #include "llm.h"
+#include "llm_bind.h"
 #include "llm_names.h"
 #include "modllm_platform.h"
 
@@ -56,31 +56,111 @@ extern const mp_obj_type_t llm_type_Model;
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* The one place an engine status becomes a Python exception. */
-static MP_NORETURN void llm_raise(const llm_error *err) {
-    mp_raise_msg_varg(&llm_type_Error, MP_ERROR_TEXT("%s: %s"),
-        llm_status_name(err->status), err->message);
+/* The one place a decision of llm_bind.h becomes a Python exception. */
+static MP_NORETURN void llm_raise_bind(const llm_bind_error *e) {
+    const mp_obj_type_t *type = &llm_type_Error;
+    switch (e->kind) {
+        case LLM_BIND_TYPE_ERROR:
+            type = &mp_type_TypeError;
+            break;
+        case LLM_BIND_VALUE_ERROR:
+            type = &mp_type_ValueError;
+            break;
+        case LLM_BIND_MEMORY_ERROR:
+            type = &mp_type_MemoryError;
+            break;
+        case LLM_BIND_INTERRUPT:
+            /* the poll saw the pending KeyboardInterrupt: raise it now */
+            mpllm_interrupts_allow();
+            mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS);
+            mp_raise_type(&mp_type_KeyboardInterrupt);
+        default:
+            break;
+    }
+    mp_raise_msg_varg(type, MP_ERROR_TEXT("%s"), e->message);
 }
 
-static MP_NORETURN void llm_raise_state(const char *message) {
-    llm_error err;
-    err.status = LLM_E_STATE;
-    strncpy(err.message, message, sizeof(err.message) - 1);
-    err.message[sizeof(err.message) - 1] = '\0';
-    llm_raise(&err);
+static MP_NORETURN void llm_raise(const llm_error *err) {
+    llm_bind_error e;
+    llm_bind_status(err, &e);
+    llm_raise_bind(&e);
+}
+
+static void llm_check(llm_bind_kind kind, const llm_bind_error *e) {
+    if (kind != LLM_BIND_OK) {
+        llm_raise_bind(e);
+    }
 }
 
 static llm_model_obj_t *llm_ready(mp_obj_t self_in) {
     llm_model_obj_t *self = MP_OBJ_TO_PTR(self_in);
     if (self->engine == NULL) {
-        llm_raise_state("the model is closed");
+        llm_bind_error e;
+        llm_bind_closed(&e);
+        llm_raise_bind(&e);
     }
     return self;
 }
 
-/* Between tokens: raise a pending KeyboardInterrupt (Ctrl-C) now. */
+/* An int argument for the shared rules: TypeError for anything else (bool
+ * included); beyond this build's machine int counts as overflow. */
+static llm_bind_int llm_int_arg(mp_obj_t o, const char *what) {
+    if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
+        mp_raise_msg_varg(&mp_type_TypeError, MP_ERROR_TEXT("%s must be an int, not %s"), what,
+            mp_obj_get_type_str(o));
+    }
+    llm_bind_int v = {0, 0};
+    if (mp_obj_is_small_int(o)) {
+        v.value = MP_OBJ_SMALL_INT_VALUE(o);
+        return v;
+    }
+    /* a big int: its low 64 bits when it is positive and fits (a negative
+     * one is below every limit here) */
+    uint8_t b[8];
+    if (mp_obj_int_sign(o) < 0) {
+        v.overflow = -1;
+    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b) || (b[7] & 0x80u)) {
+        v.overflow = 1;
+    } else {
+        for (int i = 7; i >= 0; i--) {
+            v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
+        }
+    }
+    return v;
+}
+
+/* seed: a u64, its bits in .value (overflow: negative or above 2**64-1) */
+static llm_bind_int llm_u64_arg(mp_obj_t o, const char *what) {
+    if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
+        mp_raise_msg_varg(&mp_type_TypeError, MP_ERROR_TEXT("%s must be an int, not %s"), what,
+            mp_obj_get_type_str(o));
+    }
+    llm_bind_int v = {0, 0};
+    uint8_t b[8];
+    if (mp_obj_int_sign(o) < 0) {
+        v.overflow = -1;
+    } else if (mp_obj_is_small_int(o)) {
+        v.value = MP_OBJ_SMALL_INT_VALUE(o);
+    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b)) {
+        v.overflow = 1;
+    } else {
+        for (int i = 7; i >= 0; i--) {
+            v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
+        }
+    }
+    return v;
+}
+
+/* Between calls: raise a pending KeyboardInterrupt (Ctrl-C) now. */
 static void llm_check_interrupt(void) {
     mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS);
+}
+
+/* Polled between a long prefill's passes: a pending Ctrl-C stops it (the
+ * engine then undoes it). */
+static int llm_poll(void *ctx) {
+    (void)ctx;
+    return MP_STATE_THREAD(mp_pending_exception) != MP_OBJ_NULL || mpllm_interrupt_pending();
 }
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -127,10 +207,8 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     mp_obj_t image = args[ARG_image].u_obj;
     const int plain = args[ARG_plain].u_obj != mp_const_none && mp_obj_is_true(args[ARG_plain].u_obj);
     const int fast = args[ARG_fast].u_obj != mp_const_none && mp_obj_is_true(args[ARG_fast].u_obj);
-    if (plain && fast) {
-        mp_raise_ValueError(MP_ERROR_TEXT("plain (the exact reference) and fast (lossy) exclude "
-            "each other"));
-    }
+    llm_bind_error be;
+    llm_check(llm_bind_modes(plain, fast, &be), &be);
     const char *name = NULL;
     mp_buffer_info_t buf = {0};
 
@@ -163,14 +241,11 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
                 }
             }
             if (args[ARG_plain].u_obj != mp_const_none) {
-                if (plain && llm_fast(open->engine)) {
-                    mp_raise_ValueError(MP_ERROR_TEXT("a fast model cannot be plain"));
-                }
+                llm_check(llm_bind_set_plain(open->engine, plain, &be), &be);
                 llm_set_plain(open->engine, plain);
             }
             return MP_OBJ_FROM_PTR(open);
         }
-        llm_release(open);
     }
 
     llm_model_obj_t *self = mp_obj_malloc_with_finaliser(llm_model_obj_t, type);
@@ -204,13 +279,9 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     } else {
         data = buf.buf;
         len = buf.len;
-        if (((uintptr_t)data & 15u) != 0 || !mp_obj_is_type(image, &mp_type_bytes)) {
-            /* the engine reads weights in place and its kernels need 16-byte
-             * alignment; and anything but bytes (a bytearray, a memoryview)
-             * could change or be resized under the open model: keep an
-             * aligned private copy in port memory instead */
+        if (llm_bind_must_copy(data, len, mp_obj_is_type(image, &mp_type_bytes))) {
             llm_region placed;
-            self->copy = port->alloc(port->ctx, len, LLM_REGION_BULK, &placed);
+            self->copy = port->alloc(port->ctx, len > 0 ? len : 16u, LLM_REGION_BULK, &placed);
             if (self->copy == NULL) {
                 llm_release(self);
                 err.status = LLM_E_NOMEM;
@@ -218,18 +289,33 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
                     "no memory for an aligned copy of the image (%lu bytes)", (unsigned long)len);
                 llm_raise(&err);
             }
-            memcpy(self->copy, data, len);
+            if (len > 0) {
+                memcpy(self->copy, data, len);
+            }
             data = self->copy;
         }
     }
     self->source = image;
+    if (open != NULL && open->engine != NULL) {
+        /* the open model is given up only for an image that will open: a
+         * bad one leaves it as it was (the board has memory for one model) */
+        if (llm_check_image(data, len, &err) != LLM_OK) {
+            llm_release(self);
+            llm_raise(&err);
+        }
+        llm_release(open);
+    }
 
     llm_engine *engine = NULL;
-    if (llm_open(&engine, data, len, port, &err) != LLM_OK) {
+    mpllm_interrupts_hold();
+    llm_status st = llm_open(&engine, data, len, port, &err);
+    mpllm_interrupts_allow();
+    if (st != LLM_OK) {
         llm_release(self);
         llm_raise(&err);
     }
     llm_set_plain(engine, plain);
+    llm_set_interrupt(engine, llm_poll, NULL);
     if (fast) {
         llm_error ferr;
         if (llm_set_fast(engine, 1, &ferr) != LLM_OK) {
@@ -276,103 +362,65 @@ static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_pos_obj, llm_model_pos);
 
 static mp_obj_t llm_model_rewind(mp_obj_t self_in, mp_obj_t pos_in) {
     llm_engine *e = llm_ready(self_in)->engine;
-    if (!mp_obj_is_int(pos_in) || mp_obj_is_bool(pos_in)) {
-        mp_raise_TypeError(MP_ERROR_TEXT("rewind() takes an int position"));
-    }
-    uint32_t now = llm_pos(e);
-    if (!mp_obj_is_small_int(pos_in) || MP_OBJ_SMALL_INT_VALUE(pos_in) < 0 ||
-        MP_OBJ_SMALL_INT_VALUE(pos_in) > (mp_int_t)now) {
-        mp_raise_msg_varg(&mp_type_ValueError,
-            MP_ERROR_TEXT("rewind position must be in 0..%u (the context holds %u tokens)"),
-            (unsigned)now, (unsigned)now);
-    }
+    uint32_t pos;
+    llm_bind_error be;
+    llm_check(llm_bind_rewind(e, llm_int_arg(pos_in, "rewind() position"), &pos, &be), &be);
     llm_error err;
-    if (llm_rewind(e, (uint32_t)MP_OBJ_SMALL_INT_VALUE(pos_in), &err) != LLM_OK) {
+    if (llm_rewind(e, pos, &err) != LLM_OK) {
         llm_raise(&err);
     }
     return mp_const_none;
 }
 static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_rewind_obj, llm_model_rewind);
 
-static void llm_dict_int(mp_obj_t d, qstr key, mp_uint_t v) {
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(key), mp_obj_new_int_from_uint(v));
+
+static void llm_store_fields(mp_obj_t d, const llm_bind_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(qstr_from_str(f[i].name)),
+            mp_obj_new_int_from_ull(f[i].value));
+    }
 }
 
 static mp_obj_t llm_model_config(mp_obj_t self_in) {
-    const llm_config *c = llm_get_config(llm_ready(self_in)->engine);
-    mp_obj_t d = mp_obj_new_dict(15);
-    llm_dict_int(d, MP_QSTR_vocab_rows, c->vocab_rows);
-    llm_dict_int(d, MP_QSTR_vocab_out, c->vocab_out);
-    llm_dict_int(d, MP_QSTR_dim, c->dim);
-    llm_dict_int(d, MP_QSTR_n_layers, c->n_layers);
-    llm_dict_int(d, MP_QSTR_n_heads, c->n_heads);
-    llm_dict_int(d, MP_QSTR_head_dim, c->head_dim);
-    llm_dict_int(d, MP_QSTR_ffn, c->ffn);
-    llm_dict_int(d, MP_QSTR_ple_dim, c->ple_dim);
-    llm_dict_int(d, MP_QSTR_seq_len, c->seq_len);
-    llm_dict_int(d, MP_QSTR_group, c->group);
-    llm_dict_int(d, MP_QSTR_eot_id, c->eot_id);
-    llm_dict_int(d, MP_QSTR_flags, c->flags);
-    llm_dict_int(d, MP_QSTR_max_draft, llm_draft_max(llm_ready(self_in)->engine));
+    llm_engine *e = llm_ready(self_in)->engine;
+    const llm_config *c = llm_get_config(e);
+    mp_obj_t d = mp_obj_new_dict(LLM_BIND_CONFIG_INTS + 2);
+    llm_bind_field f[LLM_BIND_CONFIG_INTS];
+    llm_bind_config(e, f);
+    llm_store_fields(d, f, LLM_BIND_CONFIG_INTS);
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_rope_theta), mp_obj_new_float(c->rope_theta));
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_tied_head), mp_obj_new_bool(c->flags & 1u));
     return d;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_config_obj, llm_model_config);
 
-/* 0 .. 2**64-1 from a small or big int, else ValueError/TypeError. */
-static uint64_t llm_get_u64(mp_obj_t o, const char *what) {
-    if (!mp_obj_is_int(o)) {
-        mp_raise_msg_varg(&mp_type_TypeError, MP_ERROR_TEXT("%s must be an int"), what);
-    }
-    if (mp_obj_is_small_int(o)) {
-        mp_int_t v = MP_OBJ_SMALL_INT_VALUE(o);
-        if (v < 0) {
-            mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s must be in 0..2**64-1"),
-                what);
-        }
-        return (uint64_t)v;
-    }
-    uint8_t b[8];
-    if (mp_obj_int_sign(o) < 0 || !mp_obj_int_to_bytes_impl(o, false, sizeof(b), b)) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s must be in 0..2**64-1"), what);
-    }
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | b[i];
-    }
-    return v;
-}
-
 static mp_obj_t llm_model_sampler(size_t n_args, const mp_obj_t *pos_args, mp_map_t *kw_args) {
     enum { ARG_temperature, ARG_top_k, ARG_seed };
     static const mp_arg_t allowed_args[] = {
         { MP_QSTR_temperature, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
-        { MP_QSTR_top_k, MP_ARG_INT, {.u_int = 0} },
+        { MP_QSTR_top_k, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
         { MP_QSTR_seed, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
     };
     mp_arg_val_t args[MP_ARRAY_SIZE(allowed_args)];
     mp_arg_parse_all(n_args - 1, pos_args + 1, kw_args, MP_ARRAY_SIZE(allowed_args),
         allowed_args, args);
-    llm_model_obj_t *self = llm_ready(pos_args[0]);
+    llm_ready(pos_args[0]);
     mp_float_t t = 0;
     if (args[ARG_temperature].u_obj != mp_const_none) {
         t = mp_obj_get_float(args[ARG_temperature].u_obj);
     }
-    /* written so that NaN fails too */
-    if (!(t >= 0) || t > (mp_float_t)3.4e38) {
-        mp_raise_ValueError(MP_ERROR_TEXT("temperature must be finite and >= 0"));
+    llm_bind_int top_k = {0, 0}, seed = {0, 0};
+    if (args[ARG_top_k].u_obj != mp_const_none) {
+        top_k = llm_int_arg(args[ARG_top_k].u_obj, "top_k");
     }
-    const llm_config *c = llm_get_config(self->engine);
-    mp_int_t top_k = args[ARG_top_k].u_int;
-    if (top_k < 0 || (mp_uint_t)top_k > c->vocab_out) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("top_k must be in 0..%u, got %d"),
-            (unsigned)c->vocab_out, (int)top_k);
+    if (args[ARG_seed].u_obj != mp_const_none) {
+        seed = llm_u64_arg(args[ARG_seed].u_obj, "seed");
     }
+    /* __float__ above is user code that may have closed the model */
+    llm_model_obj_t *self = llm_ready(pos_args[0]);
     llm_sampler_options opt;
-    opt.temperature = (float)t;
-    opt.top_k = (uint32_t)top_k;
-    opt.seed = args[ARG_seed].u_obj == mp_const_none ? 0 : llm_get_u64(args[ARG_seed].u_obj, "seed");
+    llm_bind_error be;
+    llm_check(llm_bind_sampler(self->engine, (double)t, top_k, seed, &opt, &be), &be);
     llm_error err;
     if (llm_set_sampler(self->engine, &opt, &err) != LLM_OK) {
         llm_raise(&err);
@@ -383,20 +431,10 @@ static MP_DEFINE_CONST_FUN_OBJ_KW(llm_model_sampler_obj, 1, llm_model_sampler);
 
 /* A token argument: an int in the embedding's range, else TypeError/ValueError. */
 static int32_t llm_token_arg(llm_model_obj_t *self, mp_obj_t o) {
-    if (!mp_obj_is_int(o)) {
-        mp_raise_TypeError(MP_ERROR_TEXT("token ids must be int"));
-    }
-    uint32_t rows = llm_get_config(self->engine)->vocab_rows;
-    if (!mp_obj_is_small_int(o)) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("token id out of range 0..%u"),
-            (unsigned)(rows - 1u));
-    }
-    mp_int_t v = MP_OBJ_SMALL_INT_VALUE(o);
-    if (v < 0 || v >= (mp_int_t)rows) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("token id %d out of range 0..%u"),
-            (int)v, (unsigned)(rows - 1u));
-    }
-    return (int32_t)MP_OBJ_SMALL_INT_VALUE(o);
+    int32_t id;
+    llm_bind_error be;
+    llm_check(llm_bind_token(self->engine, llm_int_arg(o, "a token id"), &id, &be), &be);
+    return id;
 }
 
 /* A sequence of token ids as a fresh array of *n (m_del it). Iterating runs
@@ -417,13 +455,8 @@ static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, 
     }
     llm_model_obj_t *self = llm_ready(self_in);
     mp_obj_get_array(seq, &n, &items);
-    if (n == 0) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s needs at least one token"), name);
-    }
-    if (n > max_n) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("%s takes at most %u tokens, got %u"),
-            name, (unsigned)max_n, (unsigned)n);
-    }
+    llm_bind_error be;
+    llm_check(llm_bind_count(name, n, 1, max_n, &be), &be);
     int32_t *ids = m_new(int32_t, n);
     for (size_t i = 0; i < n; i++) {
         ids[i] = llm_token_arg(self, items[i]);
@@ -432,6 +465,9 @@ static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, 
     return ids;
 }
 
+/* Engine calls that compute run with Ctrl-C held back (on the unix port
+ * it would otherwise jump out of the engine half-way): a long prefill polls
+ * it between passes and undoes itself; everything else is short. */
 static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
     llm_ready(self_in);
     size_t n;
@@ -440,7 +476,9 @@ static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
     llm_check_interrupt();
     llm_error err;
     int32_t next = 0;
+    mpllm_interrupts_hold();
     llm_status st = llm_prefill(self->engine, ids, (uint32_t)n, &next, &err);
+    mpllm_interrupts_allow();
     m_del(int32_t, ids, n);
     if (st != LLM_OK) {
         llm_raise(&err);
@@ -451,17 +489,13 @@ static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_prefill_obj, llm_model_prefill);
 
 static mp_obj_t llm_model_draft(mp_obj_t self_in, mp_obj_t context, mp_obj_t max_len_in) {
     llm_ready(self_in);
-    mp_int_t max_len = mp_obj_get_int(max_len_in);
-    if (max_len < 0) {
-        mp_raise_msg_varg(&mp_type_ValueError, MP_ERROR_TEXT("draft() max_len must be >= 0, got %d"),
-            (int)max_len);
-    }
+    uint32_t want;
+    llm_bind_error be;
+    llm_check(llm_bind_draft_len(llm_int_arg(max_len_in, "draft() max_len"), &want, &be), &be);
     size_t n;
     int32_t *ids = llm_tokens_arg(self_in, context, UINT32_MAX / 2u, &n, "draft()");
     llm_model_obj_t *self = llm_ready(self_in);
-    int32_t out[LLM_IMAGE_DRAFTS_MAX];
-    uint32_t want = max_len > (mp_int_t)LLM_IMAGE_DRAFTS_MAX ? LLM_IMAGE_DRAFTS_MAX
-                                                             : (uint32_t)max_len;
+    int32_t out[LLM_BIND_MAX_DRAFT];
     uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
     m_del(int32_t, ids, n);
     mp_obj_t list = mp_obj_new_list(got, NULL);
@@ -480,7 +514,9 @@ static mp_obj_t llm_model_verify(mp_obj_t self_in, mp_obj_t tokens) {
     llm_check_interrupt();
     llm_error err;
     int32_t next[LLM_VERIFY_MAX];
+    mpllm_interrupts_hold();
     llm_status st = llm_verify(self->engine, ids, (uint32_t)n, next, &err);
+    mpllm_interrupts_allow();
     m_del(int32_t, ids, n);
     if (st != LLM_OK) {
         llm_raise(&err);
@@ -499,7 +535,10 @@ static mp_obj_t llm_model_step(mp_obj_t self_in, mp_obj_t token) {
     llm_check_interrupt();
     llm_error err;
     int32_t next = 0;
-    if (llm_step(self->engine, id, &next, &err) != LLM_OK) {
+    mpllm_interrupts_hold();
+    llm_status st = llm_step(self->engine, id, &next, &err);
+    mpllm_interrupts_allow();
+    if (st != LLM_OK) {
         llm_raise(&err);
     }
     return MP_OBJ_NEW_SMALL_INT(next);
@@ -510,7 +549,8 @@ static mp_obj_t llm_model_logits(mp_obj_t self_in) {
     llm_model_obj_t *self = llm_ready(self_in);
     const float *l = llm_logits(self->engine);
     if (l == NULL) {
-        llm_raise_state("no logits yet: call prefill() or step() first");
+        llm_error err = {LLM_E_STATE, "no logits yet: call prefill() or step() first"};
+        llm_raise(&err);
     }
     /* float32 little-endian, like the CPython binding: both targets are LE */
     return mp_obj_new_bytes((const byte *)l, (size_t)llm_get_config(self->engine)->vocab_out * 4u);
@@ -525,32 +565,22 @@ static mp_obj_t llm_model_tokenizer(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_tokenizer_obj, llm_model_tokenizer);
 
-static mp_obj_t llm_ms(uint64_t us) {
-    return mp_obj_new_float((mp_float_t)us / (mp_float_t)1000);
-}
-
 static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     llm_stats s;
     llm_get_stats(llm_ready(self_in)->engine, &s);
-    mp_obj_t d = mp_obj_new_dict(12);
-    llm_dict_int(d, MP_QSTR_tokens, s.tokens);
-    llm_dict_int(d, MP_QSTR_prefill_tokens, s.prefill_tokens);
-    llm_dict_int(d, MP_QSTR_heads, s.heads);
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_head_rows), mp_obj_new_int_from_ull(s.head_rows));
-    llm_dict_int(d, MP_QSTR_head_tiles, s.head_tiles);
-    llm_dict_int(d, MP_QSTR_head_waves, s.head_waves);
-    llm_dict_int(d, MP_QSTR_handoffs, s.handoffs);
-    llm_dict_int(d, MP_QSTR_v_wide, s.v_wide);
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), llm_ms(s.prefill_us));
+    mp_obj_t d = mp_obj_new_dict(LLM_BIND_STATS_INTS + 4);
+    llm_bind_field f[LLM_BIND_STATS_INTS];
+    llm_bind_stats(&s, f);
+    llm_store_fields(d, f, LLM_BIND_STATS_INTS);
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), mp_obj_new_float(llm_bind_ttft_ms(&s)));
     mp_obj_t ms = mp_obj_new_dict(LLM_STAGE_COUNT);
-    uint64_t total = 0;
     for (int i = 0; i < LLM_STAGE_COUNT; i++) {
-        total += s.stage_us[i];
         const char *name = llm_stage_name((llm_stage)i);
-        mp_obj_dict_store(ms, mp_obj_new_str(name, strlen(name)), llm_ms(s.stage_us[i]));
+        mp_obj_dict_store(ms, mp_obj_new_str(name, strlen(name)),
+            mp_obj_new_float(llm_bind_stage_ms(&s, (llm_stage)i)));
     }
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_stage_ms), ms);
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_total_ms), llm_ms(total));
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_total_ms), mp_obj_new_float(llm_bind_total_ms(&s)));
     mp_obj_t bytes = mp_obj_new_dict(LLM_REGION_COUNT);
     for (int r = 0; r < LLM_REGION_COUNT; r++) {
         const char *name = llm_region_name((llm_region)r);
@@ -577,9 +607,8 @@ static mp_obj_t llm_model_fast(mp_obj_t self_in) {
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_fast_obj, llm_model_fast);
 
 static mp_obj_t llm_model_set_plain(mp_obj_t self_in, mp_obj_t on) {
-    if (mp_obj_is_true(on) && llm_fast(llm_ready(self_in)->engine)) {
-        mp_raise_ValueError(MP_ERROR_TEXT("a fast model cannot be plain"));
-    }
+    llm_bind_error be;
+    llm_check(llm_bind_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on), &be), &be);
     llm_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on));
     return mp_const_none;
 }
@@ -657,6 +686,7 @@ static const mp_rom_map_elem_t llm_module_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_Error), MP_ROM_PTR(&llm_type_Error) },
     { MP_ROM_QSTR(MP_QSTR_build_info), MP_ROM_PTR(&llm_build_info_obj) },
     { MP_ROM_QSTR(MP_QSTR___version__), MP_ROM_PTR(&llm_version_obj) },
+    { MP_ROM_QSTR(MP_QSTR_MAX_TOP_K), MP_ROM_INT(LLM_BIND_MAX_TOP_K) },
 };
 static MP_DEFINE_CONST_DICT(llm_module_globals, llm_module_globals_table);
 

@@ -43,6 +43,12 @@ static inline void mpllm_unmap(mpllm_map_t *m) { llm_esp32_unmap(m); }
 static inline const uint8_t *mpllm_map_data(const mpllm_map_t *m) { return m->data; }
 static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
 
+/* Ctrl-C on the board sets MicroPython's pending exception (the engine's
+ * poll sees it); nothing jumps out of C code, so nothing to hold back. */
+static inline void mpllm_interrupts_hold(void) {}
+static inline void mpllm_interrupts_allow(void) {}
+static inline int mpllm_interrupt_pending(void) { return 0; }
+
 #else
 
 #include "port_host.h"
@@ -68,6 +74,26 @@ static inline llm_status mpllm_map(const char *source, mpllm_map_t *m, int *sys_
 static inline void mpllm_unmap(mpllm_map_t *m) { llm_host_unmap(m); }
 static inline const uint8_t *mpllm_map_data(const mpllm_map_t *m) { return m->data; }
 static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
+
+/* The unix port's default build raises KeyboardInterrupt from its SIGINT
+ * handler (MICROPY_ASYNC_KBD_INTR): a longjmp out of whatever C code runs,
+ * which could leave the engine half-way through a call. SIGINT is blocked
+ * around engine calls; a signal that arrives meanwhile stays pending (the
+ * prefill's poll sees it) and is delivered when it is unblocked. */
+#include <signal.h>
+
+static inline void mpllm_sigint(int how) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigprocmask(how, &set, NULL);
+}
+static inline void mpllm_interrupts_hold(void) { mpllm_sigint(SIG_BLOCK); }
+static inline void mpllm_interrupts_allow(void) { mpllm_sigint(SIG_UNBLOCK); }
+static inline int mpllm_interrupt_pending(void) {
+    sigset_t set;
+    return sigpending(&set) == 0 && sigismember(&set, SIGINT) == 1;
+}
 
 #endif
 

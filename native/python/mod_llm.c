@@ -2,8 +2,10 @@
  * CPython `_llm`: the engine (llm.h) behind the Python API documented once in
  * firmware/modules/_llm.pyi, the same API the MicroPython `_llm` exposes.
  *
- * Thin glue: argument checking (TypeError/ValueError), one helper that turns
- * an llm_status into `_llm.Error`, and the GIL released around compute.
+ * Thin glue in CPython's dialect: Python objects become the C values the
+ * shared rules take (native/binding/llm_bind.h decides what is valid, what a
+ * message says and which exception it is), the GIL is released around
+ * compute, and a long prefill polls for Ctrl-C between passes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,7 +16,7 @@
 #include <string.h>
 
 #include "llm.h"
-#include "image_format.h"
+#include "llm_bind.h"
 #include "llm_names.h"
 #include "port_host.h"
 
@@ -36,10 +38,25 @@ typedef struct {
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* The one place an engine status becomes a Python exception. */
-static PyObject *raise_llm(PyObject *error_class, const llm_error *err) {
-    PyErr_Format(error_class, "%s: %s", llm_status_name(err->status), err->message);
+/* The one place a decision of llm_bind.h becomes a Python exception. */
+static PyObject *raise_bind(PyObject *error_class, const llm_bind_error *e) {
+    switch (e->kind) {
+    case LLM_BIND_TYPE_ERROR: PyErr_SetString(PyExc_TypeError, e->message); break;
+    case LLM_BIND_VALUE_ERROR: PyErr_SetString(PyExc_ValueError, e->message); break;
+    case LLM_BIND_MEMORY_ERROR: PyErr_NoMemory(); break;
+    case LLM_BIND_INTERRUPT:
+        /* the poll found a signal: its handler's exception is already set */
+        if (!PyErr_Occurred()) PyErr_SetNone(PyExc_KeyboardInterrupt);
+        break;
+    default: PyErr_SetString(error_class, e->message); break;
+    }
     return NULL;
+}
+
+static PyObject *raise_llm(PyObject *error_class, const llm_error *err) {
+    llm_bind_error e;
+    llm_bind_status(err, &e);
+    return raise_bind(error_class, &e);
 }
 
 static PyObject *raise_state(PyObject *error_class, const char *message) {
@@ -47,6 +64,28 @@ static PyObject *raise_state(PyObject *error_class, const char *message) {
     err.status = LLM_E_STATE;
     snprintf(err.message, sizeof err.message, "%s", message);
     return raise_llm(error_class, &err);
+}
+
+/* An int argument for the shared rules: TypeError for anything else (bool
+ * included: True is not a token id); too large either way is overflow. */
+static int int_arg(PyObject *obj, const char *what, llm_bind_int *out) {
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    out->value = PyLong_AsLongLongAndOverflow(obj, &out->overflow);
+    return !(out->value == -1 && PyErr_Occurred());
+}
+
+/* Polled by long prefills with the GIL released: runs Python's signal
+ * handlers; nonzero (with their exception set) stops the prefill. */
+static int poll_signals(void *ctx) {
+    (void)ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = PyErr_CheckSignals() != 0;
+    PyGILState_Release(g);
+    return stop;
 }
 
 /* Shared entry check: open and not in use by another thread. */
@@ -112,9 +151,9 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
     int plain = 0, fast = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$pp:Model", kwlist, &image, &plain, &fast))
         return -1;
-    if (plain && fast) {
-        PyErr_SetString(PyExc_ValueError, "plain (the exact reference) and fast (lossy) "
-                        "exclude each other");
+    llm_bind_error be;
+    if (llm_bind_modes(plain, fast, &be) != LLM_BIND_OK) {
+        raise_bind(PyExc_ValueError, &be);
         return -1;
     }
     if (self->error == NULL) {
@@ -155,10 +194,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         self->have_view = 1;
         data = self->view.buf;
         len = (size_t)self->view.len;
-        if (((uintptr_t)data & 15u) != 0 || !self->view.readonly) {
-            /* the engine reads weights in place and its kernels need 16-byte
-             * alignment; and a writable buffer could change (or be resized)
-             * under the open model: keep an aligned private copy instead */
+        if (llm_bind_must_copy(data, len, self->view.readonly)) {
             uint8_t *raw = PyMem_RawMalloc(len + 16u);
             if (raw == NULL) {
                 release(self);
@@ -167,7 +203,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
             }
             self->copy = raw;
             uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + 15u) & ~(uintptr_t)15u);
-            memcpy(aligned, data, len);
+            if (len > 0) memcpy(aligned, data, len); /* data may be NULL when empty */
             data = aligned;
             PyBuffer_Release(&self->view);
             self->have_view = 0;
@@ -192,6 +228,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     llm_set_plain(engine, plain);
+    llm_set_interrupt(engine, poll_signals, NULL);
     if (fast && llm_set_fast(engine, 1, &err) != LLM_OK) {
         llm_close(engine);
         release(self);
@@ -234,22 +271,15 @@ static PyObject *Model_pos(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *Model_rewind(ModelObject *self, PyObject *arg) {
     if (!ready(self)) return NULL;
-    if (!PyLong_Check(arg) || PyBool_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "rewind() takes an int position, not %.100s",
-                     Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    int overflow = 0;
-    long long pos = PyLong_AsLongLongAndOverflow(arg, &overflow);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    uint32_t now = llm_pos(self->engine);
-    if (overflow || pos < 0 || pos > (long long)now) {
-        PyErr_Format(PyExc_ValueError, "rewind position must be in 0..%lu (the context "
-                     "holds %lu tokens), got %S", (unsigned long)now, (unsigned long)now, arg);
-        return NULL;
-    }
+    llm_bind_int v;
+    if (!int_arg(arg, "rewind() position", &v)) return NULL;
+    if (!ready(self)) return NULL; /* __index__ is user code */
+    uint32_t pos;
+    llm_bind_error be;
+    if (llm_bind_rewind(self->engine, v, &pos, &be) != LLM_BIND_OK)
+        return raise_bind(self->error, &be);
     llm_error err;
-    if (llm_rewind(self->engine, (uint32_t)pos, &err) != LLM_OK) return raise_llm(self->error, &err);
+    if (llm_rewind(self->engine, pos, &err) != LLM_OK) return raise_llm(self->error, &err);
     Py_RETURN_NONE;
 }
 
@@ -265,18 +295,10 @@ static PyObject *Model_config(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     const llm_config *c = llm_get_config(self->engine);
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
-    struct {
-        const char *key;
-        uint32_t value;
-    } ints[] = {
-        {"vocab_rows", c->vocab_rows}, {"vocab_out", c->vocab_out}, {"dim", c->dim},
-        {"n_layers", c->n_layers},     {"n_heads", c->n_heads},     {"head_dim", c->head_dim},
-        {"ffn", c->ffn},               {"ple_dim", c->ple_dim},     {"seq_len", c->seq_len},
-        {"group", c->group},           {"eot_id", c->eot_id},       {"flags", c->flags},
-        {"max_draft", llm_draft_max(self->engine)},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (set_item(d, ints[i].key, PyLong_FromUnsignedLong(ints[i].value)) != 0) goto fail;
+    llm_bind_field f[LLM_BIND_CONFIG_INTS];
+    llm_bind_config(self->engine, f);
+    for (size_t i = 0; i < LLM_BIND_CONFIG_INTS; i++)
+        if (set_item(d, f[i].name, PyLong_FromUnsignedLongLong(f[i].value)) != 0) goto fail;
     if (set_item(d, "rope_theta", PyFloat_FromDouble(c->rope_theta)) != 0) goto fail;
     if (set_item(d, "tied_head", PyBool_FromLong(c->flags & 1u)) != 0) goto fail;
     return d;
@@ -288,43 +310,30 @@ fail:
 static PyObject *Model_sampler(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"temperature", "top_k", "seed", NULL};
     double temperature = 0.0;
-    Py_ssize_t top_k = 0;
-    PyObject *seed_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dnO:sampler", kwlist, &temperature, &top_k,
-                                     &seed_obj))
+    PyObject *top_k_obj = NULL, *seed_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dOO:sampler", kwlist, &temperature,
+                                     &top_k_obj, &seed_obj))
         return NULL;
-    if (!ready(self)) return NULL;
-    if (!(temperature >= 0.0) || temperature > FLT_MAX) {
-        PyObject *got = PyFloat_FromDouble(temperature);
-        if (got != NULL) {
-            PyErr_Format(PyExc_ValueError, "temperature must be finite and >= 0, got %R", got);
-            Py_DECREF(got);
-        }
-        return NULL;
-    }
-    if (top_k < 0 || (uint64_t)top_k > llm_get_config(self->engine)->vocab_out) {
-        PyErr_Format(PyExc_ValueError, "top_k must be in 0..%u (0: all ids), got %zd",
-                     (unsigned)llm_get_config(self->engine)->vocab_out, top_k);
-        return NULL;
-    }
-    unsigned long long seed = 0;
+    llm_bind_int top_k = {0, 0}, seed = {0, 0};
+    if (top_k_obj != NULL && !int_arg(top_k_obj, "top_k", &top_k)) return NULL;
     if (seed_obj != NULL) {
-        if (!PyLong_Check(seed_obj)) {
-            PyErr_Format(PyExc_TypeError, "seed must be an int, not %.100s",
-                         Py_TYPE(seed_obj)->tp_name);
-            return NULL;
-        }
-        seed = PyLong_AsUnsignedLongLong(seed_obj);
+        llm_bind_int probe;
+        if (!int_arg(seed_obj, "seed", &probe)) return NULL;
+        /* a u64: its bits, or which way it fell outside 0..2**64-1 */
+        unsigned long long u = PyLong_AsUnsignedLongLong(seed_obj);
         if (PyErr_Occurred()) {
             PyErr_Clear();
-            PyErr_SetString(PyExc_ValueError, "seed must be in 0..2**64-1");
-            return NULL;
+            seed.overflow = probe.value < 0 || probe.overflow < 0 ? -1 : 1;
+        } else {
+            seed.value = (int64_t)u;
         }
     }
+    /* __float__ / __index__ above are user code: check the model after them */
+    if (!ready(self)) return NULL;
     llm_sampler_options opt;
-    opt.temperature = (float)temperature;
-    opt.top_k = (uint32_t)top_k;
-    opt.seed = (uint64_t)seed;
+    llm_bind_error be;
+    if (llm_bind_sampler(self->engine, temperature, top_k, seed, &opt, &be) != LLM_BIND_OK)
+        return raise_bind(self->error, &be);
     llm_error err;
     if (llm_set_sampler(self->engine, &opt, &err) != LLM_OK) return raise_llm(self->error, &err);
     Py_RETURN_NONE;
@@ -332,20 +341,13 @@ static PyObject *Model_sampler(ModelObject *self, PyObject *args, PyObject *kwds
 
 /* A token argument: an int in the embedding's range, else TypeError/ValueError. */
 static int token_arg(ModelObject *self, PyObject *obj, int32_t *out) {
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "token ids must be int, not %.100s", Py_TYPE(obj)->tp_name);
+    llm_bind_int v;
+    if (!int_arg(obj, "a token id", &v)) return 0;
+    llm_bind_error be;
+    if (llm_bind_token(self->engine, v, out, &be) != LLM_BIND_OK) {
+        raise_bind(self->error, &be);
         return 0;
     }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (v == -1 && PyErr_Occurred()) return 0;
-    uint32_t rows = llm_get_config(self->engine)->vocab_rows;
-    if (overflow || v < 0 || v >= (long long)rows) {
-        PyErr_Format(PyExc_ValueError, "token id %R out of range 0..%lu", obj,
-                     (unsigned long)rows - 1u);
-        return 0;
-    }
-    *out = (int32_t)v;
     return 1;
 }
 
@@ -361,12 +363,9 @@ static int32_t *tokens_arg(ModelObject *self, PyObject *tokens, const char *name
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int32_t *ids = NULL;
     if (!ready(self)) goto done;
-    if (n == 0) {
-        PyErr_Format(PyExc_ValueError, "%s needs at least one token", name);
-        goto done;
-    }
-    if (n > max_n) {
-        PyErr_Format(PyExc_ValueError, "%s takes at most %zd tokens, got %zd", name, max_n, n);
+    llm_bind_error be;
+    if (llm_bind_count(name, (size_t)n, 1, (size_t)max_n, &be) != LLM_BIND_OK) {
+        raise_bind(self->error, &be);
         goto done;
     }
     ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
@@ -411,20 +410,19 @@ static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
 }
 
 static PyObject *Model_draft(ModelObject *self, PyObject *args) {
-    PyObject *context;
-    Py_ssize_t max_len;
-    if (!PyArg_ParseTuple(args, "On:draft", &context, &max_len)) return NULL;
+    PyObject *context, *max_obj;
+    if (!PyArg_ParseTuple(args, "OO:draft", &context, &max_obj)) return NULL;
     if (!ready(self)) return NULL;
-    if (max_len < 0) {
-        PyErr_Format(PyExc_ValueError, "draft() max_len must be >= 0, got %zd", max_len);
-        return NULL;
-    }
+    llm_bind_int max_len;
+    uint32_t want;
+    llm_bind_error be;
+    if (!int_arg(max_obj, "draft() max_len", &max_len)) return NULL;
+    if (llm_bind_draft_len(max_len, &want, &be) != LLM_BIND_OK)
+        return raise_bind(self->error, &be);
     Py_ssize_t n = 0;
     int32_t *ids = tokens_arg(self, context, "draft()", (Py_ssize_t)(UINT32_MAX / 2u), &n);
     if (ids == NULL) return NULL;
-    int32_t out[LLM_IMAGE_DRAFTS_MAX];
-    uint32_t want = max_len > (Py_ssize_t)LLM_IMAGE_DRAFTS_MAX ? LLM_IMAGE_DRAFTS_MAX
-                                                               : (uint32_t)max_len;
+    int32_t out[LLM_BIND_MAX_DRAFT];
     uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
     PyMem_Free(ids);
     PyObject *list = PyList_New((Py_ssize_t)got);
@@ -510,28 +508,18 @@ static PyObject *Model_stats(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     llm_get_stats(self->engine, &s);
     PyObject *d = PyDict_New(), *ms = NULL, *bytes = NULL;
     if (d == NULL) return NULL;
-    if (set_item(d, "tokens", PyLong_FromUnsignedLong(s.tokens)) != 0) goto fail;
-    if (set_item(d, "prefill_tokens", PyLong_FromUnsignedLong(s.prefill_tokens)) != 0) goto fail;
-    if (set_item(d, "heads", PyLong_FromUnsignedLong(s.heads)) != 0) goto fail;
-    if (set_item(d, "head_rows", PyLong_FromUnsignedLongLong(s.head_rows)) != 0) goto fail;
-    if (set_item(d, "head_tiles", PyLong_FromUnsignedLong(s.head_tiles)) != 0) goto fail;
-    if (set_item(d, "head_waves", PyLong_FromUnsignedLong(s.head_waves)) != 0) goto fail;
-    if (set_item(d, "handoffs", PyLong_FromUnsignedLong(s.handoffs)) != 0) goto fail;
-    if (set_item(d, "v_wide", PyLong_FromUnsignedLong(s.v_wide)) != 0) goto fail;
-    if (set_item(d, "ttft_ms", PyFloat_FromDouble((double)s.prefill_us / 1000.0)) != 0) goto fail;
-    ms = PyDict_New();
-    if (ms == NULL) goto fail;
-    uint64_t total = 0;
-    for (int i = 0; i < LLM_STAGE_COUNT; i++) {
-        total += s.stage_us[i];
+    llm_bind_field f[LLM_BIND_STATS_INTS];
+    llm_bind_stats(&s, f);
+    for (size_t i = 0; i < LLM_BIND_STATS_INTS; i++)
+        if (set_item(d, f[i].name, PyLong_FromUnsignedLongLong(f[i].value)) != 0) goto fail;
+    if (set_item(d, "ttft_ms", PyFloat_FromDouble(llm_bind_ttft_ms(&s))) != 0) goto fail;
+    if ((ms = PyDict_New()) == NULL || (bytes = PyDict_New()) == NULL) goto fail;
+    for (int i = 0; i < LLM_STAGE_COUNT; i++)
         if (set_item(ms, llm_stage_name((llm_stage)i),
-                     PyFloat_FromDouble((double)s.stage_us[i] / 1000.0)) != 0)
+                     PyFloat_FromDouble(llm_bind_stage_ms(&s, (llm_stage)i))) != 0)
             goto fail;
-    }
     if (PyDict_SetItemString(d, "stage_ms", ms) != 0) goto fail;
-    if (set_item(d, "total_ms", PyFloat_FromDouble((double)total / 1000.0)) != 0) goto fail;
-    bytes = PyDict_New();
-    if (bytes == NULL) goto fail;
+    if (set_item(d, "total_ms", PyFloat_FromDouble(llm_bind_total_ms(&s))) != 0) goto fail;
     for (int r = 0; r < LLM_REGION_COUNT; r++)
         if (set_item(bytes, llm_region_name((llm_region)r),
                      PyLong_FromUnsignedLongLong(s.bytes[r])) != 0)
@@ -551,11 +539,9 @@ static PyObject *Model_set_plain(ModelObject *self, PyObject *arg) {
     if (!ready(self)) return NULL;
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    if (on && llm_fast(self->engine)) {
-        PyErr_SetString(PyExc_ValueError, "a fast model cannot be plain (the exact reference): "
-                        "set_fast(False) first");
-        return NULL;
-    }
+    llm_bind_error be;
+    if (llm_bind_set_plain(self->engine, on, &be) != LLM_BIND_OK)
+        return raise_bind(self->error, &be);
     llm_set_plain(self->engine, on);
     Py_RETURN_NONE;
 }
@@ -691,6 +677,7 @@ static int module_exec(PyObject *module) {
         return -1;
     }
     if (PyModule_AddStringConstant(module, "__version__", LLM_VERSION) != 0) return -1;
+    if (PyModule_AddIntConstant(module, "MAX_TOP_K", LLM_BIND_MAX_TOP_K) != 0) return -1;
     return 0;
 }
 

@@ -12,7 +12,8 @@ silently.
 Recording (a directory): replay.json = {"version": 1, "config": {...},
 "memory": [[name, region, bytes], ...], "runs": [{"sampler": [temperature,
 top_k, seed], "prompt": [ids...], "tokens": [next tokens returned by
-prefill, then by each step...]}]};
+prefill, then by each step...]}], "refused_samplers": [[temperature, top_k,
+the engine's ValueError message], ...]};
 tokenizer.bin = the image's tokenizer section.
 
 Model() with no argument opens the recording named by $MPLLM_REPLAY, the way
@@ -63,6 +64,7 @@ class Model:
         self._config = rec["config"]
         self._memory = rec.get("memory")
         self._runs = rec["runs"]
+        self._refused = rec.get("refused_samplers", [])
         self._open = True
         self._plain = bool(plain)  # recordings are the same tokens either way
         self.reset()
@@ -91,6 +93,9 @@ class Model:
 
     def sampler(self, temperature=0.0, top_k=0, seed=0):
         self._ready()
+        for t, k, message in self._refused:  # what the real engine said to these
+            if float(t) == float(temperature) and int(k) == int(top_k):
+                raise ValueError(message)
         if self._pos:
             raise ReplayMiss("sampler() in the middle of a story was never recorded")
         self._sampler = (float(temperature), int(top_k), int(seed))

@@ -29,6 +29,8 @@ class _Recorder:
         self.config: dict[str, Any] | None = None
         self.tokenizer: bytes | None = None
         self.memory: list[list[Any]] | None = None
+        # sampler settings the engine refused: [temperature, top_k, message]
+        self.refused: list[list[Any]] = []
 
     def save(self) -> None:
         if self.config is None or self.tokenizer is None:
@@ -47,6 +49,7 @@ class _Recorder:
             "version": 1,
             "config": self.config,
             "memory": self.memory,
+            "refused_samplers": self.refused,
             "runs": [{"sampler": list(s), "prompt": p, "tokens": t} for s, p, t in
                      merged.values()],
         }
@@ -82,7 +85,11 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             self._tokens = None
 
         def sampler(self, temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> None:
-            self._m.sampler(temperature, top_k, seed)
+            try:
+                self._m.sampler(temperature, top_k, seed)
+            except ValueError as e:  # the engine's own rule, replayed as it answered
+                rec.refused.append([float(temperature), int(top_k), str(e)])
+                raise
             self._sampler = (float(temperature), int(top_k), int(seed))
 
         def prefill(self, tokens: list[int]) -> int:

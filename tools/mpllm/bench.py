@@ -585,9 +585,8 @@ def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:
     converted to an image; cached in out_dir."""
     from .convert import convert
     from .generate import write_test_model
-    from .model import Config
-
     from .image import ImageFormatError, verify_image
+    from .model import Config
 
     img = out_dir / "model.img"
     if img.is_file():

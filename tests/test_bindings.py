@@ -1,0 +1,120 @@
+"""What both bindings of `_llm` share (native/binding/llm_bind.c): the rules
+and messages of every argument, no crash when user code closes the model
+mid-call, a failed open that leaves other models alone, and a prefill that
+Ctrl-C interrupts without changing anything. The MicroPython side of each is
+in tests/test_micropython_binding.py (under MICROPY_DIR)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import engine_ext
+import pytest
+
+_llm = engine_ext.load()
+
+
+def test_user_code_that_closes_the_model_mid_call(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    m = _llm.Model(str(tiny_model.image))
+
+    class Closes:
+        def __float__(self) -> float:
+            m.close()
+            return 0.5
+
+        def __index__(self) -> int:
+            m.close()
+            return 1
+
+    with pytest.raises(_llm.Error, match="the model is closed"):
+        m.sampler(temperature=Closes())  # type: ignore[arg-type]
+    m = _llm.Model(str(tiny_model.image))
+
+    def closing():  # type: ignore[no-untyped-def]
+        yield 1
+        m.close()
+        yield 2
+
+    with pytest.raises(_llm.Error, match="the model is closed"):
+        m.prefill(closing())
+    m = _llm.Model(str(tiny_model.image))
+    m.prefill([1, 2])
+    with pytest.raises(TypeError):  # an __index__ object is not an int: refused first
+        m.rewind(Closes())  # type: ignore[arg-type]
+
+
+def test_one_rule_per_argument(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with _llm.Model(str(tiny_model.image)) as m:
+        vocab = m.config()["vocab_out"]
+        rows = m.config()["vocab_rows"]
+        cases = [
+            (lambda: m.step(2**40), ValueError, f"token id 1099511627776 out of range 0..{rows - 1}"),
+            (lambda: m.step(2**70), ValueError, f"token id too large out of range 0..{rows - 1}"),
+            (lambda: m.step(True), TypeError, "a token id must be an int, not bool"),
+            (lambda: m.sampler(0.8, 2**40, 1), ValueError,
+             (f"top_k must be 0..{_llm.MAX_TOP_K}, or 0 / {vocab} for the whole vocabulary, "
+              "got 1099511627776")),
+            (lambda: m.sampler(0.8, True, 1), TypeError, "top_k must be an int, not bool"),
+            (lambda: m.sampler(0.8, 40, -1), ValueError, "seed must be in 0..2**64-1"),
+            (lambda: m.rewind(3), ValueError,
+             "rewind position must be in 0..0 (the context holds 0 tokens), got 3"),
+            (lambda: m.draft([1], -1), ValueError, "draft() max_len must be >= 0, got -1"),
+            (lambda: m.verify([1] * 9), ValueError, "verify() takes at most 8 tokens, got 9"),
+            (lambda: _llm.Model(str(tiny_model.image), plain=True, fast=True), ValueError,
+             "plain (the exact reference) and fast (lossy) exclude each other"),
+        ]
+        for call, kind, message in cases:
+            with pytest.raises(kind) as info:
+                call()
+            assert str(info.value) == message
+        assert _llm.MAX_TOP_K == 256
+        m.sampler(0.8, _llm.MAX_TOP_K, 1)
+        m.sampler(0.8, vocab, 1)
+
+
+def test_empty_and_mutable_buffers(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    for empty in (b"", bytearray(), memoryview(b"")):
+        with pytest.raises(_llm.Error, match="image is 0 bytes"):
+            _llm.Model(empty)
+    data = bytearray(tiny_model.image.read_bytes())
+    with _llm.Model(data) as m:  # a private copy: later changes cannot reach the engine
+        first = m.prefill([1, 2, 3])
+        data[:] = bytes(len(data))
+        assert m.step(first) >= 0
+
+
+def test_a_failed_open_leaves_the_open_model_alone(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    good = _llm.Model(str(tiny_model.image))
+    with pytest.raises(_llm.Error):
+        _llm.Model(b"MPLLMIMG" + bytes(200))
+    assert good.prefill([1, 2]) >= 0
+    good.close()
+
+
+def test_ctrl_c_during_a_long_prefill_changes_nothing(release_model) -> None:  # type: ignore[no-untyped-def]
+    """A SIGINT-like signal 1 ms into a 250-token prefill: KeyboardInterrupt
+    after at most one pass, the position and the sampler as before, and the
+    model then gives the uninterrupted result."""
+    with _llm.Model(str(release_model.image)) as m:
+        m.sampler(0.8, 40, 9)
+        prompt = [(7 * i + 3) % 1000 for i in range(250)]
+        want = m.prefill(prompt)
+        m.reset()
+        m.prefill([5, 6])
+        before = m.logits()
+        old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+            t0 = time.perf_counter()
+            with pytest.raises(KeyboardInterrupt):
+                m.prefill(prompt[:200])
+            latency = time.perf_counter() - t0
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert m.pos() == 2 and m.logits() == before  # nothing changed
+        print(f"Ctrl-C latency during a 200-token prefill: {1e3 * latency:.1f} ms")
+        m.reset()
+        m.sampler(0.8, 40, 9)
+        assert m.prefill(prompt) == want
