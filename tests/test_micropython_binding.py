@@ -68,8 +68,10 @@ def test_every_build_compiles_the_same_engine() -> None:
 
 
 #: unix port builds: the default one (Ctrl-C raises from the signal handler,
-#: MICROPY_ASYNC_KBD_INTR) and the GIL build (Ctrl-C is a pending exception)
-VARIANTS = {"default": [], "gil": ["MICROPY_PY_THREAD=1", "MICROPY_PY_THREAD_GIL=1"]}
+#: MICROPY_ASYNC_KBD_INTR), the GIL build (Ctrl-C is a pending exception) and
+#: one with 32-bit floats (as on the board)
+VARIANTS = {"default": [], "gil": ["MICROPY_PY_THREAD=1", "MICROPY_PY_THREAD_GIL=1"],
+            "f32": ["CFLAGS_EXTRA=-DMICROPY_FLOAT_IMPL=MICROPY_FLOAT_IMPL_FLOAT"]}
 
 
 def _build_unix(mp: Path, variant: str = "default") -> Path:
@@ -358,14 +360,15 @@ print("MAX_TOP_K", _llm.MAX_TOP_K)
 """
 
 
-def test_both_bindings_decide_alike(micropython: Path, tiny_model, tmp_path: Path) -> None:
+def test_both_bindings_decide_alike(micropython_variant: Path, tiny_model,
+                                    tmp_path: Path) -> None:
     """The same calls give the same exception type and message on both
     bindings (no crash where user code closes the model mid-call), and a
     failed Model() leaves the open model usable on MicroPython too."""
     from engine_ext import load
 
     code = OUTCOMES.format(image=str(tiny_model.image), cases=SAME_OUTCOME)
-    mp_out = _run_mp(micropython, code, tmp_path)
+    mp_out = _run_mp(micropython_variant, code, tmp_path)
     ns: dict[str, object] = {}
     lines = []
     import contextlib

@@ -572,15 +572,15 @@ static mp_obj_t llm_model_stats(mp_obj_t self_in) {
     llm_bind_field f[LLM_BIND_STATS_INTS];
     llm_bind_stats(&s, f);
     llm_store_fields(d, f, LLM_BIND_STATS_INTS);
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), mp_obj_new_float(llm_bind_ttft_ms(&s)));
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ttft_ms), mp_obj_new_float((mp_float_t)llm_bind_ttft_ms(&s)));
     mp_obj_t ms = mp_obj_new_dict(LLM_STAGE_COUNT);
     for (int i = 0; i < LLM_STAGE_COUNT; i++) {
         const char *name = llm_stage_name((llm_stage)i);
         mp_obj_dict_store(ms, mp_obj_new_str(name, strlen(name)),
-            mp_obj_new_float(llm_bind_stage_ms(&s, (llm_stage)i)));
+            mp_obj_new_float((mp_float_t)llm_bind_stage_ms(&s, (llm_stage)i)));
     }
     mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_stage_ms), ms);
-    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_total_ms), mp_obj_new_float(llm_bind_total_ms(&s)));
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_total_ms), mp_obj_new_float((mp_float_t)llm_bind_total_ms(&s)));
     mp_obj_t bytes = mp_obj_new_dict(LLM_REGION_COUNT);
     for (int r = 0; r < LLM_REGION_COUNT; r++) {
         const char *name = llm_region_name((llm_region)r);
