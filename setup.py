@@ -23,6 +23,8 @@ BINDING = Path("native/binding")
 
 ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
+#: _llm.selftest(): the PIE kernels through the host model against the reference
+SELFTEST_SOURCES = [*PIE_SOURCES, "selftest.c"]
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]
 
@@ -36,7 +38,7 @@ def _kernels() -> tuple[list[str], list[tuple[str, str | None]]]:
         if missing:
             raise SystemExit(f"MPLLM_KERNELS=pie-emu needs {', '.join(missing)} in "
                              f"{ENGINE}, which this checkout does not have")
-        return [str(ENGINE / s) for s in PIE_SOURCES], [("LLM_KERNELS_PIE", None)]
+        return [], [("LLM_KERNELS_PIE", None)]
     raise SystemExit(f"MPLLM_KERNELS={choice!r}: expected 'ref' or 'pie-emu'")
 
 
@@ -46,7 +48,7 @@ setup(
     ext_modules=[
         Extension(
             "_llm",
-            sources=[str(ENGINE / s) for s in ENGINE_SOURCES]
+            sources=[str(ENGINE / s) for s in ENGINE_SOURCES + SELFTEST_SOURCES]
             + pie_sources
             + [str(PORT_HOST / "port_host.c"), str(BINDING / "llm_bind.c"),
                "native/python/mod_llm.c"],

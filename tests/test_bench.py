@@ -139,10 +139,24 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
                           timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     out = tmp_path / "port.json"
+    from mpllm import bench as bench_mod
+
+    def on_board(code: str) -> str:
+        chunks: list[bytes] = []
+        err = bench_mod.run_port_snippet(peer.port, code, consumer=chunks.append)
+        assert not err, err
+        return b"".join(chunks).decode()
+
     with SerialPeer([REPLAY, MODULES], env={"MPLLM_REPLAY": str(rec_dir)}) as peer:
+        # the user's session has the model open, in plain mode
+        assert "OPEN" in on_board("import llm\nllm.load(plain=True)\nprint('OPEN')")
         r = bench("--port", peer.port, "--greedy-only", "--prompt", "Once upon a time",
                   "--tokens", "20", "--json", str(out), "--quiet", timeout=300)
+        # ... and still has it, in the same mode, after the bench
+        after = on_board("import llm\nprint('STILL', llm._model is not None and "
+                         "llm._model.plain())")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "STILL True" in after, after
     assert "engine" in r.stdout and "round trip" in r.stdout
     data = json.loads(out.read_text())
     (res,) = data["results"]

@@ -118,3 +118,26 @@ def test_ctrl_c_during_a_long_prefill_changes_nothing(release_model) -> None:  #
         m.reset()
         m.sampler(0.8, 40, 9)
         assert m.prefill(prompt) == want
+
+
+def test_selftest_and_report_on_the_host(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from conftest import ROOT
+    from mpllm import bench
+    from mpllm.convert import convert
+
+    r = _llm.selftest()
+    assert r["ok"] and r["kernels"] == "pie-emu" and r["failures"] == 0
+    assert r["passed"] >= 13 and r["probes"] > 20 and len(r["lines"]) > 30
+    assert "selftest (kernels=pie-emu)" in capsys.readouterr().out
+    img = tmp_path / "demo.img"
+    convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", img,
+            progress=False)
+    out = tmp_path / "report.json"
+    assert bench.main(["--board", "host", "--image", str(img), "--report", str(out),
+                       "--tokens", "20", "--quiet"], llm_module=_llm) == 0
+    data = json.loads(out.read_text())
+    assert data["gate"]["same"] and data["selftest"]["ok"]
+    assert set(data["bench"]["summary"]) >= {"engine_ms_per_token", "roundtrip_tok_s"}
+    assert "gate: " in capsys.readouterr().out

@@ -381,3 +381,42 @@ def test_both_bindings_decide_alike(micropython_variant: Path, tiny_model,
     assert mp_out == lines
     assert "GOOD True" in mp_out and "MAX_TOP_K 256" in mp_out
     print(mp_out)
+
+
+def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
+    """bench.py --port --report against the real binding behind a pty: the
+    self-test passes, the gate equals the host reference, and the model the
+    user's session has open is still open (in its mode) afterwards."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from mpllm import bench
+    from mpllm.convert import convert
+    from serial_peer import SerialPeer
+
+    demo = ROOT / "models" / "demo"
+    img = tmp_path / "demo.img"
+    convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False,
+            drafter_stories=10)
+
+    def on_board(port: str, code: str) -> str:
+        chunks: list[bytes] = []
+        assert not bench.run_port_snippet(port, code, consumer=chunks.append)
+        return b"".join(chunks).decode()
+
+    out = tmp_path / "report.json"
+    with SerialPeer([ROOT / "firmware" / "modules"], micropython=str(micropython)) as peer:
+        on_board(peer.port, f"import llm\nllm.load({str(img)!r}, plain=True)")
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--port",
+                            peer.port, "--image", str(img), "--report", str(out), "--tokens",
+                            "30", "--quiet"], capture_output=True, text=True, timeout=600,
+                           check=False)
+        after = on_board(peer.port, "import llm\nprint('STILL', llm._model is not None and "
+                                    "llm._model.plain())")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    assert data["selftest"]["ok"] and data["selftest"]["passed"] > 10
+    assert data["gate"]["same"] and "port=micropython-unix" in data["build_info"]
+    assert data["bench"]["tokens_per_pass"] >= 1.0 and data["heap_free"] > 0
+    assert "STILL True" in after
+    print(r.stdout)

@@ -173,3 +173,24 @@ double llm_bind_total_ms(const llm_stats *s) {
 }
 
 double llm_bind_ttft_ms(const llm_stats *s) { return (double)s->prefill_us / 1000.0; }
+
+static int starts(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+void llm_bind_selftest_line(llm_bind_selftest *acc, const char *line) {
+    const char *differs = strstr(line, " DIFFERS");
+    if (starts(line, "selftest kernels=")) {
+        snprintf(acc->kernels, sizeof acc->kernels, "%s", line + strlen("selftest kernels="));
+    } else if (starts(line, "PASS ")) {
+        acc->passed++;
+    } else if (starts(line, "FAIL ")) {
+        acc->failures++;
+    } else if (starts(line, "PROBE ")) {
+        acc->probes++;
+        acc->probe_differences += differs != NULL;
+    } else if (starts(line, "FLOAT ")) {
+        acc->probes++;
+        acc->failures += differs != NULL; /* a float that is not IEEE-754 breaks the contract */
+    }
+}

@@ -93,4 +93,12 @@ double llm_bind_stage_ms(const llm_stats *s, llm_stage stage);
 double llm_bind_total_ms(const llm_stats *s);
 double llm_bind_ttft_ms(const llm_stats *s);
 
+/* _llm.selftest(): the kernel self-test's lines (native/engine/selftest.h)
+ * summed up as they are printed. */
+typedef struct llm_bind_selftest {
+    char kernels[16]; /* "pie-native" on the S3, "pie-emu" on a PC */
+    uint32_t passed, failures, probes, probe_differences;
+} llm_bind_selftest;
+void llm_bind_selftest_line(llm_bind_selftest *acc, const char *line);
+
 #endif

@@ -13,13 +13,13 @@ if(NOT IDF_TARGET STREQUAL "esp32s3")
 endif()
 
 # Same engine list as setup.py and micropython.mk (tests check they agree),
-# plus the PIE kernels. (The kernel self-test runs under PlatformIO, see
-# platformio.ini: the firmware's `_llm` keeps the CPython binding's API.)
+# plus the PIE kernels and the kernel self-test behind _llm.selftest().
 set(LLM_ENGINE_SOURCES engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c)
 list(TRANSFORM LLM_ENGINE_SOURCES PREPEND ${LLM_NATIVE_DIR}/engine/)
 set(LLM_DEVICE_SOURCES
     ${LLM_NATIVE_DIR}/binding/llm_bind.c
     ${LLM_NATIVE_DIR}/engine/kernels_pie.c
+    ${LLM_NATIVE_DIR}/engine/selftest.c
     ${LLM_NATIVE_DIR}/port/esp32/port_esp32.c
 )
 

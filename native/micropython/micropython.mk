@@ -14,6 +14,8 @@ LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampl
 SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,$(LLM_ENGINE_SOURCES))
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/port/host/port_host.c
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/binding/llm_bind.c
+# _llm.selftest(): the PIE kernels through the host model against the reference
+SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,kernels_pie.c pie_model.c selftest.c)
 
 CFLAGS_USERMOD += -I$(USERMOD_DIR) -I$(LLM_NATIVE_DIR)/engine -I$(LLM_NATIVE_DIR)/port/host
 CFLAGS_USERMOD += -I$(LLM_NATIVE_DIR)/binding

@@ -29,6 +29,7 @@
 #include "llm_bind.h"
 #include "llm_names.h"
 #include "modllm_platform.h"
+#include "selftest.h"
 
 typedef struct _llm_model_obj_t {
     mp_obj_base_t base;
@@ -678,6 +679,37 @@ static mp_obj_t llm_build_info_fn(void) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_0(llm_build_info_obj, llm_build_info_fn);
 
+typedef struct {
+    mp_obj_t lines;
+    llm_bind_selftest sum;
+} llm_selftest_acc;
+
+static void llm_selftest_line(void *user, const char *line) {
+    llm_selftest_acc *acc = user;
+    llm_bind_selftest_line(&acc->sum, line);
+    mp_obj_list_append(acc->lines, mp_obj_new_str(line, strlen(line)));
+}
+
+static mp_obj_t llm_selftest_fn(void) {
+    llm_selftest_acc acc = {mp_obj_new_list(0, NULL), {{0}, 0, 0, 0, 0}};
+    llm_selftest_run(llm_selftest_line, &acc);
+    const llm_bind_selftest *t = &acc.sum;
+    mp_printf(&mp_plat_print, "selftest (kernels=%s): %u kernel checks passed, %u failed; "
+        "%u probes, %u differ from the host model\n", t->kernels, (unsigned)t->passed,
+        (unsigned)t->failures, (unsigned)t->probes, (unsigned)t->probe_differences);
+    mp_obj_t d = mp_obj_new_dict(7);
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_kernels), mp_obj_new_str(t->kernels, strlen(t->kernels)));
+    const llm_bind_field f[] = {
+        {"passed", t->passed}, {"failures", t->failures}, {"probes", t->probes},
+        {"probe_differences", t->probe_differences},
+    };
+    llm_store_fields(d, f, MP_ARRAY_SIZE(f));
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_ok), mp_obj_new_bool(t->failures == 0));
+    mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(MP_QSTR_lines), acc.lines);
+    return d;
+}
+static MP_DEFINE_CONST_FUN_OBJ_0(llm_selftest_obj, llm_selftest_fn);
+
 static const MP_DEFINE_STR_OBJ(llm_version_obj, LLM_VERSION);
 
 static const mp_rom_map_elem_t llm_module_globals_table[] = {
@@ -685,6 +717,7 @@ static const mp_rom_map_elem_t llm_module_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_Model), MP_ROM_PTR(&llm_type_Model) },
     { MP_ROM_QSTR(MP_QSTR_Error), MP_ROM_PTR(&llm_type_Error) },
     { MP_ROM_QSTR(MP_QSTR_build_info), MP_ROM_PTR(&llm_build_info_obj) },
+    { MP_ROM_QSTR(MP_QSTR_selftest), MP_ROM_PTR(&llm_selftest_obj) },
     { MP_ROM_QSTR(MP_QSTR___version__), MP_ROM_PTR(&llm_version_obj) },
     { MP_ROM_QSTR(MP_QSTR_MAX_TOP_K), MP_ROM_INT(LLM_BIND_MAX_TOP_K) },
 };

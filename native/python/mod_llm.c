@@ -19,6 +19,7 @@
 #include "llm_bind.h"
 #include "llm_names.h"
 #include "port_host.h"
+#include "selftest.h"
 
 typedef struct {
     PyObject *error; /* _llm.Error */
@@ -639,12 +640,49 @@ static PyType_Spec Model_spec = {
 
 /* ---- module ------------------------------------------------------------ */
 
+typedef struct {
+    PyObject *lines;
+    llm_bind_selftest sum;
+    int failed; /* a Python error while collecting */
+} selftest_acc;
+
+static void selftest_line(void *user, const char *line) {
+    selftest_acc *acc = user;
+    llm_bind_selftest_line(&acc->sum, line);
+    PyObject *s = PyUnicode_FromString(line);
+    if (s == NULL || PyList_Append(acc->lines, s) != 0) acc->failed = 1;
+    Py_XDECREF(s);
+}
+
+static PyObject *mod_selftest(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    selftest_acc acc = {PyList_New(0), {{0}, 0, 0, 0, 0}, 0};
+    if (acc.lines == NULL) return NULL;
+    llm_selftest_run(selftest_line, &acc);
+    if (acc.failed) {
+        Py_DECREF(acc.lines);
+        return NULL;
+    }
+    const llm_bind_selftest *t = &acc.sum;
+    PySys_WriteStdout("selftest (kernels=%s): %u kernel checks passed, %u failed; %u probes, "
+                      "%u differ from the host model\n", t->kernels, (unsigned)t->passed,
+                      (unsigned)t->failures, (unsigned)t->probes,
+                      (unsigned)t->probe_differences);
+    return Py_BuildValue("{s:s,s:I,s:I,s:I,s:I,s:O,s:N}", "kernels", t->kernels, "passed",
+                         t->passed, "failures", t->failures, "probes", t->probes,
+                         "probe_differences", t->probe_differences, "ok",
+                         t->failures == 0 ? Py_True : Py_False, "lines", acc.lines);
+}
+
 static PyObject *mod_build_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
     return PyUnicode_FromString(llm_build_info());
 }
 
 static PyMethodDef module_methods[] = {
+    {"selftest", mod_selftest, METH_NOARGS,
+     "Every PIE kernel against its reference, and the silicon probes: a dict (and a "
+     "summary line). On a PC the PIE kernels run through the host model."},
     {"build_info", mod_build_info, METH_NOARGS,
      "Version, kernels (ref / pie / pie-emu), numerics mode and placement plan."},
     {NULL, NULL, 0, NULL},

@@ -113,11 +113,23 @@ def _bench(model, runs, n_tokens, draft):
         print("%(end)s", json.dumps(res))
 
 
-_m = _llm.Model(%(model_args)s)
-try:
-    _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
-finally:
-    _m.close()
+if %(shared)r:
+    # the board: the model llm.py shares with the user's session stays open,
+    # in the modes it had (its context is reset: there is one model)
+    _m = llm.load()
+    _modes = (_m.plain(), _m.fast())
+    llm.load(plain=%(plain)r, fast=%(fast)r)
+    try:
+        _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
+    finally:
+        llm.load(plain=False, fast=_modes[1])
+        _m.set_plain(_modes[0])
+else:
+    _m = _llm.Model(%(model_args)s)
+    try:
+        _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
+    finally:
+        _m.close()
 '''
 
 
@@ -157,8 +169,11 @@ def bench_snippet(runs: Sequence[RunSpec], n_tokens: int, model_args: str = "",
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, not {draft!r}")
     spec = [(r.prompt, r.temperature, r.top_k, r.seed) for r in runs]
+    shared = not model_args or model_args in MODES.values()  # no image: the board's own
     return BENCH_SNIPPET % {"info": INFO, "start": START, "end": END, "model_args": model_args,
-                            "runs": spec, "n_tokens": n_tokens, "draft": draft}
+                            "runs": spec, "n_tokens": n_tokens, "draft": draft,
+                            "shared": shared, "plain": "plain=True" in model_args,
+                            "fast": "fast=True" in model_args}
 
 
 def _model_args(image: str, mode: str) -> str:
@@ -633,6 +648,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fast: cross-entropy on held-out demo text and greedy agreement "
                         "of fast vs exact mode (exit 1 if the cross-entropy differs by more "
                         f"than {QUALITY_MAX_NATS} nats)")
+    p.add_argument("--report", type=Path, metavar="FILE",
+                   help="one JSON for a bug report: build_info, selftest(), the gate hash, the "
+                        "bench per stage, memory placement and free memory (prints a summary); "
+                        "leaves the model the board has open as it was")
     p.add_argument("--draft", choices=DRAFTS, default="auto",
                    help="speculative decoding's drafter (default auto: the image's n-gram "
                         "table when it has one; the tokens are the same either way)")
@@ -676,6 +695,104 @@ def _have_matplotlib() -> bool:
               file=sys.stderr)
         return False
     return True
+
+
+#: What a board owner's --report collects on the board itself (runs on
+#: MicroPython and CPython): build, self-test, free memory.
+REPORT_SNIPPET = r'''
+import _llm
+import gc
+import json
+
+info = {"build_info": _llm.build_info(), "selftest": None, "heap_free": None,
+        "idf_heap": None}
+if hasattr(_llm, "selftest"):
+    info["selftest"] = _llm.selftest()
+gc.collect()
+if hasattr(gc, "mem_free"):
+    info["heap_free"] = gc.mem_free()
+try:
+    import esp32
+
+    info["idf_heap"] = {"data": [list(h) for h in esp32.idf_heap_info(esp32.HEAP_DATA)],
+                        "exec": [list(h) for h in esp32.idf_heap_info(esp32.HEAP_EXEC)]}
+except ImportError:
+    pass
+print("MPLLM-REPORT", json.dumps(info))
+'''
+
+
+def report_info(port: str | None, *, timeout: float = 300) -> dict:
+    """REPORT_SNIPPET's answer, from the board at `port` or (None) in-process."""
+    if port is None:
+        rec = StreamRecorder()
+        with contextlib.redirect_stdout(_TimedWriter(rec)):
+            exec(REPORT_SNIPPET, {"__name__": "mpllm_report"})  # noqa: S102
+        out = rec.text()
+    else:
+        chunks: list[bytes] = []
+        err = run_port_snippet(port, REPORT_SNIPPET, consumer=chunks.append, timeout=timeout)
+        if err:
+            raise RuntimeError(f"{port}: the report raised on the board:\n"
+                               f"{err.decode('utf-8', 'replace')}")
+        out = b"".join(chunks).decode("utf-8", "replace")
+    at = out.find("MPLLM-REPORT ")
+    if at < 0:
+        raise ValueError(f"no MPLLM-REPORT line in the output:\n{out[-2000:]}")
+    return json.loads(out[at + len("MPLLM-REPORT "):].splitlines()[0])
+
+
+def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    """--report FILE: build, self-test, gate, the bench per stage, placement and
+    free memory in one JSON, and a summary to paste into an issue. On a board
+    the model the user has open stays open (the bench and gate share it)."""
+    _import_llm_modules(llm_module)
+    image = args.image or (None if args.port else _default_image())
+    if args.port is None and image is None:
+        print("bench.py --report: no demo model found; give --image", file=sys.stderr)
+        return 2
+    info = report_info(args.port, timeout=max(args.timeout, 300))
+    try:
+        got = (port_gate(args.port, timeout=max(args.timeout, 300)) if args.port
+               else gate.engine_gate(image))
+        gate_info: dict = {"hash": got.hash, "source": got.source}
+        if image is not None:
+            ref = gate.reference_gate(image)
+            gate_info.update(reference=ref.hash, same=ref.hash == got.hash)
+    except (RuntimeError, ValueError) as e:
+        gate_info = {"error": str(e)}
+    runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
+                        sampled=not args.greedy_only)
+    res = (run_port(args.port, runs, args.tokens, progress=not args.quiet,
+                    timeout=args.timeout, draft=args.draft) if args.port
+           else run_host(image, runs, args.tokens, progress=not args.quiet, draft=args.draft))
+    bench_json = to_json([res])["results"][0]
+    data = {"report": 1, "where": args.port or "host", **info, "gate": gate_info,
+            "bench": bench_json}
+    write_json(data, args.report)
+    st = info.get("selftest") or {}
+    s = res.summary()
+    if "hash" not in gate_info:
+        gate_text = f"error: {gate_info['error']}"
+    elif "reference" in gate_info:
+        same = "same" if gate_info["same"] else "DIFFERENT"
+        gate_text = f"{gate_info['hash']} (reference {gate_info['reference']}: {same})"
+    else:
+        gate_text = gate_info["hash"]
+    selftest_text = (f"{st.get('passed')} passed, {st.get('failures')} failed, "
+                     f"{st.get('probe_differences')} probe differences (kernels="
+                     f"{st.get('kernels')})" if st else "not in this build")
+    speed = (f"engine {s['engine_ms_per_token']:.3f} ms/token, round trip "
+             f"{s['roundtrip_tok_s']:.1f} tok/s; tokens per pass "
+             f"{res.tokens_per_pass() or 1.0:.2f}")
+    stages = ", ".join(f"{name} {s[f'stage_{name}_ms']:.3f}" for name in STAGES)
+    lines = [f"mpllm report ({data['where']}): {info['build_info']}",
+             f"selftest: {selftest_text}", f"gate: {gate_text}", speed,
+             f"per stage (ms/token): {stages}",
+             f"heap free: {info.get('heap_free')}; memory: {_memory_summary(res.memory)}",
+             f"json: {args.report}"]
+    print("\n".join(lines))
+    return 0
 
 
 def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -839,6 +956,8 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         if args.port is None and args.board is None:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
+        if args.report:
+            return _report_main(args, llm_module)
         if args.gate:
             return _gate_main(args, llm_module)
         runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,

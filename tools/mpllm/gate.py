@@ -186,11 +186,23 @@ def _gate(model):
     print("MPLLM-GATE", _fnv_hex(_state), len(prompt), " ".join(str(i) for i in prompt + ids))
 
 
-_m = _llm.Model(%(model_args)s)
-try:
-    _gate(_m)
-finally:
-    _m.close()
+if %(shared)r:
+    # the board: the model llm.py shares with the user's session stays open
+    # (the gate is exact mode: plain and fast are put back afterwards)
+    _m = llm.load()
+    _modes = (_m.plain(), _m.fast())
+    llm.load(plain=False, fast=False)
+    try:
+        _gate(_m)
+    finally:
+        llm.load(fast=_modes[1])
+        _m.set_plain(_modes[0])
+else:
+    _m = _llm.Model(%(model_args)s)
+    try:
+        _gate(_m)
+    finally:
+        _m.close()
 '''
 
 
@@ -198,7 +210,7 @@ def gate_snippet(model_args: str = "") -> str:
     """GATE_SNIPPET ready to run; `model_args` is the source of Model()'s
     arguments ("" on the board: its model partition)."""
     return GATE_SNIPPET % {"prompt": PROMPT, "n_tokens": N_TOKENS, "n_rows": N_LOGIT_ROWS,
-                           "model_args": model_args}
+                           "model_args": model_args, "shared": not model_args}
 
 
 _GATE_LINE = re.compile(r"^MPLLM-GATE ([0-9a-f]{16}) (\d+) ([\d ]+)$", re.MULTILINE)
