@@ -141,3 +141,21 @@ def test_selftest_and_report_on_the_host(tmp_path, capsys) -> None:  # type: ign
     assert data["gate"]["same"] and data["selftest"]["ok"]
     assert set(data["bench"]["summary"]) >= {"engine_ms_per_token", "roundtrip_tok_s"}
     assert "gate: " in capsys.readouterr().out
+
+
+def test_tokenizer_is_read_in_place(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """tokenizer() is a read-only view of the image's section, not a copy; it
+    keeps the bytes alive after close() (it cannot outlive them)."""
+    from mpllm.image import read_image
+
+    want = read_image(tiny_model.image).tokenizer_section
+    m = _llm.Model(str(tiny_model.image))
+    view = m.tokenizer()
+    assert isinstance(view, memoryview) and view.readonly and bytes(view) == want
+    with pytest.raises(TypeError):
+        view[0] = 0  # type: ignore[index]
+    m.close()
+    assert bytes(view) == want  # the mapping stays while the view does
+    with pytest.raises(TypeError, match="called twice"):
+        m.__init__(str(tiny_model.image))  # type: ignore[misc]
+    del view

@@ -296,7 +296,10 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
             data = self->copy;
         }
     }
-    self->source = image;
+    /* a path (to compare with the next Model() call), or the caller's
+     * buffer used in place (kept alive); not a buffer we copied: the image
+     * is then held once, in the copy */
+    self->source = self->copy == NULL ? image : mp_const_none;
     if (open != NULL && open->engine != NULL) {
         /* the open model is given up only for an image that will open: a
          * bad one leaves it as it was (the board has memory for one model) */

@@ -34,6 +34,7 @@ typedef struct {
     int have_view;
     void *copy;          /* aligned copy when the buffer was not 16-byte aligned */
     int busy;            /* a call is running with the GIL released */
+    Py_ssize_t exports;  /* tokenizer() views alive: the image bytes stay until 0 */
     PyObject *error;     /* borrowed from the module state, kept alive by a ref */
 } ModelObject;
 
@@ -104,11 +105,10 @@ static int ready(ModelObject *self) {
 
 /* ---- lifetime ---------------------------------------------------------- */
 
-static void release(ModelObject *self) {
-    if (self->engine != NULL) {
-        llm_close(self->engine);
-        self->engine = NULL;
-    }
+/* The image bytes (mapping, view or copy): kept while a tokenizer() view
+ * reads them, even after close(). */
+static void release_image(ModelObject *self) {
+    if (self->exports > 0) return;
     if (self->map.data != NULL) llm_host_unmap(&self->map);
     if (self->have_view) {
         PyBuffer_Release(&self->view);
@@ -118,6 +118,32 @@ static void release(ModelObject *self) {
         PyMem_RawFree(self->copy);
         self->copy = NULL;
     }
+}
+
+static void release(ModelObject *self) {
+    if (self->engine != NULL) {
+        llm_close(self->engine);
+        self->engine = NULL;
+    }
+    release_image(self);
+}
+
+/* The buffer protocol exports the tokenizer section, read-only and in place
+ * (tokenizer() is a memoryview of it): the view keeps this object, and so
+ * the image bytes, alive. */
+static int Model_getbuffer(ModelObject *self, Py_buffer *view, int flags) {
+    if (!ready(self)) return -1;
+    size_t len = 0;
+    const uint8_t *p = llm_tokenizer(self->engine, &len);
+    if (PyBuffer_FillInfo(view, (PyObject *)self, (void *)p, (Py_ssize_t)len, 1, flags) != 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void Model_releasebuffer(ModelObject *self, Py_buffer *view) {
+    (void)view;
+    if (--self->exports == 0 && self->engine == NULL) release_image(self);
 }
 
 static void Model_dealloc(ModelObject *self) {
@@ -139,6 +165,7 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->have_view = 0;
     self->copy = NULL;
     self->busy = 0;
+    self->exports = 0;
     self->error = NULL;
     llm_port_host_init(&self->port);
     return (PyObject *)self;
@@ -161,7 +188,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         self->error = find_error_class(Py_TYPE(self));
         if (self->error == NULL) return -1;
     }
-    if (self->engine != NULL || self->busy) {
+    if (self->engine != NULL || self->busy || self->exports > 0) {
         PyErr_SetString(PyExc_TypeError, "Model.__init__ called twice");
         return -1;
     }
@@ -498,9 +525,7 @@ static PyObject *Model_logits(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *Model_tokenizer(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!ready(self)) return NULL;
-    size_t len = 0;
-    const uint8_t *p = llm_tokenizer(self->engine, &len);
-    return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)len);
+    return PyMemoryView_FromObject((PyObject *)self);
 }
 
 static PyObject *Model_stats(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -624,6 +649,8 @@ static PyType_Slot Model_slots[] = {
     {Py_tp_init, Model_init},
     {Py_tp_dealloc, Model_dealloc},
     {Py_tp_methods, Model_methods},
+    {Py_bf_getbuffer, Model_getbuffer},
+    {Py_bf_releasebuffer, Model_releasebuffer},
     {Py_tp_doc, "Model(image, *, plain=False): an mpllm model image, from a path "
                 "(memory-mapped) or a bytes-like object (kept alive until close); plain turns "
                 "every speed-up off (same results)."},
