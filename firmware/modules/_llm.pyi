@@ -2,7 +2,10 @@
 
 The ONE description of the API. Two bindings implement it and must match:
 native/python/mod_llm.c (CPython, `pip install -e .`) and
-native/micropython/modllm.c (the board, and the MicroPython unix port).
+native/micropython/modllm.c (the board, and the MicroPython unix port). What
+they decide (argument rules, messages, exception kinds, field names) is
+written once, in native/binding/llm_bind.c; tests hold both to the same
+exception type and message for the same call.
 
 Errors:
   * `_llm.Error` (a RuntimeError) for everything the engine reports: a bad or
@@ -11,9 +14,13 @@ Errors:
     wrong>", where <status> is one of: "bad argument", "bad image",
     "unsupported version", "checksum mismatch", "bad config", "out of memory",
     "context full", "bad state".
+  * KeyboardInterrupt (Ctrl-C) stops a long prefill between passes; the
+    prefill then changes nothing (the position, the sampler's stream and the
+    last logits are as before). Other calls are short and run to the end.
   * TypeError / ValueError for arguments the binding rejects before calling
     the engine (wrong types, token ids outside the embedding, empty prompt,
-    negative temperature, top_k larger than the vocabulary, seed outside u64).
+    negative temperature, top_k above MAX_TOP_K but not the whole vocabulary,
+    seed outside u64). Booleans are not token ids (TypeError).
   * OSError (FileNotFoundError, PermissionError, ...) when a path cannot be
     opened (CPython and the MicroPython unix port; on the board a missing
     partition is an Error).
@@ -23,7 +30,9 @@ Where the MicroPython binding (native/micropython/modllm.c) differs:
     str names a partition on the board and a file on the unix port.
   * One model is open at a time and stays open across calls (it is freed on
     soft reset): Model(same source) returns the open model, Model(another
-    source) closes it first. On CPython every call opens a new model.
+    source) closes it once the new image has passed its checks (a bad image
+    leaves the open model as it was). On CPython every call opens a new model.
+  * tokenizer() returns bytes (a copy); CPython returns a read-only view.
 
 Determinism: for the same image, sampler settings and tokens, every call
 returns the same tokens and the same logits bytes on every host and on the
@@ -40,7 +49,19 @@ else:
 
 __version__: Final[str]
 
+#: top_k's limit, except top_k == vocab_out (the whole vocabulary)
+MAX_TOP_K: Final[int]
+
 class Error(RuntimeError): ...
+
+def selftest() -> dict[str, object]:
+    """Every PIE kernel against its scalar reference on fixed seeds, and the
+    probes of what the silicon does where the host model is unverified
+    (rur.accx_1, srs.accx, vmul.s8, float add/mul/div/sqrt with subnormals).
+    On a PC the PIE kernels run through the exact host model. Prints a
+    summary line and returns {"kernels": "pie-native" | "pie-emu", "passed",
+    "failures", "probes", "probe_differences" (ints), "ok" (no failures),
+    "lines" (every line of native/engine/selftest.h's report)}."""
 
 def build_info() -> str:
     """e.g. "mpllm 0.1.0 kernels=ref numerics=exact placement=... port=host".
@@ -117,8 +138,10 @@ class Model:
         it does not reproduce."""
     def fast(self) -> bool:
         """Whether fast mode is on."""
-    def tokenizer(self) -> bytes:
-        """The image's tokenizer section (layout: native/engine/image_format.h)."""
+    def tokenizer(self) -> bytes | memoryview:
+        """The image's tokenizer section (layout: native/engine/image_format.h):
+        on CPython a read-only view read in place (it keeps the image bytes
+        alive, even after close()), on MicroPython a copy."""
     def pos(self) -> int:
         """Tokens in the context (the position the next token goes to)."""
     def rewind(self, pos: int) -> None:
