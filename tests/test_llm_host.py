@@ -410,3 +410,16 @@ def test_demo_model_story_on_the_host_board(tmp_path):
     again = run_chat(["--greedy", "--max-tokens", "30", PROMPT], tmp_path, env)
     assert again.returncode == 0 and again.stdout == r.stdout
     assert "first run only" not in again.stderr
+
+
+def test_chat_py_stops_quietly_when_the_reader_goes_away(tiny, tmp_path):
+    """`chat.py ... | head -c 20`: the closed pipe ends the story, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MPLLM_CACHE")}
+    p = subprocess.Popen([sys.executable, str(ROOT / "tools" / "chat.py"), "--image",
+                          str(tiny.image), "--seed", "2", "--max-tokens", "200", PROMPT],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout.read(20)
+    p.stdout.close()  # the reader leaves mid-story
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err

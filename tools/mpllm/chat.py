@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -60,6 +61,17 @@ def _print_stats(s: dict[str, object]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`chat.py ... | head`): stop quietly; point
+        # stdout at /dev/null so the interpreter's final flush cannot fail too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         llm = hostboard.import_llm()
     except hostboard.HostBoardError as e:
