@@ -104,52 +104,35 @@ static llm_model_obj_t *llm_ready(mp_obj_t self_in) {
 }
 
 /* An int argument for the shared rules: TypeError for anything else (bool
- * included); beyond this build's machine int counts as overflow. */
-static llm_bind_int llm_int_arg(mp_obj_t o, const char *what) {
+ * included). A big int gives its low 64 bits when it is non-negative and
+ * fits in `bits` (63: an int64, 64: a u64 such as a seed); otherwise, and
+ * for a negative big int (below every limit here), overflow. */
+static llm_bind_int llm_int_bits(mp_obj_t o, const char *what, int bits) {
     if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
         mp_raise_msg_varg(&mp_type_TypeError, MP_ERROR_TEXT("%s must be an int, not %s"), what,
             mp_obj_get_type_str(o));
     }
     llm_bind_int v = {0, 0};
+    uint8_t b[8];
     if (mp_obj_is_small_int(o)) {
         v.value = MP_OBJ_SMALL_INT_VALUE(o);
-        return v;
-    }
-    /* a big int: its low 64 bits when it is positive and fits (a negative
-     * one is below every limit here) */
-    uint8_t b[8];
-    if (mp_obj_int_sign(o) < 0) {
+    } else if (mp_obj_int_sign(o) < 0) {
         v.overflow = -1;
-    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b) || (b[7] & 0x80u)) {
+    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b) || (bits == 63 && (b[7] & 0x80u))) {
         v.overflow = 1;
     } else {
         for (int i = 7; i >= 0; i--) {
             v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
         }
+    }
+    if (bits == 64 && v.value < 0 && mp_obj_is_small_int(o)) {
+        v.overflow = -1; /* a negative seed */
     }
     return v;
 }
 
-/* seed: a u64, its bits in .value (overflow: negative or above 2**64-1) */
-static llm_bind_int llm_u64_arg(mp_obj_t o, const char *what) {
-    if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
-        mp_raise_msg_varg(&mp_type_TypeError, MP_ERROR_TEXT("%s must be an int, not %s"), what,
-            mp_obj_get_type_str(o));
-    }
-    llm_bind_int v = {0, 0};
-    uint8_t b[8];
-    if (mp_obj_int_sign(o) < 0) {
-        v.overflow = -1;
-    } else if (mp_obj_is_small_int(o)) {
-        v.value = MP_OBJ_SMALL_INT_VALUE(o);
-    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b)) {
-        v.overflow = 1;
-    } else {
-        for (int i = 7; i >= 0; i--) {
-            v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
-        }
-    }
-    return v;
+static llm_bind_int llm_int_arg(mp_obj_t o, const char *what) {
+    return llm_int_bits(o, what, 63);
 }
 
 /* Between calls: raise a pending KeyboardInterrupt (Ctrl-C) now. */
@@ -418,7 +401,7 @@ static mp_obj_t llm_model_sampler(size_t n_args, const mp_obj_t *pos_args, mp_ma
         top_k = llm_int_arg(args[ARG_top_k].u_obj, "top_k");
     }
     if (args[ARG_seed].u_obj != mp_const_none) {
-        seed = llm_u64_arg(args[ARG_seed].u_obj, "seed");
+        seed = llm_int_bits(args[ARG_seed].u_obj, "seed", 64);
     }
     /* __float__ above is user code that may have closed the model */
     llm_model_obj_t *self = llm_ready(pos_args[0]);
