@@ -43,6 +43,16 @@ def test_user_code_that_closes_the_model_mid_call(tiny_model) -> None:  # type: 
     with pytest.raises(TypeError):  # an __index__ object is not an int: refused first
         m.rewind(Closes())  # type: ignore[arg-type]
 
+    class ClosesBool:
+        def __bool__(self) -> bool:
+            m.close()
+            return True
+
+    for call in ("set_plain", "set_fast"):
+        m = _llm.Model(str(tiny_model.image))
+        with pytest.raises(_llm.Error, match="the model is closed"):
+            getattr(m, call)(ClosesBool())
+
 
 def test_one_rule_per_argument(tiny_model) -> None:  # type: ignore[no-untyped-def]
     with _llm.Model(str(tiny_model.image)) as m:
@@ -103,6 +113,7 @@ def test_ctrl_c_during_a_long_prefill_changes_nothing(release_model) -> None:  #
         m.reset()
         m.prefill([5, 6])
         before = m.logits()
+        counts = {k: v for k, v in m.stats().items() if k not in ("stage_ms", "total_ms")}
         old = signal.signal(signal.SIGALRM, signal.default_int_handler)
         try:
             signal.setitimer(signal.ITIMER_REAL, 0.001)
@@ -113,7 +124,9 @@ def test_ctrl_c_during_a_long_prefill_changes_nothing(release_model) -> None:  #
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-        assert m.pos() == 2 and m.logits() == before  # nothing changed
+        assert m.pos() == 2 and m.logits() == before  # nothing changed ...
+        # ... not even the counters (only the time spent is counted)
+        assert {k: v for k, v in m.stats().items() if k not in ("stage_ms", "total_ms")} == counts
         print(f"Ctrl-C latency during a 200-token prefill: {1e3 * latency:.1f} ms")
         m.reset()
         m.sampler(0.8, 40, 9)

@@ -330,6 +330,7 @@ SAME_OUTCOME = [
     "m.rewind(3)", "m.rewind(-1)", "m.draft([1], -1)", "m.verify([1] * 9)", "m.prefill([])",
     "_llm.Model(IMAGE, plain=True, fast=True)", "_llm.Model(b'')", "_llm.Model(bytearray())",
     "m.sampler(temperature=Closes())", "m.prefill(closing(m))",
+    "m.set_fast(ClosesBool())", "m.set_plain(ClosesBool())",
 ]
 
 OUTCOMES = """
@@ -339,6 +340,10 @@ class Closes:
     def __float__(self):
         m.close()
         return 0.5
+class ClosesBool:
+    def __bool__(self):
+        m.close()
+        return True
 def closing(model):
     yield 1
     model.close()

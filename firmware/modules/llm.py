@@ -707,10 +707,15 @@ def _set_modes(model, plain, fast):
     """plain= / fast= of load() (None: leave as it is). Fast mode changes the
     KV cache's form, so changing it starts the context over."""
     if fast is not None and bool(fast) != model.fast():
+        was_plain = model.plain()
         model.reset()
-        if fast:
-            model.set_plain(False)
-        model.set_fast(bool(fast))
+        try:
+            if fast:
+                model.set_plain(False)
+            model.set_fast(bool(fast))
+        except BaseException:
+            model.set_plain(was_plain)  # refused: the modes as they were
+            raise
     if plain is not None:
         model.set_plain(plain)
 

@@ -32,17 +32,18 @@
 #include "kernels.h"
 #include "mathf.h"
 
-static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
+static uint64_t round16(uint64_t n) { return (n + 15u) & ~(uint64_t)15u; }
 
-/* The fast arrays' layout in `base`; returns the bytes needed. */
-static size_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
-    const size_t L = c->n_layers, H = c->n_heads, S = c->seq_len;
-    const size_t dhp = round16(c->head_dim), sp = round16(c->seq_len);
-    size_t at = 0;
+/* The fast arrays' layout in `base`; returns the bytes needed (in 64 bits:
+ * on a 32-bit host a large config must not wrap to a small need). */
+static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
+    const uint64_t L = c->n_layers, H = c->n_heads, S = c->seq_len;
+    const uint64_t dhp = round16(c->head_dim), sp = round16(c->seq_len);
+    uint64_t at = 0;
 #define TAKE(field, type, count)                                         \
     do {                                                                 \
-        if (base) f->field = (type *)(void *)(base + at);                \
-        at = round16(at + (size_t)(count) * sizeof(type));               \
+        if (base) f->field = (type *)(void *)(base + (size_t)at);        \
+        at = round16(at + (uint64_t)(count) * sizeof(type));             \
     } while (0)
     TAKE(kq, int8_t, L * H * S * dhp);
     TAKE(vt, int8_t, L * H * c->head_dim * sp);
@@ -57,6 +58,20 @@ static size_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
     return at;
 }
 
+llm_status llm_fast_fits(const llm_engine *e, llm_error *err) {
+    if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_fast_fits: NULL engine");
+    const size_t have = (size_t)((const uint8_t *)(const void *)e->s.value_scale -
+                                 (const uint8_t *)(const void *)e->s.key_cache);
+    llm_fast_kv f;
+    const uint64_t need = layout(&e->cfg, &f, NULL);
+    if (need > (uint64_t)have)
+        return llm_fail(err, LLM_E_CONFIG, "fast mode needs %lu bytes of KV cache, this "
+                        "model's exact cache has %lu (head_dim %lu is too small)",
+                        (unsigned long)need, (unsigned long)have,
+                        (unsigned long)e->cfg.head_dim);
+    return llm_engine_ok(err);
+}
+
 llm_status llm_set_fast(llm_engine *e, int fast, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_fast: NULL engine");
     if ((fast != 0) == (e->fast != 0)) return llm_engine_ok(err);
@@ -68,19 +83,13 @@ llm_status llm_set_fast(llm_engine *e, int fast, llm_error *err) {
         return llm_fail(err, LLM_E_STATE, "plain mode is the exact reference: turn it off "
                         "before choosing fast mode");
     if (fast) {
+        llm_status st = llm_fast_fits(e, err);
+        if (st != LLM_OK) return st;
         const llm_config *c = &e->cfg;
-        const size_t have = (size_t)((uint8_t *)(void *)e->s.value_scale -
-                                     (uint8_t *)(void *)e->s.key_cache);
         llm_fast_kv f;
         memset(&f, 0, sizeof f);
-        const size_t need = layout(c, &f, NULL);
-        if (need > have)
-            return llm_fail(err, LLM_E_CONFIG, "fast mode needs %lu bytes of KV cache, this "
-                            "model's exact cache has %lu (head_dim %lu is too small)",
-                            (unsigned long)need, (unsigned long)have,
-                            (unsigned long)c->head_dim);
-        layout(c, &f, (uint8_t *)(void *)e->s.key_cache);
-        memset(e->s.key_cache, 0, need);
+        const uint64_t need = layout(c, &f, (uint8_t *)(void *)e->s.key_cache);
+        memset(e->s.key_cache, 0, (size_t)need);
         e->s.fast = f;
     }
     e->fast = fast != 0;
@@ -93,7 +102,7 @@ int llm_fast(const llm_engine *e) { return e ? e->fast : 0; }
  * degree-4 polynomial in the fraction (relative error below 4e-6 on
  * [-87, 0]; below -87 the weight is 0). */
 static float fast_exp(float x) {
-    if (x < -87.0f) return 0.0f;
+    if (!(x >= -87.0f)) return 0.0f; /* NaN too (only a broken model makes one) */
     float t = x * 1.44269504f;
     int n = (int)t;
     if ((float)n > t) n--;

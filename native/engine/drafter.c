@@ -6,7 +6,7 @@
  * the cost model). Binary search over the sorted records in place: no copy,
  * no allocation, a few dozen flash reads per draft.
  *
- * Exact integers only, so mpllm.drafting.NgramTable.draft (the converter's
+ * Exact integers only, so mpllm.drafts_table.DraftsTable.draft (the converter's
  * mirror) proposes the same tokens; tests/test_drafts.py compares the two.
  */
 #include "engine_state.h"

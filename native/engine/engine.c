@@ -661,11 +661,17 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
      * the position and the stream) */
     const uint32_t pos0 = e->pos;
     const llm_rng rng0 = e->rng;
+    const llm_stats stats0 = e->stats;
     uint32_t last = 0;
     for (uint32_t i = 0; i < n;) {
         if (i > 0 && e->interrupt_poll != NULL && e->interrupt_poll(e->interrupt_ctx)) {
             e->pos = pos0;
             e->rng = rng0;
+            /* the counters too, but the time spent stays spent */
+            uint64_t spent[LLM_STAGE_COUNT];
+            memcpy(spent, e->stats.stage_us, sizeof spent);
+            e->stats = stats0;
+            memcpy(e->stats.stage_us, spent, sizeof spent);
             return llm_fail(err, LLM_E_INTERRUPTED, "prefill interrupted after %lu of %lu "
                             "tokens: nothing was kept", (unsigned long)i, (unsigned long)n);
         }

@@ -146,7 +146,7 @@
  *     tables zero padded to a multiple of 16 bytes. next and every ctx token
  *     are < vocab_out; share = floor(65535 * count(next) / (count(ctx) + 1))
  *     >= 1, where next is the most frequent continuation of ctx.
- *   Drafting (llm_draft, mirrored by mpllm.drafting.NgramTable.draft): odds
+ *   Drafting (llm_draft, mirrored by mpllm.drafts_table.DraftsTable.draft): odds
  *   starts at 65535; for each draft take the longest ctx (3, 2, then 1
  *   tokens) that ends the context and has a record (none: stop), then
  *   odds = floor(odds * share / 65535); stop if odds < min_odds[k], else

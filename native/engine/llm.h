@@ -142,7 +142,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n,
 /* Interrupts: long prefills call poll(ctx) between passes (every few
  * tokens); when it returns nonzero the prefill stops, puts the position and
  * the sampler's stream back where they were, and returns LLM_E_INTERRUPTED:
- * nothing changed (only llm_stats' timers count the work done). NULL: none. */
+ * nothing changed (only llm_stats' stage timers count the time spent). NULL: none. */
 void llm_set_interrupt(llm_engine *e, int (*poll)(void *ctx), void *ctx);
 
 /* Feed one token, get the next. */
@@ -201,6 +201,9 @@ int llm_plain(const llm_engine *e);
  * Chosen at position 0 only (the cache changes form: LLM_E_STATE otherwise)
  * and not together with plain mode; llm_reset keeps it. */
 llm_status llm_set_fast(llm_engine *e, int fast, llm_error *err);
+/* Whether this model's cache can take fast mode's form (LLM_E_CONFIG if
+ * not), asked before anything is changed for it. */
+llm_status llm_fast_fits(const llm_engine *e, llm_error *err);
 int llm_fast(const llm_engine *e);
 
 void llm_get_stats(const llm_engine *e, llm_stats *out);

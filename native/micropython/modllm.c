@@ -216,6 +216,9 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
              * otherwise (a change of fast mode starts the context over) */
             if (args[ARG_fast].u_obj != mp_const_none && fast != llm_fast(open->engine)) {
                 llm_error err;
+                if (fast && llm_fast_fits(open->engine, &err) != LLM_OK) {
+                    llm_raise(&err); /* refused before anything changed */
+                }
                 llm_reset(open->engine);
                 if (fast) {
                     llm_set_plain(open->engine, 0);
@@ -579,9 +582,12 @@ static mp_obj_t llm_model_stats(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_stats_obj, llm_model_stats);
 
-static mp_obj_t llm_model_set_fast(mp_obj_t self_in, mp_obj_t on) {
+/* on's __bool__ is user code (it may close the model): it runs first, and
+ * the engine pointer is read after it. */
+static mp_obj_t llm_model_set_fast(mp_obj_t self_in, mp_obj_t on_in) {
+    const int on = mp_obj_is_true(on_in);
     llm_error err;
-    if (llm_set_fast(llm_ready(self_in)->engine, mp_obj_is_true(on), &err) != LLM_OK) {
+    if (llm_set_fast(llm_ready(self_in)->engine, on, &err) != LLM_OK) {
         llm_raise(&err);
     }
     return mp_const_none;
@@ -593,10 +599,12 @@ static mp_obj_t llm_model_fast(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_fast_obj, llm_model_fast);
 
-static mp_obj_t llm_model_set_plain(mp_obj_t self_in, mp_obj_t on) {
+static mp_obj_t llm_model_set_plain(mp_obj_t self_in, mp_obj_t on_in) {
+    const int on = mp_obj_is_true(on_in);
+    llm_engine *e = llm_ready(self_in)->engine;
     llm_bind_error be;
-    llm_check(llm_bind_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on), &be), &be);
-    llm_set_plain(llm_ready(self_in)->engine, mp_obj_is_true(on));
+    llm_check(llm_bind_set_plain(e, on, &be), &be);
+    llm_set_plain(e, on);
     return mp_const_none;
 }
 static MP_DEFINE_CONST_FUN_OBJ_2(llm_model_set_plain_obj, llm_model_set_plain);

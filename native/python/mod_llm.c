@@ -564,7 +564,7 @@ fail:
 static PyObject *Model_set_plain(ModelObject *self, PyObject *arg) {
     if (!ready(self)) return NULL;
     int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
+    if (on < 0 || !ready(self)) return NULL; /* __bool__ is user code */
     llm_bind_error be;
     if (llm_bind_set_plain(self->engine, on, &be) != LLM_BIND_OK)
         return raise_bind(self->error, &be);
@@ -575,7 +575,7 @@ static PyObject *Model_set_plain(ModelObject *self, PyObject *arg) {
 static PyObject *Model_set_fast(ModelObject *self, PyObject *arg) {
     if (!ready(self)) return NULL;
     int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
+    if (on < 0 || !ready(self)) return NULL; /* __bool__ is user code */
     llm_error err;
     if (llm_set_fast(self->engine, on, &err) != LLM_OK) return raise_llm(self->error, &err);
     Py_RETURN_NONE;
