@@ -388,6 +388,17 @@ static void fast_heads(void *arg, uint32_t h0, uint32_t h1) {
     llm_fast_attention_heads(j->e, j->layer, j->pos, j->m, h0, h1);
 }
 
+/* Attention's heads across the two cores (one hand-off), or on this one. */
+static void run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uint32_t), attn_job *job) {
+    llm_splitter sp = splitter(e);
+    if (sp.split != NULL && e->cfg.n_heads > 1u) {
+        sp.split(sp.ctx, heads, job, e->cfg.n_heads);
+        e->stats.handoffs++;
+    } else {
+        heads(job, 0, e->cfg.n_heads);
+    }
+}
+
 static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
     const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
     llm_run_state *s = &e->s;
@@ -395,13 +406,7 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
         for (uint32_t c = 0; c < m; c++)
             llm_fast_store_kv(e, l, pos + c, s->col[c].qkv + D, s->col[c].qkv + 2u * D);
         attn_job job = {e, l, pos, m, vs};
-        llm_splitter sp = splitter(e);
-        if (sp.split != NULL && e->cfg.n_heads > 1u) {
-            sp.split(sp.ctx, fast_heads, &job, e->cfg.n_heads);
-            e->stats.handoffs++;
-        } else {
-            fast_heads(&job, 0, e->cfg.n_heads);
-        }
+        run_heads(e, fast_heads, &job);
         e->stats.bytes[e->kv_region] += llm_fast_kv_bytes(e, m) + llm_fast_kv_bytes(e, pos + m);
         return;
     }
@@ -409,13 +414,7 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
     for (uint32_t c = 0; c < m; c++) written += (uint64_t)D * sizeof(float) +
                                                 store_kv(e, l, pos + c, &s->col[c], vs);
     attn_job job = {e, l, pos, m, vs};
-    llm_splitter sp = splitter(e);
-    if (sp.split != NULL && e->cfg.n_heads > 1u) {
-        sp.split(sp.ctx, attention_heads, &job, e->cfg.n_heads);
-        e->stats.handoffs++;
-    } else {
-        attention_heads(&job, 0, e->cfg.n_heads);
-    }
+    run_heads(e, attention_heads, &job);
     /* every cache row the pass reads, once: K rows as floats, V rows as dots
      * + scale, or floats where wide */
     uint64_t read = 0;
