@@ -1,7 +1,7 @@
 """Compile the project's C sources into test programs and shared libraries.
 
 One helper for every C test: the engine's unit tests, the PIE model tests, the
-sanitizer runs and the fuzzers. Flags follow DESIGN §10: C11, -Wall -Wextra
+sanitizer runs and the fuzzers. Flags are the engine's own (setup.py): C11, -Wall -Wextra
 -Werror, and -ffp-contract=off on every float path.
 """
 

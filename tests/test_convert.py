@@ -16,7 +16,7 @@ from mpllm.esp32ai import read_model_bin, write_model_bin
 from mpllm.image import read_image
 from mpllm.tokenizer import load_tokenizer, synthetic_tokenizer_json, tokenizer_section
 
-# DESIGN §4: the image must fit a 13 MiB partition with room to spare; the release-shaped
+# The image must fit a 13 MiB partition with room to spare; the release-shaped
 # image (25,353 rows kept of 32,768) must stay within this: 12.2 MB for the weights and
 # tables, plus the certified head's row order and tile boxes (25,353 x 2 B of order and
 # 199 tiles x 196 B: ~90 KB).

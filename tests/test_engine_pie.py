@@ -1,6 +1,6 @@
 """The whole engine built with the PIE kernels (run through the exact host model
 of the ESP32-S3 vector unit) computes the same logits bits as the engine built
-with the reference kernels (DESIGN §11: one forward pass; kernels change, bits
+with the reference kernels (one forward pass; kernels change, bits
 do not). Also reports the PIE instructions the engine executes per token.
 
 The emulated head costs ~1 s per evaluation at the release shape, so the

@@ -27,7 +27,7 @@ TINY = Config(vocab_in=300, vocab_out=280, dim=32, n_layers=2, n_heads=2, ffn=24
 # ---- independent layout walker (does not use the module under test) ---------------- #
 
 def tensor_offsets(cfg: Config, header: int = 56) -> dict[str, int]:
-    """Byte offset of every tensor record, computed from DESIGN §3 directly."""
+    """Byte offset of every tensor record, computed from the model.bin layout directly."""
     d, lp, g = cfg.dim, cfg.n_layers * cfg.ple_dim, cfg.group
     out, pos = {}, header
 

@@ -1,6 +1,6 @@
 """The firmware definition, checked for what can be checked without ESP-IDF or a
 board: the partition table, the board directory against the esp32 port's
-needs, the sdkconfig facts DESIGN §7 fixes, the frozen manifest, and that the
+needs, the sdkconfig facts firmware/README.md states, the frozen manifest, and that the
 docs and platformio.ini carry the versions pinned in mpllm.firmware_pins.
 
 With MICROPY_DIR pointing at a MicroPython checkout, the port-side facts are

@@ -192,7 +192,7 @@ def test_pack_rows_layout(rows: int, cols: int, group: int) -> None:
 
 
 def test_release_row_records_are_400_bytes() -> None:
-    # DESIGN §4: one PLE row (768 int4 + 6 fp16 scales) is read per token; keep it compact.
+    # One PLE row (768 int4 + 6 fp16 scales) is read per token; keep it compact.
     b = pack_rows(random_q(2, 768, 128))
     assert struct.unpack_from("<4I", b)[3] == 400
 

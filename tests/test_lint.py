@@ -1,4 +1,4 @@
-"""House style is a test: ruff (DESIGN §10) over every Python file in the repo."""
+"""House style is a test: ruff (settings in pyproject.toml) over every Python file in the repo."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Unit tests of the reference forward pass (mpllm.reference).
 
 The strongest check here is an independent scalar re-implementation of
-DESIGN §3 — plain loops over np.float32 scalars, one C statement per line —
+the numerics contract (docs/ARCHITECTURE.md) — plain loops over np.float32 scalars, one C statement per line —
 that must equal the vectorized reference bit for bit. It catches any place
 where vectorizing changed a float reduction order.
 """

@@ -4,7 +4,7 @@
 Everything is generated here, nothing is downloaded: the corpus comes from
 `mpllm.corpus` (fixed seed), the byte-level BPE tokenizer from
 `mpllm.tokenizer.train_tokenizer_json`, and the model is the PLE architecture
-of DESIGN §3 (`mpllm.torch_model.PLEModel`) trained with AdamW and a cosine
+of the release model (`mpllm.torch_model.PLEModel`) trained with AdamW and a cosine
 schedule on CPU. The last part of training fake-quantizes the weights to
 int4 (straight-through), so the exported model.bin loses little to
 quantization. Outputs, in --out:

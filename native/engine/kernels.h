@@ -19,7 +19,7 @@ typedef struct llm_q4 {
     uint32_t rows, cols, group, n_groups, row_bytes;
 } llm_q4;
 
-/* Quantize x[0..n) to int8 with one scale (DESIGN §3), writing xq[0..n_padded)
+/* Quantize x[0..n) to int8 with one scale (the numerics contract), writing xq[0..n_padded)
  * (zeros past n, so padded weight columns meet zero activations).
  * Contract: xmax = max(1e-8f, max|x_i|) in index order; inv = 127.f / xmax;
  * q_i = x_i * inv rounded half to even (what lrintf does; computed without

@@ -9,9 +9,9 @@
  *   q4 activations 32b..32b+15                 q5 activations 32b+16..+31
  *   q6 -8 in every byte (group correction)
  *
- * Method (DESIGN §6, approach (a), chosen over (b) because it is one vector
- * op cheaper per block: (b) must first xor the offset-binary codes into
- * two's complement): the codes are used as they are stored, unsigned 0..15,
+ * Method (chosen over converting the offset-binary codes to two's complement
+ * first, which costs one more vector op per block): the codes are used as
+ * they are stored, unsigned 0..15,
  * so each block costs
  *   ee.vld.128.ip (weights), ee.andq (low), ee.vsr.32 + ee.andq (high),
  *   2 x ee.vmulas.s8.accx.ld.ip (the MACs, which also load both activation
@@ -29,8 +29,8 @@
  * interlocks, so this costs cycles, never bits. The activation stream wraps at the end of every row (the
  * last high-half load uses .ld.xp with a negative step), so the second MAC of
  * a row's last block already loads the first activations of the next row and
- * nothing past the vector is ever read. ACCX is read after two NOPs (DESIGN
- * §6); sums stay far below 2^31 so rur.accx_0 is the whole value.
+ * nothing past the vector is ever read. ACCX is read after two NOPs (pie.h);
+ * sums stay far below 2^31 so rur.accx_0 is the whole value.
  *
  * SAR: ee.vsr.32 reads SAR = 4, written by SSAI at the start of every row.
  * Keep the row loop free of variable shifts, 64-bit shifts and calls (they

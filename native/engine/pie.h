@@ -20,14 +20,14 @@
  * assembler, [TRM] syntax lines), so a host build fails on what the S3
  * assembler would reject.
  *
- * SAR rule (DESIGN §6): ee.vsl.32, ee.vsr.32 and ee.vmul.s8 read the core's
+ * SAR rule: ee.vsl.32, ee.vsr.32 and ee.vmul.s8 read the core's
  * SAR, which the compiler also uses for its own variable and 64-bit shifts.
  * Between SSAI/WSR_SAR and the instruction that consumes SAR, kernel C code
  * must not contain variable shifts, 64-bit shifts or calls. (GCC for Xtensa
  * sets SAR inside the same instruction pattern that uses it, so it never
  * expects SAR to survive our asm, but its shifts would overwrite ours.)
  *
- * Coprocessor rules (DESIGN §6): never from an ISR; assume PIE state does not
+ * Coprocessor rules: never from an ISR; assume PIE state does not
  * survive a blocking call; read ACCX after two NOPs following the last MAC.
  */
 #ifndef LLM_PIE_H

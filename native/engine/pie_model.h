@@ -11,7 +11,7 @@
  * its own; a host thread standing in for a core gets its own copy the same
  * way. Engine code (the kernels) owns no state: like on the board, it just
  * issues instructions. This is the host emulator's "one global state" of
- * DESIGN §6, made per-thread so a host run that splits a matvec across two
+ * pie.h, made per-thread so a host run that splits a matvec across two
  * threads behaves like the two cores.
  *
  * Semantics and sources (facts only, restated in pie_model.c where used):
@@ -30,7 +30,7 @@
  * 20-bit QACC rail is -2^19), which is also what the TRM pseudo-code says
  * (min(max(sum, -2^39), 2^39-1) for ACCX).
  *
- * Unverified on silicon (DESIGN §6; selftest.c prints what the board does):
+ * Unverified on silicon (selftest.c prints what the board does):
  *   - rur.accx_1 upper 24 bits: the model returns bit 39 copied into them
  *     (what QEMU's 64-bit container gives). Kernels must mask to 8 bits.
  *   - ee.srs.accx saturation: the model saturates the returned value to

@@ -3,7 +3,7 @@
  *
  * Runs every PIE kernel against its scalar reference on fixed seeds and
  * prints PASS/FAIL per kernel, then prints what the chip does on the points
- * DESIGN §6 lists as unverified on silicon (rur.accx_1 upper bits, srs.accx
+ * pie_model.h lists as unverified on silicon (rur.accx_1 upper bits, srs.accx
  * saturation and rounding, vmul.s8 truncation, the ACCX and vadds.s8 rails)
  * next to what the host model predicts, and a few float probes (add, mul,
  * div, sqrt, subnormals included) as hex next to the IEEE-754 result, so the

@@ -22,7 +22,7 @@ CFLAGS_USERMOD += -I$(LLM_NATIVE_DIR)/binding
 CFLAGS_USERMOD += -DLLM_PORT_NAME='"micropython-unix"'
 
 # The engine's float order is its bit-exact contract: no fused multiply-add,
-# anywhere it is compiled (DESIGN §3). It is C11 and built warning-clean with
+# anywhere it is compiled (docs/ARCHITECTURE.md, the numerics contract). It is C11 and built warning-clean with
 # its own flags; MicroPython's stricter float-conversion warnings are for
 # MicroPython's code.
 $(BUILD)/engine/%.o $(BUILD)/port/host/%.o $(BUILD)/binding/%.o: CFLAGS += -std=c11 -ffp-contract=off -Wno-double-promotion -Wno-float-conversion

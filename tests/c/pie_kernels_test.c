@@ -303,7 +303,7 @@ static int mode_misaligned(const char *which) {
 /* PIE instruction counts of one full call per release shape. */
 static int mode_counts(void) {
     rng_state = 5;
-    /* D 96, L 6, F 66, P 128, Vout 25353 (DESIGN §3) */
+    /* D 96, L 6, F 66, P 128, Vout 25353 (the release model) */
     static const struct { const char *name; uint32_t rows, cols, per_token; } shapes[] = {
         {"ple_model_proj", 768, 96, 1}, {"qkv", 288, 96, 6},      {"attn_proj", 96, 96, 6},
         {"gate", 66, 96, 6},            {"up", 66, 96, 6},         {"down", 96, 66, 6},

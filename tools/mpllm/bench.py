@@ -6,7 +6,7 @@
     python tools/bench.py --gate --image IMG [--port PORT | --board host]
     python tools/bench.py --model-s3 [--release-shaped | --image IMG]   cost model
 
-Two speeds are reported (DESIGN §9): engine ms/token (the engine's own stage
+Two speeds are reported: engine ms/token (the engine's own stage
 timers, decode steps only) and round-trip tok/s (when the text reaches this
 machine: through MicroPython's print and the serial link for a board). Also:
 per-stage ms, time to first token (engine and round trip), memory placement
@@ -40,7 +40,7 @@ STAGES = costmodel.STAGES
 
 #: The fixed prompt set (TinyStories openings).
 PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog")
-#: Sampled runs use upstream's sampler settings (DESIGN §3) and fixed seeds.
+#: Sampled runs use upstream's sampler settings (T 0.8, top-k 40) and fixed seeds.
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 40
 SAMPLE_SEED = 20240601

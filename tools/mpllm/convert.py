@@ -73,7 +73,7 @@ def rows_to_keep(vocab_in: int, tokenizer_size: int) -> int:
     """Embedding/PLE rows the image keeps: every id the tokenizer can produce.
 
     A tokenizer only produces ids below its size, so rows at or above it are dead weight
-    (DESIGN §4). Rows the tokenizer does use are never dropped."""
+    (image_format.h). Rows the tokenizer does use are never dropped."""
     return min(vocab_in, tokenizer_size)
 
 

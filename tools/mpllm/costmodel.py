@@ -1,4 +1,4 @@
-"""Cost model: predicted ms/token per stage on the ESP32-S3 N16R8 (DESIGN §9).
+"""Cost model: predicted ms/token per stage on the ESP32-S3 N16R8.
 
 There is no board here, so speed is predicted from what a token costs:
 
@@ -94,26 +94,26 @@ REGIONS = ("flash", "fast", "bulk")
 # Constants: published figures and source-code counts (never fitted)
 # ---------------------------------------------------------------------------
 
-#: CPU clock: 240 MHz (DESIGN §7 sdkconfig; esp32-ai's sdkconfig.defaults
+#: CPU clock: 240 MHz (the board's sdkconfig; esp32-ai's sdkconfig.defaults
 #: CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_240).
 CPU_HZ = 240e6
 #: Both LX7 cores compute; MicroPython (or upstream's loop task) runs on one,
-#: the worker task on the other (DESIGN §7).
+#: the worker task on the other (port_esp32.c).
 CORES = 2
 #: One hand-off of work to the second core and back (task notify round trip):
 #: ~34 us, measured on the board by esp32-ai (firmware/esp32_tinystories,
 #: CERT_WAVE: "the ~34 us task-notify round trip", swept on the board).
 HANDOFF_S = 34e-6
-#: Data cache: 32 KB (DESIGN §7; esp32-ai sdkconfig.defaults
+#: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
 DCACHE_BYTES = 32 * 1024
-#: A random 512-byte row from memory-mapped flash costs ~20 us (DESIGN §9),
+#: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
 #: applied as 512 B / 20 us to the bytes of the lines read from flash.
 FLASH_ROW_BYTES = 512
 FLASH_ROW_S = 20e-6
 FLASH_BPS = FLASH_ROW_BYTES / FLASH_ROW_S
 #: One PIE instruction issues per cycle (single-issue LX7 pipeline; a PIE MAC
-#: is 16 int8 products, DESIGN §6/§9). Internal SRAM reads are inside the
+#: is 16 int8 products, pie.h). Internal SRAM reads are inside the
 #: instruction counts: no bandwidth term.
 PIE_CYCLES = 1.0
 
@@ -261,14 +261,14 @@ class Anchor:
 
 ANCHORS: tuple[Anchor, ...] = (
     Anchor("stock head", "stock", "head", 59.0, True,
-           "esp32-ai stock firmware stage profile (DESIGN §9)"),
+           "esp32-ai stock firmware stage profile"),
     Anchor("stock attention", "stock", "attn", 20.0, True, "same profile"),
     Anchor("stock FFN", "stock", "ffn", 6.4, False, "same profile"),
     Anchor("stock PLE", "stock", "ple", 6.4, False, "same profile"),
     Anchor("stock total", "stock", "total", 95.0, False,
-           "~10.3 tok/s, 95.0 ms/token (DESIGN §9; llm.h: 'inference from 95.0')"),
+           "~10.3 tok/s, 95.0 ms/token (esp32-ai; llm.h: 'inference from 95.0')"),
     Anchor("PIE+int4 total", "pie_int4", "total", 43.3, False,
-           "PIE + int4 head/core + logits in SRAM, 22.6 tok/s (DESIGN §9)"),
+           "PIE + int4 head/core + logits in SRAM, 22.6 tok/s (esp32-ai)"),
     Anchor("32-byte-line head", "research_line32", "head", 20.8, True,
            "esp32-ai idf_tinystories/sweep/line64.conf: '20.8 ms and 60.6 MiB/s on "
            "32-byte lines'"),

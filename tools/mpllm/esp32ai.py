@@ -1,7 +1,7 @@
 """Reader and writer of the esp32-ai `model.bin` (the published release format).
 
 The file is a packed little-endian stream with no names, padding or checksums
-(DESIGN §3), so every structural fact is checked here and each kind of damage
+(the release model's layout), so every structural fact is checked here and each kind of damage
 gets its own message: this is where a wrong download or a truncated copy is
 caught before anything is converted or flashed.
 

@@ -1,4 +1,4 @@
-"""The gate (DESIGN §9): one hash that says host and board compute the same bits.
+"""The gate: one hash that says host and board compute the same bits.
 
 Definition (gate version 1)
 ---------------------------

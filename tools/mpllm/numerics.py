@@ -1,6 +1,6 @@
 """float32 numerics of the engine, mirrored operation for operation in numpy.
 
-Everything here returns the same bits as the C engine (DESIGN §3):
+Everything here returns the same bits as the C engine (the numerics contract, docs/ARCHITECTURE.md):
   - `expf`, `logf`, `erff`: native/engine/mathf.c, same constants (hex floats),
     same operation order, no libm;
   - `quantize_act` and `matvec`: the kernels.h contract;

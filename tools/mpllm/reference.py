@@ -1,5 +1,5 @@
 """Reference forward pass: numpy float32 with the exact operation order of
-DESIGN §3. This is the oracle the C engine must equal bit for bit.
+the numerics contract (docs/ARCHITECTURE.md). This is the oracle the C engine must equal bit for bit.
 
 What may be vectorized and what may not: integer dot products are exact in
 any order, and element-wise ops over independent rows, heads or positions do
@@ -125,7 +125,7 @@ class Reference:
     # ---- pieces ------------------------------------------------------------
 
     def _ple_input(self, x: np.ndarray, token: int) -> np.ndarray:
-        """ple [L, P] for this token (DESIGN §3 step 2)."""
+        """ple [L, P] for this token (step 2 of the forward pass)."""
         cfg, w = self.config, self.weights
         c = self.ple_model_proj(x) * self.inv_sqrt_d
         c = rmsnorm(c.reshape(cfg.n_layers, cfg.ple_dim), w.ple_proj_norm)

@@ -2,7 +2,7 @@
  * ESP32-S3 port layer (ESP-IDF v5.5): where the engine's memory comes from,
  * how the model partition is read, how time is taken, and the second core.
  *
- * Placement (DESIGN §7). The engine asks for a region per buffer; this port
+ * Placement (firmware/README.md). The engine asks for a region per buffer; this port
  * decides:
  *   FLASH  never allocated: embedding and PLE rows are read in place from the
  *          memory-mapped `model` partition (llm_esp32_map_partition).
@@ -22,7 +22,7 @@
  * is computed by the same kernel call as in a single-core run and no float
  * reduction crosses rows, so the results are bit-identical. PIE instructions
  * are executed only by these two tasks (the caller and the worker), both
- * pinned, and a kernel never blocks mid-way (DESIGN §6).
+ * pinned, and a kernel never blocks mid-way (pie.h).
  */
 #ifndef LLM_PORT_ESP32_H
 #define LLM_PORT_ESP32_H

@@ -81,7 +81,7 @@ static void test_bandwidth_probes(void) {
     TEST_ASSERT_TRUE(probe_psram_strided(4u << 20, 64) > 0.0);
     TEST_ASSERT_TRUE(probe_psram_strided(4u << 20, 512) > 0.0);
     TEST_ASSERT_TRUE(probe_sram_seq(64u << 10) > 0.0);
-    /* one embedding row with its scale and one PLE row (DESIGN §4, §7) */
+    /* one embedding row with its scale and one PLE row (image_format.h; firmware/README.md) */
     double emb = probe_flash_rows(48 + 4, 2000);
     double ple = probe_flash_rows(400, 2000);
     if (emb < 0 || ple < 0) TEST_IGNORE_MESSAGE("no model partition: flash the mpllm table");
