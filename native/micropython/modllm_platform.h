@@ -77,22 +77,34 @@ static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
 
 /* The unix port's default build raises KeyboardInterrupt from its SIGINT
  * handler (MICROPY_ASYNC_KBD_INTR): a longjmp out of whatever C code runs,
- * which could leave the engine half-way through a call. SIGINT is blocked
- * around engine calls; a signal that arrives meanwhile stays pending (the
- * prefill's poll sees it) and is delivered when it is unblocked. */
+ * which could leave the engine half-way through a call, or lose what a
+ * finished call made (an engine not yet stored, a token not yet returned).
+ * So SIGINT is blocked around engine calls; one that arrives meanwhile stays
+ * pending (the prefill's poll sees it), and is then taken off and turned into
+ * MicroPython's pending KeyboardInterrupt, raised by the VM once the call has
+ * returned (or at once by the binding, when the prefill stopped for it). */
 #include <signal.h>
 
-static inline void mpllm_sigint(int how) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigprocmask(how, &set, NULL);
-}
-static inline void mpllm_interrupts_hold(void) { mpllm_sigint(SIG_BLOCK); }
-static inline void mpllm_interrupts_allow(void) { mpllm_sigint(SIG_UNBLOCK); }
 static inline int mpllm_interrupt_pending(void) {
     sigset_t set;
     return sigpending(&set) == 0 && sigismember(&set, SIGINT) == 1;
+}
+static inline void mpllm_interrupts_hold(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+}
+static inline void mpllm_interrupts_allow(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    if (mpllm_interrupt_pending()) {
+        int sig;
+        sigwait(&set, &sig);
+        mp_sched_keyboard_interrupt();
+    }
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
 #endif
