@@ -469,3 +469,36 @@ def test_ctrl_c_during_open_leaks_nothing(micropython: Path, release_model, tmp_
     assert int(caught) >= 5
     assert int(grown) < 64 * 1024, f"RSS grew {grown} KiB"
     print(f"25 SIGINTs during 150 opens: {caught} caught, RSS grew {grown} KiB")
+
+
+SECTION = """
+import _llm
+m = _llm.Model({image!r})
+t = m.tokenizer()
+print("TYPE", type(t).__name__, len(t), t[0], t[-1], list(t[4:8]), bytes(memoryview(t)[:4]))
+print("HEX", bytes(memoryview(t)).hex())
+try:
+    t[0] = 1
+except TypeError:
+    print("READONLY")
+m.close()
+try:
+    t[0]
+except _llm.Error as e:
+    print("CLOSED", e)
+"""
+
+
+def test_tokenizer_is_read_in_place_on_micropython(micropython: Path, tiny_model,
+                                                   tmp_path: Path) -> None:
+    """MicroPython's tokenizer() reads the image's section in place (no heap
+    copy) and refuses to read it once the model is closed."""
+    from mpllm.image import read_image
+
+    want = read_image(tiny_model.image).tokenizer_section
+    out = _run_mp(micropython, SECTION.format(image=str(tiny_model.image)), tmp_path)
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    assert lines["TYPE"] == (f"Section {len(want)} {want[0]} {want[-1]} {list(want[4:8])} "
+                             f"{want[:4]!r}")
+    assert lines["HEX"] == want.hex() and "READONLY" in out
+    assert lines["CLOSED"] == "bad state: the model is closed"

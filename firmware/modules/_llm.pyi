@@ -32,7 +32,9 @@ Where the MicroPython binding (native/micropython/modllm.c) differs:
     soft reset): Model(same source) returns the open model, Model(another
     source) closes it once the new image has passed its checks (a bad image
     leaves the open model as it was). On CPython every call opens a new model.
-  * tokenizer() returns bytes (a copy); CPython returns a read-only view.
+  * tokenizer() returns a `Section`: the image's bytes read in place (index
+    -> int, slice -> bytes, len(), a read-only buffer), an Error once the
+    model is closed; a memoryview of it must not be kept past close().
 
 Determinism: for the same image, sampler settings and tokens, every call
 returns the same tokens and the same logits bytes on every host and on the
@@ -138,10 +140,11 @@ class Model:
         it does not reproduce."""
     def fast(self) -> bool:
         """Whether fast mode is on."""
-    def tokenizer(self) -> bytes | memoryview:
-        """The image's tokenizer section (layout: native/engine/image_format.h):
-        on CPython a read-only view read in place (it keeps the image bytes
-        alive, even after close()), on MicroPython a copy."""
+    def tokenizer(self) -> memoryview:
+        """The image's tokenizer section (layout: native/engine/image_format.h),
+        read in place, never copied: on CPython a read-only memoryview that
+        keeps the image bytes alive (even after close()); on MicroPython see
+        the module notes (a Section)."""
     def pos(self) -> int:
         """Tokens in the context (the position the next token goes to)."""
     def rewind(self, pos: int) -> None:

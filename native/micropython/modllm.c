@@ -547,11 +547,73 @@ static mp_obj_t llm_model_logits(mp_obj_t self_in) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_logits_obj, llm_model_logits);
 
+/* tokenizer() is a _llm.Section: the image's tokenizer section read in place
+ * (no heap copy: 368 KB on the release model). It holds the model object and
+ * asks it for the bytes at every access, so once the model is closed an
+ * access is an Error, never a read of unmapped memory. Indexing gives ints,
+ * slicing bytes, and the buffer protocol a read-only view (which, like any
+ * MicroPython memoryview, must not be kept past close()). */
+typedef struct _llm_section_obj_t {
+    mp_obj_base_t base;
+    mp_obj_t model;
+} llm_section_obj_t;
+
+static const uint8_t *llm_section_data(mp_obj_t self_in, size_t *len) {
+    llm_section_obj_t *self = MP_OBJ_TO_PTR(self_in);
+    return llm_tokenizer(llm_ready(self->model)->engine, len);
+}
+
+static mp_obj_t llm_section_subscr(mp_obj_t self_in, mp_obj_t index, mp_obj_t value) {
+    if (value != MP_OBJ_SENTINEL) {
+        return MP_OBJ_NULL; /* read-only: store and delete are TypeErrors */
+    }
+    size_t len;
+    const uint8_t *p = llm_section_data(self_in, &len);
+    if (mp_obj_is_type(index, &mp_type_slice)) {
+        mp_bound_slice_t b;
+        if (!mp_seq_get_fast_slice_indexes(len, index, &b)) {
+            mp_raise_NotImplementedError(MP_ERROR_TEXT("slice step"));
+        }
+        return mp_obj_new_bytes(p + b.start, b.stop > b.start ? (size_t)(b.stop - b.start) : 0);
+    }
+    return MP_OBJ_NEW_SMALL_INT(p[mp_get_index(mp_obj_get_type(self_in), len, index, false)]);
+}
+
+static mp_obj_t llm_section_unary_op(mp_unary_op_t op, mp_obj_t self_in) {
+    if (op != MP_UNARY_OP_LEN) {
+        return MP_OBJ_NULL;
+    }
+    size_t len;
+    llm_section_data(self_in, &len);
+    return MP_OBJ_NEW_SMALL_INT(len);
+}
+
+static mp_int_t llm_section_get_buffer(mp_obj_t self_in, mp_buffer_info_t *bufinfo,
+    mp_uint_t flags) {
+    if (flags & MP_BUFFER_WRITE) {
+        return 1;
+    }
+    size_t len;
+    bufinfo->buf = (void *)llm_section_data(self_in, &len);
+    bufinfo->len = len;
+    bufinfo->typecode = 'B';
+    return 0;
+}
+
+MP_DEFINE_CONST_OBJ_TYPE(
+    llm_type_Section,
+    MP_QSTR_Section,
+    MP_TYPE_FLAG_NONE,
+    subscr, llm_section_subscr,
+    unary_op, llm_section_unary_op,
+    buffer, llm_section_get_buffer
+    );
+
 static mp_obj_t llm_model_tokenizer(mp_obj_t self_in) {
-    llm_model_obj_t *self = llm_ready(self_in);
-    size_t len = 0;
-    const uint8_t *p = llm_tokenizer(self->engine, &len);
-    return mp_obj_new_bytes(p, len);
+    llm_ready(self_in);
+    llm_section_obj_t *o = mp_obj_malloc(llm_section_obj_t, &llm_type_Section);
+    o->model = self_in;
+    return MP_OBJ_FROM_PTR(o);
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_tokenizer_obj, llm_model_tokenizer);
 
