@@ -89,13 +89,20 @@ static inline int mpllm_interrupt_pending(void) {
     sigset_t set;
     return sigpending(&set) == 0 && sigismember(&set, SIGINT) == 1;
 }
+/* whether SIGINT was blocked before hold(): allow() leaves it that way */
+static int mpllm_sigint_was_blocked;
+
 static inline void mpllm_interrupts_hold(void) {
-    sigset_t set;
+    sigset_t set, old;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    mpllm_sigint_was_blocked = sigismember(&old, SIGINT) == 1;
 }
 static inline void mpllm_interrupts_allow(void) {
+    if (mpllm_sigint_was_blocked) {
+        return; /* the program blocks SIGINT itself: not ours to take or unblock */
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
