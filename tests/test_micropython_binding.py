@@ -331,6 +331,7 @@ SAME_OUTCOME = [
     "_llm.Model(IMAGE, plain=True, fast=True)", "_llm.Model(b'')", "_llm.Model(bytearray())",
     "m.sampler(temperature=Closes())", "m.prefill(closing(m))",
     "m.set_fast(ClosesBool())", "m.set_plain(ClosesBool())",
+    "print('DRAFT', m.draft([], 3))",
 ]
 
 OUTCOMES = """

@@ -118,7 +118,7 @@ class Model:
     def draft(self, context: list[int], max_len: int) -> list[int]:
         """Up to max_len (capped at config()["max_draft"]) guesses for verify()
         from the image's self-distilled n-gram table, after context (its last
-        3 tokens matter; at least one token): the draft stops where the table's
+        3 tokens matter; an empty context gives []): the draft stops where the table's
         confidence no longer pays for a position in the pass. [] without a
         table. Guesses never change what is decoded."""
     def logits(self) -> bytes:

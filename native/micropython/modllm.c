@@ -430,7 +430,8 @@ static int32_t llm_token_arg(llm_model_obj_t *self, mp_obj_t o) {
 /* A sequence of token ids as a fresh array of *n (m_del it). Iterating runs
  * user code, which may close the model: the open check is repeated after
  * it, before the engine's config is read. */
-static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, size_t *n_out,
+static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t min_n, size_t max_n,
+    size_t *n_out,
     const char *name) {
     size_t n;
     mp_obj_t *items;
@@ -446,8 +447,8 @@ static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, 
     llm_model_obj_t *self = llm_ready(self_in);
     mp_obj_get_array(seq, &n, &items);
     llm_bind_error be;
-    llm_check(llm_bind_count(name, n, 1, max_n, &be), &be);
-    int32_t *ids = m_new(int32_t, n);
+    llm_check(llm_bind_count(name, n, min_n, max_n, &be), &be);
+    int32_t *ids = m_new(int32_t, n > 0 ? n : 1);
     for (size_t i = 0; i < n; i++) {
         ids[i] = llm_token_arg(self, items[i]);
     }
@@ -461,7 +462,7 @@ static int32_t *llm_tokens_arg(mp_obj_t self_in, mp_obj_t tokens, size_t max_n, 
 static mp_obj_t llm_model_prefill(mp_obj_t self_in, mp_obj_t tokens) {
     llm_ready(self_in);
     size_t n;
-    int32_t *ids = llm_tokens_arg(self_in, tokens, UINT32_MAX / 2u, &n, "prefill()");
+    int32_t *ids = llm_tokens_arg(self_in, tokens, 1, UINT32_MAX / 2u, &n, "prefill()");
     llm_model_obj_t *self = llm_ready(self_in);
     llm_check_interrupt();
     llm_error err;
@@ -483,11 +484,11 @@ static mp_obj_t llm_model_draft(mp_obj_t self_in, mp_obj_t context, mp_obj_t max
     llm_bind_error be;
     llm_check(llm_bind_draft_len(llm_int_arg(max_len_in, "draft() max_len"), &want, &be), &be);
     size_t n;
-    int32_t *ids = llm_tokens_arg(self_in, context, UINT32_MAX / 2u, &n, "draft()");
+    int32_t *ids = llm_tokens_arg(self_in, context, 0, UINT32_MAX / 2u, &n, "draft()");
     llm_model_obj_t *self = llm_ready(self_in);
     int32_t out[LLM_BIND_MAX_DRAFT];
     uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
-    m_del(int32_t, ids, n);
+    m_del(int32_t, ids, n > 0 ? n : 1);
     mp_obj_t list = mp_obj_new_list(got, NULL);
     for (uint32_t i = 0; i < got; i++) {
         mp_obj_list_store(list, MP_OBJ_NEW_SMALL_INT(i), MP_OBJ_NEW_SMALL_INT(out[i]));
@@ -499,7 +500,7 @@ static MP_DEFINE_CONST_FUN_OBJ_3(llm_model_draft_obj, llm_model_draft);
 static mp_obj_t llm_model_verify(mp_obj_t self_in, mp_obj_t tokens) {
     llm_ready(self_in);
     size_t n;
-    int32_t *ids = llm_tokens_arg(self_in, tokens, LLM_VERIFY_MAX, &n, "verify()");
+    int32_t *ids = llm_tokens_arg(self_in, tokens, 1, LLM_VERIFY_MAX, &n, "verify()");
     llm_model_obj_t *self = llm_ready(self_in);
     llm_check_interrupt();
     llm_error err;

@@ -383,7 +383,7 @@ static int token_arg(ModelObject *self, PyObject *obj, int32_t *out) {
  * exception. Iterating `tokens` runs user code, which may close the model:
  * the open check is repeated after it, before the engine's config is read. */
 static int32_t *tokens_arg(ModelObject *self, PyObject *tokens, const char *name,
-                           Py_ssize_t max_n, Py_ssize_t *n_out) {
+                           Py_ssize_t min_n, Py_ssize_t max_n, Py_ssize_t *n_out) {
     char what[64];
     snprintf(what, sizeof what, "%s takes a sequence of token ids", name);
     PyObject *seq = PySequence_Fast(tokens, what);
@@ -392,11 +392,11 @@ static int32_t *tokens_arg(ModelObject *self, PyObject *tokens, const char *name
     int32_t *ids = NULL;
     if (!ready(self)) goto done;
     llm_bind_error be;
-    if (llm_bind_count(name, (size_t)n, 1, (size_t)max_n, &be) != LLM_BIND_OK) {
+    if (llm_bind_count(name, (size_t)n, (size_t)min_n, (size_t)max_n, &be) != LLM_BIND_OK) {
         raise_bind(self->error, &be);
         goto done;
     }
-    ids = PyMem_Malloc((size_t)n * sizeof(int32_t));
+    ids = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     if (ids == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -421,7 +421,7 @@ static PyObject *Model_prefill(ModelObject *self, PyObject *args) {
     if (!ready(self)) return NULL;
     Py_ssize_t n = 0;
     /* a prompt longer than the context is the engine's "context full" */
-    int32_t *ids = tokens_arg(self, tokens, "prefill()", (Py_ssize_t)(UINT32_MAX / 2u), &n);
+    int32_t *ids = tokens_arg(self, tokens, "prefill()", 1, (Py_ssize_t)(UINT32_MAX / 2u), &n);
     if (ids == NULL) return NULL;
     llm_error err;
     llm_status st;
@@ -448,7 +448,7 @@ static PyObject *Model_draft(ModelObject *self, PyObject *args) {
     if (llm_bind_draft_len(max_len, &want, &be) != LLM_BIND_OK)
         return raise_bind(self->error, &be);
     Py_ssize_t n = 0;
-    int32_t *ids = tokens_arg(self, context, "draft()", (Py_ssize_t)(UINT32_MAX / 2u), &n);
+    int32_t *ids = tokens_arg(self, context, "draft()", 0, (Py_ssize_t)(UINT32_MAX / 2u), &n);
     if (ids == NULL) return NULL;
     int32_t out[LLM_BIND_MAX_DRAFT];
     uint32_t got = llm_draft(self->engine, ids, (uint32_t)n, want, out);
@@ -469,7 +469,7 @@ static PyObject *Model_draft(ModelObject *self, PyObject *args) {
 static PyObject *Model_verify(ModelObject *self, PyObject *tokens) {
     if (!ready(self)) return NULL;
     Py_ssize_t n = 0;
-    int32_t *ids = tokens_arg(self, tokens, "verify()", (Py_ssize_t)LLM_VERIFY_MAX, &n);
+    int32_t *ids = tokens_arg(self, tokens, "verify()", 1, (Py_ssize_t)LLM_VERIFY_MAX, &n);
     if (ids == NULL) return NULL;
     int32_t next[LLM_VERIFY_MAX];
     llm_error err;
