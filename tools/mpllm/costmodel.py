@@ -3029,7 +3029,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
         mode = SPEC_BUILD_MODE[name]
         b, union = spec_builds[name], spec.union[mode]
         best = spec.drafts[mode][str(entries[name]["drafter"])]
-        short = "spec " + mode
+        short = ("fast " if b.kv == "int8-fast" else "") + "spec " + mode
         if spill:
             add(f"{short}, {spill / 1024:.0f} KiB of core spilled to PSRAM",
                 dataclasses.replace(b, core_spill_bytes=spill), best, union,
