@@ -241,19 +241,22 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
 
 def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
     """Convert once per source pair; the image is cached under its sources' hashes."""
+    from .convert import DRAFTER_STORIES
+
+    drafter = (f" (with the n-gram drafter: the model writes {DRAFTER_STORIES} stories on "
+               "this PC)")
     if run.dry_run:
         img = cache / "images" / "<sha256 of the sources>.img"
-        run.out(f"convert {model_bin} {tokenizer} -> {img}")
+        run.out(f"convert {model_bin} {tokenizer} -> {img}{drafter}")
         return img
     img = cached_image_path(model_bin, tokenizer, cache)
     if img.is_file():
         run.out(f"model image: {img} (already converted from these files)")
         return img
     img.parent.mkdir(parents=True, exist_ok=True)
-    from .convert import DRAFTER_STORIES, ConvertError, convert
+    from .convert import ConvertError, convert
 
-    run.out(f"convert {model_bin} {tokenizer} -> {img} (with the n-gram drafter: the model "
-            f"writes {DRAFTER_STORIES} stories on this PC)")
+    run.out(f"convert {model_bin} {tokenizer} -> {img}{drafter}")
     try:  # convert writes atomically: no partial image is ever cached
         rep = convert(model_bin, tokenizer, img, progress=True,
                       drafter_stories=DRAFTER_STORIES)
