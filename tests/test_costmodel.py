@@ -305,9 +305,10 @@ def test_a_pass_costs_more_with_m_and_less_than_m_steps() -> None:
     assert times[0] == pytest.approx(cm.predict(cm.BUILDS["mpllm-exact-sampled"], f)["total"])
     for m, t in enumerate(times, 1):  # weights, KV and head tiles shared: cheaper than m steps
         assert m == 1 or t < m * times[0]
-    # what the pass shares shows: PSRAM-resident batch buffers cost, a split head scan saves
+    # what the pass shares shows: PSRAM-resident batch buffers cost, the head scan's two
+    # lanes (one per core) save
     assert pass_ms(4, dataclasses.replace(b, batch="sram")) < pass_ms(4)
-    assert pass_ms(4, dataclasses.replace(b, many_split=True)) < pass_ms(4)
+    assert pass_ms(4, dataclasses.replace(b, many_split=False)) > pass_ms(4)
     # attention reads the cache once per pass, computes per position, one hand-off per layer
     w1 = cm.pass_work(b, cm.RELEASE, 100, 1)["attn"]
     w4 = cm.pass_work(dataclasses.replace(b, batch="sram"), cm.RELEASE, 100, 4)["attn"]
@@ -325,9 +326,9 @@ def test_spec_ms_falls_as_tokens_per_pass_rises() -> None:
     assert _spec_ms(b, 1.0, 1.0) == pytest.approx(plain)  # nothing drafted: a step
     per_tpp = [_spec_ms(b, tpp, 4.5) for tpp in (1.0, 1.5, 2.0, 2.8, 3.5, 4.5)]
     assert per_tpp == sorted(per_tpp, reverse=True)
-    # a pass of 2 positions beats a step once it yields ~1.5 tokens; not when nothing is accepted
+    # a pass of 2 positions beats a step once it yields ~1.4 tokens; not when nothing is accepted
     assert _spec_ms(b, 1.6, 2.0) < plain < _spec_ms(b, 1.0, 2.0)
-    assert _spec_ms(b, 1.45, 2.0) > plain
+    assert _spec_ms(b, 1.35, 2.0) > plain
     # drafting further costs: the same tokens per pass from longer drafts is slower
     assert _spec_ms(b, 2.5, 3.0) < _spec_ms(b, 2.5, 5.0)
 

@@ -137,7 +137,9 @@ def test_one_scan_for_all_positions_reads_the_head_once(release_model) -> None: 
         sa, sb = a.stats(), b.stats()
     diff = {k: (sa[k] - before_a[k], sb[k] - before_b[k]) for k in ("head_rows", "head_tiles",
                                                                   "heads")}
-    assert diff["heads"] == (8, 8) and diff["head_rows"][0] == diff["head_rows"][1]
+    # two lanes (one per core) each prune with their own floors: a few more rows
+    assert diff["heads"] == (8, 8) and diff["head_rows"][1] <= diff["head_rows"][0]
+    assert diff["head_rows"][0] <= 1.1 * diff["head_rows"][1]
     assert diff["head_tiles"][0] * 4 < diff["head_tiles"][1]
     bulk = (sa["bytes"]["bulk"] - before_a["bytes"]["bulk"],
             sb["bytes"]["bulk"] - before_b["bytes"]["bulk"])

@@ -611,7 +611,8 @@ static int certify_many(llm_engine *e, uint32_t n, llm_status *st, llm_error *er
     }
     uint64_t t = now(e);
     llm_head_work work;
-    *st = llm_head_certify_many(h, &s->head, s->many, xq, xs, n, cand, &work, err);
+    llm_splitter sp = splitter(e);
+    *st = llm_head_certify_many(h, &s->head, s->many, &sp, xq, xs, n, cand, &work, err);
     charge_head(e, &work, 0, n);
     lap(e, LLM_STAGE_HEAD, &t);
     return 1;

@@ -418,7 +418,7 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
         const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * lay.bytes;
         const size_t cand_bytes = round16(LLM_BATCH_MAX * sizeof(llm_candidates));
         const size_t batch_bytes = cols_bytes + cand_bytes +
-                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles));
+                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles, e->w.head.tile_rows));
         uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
         if (batch != NULL) {
             memset(batch, 0, batch_bytes);

@@ -250,7 +250,86 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
 
 static size_t r16(size_t n) { return (n + 15u) & ~(size_t)15u; }
 
+/* The many-positions scan runs in two lanes, one per core: the tiles in
+ * the order of their key (the largest of their m bounds), lane 0 taking
+ * ranks 0, 2, 4, ... and lane 1 ranks 1, 3, 5, ..., each with its own
+ * candidate lists and its own floors. A lane skips a tile only when its
+ * bound for c is strictly below that lane's k-th best for c, so whatever a
+ * lane skips is beaten by k rows it kept (claim 3 again); merging the two
+ * lanes' lists (the candidates' order is total: value, then lowest id)
+ * gives exactly the k best of every position. Two lanes everywhere, not
+ * only where there is a second core, so every port scores the same rows. */
+typedef struct many_job {
+    const llm_head *h;
+    const int8_t *const *xq;
+    const float *xscale;
+    uint32_t m, T;
+    const float *bound;   /* [m][stride] */
+    size_t stride;
+    const float *key;     /* [T] */
+    const uint16_t *order; /* [T] tiles by key, largest first */
+    llm_candidates *const *cand[2];
+    float *ys[2];         /* [m][tile_rows] per lane */
+    llm_head_work work[2];
+    int32_t nan_id[2];    /* a NaN logit's id, -1: none */
+} many_job;
+
+static void many_lane(void *arg, uint32_t l0, uint32_t l1) {
+    many_job *j = arg;
+    const llm_head *h = j->h;
+    for (uint32_t lane = l0; lane < l1; lane++) {
+        llm_candidates *const *cand = j->cand[lane];
+        llm_head_work *work = &j->work[lane];
+        for (uint32_t r = lane; r < j->T; r += 2u) {
+            const uint16_t t = j->order[r];
+            float lowest = llm_candidates_floor(cand[0]);
+            for (uint32_t c = 1; c < j->m; c++) {
+                float f = llm_candidates_floor(cand[c]);
+                if (f < lowest) lowest = f;
+            }
+            if (j->key[t] < lowest) break; /* keys only fall from here on */
+            const int8_t *xs[LLM_HEAD_MANY_MAX];
+            float sc[LLM_HEAD_MANY_MAX], *ys[LLM_HEAD_MANY_MAX];
+            uint32_t who[LLM_HEAD_MANY_MAX], n = 0;
+            for (uint32_t c = 0; c < j->m; c++) {
+                if (j->bound[(size_t)c * j->stride + t] < llm_candidates_floor(cand[c])) continue;
+                xs[n] = j->xq[c];
+                sc[n] = j->xscale[c];
+                ys[n] = j->ys[lane] + (size_t)n * h->tile_rows;
+                who[n++] = c;
+            }
+            if (n == 0) continue;
+            /* the tile's rows, read once, scored for every position that needs them */
+            const uint32_t first = (uint32_t)t * h->tile_rows;
+            const uint32_t count =
+                h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
+            llm_q4 part = h->w;
+            part.codes += (size_t)first * part.row_bytes;
+            part.scales += (size_t)first * part.n_groups;
+            part.rows = count;
+            if (n == 1u)
+                llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
+            else
+                llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
+            for (uint32_t k = 0; k < n; k++) {
+                for (uint32_t i = 0; i < count; i++) {
+                    const float v = ys[k][i];
+                    if (v != v) { /* unreachable by claim 2; kept as the dense route's check */
+                        j->nan_id[lane] = (int32_t)id_of(h, first + i);
+                        return;
+                    }
+                    llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
+                }
+                work->rows += count; /* rows scored, counted per position */
+            }
+            work->tiles++;
+            work->rows_read += count;
+        }
+    }
+}
+
 llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
+                                 const llm_splitter *sp,
                                  const int8_t *const *xq, const float *xscale, uint32_t m,
                                  llm_candidates *const *cand, llm_head_work *work,
                                  llm_error *err) {
@@ -259,7 +338,9 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
     if (m == 0 || m > LLM_HEAD_MANY_MAX)
         return llm_fail(err, LLM_E_ARG, "llm_head_certify_many: %lu positions",
                         (unsigned long)m);
-    /* scratch: ibound[m][T], bound[m][T], key[T] (the largest bound), heap[T] */
+    /* scratch: ibound[m][T], bound[m][T], key[T], heap[T], order[T], lane 1's
+     * candidate lists [m] and values [m][tile_rows] */
+    const size_t stride = r16(4u * (size_t)T) / 4u;
     uint8_t *p = mem;
     int32_t *ibound = (int32_t *)(void *)p;
     p += (size_t)LLM_HEAD_MANY_MAX * r16(4u * (size_t)T);
@@ -268,11 +349,17 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
     float *key = (float *)(void *)p;
     p += r16(4u * (size_t)T);
     uint16_t *heap = (uint16_t *)(void *)p;
+    p += r16(2u * (size_t)T);
+    uint16_t *order = (uint16_t *)(void *)p;
+    p += r16(2u * (size_t)T);
+    llm_candidates *lane1 = (llm_candidates *)(void *)p;
+    p += (size_t)LLM_HEAD_MANY_MAX * r16(sizeof(llm_candidates));
+    float *ys1 = (float *)(void *)p;
 
     /* claim 1, position by position */
     for (uint32_t c = 0; c < m; c++) {
-        int32_t *ib = ibound + (size_t)c * r16(4u * (size_t)T) / 4u;
-        float *b = bound + (size_t)c * r16(4u * (size_t)T) / 4u;
+        int32_t *ib = ibound + (size_t)c * stride;
+        float *b = bound + (size_t)c * stride;
         memcpy(s->xcat, xq[c], cp);
         for (uint32_t j = 0; j < cp; j++)
             s->xcat[cp + j] = (int8_t)(xq[c][j] < 0 ? -xq[c][j] : xq[c][j]);
@@ -282,57 +369,35 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
             if (c == 0 || b[t] > key[t]) key[t] = b[t];
         }
     }
+    /* every tile by key, largest first (a heap emptied: ties by tile index) */
     for (uint32_t t = 0; t < T; t++) heap[t] = (uint16_t)t;
     uint32_t n_heap = T;
     for (uint32_t i = n_heap / 2u; i-- > 0;) sift_down(heap, n_heap, i, key);
+    for (uint32_t r = 0; r < T; r++) order[r] = heap_pop(heap, &n_heap, key);
 
-    while (n_heap > 0) {
-        /* claim 3 per position: the tile matters to c unless its bound for c is
-         * below c's floor; past the largest bound below the smallest floor,
-         * no tile matters to anyone */
-        float lowest = llm_candidates_floor(cand[0]);
-        for (uint32_t c = 1; c < m; c++) {
-            float f = llm_candidates_floor(cand[c]);
-            if (f < lowest) lowest = f;
-        }
-        if (key[heap[0]] < lowest) break;
-        const uint16_t t = heap_pop(heap, &n_heap, key);
-        const int8_t *xs[LLM_HEAD_MANY_MAX];
-        float sc[LLM_HEAD_MANY_MAX], *ys[LLM_HEAD_MANY_MAX];
-        uint32_t who[LLM_HEAD_MANY_MAX], n = 0;
-        for (uint32_t c = 0; c < m; c++) {
-            const float b = bound[(size_t)c * r16(4u * (size_t)T) / 4u + t];
-            if (b < llm_candidates_floor(cand[c])) continue;
-            xs[n] = xq[c];
-            sc[n] = xscale[c];
-            ys[n] = s->wave_y + (size_t)n * h->tile_rows;
-            who[n++] = c;
-        }
-        if (n == 0) continue;
-        /* the tile's rows, read once, scored for every position that needs them
-         * (n <= 8 <= LLM_HEAD_WAVE_TILES, so the values fit the wave buffer) */
-        const uint32_t first = (uint32_t)t * h->tile_rows;
-        const uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-        llm_q4 part = h->w;
-        part.codes += (size_t)first * part.row_bytes;
-        part.scales += (size_t)first * part.n_groups;
-        part.rows = count;
-        if (n == 1u)
-            llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
-        else
-            llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
-        for (uint32_t k = 0; k < n; k++) {
-            for (uint32_t i = 0; i < count; i++) {
-                const float v = ys[k][i];
-                if (v != v) /* unreachable by claim 2; kept as the dense route's check */
-                    return llm_fail(err, LLM_E_ARG, "logit %lu is NaN",
-                                    (unsigned long)id_of(h, first + i));
-                llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
-            }
-            work->rows += count; /* rows scored, counted per position */
-        }
-        work->tiles++;
-        work->rows_read += count;
+    llm_candidates *cand1[LLM_HEAD_MANY_MAX];
+    for (uint32_t c = 0; c < m; c++) {
+        cand1[c] = &lane1[c];
+        llm_candidates_init(cand1[c], cand[c]->k);
+    }
+    many_job job = {h, xq, xscale, m, T, bound, stride, key, order, {cand, cand1},
+                    {s->wave_y, ys1}, {{0}, {0}}, {-1, -1}};
+    if (sp != NULL && sp->split != NULL) {
+        sp->split(sp->ctx, many_lane, &job, 2u);
+        work->handoffs = 1;
+    } else {
+        many_lane(&job, 0, 2u);
+    }
+    for (uint32_t lane = 0; lane < 2u; lane++)
+        if (job.nan_id[lane] >= 0)
+            return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)job.nan_id[lane]);
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t i = 0; i < cand1[c]->count; i++)
+            llm_candidates_offer(cand[c], cand1[c]->value[i], cand1[c]->id[i]);
+    for (uint32_t lane = 0; lane < 2u; lane++) {
+        work->rows += job.work[lane].rows;
+        work->tiles += job.work[lane].tiles;
+        work->rows_read += job.work[lane].rows_read;
     }
     return LLM_OK;
 }

@@ -91,10 +91,14 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
  * fall below (head.c's claim 3, position by position), so every cand[c] ends
  * with exactly the k best pairs of position c. */
 #define LLM_HEAD_MANY_MAX 8u
-#define LLM_HEAD_MANY_SCRATCH(n_tiles)                                                   \
+#define LLM_HEAD_MANY_SCRATCH(n_tiles, tile_rows)                                        \
     ((size_t)LLM_HEAD_MANY_MAX * (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) * 2u + \
-     (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) + (((size_t)(n_tiles) * 2u + 15u) & ~(size_t)15u))
+     (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) +                                  \
+     (((size_t)(n_tiles) * 2u + 15u) & ~(size_t)15u) * 2u +                             \
+     (size_t)LLM_HEAD_MANY_MAX * ((sizeof(llm_candidates) + 15u) & ~(size_t)15u) +      \
+     (size_t)LLM_HEAD_MANY_MAX * (size_t)((tile_rows) > 0 ? (tile_rows) : 1) * 4u)
 llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
+                                 const llm_splitter *sp,
                                  const int8_t *const *xq, const float *xscale, uint32_t m,
                                  llm_candidates *const *cand, llm_head_work *work,
                                  llm_error *err);

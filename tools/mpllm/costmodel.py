@@ -695,8 +695,8 @@ class Build:
     #: working buffers and the many-positions head scan's scratch live,
     #: "psram" (engine_open.c places them in BULK) or "sram" (a what-if)
     batch: str = "psram"
-    #: the many-positions head scan split over both cores in waves (a what-if;
-    #: llm_head_certify_many runs on one core)
+    #: the many-positions head scan in two lanes, one per core, one hand-off
+    #: per pass (llm_head_certify_many since session 3); False: on one core
     many_split: bool = False
     assumptions: tuple[str, ...] = field(default=())
 
@@ -837,10 +837,12 @@ _SPEC_NOTES = (
      "0..pos+m-1 once per layer for all m positions; per-position scalar work, scores, softmax "
      "and V accumulation m times (each V row recomputed from its dots once); attention split by "
      "heads, one hand-off per layer per pass"),
-    ("head: one certified scan for the m positions (llm_head_certify_many) on one core, no "
-     "hand-offs: tiles fetched = the demo model's union ratio x m x the release step's tiles, "
-     "rows scored per position = the demo's rows ratio x the step's; bounds per position, one "
-     "heap; m samplings"),
+    ("head: one certified scan for the m positions (llm_head_certify_many) in two lanes, one "
+     "per core (alternate tiles in key order, each lane with its own floors), one hand-off, the "
+     "lanes' lists merged: tiles fetched = the demo model's union ratio x m x the release "
+     "step's tiles, rows scored per position = the demo's rows ratio x the step's (measured "
+     "with the one-core scan; two lanes score ~2 % more rows); bounds per position, one heap; "
+     "m samplings"),
     ("positions 1..m-1's buffers, every candidate list and the scan's scratch are in PSRAM "
      "(engine_open.c 'batch'), uncharged by the engine's counters: each buffer fetched and "
      "written back once per layer (the KV stream evicts them), attention scores 5 transfers "
@@ -848,9 +850,11 @@ _SPEC_NOTES = (
 )
 BUILDS["mpllm-spec-greedy"] = dataclasses.replace(
     BUILDS["mpllm-exact-greedy"], name="mpllm-spec-greedy", label="speculative, greedy",
+    many_split=True,
     assumptions=(*BUILDS["mpllm-exact-greedy"].assumptions, *_SPEC_NOTES))
 BUILDS["mpllm-spec-sampled"] = dataclasses.replace(
     BUILDS["mpllm-exact-sampled"], name="mpllm-spec-sampled", label="speculative, T 0.8 top-40",
+    many_split=True,
     assumptions=(*BUILDS["mpllm-exact-sampled"].assumptions, *_SPEC_NOTES))
 _FAST_NOTE = ("fast mode (LOSSY, opt-in: attention_fast.c): K rows and transposed V rows "
               "int8 with a scale per position and head, scores and the weighted sum by the "
@@ -1537,7 +1541,10 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
     """The head of a pass (llm_head_certify_many): every position's input and
     tile bounds, one max-heap on the largest of the m bounds, each tile's rows
     fetched once and scored for the positions whose floor it does not fall
-    below, on one core (no hand-offs) unless `many_split`."""
+    below. `many_split`: in two lanes, one per core (head.c: the tiles in key
+    order, alternate ranks per lane, each lane with its own floors), one
+    hand-off per pass, then the lanes' candidate lists merged; otherwise on
+    one core, tiles popped from the heap one at a time."""
     if b.head != "certified" or b.kernels != "pie":
         raise ValueError(f"{b.name}: passes are modelled for our certified head")
     d, nt = s.dim, s.n_tiles
@@ -1549,7 +1556,7 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
     w.compute(pie=m * nt * bp, ops=m * (nt * BOUND_OPS_PER_TILE + 2 * d + 2 * nt))
     w.sram(m * nt * (2 * _cdiv(d, 16) * 16 + 4))
     log_n = math.log2(max(nt, 2))
-    pops = ph.tiles + 1
+    pops = nt if b.many_split else ph.tiles + 1  # the lanes need every tile in order
     w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + pops * 2 * log_n)
               + pops * m * 3 + ph.tiles * m * 3)  # lowest floor, then each position's test
     rows_read = ph.tiles * TILE_ROWS
@@ -1564,7 +1571,9 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
         inserts = k * (1.0 + math.log(max(ph.rows / m / k, 1.0)))
         w.compute(split=split, ops=m * inserts * (k / 2) * 3)
     if split:
-        w.handoffs += math.ceil(ph.tiles / b.wave_tiles)
+        w.handoffs += 1
+        k = b.top_k if b.sampler == "cand-topk" else 1
+        w.compute(ops=m * k * (k / 2) * 3)  # lane 1's lists offered into lane 0's
     row_bytes = q4_row_bytes(d)
     tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
                   + stream_lines(TILE_ROWS * 2, b.line))
@@ -2222,18 +2231,18 @@ DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
     "greedy": {
         "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 27 / 1081,
                    "passes": 457, "drafted": 1081, "story_tokens": 484},
-        "ngram": {"tokens_per_pass": 484 / 186, "accept_rate": 298 / 316,
-                  "passes": 186, "drafted": 316, "story_tokens": 484},
-        "both": {"tokens_per_pass": 484 / 214, "accept_rate": 270 / 736,
-                 "passes": 214, "drafted": 736, "story_tokens": 484},
+        "ngram": {"tokens_per_pass": 484 / 158, "accept_rate": 326 / 354,
+                  "passes": 158, "drafted": 354, "story_tokens": 484},
+        "both": {"tokens_per_pass": 484 / 193, "accept_rate": 291 / 752,
+                 "passes": 193, "drafted": 752, "story_tokens": 484},
     },
     "sampled": {
         "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 117 / 5288,
                    "passes": 2278, "drafted": 5288, "story_tokens": 2395},
-        "ngram": {"tokens_per_pass": 2395 / 1151, "accept_rate": 1244 / 1505,
-                  "passes": 1151, "drafted": 1505, "story_tokens": 2395},
-        "both": {"tokens_per_pass": 2395 / 1221, "accept_rate": 1174 / 4045,
-                 "passes": 1221, "drafted": 4045, "story_tokens": 2395},
+        "ngram": {"tokens_per_pass": 2395 / 1021, "accept_rate": 1374 / 1788,
+                  "passes": 1021, "drafted": 1788, "story_tokens": 2395},
+        "both": {"tokens_per_pass": 2395 / 1117, "accept_rate": 1278 / 4048,
+                 "passes": 1117, "drafted": 4048, "story_tokens": 2395},
     },
 }
 
@@ -3043,8 +3052,8 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
         add(f"{short}, batch buffers in internal SRAM", dataclasses.replace(b, batch="sram"),
             best, union, "positions 1..7's buffers and the scan's scratch in SRAM (~110 KiB "
             "the plan does not have)")
-        add(f"{short}, head scan split over both cores", dataclasses.replace(b, many_split=True),
-            best, union, "waves of 8 tiles, one hand-off each (llm_head_certify_many is serial)")
+        add(f"{short}, head scan on one core", dataclasses.replace(b, many_split=False),
+            best, union, "llm_head_certify_many without its two lanes (as in session 2)")
         nosh = UnionRatios({k: 1.0 for k in range(2, VERIFY_MAX + 1)}, union.rows,
                            source="no sharing")
         add(f"{short}, no tile shared between positions", b, best, nosh,
@@ -3062,8 +3071,8 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
         whatifs = [("", base)]
         if mode == "sampled":
             whatifs += [(" + batch buffers in SRAM", dataclasses.replace(base, batch="sram")),
-                        (" + batch buffers in SRAM + split head scan",
-                         dataclasses.replace(base, batch="sram", many_split=True))]
+                        (" + batch buffers in SRAM, head scan on one core",
+                         dataclasses.replace(base, batch="sram", many_split=False))]
         for extra, b in whatifs:
             d = min(usable, key=lambda x, b=b: float(_spec_entry(b, passes, x, union,
                                                                  positions)["total_ms"]))
