@@ -85,11 +85,13 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
 
 /* The certified head for m positions at once (speculative verification):
  * what llm_head_certify does for each, in one scan whose tile rows are read
- * once for all of them. Needs LLM_HEAD_MANY_SCRATCH(n_tiles) bytes of
- * 16-byte aligned scratch (`mem`). Tiles are visited by the largest of their
- * m bounds; a tile is scored for the positions whose own floor it does not
- * fall below (head.c's claim 3, position by position), so every cand[c] ends
- * with exactly the k best pairs of position c. */
+ * once for all of them. Needs LLM_HEAD_MANY_SCRATCH(n_tiles, tile_rows)
+ * bytes of 16-byte aligned scratch (`mem`). Tiles are visited by the largest
+ * of their m bounds, in two lanes (alternate ranks; through `sp` on two
+ * cores, else one after the other); a tile is scored for the positions whose
+ * floor in its lane it does not fall below (head.c's claim 3, position by
+ * position), and the lanes' lists are merged, so every cand[c] ends with
+ * exactly the k best pairs of position c. */
 #define LLM_HEAD_MANY_MAX 8u
 #define LLM_HEAD_MANY_SCRATCH(n_tiles, tile_rows)                                        \
     ((size_t)LLM_HEAD_MANY_MAX * (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) * 2u + \
