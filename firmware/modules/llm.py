@@ -966,8 +966,9 @@ def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=No
         counts = {}
     for key in ("produced", "passes", "drafted", "accepted"):
         counts.setdefault(key, 0)
-    seq_len = model.config()["seq_len"]
-    vocab = model.config()["vocab_out"]
+    cfg = model.config()
+    seq_len = cfg["seq_len"]
+    vocab = cfg["vocab_out"]
     ahead = []  # tokens a verify pass chose beyond the one it yielded
     made = 0
     while made < n:
