@@ -51,10 +51,10 @@ setup(
             sources=[str(ENGINE / s) for s in ENGINE_SOURCES + SELFTEST_SOURCES]
             + pie_sources
             + [str(PORT_HOST / "port_host.c"), str(BINDING / "llm_bind.c"),
-               "native/python/mod_llm.c"],
-            include_dirs=[str(ENGINE), str(PORT_HOST), str(BINDING)],
+               "native/python/mod_llm.c", "native/python/mod_llm_call.c"],
+            include_dirs=[str(ENGINE), str(PORT_HOST), str(BINDING), "native/python"],
             define_macros=[("LLM_PORT_NAME", '"host"'), *pie_defines],
-            depends=[str(p.relative_to(ROOT)) for d in (ENGINE, BINDING)
+            depends=[str(p.relative_to(ROOT)) for d in (ENGINE, BINDING, Path("native/python"))
                      for p in sorted((ROOT / d).glob("*.h"))],
             extra_compile_args=FLAGS,
         )

@@ -172,3 +172,46 @@ def test_tokenizer_is_read_in_place(tiny_model) -> None:  # type: ignore[no-unty
     with pytest.raises(TypeError, match="called twice"):
         m.__init__(str(tiny_model.image))  # type: ignore[misc]
     del view
+
+
+def test_methods_take_arguments_by_the_core_table(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Every method reads its arguments from the core's table (llm_bind.c
+    METHODS): by position or by keyword, with Python's arity errors, the same
+    results either way."""
+    with _llm.Model(str(tiny_model.image)) as a, _llm.Model(str(tiny_model.image)) as b:
+        a.sampler(0.8, 40, 5)
+        b.sampler(seed=5, temperature=0.8, top_k=40)
+        assert [a.prefill([1, 2]), a.step(3), a.verify([4, 5])] == [
+            b.prefill(tokens=[1, 2]), b.step(token=3), b.verify(tokens=(4, 5))]
+        assert a.logits() == b.logits() and a.pos() == b.pos() == 5
+        b.rewind(pos=2)
+        assert b.pos() == 2 and b.draft(max_len=3, context=[1]) == a.draft([1], 3)
+        for call, message in [
+            (lambda: a.step(3, token=3), r"step\(\) got multiple values for argument 'token'"),
+            (lambda: a.step(tok=3), r"step\(\) got an unexpected keyword argument 'tok'"),
+            (lambda: a.step(), r"step\(\) missing required argument 'token'"),
+            (lambda: a.step(1, 2), r"step\(\) takes at most 1 argument \(2 given\)"),
+            (lambda: a.pos(1), r"pos\(\) takes at most 0 arguments \(1 given\)"),
+            (lambda: a.sampler(1, 2, 3, 4), r"sampler\(\) takes at most 3 arguments \(4 given\)"),
+        ]:
+            with pytest.raises(TypeError, match=message):
+                call()
+
+
+def test_return_values_from_the_core(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """config(), stats() and memory() are built from the core's value stream:
+    the types and nesting the API documents (_llm.pyi)."""
+    with _llm.Model(str(tiny_model.image)) as m:
+        m.prefill([1, 2, 3])
+        c = m.config()
+        assert c["tied_head"] is True and isinstance(c["rope_theta"], float)
+        assert all(type(v) is int for k, v in c.items() if k not in ("tied_head", "rope_theta"))
+        s = m.stats()
+        assert s["prefill_tokens"] == 3 and s["tokens"] == 3 and s["heads"] == 1
+        assert set(s["stage_ms"]) == {"embed", "attn", "ffn", "ple", "head", "sample"}
+        assert abs(sum(s["stage_ms"].values()) - s["total_ms"]) < 1e-6
+        assert set(s["bytes"]) == {"flash", "fast", "bulk"} and s["bytes"]["flash"] > 0
+        mem = m.memory()
+        assert mem and all(isinstance(t, tuple) and len(t) == 3 for t in mem)
+        assert {region for _, region, _ in mem} <= {"flash", "fast", "bulk"}
+        assert len(m.logits()) == 4 * c["vocab_out"]

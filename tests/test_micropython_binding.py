@@ -1,4 +1,4 @@
-"""The MicroPython `_llm` (native/micropython/modllm.c).
+"""The MicroPython `_llm` (native/micropython/modllm.c, modllm_call.c).
 
 Always: the binding exposes the same names as the CPython `_llm`, and every
 build (setup.py, micropython.mk, micropython.cmake) compiles the same engine
@@ -32,13 +32,20 @@ def _c_table(text: str, table: str, pattern: str) -> list[str]:
 
 
 def test_same_api_as_the_cpython_binding() -> None:
+    """The methods both bindings take from the core's LLM_BIND_METHODS list,
+    plus each one's own entries, and the module globals, are the same."""
     mp = (MP_BINDING / "modllm.c").read_text()
     cp = (ROOT / "native" / "python" / "mod_llm.c").read_text()
-    mp_methods = set(_c_table(mp, "llm_model_locals_dict_table",
-                              r"\{ MP_ROM_QSTR\(MP_QSTR_(\w+)\)"))
-    cp_methods = set(_c_table(cp, "Model_methods", r'\{"(\w+)"'))
+    core = re.search(r"#define LLM_BIND_METHODS\(X\)(.*?)\n\n",
+                     (ROOT / "native" / "binding" / "llm_bind.h").read_text(), re.DOTALL)
+    shared = set(re.findall(r"X\((\w+),", core.group(1)))
+    assert {"prefill", "step", "verify", "sampler"} <= shared
+    mp_table = _c_table(mp, "llm_model_locals_dict_table", r"LLM_BIND_METHODS|MP_QSTR_(\w+)\)")
+    cp_table = _c_table(cp, "Model_methods", r'LLM_BIND_METHODS|\{"(\w+)"')
+    assert "" in mp_table and "" in cp_table  # each expands the shared list
     # __del__ is how MicroPython runs a finaliser; CPython uses tp_dealloc
-    assert mp_methods - {"__del__"} == cp_methods
+    assert set(mp_table) - {"", "__del__"} == set(cp_table) - {""}
+    assert not shared & set(cp_table)
     mp_globals = set(_c_table(mp, "llm_module_globals_table",
                                 r"\{ MP_ROM_QSTR\(MP_QSTR_(\w+)\)")) - {
         "__name__"}
@@ -72,6 +79,9 @@ def test_every_build_compiles_the_same_engine() -> None:
 #: one with 32-bit floats (as on the board)
 VARIANTS = {"default": [], "gil": ["MICROPY_PY_THREAD=1", "MICROPY_PY_THREAD_GIL=1"],
             "f32": ["CFLAGS_EXTRA=-DMICROPY_FLOAT_IMPL=MICROPY_FLOAT_IMPL_FLOAT"]}
+#: and the coverage build, the one unix build whose exit runs gc_sweep_all(),
+#: which is what a soft reset on the board runs: every finaliser
+BUILDS = {**VARIANTS, "coverage": ["VARIANT=coverage"]}
 
 
 def _build_unix(mp: Path, variant: str = "default") -> Path:
@@ -86,7 +96,7 @@ def _build_unix(mp: Path, variant: str = "default") -> Path:
         build += "-" + variant
     base = ["make", "-C", str(port), f"BUILD={build}", "FROZEN_MANIFEST=",
             "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", f"USER_C_MODULES={ROOT / 'native'}",
-            *VARIANTS[variant]]
+            *BUILDS[variant]]
     mpy_cross = mp / "mpy-cross"
     if not (mpy_cross / "build" / "mpy-cross").exists():
         r = subprocess.run(["make", "-C", str(mpy_cross), "-j2"], capture_output=True,
@@ -332,6 +342,17 @@ SAME_OUTCOME = [
     "m.sampler(temperature=Closes())", "m.prefill(closing(m))",
     "m.set_fast(ClosesBool())", "m.set_plain(ClosesBool())",
     "print('DRAFT', m.draft([], 3))",
+    # the core's method table: keywords, and Python's arity errors
+    "print('KW', m.prefill(tokens=[1, 2]), m.step(token=3), m.verify(tokens=(4, 5)))",
+    "print('KW', m.draft(max_len=2, context=[1]), m.rewind(pos=0), m.pos())",
+    "m.step(3, token=3)", "m.step(tok=3)", "m.step()", "m.step(1, 2)", "m.pos(1)",
+    # return values built from the core's value stream
+    "print('MEM', m.memory())",
+    # (MicroPython's Model(IMAGE) is the shared model: reset it first)
+    "m.reset() or print('STATS', sorted(m.stats()), sorted(m.stats()['stage_ms']), "
+    "sorted(m.stats()['bytes'].items()))",
+    "print('CFG', sorted((k, v) for k, v in m.config().items() if k != 'rope_theta'))",
+    "print('SELF', sorted(k for k in _llm.selftest() if k != 'lines'))",
 ]
 
 OUTCOMES = """
@@ -503,3 +524,63 @@ def test_tokenizer_is_read_in_place_on_micropython(micropython: Path, tiny_model
                              f"{want[:4]!r}")
     assert lines["HEX"] == want.hex() and "READONLY" in out
     assert lines["CLOSED"] == "bad state: the model is closed"
+
+
+SOFT_RESET = """
+import _llm
+m = _llm.Model({image!r})
+m.sampler(0.8, 40, 5)
+before = [m.prefill([1, 2, 3])] + [m.step(1) for _ in range(4)]
+section = m.tokenizer()
+m.__del__()  # the finaliser, which gc_sweep_all() runs at a soft reset
+for what, read in (("MODEL", m.pos), ("SECTION", lambda: section[0])):
+    try:
+        read()
+    except _llm.Error as e:
+        print(what, e)
+again = _llm.Model({image!r})
+again.sampler(0.8, 40, 5)
+after = [again.prefill([1, 2, 3])] + [again.step(1) for _ in range(4)]
+print("AGAIN", again is not m, after == before)
+"""
+
+
+def test_the_finaliser_frees_the_model_like_a_soft_reset(micropython: Path, tiny_model,
+                                                          tmp_path: Path) -> None:
+    """What a soft reset runs, the finaliser, closes the model: it and its
+    tokenizer section then say so (no read of freed memory), and the next
+    Model() opens afresh (the root pointer no longer names the dead object)
+    and decodes what the first did."""
+    out = _run_mp(micropython, SOFT_RESET.format(image=str(tiny_model.image)), tmp_path)
+    assert "MODEL bad state: the model is closed" in out
+    assert "SECTION bad state: the model is closed" in out
+    assert "AGAIN True True" in out
+
+
+def test_gc_sweep_at_exit_unmaps_the_open_model(tiny_model, tmp_path: Path) -> None:
+    """The coverage build's exit runs gc_sweep_all() as a soft reset does:
+    the open model's finaliser must unmap its image (seen with strace: the
+    mapping of the image's size is unmapped after the script's last line)."""
+    import shutil
+
+    if not MICROPY_DIR:
+        pytest.skip("MICROPY_DIR is not set")
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    mp = Path(MICROPY_DIR)
+    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
+        exe = _build_unix(mp, "coverage")
+    script = tmp_path / "open.py"
+    script.write_text(f"import _llm\nm = _llm.Model({str(tiny_model.image)!r})\n"
+                      "m.prefill([1, 2, 3])\nprint('OPEN', m.pos())\n")
+    trace = tmp_path / "trace.txt"
+    r = subprocess.run(["strace", "-o", str(trace), "-e", "trace=mmap,munmap,write", str(exe),
+                        str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0 and r.stdout == "OPEN 3\n", r.stdout + r.stderr
+    size = tiny_model.image.stat().st_size
+    calls = trace.read_text().splitlines()
+    mapped = [re.search(r"= (0x[0-9a-f]+)", c).group(1) for c in calls  # type: ignore[union-attr]
+              if c.startswith(f"mmap(NULL, {size}, PROT_READ, MAP_PRIVATE,")]
+    assert len(mapped) == 1, calls
+    printed = next(i for i, c in enumerate(calls) if c.startswith('write(1, "OPEN'))
+    assert any(c.startswith(f"munmap({mapped[0]}, {size})") for c in calls[printed:]), calls

@@ -1,4 +1,4 @@
-/* The rules both bindings of `_llm` share (llm_bind.h). */
+/* The binding core both bindings of `_llm` share (llm_bind.h). */
 #include "llm_bind.h"
 
 #include <float.h>
@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "llm_names.h"
 
 static llm_bind_kind fail(llm_bind_error *err, llm_bind_kind kind, const char *fmt, ...) {
     va_list ap;
@@ -30,12 +31,23 @@ llm_bind_kind llm_bind_status(const llm_error *e, llm_bind_error *out) {
     return fail(out, LLM_BIND_ENGINE_ERROR, "%s: %s", llm_status_name(e->status), e->message);
 }
 
-llm_bind_kind llm_bind_closed(llm_bind_error *out) {
-    return fail(out, LLM_BIND_ENGINE_ERROR, "%s: the model is closed",
-                llm_status_name(LLM_E_STATE));
+static llm_bind_kind engine(llm_status st, const llm_error *e, llm_bind_error *out) {
+    return st == LLM_OK ? ok(out) : llm_bind_status(e, out);
 }
 
-/* "123", or the side of int64 it fell off. By hand: MicroPython builds
+static llm_bind_kind state(llm_bind_error *err, const char *message) {
+    return fail(err, LLM_BIND_ENGINE_ERROR, "%s: %s", llm_status_name(LLM_E_STATE), message);
+}
+
+llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind_error *out) {
+    return fail(out, LLM_BIND_TYPE_ERROR, "%s must be an int, not %.100s", what, type_name);
+}
+
+llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
+    return m->engine == NULL ? state(err, "the model is closed") : ok(err);
+}
+
+/* "123", or the side of the range it fell off. By hand: MicroPython builds
  * route snprintf to a printf without the ll length modifier. */
 static const char *shown(llm_bind_int v, char buf[24]) {
     if (v.overflow > 0) return "too large";
@@ -51,73 +63,20 @@ static const char *shown(llm_bind_int v, char buf[24]) {
     return p;
 }
 
-llm_bind_kind llm_bind_token(const llm_engine *e, llm_bind_int v, int32_t *out,
-                             llm_bind_error *err) {
-    const uint32_t rows = llm_get_config(e)->vocab_rows;
-    char buf[24];
-    if (v.overflow || v.value < 0 || v.value >= (int64_t)rows)
-        return fail(err, LLM_BIND_VALUE_ERROR, "token id %s out of range 0..%lu", shown(v, buf),
-                    (unsigned long)rows - 1u);
-    *out = (int32_t)v.value;
-    return ok(err);
-}
+/* ---- the model --------------------------------------------------------- */
 
-llm_bind_kind llm_bind_count(const char *what, size_t n, size_t min_n, size_t max_n,
-                             llm_bind_error *err) {
-    if (n < min_n && min_n == 1)
-        return fail(err, LLM_BIND_VALUE_ERROR, "%s needs at least one token", what);
-    if (n < min_n)
-        return fail(err, LLM_BIND_VALUE_ERROR, "%s needs at least %lu tokens", what,
-                    (unsigned long)min_n);
-    if (n > max_n)
-        return fail(err, LLM_BIND_VALUE_ERROR, "%s takes at most %lu tokens, got %lu", what,
-                    (unsigned long)max_n, (unsigned long)n);
-    return ok(err);
-}
-
-llm_bind_kind llm_bind_sampler(const llm_engine *e, double temperature, llm_bind_int top_k,
-                               llm_bind_int seed, llm_sampler_options *out,
-                               llm_bind_error *err) {
-    const uint32_t vocab = llm_get_config(e)->vocab_out;
-    char buf[24];
-    /* written so that NaN fails too */
-    if (!(temperature >= 0.0) || temperature > FLT_MAX)
-        return fail(err, LLM_BIND_VALUE_ERROR, "temperature must be finite and >= 0, got %g",
-                    temperature);
-    if (top_k.overflow || top_k.value < 0 ||
-        (top_k.value > (int64_t)LLM_BIND_MAX_TOP_K && top_k.value != (int64_t)vocab))
-        return fail(err, LLM_BIND_VALUE_ERROR, "top_k must be 0..%u, or 0 / %lu for "
-                    "the whole vocabulary, got %s", (unsigned)LLM_BIND_MAX_TOP_K,
-                    (unsigned long)vocab, shown(top_k, buf));
-    /* seed: a u64; the binding hands over its bits with overflow = +1 above
-     * 2**64 - 1 and -1 for a negative number */
-    if (seed.overflow)
-        return fail(err, LLM_BIND_VALUE_ERROR, "seed must be in 0..2**64-1");
-    out->temperature = (float)temperature;
-    out->top_k = (uint32_t)top_k.value;
-    out->seed = (uint64_t)seed.value;
-    return ok(err);
-}
-
-llm_bind_kind llm_bind_rewind(const llm_engine *e, llm_bind_int pos, uint32_t *out,
-                              llm_bind_error *err) {
-    const uint32_t now = llm_pos(e);
-    char buf[24];
-    if (pos.overflow || pos.value < 0 || pos.value > (int64_t)now)
-        return fail(err, LLM_BIND_VALUE_ERROR, "rewind position must be in 0..%lu (the context "
-                    "holds %lu tokens), got %s", (unsigned long)now, (unsigned long)now,
-                    shown(pos, buf));
-    *out = (uint32_t)pos.value;
-    return ok(err);
-}
-
-llm_bind_kind llm_bind_draft_len(llm_bind_int n, uint32_t *out, llm_bind_error *err) {
-    char buf[24];
-    if (n.overflow < 0 || n.value < 0)
-        return fail(err, LLM_BIND_VALUE_ERROR, "draft() max_len must be >= 0, got %s",
-                    shown(n, buf));
-    *out = n.overflow > 0 || n.value > (int64_t)LLM_BIND_MAX_DRAFT ? LLM_BIND_MAX_DRAFT
-                                                                     : (uint32_t)n.value;
+llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len, int immutable,
+                             const uint8_t **placed, llm_bind_error *err) {
+    *placed = data;
+    /* an empty buffer is copied too: the copy is where the engine says "0 bytes" */
+    if (((uintptr_t)data & 15u) == 0 && immutable) return ok(err);
+    llm_region where;
+    m->copy = m->port->alloc(m->port->ctx, len > 0 ? len : 16u, LLM_REGION_BULK, &where);
+    if (m->copy == NULL)
+        return fail(err, LLM_BIND_MEMORY_ERROR,
+                    "no memory for an aligned copy of the image (%lu bytes)", (unsigned long)len);
+    if (len > 0) memcpy(m->copy, data, len); /* data may be NULL when empty */
+    *placed = m->copy;
     return ok(err);
 }
 
@@ -128,51 +87,344 @@ llm_bind_kind llm_bind_modes(int plain, int fast, llm_bind_error *err) {
     return ok(err);
 }
 
-llm_bind_kind llm_bind_set_plain(const llm_engine *e, int on, llm_bind_error *err) {
+llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
+                            int fast, int (*poll)(void *ctx), llm_bind_error *err) {
+    llm_error e;
+    llm_engine *opened = NULL;
+    if (llm_bind_modes(plain, fast, err) == LLM_BIND_OK &&
+        engine(llm_open(&opened, data, len, m->port, &e), &e, err) == LLM_BIND_OK) {
+        llm_set_plain(opened, plain);
+        llm_set_interrupt(opened, poll, NULL);
+        m->engine = opened;
+        if (engine(llm_set_fast(opened, fast, &e), &e, err) == LLM_BIND_OK) return LLM_BIND_OK;
+    }
+    llm_bind_close(m);
+    return err->kind;
+}
+
+static llm_bind_kind set_plain(llm_engine *e, int on, llm_bind_error *err) {
     if (on && llm_fast(e))
         return fail(err, LLM_BIND_VALUE_ERROR, "a fast model cannot be plain (the exact "
                     "reference): set_fast(False) first");
+    llm_set_plain(e, on);
     return ok(err);
 }
 
-int llm_bind_must_copy(const void *data, size_t len, int immutable) {
-    (void)len; /* an empty buffer too: the copy is where the engine says "0 bytes" */
-    return ((uintptr_t)data & 15u) != 0 || !immutable;
+llm_bind_kind llm_bind_remode(llm_bind_model *m, int plain_given, int plain, int fast_given,
+                              int fast, llm_bind_error *err) {
+    llm_engine *e = m->engine;
+    llm_error le;
+    if (llm_bind_modes(plain_given && plain, fast_given && fast, err) != LLM_BIND_OK) return err->kind;
+    if (fast_given && fast != llm_fast(e)) {
+        if (fast && engine(llm_fast_fits(e, &le), &le, err) != LLM_BIND_OK)
+            return err->kind; /* refused before anything changed */
+        llm_reset(e);
+        if (fast) llm_set_plain(e, 0);
+        if (engine(llm_set_fast(e, fast, &le), &le, err) != LLM_BIND_OK) return err->kind;
+    }
+    return plain_given ? set_plain(e, plain, err) : ok(err);
 }
 
-void llm_bind_config(const llm_engine *e, llm_bind_field out[LLM_BIND_CONFIG_INTS]) {
+void llm_bind_close(llm_bind_model *m) {
+    if (m->engine != NULL) llm_close(m->engine);
+    m->engine = NULL;
+    if (m->copy != NULL) m->port->free(m->port->ctx, m->copy);
+    m->copy = NULL;
+}
+
+/* ---- methods ----------------------------------------------------------- */
+
+/* a prompt longer than the context is the engine's "context full" */
+#define ANY_LENGTH (UINT32_MAX / 2u)
+
+static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
+    [LLM_BIND_M_config] = {"config", 0, 0, {{0}}},
+    [LLM_BIND_M_reset] = {"reset", 0, 0, {{0}}},
+    [LLM_BIND_M_sampler] = {"sampler", 3, 0,
+                            {{"temperature", "temperature", LLM_BIND_P_FLOAT, 0, 0},
+                             {"top_k", "top_k", LLM_BIND_P_INT, 0, 0},
+                             {"seed", "seed", LLM_BIND_P_U64, 0, 0}}},
+    [LLM_BIND_M_prefill] = {"prefill", 1, 1, {{"tokens", "prefill()", LLM_BIND_P_TOKENS, 1,
+                                               ANY_LENGTH}}},
+    [LLM_BIND_M_step] = {"step", 1, 1, {{"token", "a token id", LLM_BIND_P_TOKEN, 0, 0}}},
+    [LLM_BIND_M_verify] = {"verify", 1, 1, {{"tokens", "verify()", LLM_BIND_P_TOKENS, 1,
+                                             LLM_VERIFY_MAX}}},
+    [LLM_BIND_M_draft] = {"draft", 2, 2,
+                          {{"context", "draft()", LLM_BIND_P_TOKENS, 0, ANY_LENGTH},
+                           {"max_len", "draft() max_len", LLM_BIND_P_INT, 0, 0}}},
+    [LLM_BIND_M_logits] = {"logits", 0, 0, {{0}}},
+    [LLM_BIND_M_pos] = {"pos", 0, 0, {{0}}},
+    [LLM_BIND_M_rewind] = {"rewind", 1, 1, {{"pos", "rewind() position", LLM_BIND_P_INT, 0,
+                                             0}}},
+    [LLM_BIND_M_stats] = {"stats", 0, 0, {{0}}},
+    [LLM_BIND_M_memory] = {"memory", 0, 0, {{0}}},
+    [LLM_BIND_M_set_plain] = {"set_plain", 1, 1, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_plain] = {"plain", 0, 0, {{0}}},
+    [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_fast] = {"fast", 0, 0, {{0}}},
+};
+
+const llm_bind_method *llm_bind_method_at(llm_bind_method_id id) { return &METHODS[id]; }
+
+llm_bind_kind llm_bind_match(const llm_bind_method *m, size_t n_pos, const char *const kw[],
+                             size_t n_kw, int slot[LLM_BIND_MAX_PARAMS], llm_bind_error *err) {
+    /* past LLM_BIND_MAX_PARAMS the binding kept no names: too many either way */
+    if (n_pos > m->n_params || n_kw > LLM_BIND_MAX_PARAMS)
+        return fail(err, LLM_BIND_TYPE_ERROR, "%s() takes at most %u argument%s (%lu given)",
+                    m->name, (unsigned)m->n_params, m->n_params == 1 ? "" : "s",
+                    (unsigned long)(n_pos + n_kw));
+    for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) slot[j] = j < (int)n_pos ? j : -1;
+    for (size_t k = 0; k < n_kw; k++) {
+        int j = 0;
+        while (j < m->n_params && strcmp(m->params[j].name, kw[k]) != 0) j++;
+        if (j == m->n_params)
+            return fail(err, LLM_BIND_TYPE_ERROR, "%s() got an unexpected keyword argument "
+                        "'%.40s'", m->name, kw[k]);
+        if (slot[j] >= 0)
+            return fail(err, LLM_BIND_TYPE_ERROR, "%s() got multiple values for argument '%s'",
+                        m->name, kw[k]);
+        slot[j] = LLM_BIND_MAX_PARAMS + (int)k;
+    }
+    for (int j = 0; j < m->n_required; j++)
+        if (slot[j] < 0)
+            return fail(err, LLM_BIND_TYPE_ERROR, "%s() missing required argument '%s'",
+                        m->name, m->params[j].name);
+    return ok(err);
+}
+
+llm_bind_kind llm_bind_tokens(const llm_bind_model *m, const llm_bind_param *p, size_t n,
+                              llm_bind_error *err) {
+    (void)m;
+    if (n < p->min_n && p->min_n == 1)
+        return fail(err, LLM_BIND_VALUE_ERROR, "%s needs at least one token", p->what);
+    if (n < p->min_n)
+        return fail(err, LLM_BIND_VALUE_ERROR, "%s needs at least %lu tokens", p->what,
+                    (unsigned long)p->min_n);
+    if (n > p->max_n)
+        return fail(err, LLM_BIND_VALUE_ERROR, "%s takes at most %lu tokens, got %lu", p->what,
+                    (unsigned long)p->max_n, (unsigned long)n);
+    return ok(err);
+}
+
+llm_bind_kind llm_bind_token(const llm_bind_model *m, llm_bind_int v, int32_t *out,
+                             llm_bind_error *err) {
+    const uint32_t rows = llm_get_config(m->engine)->vocab_rows;
+    char buf[24];
+    if (v.overflow || v.value < 0 || v.value >= (int64_t)rows)
+        return fail(err, LLM_BIND_VALUE_ERROR, "token id %s out of range 0..%lu", shown(v, buf),
+                    (unsigned long)rows - 1u);
+    *out = (int32_t)v.value;
+    return ok(err);
+}
+
+static llm_bind_kind sampler(llm_engine *e, const llm_bind_arg a[3], llm_bind_error *err) {
+    const uint32_t vocab = llm_get_config(e)->vocab_out;
+    const double temperature = a[0].given ? a[0].f : 0.0;
+    const llm_bind_int top_k = a[1].given ? a[1].i : (llm_bind_int){0, 0};
+    const llm_bind_int seed = a[2].given ? a[2].i : (llm_bind_int){0, 0};
+    char buf[24];
+    /* written so that NaN fails too */
+    if (!(temperature >= 0.0) || temperature > FLT_MAX)
+        return fail(err, LLM_BIND_VALUE_ERROR, "temperature must be finite and >= 0, got %g",
+                    temperature);
+    if (top_k.overflow || top_k.value < 0 ||
+        (top_k.value > (int64_t)LLM_BIND_MAX_TOP_K && top_k.value != (int64_t)vocab))
+        return fail(err, LLM_BIND_VALUE_ERROR, "top_k must be 0..%u, or 0 / %lu for "
+                    "the whole vocabulary, got %s", (unsigned)LLM_BIND_MAX_TOP_K,
+                    (unsigned long)vocab, shown(top_k, buf));
+    if (seed.overflow) return fail(err, LLM_BIND_VALUE_ERROR, "seed must be in 0..2**64-1");
+    llm_sampler_options opt = {(float)temperature, (uint32_t)top_k.value, (uint64_t)seed.value};
+    llm_error le;
+    return engine(llm_set_sampler(e, &opt, &le), &le, err);
+}
+
+static llm_bind_kind rewind_to(llm_engine *e, llm_bind_int pos, llm_bind_error *err) {
+    const uint32_t now = llm_pos(e);
+    char buf[24];
+    if (pos.overflow || pos.value < 0 || pos.value > (int64_t)now)
+        return fail(err, LLM_BIND_VALUE_ERROR, "rewind position must be in 0..%lu (the context "
+                    "holds %lu tokens), got %s", (unsigned long)now, (unsigned long)now,
+                    shown(pos, buf));
+    llm_error le;
+    return engine(llm_rewind(e, (uint32_t)pos.value, &le), &le, err);
+}
+
+static llm_bind_kind draft(llm_engine *e, const llm_bind_arg a[2], llm_bind_out *out,
+                           llm_bind_error *err) {
+    const llm_bind_int n = a[1].i;
+    char buf[24];
+    if (n.overflow < 0 || n.value < 0)
+        return fail(err, LLM_BIND_VALUE_ERROR, "draft() max_len must be >= 0, got %s",
+                    shown(n, buf));
+    const uint32_t want = n.overflow > 0 || n.value > (int64_t)LLM_IMAGE_DRAFTS_MAX
+                              ? LLM_IMAGE_DRAFTS_MAX
+                              : (uint32_t)n.value;
+    out->n = llm_draft(e, a[0].ids, (uint32_t)a[0].n, want, out->ids);
+    return ok(err);
+}
+
+llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
+                            const llm_bind_arg a[LLM_BIND_MAX_PARAMS], llm_bind_out *out,
+                            llm_bind_error *err) {
+    llm_engine *e = m->engine;
+    llm_error le;
+    int32_t token;
+    out->n = 0;
+    if (llm_bind_ready(m, err) != LLM_BIND_OK) return err->kind;
+    switch (id) {
+    case LLM_BIND_M_reset: llm_reset(e); break;
+    case LLM_BIND_M_sampler: return sampler(e, a, err);
+    case LLM_BIND_M_prefill:
+        out->n = 1;
+        return engine(llm_prefill(e, a[0].ids, (uint32_t)a[0].n, out->ids, &le), &le, err);
+    case LLM_BIND_M_step:
+        if (llm_bind_token(m, a[0].i, &token, err) != LLM_BIND_OK) return err->kind;
+        out->n = 1;
+        return engine(llm_step(e, token, out->ids, &le), &le, err);
+    case LLM_BIND_M_verify:
+        out->n = (uint32_t)a[0].n;
+        return engine(llm_verify(e, a[0].ids, (uint32_t)a[0].n, out->ids, &le), &le, err);
+    case LLM_BIND_M_draft: return draft(e, a, out, err);
+    case LLM_BIND_M_logits:
+        if (llm_logits(e) == NULL)
+            return state(err, "no logits yet: call prefill() or step() first");
+        break;
+    case LLM_BIND_M_rewind: return rewind_to(e, a[0].i, err);
+    case LLM_BIND_M_set_plain: return set_plain(e, a[0].on, err);
+    case LLM_BIND_M_set_fast: return engine(llm_set_fast(e, a[0].on, &le), &le, err);
+    default: break; /* the rest only read */
+    }
+    return ok(err);
+}
+
+/* ---- return values ----------------------------------------------------- */
+
+/* The sink, and the containers being filled: how many values each still takes. */
+typedef struct emitter {
+    const llm_bind_sink *sink;
+    int depth;
+    size_t left[LLM_BIND_MAX_DEPTH], at[LLM_BIND_MAX_DEPTH];
+} emitter;
+
+static int put(emitter *em, llm_bind_type type, const char *key, int64_t i, double f,
+               const void *p, size_t n) {
+    const int d = em->depth;
+    const llm_bind_value v = {type, d, d > 0 ? em->at[d - 1]++ : 0, key, i, f, p, n};
+    if (d > 0) em->left[d - 1]--;
+    if (type >= LLM_BIND_LIST && n > 0) {
+        if (d == LLM_BIND_MAX_DEPTH) return 0; /* no value here nests deeper */
+        em->left[d] = n;
+        em->at[d] = 0;
+        em->depth++;
+    }
+    while (em->depth > 0 && em->left[em->depth - 1] == 0) em->depth--;
+    return em->sink->put(em->sink->ctx, &v);
+}
+static int put_int(emitter *s, const char *key, int64_t i) {
+    return put(s, LLM_BIND_INT, key, i, 0, NULL, 0);
+}
+static int put_float(emitter *s, const char *key, double f) {
+    return put(s, LLM_BIND_FLOAT, key, 0, f, NULL, 0);
+}
+static int put_bool(emitter *s, const char *key, int on) {
+    return put(s, LLM_BIND_BOOL, key, on != 0, 0, NULL, 0);
+}
+static int put_str(emitter *s, const char *key, const char *str) {
+    return put(s, LLM_BIND_STR, key, 0, 0, str, strlen(str));
+}
+static int open_container(emitter *s, llm_bind_type type, const char *key, size_t n) {
+    return put(s, type, key, 0, 0, NULL, n);
+}
+
+static int config(const llm_engine *e, emitter *s) {
     const llm_config *c = llm_get_config(e);
-    const llm_bind_field f[LLM_BIND_CONFIG_INTS] = {
+    const struct {
+        const char *name;
+        uint32_t value;
+    } f[] = {
         {"vocab_rows", c->vocab_rows}, {"vocab_out", c->vocab_out}, {"dim", c->dim},
         {"n_layers", c->n_layers},     {"n_heads", c->n_heads},     {"head_dim", c->head_dim},
         {"ffn", c->ffn},               {"ple_dim", c->ple_dim},     {"seq_len", c->seq_len},
         {"group", c->group},           {"eot_id", c->eot_id},       {"flags", c->flags},
         {"max_draft", llm_draft_max(e)},
     };
-    memcpy(out, f, sizeof f);
+    const size_t n = sizeof f / sizeof f[0];
+    int good = open_container(s, LLM_BIND_DICT, NULL, n + 2);
+    for (size_t i = 0; good && i < n; i++) good = put_int(s, f[i].name, f[i].value);
+    return good && put_float(s, "rope_theta", c->rope_theta) &&
+           put_bool(s, "tied_head", c->flags & LLM_IMAGE_FLAG_TIED_HEAD);
 }
 
-void llm_bind_stats(const llm_stats *s, llm_bind_field out[LLM_BIND_STATS_INTS]) {
-    const llm_bind_field f[LLM_BIND_STATS_INTS] = {
-        {"tokens", s->tokens},         {"prefill_tokens", s->prefill_tokens},
-        {"heads", s->heads},           {"head_rows", s->head_rows},
-        {"head_tiles", s->head_tiles}, {"head_waves", s->head_waves},
-        {"handoffs", s->handoffs},     {"v_wide", s->v_wide},
+static int stats(const llm_engine *e, emitter *s) {
+    llm_stats st;
+    llm_get_stats(e, &st);
+    const struct {
+        const char *name;
+        uint64_t value;
+    } f[] = {
+        {"tokens", st.tokens},         {"prefill_tokens", st.prefill_tokens},
+        {"heads", st.heads},           {"head_rows", st.head_rows},
+        {"head_tiles", st.head_tiles}, {"head_waves", st.head_waves},
+        {"handoffs", st.handoffs},     {"v_wide", st.v_wide},
     };
-    memcpy(out, f, sizeof f);
+    const size_t n = sizeof f / sizeof f[0];
+    uint64_t total_us = 0;
+    int good = open_container(s, LLM_BIND_DICT, NULL, n + 4);
+    for (size_t i = 0; good && i < n; i++) good = put_int(s, f[i].name, (int64_t)f[i].value);
+    good = good && put_float(s, "ttft_ms", (double)st.prefill_us / 1000.0) &&
+           open_container(s, LLM_BIND_DICT, "stage_ms", LLM_STAGE_COUNT);
+    for (int i = 0; good && i < LLM_STAGE_COUNT; i++) {
+        good = put_float(s, llm_stage_name((llm_stage)i), (double)st.stage_us[i] / 1000.0);
+        total_us += st.stage_us[i];
+    }
+    good = good && put_float(s, "total_ms", (double)total_us / 1000.0) &&
+           open_container(s, LLM_BIND_DICT, "bytes", LLM_REGION_COUNT);
+    for (int r = 0; good && r < LLM_REGION_COUNT; r++)
+        good = put_int(s, llm_region_name((llm_region)r), (int64_t)st.bytes[r]);
+    return good;
 }
 
-double llm_bind_stage_ms(const llm_stats *s, llm_stage stage) {
-    return (double)s->stage_us[stage] / 1000.0;
+static int memory(const llm_engine *e, emitter *s) {
+    const uint32_t n = llm_placement_count(e);
+    int good = open_container(s, LLM_BIND_LIST, NULL, n);
+    for (uint32_t i = 0; good && i < n; i++) {
+        const llm_placement *p = llm_placement_at(e, i);
+        good = open_container(s, LLM_BIND_TUPLE, NULL, 3) && put_str(s, NULL, p->name) &&
+               put_str(s, NULL, llm_region_name(p->region)) && put_int(s, NULL, p->bytes);
+    }
+    return good;
 }
 
-double llm_bind_total_ms(const llm_stats *s) {
-    uint64_t total = 0;
-    for (int i = 0; i < LLM_STAGE_COUNT; i++) total += s->stage_us[i];
-    return (double)total / 1000.0;
+static int ids(const llm_bind_out *out, emitter *s) {
+    int good = open_container(s, LLM_BIND_LIST, NULL, out->n);
+    for (uint32_t i = 0; good && i < out->n; i++) good = put_int(s, NULL, out->ids[i]);
+    return good;
 }
 
-double llm_bind_ttft_ms(const llm_stats *s) { return (double)s->prefill_us / 1000.0; }
+int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bind_out *out,
+                    const llm_bind_sink *sink) {
+    llm_engine *e = m->engine;
+    emitter em = {sink, 0, {0}, {0}}, *s = &em;
+    switch (id) {
+    case LLM_BIND_M_config: return config(e, s);
+    case LLM_BIND_M_prefill:
+    case LLM_BIND_M_step: return put_int(s, NULL, out->ids[0]);
+    case LLM_BIND_M_verify:
+    case LLM_BIND_M_draft: return ids(out, s);
+    case LLM_BIND_M_logits:
+        /* float32 little-endian: every supported target is (the engine checks at open) */
+        return put(s, LLM_BIND_BYTES, NULL, 0, 0, llm_logits(e),
+                   (size_t)llm_get_config(e)->vocab_out * 4u);
+    case LLM_BIND_M_pos: return put_int(s, NULL, llm_pos(e));
+    case LLM_BIND_M_stats: return stats(e, s);
+    case LLM_BIND_M_memory: return memory(e, s);
+    case LLM_BIND_M_plain: return put_bool(s, NULL, llm_plain(e));
+    case LLM_BIND_M_fast: return put_bool(s, NULL, llm_fast(e));
+    default: return put(s, LLM_BIND_NONE, NULL, 0, 0, NULL, 0);
+    }
+}
+
+/* ---- _llm.selftest() --------------------------------------------------- */
 
 static int starts(const char *s, const char *prefix) {
     return strncmp(s, prefix, strlen(prefix)) == 0;
@@ -193,4 +445,19 @@ void llm_bind_selftest_line(llm_bind_selftest *acc, const char *line) {
         acc->probes++;
         acc->failures += differs != NULL; /* a float that is not IEEE-754 breaks the contract */
     }
+}
+
+void llm_bind_selftest_summary(const llm_bind_selftest *t, char *buf, size_t size) {
+    snprintf(buf, size, "selftest (kernels=%s): %u kernel checks passed, %u failed; %u probes, "
+             "%u differ from the host model", t->kernels, (unsigned)t->passed,
+             (unsigned)t->failures, (unsigned)t->probes, (unsigned)t->probe_differences);
+}
+
+int llm_bind_selftest_result(const llm_bind_selftest *t, const llm_bind_sink *sink) {
+    emitter em = {sink, 0, {0}, {0}}, *s = &em;
+    return open_container(s, LLM_BIND_DICT, NULL, LLM_BIND_SELFTEST_FIELDS) &&
+           put_str(s, "kernels", t->kernels) && put_int(s, "passed", t->passed) &&
+           put_int(s, "failures", t->failures) && put_int(s, "probes", t->probes) &&
+           put_int(s, "probe_differences", t->probe_differences) &&
+           put_bool(s, "ok", t->failures == 0);
 }

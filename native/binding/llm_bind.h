@@ -1,17 +1,21 @@
 /*
- * What both bindings of `_llm` (CPython: native/python, MicroPython:
- * native/micropython) decide, written once in plain C: the rules and limits
- * of every argument with their messages, the exception kind of every engine
- * status, when a buffer must be copied, and the names and values of the
- * config() and stats() fields. Each binding only turns Python objects into
- * the C values below and the results back, in its own dialect: reading an
- * int (and noticing it is a bool, or too large), raising the kind named
- * here, building the dicts.
+ * The binding core: everything both bindings of `_llm` (CPython:
+ * native/python, MicroPython: native/micropython) decide, written once in
+ * plain C with no Python header. Each binding is thin glue in its own dialect:
+ * it turns Python objects into the C values below, runs llm_bind_call, and
+ * turns the values llm_bind_result hands it back into Python objects.
  *
- * Checks never touch an engine that user code may have closed: a binding
- * re-reads its engine pointer (its "model is open" check) after anything
- * that runs user code (iterating, __index__, __float__) and before calling
- * in here.
+ * A method call, as both bindings make it:
+ *   1. read the arguments the method's table entry (llm_bind_method_at)
+ *      names, running whatever user code that takes (iterating a sequence,
+ *      __float__, __bool__);
+ *   2. then, and only then, check that the model is still open (user code may
+ *      have closed it) and read token ids against the open engine;
+ *   3. llm_bind_call: every other rule, and the engine call (no Python object
+ *      is touched, so CPython releases the GIL around it);
+ *   4. llm_bind_result: the return value, as a stream of llm_bind_values.
+ * A failure at any step is an llm_bind_error: the exception kind and its
+ * message, raised by the binding's one raise function.
  */
 #ifndef LLM_BIND_H
 #define LLM_BIND_H
@@ -25,8 +29,8 @@
 
 /* top_k's limit below the whole vocabulary: _llm.MAX_TOP_K */
 #define LLM_BIND_MAX_TOP_K LLM_SAMPLER_MAX_TOP_K
-/* guesses one draft() returns at most */
-#define LLM_BIND_MAX_DRAFT LLM_IMAGE_DRAFTS_MAX
+
+/* ---- errors ------------------------------------------------------------ */
 
 /* The Python exception a check or an engine call asks for. */
 typedef enum llm_bind_kind {
@@ -43,62 +47,196 @@ typedef struct llm_bind_error {
     char message[192];
 } llm_bind_error;
 
-/* An integer argument as a binding read it: its value, or which way it fell
- * outside int64 (bools are the binding's to refuse: TypeError). */
-typedef struct llm_bind_int {
-    int64_t value;
-    int overflow; /* 0, +1 above INT64_MAX, -1 below INT64_MIN */
-} llm_bind_int;
-
 /* The kind and message of an engine failure. */
 llm_bind_kind llm_bind_status(const llm_error *err, llm_bind_error *out);
-/* "bad state: the model is closed" */
-llm_bind_kind llm_bind_closed(llm_bind_error *out);
+/* TypeError "<what> must be an int, not <type_name>" (bools included) */
+llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind_error *out);
 
-/* Argument rules. Each returns LLM_BIND_OK and writes the C value, or the
- * kind to raise with its message. `what` names the call ("prefill()"). */
-llm_bind_kind llm_bind_token(const llm_engine *e, llm_bind_int v, int32_t *out,
-                             llm_bind_error *err);
-llm_bind_kind llm_bind_count(const char *what, size_t n, size_t min_n, size_t max_n,
-                             llm_bind_error *err);
-llm_bind_kind llm_bind_sampler(const llm_engine *e, double temperature, llm_bind_int top_k,
-                               llm_bind_int seed, llm_sampler_options *out,
-                               llm_bind_error *err);
-llm_bind_kind llm_bind_rewind(const llm_engine *e, llm_bind_int pos, uint32_t *out,
-                              llm_bind_error *err);
-llm_bind_kind llm_bind_draft_len(llm_bind_int n, uint32_t *out, llm_bind_error *err);
+/* ---- the model as both bindings hold it -------------------------------- */
+
+typedef struct llm_bind_model {
+    llm_engine *engine; /* NULL: closed ("bad state: the model is closed") */
+    llm_port *port;     /* the binding's port: outlives the engine */
+    void *copy;         /* the private aligned copy of a caller's buffer */
+} llm_bind_model;
+
+/* "bad state: the model is closed" unless m is open */
+llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err);
+
+/* The bytes the engine will read. A caller's buffer is used in place only
+ * when it is 16-byte aligned (the kernels' loads) and cannot change under the
+ * open model (`immutable`, like bytes); otherwise m keeps one aligned private
+ * copy (from the port, freed by llm_bind_close) and the binding drops its
+ * reference to the original: the image is held once. */
+llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len, int immutable,
+                             const uint8_t **placed, llm_bind_error *err);
+/* Open the engine on the placed bytes in the modes asked for (plain and fast
+ * exclude each other), polling `poll` between a long prefill's passes. On a
+ * failure m is closed (its copy freed). */
+llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
+                            int fast, int (*poll)(void *ctx), llm_bind_error *err);
+/* plain (the exact reference) and fast (lossy) exclude each other: checked
+ * before a binding gives anything up */
 llm_bind_kind llm_bind_modes(int plain, int fast, llm_bind_error *err);
-/* set_plain(True) on a fast model */
-llm_bind_kind llm_bind_set_plain(const llm_engine *e, int on, llm_bind_error *err);
+/* Model(the same path) on MicroPython's shared model: the modes asked for,
+ * given = 0 keeping the current one; a change of fast mode starts over at
+ * position 0. Refused (nothing changed) when the modes cannot be. */
+llm_bind_kind llm_bind_remode(llm_bind_model *m, int plain_given, int plain, int fast_given,
+                              int fast, llm_bind_error *err);
+void llm_bind_close(llm_bind_model *m);
 
-/* A caller's image buffer is used in place only when it is 16-byte aligned
- * (the kernels' loads) and cannot change under the open model (immutable,
- * like bytes); otherwise the binding keeps one aligned private copy for the
- * model's lifetime and drops its reference to the original. */
-int llm_bind_must_copy(const void *data, size_t len, int immutable);
+/* ---- methods ----------------------------------------------------------- */
 
-/* config() and stats(): integer fields in order, then the binding adds the
- * non-integer ones (rope_theta, tied_head; stage_ms, total_ms, ttft_ms,
- * bytes) whose names are here too. */
-typedef struct llm_bind_field {
+/* Model's methods (close, tokenizer, __enter__/__exit__ are the bindings'
+ * own: they concern the Python object): X(name, docstring). */
+#define LLM_BIND_METHODS(X)                                                                     \
+    X(config, "config() -> dict: the model's dimensions.")                                      \
+    X(reset, "reset(): back to position 0, same model (stats cleared).")                        \
+    X(sampler, "sampler(temperature=0.0, top_k=0, seed=0): how next tokens are picked.")        \
+    X(prefill, "prefill(tokens) -> next token: run the prompt, head on the last token only.")   \
+    X(step, "step(token) -> next token.")                                                       \
+    X(verify, "verify(tokens) -> the next token after each prefix, in one pass.")               \
+    X(draft, "draft(context, max_len) -> up to max_len guesses from the image's n-gram table.") \
+    X(logits, "logits() -> bytes: float32 little-endian logits of the last head evaluation.")   \
+    X(pos, "pos() -> tokens in the context.")                                                   \
+    X(rewind, "rewind(pos): drop positions >= pos, as if they were never decoded.")             \
+    X(stats, "stats() -> dict: ms per stage, token counts, TTFT, bytes read per region.")       \
+    X(memory, "memory() -> [(name, region, bytes)]: where each section and buffer lives.")      \
+    X(set_plain, "set_plain(on): every speed-up off (dense head, one core); same results.")    \
+    X(plain, "plain() -> whether plain mode is on.")                                            \
+    X(set_fast, "set_fast(on): attention over an int8 KV cache (LOSSY); at position 0 only.")  \
+    X(fast, "fast() -> whether fast (lossy) mode is on.")
+
+typedef enum llm_bind_method_id {
+#define LLM_BIND_ID(name, doc) LLM_BIND_M_##name,
+    LLM_BIND_METHODS(LLM_BIND_ID)
+#undef LLM_BIND_ID
+    LLM_BIND_METHOD_COUNT
+} llm_bind_method_id;
+
+/* How a binding reads one argument. */
+typedef enum llm_bind_param_kind {
+    LLM_BIND_P_INT,    /* an int, not a bool (rewind's position, draft's max_len) */
+    LLM_BIND_P_U64,    /* an int read as 64 bits (the seed) */
+    LLM_BIND_P_TOKEN,  /* an int: a token id */
+    LLM_BIND_P_TOKENS, /* any iterable of token ids, min_n..max_n of them */
+    LLM_BIND_P_FLOAT,  /* anything with __float__ */
+    LLM_BIND_P_BOOL,   /* anything with __bool__ */
+} llm_bind_param_kind;
+
+typedef struct llm_bind_param {
+    const char *name; /* its keyword */
+    const char *what; /* its name in messages: "rewind() position" */
+    llm_bind_param_kind kind;
+    uint32_t min_n, max_n; /* LLM_BIND_P_TOKENS */
+} llm_bind_param;
+
+#define LLM_BIND_MAX_PARAMS 3
+typedef struct llm_bind_method {
     const char *name;
-    uint64_t value;
-} llm_bind_field;
-#define LLM_BIND_CONFIG_INTS 13u
-void llm_bind_config(const llm_engine *e, llm_bind_field out[LLM_BIND_CONFIG_INTS]);
-#define LLM_BIND_STATS_INTS 8u
-void llm_bind_stats(const llm_stats *s, llm_bind_field out[LLM_BIND_STATS_INTS]);
-/* milliseconds of a stage / of all stages / of the last prefill */
-double llm_bind_stage_ms(const llm_stats *s, llm_stage stage);
-double llm_bind_total_ms(const llm_stats *s);
-double llm_bind_ttft_ms(const llm_stats *s);
+    uint8_t n_params, n_required; /* the first n_required are required */
+    llm_bind_param params[LLM_BIND_MAX_PARAMS];
+} llm_bind_method;
 
-/* _llm.selftest(): the kernel self-test's lines (native/engine/selftest.h)
- * summed up as they are printed. */
+const llm_bind_method *llm_bind_method_at(llm_bind_method_id id);
+
+/* Which argument each parameter gets. The binding lists its n_pos positional
+ * arguments at 0..n_pos-1 and its n_kw keyword arguments (names in kw) at
+ * LLM_BIND_MAX_PARAMS + 0..n_kw-1, as far as those fit; slot[j] is then the
+ * index of parameter j's argument, or -1 when it is omitted. Python's
+ * TypeErrors: too many, unknown keyword, repeated, missing. */
+llm_bind_kind llm_bind_match(const llm_bind_method *m, size_t n_pos, const char *const kw[],
+                             size_t n_kw, int slot[LLM_BIND_MAX_PARAMS], llm_bind_error *err);
+
+/* An integer argument as a binding read it: its value, or which way it fell
+ * outside int64 (or, for LLM_BIND_P_U64, outside 0..2**64-1 with the bits in
+ * value). */
+typedef struct llm_bind_int {
+    int64_t value;
+    int overflow; /* 0, +1 above the range, -1 below it */
+} llm_bind_int;
+
+/* One argument as the binding read it (given = 0: omitted, its default). */
+typedef struct llm_bind_arg {
+    int given;
+    llm_bind_int i;     /* INT, U64, TOKEN */
+    double f;           /* FLOAT */
+    int on;             /* BOOL */
+    const int32_t *ids; /* TOKENS: n ids, checked by llm_bind_tokens */
+    size_t n;
+} llm_bind_arg;
+
+/* TOKENS: the count is within the parameter's limits (before the ids are
+ * read), then each id in the embedding's range (llm_bind_token). */
+llm_bind_kind llm_bind_tokens(const llm_bind_model *m, const llm_bind_param *p, size_t n,
+                              llm_bind_error *err);
+llm_bind_kind llm_bind_token(const llm_bind_model *m, llm_bind_int v, int32_t *out,
+                             llm_bind_error *err);
+
+/* What a computing method returned, kept until llm_bind_result reads it. */
+#define LLM_BIND_MAX_IDS \
+    (LLM_VERIFY_MAX > LLM_IMAGE_DRAFTS_MAX ? LLM_VERIFY_MAX : LLM_IMAGE_DRAFTS_MAX)
+typedef struct llm_bind_out {
+    int32_t ids[LLM_BIND_MAX_IDS];
+    uint32_t n;
+} llm_bind_out;
+
+/* Every remaining rule, then the engine. Touches no Python object. */
+llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
+                            const llm_bind_arg args[LLM_BIND_MAX_PARAMS], llm_bind_out *out,
+                            llm_bind_error *err);
+
+/* ---- return values ----------------------------------------------------- */
+
+typedef enum llm_bind_type {
+    LLM_BIND_NONE,
+    LLM_BIND_INT,   /* i */
+    LLM_BIND_FLOAT, /* f */
+    LLM_BIND_BOOL,  /* i */
+    LLM_BIND_STR,   /* p, n bytes (UTF-8) */
+    LLM_BIND_BYTES, /* p, n bytes (copied at once: it may point into the engine) */
+    LLM_BIND_LIST,  /* n items: the n values that follow (each a whole value) */
+    LLM_BIND_TUPLE, /* n items, as LIST */
+    LLM_BIND_DICT,  /* n entries: the n values that follow, each with its key */
+} llm_bind_type;
+
+#define LLM_BIND_MAX_DEPTH 3 /* containers inside containers, at most */
+typedef struct llm_bind_value {
+    llm_bind_type type;
+    int depth;       /* containers around it: 0 for the return value itself */
+    size_t index;    /* its place in the container around it */
+    const char *key; /* its key, when that container is a DICT */
+    int64_t i;
+    double f;
+    const void *p;
+    size_t n;
+} llm_bind_value;
+
+/* A binding's builder: put() turns one value into an object and stores it at
+ * its index (or key) in the last container put at depth - 1; 0 on failure
+ * (CPython: an exception is set). */
+typedef struct llm_bind_sink {
+    int (*put)(void *ctx, const llm_bind_value *v);
+    void *ctx;
+} llm_bind_sink;
+
+/* The return value of a method llm_bind_call has just run. */
+int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bind_out *out,
+                    const llm_bind_sink *sink);
+
+/* ---- _llm.selftest() --------------------------------------------------- */
+
+/* The kernel self-test's lines (native/engine/selftest.h) summed up. */
 typedef struct llm_bind_selftest {
     char kernels[16]; /* "pie-native" on the S3, "pie-emu" on a PC */
     uint32_t passed, failures, probes, probe_differences;
 } llm_bind_selftest;
 void llm_bind_selftest_line(llm_bind_selftest *acc, const char *line);
+/* The one-line summary selftest() prints. */
+void llm_bind_selftest_summary(const llm_bind_selftest *t, char *buf, size_t size);
+/* selftest()'s dict without its "lines" (the binding adds the list it kept):
+ * a DICT of LLM_BIND_SELFTEST_FIELDS entries. */
+#define LLM_BIND_SELFTEST_FIELDS 6u
+int llm_bind_selftest_result(const llm_bind_selftest *t, const llm_bind_sink *sink);
 
 #endif

@@ -27,6 +27,7 @@ add_library(usermod_llm INTERFACE)
 
 target_sources(usermod_llm INTERFACE
     ${CMAKE_CURRENT_LIST_DIR}/modllm.c
+    ${CMAKE_CURRENT_LIST_DIR}/modllm_call.c
     ${LLM_ENGINE_SOURCES}
     ${LLM_DEVICE_SOURCES}
 )

@@ -7,7 +7,7 @@
 LLM_NATIVE_DIR := $(patsubst %/micropython,%,$(USERMOD_DIR))
 
 # Scanned for QSTRs: the binding only.
-SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c
+SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c $(USERMOD_DIR)/modllm_call.c
 
 # Same engine list as setup.py and micropython.cmake (tests check they agree).
 LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c
@@ -26,7 +26,7 @@ CFLAGS_USERMOD += -DLLM_PORT_NAME='"micropython-unix"'
 # its own flags; MicroPython's stricter float-conversion warnings are for
 # MicroPython's code.
 $(BUILD)/engine/%.o $(BUILD)/port/host/%.o $(BUILD)/binding/%.o: CFLAGS += -std=c11 -ffp-contract=off -Wno-double-promotion -Wno-float-conversion
-$(BUILD)/micropython/modllm.o: CFLAGS += -ffp-contract=off
+$(BUILD)/micropython/modllm.o $(BUILD)/micropython/modllm_call.o: CFLAGS += -ffp-contract=off
 
 # Objects are named after their path below USER_C_MODULES, so this module's
 # land in $(BUILD)/micropython/, which is also the unix port's program path.

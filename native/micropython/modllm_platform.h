@@ -1,6 +1,6 @@
 /*
  * What differs between the two MicroPython builds of `_llm`, behind one small
- * interface so that modllm.c is the same file on both:
+ * interface so that the binding's files are the same on both:
  *   - ESP32-S3 firmware (Xtensa): the image is the `model` flash
  *     partition mapped through the cache (native/port/esp32), placement with
  *     heap_caps, a second core for half of each large matvec;
@@ -90,17 +90,20 @@ static inline int mpllm_interrupt_pending(void) {
     return sigpending(&set) == 0 && sigismember(&set, SIGINT) == 1;
 }
 /* whether SIGINT was blocked before hold(): allow() leaves it that way */
-static int mpllm_sigint_was_blocked;
+static inline int *mpllm_sigint_was_blocked(void) {
+    static int blocked;
+    return &blocked;
+}
 
 static inline void mpllm_interrupts_hold(void) {
     sigset_t set, old;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, &old);
-    mpllm_sigint_was_blocked = sigismember(&old, SIGINT) == 1;
+    *mpllm_sigint_was_blocked() = sigismember(&old, SIGINT) == 1;
 }
 static inline void mpllm_interrupts_allow(void) {
-    if (mpllm_sigint_was_blocked) {
+    if (*mpllm_sigint_was_blocked()) {
         return; /* the program blocks SIGINT itself: not ours to take or unblock */
     }
     sigset_t set;

@@ -1,0 +1,197 @@
+/* Python objects to the binding core's values and back (modllm_call.h). */
+#include <string.h>
+
+#include "py/objint.h"
+#include "py/objstr.h"
+#include "py/objtuple.h"
+#include "py/runtime.h"
+
+#include "modllm_call.h"
+
+/* _llm.Error, a RuntimeError like the CPython binding's. */
+MP_DEFINE_CONST_OBJ_TYPE(llm_type_Error, MP_QSTR_Error, MP_TYPE_FLAG_NONE,
+    make_new, mp_obj_exception_make_new, print, mp_obj_exception_print,
+    attr, mp_obj_exception_attr, parent, &mp_type_RuntimeError);
+
+/* The one place a decision of the core becomes a Python exception. */
+MP_NORETURN void llm_raise(const llm_bind_error *e) {
+    const mp_obj_type_t *type = &llm_type_Error;
+    if (e->kind == LLM_BIND_TYPE_ERROR) {
+        type = &mp_type_TypeError;
+    } else if (e->kind == LLM_BIND_VALUE_ERROR) {
+        type = &mp_type_ValueError;
+    } else if (e->kind == LLM_BIND_MEMORY_ERROR) {
+        type = &mp_type_MemoryError;
+    } else if (e->kind == LLM_BIND_INTERRUPT) {
+        /* the poll saw a pending KeyboardInterrupt (the board's, or the SIGINT
+         * mpllm_interrupts_allow() has just scheduled): raise it now */
+        mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS);
+        mp_raise_type(&mp_type_KeyboardInterrupt);
+    }
+    mp_raise_msg_varg(type, MP_ERROR_TEXT("%s"), e->message);
+}
+
+void llm_check(llm_bind_kind kind, const llm_bind_error *e) {
+    if (kind != LLM_BIND_OK) {
+        llm_raise(e);
+    }
+}
+
+llm_model_obj_t *llm_ready(mp_obj_t self_in) {
+    llm_model_obj_t *self = MP_OBJ_TO_PTR(self_in);
+    llm_bind_error e;
+    llm_check(llm_bind_ready(&self->m, &e), &e);
+    return self;
+}
+
+/* An int as the core reads it (bool refused). A big int gives its low 64
+ * bits when it is non-negative and fits in `bits` (63: an int64, 64: a u64
+ * such as a seed); otherwise, and for a negative big int, overflow. */
+static llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
+    llm_bind_error e;
+    if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
+        llm_bind_not_int(what, mp_obj_get_type_str(o), &e);
+        llm_raise(&e);
+    }
+    llm_bind_int v = {0, 0};
+    uint8_t b[8];
+    if (mp_obj_is_small_int(o)) {
+        v.value = MP_OBJ_SMALL_INT_VALUE(o);
+        v.overflow = bits == 64 && v.value < 0 ? -1 : 0;
+    } else if (mp_obj_int_sign(o) < 0) {
+        v.overflow = -1;
+    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b) || (bits == 63 && (b[7] & 0x80u))) {
+        v.overflow = 1;
+    } else {
+        for (int i = 7; i >= 0; i--) {
+            v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
+        }
+    }
+    return v;
+}
+
+/* Polled between a long prefill's passes: a pending Ctrl-C stops it (the
+ * engine then undoes it). */
+static int llm_poll(void *ctx) {
+    (void)ctx;
+    return MP_STATE_THREAD(mp_pending_exception) != MP_OBJ_NULL || mpllm_interrupt_pending();
+}
+
+/* ---- return values: the core's values as objects ----------------------- */
+
+typedef struct {
+    mp_obj_t at[LLM_BIND_MAX_DEPTH + 1]; /* the return value, then the containers in it */
+} llm_builder;
+
+static int llm_put(void *ctx, const llm_bind_value *v) {
+    llm_builder *b = ctx;
+    mp_obj_t o = mp_const_none;
+    switch (v->type) {
+        case LLM_BIND_INT: o = mp_obj_new_int_from_ll(v->i); break;
+        case LLM_BIND_FLOAT: o = mp_obj_new_float((mp_float_t)v->f); break;
+        case LLM_BIND_BOOL: o = mp_obj_new_bool(v->i); break;
+        case LLM_BIND_STR: o = mp_obj_new_str(v->p, v->n); break;
+        case LLM_BIND_BYTES: o = mp_obj_new_bytes(v->p, v->n); break;
+        case LLM_BIND_LIST: o = mp_obj_new_list(v->n, NULL); break;
+        case LLM_BIND_TUPLE: o = mp_obj_new_tuple(v->n, NULL); break;
+        case LLM_BIND_DICT: o = mp_obj_new_dict(v->n); break;
+        default: break;
+    }
+    mp_obj_t in = v->depth > 0 ? b->at[v->depth - 1] : MP_OBJ_NULL;
+    if (in != MP_OBJ_NULL && mp_obj_is_dict_or_ordereddict(in)) {
+        mp_obj_dict_store(in, mp_obj_new_str(v->key, strlen(v->key)), o);
+    } else if (in != MP_OBJ_NULL) {
+        size_t len;
+        mp_obj_t *items;
+        mp_obj_get_array(in, &len, &items);
+        items[v->index] = o;
+    }
+    b->at[v->depth] = o;
+    return 1;
+}
+
+/* ---- methods: one generic call, the core's table says the arguments ----- */
+
+mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
+    mp_map_t *kw) {
+    const llm_bind_method *meth = llm_bind_method_at(id);
+    const size_t n_pos = n_args - 1, max = LLM_BIND_MAX_PARAMS;
+    mp_obj_t vals[2 * LLM_BIND_MAX_PARAMS];
+    const char *names[LLM_BIND_MAX_PARAMS];
+    memcpy(vals, args + 1, (n_pos < max ? n_pos : max) * sizeof(mp_obj_t));
+    size_t n_kw = 0;
+    for (size_t i = 0; kw != NULL && i < kw->alloc; i++) {
+        if (mp_map_slot_is_filled(kw, i) && n_kw++ < max) {
+            names[n_kw - 1] = mp_obj_str_get_str(kw->table[i].key);
+            vals[max + n_kw - 1] = kw->table[i].value;
+        }
+    }
+    int slot[LLM_BIND_MAX_PARAMS];
+    llm_bind_error e;
+    llm_check(llm_bind_match(meth, n_pos, names, n_kw, slot, &e), &e);
+    /* first what may run user code (iterating, __float__, __bool__), which may
+     * close the model; then the open check; then the ids against the engine */
+    llm_bind_arg a[LLM_BIND_MAX_PARAMS] = {{0}};
+    mp_obj_t seq[LLM_BIND_MAX_PARAMS];
+    for (int j = 0; j < meth->n_params; j++) {
+        const llm_bind_param *p = &meth->params[j];
+        mp_obj_t o = slot[j] < 0 ? MP_OBJ_NULL : vals[slot[j]];
+        a[j].given = o != MP_OBJ_NULL;
+        if (!a[j].given) {
+            continue;
+        } else if (p->kind == LLM_BIND_P_FLOAT) {
+            a[j].f = (double)mp_obj_get_float(o);
+        } else if (p->kind == LLM_BIND_P_BOOL) {
+            a[j].on = mp_obj_is_true(o);
+        } else if (p->kind == LLM_BIND_P_TOKENS) {
+            const bool array = mp_obj_is_type(o, &mp_type_list) || mp_obj_is_type(o, &mp_type_tuple);
+            seq[j] = array ? o : mp_call_function_1(MP_OBJ_FROM_PTR(&mp_type_list), o);
+        } else {
+            a[j].i = llm_int(o, p->what, p->kind == LLM_BIND_P_U64 ? 64 : 63);
+        }
+    }
+    llm_model_obj_t *self = llm_ready(args[0]);
+    int32_t *ids[LLM_BIND_MAX_PARAMS] = {NULL, NULL, NULL};
+    for (int j = 0; j < meth->n_params; j++) {
+        if (a[j].given && meth->params[j].kind == LLM_BIND_P_TOKENS) {
+            mp_obj_t *items;
+            mp_obj_get_array(seq[j], &a[j].n, &items);
+            llm_check(llm_bind_tokens(&self->m, &meth->params[j], a[j].n, &e), &e);
+            a[j].ids = ids[j] = m_new(int32_t, a[j].n + 1);
+            for (size_t i = 0; i < a[j].n; i++) {
+                llm_check(llm_bind_token(&self->m, llm_int(items[i], "a token id", 63), &ids[j][i],
+                    &e), &e);
+            }
+        }
+    }
+    mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS); /* Ctrl-C between tokens */
+    llm_bind_out out;
+    /* held back: the unix port's Ctrl-C would jump out of the engine half-way */
+    mpllm_interrupts_hold();
+    llm_bind_kind kind = llm_bind_call(&self->m, id, a, &out, &e);
+    mpllm_interrupts_allow();
+    for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
+        m_del(int32_t, ids[j], a[j].n + 1);
+    }
+    llm_check(kind, &e);
+    llm_builder b = {{mp_const_none}};
+    const llm_bind_sink sink = {llm_put, &b};
+    llm_bind_result(&self->m, id, &out, &sink);
+    return b.at[0];
+}
+
+llm_bind_kind llm_open_held(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
+    int fast, llm_bind_error *e) {
+    mpllm_interrupts_hold();
+    llm_bind_kind kind = llm_bind_open(m, data, len, plain, fast, llm_poll, e);
+    mpllm_interrupts_allow();
+    return kind;
+}
+
+mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines) {
+    llm_builder b = {{mp_const_none}};
+    const llm_bind_sink sink = {llm_put, &b};
+    llm_bind_selftest_result(t, &sink);
+    mp_obj_dict_store(b.at[0], MP_OBJ_NEW_QSTR(MP_QSTR_lines), lines);
+    return b.at[0];
+}

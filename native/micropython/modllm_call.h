@@ -1,0 +1,40 @@
+/*
+ * The MicroPython `_llm`'s two halves (modllm.c: the module, the Model and
+ * Section types; modllm_call.c: Python objects to the binding core's values
+ * and back, around one generic method call).
+ */
+#ifndef MPLLM_MODLLM_CALL_H
+#define MPLLM_MODLLM_CALL_H
+
+#include "py/obj.h"
+
+#include "llm_bind.h"
+#include "modllm_platform.h"
+
+typedef struct _llm_model_obj_t {
+    mp_obj_base_t base;
+    llm_bind_model m;
+    mpllm_port_t port; /* m.port points into it: lives as long as the object */
+    mpllm_map_t map;   /* valid while mapped */
+    bool mapped;
+    bool port_ready;
+    mp_obj_t source;   /* str it was opened from, or the buffer used in place */
+} llm_model_obj_t;
+
+extern const mp_obj_type_t llm_type_Error;
+
+/* Raise what the core decided (an llm_bind_error) as its Python exception. */
+MP_NORETURN void llm_raise(const llm_bind_error *e);
+void llm_check(llm_bind_kind kind, const llm_bind_error *e);
+/* self, or "bad state: the model is closed" */
+llm_model_obj_t *llm_ready(mp_obj_t self_in);
+
+/* Model.<method>(*args, **kw) for the core's method `id` (args[0] is self). */
+mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args, mp_map_t *kw);
+/* llm_bind_open with Ctrl-C held back, polled between a long prefill's passes. */
+llm_bind_kind llm_open_held(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
+    int fast, llm_bind_error *e);
+/* selftest()'s dict: the core's summary plus the lines. */
+mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines);
+
+#endif
