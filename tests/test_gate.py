@@ -27,30 +27,34 @@ def test_fnv1a64_matches_golden_logits_hash(name: str) -> None:
     assert f"{gate.fnv1a64(data):016x}" == meta["logits_fnv1a64_hex"]
 
 
-def _snippet_hash_program(data_hex: str, force_plain: bool) -> str:
-    head = gate.gate_snippet("").split("\ndef _gate(")[0]
-    head = head.replace("import _llm\n", "").replace("import llm\n", "")
-    if force_plain:  # the fallback branch, as on a port without the native emitter
-        head = head.replace("import micropython\n", "import no_such_module_here\n")
-    return head + (
-        "\nimport binascii\n"
-        f"_data = binascii.unhexlify({data_hex!r})\n"
-        "_fnv_update(_state, _data[:7])\n_fnv_update(_state, _data[7:])\n"
-        "print('viper' if _FNV_HEX else 'plain', _fnv_hex(_state))\n")
+FNV_PROGRAM = """
+import binascii
+import llm_bench
+data = binascii.unhexlify({data_hex!r})
+print(llm_bench.FNV_KERNEL, sorted(llm_bench.FNV_KERNELS))
+for name, (new, update, hexdigits) in sorted(llm_bench.FNV_KERNELS.items()):
+    state = new()
+    update(state, data[:7])
+    update(state, data[7:])
+    print(name, hexdigits(state))
+"""
 
 
-@pytest.mark.parametrize("force_plain", [False, True])
-def test_micropython_fnv_equals_host(tmp_path, force_plain: bool) -> None:
+def test_micropython_fnv_equals_host(tmp_path) -> None:
+    """The board's FNV-1a 64 (llm_bench.py: the viper kernel on 32-bit halves
+    and the plain one) equals the host's, under MicroPython."""
     data = np.random.default_rng(7).integers(0, 256, 50_000, dtype=np.uint8).tobytes()
     data += b"\xff" * 64 + b"\x00" * 64  # carries through every limb
     prog = tmp_path / "fnv.py"
-    prog.write_text(_snippet_hash_program(data.hex(), force_plain))
-    out = subprocess.run([find_micropython(), str(prog)], capture_output=True, text=True, check=False,
-                         timeout=60)
+    prog.write_text(FNV_PROGRAM.format(data_hex=data.hex()))
+    env = dict(os.environ, MICROPYPATH=f"{engine_ext.MODULES}:.frozen")
+    out = subprocess.run([find_micropython(), str(prog)], capture_output=True, text=True,
+                         check=False, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    kind, h = out.stdout.split()
-    assert kind == ("plain" if force_plain else "viper")
-    assert h == f"{gate.fnv1a64(data):016x}"
+    lines = out.stdout.splitlines()
+    assert lines[0] == "viper ['plain', 'viper']"
+    want = f"{gate.fnv1a64(data):016x}"
+    assert lines[1:] == [f"plain {want}", f"viper {want}"]
 
 
 @pytest.fixture(scope="module")

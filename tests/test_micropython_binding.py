@@ -349,8 +349,8 @@ SAME_OUTCOME = [
     # return values built from the core's value stream
     "print('MEM', m.memory())",
     # (MicroPython's Model(IMAGE) is the shared model: reset it first)
-    "m.reset() or print('STATS', sorted(m.stats()), sorted(m.stats()['stage_ms']), "
-    "sorted(m.stats()['bytes'].items()))",
+    ("m.reset() or print('STATS', sorted(m.stats()), sorted(m.stats()['stage_ms']), "
+     "sorted(m.stats()['bytes'].items()))"),
     "print('CFG', sorted((k, v) for k, v in m.config().items() if k != 'rope_theta'))",
     "print('SELF', sorted(k for k in _llm.selftest() if k != 'lines'))",
 ]
@@ -433,6 +433,14 @@ def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
 
     out = tmp_path / "report.json"
     with SerialPeer([ROOT / "firmware" / "modules"], micropython=str(micropython)) as peer:
+        # a fresh session on a runtime with no model partition: --port-image
+        fresh = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--port",
+                                peer.port, "--image", str(img), "--port-image", str(img),
+                                "--report", str(tmp_path / "fresh.json"), "--tokens", "10",
+                                "--quiet"], capture_output=True, text=True, timeout=600,
+                               check=False)
+        assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+        assert json.loads((tmp_path / "fresh.json").read_text())["gate"]["same"]
         on_board(peer.port, f"import llm\nllm.load({str(img)!r}, plain=True)")
         r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--port",
                             peer.port, "--image", str(img), "--report", str(out), "--tokens",

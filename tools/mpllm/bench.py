@@ -12,10 +12,12 @@ machine: through MicroPython's print and the serial link for a board). Also:
 per-stage ms, time to first token (engine and round trip), memory placement
 and build_info. Results go to a JSON file and a PNG stage chart.
 
-How the board is driven: mpremote's own SerialTransport enters the raw REPL,
-sends BENCH_SNIPPET with exec_raw_no_follow and follows the output as it
-streams, timestamping every byte. The snippet runs unchanged in-process on
-CPython for the host board.
+How the board is driven: the bench itself is the board's own module
+`llm_bench` (firmware/modules/llm_bench.py, frozen in the firmware).
+mpremote's SerialTransport enters the raw REPL, sends a two-line call of
+llm_bench.bench() with exec_raw_no_follow and follows the output as it
+streams, timestamping every byte. The host board runs the same function
+in-process on CPython.
 """
 
 from __future__ import annotations
@@ -45,92 +47,12 @@ SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 40
 SAMPLE_SEED = 20240601
 
-START, END, INFO = "MPLLM-BENCH-START", "MPLLM-BENCH-END", "MPLLM-BENCH-INFO"
 
-# Runs on CPython (host board) and MicroPython (board, unix port). Prints the
-# story text as it is generated; control characters other than newline are
-# escaped, because a raw \x04 would end the raw REPL's output early.
-BENCH_SNIPPET = r'''
-import _llm
-import llm
-import json
-import time
+def _board(name: str):  # type: ignore[no-untyped-def]
+    """A module of firmware/modules: the bench itself runs in `llm_bench`."""
+    from .hostboard import board_module
 
-try:
-    _now = time.ticks_us
-
-    def _us(a, b):
-        return time.ticks_diff(b, a)
-except AttributeError:
-    def _now():
-        return int(time.perf_counter() * 1e6)
-
-    def _us(a, b):
-        return b - a
-
-
-def _clean(s):
-    out = []
-    for c in s:
-        o = ord(c)
-        if o < 32 and c != "\n" or o == 127:
-            out.append("\\x%%02x" %% o)
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-def _bench(model, runs, n_tokens, draft):
-    cfg = model.config()
-    tok = llm.Tokenizer(model.tokenizer())
-    drafter = llm.drafter(model, draft)
-    mode = "fast" if model.fast() else "plain" if model.plain() else "exact"
-    info = {"build_info": _llm.build_info(), "config": cfg, "mode": mode,
-            "drafter": None if drafter is None else "ngram" if draft == "auto" else draft,
-            "memory": [list(m) for m in model.memory()]}
-    print("%(info)s", json.dumps(info))
-    for i, (prompt, temperature, top_k, seed) in enumerate(runs):
-        ids = tok.encode(prompt)
-        n = min(n_tokens, cfg["seq_len"] - len(ids) + 1)
-        model.reset()
-        model.sampler(temperature, top_k, seed)
-        dec = llm.Utf8Decoder()
-        print("%(start)s", i)
-        t0 = _now()
-        t = model.prefill(ids)
-        first = model.stats()
-        out = [t]
-        print(_clean(dec.feed(tok.token_bytes(t))), end="")
-        counts = {}
-        for t in llm.decode_tokens(model, t, n - 1, drafter, list(ids), None, counts):
-            out.append(t)
-            print(_clean(dec.feed(tok.token_bytes(t))), end="")
-        t1 = _now()
-        print(_clean(dec.flush()))
-        last = model.stats()
-        res = {"run": i, "prompt_ids": ids, "ids": out, "wall_us": _us(t0, t1),
-               "after_prefill": first, "final": last, "counts": counts}
-        print("%(end)s", json.dumps(res))
-
-
-if %(shared)r:
-    # the board: the model llm.py shares with the user's session stays open,
-    # in the modes it had (its context is reset: there is one model)
-    _m = llm.load()
-    _modes = (_m.plain(), _m.fast())
-    llm.load(plain=%(plain)r, fast=%(fast)r)
-    try:
-        _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
-    finally:
-        llm.load(plain=False, fast=_modes[1])
-        _m.set_plain(_modes[0])
-else:
-    _m = _llm.Model(%(model_args)s)
-    try:
-        _bench(_m, %(runs)r, %(n_tokens)d, %(draft)r)
-    finally:
-        _m.close()
-'''
+    return board_module(name)
 
 
 @dataclass(frozen=True)
@@ -157,29 +79,32 @@ def default_runs(prompts: Sequence[str] = PROMPTS, *, greedy: bool = True,
 
 
 #: engine modes: exact (the default), plain (every speed-up off: the exact
-#: reference), fast (lossy, opt-in); what the bench passes to _llm.Model
-MODES = {"exact": "", "plain": "plain=True", "fast": "fast=True"}
+#: reference), fast (lossy, opt-in)
+MODES = ("exact", "plain", "fast")
 DRAFTS = ("auto", "none", "lookup", "ngram")
 
 
-def bench_snippet(runs: Sequence[RunSpec], n_tokens: int, model_args: str = "",
-                  draft: str = "auto") -> str:
+def bench_code(runs: Sequence[RunSpec], n_tokens: int, mode: str = "exact",
+               draft: str = "auto", image: str | None = None) -> str:
+    """The code a board runs for the bench: `llm_bench.bench()` on the model its
+    session shares (`image`: what a runtime with no model partition opens,
+    the MicroPython unix port)."""
+    args = ", ".join(repr(a) for a in _bench_args(runs, n_tokens, mode, draft, image))
+    return f"import llm_bench\nllm_bench.bench({args})\n"
+
+
+def _bench_args(runs: Sequence[RunSpec], n_tokens: int, mode: str, draft: str,
+                image: str | None, private: bool = False) -> tuple:
+    """llm_bench.bench()'s arguments, checked here (a board's traceback is the
+    worse place to learn of a typo)."""
     if n_tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {n_tokens}")
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, not {draft!r}")
-    spec = [(r.prompt, r.temperature, r.top_k, r.seed) for r in runs]
-    shared = not model_args or model_args in MODES.values()  # no image: the board's own
-    return BENCH_SNIPPET % {"info": INFO, "start": START, "end": END, "model_args": model_args,
-                            "runs": spec, "n_tokens": n_tokens, "draft": draft,
-                            "shared": shared, "plain": "plain=True" in model_args,
-                            "fast": "fast=True" in model_args}
-
-
-def _model_args(image: str, mode: str) -> str:
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
-    return ", ".join(a for a in (image, MODES[mode]) if a)
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    spec = [(r.prompt, r.temperature, r.top_k, r.seed) for r in runs]
+    return (spec, n_tokens, draft, image, private, mode == "plain", mode == "fast")
 
 
 @dataclass
@@ -195,7 +120,7 @@ class RunResult:
     roundtrip_tok_s: float  # tokens after the first / time between their arrival
     roundtrip_ttft_ms: float  # start marker -> first text byte
     engine_tok_s: float | None  # None when the engine's timers read 0 (a replay double)
-    wall_tok_s: float | None  # the snippet's own clock, prefill to last token
+    wall_tok_s: float | None  # the board's own clock, prefill to last token
     # decode steps only: share of head rows the certified head scored, and bytes
     # read per token per region (None: the engine reports no such counters)
     head_rows_fraction: float | None = None
@@ -291,8 +216,10 @@ class StreamRecorder:
 
 
 def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> BenchResult:
-    """Turn the snippet's output into results; ValueError with the output on
-    anything missing."""
+    """Turn llm_bench.bench()'s output into results; ValueError with the output
+    on anything missing."""
+    lb = _board("llm_bench")
+    START, END, INFO = lb.START, lb.END, lb.INFO  # the board's markers
     raw = b"".join(c for _, c in rec.chunks)
     text = raw.decode("utf-8", "replace")
     info_at = raw.find(INFO.encode())
@@ -363,24 +290,20 @@ class _TimedWriter(io.TextIOBase):
 def _import_llm_modules(llm_module: object | None) -> object:
     if llm_module is not None:
         sys.modules["_llm"] = llm_module  # type: ignore[assignment]
-    gate._tokenizer_class()  # `llm` importable from a checkout
-    import _llm
-
-    return _llm
+    return _board("_llm")
 
 
 def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: int, *,
              llm_module: object | None = None, progress: bool = True,
              mode: str = "exact", draft: str = "auto") -> BenchResult:
-    """The bench on the host board: BENCH_SNIPPET in-process with the CPython `_llm`
-    (mode: exact, plain = every speed-up off, fast = lossy; draft: llm.drafter's
-    option)."""
+    """The bench on the host board: the board's own llm_bench.bench() in-process
+    with the CPython `_llm` on a model of its own (mode: exact, plain = every
+    speed-up off, fast = lossy; draft: llm.drafter's option)."""
     _import_llm_modules(llm_module)
+    args = _bench_args(runs, n_tokens, mode, draft, os.fspath(image), private=True)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
     with contextlib.redirect_stdout(_TimedWriter(rec)):
-        # the board's snippet, run unchanged on the host board
-        src = bench_snippet(runs, n_tokens, _model_args(repr(os.fspath(image)), mode), draft)
-        exec(src, {"__name__": "mpllm_bench"})  # noqa: S102
+        _board("llm_bench").bench(*args)
     _progress_close()
     return parse_stream(rec, runs, "host")
 
@@ -415,12 +338,14 @@ def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], Non
 
 def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: bool = False,
              progress: bool = True, timeout: float = 120, mode: str = "exact",
-             draft: str = "auto") -> BenchResult:
-    """The bench on a board (or a serial peer) through its raw REPL."""
+             draft: str = "auto", port_image: str | None = None) -> BenchResult:
+    """The bench on a board (or a serial peer) through its raw REPL, on the
+    model the board's session shares (port_image: what a runtime with no model
+    partition opens when it has none open)."""
+    code = bench_code(runs, n_tokens, mode, draft, port_image)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
-    err = run_port_snippet(port, bench_snippet(runs, n_tokens, _model_args("", mode), draft),
-                           consumer=rec.feed,
-                           soft_reset=soft_reset, timeout=timeout)
+    err = run_port_snippet(port, code, consumer=rec.feed, soft_reset=soft_reset,
+                           timeout=timeout)
     _progress_close()
     if err:
         raise RuntimeError(f"{port}: the bench raised on the board:\n"
@@ -428,10 +353,11 @@ def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: b
     return parse_stream(rec, runs, port)
 
 
-def port_gate(port: str, *, soft_reset: bool = False, timeout: float = 300) -> gate.GateResult:
-    """The gate computed on the board at `port` (its model partition)."""
+def port_gate(port: str, *, soft_reset: bool = False, timeout: float = 300,
+              port_image: str | None = None) -> gate.GateResult:
+    """The gate computed on the board at `port` (the model its session shares)."""
     chunks: list[bytes] = []
-    err = run_port_snippet(port, gate.gate_snippet(""), consumer=chunks.append,
+    err = run_port_snippet(port, gate.gate_code(port_image), consumer=chunks.append,
                            soft_reset=soft_reset, timeout=timeout)
     out = b"".join(chunks).decode("utf-8", "replace")
     if err:
@@ -452,15 +378,16 @@ def _progress_callback(n_runs: int, enabled: bool) -> Callable[[str], None] | No
     except ImportError:
         return None
     bar = tqdm(total=n_runs, desc="bench runs", unit="run", file=sys.__stderr__)
+    end = _board("llm_bench").END
     _BAR[:] = [bar]
     tail = [""]
 
     def on_text(s: str) -> None:
         buf = tail[0] + s
-        k = buf.count(END)
+        k = buf.count(end)
         if k:
             bar.update(k)
-        tail[0] = buf[-(len(END) - 1):]  # a marker split across chunks still counts once
+        tail[0] = buf[-(len(end) - 1):]  # a marker split across chunks still counts once
 
     return on_text
 
@@ -629,6 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--port", help="serial port of the board (or a serial peer)")
     where.add_argument("--board", choices=["host"], help="run on this machine (CPython _llm)")
     p.add_argument("--image", type=Path, help="model image (host board; the gate's reference)")
+    p.add_argument("--port-image", metavar="PATH",
+                   help="with --port: the image a runtime with no model partition opens when "
+                        "its session has no model open (the MicroPython unix port: a path on "
+                        "its filesystem); a board uses its model partition")
     p.add_argument("--release-shaped", action="store_true",
                    help="also bench a random model of the release shape (generated once)")
     p.add_argument("--tokens", type=int, default=100, help="tokens per run (default 100)")
@@ -699,47 +630,26 @@ def _have_matplotlib() -> bool:
 
 #: What a board owner's --report collects on the board itself (runs on
 #: MicroPython and CPython): build, self-test, free memory.
-REPORT_SNIPPET = r'''
-import _llm
-import gc
-import json
-
-info = {"build_info": _llm.build_info(), "selftest": None, "heap_free": None,
-        "idf_heap": None}
-if hasattr(_llm, "selftest"):
-    info["selftest"] = _llm.selftest()
-gc.collect()
-if hasattr(gc, "mem_free"):
-    info["heap_free"] = gc.mem_free()
-try:
-    import esp32
-
-    info["idf_heap"] = {"data": [list(h) for h in esp32.idf_heap_info(esp32.HEAP_DATA)],
-                        "exec": [list(h) for h in esp32.idf_heap_info(esp32.HEAP_EXEC)]}
-except ImportError:
-    pass
-print("MPLLM-REPORT", json.dumps(info))
-'''
-
-
 def report_info(port: str | None, *, timeout: float = 300) -> dict:
-    """REPORT_SNIPPET's answer, from the board at `port` or (None) in-process."""
+    """llm_bench.report()'s answer, from the board at `port` or (None) in-process."""
+    marker = _board("llm_bench").REPORT
     if port is None:
         rec = StreamRecorder()
         with contextlib.redirect_stdout(_TimedWriter(rec)):
-            exec(REPORT_SNIPPET, {"__name__": "mpllm_report"})  # noqa: S102
+            _board("llm_bench").report()
         out = rec.text()
     else:
         chunks: list[bytes] = []
-        err = run_port_snippet(port, REPORT_SNIPPET, consumer=chunks.append, timeout=timeout)
+        err = run_port_snippet(port, "import llm_bench\nllm_bench.report()\n",
+                               consumer=chunks.append, timeout=timeout)
         if err:
             raise RuntimeError(f"{port}: the report raised on the board:\n"
                                f"{err.decode('utf-8', 'replace')}")
         out = b"".join(chunks).decode("utf-8", "replace")
-    at = out.find("MPLLM-REPORT ")
+    at = out.find(marker + " ")
     if at < 0:
-        raise ValueError(f"no MPLLM-REPORT line in the output:\n{out[-2000:]}")
-    return json.loads(out[at + len("MPLLM-REPORT "):].splitlines()[0])
+        raise ValueError(f"no {marker} line in the output:\n{out[-2000:]}")
+    return json.loads(out[at + len(marker) + 1:].splitlines()[0])
 
 
 def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -753,7 +663,8 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
         return 2
     info = report_info(args.port, timeout=max(args.timeout, 300))
     try:
-        got = (port_gate(args.port, timeout=max(args.timeout, 300)) if args.port
+        got = (port_gate(args.port, timeout=max(args.timeout, 300), port_image=args.port_image)
+               if args.port
                else gate.engine_gate(image))
         gate_info: dict = {"hash": got.hash, "source": got.source}
         if image is not None:
@@ -764,7 +675,8 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
     runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
                         sampled=not args.greedy_only)
     res = (run_port(args.port, runs, args.tokens, progress=not args.quiet,
-                    timeout=args.timeout, draft=args.draft) if args.port
+                    timeout=args.timeout, draft=args.draft, port_image=args.port_image)
+           if args.port
            else run_host(image, runs, args.tokens, progress=not args.quiet, draft=args.draft))
     bench_json = to_json([res])["results"][0]
     data = {"report": 1, "where": args.port or "host", **info, "gate": gate_info,
@@ -832,7 +744,8 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
               file=sys.stderr)
         return 2
     if args.port:
-        other = port_gate(args.port, soft_reset=args.soft_reset, timeout=max(args.timeout, 300))
+        other = port_gate(args.port, soft_reset=args.soft_reset, timeout=max(args.timeout, 300),
+                          port_image=args.port_image)
     else:
         _import_llm_modules(llm_module)
         other = gate.engine_gate(image)
@@ -978,7 +891,7 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             for mode in modes:
                 r = run_port(args.port, runs, args.tokens, soft_reset=args.soft_reset,
                              progress=not args.quiet, timeout=args.timeout, mode=mode,
-                             draft=args.draft)
+                             draft=args.draft, port_image=args.port_image)
                 r.board += suffix[mode]
                 results.append(r)
         else:
@@ -1028,12 +941,11 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
 
 
 __all__ = [
-    "BENCH_SNIPPET",
     "PROMPTS",
     "BenchResult",
     "RunResult",
     "RunSpec",
-    "bench_snippet",
+    "bench_code",
     "default_runs",
     "main",
     "make_release_shaped",

@@ -20,10 +20,10 @@ Three producers compute it:
   * the host reference (mpllm.reference, numpy) -- `reference_gate`;
   * the engine through a `_llm` module: the CPython one in-process
     (`engine_gate`), or the board's through the serial transport: both run
-    the same source, GATE_SNIPPET, which also runs under MicroPython (a viper
-    FNV-1a kernel on 32-bit halves when the native emitter is there, so the
-    board needs no long integers; plain Python ints otherwise).
-The snippet prints one line "MPLLM-GATE <hash> <n_prompt> <ids...>" that
+    the same code, `llm_bench.gate()` (firmware/modules/llm_bench.py, frozen
+    on the board; its FNV-1a has a viper kernel on 32-bit halves, so the
+    board needs no long integers).
+It prints one line "MPLLM-GATE <hash> <n_prompt> <ids...>" that
 `parse_gate_line` reads.
 """
 
@@ -71,19 +71,10 @@ def gate_bytes(rows: list[bytes], text: str) -> bytes:
     return b"".join(rows) + text.encode("utf-8")
 
 
-def _llm_module_path() -> Path:
-    return Path(__file__).resolve().parent.parent.parent / "firmware" / "modules"
-
-
 def _tokenizer_class() -> type:
-    try:
-        from llm import Tokenizer  # the pip-installed top-level module
-    except ImportError:
-        import sys
+    from .hostboard import board_module
 
-        sys.path.insert(0, str(_llm_module_path()))
-        from llm import Tokenizer
-    return Tokenizer
+    return board_module("llm").Tokenizer  # type: ignore[no-any-return]
 
 
 def _check_room(n_prompt: int, seq_len: int) -> None:
@@ -110,117 +101,23 @@ def reference_gate(image: str | os.PathLike[str] | bytes) -> GateResult:
     return GateResult(f"{h:016x}", list(prompt), list(ids), "reference (numpy)")
 
 
-# The snippet runs unchanged on CPython and MicroPython (board or unix port).
-# `_MODEL_ARGS` is substituted: "" opens the board's model partition; a
-# repr'd path opens an image file (CPython, MicroPython unix).
-GATE_SNIPPET = r'''
-import _llm
-import llm
-
-_FNV_HEX = None
-try:
-    import micropython
-
-    exec("""
-@micropython.viper
-def _fnv_viper(state, data, n: int):
-    # FNV-1a 64 on two 32-bit halves: h*P = h*0x1b3 + (h << 40) mod 2^64.
-    # Every store to the uint32 state truncates mod 2^32 on 32- and 64-bit
-    # machines alike, so no 64-bit constant or long int is needed.
-    s = ptr32(state)
-    d = ptr8(data)
-    i = 0
-    while i < n:
-        lo = uint(s[0]) ^ uint(d[i])
-        hi = uint(s[1])
-        pc = (lo & 0xFFFF) * 0x1B3
-        pa = (lo >> 16) * 0x1B3
-        s[1] = hi * 0x1B3 + ((pa + (pc >> 16)) >> 16) + (lo << 8)
-        s[0] = pc + (pa << 16)
-        i += 1
-""")
-
-    def _fnv_update(state, data):
-        _fnv_viper(state, data, len(data))
-
-    def _fnv_hex(state):
-        return "".join("%%02x" %% state[7 - i] for i in range(8))
-
-    _probe = bytearray(b"\x25\x23\x22\x84\xe4\x9c\xf2\xcb")
-    _fnv_update(_probe, b"a")
-    if _fnv_hex(_probe) == "af63dc4c8601ec8c":  # FNV-1a 64 of b"a"
-        _FNV_HEX = _fnv_hex
-except (ImportError, SyntaxError, NameError, TypeError, ValueError):
-    pass
-
-if _FNV_HEX is None:
-
-    def _fnv_update(state, data):
-        h = state[0]
-        for b in data:
-            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-        state[0] = h
-
-    def _fnv_hex(state):
-        return "%%016x" %% state[0]
-
-    _state = [0xCBF29CE484222325]
-else:
-    _state = bytearray(b"\x25\x23\x22\x84\xe4\x9c\xf2\xcb")
-
-
-def _gate(model):
-    tok = llm.Tokenizer(model.tokenizer())
-    prompt = tok.encode(%(prompt)r)
-    model.reset()
-    model.sampler(0.0, 0, 0)
-    t = model.prefill(prompt)
-    ids = [t]
-    _fnv_update(_state, model.logits())
-    for k in range(1, %(n_tokens)d):
-        t = model.step(t)
-        if k < %(n_rows)d:
-            _fnv_update(_state, model.logits())
-        ids.append(t)
-    _fnv_update(_state, tok.decode(ids).encode("utf-8"))
-    print("MPLLM-GATE", _fnv_hex(_state), len(prompt), " ".join(str(i) for i in prompt + ids))
-
-
-if %(shared)r:
-    # the board: the model llm.py shares with the user's session stays open
-    # (the gate is exact mode: plain and fast are put back afterwards)
-    _m = llm.load()
-    _modes = (_m.plain(), _m.fast())
-    llm.load(plain=False, fast=False)
-    try:
-        _gate(_m)
-    finally:
-        llm.load(fast=_modes[1])
-        _m.set_plain(_modes[0])
-else:
-    _m = _llm.Model(%(model_args)s)
-    try:
-        _gate(_m)
-    finally:
-        _m.close()
-'''
-
-
-def gate_snippet(model_args: str = "") -> str:
-    """GATE_SNIPPET ready to run; `model_args` is the source of Model()'s
-    arguments ("" on the board: its model partition)."""
-    return GATE_SNIPPET % {"prompt": PROMPT, "n_tokens": N_TOKENS, "n_rows": N_LOGIT_ROWS,
-                           "model_args": model_args, "shared": not model_args}
-
-
-_GATE_LINE = re.compile(r"^MPLLM-GATE ([0-9a-f]{16}) (\d+) ([\d ]+)$", re.MULTILINE)
+def gate_code(image: str | None = None) -> str:
+    """The code a board runs for the gate: `llm_bench.gate()` on the model its
+    session shares (`image`: what a runtime with no model partition opens,
+    the MicroPython unix port)."""
+    return (f"import llm_bench\nllm_bench.gate({PROMPT!r}, {N_TOKENS}, {N_LOGIT_ROWS}, "
+            f"{image!r})\n")
 
 
 def parse_gate_line(output: str, source: str) -> GateResult:
-    """The GateResult in a snippet's output; ValueError (with the output) if absent."""
-    m = _GATE_LINE.search(output.replace("\r\n", "\n"))
+    """The GateResult in the output of llm_bench.gate(); ValueError (with the output) if absent."""
+    from .hostboard import board_module
+
+    marker = board_module("llm_bench").GATE
+    m = re.search("^" + marker + r" ([0-9a-f]{16}) (\d+) ([\d ]+)$",
+                  output.replace("\r\n", "\n"), re.MULTILINE)
     if not m:
-        raise ValueError(f"{source}: no MPLLM-GATE line in the output:\n{output.strip()}")
+        raise ValueError(f"{source}: no {marker} line in the output:\n{output.strip()}")
     n_prompt = int(m.group(2))
     ids = [int(x) for x in m.group(3).split()]
     if len(ids) != n_prompt + N_TOKENS:
@@ -230,23 +127,23 @@ def parse_gate_line(output: str, source: str) -> GateResult:
 
 
 def engine_gate(image: str | os.PathLike[str], llm_module: object | None = None) -> GateResult:
-    """The gate computed by the CPython `_llm` in-process, running GATE_SNIPPET."""
+    """The gate computed by the CPython `_llm` in-process: the board's own
+    `llm_bench.gate()` on a model of its own."""
     import contextlib
     import io
     import sys
 
+    from .hostboard import board_module
+
     if llm_module is not None:
         sys.modules["_llm"] = llm_module  # type: ignore[assignment]
-    _tokenizer_class()  # makes `llm` importable from a checkout
-    import _llm
-
+    _llm = board_module("_llm")
     with _llm.Model(os.fspath(image)) as m:
         _check_room(len(_tokenizer_class()(m.tokenizer()).encode(PROMPT)), m.config()["seq_len"])
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        # the board's snippet, run unchanged on the host board
-        src = gate_snippet(repr(os.fspath(image)))
-        exec(src, {"__name__": "mpllm_gate"})  # noqa: S102
+        board_module("llm_bench").gate(PROMPT, N_TOKENS, N_LOGIT_ROWS, os.fspath(image),
+                                       private=True)
     return parse_gate_line(buf.getvalue(), f"engine ({_llm.build_info()})")
 
 
@@ -272,7 +169,6 @@ def compare(a: GateResult, b: GateResult) -> tuple[bool, str]:
 __all__ = [
     "FNV_OFFSET",
     "FNV_PRIME",
-    "GATE_SNIPPET",
     "GATE_VERSION",
     "N_LOGIT_ROWS",
     "N_TOKENS",
@@ -282,7 +178,7 @@ __all__ = [
     "engine_gate",
     "fnv1a64",
     "gate_bytes",
-    "gate_snippet",
+    "gate_code",
     "parse_gate_line",
     "reference_gate",
 ]

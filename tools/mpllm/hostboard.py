@@ -33,24 +33,29 @@ def cache_dir() -> Path:
     return default_cache_dir()
 
 
-def import_llm() -> ModuleType:
-    """The `llm` module and its engine, from an install or from this checkout."""
+def board_module(name: str) -> ModuleType:
+    """A module of firmware/modules (`llm`, `llm_bench`, or the engine `_llm`),
+    from an install or from this checkout: the board's own code, run on the PC."""
+    import importlib
+
     try:
-        import _llm
-        import llm
+        return importlib.import_module(name)
     except ImportError:
         # A checkout without `pip install -e .` (or a build made with
-        # `python setup.py build_ext --inplace`) keeps both in firmware/modules.
+        # `python setup.py build_ext --inplace`) keeps them in firmware/modules.
         if str(MODULES) not in sys.path:
             sys.path.insert(0, str(MODULES))
         try:
-            import _llm  # noqa: F401
-            import llm
+            return importlib.import_module(name)
         except ImportError as e:
-            raise HostBoardError(
-                f"the C engine `_llm` is not built ({e}): run `pip install -e .` in {ROOT}"
-            ) from None
-    return llm
+            what = "the C engine `_llm` is not built" if name == "_llm" else f"no {name}"
+            raise HostBoardError(f"{what} ({e}): run `pip install -e .` in {ROOT}") from None
+
+
+def import_llm() -> ModuleType:
+    """The `llm` module and its engine, from an install or from this checkout."""
+    board_module("_llm")
+    return board_module("llm")
 
 
 def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
