@@ -25,7 +25,7 @@ for _p in (ROOT / "tools", ROOT / "firmware" / "modules"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from mpllm.model import Config, QMatrix, Weights
+from mpllm.formats.model import Config, QMatrix, Weights
 
 DATA = ROOT / "tests" / "data"
 GOLDEN = DATA / "golden"
@@ -88,7 +88,7 @@ def test_model(model_cache_dir: Path) -> Callable[[str], ModelFiles]:
 
     Names: see MODEL_SHAPES ("tiny", "tiny_untied", "small", "release")."""
     from mpllm.convert import convert
-    from mpllm.generate import write_test_model
+    from mpllm.training.generate import write_test_model
 
     made: dict[str, ModelFiles] = {}
 

@@ -121,7 +121,7 @@ import sys
 sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
 import record
 record.install({out!r})
-from mpllm import bench
+from mpllm.board import bench
 bench.run_host({image!r}, [bench.RunSpec("Once upon a time", 0.0, 0, 0)], {n}, progress=False)
 record.save()
 """
@@ -139,7 +139,7 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
                           timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     out = tmp_path / "port.json"
-    from mpllm import bench as bench_mod
+    from mpllm.board import bench as bench_mod
 
     def on_board(code: str) -> str:
         chunks: list[bytes] = []
@@ -186,7 +186,7 @@ def test_compare_plain_checks_tokens_and_prints_the_ratio(small_model, tmp_path)
 
 
 def test_compare_plain_flags_a_changed_story() -> None:
-    from mpllm.bench import BenchResult, RunResult, compare_plain
+    from mpllm.board.bench import BenchResult, RunResult, compare_plain
 
     def result(text: str) -> BenchResult:
         stages = dict.fromkeys(("embed", "attn", "ffn", "ple", "head", "sample"), 0.2)

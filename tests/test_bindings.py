@@ -137,7 +137,7 @@ def test_selftest_and_report_on_the_host(tmp_path, capsys) -> None:  # type: ign
     import json
 
     from conftest import ROOT
-    from mpllm import bench
+    from mpllm.board import bench
     from mpllm.convert import convert
 
     r = _llm.selftest()
@@ -159,7 +159,7 @@ def test_selftest_and_report_on_the_host(tmp_path, capsys) -> None:  # type: ign
 def test_tokenizer_is_read_in_place(tiny_model) -> None:  # type: ignore[no-untyped-def]
     """tokenizer() is a read-only view of the image's section, not a copy; it
     keeps the bytes alive after close() (it cannot outlive them)."""
-    from mpllm.image import read_image
+    from mpllm.formats.image import read_image
 
     want = read_image(tiny_model.image).tokenizer_section
     m = _llm.Model(str(tiny_model.image))

@@ -20,11 +20,11 @@ import engine_ext
 import numpy as np
 import pytest
 from conftest import ROOT
-from mpllm import head_tiles
 from mpllm.convert import convert
-from mpllm.esp32ai import read_model_bin, write_model_bin
-from mpllm.image import read_image
-from mpllm.model import QMatrix
+from mpllm.formats import head_tiles
+from mpllm.formats.esp32ai import read_model_bin, write_model_bin
+from mpllm.formats.image import read_image
+from mpllm.formats.model import QMatrix
 
 _llm = engine_ext.load()
 

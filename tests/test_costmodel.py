@@ -14,8 +14,8 @@ import json
 
 import engine_ext
 import pytest
-from mpllm import bench
 from mpllm import costmodel as cm
+from mpllm.board import bench
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from pathlib import Path
 import engine_ext
 import pytest
 from conftest import ROOT
-from mpllm import drafts_table as DT
-from mpllm import hostboard
+from mpllm.board import hostboard
 from mpllm.convert import convert
 from mpllm.drafting import DEFAULT_PROMPTS, NgramTable, decode_stories
-from mpllm.image import ImageFormatError, read_image, write_image
+from mpllm.formats import drafts_table as DT
+from mpllm.formats.image import ImageFormatError, read_image, write_image
 
 _llm = engine_ext.load()
 

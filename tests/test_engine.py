@@ -1,7 +1,7 @@
 """The C engine (through CPython `_llm`) computes exactly what the reference does.
 
 Bit-exact means the raw float32 bytes of every logits vector are equal to
-mpllm.reference.Reference's, on generated models of four shapes (the release
+mpllm.reference.forward.Reference's, on generated models of four shapes (the release
 shape included), over at least 64 positions or the whole context; greedy and
 seeded sampled token sequences are identical to the Python sampler's. Then
 the API contract: prefill == stepping, context full, bad tokens, reset, stats
@@ -18,9 +18,9 @@ from collections.abc import Callable
 import engine_ext
 import numpy as np
 import pytest
-from mpllm.image import read_image
-from mpllm.reference import Reference
-from mpllm.sampler import Sampler
+from mpllm.formats.image import read_image
+from mpllm.reference.forward import Reference
+from mpllm.reference.sampler import Sampler
 
 _llm = engine_ext.load()
 
@@ -346,8 +346,8 @@ def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  #
     vector, so its int8 input is all 127) and layer 0's V rows all +7, so every
     layer-0 dot is 7 * 127 * 64 = 56,896. Logits must still equal the reference."""
     from mpllm.convert import convert
-    from mpllm.esp32ai import read_model_bin, write_model_bin
-    from mpllm.model import QMatrix
+    from mpllm.formats.esp32ai import read_model_bin, write_model_bin
+    from mpllm.formats.model import QMatrix
 
     w = read_model_bin(small_model.model_bin.read_bytes())
     d = w.config.dim

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from conftest import same_weights
 from mpllm.convert import main as convert_main
-from mpllm.esp32ai import (
+from mpllm.formats.esp32ai import (
     ModelFormatError,
     encode_model_bin,
     read_model_bin,
     write_model_bin,
 )
-from mpllm.generate import SCALE_HIGH, SCALE_LOW, make_weights
-from mpllm.model import Config
+from mpllm.formats.model import Config
+from mpllm.training.generate import SCALE_HIGH, SCALE_LOW, make_weights
 
 TINY = Config(vocab_in=300, vocab_out=280, dim=32, n_layers=2, n_heads=2, ffn=24, ple_dim=32,
               seq_len=64, group=128)
@@ -223,7 +223,7 @@ def test_legacy_needs_vocab_out(tiny_bin: bytes, tmp_path: Path) -> None:
 def test_convert_rejects_malformed_without_output(
     tiny_bin: bytes, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mpllm.tokenizer import synthetic_tokenizer_json
+    from mpllm.formats.tokenizer import synthetic_tokenizer_json
 
     make, pattern = MALFORMED[case]
     model = tmp_path / "model.bin"
@@ -261,16 +261,16 @@ def test_generator_cli(tmp_path: Path) -> None:
 
     from conftest import ROOT
 
-    r = subprocess.run([sys.executable, "-m", "mpllm.generate", "--dims", "300", "280", "32",
+    r = subprocess.run([sys.executable, "-m", "mpllm.training.generate", "--dims", "300", "280", "32",
                         "2", "2", "24", "32", "64", "--seed", "7", "-o", str(tmp_path / "m")],
                        capture_output=True, text=True, cwd=ROOT / "tools", timeout=120,
                        check=False)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m" / "model.bin").read_bytes() == encode_model_bin(make_weights(TINY, 7))
-    from mpllm.tokenizer import load_tokenizer
+    from mpllm.formats.tokenizer import load_tokenizer
 
     assert load_tokenizer(str(tmp_path / "m" / "tokenizer.json")).vocab_size == 280
-    r = subprocess.run([sys.executable, "-m", "mpllm.generate", "--dims", "300", "280", "30",
+    r = subprocess.run([sys.executable, "-m", "mpllm.training.generate", "--dims", "300", "280", "30",
                         "2", "4", "24", "32", "64", "--seed", "7", "-o", str(tmp_path / "bad")],
                        capture_output=True, text=True, cwd=ROOT / "tools", timeout=120,
                        check=False)

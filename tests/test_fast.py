@@ -11,7 +11,7 @@ from pathlib import Path
 import engine_ext
 import pytest
 from conftest import ROOT
-from mpllm import bench, hostboard, quality
+from mpllm.board import bench, hostboard, quality
 from mpllm.convert import convert
 
 _llm = engine_ext.load()

@@ -1,7 +1,7 @@
 """The firmware definition, checked for what can be checked without ESP-IDF or a
 board: the partition table, the board directory against the esp32 port's
 needs, the sdkconfig facts firmware/README.md states, the frozen manifest, and that the
-docs and platformio.ini carry the versions pinned in mpllm.firmware_pins.
+docs and platformio.ini carry the versions pinned in mpllm.board.firmware_pins.
 
 With MICROPY_DIR pointing at a MicroPython checkout, the port-side facts are
 also checked against that checkout instead of only against what v1.28.0 had.
@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mpllm import firmware_pins as pins
-from mpllm.partitions import (
+from mpllm.board import firmware_pins as pins
+from mpllm.formats.partitions import (
     PartitionError,
     check_layout,
     find,

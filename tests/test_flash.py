@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mpllm import firmware_pins as pins
-from mpllm import flash
-from mpllm.partitions import find, load_partitions
+from mpllm.board import firmware_pins as pins
+from mpllm.board import flash
+from mpllm.formats.partitions import find, load_partitions
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = load_partitions(ROOT / pins.BOARD_DIR / "partitions.csv")
@@ -398,7 +398,7 @@ def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: 
     images = list((cache / "images").glob("*.img"))
     assert len(images) == 1
     # the fixture's own conversion plus the n-gram drafter flash.py builds by default
-    from mpllm.image import read_image
+    from mpllm.formats.image import read_image
 
     got, want = read_image(images[0]), read_image(tiny_model.image)
     assert got.sections[:-1] == want.sections[:-1] and got.sections[-1].name == "drafts"

@@ -1,4 +1,4 @@
-"""The gate (mpllm.gate): FNV-1a 64, its MicroPython twin, host reference == engine."""
+"""The gate (mpllm.board.gate): FNV-1a 64, its MicroPython twin, host reference == engine."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import engine_ext
 import numpy as np
 import pytest
 from conftest import GOLDEN
-from mpllm import gate
+from mpllm.board import gate
 from serial_peer import find_micropython
 
 
@@ -74,7 +74,7 @@ def test_host_reference_and_engine_agree(release_gates) -> None:
 
 
 def test_a_changed_logit_bit_fails(release_model) -> None:
-    from mpllm.reference import Reference
+    from mpllm.reference.forward import Reference
 
     ref = Reference.from_image(os.fspath(release_model.image))
     ids, rows = ref.generate([433 % ref.config.vocab_out], gate.N_LOGIT_ROWS)

@@ -2,7 +2,7 @@
 expf/erff/powf/sinf/cosf, int8 activations, fp32 KV) on two generated models,
 copied from the shared golden sets into tests/data/golden (see its README).
 
-Our reference (mpllm.reference, which the engine equals bit for bit) uses its
+Our reference (mpllm.reference.forward, which the engine equals bit for bit) uses its
 own expf/erff and a precomputed RoPE table, so the logits may differ in the
 last bits but not more. Measured on these sets (teacher-forced, all rows):
     small  (40 steps x 600):   max |diff| 4.8e-7, max rel 1.9e-7, 95% of logits bit-identical
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpllm.convert import convert
-from mpllm.esp32ai import read_model_bin
-from mpllm.reference import Reference
-from mpllm.rope import rope_table
+from mpllm.formats.esp32ai import read_model_bin
+from mpllm.formats.rope import rope_table
+from mpllm.reference.forward import Reference
 
 # ~7x the largest difference measured (1.4e-6): room for one flipped int8
 # activation rounding, far below any formula error.

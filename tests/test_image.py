@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import same_weights
-from mpllm.generate import make_weights
-from mpllm.image import (
+from mpllm.formats.image import (
     ImageFormatError,
     pack_q4,
     pack_rows,
@@ -20,8 +19,9 @@ from mpllm.image import (
     unpack_rows,
     write_image,
 )
-from mpllm.model import Config, QMatrix
-from mpllm.rope import rope_table
+from mpllm.formats.model import Config, QMatrix
+from mpllm.formats.rope import rope_table
+from mpllm.training.generate import make_weights
 
 SHAPES = {
     "tiny": Config(300, 280, 32, 2, 2, 24, 32, 64, 128),

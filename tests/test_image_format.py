@@ -1,11 +1,11 @@
-"""native/engine/image_format.h is the image format's specification; mpllm.image
+"""native/engine/image_format.h is the image format's specification; mpllm.formats.image
 mirrors its constants and struct layouts. Compile a probe against the header and
 compare every value with the Python side, so the two cannot drift apart."""
 
 from __future__ import annotations
 
 import cbuild
-from mpllm import drafts_table, image
+from mpllm.formats import drafts_table, image
 
 PROBE = r"""
 #include <stddef.h>

@@ -325,7 +325,7 @@ def test_load_reuses_and_switches(tiny_model, small_model):
     assert llm.tokenizer().vocab_size == 280
 
 
-# ---- the host board: tools/chat.py and mpllm.hostboard --------------------------------
+# ---- the host board: tools/chat.py and mpllm.board.hostboard --------------------------------
 
 
 def run_chat(args: list[str], cwd: Path, env_extra: dict[str, str], stdin: str = "",
@@ -371,7 +371,7 @@ def test_chat_py_errors(tiny, tmp_path):
 
 
 def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_path, capfd):
-    from mpllm import hostboard
+    from mpllm.board import hostboard
 
     src = tmp_path / "src"
     src.mkdir()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _locked
-from mpllm import firmware_pins as pins
+from mpllm.board import firmware_pins as pins
 
 ROOT = Path(__file__).resolve().parent.parent
 MP_BINDING = ROOT / "native" / "micropython"
@@ -417,7 +417,7 @@ def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
     import json
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from mpllm import bench
+    from mpllm.board import bench
     from mpllm.convert import convert
     from serial_peer import SerialPeer
 
@@ -523,7 +523,7 @@ def test_tokenizer_is_read_in_place_on_micropython(micropython: Path, tiny_model
                                                    tmp_path: Path) -> None:
     """MicroPython's tokenizer() reads the image's section in place (no heap
     copy) and refuses to read it once the model is closed."""
-    from mpllm.image import read_image
+    from mpllm.formats.image import read_image
 
     want = read_image(tiny_model.image).tokenizer_section
     out = _run_mp(micropython, SECTION.format(image=str(tiny_model.image)), tmp_path)

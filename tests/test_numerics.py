@@ -1,5 +1,5 @@
 """The engine's float32 math and sampler: C (native/engine/mathf.c, sampler.c)
-versus the numpy mirror (mpllm.numerics, mpllm.sampler), bit for bit, plus
+versus the numpy mirror (mpllm.reference.numerics, mpllm.reference.sampler), bit for bit, plus
 accuracy bounds against float64 and the kernels.h quantization contract."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cbuild import CTESTS, ENGINE, build, have, run
-from mpllm import numerics as N
-from mpllm.model import QMatrix
-from mpllm.sampler import MAX_TOP_K, Pcg32, Sampler, gumbel_from_u32, uniform_from_u32
+from mpllm.formats.model import QMatrix
+from mpllm.reference import numerics as N
+from mpllm.reference.sampler import MAX_TOP_K, Pcg32, Sampler, gumbel_from_u32, uniform_from_u32
 
 F32 = np.float32
 

@@ -1,4 +1,4 @@
-"""Unit tests of the reference forward pass (mpllm.reference).
+"""Unit tests of the reference forward pass (mpllm.reference.forward).
 
 The strongest check here is an independent scalar re-implementation of
 the numerics contract (docs/ARCHITECTURE.md) — plain loops over np.float32 scalars, one C statement per line —
@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 import pytest
-from mpllm import numerics as N
-from mpllm.image import read_image
-from mpllm.model import QMatrix, Weights
-from mpllm.reference import _Q, Reference
-from mpllm.sampler import Sampler
+from mpllm.formats.image import read_image
+from mpllm.formats.model import QMatrix, Weights
+from mpllm.reference import numerics as N
+from mpllm.reference.forward import _Q, Reference
+from mpllm.reference.sampler import Sampler
 
 F32 = np.float32
 

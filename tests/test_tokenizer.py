@@ -1,4 +1,4 @@
-"""Tokenizer: host tables (mpllm.tokenizer) and the plain-Python `llm.Tokenizer`.
+"""Tokenizer: host tables (mpllm.formats.tokenizer) and the plain-Python `llm.Tokenizer`.
 
 The oracle is Hugging Face `tokenizers` itself: encode() must give its ids,
 decode() its text, on CPython for every string and on the real MicroPython unix
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "firmware" / "modules"))
 
 import llm
-from mpllm.tokenizer import (
+from mpllm.formats.tokenizer import (
     BYTE_SYMBOLS,
     TokenizerFormatError,
     load_tokenizer,

@@ -1,4 +1,4 @@
-"""The PyTorch twin (mpllm.torch_model) against the numpy reference, and the exporter.
+"""The PyTorch twin (mpllm.reference.torch_model) against the numpy reference, and the exporter.
 
 The twin runs fp32 activations over the dequantized int4 weights; the reference
 (the device numerics) quantizes every matvec input to int8. That is the only
@@ -14,13 +14,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from mpllm import reference as reference_mod
-from mpllm.esp32ai import encode_model_bin, read_model_bin
-from mpllm.generate import make_weights
-from mpllm.model import Config, QMatrix, Weights
-from mpllm.reference import Reference
-from mpllm.rope import rope_table
-from mpllm.torch_model import (
+from mpllm.formats.esp32ai import encode_model_bin, read_model_bin
+from mpllm.formats.model import Config, QMatrix, Weights
+from mpllm.formats.rope import rope_table
+from mpllm.reference import forward as reference_mod
+from mpllm.reference.forward import Reference
+from mpllm.reference.torch_model import (
     TINY_SCALE,
     PLEModel,
     TorchTwin,
@@ -28,10 +27,11 @@ from mpllm.torch_model import (
     quantize_matrix,
     to_weights,
 )
+from mpllm.training.generate import make_weights
 
 torch.set_num_threads(1)
 
-# Random generated models (mpllm.generate): small but with every structural
+# Random generated models (mpllm.training.generate): small but with every structural
 # feature (several layers and heads, vocab_out < vocab_in, an untied head with
 # odd widths that are not multiples of 32).
 SMALL = Config(vocab_in=400, vocab_out=360, dim=64, n_layers=3, n_heads=4, ffn=44, ple_dim=64,
@@ -100,7 +100,7 @@ def test_twin_close_to_int8_reference(cfg: Config) -> None:
 def test_twin_detects_a_wrong_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison can fail: interleaved-pair RoPE (a common misreading of
     split-half) or tanh-GELU push the twin far outside the tolerance."""
-    from mpllm import torch_model
+    from mpllm.reference import torch_model
 
     w = make_weights(SMALL, seed=7)
     monkeypatch.setattr(reference_mod, "quantize_act", _no_act_quant)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mpllm import corpus
-from mpllm.esp32ai import read_model_bin
-from mpllm.tokenizer import load_tokenizer
-from mpllm.torch_model import TorchTwin
+from mpllm.formats.esp32ai import read_model_bin
+from mpllm.formats.tokenizer import load_tokenizer
+from mpllm.reference.torch_model import TorchTwin
+from mpllm.training import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "models" / "demo"
@@ -148,7 +148,7 @@ def test_demo_story_on_device_numerics(demo_report: dict, tmp_path: Path) -> Non
     """Greedy from the prompt with H3's reference on the converted image: a
     readable story that ends with <|endoftext|> well inside the context."""
     from mpllm.convert import convert
-    from mpllm.reference import Reference
+    from mpllm.reference.forward import Reference
     from tokenizers import Tokenizer
 
     img = tmp_path / "demo.img"

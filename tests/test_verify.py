@@ -169,7 +169,7 @@ def test_verify_on_a_model_full_of_ties(tmp_path, small_model) -> None:  # type:
 def test_llm_story_with_a_drafter_is_the_plain_story(small_model, draft, options) -> None:  # type: ignore[no-untyped-def]
     """llm.py's speculative loop (draft= option) writes exactly the plain story,
     including the stop at <|endoftext|>, the token budget and the context."""
-    from mpllm import hostboard
+    from mpllm.board import hostboard
 
     llm = hostboard.import_llm()
     llm.load(str(small_model.image))
@@ -191,7 +191,7 @@ def test_llm_story_with_a_drafter_is_the_plain_story(small_model, draft, options
 
 
 def test_draft_option_is_checked(small_model) -> None:  # type: ignore[no-untyped-def]
-    from mpllm import hostboard
+    from mpllm.board import hostboard
 
     llm = hostboard.import_llm()
     llm.load(str(small_model.image))
@@ -220,7 +220,7 @@ def test_rewind_keeps_the_logits_of_a_kept_evaluation(small_model) -> None:  # t
 
 
 def test_a_drafter_must_return_token_ids(small_model) -> None:  # type: ignore[no-untyped-def]
-    from mpllm import hostboard
+    from mpllm.board import hostboard
 
     llm = hostboard.import_llm()
     llm.load(str(small_model.image))

@@ -5,7 +5,7 @@
     python tools/bench.py --gate --image IMG (--port PORT | --board host)
     python tools/bench.py --model-s3 [--release-shaped]
 
-Thin wrapper around mpllm.bench (see its docstring for what is measured).
+Thin wrapper around mpllm.board.bench (see its docstring for what is measured).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 try:
-    from mpllm.bench import main
+    from mpllm.board.bench import main
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.bench import main
+    from mpllm.board.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

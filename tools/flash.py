@@ -4,7 +4,7 @@
     python tools/flash.py --board n16r8 --dry-run
     python tools/flash.py --board host
 
-Thin wrapper around mpllm.flash; `--help` lists every option.
+Thin wrapper around mpllm.board.flash; `--help` lists every option.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 try:
-    from mpllm.flash import main
+    from mpllm.board.flash import main
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.flash import main
+    from mpllm.board.flash import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,14 +2,14 @@
 """Train the small demo model committed under models/demo.
 
 Everything is generated here, nothing is downloaded: the corpus comes from
-`mpllm.corpus` (fixed seed), the byte-level BPE tokenizer from
-`mpllm.tokenizer.train_tokenizer_json`, and the model is the PLE architecture
-of the release model (`mpllm.torch_model.PLEModel`) trained with AdamW and a cosine
+`mpllm.training.corpus` (fixed seed), the byte-level BPE tokenizer from
+`mpllm.formats.tokenizer.train_tokenizer_json`, and the model is the PLE architecture
+of the release model (`mpllm.reference.torch_model.PLEModel`) trained with AdamW and a cosine
 schedule on CPU. The last part of training fake-quantizes the weights to
 int4 (straight-through), so the exported model.bin loses little to
 quantization. Outputs, in --out:
 
-  model.bin          esp32-ai format (mpllm.esp32ai.write_model_bin)
+  model.bin          esp32-ai format (mpllm.formats.esp32ai.write_model_bin)
   tokenizer.json     Hugging Face tokenizers JSON
   train_report.json  the facts RECIPE.md quotes: command, seed, steps, losses,
                      sizes, hashes, wall time and one greedy story
@@ -38,12 +38,12 @@ if str(_TOOLS) not in sys.path:  # run from a checkout without `pip install -e .
 
 import numpy as np
 import torch
-from mpllm import corpus
 from mpllm.atomic import atomic_write_bytes
-from mpllm.esp32ai import write_model_bin
-from mpllm.model import Config
-from mpllm.tokenizer import train_tokenizer_json
-from mpllm.torch_model import PLEModel, TorchTwin, to_weights
+from mpllm.formats.esp32ai import write_model_bin
+from mpllm.formats.model import Config
+from mpllm.formats.tokenizer import train_tokenizer_json
+from mpllm.reference.torch_model import PLEModel, TorchTwin, to_weights
+from mpllm.training import corpus
 from torch.nn import functional as F
 
 EOT_ID = 0  # train_tokenizer_json puts <|endoftext|> first

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_path
-from .esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
-from .head_tiles import MAX_TILE_ROWS, TILE_ROWS
-from .image import (
+from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
+from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS
+from .formats.image import (
     KIND_NAMES,
     ImageFormatError,
     ImageReport,
@@ -36,7 +36,7 @@ from .image import (
     read_image,
     write_image,
 )
-from .model import Config, QMatrix, Weights
+from .formats.model import Config, QMatrix, Weights
 
 #: stories the model writes for its drafter when converting from the command
 #: line or flash.py (a few seconds for the demo model)
@@ -166,8 +166,8 @@ def convert(
     drafter_stories: stories the model writes (on this PC, through `_llm`) for
     the self-distilled n-gram drafter; 0 (the default here, not on the command
     line) stores an empty table: the image decodes the same, without guesses."""
-    from .rope import rope_table
-    from .tokenizer import load_tokenizer, tokenizer_section
+    from .formats.rope import rope_table
+    from .formats.tokenizer import load_tokenizer, tokenizer_section
 
     model_path, tok_path, out = Path(model_bin), Path(tokenizer_json), Path(out)
     for p, what in ((model_path, "model"), (tok_path, "tokenizer")):

@@ -521,8 +521,10 @@ int main(int argc, char **argv) {
 
 
 def repo_root() -> Path:
-    """The checkout this module runs from (tools/mpllm/ -> root)."""
-    return Path(__file__).resolve().parent.parent.parent
+    """The checkout this module runs from."""
+    from .checkout import ROOT
+
+    return ROOT
 
 
 def _has_s8_matvec(engine: Path) -> bool:
@@ -2345,7 +2347,7 @@ def _encode_prompts(m: object, prompts: Sequence[str | Sequence[int]]) -> list[l
     vocab = int(m.config()["vocab_out"])  # type: ignore[attr-defined]
     if all(not isinstance(p, str) for p in prompts):
         return [[int(t) % vocab for t in p] for p in prompts]  # type: ignore[union-attr]
-    from .hostboard import import_llm
+    from .checkout import import_llm
 
     tok = import_llm().Tokenizer(m.tokenizer())  # type: ignore[attr-defined]
     return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]

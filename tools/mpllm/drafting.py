@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import drafts_table
+from .formats import drafts_table
 
 Drafter = Callable[[Sequence[int], int], list[int]]
 
@@ -48,7 +48,7 @@ def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -
     """Tokens that followed the latest earlier occurrence of the context's last
     n tokens (longest n first), at most max_len of them; [] when none. The
     board's own drafter (firmware/modules/llm.py), used here as it is."""
-    from .hostboard import import_llm
+    from .checkout import import_llm
 
     return list(import_llm().prompt_lookup(context, max_len, max_ngram))
 
@@ -105,7 +105,7 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
     stories counted, each draft priced by the cost model for the image's
     shape on the S3."""
     from . import costmodel
-    from .hostboard import import_llm
+    from .checkout import import_llm
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
@@ -144,7 +144,7 @@ class Study:
 
 def max_draft() -> int:
     """Guesses one verify pass checks at most: llm.MAX_DRAFT (the board's)."""
-    from .hostboard import import_llm
+    from .checkout import import_llm
 
     return int(import_llm().MAX_DRAFT)
 
@@ -210,7 +210,7 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
-    from .hostboard import import_llm
+    from .checkout import import_llm
 
     llm = import_llm()
     prompts = list(prompts or DEFAULT_PROMPTS)

@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..atomic import atomic_path
 from . import drafts_table
 from . import head_tiles as tiles_mod
-from .atomic import atomic_path
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 

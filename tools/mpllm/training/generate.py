@@ -5,9 +5,9 @@ random 6-layer model's activations well conditioned): int4 values uniform in
 -7..7 (the exporter's symmetric range, so code 0 never occurs), fp16 group
 scales uniform in [0.002, 0.05], norm weights uniform in [0.5, 1.5].
 
-    python -m mpllm.generate --dims 300 280 32 2 2 24 32 64 --seed 1 -o DIR
+    python -m mpllm.training.generate --dims 300 280 32 2 2 24 32 64 --seed 1 -o DIR
 writes DIR/model.bin and DIR/tokenizer.json (a byte-level BPE of exactly
-vocab_out entries from mpllm.tokenizer).
+vocab_out entries from mpllm.formats.tokenizer).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_write_bytes
-from .esp32ai import validate_config, write_model_bin
-from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from ..atomic import atomic_write_bytes
+from ..formats.esp32ai import validate_config, write_model_bin
+from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 SCALE_LOW, SCALE_HIGH = 0.002, 0.05
 NORM_LOW, NORM_HIGH = 0.5, 1.5
@@ -87,7 +87,7 @@ def write_test_model(
 
     tokenizer is the tokenizer.json text to use; by default a synthetic byte-level BPE
     of exactly config.vocab_out entries, seeded by `seed`."""
-    from .tokenizer import synthetic_tokenizer_json
+    from ..formats.tokenizer import synthetic_tokenizer_json
 
     weights = make_weights(config, seed)  # validates the shape before anything is created
     text = synthetic_tokenizer_json(config.vocab_out, seed) if tokenizer is None else tokenizer
@@ -101,7 +101,7 @@ def write_test_model(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mpllm.generate",
+        prog="python -m mpllm.training.generate",
         description="Write a seeded random esp32-ai model.bin and a matching synthetic "
                     "byte-level BPE tokenizer.json (for tests; any shape).")
     ap.add_argument("--dims", nargs=8, type=int, required=True,

@@ -17,7 +17,7 @@ Definition (gate version 1)
           hex digits.
 
 Three producers compute it:
-  * the host reference (mpllm.reference, numpy) -- `reference_gate`;
+  * the host reference (mpllm.reference.forward, numpy) -- `reference_gate`;
   * the engine through a `_llm` module: the CPython one in-process
     (`engine_gate`), or the board's through the serial transport: both run
     the same code, `llm_bench.gate()` (firmware/modules/llm_bench.py, frozen
@@ -72,7 +72,7 @@ def gate_bytes(rows: list[bytes], text: str) -> bytes:
 
 
 def _tokenizer_class() -> type:
-    from .hostboard import board_module
+    from ..checkout import board_module
 
     return board_module("llm").Tokenizer  # type: ignore[no-any-return]
 
@@ -84,10 +84,10 @@ def _check_room(n_prompt: int, seq_len: int) -> None:
 
 
 def reference_gate(image: str | os.PathLike[str] | bytes) -> GateResult:
-    """The gate computed by the numpy reference (mpllm.reference) from an image."""
+    """The gate computed by the numpy reference (mpllm.reference.forward) from an image."""
     import numpy as np
 
-    from .reference import Reference
+    from ..reference.forward import Reference
 
     data = Path(image).read_bytes() if not isinstance(image, (bytes, bytearray)) else bytes(image)
     tok = _tokenizer_class().from_image(data)
@@ -111,7 +111,7 @@ def gate_code(image: str | None = None) -> str:
 
 def parse_gate_line(output: str, source: str) -> GateResult:
     """The GateResult in the output of llm_bench.gate(); ValueError (with the output) if absent."""
-    from .hostboard import board_module
+    from ..checkout import board_module
 
     marker = board_module("llm_bench").GATE
     m = re.search("^" + marker + r" ([0-9a-f]{16}) (\d+) ([\d ]+)$",
@@ -133,7 +133,7 @@ def engine_gate(image: str | os.PathLike[str], llm_module: object | None = None)
     import io
     import sys
 
-    from .hostboard import board_module
+    from ..checkout import board_module
 
     if llm_module is not None:
         sys.modules["_llm"] = llm_module  # type: ignore[assignment]

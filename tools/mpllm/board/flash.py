@@ -29,16 +29,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import checkout, image_cache
+from ..atomic import atomic_path
+from ..formats.image import ImageFormatError, verify_image
+from ..formats.partitions import PartitionError, app_partition, check_layout, find, load_partitions
+from ..image_cache import sha256_file
 from . import firmware_pins as pins
-from .atomic import atomic_path
-from .image import ImageFormatError, verify_image
-from .partitions import PartitionError, app_partition, check_layout, find, load_partitions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = checkout.ROOT
 BOARD_DIR = ROOT / pins.BOARD_DIR
 USER_C_MODULES = ROOT / pins.USER_C_MODULES
 RELEASE_JSON = ROOT / "models" / "release.json"
-DEMO_DIR = ROOT / "models" / "demo"
+DEMO_DIR = checkout.DEMO_DIR
 BUILD_SUBDIR = f"ports/esp32/build-{pins.BOARD}"
 # Merged bootloader + partition table + app from MicroPython's makeimg.py. On
 # the ESP32-S3 the bootloader lives at 0x0, so the merged file is written there.
@@ -150,14 +152,6 @@ def load_release(path: Path) -> list[PinnedFile]:
     return sorted(out, key=lambda p: p.name)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _progress_bar(total: int, desc: str):  # tqdm bar, or None without tqdm
     try:
         from tqdm import tqdm
@@ -227,43 +221,18 @@ def _check_local(path: Path, what: str) -> Path:
     return path
 
 
-def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
-    """Where the image converted from these two files is cached: keyed by their hashes
-    and the image format version, so a newer format never reads a stale image, and the
-    drafter's story count (convert.DRAFTER_STORIES)."""
-    from .convert import DRAFTER_STORIES
-    from .image import VERSION
-
-    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
-                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}").encode()).hexdigest()
-    return cache / "images" / f"{key[:16]}.img"
-
-
 def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
-    """Convert once per source pair; the image is cached under its sources' hashes."""
-    from .convert import DRAFTER_STORIES
-
-    drafter = (f" (with the n-gram drafter: the model writes {DRAFTER_STORIES} stories on "
-               "this PC)")
+    """Convert once per source pair (mpllm.image_cache)."""
     if run.dry_run:
         img = cache / "images" / "<sha256 of the sources>.img"
-        run.out(f"convert {model_bin} {tokenizer} -> {img}{drafter}")
+        run.out(f"convert {model_bin} {tokenizer} -> {img}{image_cache.drafter_note()}")
         return img
-    img = cached_image_path(model_bin, tokenizer, cache)
-    if img.is_file():
-        run.out(f"model image: {img} (already converted from these files)")
-        return img
-    img.parent.mkdir(parents=True, exist_ok=True)
-    from .convert import ConvertError, convert
+    from ..convert import ConvertError
 
-    run.out(f"convert {model_bin} {tokenizer} -> {img}{drafter}")
-    try:  # convert writes atomically: no partial image is ever cached
-        rep = convert(model_bin, tokenizer, img, progress=True,
-                      drafter_stories=DRAFTER_STORIES)
+    try:
+        return image_cache.converted(model_bin, tokenizer, cache, run.out)
     except (ConvertError, OSError) as e:
         raise FlashError(f"conversion failed: {e}") from None
-    run.out(rep.size_table())
-    return img
 
 
 def resolve_model(args: argparse.Namespace, cache: Path, run: Runner) -> Path:
@@ -431,20 +400,10 @@ def check_chip(info: ChipInfo, skip_psram: bool) -> None:
 # the two boards
 
 
-def default_cache_dir() -> Path:
-    """Downloads, clones and converted images: $MPLLM_CACHE, else the user cache's mpllm/.
-    The host board (chat.py) shares it, so a model is converted once."""
-    env = os.environ.get("MPLLM_CACHE")
-    if env:
-        return Path(env).expanduser().resolve()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mpllm"
-
-
 def _cache_dir(args: argparse.Namespace) -> Path:
     if args.cache:
         return Path(args.cache).expanduser().resolve()
-    return default_cache_dir()
+    return image_cache.default_cache_dir()
 
 
 def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import QMatrix
+from ..formats.model import QMatrix
 
 F32 = np.float32
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 MAGIC_V1 = b"PLE\x00"

@@ -1,6 +1,6 @@
 """The host board: the board's own `llm.py` on the PC, over the CPython `_llm` engine.
 
-    from mpllm import hostboard
+    from mpllm.board import hostboard
     llm = hostboard.open_demo()        # converts models/demo once, then reuses the image
     llm.story("Once upon a time")
 
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-MODULES = ROOT / "firmware" / "modules"
-DEMO_DIR = ROOT / "models" / "demo"
+from .. import checkout, image_cache
+
+DEMO_DIR = checkout.DEMO_DIR
 
 
 class HostBoardError(RuntimeError):
@@ -28,34 +28,15 @@ class HostBoardError(RuntimeError):
 
 def cache_dir() -> Path:
     """Where converted images live (shared with tools/flash.py)."""
-    from .flash import default_cache_dir
-
-    return default_cache_dir()
-
-
-def board_module(name: str) -> ModuleType:
-    """A module of firmware/modules (`llm`, `llm_bench`, or the engine `_llm`),
-    from an install or from this checkout: the board's own code, run on the PC."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        # A checkout without `pip install -e .` (or a build made with
-        # `python setup.py build_ext --inplace`) keeps them in firmware/modules.
-        if str(MODULES) not in sys.path:
-            sys.path.insert(0, str(MODULES))
-        try:
-            return importlib.import_module(name)
-        except ImportError as e:
-            what = "the C engine `_llm` is not built" if name == "_llm" else f"no {name}"
-            raise HostBoardError(f"{what} ({e}): run `pip install -e .` in {ROOT}") from None
+    return image_cache.default_cache_dir()
 
 
 def import_llm() -> ModuleType:
     """The `llm` module and its engine, from an install or from this checkout."""
-    board_module("_llm")
-    return board_module("llm")
+    try:
+        return checkout.import_llm()
+    except checkout.NotBuilt as e:
+        raise HostBoardError(str(e)) from None
 
 
 def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
@@ -79,19 +60,19 @@ def ensure_image(model_bin: Path, tokenizer_json: Path, cache: Path | None = Non
     """The cached image converted from these two files, converting them if needed.
 
     The first conversion shows its progress on stderr."""
-    from .flash import FlashError, Runner, cached_image_path, image_for
+    from ..convert import ConvertError
 
     cache = cache_dir() if cache is None else cache
     # Checked here first so that a cached image is reused without a word.
-    cached = cached_image_path(model_bin, tokenizer_json, cache)
+    cached = image_cache.cached_image_path(model_bin, tokenizer_json, cache)
     if cached.is_file():
         return cached
     say(f"Converting {model_bin} + {tokenizer_json.name} into a model image "
          f"(first run only; cached in {cache / 'images'})")
     try:
-        return image_for(model_bin, tokenizer_json, cache, Runner(dry_run=False, out=say))
-    except FlashError as e:
-        raise HostBoardError(str(e)) from None
+        return image_cache.converted(model_bin, tokenizer_json, cache, say)
+    except (ConvertError, OSError) as e:
+        raise HostBoardError(f"conversion failed: {e}") from None
 
 
 def open_image(image: str | os.PathLike[str]) -> ModuleType:

@@ -34,8 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import costmodel, gate
-from .atomic import atomic_path, atomic_write_bytes
+from .. import costmodel
+from ..atomic import atomic_path, atomic_write_bytes
+from . import gate
 from .quality import QUALITY_MAX_NATS
 
 STAGES = costmodel.STAGES
@@ -50,7 +51,7 @@ SAMPLE_SEED = 20240601
 
 def _board(name: str):  # type: ignore[no-untyped-def]
     """A module of firmware/modules: the bench itself runs in `llm_bench`."""
-    from .hostboard import board_module
+    from ..checkout import board_module
 
     return board_module(name)
 
@@ -525,10 +526,10 @@ def _default_image() -> Path | None:
 def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:
     """A random model with the release model's exact shape (H1's generator),
     converted to an image; cached in out_dir."""
-    from .convert import convert
-    from .generate import write_test_model
-    from .image import ImageFormatError, verify_image
-    from .model import Config
+    from ..convert import convert
+    from ..formats.image import ImageFormatError, verify_image
+    from ..formats.model import Config
+    from ..training.generate import write_test_model
 
     img = out_dir / "model.img"
     if img.is_file():
@@ -709,7 +710,7 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
 
 def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:
     """bench.py --fast --quality: fast mode against exact mode on held-out demo
-    text (mpllm.quality); the demo model unless --image."""
+    text (mpllm.board.quality); the demo model unless --image."""
     from . import hostboard, quality
 
     if args.port:

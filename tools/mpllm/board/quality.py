@@ -52,7 +52,7 @@ class Quality:
 
 def held_out_texts(report: Path) -> list[str]:
     """The validation stories of the training run `report` describes."""
-    from . import corpus
+    from ..training import corpus
 
     args = json.loads(report.read_text())["args"]
     n, val = int(args["stories"]), int(args["val_stories"])
@@ -84,7 +84,7 @@ def _scores(model: object, stories: Sequence[Sequence[int]], n_tokens: int
 def measure(image: str | os.PathLike[str], report: Path, *, n_tokens: int = QUALITY_TOKENS,
             llm_module: object | None = None) -> Quality:
     """Exact and fast mode over the first n_tokens positions of the held-out text."""
-    from .hostboard import import_llm
+    from ..checkout import import_llm
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]

@@ -63,5 +63,5 @@ def rope_table_raw(seq_len: int, head_dim: int, theta: float) -> np.ndarray:
 
 
 def rope_table(config: _RopeConfig) -> np.ndarray:
-    """The image's "rope" section for `config` (an mpllm.model.Config)."""
+    """The image's "rope" section for `config` (an mpllm.formats.model.Config)."""
     return rope_table_raw(int(config.seq_len), int(config.head_dim), float(config.rope_theta))

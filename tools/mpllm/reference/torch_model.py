@@ -6,7 +6,7 @@ Two uses:
     straight-through estimator, so training sees the weights the board runs.
   * `TorchTwin.from_weights(weights)` loads the dequantized int4 weights of a
     `Weights` and runs fp32 activations. It differs from the device numerics
-    (mpllm.reference) only by the per-matvec int8 activation quantization and
+    (mpllm.reference.forward) only by the per-matvec int8 activation quantization and
     by float summation order, so it is the training-side check of a converted
     model. Measured (tests/test_torch_twin.py): with the reference's int8 step
     switched off the logits agree to 2e-5 of max|logit|; with it, to ~5 % on
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 __all__ = [
     "TINY_SCALE",

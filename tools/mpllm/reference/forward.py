@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import QMatrix, Weights
+from ..formats.model import QMatrix, Weights
 from .numerics import expf, gelu, quantize_act, rmsnorm, silu, sum_seq
 from .sampler import Sampler, greedy
 
@@ -112,7 +112,7 @@ class Reference:
 
     @classmethod
     def from_image(cls, path: str | os.PathLike[str] | bytes) -> Reference:
-        from .image import read_image
+        from ..formats.image import read_image
 
         img = read_image(path)
         return cls(img.weights, img.rope)

@@ -1,6 +1,6 @@
 """In-memory form of a PLE TinyStories model, shared by every host tool.
 
-Both readers (`mpllm.esp32ai` for the published model.bin, `mpllm.image` for
+Both readers (`mpllm.formats.esp32ai` for the published model.bin, `mpllm.formats.image` for
 our flash image) produce a `Weights`; the converter, the reference numerics and
 the PyTorch twin consume one. Quantized matrices keep their integer values and
 fp16 scales exactly as the source stored them, so nothing here rounds.

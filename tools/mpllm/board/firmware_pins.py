@@ -1,6 +1,6 @@
 """The versions and board facts the firmware is built against: the ONE place.
 
-`tools/flash.py` (via `mpllm.flash`) clones and builds exactly these, and the
+`tools/flash.py` (via `mpllm.board.flash`) clones and builds exactly these, and the
 docs (firmware/README.md) and platformio.ini are checked against them by
 tests/test_firmware.py, so a bump here that is not carried over fails CI.
 """

@@ -6,7 +6,7 @@
                                           # prints the mpremote command for the board
 
 The host board runs the board's own llm.py over the CPython engine, with the
-bundled demo model (converted once into the cache, see mpllm.hostboard) or
+bundled demo model (converted once into the cache, see mpllm.board.hostboard) or
 the image given with --image.
 """
 

@@ -1,0 +1,64 @@
+"""Converted images, cached: model.bin + tokenizer.json are converted once and
+the image is kept under $MPLLM_CACHE (default $XDG_CACHE_HOME/mpllm or
+~/.cache/mpllm), keyed by the sources' sha256, the image format version and
+the drafter's story count. The flasher and the host board share it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """Downloads, clones and converted images: $MPLLM_CACHE, else the user cache's mpllm/."""
+    env = os.environ.get("MPLLM_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mpllm"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
+    """Where the image converted from these two files is cached: keyed by their hashes
+    and the image format version, so a newer format never reads a stale image, and the
+    drafter's story count (convert.DRAFTER_STORIES)."""
+    from .convert import DRAFTER_STORIES
+    from .formats.image import VERSION
+
+    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
+                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}").encode()).hexdigest()
+    return cache / "images" / f"{key[:16]}.img"
+
+
+def converted(model_bin: Path, tokenizer: Path, cache: Path,
+              out: Callable[[str], None] = print) -> Path:
+    """The cached image of these sources, converting them first if needed (with
+    progress; convert writes atomically, so no partial image is ever cached).
+    Raises convert.ConvertError or OSError."""
+    from .convert import DRAFTER_STORIES, convert
+
+    img = cached_image_path(model_bin, tokenizer, cache)
+    if img.is_file():
+        out(f"model image: {img} (already converted from these files)")
+        return img
+    img.parent.mkdir(parents=True, exist_ok=True)
+    out(f"convert {model_bin} {tokenizer} -> {img}{drafter_note()}")
+    rep = convert(model_bin, tokenizer, img, progress=True, drafter_stories=DRAFTER_STORIES)
+    out(rep.size_table())
+    return img
+
+
+def drafter_note() -> str:
+    from .convert import DRAFTER_STORIES
+
+    return f" (with the n-gram drafter: the model writes {DRAFTER_STORIES} stories on this PC)"

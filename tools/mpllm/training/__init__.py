@@ -1,0 +1,2 @@
+"""Models to test and to ship: the story corpus the demo model is trained on,
+and seeded random models of any shape for the tests and golden sets."""
