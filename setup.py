@@ -21,7 +21,9 @@ ENGINE = Path("native/engine")
 PORT_HOST = Path("native/port/host")
 BINDING = Path("native/binding")
 
-ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
+#: native/engine/sources.txt: the one list of the portable engine's sources
+ENGINE_SOURCES = [line.strip() for line in (ROOT / ENGINE / "sources.txt").read_text().splitlines()
+                  if line.strip() and not line.startswith("#")]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 #: _llm.selftest(): the PIE kernels through the host model against the reference
 SELFTEST_SOURCES = [*PIE_SOURCES, "selftest.c"]

@@ -23,6 +23,13 @@ SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer"]
 
 
+def engine_sources() -> list[Path]:
+    """The portable engine's sources: native/engine/sources.txt, the one list
+    every build compiles (setup.py, micropython.mk, micropython.cmake)."""
+    lines = (ENGINE / "sources.txt").read_text().splitlines()
+    return [ENGINE / n.strip() for n in lines if n.strip() and not n.startswith("#")]
+
+
 def have(compiler: str) -> bool:
     return shutil.which(compiler) is not None
 

@@ -15,12 +15,11 @@ from pathlib import Path
 import cbuild
 import pytest
 
-ENGINE_SOURCES = ["engine.c", "engine_open.c", "image.c", "kernels_ref.c", "mathf.c", "sampler.c", "head.c", "drafter.c", "attention_fast.c"]
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 
 
 def _build(pie: bool) -> Path:
-    sources = [cbuild.ENGINE / s for s in ENGINE_SOURCES]
+    sources = cbuild.engine_sources()
     sources += [cbuild.PORT_HOST / "port_host.c", cbuild.CTESTS / "engine_run.c"]
     defines = {"LLM_PORT_NAME": '"host"'}
     if pie:

@@ -33,10 +33,7 @@ def _build_harness() -> Path:
     if not cbuild.have("clang"):
         pytest.skip("clang not found: install clang and libclang-rt-14-dev to run the fuzzer")
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
-    sources = [eng / "engine.c", eng / "engine_open.c", eng / "image.c", eng / "kernels_ref.c",
-               eng / "mathf.c",
-               eng / "sampler.c", eng / "head.c", eng / "drafter.c", eng / "attention_fast.c", port / "port_host.c",
-               cbuild.CTESTS / "fuzz_image.c"]
+    sources = [*cbuild.engine_sources(), port / "port_host.c", cbuild.CTESTS / "fuzz_image.c"]
     headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h"))
     tag = zlib.crc32(b"".join(h.read_bytes() for h in headers))
     try:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cbuild
 import pytest
 from conftest import _locked
 from mpllm.board import firmware_pins as pins
@@ -54,19 +55,23 @@ def test_same_api_as_the_cpython_binding() -> None:
     assert mp_globals == cp_globals
 
 
-def _engine_list_setup() -> list[str]:
-    m = re.search(r"ENGINE_SOURCES = \[(.*?)\]", (ROOT / "setup.py").read_text())
-    return re.findall(r'"([\w.]+)"', m.group(1))
-
-
-def test_every_build_compiles_the_same_engine() -> None:
-    setup = _engine_list_setup()
-    mk = re.search(r"LLM_ENGINE_SOURCES := (.*)", (MP_BINDING / "micropython.mk").read_text())
-    cm = re.search(r"set\(LLM_ENGINE_SOURCES (.*?)\)",
-                   (MP_BINDING / "micropython.cmake").read_text())
-    assert mk.group(1).split() == setup
-    assert cm.group(1).split() == setup
-    for name in setup:
+def test_every_build_compiles_the_one_engine_list() -> None:
+    """native/engine/sources.txt is the engine's one source list: every build
+    reads it (none keeps a copy), and every engine .c file is in it or is one
+    of the kernels/self-test files a build adds by name."""
+    listed = [p.name for p in cbuild.engine_sources()]
+    assert "engine.c" in listed and len(set(listed)) == len(listed)
+    mk = (MP_BINDING / "micropython.mk").read_text()
+    cm = (MP_BINDING / "micropython.cmake").read_text()
+    setup = (ROOT / "setup.py").read_text()
+    assert "engine/sources.txt" in mk and "engine/sources.txt" in cm
+    assert '"sources.txt"' in setup
+    for text in (mk, cm, setup):
+        assert "engine_open.c" not in text  # no copy of the list
+    added = {"kernels_pie.c", "pie_model.c", "selftest.c"}
+    on_disk = {p.name for p in (ROOT / "native" / "engine").glob("*.c")}
+    assert on_disk == set(listed) | added
+    for name in listed:
         assert (ROOT / "native" / "engine" / name).is_file(), name
 
 

@@ -12,9 +12,9 @@ if(NOT IDF_TARGET STREQUAL "esp32s3")
         "port layer); IDF_TARGET is '${IDF_TARGET}'")
 endif()
 
-# Same engine list as setup.py and micropython.mk (tests check they agree),
-# plus the PIE kernels and the kernel self-test behind _llm.selftest().
-set(LLM_ENGINE_SOURCES engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c)
+# The engine's one source list (native/engine/sources.txt), plus the PIE
+# kernels and the kernel self-test behind _llm.selftest().
+file(STRINGS ${LLM_NATIVE_DIR}/engine/sources.txt LLM_ENGINE_SOURCES REGEX "^[^#]")
 list(TRANSFORM LLM_ENGINE_SOURCES PREPEND ${LLM_NATIVE_DIR}/engine/)
 set(LLM_DEVICE_SOURCES
     ${LLM_NATIVE_DIR}/binding/llm_bind.c

@@ -9,8 +9,8 @@ LLM_NATIVE_DIR := $(patsubst %/micropython,%,$(USERMOD_DIR))
 # Scanned for QSTRs: the binding only.
 SRC_USERMOD_C += $(USERMOD_DIR)/modllm.c $(USERMOD_DIR)/modllm_call.c
 
-# Same engine list as setup.py and micropython.cmake (tests check they agree).
-LLM_ENGINE_SOURCES := engine.c engine_open.c image.c kernels_ref.c mathf.c sampler.c head.c drafter.c attention_fast.c
+# The engine's one source list (comments start with #).
+LLM_ENGINE_SOURCES := $(shell grep -v '^\#' $(LLM_NATIVE_DIR)/engine/sources.txt)
 SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,$(LLM_ENGINE_SOURCES))
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/port/host/port_host.c
 SRC_USERMOD_LIB_C += $(LLM_NATIVE_DIR)/binding/llm_bind.c
