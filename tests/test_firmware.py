@@ -42,7 +42,7 @@ REQUIRED_BOARD_FILES = {
     # named (absolute path) by the fragment mpconfigboard.cmake writes
     "partitions.csv": "the partition table with the model partition",
     # set as MICROPY_FROZEN_MANIFEST by mpconfigboard.cmake
-    "manifest.py": "freezes llm.py and llm_bench.py on top of the port's own manifest",
+    "manifest.py": "freezes firmware/modules (llm.py, llm_tokenizer.py, llm_bench.py) on top of the port's own manifest",
 }
 # board.json and pins.csv are optional: board.json only feeds MicroPython's
 # autobuild and website, pins.csv only named pins (the port checks EXISTS).

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "firmware" / "modules"))
 
 import llm
+import llm_tokenizer
 from mpllm.formats.tokenizer import (
     BYTE_SYMBOLS,
     TokenizerFormatError,
@@ -497,22 +498,22 @@ _PRE = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 def _hf_class(ch: str, pt=_PRE) -> int:
     if len(pt.pre_tokenize_str("a" + ch)) == 1:
-        return llm._TOK_L
+        return llm_tokenizer._TOK_L
     if len(pt.pre_tokenize_str("1" + ch)) == 1:
-        return llm._TOK_N
+        return llm_tokenizer._TOK_N
     if len(pt.pre_tokenize_str("!" + ch)) == 1:
-        return llm._TOK_O
-    return llm._TOK_W
+        return llm_tokenizer._TOK_O
+    return llm_tokenizer._TOK_W
 
 
 def _covered():
-    for lo, hi in llm._TOK_COVERED:
+    for lo, hi in llm_tokenizer._TOK_COVERED:
         yield from range(lo, hi + 1)
 
 
 def test_ascii_classes_match_tokenizers():
     for c in range(128):
-        assert llm._TOK_ASCII[c] == _hf_class(chr(c)), c
+        assert llm_tokenizer._TOK_ASCII[c] == _hf_class(chr(c)), c
 
 
 def test_builtin_table_matches_tokenizers_on_covered_blocks():
@@ -522,9 +523,9 @@ def test_builtin_table_matches_tokenizers_on_covered_blocks():
         if unicodedata.category(ch) == "Cn":
             continue  # unassigned in this Python's Unicode; tokenizers may know it
         want = _hf_class(ch)
-        assert llm._tok_class(cp) == want, hex(cp)  # CPython path (unicodedata)
-        assert llm._tok_table_class(cp) == want or (
-            want == llm._TOK_W and llm._tok_class(cp) == want
+        assert llm_tokenizer._tok_class(cp) == want, hex(cp)  # CPython path (unicodedata)
+        assert llm_tokenizer._tok_table_class(cp) == want or (
+            want == llm_tokenizer._TOK_W and llm_tokenizer._tok_class(cp) == want
         ), hex(cp)
 
 
@@ -535,7 +536,7 @@ def test_unicodedata_classes_match_tokenizers_on_a_sample():
         ch = chr(cp)
         if 0xD800 <= cp < 0xE000 or unicodedata.category(ch) == "Cn":
             continue
-        assert llm._tok_class(cp) == _hf_class(ch), hex(cp)
+        assert llm_tokenizer._tok_class(cp) == _hf_class(ch), hex(cp)
 
 
 # --- MicroPython ---------------------------------------------------------------
@@ -565,7 +566,7 @@ with open(sys.argv[4], "w") as f:
 
 
 def _in_covered(s: str) -> bool:
-    ranges = llm._TOK_COVERED
+    ranges = llm_tokenizer._TOK_COVERED
     return all(ord(c) < 128 or any(lo <= ord(c) <= hi for lo, hi in ranges) for c in s)
 
 
@@ -604,7 +605,7 @@ def test_micropython_matches_cpython(tmp_path, tokenizer_jsons, monkeypatch):
         t = llm.Tokenizer(sec)
         # MicroPython has no unicodedata: CPython forced onto the built-in table
         # must give the same ids for every string...
-        monkeypatch.setattr(llm, "_tok_unicodedata", False)
+        monkeypatch.setattr(llm_tokenizer, "_tok_unicodedata", False)
         table_ids = [t.encode(s) for s in strings]
         monkeypatch.undo()
         exact = 0
@@ -635,24 +636,24 @@ def test_mpy_cross_xtensawin(tmp_path):
 
 
 def test_module_level_imports_stay_minimal():
-    # The board imports llm at every story; the tokenizer part imports nothing at
-    # module level (array and unicodedata are imported where they are used).
-    src = (ROOT / "firmware" / "modules" / "llm.py").read_text()
-    tok_part = src.split("# 2. Generation")[0]
-    assert not [ln for ln in tok_part.splitlines() if ln.startswith(("import ", "from "))]
+    # The board imports llm (and so llm_tokenizer) at every story; the tokenizer
+    # imports nothing at module level (array and unicodedata are imported where
+    # they are used).
+    src = (ROOT / "firmware" / "modules" / "llm_tokenizer.py").read_text()
+    assert not [ln for ln in src.splitlines() if ln.startswith(("import ", "from "))]
 
 
 def test_builtin_table_path_without_unicodedata():
     # _tok_table_class must not consult unicodedata (it is the MicroPython path).
-    saved = llm._tok_unicodedata
+    saved = llm_tokenizer._tok_unicodedata
     try:
-        llm._tok_unicodedata = False
-        assert llm._tok_class(ord("é")) == llm._TOK_L
-        assert llm._tok_class(ord("😀")) == llm._TOK_O
-        assert llm._tok_class(ord("²")) == llm._TOK_N
-        assert llm._tok_class(0x4E00) == llm._TOK_L  # outside the table: letter
+        llm_tokenizer._tok_unicodedata = False
+        assert llm_tokenizer._tok_class(ord("é")) == llm_tokenizer._TOK_L
+        assert llm_tokenizer._tok_class(ord("😀")) == llm_tokenizer._TOK_O
+        assert llm_tokenizer._tok_class(ord("²")) == llm_tokenizer._TOK_N
+        assert llm_tokenizer._tok_class(0x4E00) == llm_tokenizer._TOK_L  # outside the table: letter
     finally:
-        llm._tok_unicodedata = saved
+        llm_tokenizer._tok_unicodedata = saved
 
 
 def test_from_image_finds_the_section():

@@ -1,7 +1,8 @@
 # Everything the stock esp32 firmware freezes, plus the mpllm loop.
 include("$(PORT_DIR)/boards/manifest.py")
 
-# llm.py (and llm_bench.py, what bench.py runs on the board) live at
-# firmware/modules/ in the repository (two levels up).
+# The board's Python lives at firmware/modules/ in the repository (two levels
+# up): llm.py, the tokenizer it imports, and llm_bench.py (what bench.py runs).
 module("llm.py", base_path="$(BOARD_DIR)/../../modules")
+module("llm_tokenizer.py", base_path="$(BOARD_DIR)/../../modules")
 module("llm_bench.py", base_path="$(BOARD_DIR)/../../modules")
