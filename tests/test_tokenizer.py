@@ -656,27 +656,3 @@ def test_builtin_table_path_without_unicodedata():
         llm_tokenizer._tok_unicodedata = saved
 
 
-def test_from_image_finds_the_section():
-    # A minimal image laid out per image_format.h: header, section table, payloads.
-    sec = tokenizer_section(parse_tokenizer_json(synthetic_tokenizer_json(400, 2)))
-    payloads = [(b"rope", 1, b"\1" * 20), (b"tokenizer", 4, sec)]
-    off = 128 + 32 * len(payloads)
-    table = b""
-    body = b""
-    for name, kind, data in payloads:
-        off += -off % 16
-        body += bytes(off - 128 - 32 * len(payloads) - len(body)) + data
-        table += struct.pack("<16s4I", name, kind, off, len(data), 0)
-        off += len(data)
-    header = b"MPLLMIMG" + struct.pack("<4I", 1, 128, off, len(payloads))
-    image = header + bytes(128 - len(header)) + table + body
-    t = llm.Tokenizer.from_image(image)
-    assert t.vocab_size == 400 and t.encode("Once upon a time") == plain(
-        synthetic_tokenizer_json(400, 2)
-    ).encode("Once upon a time")
-    with pytest.raises(ValueError, match="bad magic"):
-        llm.Tokenizer.from_image(b"X" + image[1:])
-    with pytest.raises(ValueError, match="no tokenizer section"):
-        llm.Tokenizer.from_image(image.replace(b"tokenizer\0", b"tokenizeX\0", 1))
-    with pytest.raises(ValueError, match="truncated in its tokenizer section"):
-        llm.Tokenizer.from_image(image[:-1])

@@ -308,25 +308,6 @@ class Tokenizer:
                 return e - 1
             h = (h + 1) & mask
 
-    @classmethod
-    def from_image(cls, image):
-        """Tokenizer from a whole model image (bytes-like), found by section name."""
-        if len(image) < 128 or bytes(image[0:8]) != b"MPLLMIMG":
-            raise ValueError("not an mpllm model image (bad magic)")
-        table = _tok_u32(image, 12)
-        count = _tok_u32(image, 20)
-        for k in range(count):
-            e = table + 32 * k
-            if e + 32 > len(image):
-                raise ValueError("model image truncated in its section table")
-            if bytes(image[e : e + 16]).rstrip(b"\0") == b"tokenizer":
-                off = _tok_u32(image, e + 20)
-                size = _tok_u32(image, e + 24)
-                if off + size > len(image):
-                    raise ValueError("model image truncated in its tokenizer section")
-                return cls(memoryview(image)[off : off + size])
-        raise ValueError("model image has no tokenizer section")
-
     def token_bytes(self, i):
         """Raw bytes of token `i` (a special token gives its literal text)."""
         if i < 0 or i >= self.vocab_size:

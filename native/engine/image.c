@@ -647,6 +647,29 @@ static llm_status check_drafts(const char *name, const uint8_t *p, uint32_t size
 
 /* ---- the whole image --------------------------------------------------- */
 
+llm_status llm_image_claimed_size(const uint8_t *head, size_t len, uint32_t *file_bytes,
+                                  llm_error *err) {
+    if (len < LLM_IMAGE_HEADER_BYTES)
+        return llm_fail(err, LLM_E_FORMAT, "image is %lu bytes, shorter than its %u-byte header",
+                        (unsigned long)len, (unsigned)LLM_IMAGE_HEADER_BYTES);
+    if (memcmp(head, LLM_IMAGE_MAGIC, 8) != 0)
+        return llm_fail(err, LLM_E_FORMAT, "bad magic: not an mpllm image (convert model.bin "
+                                           "with mpllm-convert first)");
+    uint32_t version = rd32(head + 8);
+    if (version != LLM_IMAGE_VERSION)
+        return llm_fail(err, LLM_E_VERSION, "image format version %lu, this engine reads %u",
+                        (unsigned long)version, (unsigned)LLM_IMAGE_VERSION);
+    uint32_t header_bytes = rd32(head + 12);
+    if (header_bytes != LLM_IMAGE_HEADER_BYTES)
+        return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, this format version has %u",
+                        (unsigned long)header_bytes, (unsigned)LLM_IMAGE_HEADER_BYTES);
+    *file_bytes = rd32(head + 16);
+    if (*file_bytes < LLM_IMAGE_HEADER_BYTES)
+        return llm_fail(err, LLM_E_FORMAT, "the header says the image is %lu bytes, shorter "
+                        "than the header", (unsigned long)*file_bytes);
+    return LLM_OK;
+}
+
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
                            llm_error *err) {
     memset(info, 0, sizeof *info);
@@ -662,21 +685,9 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
         if (first != 1)
             return llm_fail(err, LLM_E_CONFIG, "big-endian hosts are not supported");
     }
-    if (len < LLM_IMAGE_HEADER_BYTES)
-        return llm_fail(err, LLM_E_FORMAT, "image is %lu bytes, shorter than its %u-byte header",
-                        (unsigned long)len, (unsigned)LLM_IMAGE_HEADER_BYTES);
-    if (memcmp(data, LLM_IMAGE_MAGIC, 8) != 0)
-        return llm_fail(err, LLM_E_FORMAT, "bad magic: not an mpllm image (convert model.bin "
-                                           "with mpllm-convert first)");
-    uint32_t version = rd32(data + 8);
-    if (version != LLM_IMAGE_VERSION)
-        return llm_fail(err, LLM_E_VERSION, "image format version %lu, this engine reads %u",
-                        (unsigned long)version, (unsigned)LLM_IMAGE_VERSION);
-    uint32_t header_bytes = rd32(data + 12);
-    if (header_bytes != LLM_IMAGE_HEADER_BYTES)
-        return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, this format version has %u",
-                        (unsigned long)header_bytes, (unsigned)LLM_IMAGE_HEADER_BYTES);
-    uint32_t file_bytes = rd32(data + 16);
+    uint32_t file_bytes;
+    llm_status head = llm_image_claimed_size(data, len, &file_bytes, err);
+    if (head != LLM_OK) return head;
     if ((uint64_t)file_bytes != (uint64_t)len)
         return llm_fail(err, LLM_E_FORMAT,
                         "image is %lu bytes but its header says %lu (truncated or padded)",

@@ -84,6 +84,12 @@ typedef struct llm_drafts {
     uint16_t min_odds[LLM_IMAGE_DRAFTS_MAX + 1u];
 } llm_drafts;
 
+/* The size the image at `head` (len bytes of it, at least its header) says
+ * it has: magic, version and header size checked, nothing else. A port reads
+ * the header first to know how much of a partition to map. */
+llm_status llm_image_claimed_size(const uint8_t *head, size_t len, uint32_t *file_bytes,
+                                  llm_error *err);
+
 /* Validate everything: header, section table, every section's checksum,
  * layout and finiteness, and the config. `data` must be 16-byte aligned. */
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,

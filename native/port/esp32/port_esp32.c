@@ -11,6 +11,7 @@
 #include "freertos/task.h"
 #include "freertos/idf_additions.h" /* xTaskCreatePinnedToCore: an ESP-IDF addition */
 
+#include "image.h"
 #include "image_format.h"
 #include "llm_error.h"
 
@@ -173,10 +174,6 @@ void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t
 
 /* ---- the model partition ------------------------------------------------ */
 
-static uint32_t le32(const uint8_t *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
 llm_status llm_esp32_map_partition(const char *label, llm_esp32_map *map, llm_error *err) {
     memset(map, 0, sizeof *map);
     const esp_partition_t *part = esp_partition_find_first(
@@ -190,13 +187,16 @@ llm_status llm_esp32_map_partition(const char *label, llm_esp32_map *map, llm_er
     if (rc != ESP_OK)
         return llm_fail(err, LLM_E_FORMAT, "cannot read partition '%s': %s", label,
                          esp_err_to_name(rc));
-    if (memcmp(head, LLM_IMAGE_MAGIC, 8) != 0)
-        return llm_fail(err, LLM_E_FORMAT, "partition '%s' holds no mpllm model image (it "
-                         "starts %02x %02x %02x %02x): flash one with tools/flash.py --only "
-                         "model", label, head[0], head[1], head[2], head[3]);
-    /* header: magic[8], version, header_bytes, file_bytes (image_format.h) */
-    uint32_t file_bytes = le32(head + 16);
-    if (file_bytes < LLM_IMAGE_HEADER_BYTES || file_bytes > part->size)
+    /* the header's own reader (image.c): magic, version, the size it claims */
+    uint32_t file_bytes = 0;
+    llm_status st = llm_image_claimed_size(head, sizeof head, &file_bytes, err);
+    if (st != LLM_OK) {
+        char why[sizeof err->message];
+        memcpy(why, err->message, sizeof why); /* llm_fail writes err->message */
+        return llm_fail(err, st, "partition '%s' holds no usable mpllm model image (%s): flash "
+                        "one with tools/flash.py --only model", label, why);
+    }
+    if (file_bytes > part->size)
         return llm_fail(err, LLM_E_FORMAT, "partition '%s' (%lu bytes) holds an image that "
                          "claims %lu bytes: reflash it with tools/flash.py --only model", label,
                          (unsigned long)part->size, (unsigned long)file_bytes);

@@ -90,7 +90,9 @@ def reference_gate(image: str | os.PathLike[str] | bytes) -> GateResult:
     from ..reference.forward import Reference
 
     data = Path(image).read_bytes() if not isinstance(image, (bytes, bytearray)) else bytes(image)
-    tok = _tokenizer_class().from_image(data)
+    from ..formats.image import read_image
+
+    tok = _tokenizer_class()(read_image(data).tokenizer_section)
     prompt = tok.encode(PROMPT)
     ref = Reference.from_image(data)
     _check_room(len(prompt), ref.config.seq_len)
