@@ -72,9 +72,9 @@ def test_release_shaped_image_fits_budget(release_model: ModelFiles) -> None:
     size = release_model.image.stat().st_size
     print(f"release-shaped image: {size} bytes")
     assert size <= RELEASE_IMAGE_BUDGET, f"release-shaped image is {size} bytes"
-    h = img.header
-    assert (h.vocab_rows, h.vocab_out, h.vocab_in_source) == (25353, 25353, 32768)
-    assert (h.dim, h.n_layers, h.n_heads, h.ffn, h.ple_dim, h.seq_len) == (
+    h, c = img.header, img.header.config
+    assert (h.vocab_rows, c.vocab_out, h.vocab_in_source) == (25353, 25353, 32768)
+    assert (c.dim, c.n_layers, c.n_heads, c.ffn, c.ple_dim, c.seq_len) == (
         96, 6, 4, 66, 128, 256)
     assert h.tied_head
     # per-token lookups: one 400-byte PLE record, one 48-byte embedding row

@@ -97,7 +97,7 @@ def test_round_trip_exact(tmp_path: Path, shape: str) -> None:
     assert img.rope.dtype == np.float32 and img.rope.tobytes() == rope_table(cfg).tobytes()
     assert img.tokenizer_section == fake_tokenizer_section(cfg.vocab_out)
     h = img.header
-    assert (h.vocab_rows, h.vocab_out, h.vocab_in_source) == (
+    assert (h.vocab_rows, h.config.vocab_out, h.vocab_in_source) == (
         cfg.vocab_in, cfg.vocab_out, cfg.vocab_in + 7)
     assert h.eot_id == cfg.vocab_out - 1 and h.source_sha256 == bytes(range(32))
     assert h.tied_head == cfg.tied_head and h.file_bytes == len(data)

@@ -72,43 +72,39 @@ class ImageFormatError(ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    version: int
-    header_bytes: int
+    """The header (image_format.h): the model's Config (its vocab_in is the
+    header's vocab_rows, the rows the image stores; tied_head is the flag)
+    and the fields of the file itself."""
+
+    config: Config
     file_bytes: int
     n_sections: int
-    header_crc32: int
-    flags: int
-    vocab_rows: int
-    vocab_out: int
     vocab_in_source: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    ffn: int
-    ple_dim: int
-    seq_len: int
-    group: int
-    rope_theta: float
     eot_id: int
     source_sha256: bytes
+    header_crc32: int = 0
+    version: int = VERSION
+    header_bytes: int = HEADER_BYTES
 
     @property
     def tied_head(self) -> bool:
-        return bool(self.flags & FLAG_TIED_HEAD)
+        return self.config.tied_head
 
-    def config(self) -> Config:
-        return Config(vocab_in=self.vocab_rows, vocab_out=self.vocab_out, dim=self.dim,
-                      n_layers=self.n_layers, n_heads=self.n_heads, ffn=self.ffn,
-                      ple_dim=self.ple_dim, seq_len=self.seq_len, group=self.group,
-                      rope_theta=self.rope_theta, tied_head=self.tied_head)
+    @property
+    def flags(self) -> int:
+        return FLAG_TIED_HEAD if self.config.tied_head else 0
+
+    @property
+    def vocab_rows(self) -> int:
+        return self.config.vocab_in
 
     def pack(self) -> bytes:
+        c = self.config
         return HEADER.pack(
             MAGIC, self.version, self.header_bytes, self.file_bytes, self.n_sections,
-            self.header_crc32, self.flags, self.vocab_rows, self.vocab_out,
-            self.vocab_in_source, self.dim, self.n_layers, self.n_heads, self.ffn,
-            self.ple_dim, self.seq_len, self.group, self.rope_theta, self.eot_id,
-            self.source_sha256, bytes(HEADER_BYTES - 112))
+            self.header_crc32, self.flags, c.vocab_in, c.vocab_out, self.vocab_in_source,
+            c.dim, c.n_layers, c.n_heads, c.ffn, c.ple_dim, c.seq_len, c.group, c.rope_theta,
+            self.eot_id, self.source_sha256, bytes(HEADER_BYTES - 112))
 
 
 class Section(NamedTuple):
@@ -476,14 +472,9 @@ def write_image(
             if progress is not None:
                 progress(name, f.tell(), file_bytes)
         assert f.tell() == file_bytes
-        header = ImageHeader(
-            version=VERSION, header_bytes=HEADER_BYTES, file_bytes=file_bytes,
-            n_sections=len(sections), header_crc32=0,
-            flags=FLAG_TIED_HEAD if cfg.tied_head else 0, vocab_rows=cfg.vocab_in,
-            vocab_out=cfg.vocab_out, vocab_in_source=vin_src, dim=cfg.dim,
-            n_layers=cfg.n_layers, n_heads=cfg.n_heads, ffn=cfg.ffn,
-            ple_dim=cfg.ple_dim, seq_len=cfg.seq_len, group=cfg.group,
-            rope_theta=cfg.rope_theta, eot_id=eot_id, source_sha256=bytes(source_sha256))
+        header = ImageHeader(config=cfg, file_bytes=file_bytes, n_sections=len(sections),
+                             vocab_in_source=vin_src, eot_id=eot_id,
+                             source_sha256=bytes(source_sha256))
         table = b"".join(SECTION.pack(s.name.encode("ascii"), s.kind, s.offset, s.size,
                                       s.crc32) for s in sections)
         crc = zlib.crc32(table, zlib.crc32(header.pack()))
@@ -540,11 +531,13 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
         raise ImageFormatError("reserved header bytes are not zero")
     if flags & ~FLAGS_KNOWN:
         raise ImageFormatError(f"unknown flag bits 0x{flags & ~FLAGS_KNOWN:x} in image flags")
-    header = ImageHeader(version, header_bytes, file_bytes, n_sections, header_crc, flags,
-                         vocab_rows, vocab_out, vocab_in_source, dim, n_layers, n_heads, ffn,
-                         ple_dim, seq_len, group, float(theta), eot_id, bytes(sha))
+    config = Config(vocab_in=vocab_rows, vocab_out=vocab_out, dim=dim, n_layers=n_layers,
+                    n_heads=n_heads, ffn=ffn, ple_dim=ple_dim, seq_len=seq_len, group=group,
+                    rope_theta=float(theta), tied_head=bool(flags & FLAG_TIED_HEAD))
+    header = ImageHeader(config, file_bytes, n_sections, vocab_in_source, eot_id, bytes(sha),
+                         header_crc, version, header_bytes)
     try:
-        validate_config(header.config())
+        validate_config(config)
     except ModelFormatError as e:
         raise ImageFormatError(f"image header: {e}") from None
     if vocab_rows > vocab_in_source:
@@ -558,7 +551,7 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
         raise ImageFormatError(f"{n_sections} sections, a {n_layers}-layer "
                                f"{'tied' if header.tied_head else 'untied'}-head model has "
                                f"{want}")
-    plan = section_plan(header.config())
+    plan = section_plan(header.config)
     valid = {name for name, _k, _s in plan}
     sections: list[Section] = []
     for i in range(n_sections):
@@ -626,7 +619,7 @@ def verify_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview
 def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Image:
     """Read and fully verify an image; weights come back exactly as written."""
     header, sections, payload = _verified_payloads(_source_bytes(source))
-    cfg = header.config()
+    cfg = header.config
     plan = section_plan(cfg)
 
     tensors: dict[str, object] = {}
