@@ -351,6 +351,8 @@ SAME_OUTCOME = [
     "print('KW', m.prefill(tokens=[1, 2]), m.step(token=3), m.verify(tokens=(4, 5)))",
     "print('KW', m.draft(max_len=2, context=[1]), m.rewind(pos=0), m.pos())",
     "m.step(3, token=3)", "m.step(tok=3)", "m.step()", "m.step(1, 2)", "m.pos(1)",
+    # big ints read alike (a too-large max_len clamps; negatives keep their value)
+    "print('BIG', m.draft([1], 2**70))", "m.step(-2**62 - 1)", "m.rewind(-2**40)",
     # return values built from the core's value stream
     "print('MEM', m.memory())",
     # (MicroPython's Model(IMAGE) is the shared model: reset it first)

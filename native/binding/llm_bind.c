@@ -44,6 +44,9 @@ llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind
 }
 
 llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
+    if (m->busy)
+        return state(err, "the model is in use (by another thread, or by the call that is "
+                          "building its result)");
     return m->engine == NULL ? state(err, "the model is closed") : ok(err);
 }
 
@@ -138,30 +141,30 @@ void llm_bind_close(llm_bind_model *m) {
 #define ANY_LENGTH (UINT32_MAX / 2u)
 
 static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
-    [LLM_BIND_M_config] = {"config", 0, 0, {{0}}},
-    [LLM_BIND_M_reset] = {"reset", 0, 0, {{0}}},
-    [LLM_BIND_M_sampler] = {"sampler", 3, 0,
+    [LLM_BIND_M_config] = {"config", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_reset] = {"reset", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_sampler] = {"sampler", 3, 0, 0,
                             {{"temperature", "temperature", LLM_BIND_P_FLOAT, 0, 0},
                              {"top_k", "top_k", LLM_BIND_P_INT, 0, 0},
                              {"seed", "seed", LLM_BIND_P_U64, 0, 0}}},
-    [LLM_BIND_M_prefill] = {"prefill", 1, 1, {{"tokens", "prefill()", LLM_BIND_P_TOKENS, 1,
+    [LLM_BIND_M_prefill] = {"prefill", 1, 1, 1, {{"tokens", "prefill()", LLM_BIND_P_TOKENS, 1,
                                                ANY_LENGTH}}},
-    [LLM_BIND_M_step] = {"step", 1, 1, {{"token", "a token id", LLM_BIND_P_TOKEN, 0, 0}}},
-    [LLM_BIND_M_verify] = {"verify", 1, 1, {{"tokens", "verify()", LLM_BIND_P_TOKENS, 1,
+    [LLM_BIND_M_step] = {"step", 1, 1, 1, {{"token", "a token id", LLM_BIND_P_TOKEN, 0, 0}}},
+    [LLM_BIND_M_verify] = {"verify", 1, 1, 1, {{"tokens", "verify()", LLM_BIND_P_TOKENS, 1,
                                              LLM_VERIFY_MAX}}},
-    [LLM_BIND_M_draft] = {"draft", 2, 2,
+    [LLM_BIND_M_draft] = {"draft", 2, 2, 0,
                           {{"context", "draft()", LLM_BIND_P_TOKENS, 0, ANY_LENGTH},
                            {"max_len", "draft() max_len", LLM_BIND_P_INT, 0, 0}}},
-    [LLM_BIND_M_logits] = {"logits", 0, 0, {{0}}},
-    [LLM_BIND_M_pos] = {"pos", 0, 0, {{0}}},
-    [LLM_BIND_M_rewind] = {"rewind", 1, 1, {{"pos", "rewind() position", LLM_BIND_P_INT, 0,
+    [LLM_BIND_M_logits] = {"logits", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_pos] = {"pos", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_rewind] = {"rewind", 1, 1, 0, {{"pos", "rewind() position", LLM_BIND_P_INT, 0,
                                              0}}},
-    [LLM_BIND_M_stats] = {"stats", 0, 0, {{0}}},
-    [LLM_BIND_M_memory] = {"memory", 0, 0, {{0}}},
-    [LLM_BIND_M_set_plain] = {"set_plain", 1, 1, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
-    [LLM_BIND_M_plain] = {"plain", 0, 0, {{0}}},
-    [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
-    [LLM_BIND_M_fast] = {"fast", 0, 0, {{0}}},
+    [LLM_BIND_M_stats] = {"stats", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_memory] = {"memory", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_set_plain] = {"set_plain", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_plain] = {"plain", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_fast] = {"fast", 0, 0, 0, {{0}}},
 };
 
 const llm_bind_method *llm_bind_method_at(llm_bind_method_id id) { return &METHODS[id]; }
@@ -169,6 +172,9 @@ const llm_bind_method *llm_bind_method_at(llm_bind_method_id id) { return &METHO
 llm_bind_kind llm_bind_match(const llm_bind_method *m, size_t n_pos, const char *const kw[],
                              size_t n_kw, int slot[LLM_BIND_MAX_PARAMS], llm_bind_error *err) {
     /* past LLM_BIND_MAX_PARAMS the binding kept no names: too many either way */
+    if (m->n_params == 0 && n_pos + n_kw > 0)
+        return fail(err, LLM_BIND_TYPE_ERROR, "%s() takes no arguments (%lu given)", m->name,
+                    (unsigned long)(n_pos + n_kw));
     if (n_pos > m->n_params || n_kw > LLM_BIND_MAX_PARAMS)
         return fail(err, LLM_BIND_TYPE_ERROR, "%s() takes at most %u argument%s (%lu given)",
                     m->name, (unsigned)m->n_params, m->n_params == 1 ? "" : "s",
@@ -253,7 +259,7 @@ static llm_bind_kind draft(llm_engine *e, const llm_bind_arg a[2], llm_bind_out 
                            llm_bind_error *err) {
     const llm_bind_int n = a[1].i;
     char buf[24];
-    if (n.overflow < 0 || n.value < 0)
+    if (n.overflow < 0 || (n.overflow == 0 && n.value < 0))
         return fail(err, LLM_BIND_VALUE_ERROR, "draft() max_len must be >= 0, got %s",
                     shown(n, buf));
     const uint32_t want = n.overflow > 0 || n.value > (int64_t)LLM_IMAGE_DRAFTS_MAX
@@ -270,7 +276,8 @@ llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
     llm_error le;
     int32_t token;
     out->n = 0;
-    if (llm_bind_ready(m, err) != LLM_BIND_OK) return err->kind;
+    /* the binding checked llm_bind_ready (and may have set busy since) */
+    if (e == NULL) return state(err, "the model is closed");
     switch (id) {
     case LLM_BIND_M_reset: llm_reset(e); break;
     case LLM_BIND_M_sampler: return sampler(e, a, err);

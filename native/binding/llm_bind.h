@@ -58,9 +58,15 @@ typedef struct llm_bind_model {
     llm_engine *engine; /* NULL: closed ("bad state: the model is closed") */
     llm_port *port;     /* the binding's port: outlives the engine */
     void *copy;         /* the private aligned copy of a caller's buffer */
+    /* set by the binding from the engine call until its result is built:
+     * another thread, or a finaliser run by an allocation while the result
+     * is built, then finds the model in use instead of closing it under
+     * the call */
+    int busy;
 } llm_bind_model;
 
-/* "bad state: the model is closed" unless m is open */
+/* "bad state: the model is in use (...)" while busy, "bad state: the model
+ * is closed" unless m is open */
 llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err);
 
 /* The bytes the engine will read. A caller's buffer is used in place only
@@ -135,6 +141,7 @@ typedef struct llm_bind_param {
 typedef struct llm_bind_method {
     const char *name;
     uint8_t n_params, n_required; /* the first n_required are required */
+    uint8_t computes; /* runs the layers: CPython releases the GIL around it */
     llm_bind_param params[LLM_BIND_MAX_PARAMS];
 } llm_bind_method;
 
@@ -149,8 +156,8 @@ llm_bind_kind llm_bind_match(const llm_bind_method *m, size_t n_pos, const char 
                              size_t n_kw, int slot[LLM_BIND_MAX_PARAMS], llm_bind_error *err);
 
 /* An integer argument as a binding read it: its value, or which way it fell
- * outside int64 (or, for LLM_BIND_P_U64, outside 0..2**64-1 with the bits in
- * value). */
+ * outside int64 (for LLM_BIND_P_U64: outside 0..2**64-1, the bits in value).
+ * value is 0 whenever overflow is set. */
 typedef struct llm_bind_int {
     int64_t value;
     int overflow; /* 0, +1 above the range, -1 below it */

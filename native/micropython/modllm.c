@@ -37,7 +37,9 @@ LLM_BIND_METHODS(LLM_METHOD)
 /* ---- the object's own: open, close, tokenizer --------------------------- */
 
 static void llm_release(llm_model_obj_t *self) {
+    const int held = mpllm_interrupts_hold(); /* a Ctrl-C must not cut llm_close half-way */
     llm_bind_close(&self->m);
+    mpllm_interrupts_allow(held);
     if (self->mapped) {
         mpllm_unmap(&self->map);
         self->mapped = false;
@@ -91,12 +93,15 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     const bool shared = open != NULL && open->m.engine != NULL;
     if (shared && name != NULL && mp_obj_is_str(open->source) && mp_obj_equal(open->source, image)) {
-        llm_check(llm_bind_remode(&open->m, plain_given, plain, fast_given, fast, &e), &e);
+        const int held = mpllm_interrupts_hold();
+        llm_bind_kind kind = llm_bind_remode(&open->m, plain_given, plain, fast_given, fast, &e);
+        mpllm_interrupts_allow(held);
+        llm_check(kind, &e);
         return MP_OBJ_FROM_PTR(open);
     }
 
     llm_model_obj_t *self = mp_obj_malloc_with_finaliser(llm_model_obj_t, type);
-    self->m = (llm_bind_model) {NULL, NULL, NULL};
+    self->m = (llm_bind_model) {NULL, NULL, NULL, 0};
     self->mapped = self->port_ready = false;
     self->source = mp_const_none;
     llm_error err;
@@ -129,8 +134,10 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     if (shared) {
         /* the open model is given up only for an image that will open: a
          * bad one leaves it as it was (the board has memory for one model) */
-        llm_open_check(self, llm_check_image(data, len, &err) == LLM_OK ? LLM_BIND_OK
-            : llm_bind_status(&err, &e), &e);
+        const int held = mpllm_interrupts_hold();
+        const llm_status checked = llm_check_image(data, len, &err);
+        mpllm_interrupts_allow(held);
+        llm_open_check(self, checked == LLM_OK ? LLM_BIND_OK : llm_bind_status(&err, &e), &e);
         llm_release(open);
     }
     llm_open_check(self, llm_open_held(&self->m, data, len, plain, fast, &e), &e);
@@ -139,7 +146,11 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
 }
 
 static mp_obj_t llm_model_close(mp_obj_t self_in) {
-    llm_release(MP_OBJ_TO_PTR(self_in));
+    llm_model_obj_t *self = MP_OBJ_TO_PTR(self_in);
+    if (self->m.busy) {
+        llm_ready(self_in); /* "in use": a finaliser run while a result is built */
+    }
+    llm_release(self);
     return mp_const_none;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_close_obj, llm_model_close);

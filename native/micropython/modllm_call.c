@@ -44,9 +44,9 @@ llm_model_obj_t *llm_ready(mp_obj_t self_in) {
     return self;
 }
 
-/* An int as the core reads it (bool refused). A big int gives its low 64
- * bits when it is non-negative and fits in `bits` (63: an int64, 64: a u64
- * such as a seed); otherwise, and for a negative big int, overflow. */
+/* An int as the core reads it (bool refused): its value when it fits in
+ * `bits` (63: an int64, 64: a u64 such as a seed, whose bits it gives),
+ * otherwise which way it fell out. */
 static llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
     llm_bind_error e;
     if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
@@ -54,18 +54,25 @@ static llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
         llm_raise(&e);
     }
     llm_bind_int v = {0, 0};
+    const int sign = mp_obj_int_sign(o);
     uint8_t b[8];
     if (mp_obj_is_small_int(o)) {
         v.value = MP_OBJ_SMALL_INT_VALUE(o);
-        v.overflow = bits == 64 && v.value < 0 ? -1 : 0;
-    } else if (mp_obj_int_sign(o) < 0) {
-        v.overflow = -1;
-    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b) || (bits == 63 && (b[7] & 0x80u))) {
-        v.overflow = 1;
+    } else if (!mp_obj_int_to_bytes_impl(o, false, sizeof(b), b)) {
+        v.overflow = sign < 0 ? -1 : 1; /* more than 64 bits either way */
     } else {
+        uint64_t u = 0; /* a positive int's bits, a negative one's two's complement */
         for (int i = 7; i >= 0; i--) {
-            v.value = (int64_t)(((uint64_t)v.value << 8) | b[i]);
+            u = (u << 8) | b[i];
         }
+        v.overflow = sign > 0 && bits == 63 && (u >> 63) ? 1 : 0;
+        v.value = (int64_t)u;
+    }
+    if (bits == 64 && sign < 0) {
+        v.overflow = -1; /* a negative seed */
+    }
+    if (v.overflow) {
+        v.value = 0;
     }
     return v;
 }
@@ -110,6 +117,24 @@ static int llm_put(void *ctx, const llm_bind_value *v) {
     return 1;
 }
 
+/* The return value, built with the model busy: an allocation may run a
+ * finaliser that would otherwise close the model under the result's reads.
+ * Busy is cleared however the building ends (MemoryError included). */
+static mp_obj_t llm_result(llm_model_obj_t *self, llm_bind_method_id id, const llm_bind_out *out) {
+    llm_builder b = {{mp_const_none}};
+    const llm_bind_sink sink = {llm_put, &b};
+    nlr_buf_t nlr;
+    self->m.busy = 1;
+    if (nlr_push(&nlr) == 0) {
+        llm_bind_result(&self->m, id, out, &sink);
+        nlr_pop();
+        self->m.busy = 0;
+        return b.at[0];
+    }
+    self->m.busy = 0;
+    nlr_jump(nlr.ret_val);
+}
+
 /* ---- methods: one generic call, the core's table says the arguments ----- */
 
 mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
@@ -129,8 +154,10 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     int slot[LLM_BIND_MAX_PARAMS];
     llm_bind_error e;
     llm_check(llm_bind_match(meth, n_pos, names, n_kw, slot, &e), &e);
-    /* first what may run user code (iterating, __float__, __bool__), which may
-     * close the model; then the open check; then the ids against the engine */
+    /* a closed model says so first; then what may run user code (iterating,
+     * __float__, __bool__), which may close it; the open check again; then
+     * the ids against the engine */
+    llm_ready(args[0]);
     llm_bind_arg a[LLM_BIND_MAX_PARAMS] = {{0}};
     mp_obj_t seq[LLM_BIND_MAX_PARAMS];
     for (int j = 0; j < meth->n_params; j++) {
@@ -167,24 +194,21 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS); /* Ctrl-C between tokens */
     llm_bind_out out;
     /* held back: the unix port's Ctrl-C would jump out of the engine half-way */
-    mpllm_interrupts_hold();
+    const int held = mpllm_interrupts_hold();
     llm_bind_kind kind = llm_bind_call(&self->m, id, a, &out, &e);
-    mpllm_interrupts_allow();
+    mpllm_interrupts_allow(held);
     for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
         m_del(int32_t, ids[j], a[j].n + 1);
     }
     llm_check(kind, &e);
-    llm_builder b = {{mp_const_none}};
-    const llm_bind_sink sink = {llm_put, &b};
-    llm_bind_result(&self->m, id, &out, &sink);
-    return b.at[0];
+    return llm_result(self, id, &out);
 }
 
 llm_bind_kind llm_open_held(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
     int fast, llm_bind_error *e) {
-    mpllm_interrupts_hold();
+    const int held = mpllm_interrupts_hold();
     llm_bind_kind kind = llm_bind_open(m, data, len, plain, fast, llm_poll, e);
-    mpllm_interrupts_allow();
+    mpllm_interrupts_allow(held);
     return kind;
 }
 

@@ -45,8 +45,8 @@ static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
 
 /* Ctrl-C on the board sets MicroPython's pending exception (the engine's
  * poll sees it); nothing jumps out of C code, so nothing to hold back. */
-static inline void mpllm_interrupts_hold(void) {}
-static inline void mpllm_interrupts_allow(void) {}
+static inline int mpllm_interrupts_hold(void) { return 0; }
+static inline void mpllm_interrupts_allow(int held) { (void)held; }
 static inline int mpllm_interrupt_pending(void) { return 0; }
 
 #else
@@ -89,22 +89,18 @@ static inline int mpllm_interrupt_pending(void) {
     sigset_t set;
     return sigpending(&set) == 0 && sigismember(&set, SIGINT) == 1;
 }
-/* whether SIGINT was blocked before hold(): allow() leaves it that way */
-static inline int *mpllm_sigint_was_blocked(void) {
-    static int blocked;
-    return &blocked;
-}
-
-static inline void mpllm_interrupts_hold(void) {
+/* hold() returns whether SIGINT was blocked already (the program blocks it
+ * itself): allow() is handed that back and then leaves the signal alone. */
+static inline int mpllm_interrupts_hold(void) {
     sigset_t set, old;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, &old);
-    *mpllm_sigint_was_blocked() = sigismember(&old, SIGINT) == 1;
+    return sigismember(&old, SIGINT) == 1;
 }
-static inline void mpllm_interrupts_allow(void) {
-    if (*mpllm_sigint_was_blocked()) {
-        return; /* the program blocks SIGINT itself: not ours to take or unblock */
+static inline void mpllm_interrupts_allow(int was_blocked) {
+    if (was_blocked) {
+        return; /* not ours to take or unblock */
     }
     sigset_t set;
     sigemptyset(&set);

@@ -78,7 +78,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     llm_bind_error e;
     if (llm_bind_modes(plain, fast, &e) != LLM_BIND_OK) return raise_bind(self->error, &e), -1;
-    if (self->m.engine != NULL || self->busy || self->exports > 0 || self->map.data != NULL) {
+    if (self->m.engine != NULL || self->m.busy || self->exports > 0 || self->map.data != NULL) {
         PyErr_SetString(PyExc_TypeError, "Model.__init__ called twice");
         return -1;
     }
@@ -102,7 +102,9 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         if (PyObject_GetBuffer(image, &self->view, PyBUF_SIMPLE) != 0) return -1;
         self->have_view = 1;
         len = (size_t)self->view.len;
-        if (llm_bind_place(&self->m, self->view.buf, len, self->view.readonly, &data, &e)
+        /* read-only is not enough (a read-only view of a bytearray can change
+         * under the model): only bytes is used in place */
+        if (llm_bind_place(&self->m, self->view.buf, len, PyBytes_CheckExact(image), &data, &e)
             != LLM_BIND_OK)
             return release(self), raise_bind(self->error, &e), -1;
         if (self->m.copy != NULL) PyBuffer_Release(&self->view), self->have_view = 0;
@@ -113,18 +115,18 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     llm_bind_kind kind;
-    self->busy = 1;
+    self->m.busy = 1;
     Py_BEGIN_ALLOW_THREADS
     kind = llm_bind_open(&self->m, data, len, plain, fast, poll_signals, &e);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
+    self->m.busy = 0;
     if (kind != LLM_BIND_OK) return release(self), raise_bind(self->error, &e), -1;
     return 0;
 }
 
 static PyObject *Model_close(ModelObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->busy) {
-        ready(self); /* the error: in use by another thread */
+    if (self->m.busy) {
+        ready(self); /* the error: the model is in use */
         return NULL;
     }
     release(self);
@@ -185,6 +187,7 @@ typedef struct {
 static void selftest_line(void *user, const char *line) {
     selftest_acc *acc = user;
     llm_bind_selftest_line(&acc->sum, line);
+    if (acc->lines == NULL) return; /* a failed append: MemoryError when the run ends */
     PyObject *s = PyUnicode_FromString(line);
     if (s == NULL || PyList_Append(acc->lines, s) != 0) Py_CLEAR(acc->lines);
     Py_XDECREF(s);

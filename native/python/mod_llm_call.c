@@ -16,15 +16,11 @@ PyObject *raise_bind(PyObject *error_class, const llm_bind_error *e) {
     return NULL;
 }
 
-/* Open and not in use by another thread. */
+/* Open and not in use (by another thread, or by the call building a result). */
 int ready(ModelObject *self) {
     llm_bind_error e;
     if (llm_bind_ready(&self->m, &e) != LLM_BIND_OK) {
         raise_bind(self->error, &e);
-        return 0;
-    }
-    if (self->busy) {
-        PyErr_SetString(self->error, "bad state: the model is in use by another thread");
         return 0;
     }
     return 1;
@@ -40,6 +36,7 @@ static int int_arg(PyObject *obj, const char *what, int u64, llm_bind_int *out) 
     }
     out->value = PyLong_AsLongLongAndOverflow(obj, &out->overflow);
     if (out->value == -1 && PyErr_Occurred()) return 0;
+    if (out->overflow) out->value = 0; /* the core reads value only when it fits */
     if (u64 && (out->overflow != 0 || out->value < 0)) {
         const int negative = out->overflow < 0 || (out->overflow == 0 && out->value < 0);
         unsigned long long bits = PyLong_AsUnsignedLongLong(obj);
@@ -123,8 +120,10 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
     llm_bind_error e;
     if (llm_bind_match(meth, (size_t)n_pos, names, (size_t)n_kw, slot, &e) != LLM_BIND_OK)
         return raise_bind(self->error, &e);
-    /* first what may run user code (iterating, __float__, __bool__), which may
-     * close the model; then the open check; then the ids against the engine */
+    /* a closed model says so first; then what may run user code (iterating,
+     * __float__, __bool__), which may close it; the open check again; then
+     * the ids against the engine */
+    if (!ready(self)) return NULL;
     llm_bind_arg a[LLM_BIND_MAX_PARAMS] = {{0}};
     int32_t *ids[LLM_BIND_MAX_PARAMS] = {NULL};
     PyObject *ret = NULL;
@@ -167,18 +166,23 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
     }
     llm_bind_out out;
     llm_bind_kind kind;
-    self->busy = 1;
-    Py_BEGIN_ALLOW_THREADS
-    kind = llm_bind_call(&self->m, id, a, &out, &e);
-    Py_END_ALLOW_THREADS
-    self->busy = 0;
-    if (kind != LLM_BIND_OK) {
-        raise_bind(self->error, &e);
-        goto done;
+    /* busy until the result is built: its allocations may run a finaliser that
+     * would close the model under the engine call or the result's reads */
+    self->m.busy = 1;
+    if (meth->computes) {
+        Py_BEGIN_ALLOW_THREADS
+        kind = llm_bind_call(&self->m, id, a, &out, &e);
+        Py_END_ALLOW_THREADS
+    } else {
+        kind = llm_bind_call(&self->m, id, a, &out, &e);
     }
-    builder b = {{NULL}};
-    const llm_bind_sink sink = {put, &b};
-    ret = result(&b, llm_bind_result(&self->m, id, &out, &sink));
+    if (kind == LLM_BIND_OK) {
+        builder b = {{NULL}};
+        const llm_bind_sink sink = {put, &b};
+        ret = result(&b, llm_bind_result(&self->m, id, &out, &sink));
+    }
+    self->m.busy = 0;
+    if (kind != LLM_BIND_OK) raise_bind(self->error, &e);
 done:
     for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
         Py_XDECREF(seq[j]);

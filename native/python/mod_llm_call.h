@@ -23,7 +23,6 @@ typedef struct {
     llm_host_map map;   /* set when opened from a path */
     Py_buffer view;     /* set when a bytes-like object is used in place */
     int have_view;
-    int busy;           /* a call is running with the GIL released */
     Py_ssize_t exports; /* tokenizer() views alive: the image bytes stay until 0 */
     PyObject *error;    /* the module's _llm.Error */
 } ModelObject;
