@@ -16,7 +16,10 @@ the peer behaves like a board where the unix port does not:
     interpreter itself and puts it back into the raw REPL;
   * Ctrl-C while a command runs: a board's UART turns it into
     KeyboardInterrupt; with the tty in raw mode the unix port never sees a
-    signal, so the peer sends SIGINT.
+    signal, so the peer sends SIGINT;
+  * input typed ahead: after Ctrl-B (leave the raw REPL) the unix port resets
+    its terminal mode and drops what arrived before its ">>> " prompt, so the
+    peer holds the client's next bytes until the prompt is out.
 The unix port's raw REPL (Ctrl-A) and raw-paste mode work as they are.
 
 Run it by hand to poke at it:  python tests/serial_peer.py [--path DIR ...]
@@ -187,6 +190,16 @@ class SerialPeer:
             elif c == b"\x02":
                 self._raw = False
                 self._pending.clear()
+                # the unix port switches its terminal mode on the way to the
+                # friendly REPL and drops input typed ahead of its prompt (a
+                # board keeps it): pass the rest on only once ">>> " is out
+                os.write(self._m_int, bytes(out + c))
+                out.clear()
+                try:
+                    self._wait_for(b">>> ", 2.0, forward=True)
+                except TimeoutError:
+                    pass
+                continue
             elif c == b"\x03" and self._executing and self._child is not None:
                 self._child.send_signal(signal.SIGINT)
                 continue
