@@ -15,7 +15,7 @@ import json
 import engine_ext
 import pytest
 from mpllm import costmodel as cm
-from mpllm.board import bench
+from mpllm.board import bench, bench_cli
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_handoffs_are_charged(report: cm.Report, monkeypatch: pytest.MonkeyPatch
     f = report.fit
     b = cm.BUILDS["mpllm-before-sampled"]
     with_charge = cm.predict(b, f)["total"]
-    monkeypatch.setattr(cm, "HANDOFF_S", 0.0)
+    monkeypatch.setattr(cm.work, "HANDOFF_S", 0.0)  # where stage_breakdown reads it
     assert with_charge - cm.predict(b, f)["total"] == pytest.approx(44 * 34e-3)
 
 
@@ -425,7 +425,7 @@ def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
 
 def test_bench_model_s3_writes_the_json(llm_mod, tmp_path, capsys) -> None:
     out = tmp_path / "s3.json"
-    rc = bench.main(["--model-s3", "--json", str(out), "--no-plot", "--fraction-tokens", "20",
+    rc = bench_cli.main(["--model-s3", "--json", str(out), "--no-plot", "--fraction-tokens", "20",
                      "--rows-fraction", "0.3", "--draft-stories", "3", "--draft-tokens", "30",
                      "--no-adaptive"], llm_module=llm_mod)
     assert rc == 0
@@ -441,8 +441,8 @@ def test_bench_model_s3_writes_the_json(llm_mod, tmp_path, capsys) -> None:
     assert spec["rows_fraction"] == pytest.approx(
         data["builds"]["mpllm-exact-sampled"]["rows_fraction"])
     assert data["speculative"]["table"]["stories"] == 3
-    assert bench.main(["--model-s3", "--rows-fraction", "1.5"], llm_module=llm_mod) == 2
-    assert bench.main(["--model-s3", "--draft-stories", "0"], llm_module=llm_mod) == 2
+    assert bench_cli.main(["--model-s3", "--rows-fraction", "1.5"], llm_module=llm_mod) == 2
+    assert bench_cli.main(["--model-s3", "--draft-stories", "0"], llm_module=llm_mod) == 2
 
 
 def test_fast_build_and_draft_prices(report: cm.Report) -> None:

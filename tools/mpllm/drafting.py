@@ -104,8 +104,9 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
     """The drafts section for `image` (what convert stores): the model's own
     stories counted, each draft priced by the cost model for the image's
     shape on the S3."""
-    from . import costmodel
     from .checkout import import_llm
+    from .costmodel.prices import draft_prices
+    from .costmodel.shape import Shape
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
@@ -116,7 +117,7 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
         counts = self_distilled(m, prompts, n_stories, n_tokens, int(cfg["eot_id"]),
                                 progress=progress)
-    return counts.table(costmodel.draft_prices(costmodel.Shape.from_config(cfg)))
+    return counts.table(draft_prices(Shape.from_config(cfg)))
 
 
 def both(table: drafts_table.DraftsTable) -> Drafter:
@@ -206,7 +207,8 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     the demo's acceptance at the release model's prices)."""
     import time
 
-    from . import costmodel
+    from .costmodel.prices import draft_prices
+    from .costmodel.shape import Shape
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
@@ -223,7 +225,7 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
         t0 = time.perf_counter()
         counts = self_distilled(m, ids, table_stories, n_tokens, eot)
         if prices is None:
-            prices = costmodel.draft_prices(costmodel.Shape.from_config(cfg))
+            prices = draft_prices(Shape.from_config(cfg))
         table = counts.table(prices)
         build_s = time.perf_counter() - t0
         runs = {"greedy": [(0.0, 0, 0)], "sampled": [(0.8, 40, s) for s in seeds]}

@@ -1,0 +1,279 @@
+"""Cost model: predicted ms/token per stage on the ESP32-S3 N16R8.
+
+There is no board here, so speed is predicted from what a token costs:
+
+    time(stage) = PSRAM line fills x seconds per fill (32- or 64-byte lines)
+                + flash bytes / flash bandwidth
+                + (cycles on one core + cycles split over both cores / 2) / 240 MHz
+                - the memory of split work hidden behind the other core's compute
+                + hand-offs to the second core x 34 us
+
+  * Memory is counted in cache lines, not bytes: every PSRAM read goes
+    through the 32 KB data cache, so a stream costs the lines it touches
+    (`lines_touched`). A 96-byte head slice of a 384-byte KV row costs two
+    64-byte lines, a whole row six; that is how cache-line overfetch enters,
+    and why walking the KV cache head by head costs 8-10 lines a row.
+  * The LX7 is in order: a miss stalls its core until the line arrives, so
+    on one core memory and compute add. Two cores streaming from one bus can
+    hide one core's fills behind the other's compute: a split stage ideally
+    takes max(M, (M + C)/2) for M bus seconds and C compute seconds; the
+    fitted `overlap` is the share of that ideal reached. Every split costs a
+    hand-off (the task-notify round trip).
+  * Compute: PIE instructions (1 cycle each; ours counted by the exact host
+    model of the vector unit, `measure_pie_counts`), scalar int8 MACs, scalar
+    ops, dependent float chains (exp/erf/log polynomials, divide, square
+    root: each op waits for the previous one) and the board-measured cost of
+    libm calls (lrintf, newlib expf/erff), each priced by its own constant.
+  * Our build's bytes come from the engine's own counters
+    (`_llm.Model.stats()`), checked byte for byte against the formulas here
+    (`check_bytes`) and then used as a scale on the formulas' line counts.
+    The share of head rows the certified head scores is an input
+    (`HeadFractions`): the real release head is not available here.
+  * Every other build is somebody else's firmware (slvDev/esp32-ai at
+    9965f5ec), predicted from its own configuration (`BUILDS`: weight formats,
+    placement, cache line, kernels, splits, libm calls), each assumption
+    stated beside it.
+
+Speculative decoding (`pass_work`; builds mpllm-spec-greedy/-sampled): a
+verify pass of m <= 8 positions (llm_verify) reads every weight once (they
+are in SRAM, so what that saves is PIE work: llm_matvec_q4_cols's count per
+row per column, `measure_cols_pie`), the KV cache once per layer, and each
+head tile once for all m (llm_head_certify_many, on one core, no hand-offs);
+everything else runs m times. ms/token = (time of one pass) / (story tokens
+per pass), passes starting at positions 4..203. Tokens per pass and m =
+drafted + 1 are measured on the demo model (`measure_drafting`, i.e.
+mpllm.drafting.study; the release model's acceptance cannot be measured
+here), and so is how many tiles the positions of a pass have in common
+(`measure_union`: pass tiles / m steps' tiles), applied to the release
+head's step fraction. Positions 1..m-1's buffers and the scan's scratch live
+in PSRAM and are charged in cache lines, though the engine's byte counters
+(checked per pass, `pass_region_bytes`) do not see them (`_batch_buffers`).
+
+Calibration (`fit`): four constants are solved jointly and exactly from four
+published stage times and then held fixed:
+  C_OP          cycles per scalar op               <- stock attention (20 ms)
+  overlap       two-core memory/compute overlap    <- stock head (59 ms)
+  S_LINE32/64   seconds per PSRAM line fill         <- esp32-ai's dense int4 head,
+                                                       20.8 ms on 32-byte and 14.6 ms
+                                                       on 64-byte lines
+(the quoted 60.6/86.3 MiB/s are head bytes over head time, compute and
+hand-off included, so the fill cost is what is left after them). Three more
+follow from those and a published sub-stage measurement that is not an
+anchor (`DERIVED_CONSTANTS`): C_MAC_I8 (scalar int8 dot at 24.8 M MAC/s),
+the cost of a dependent float op (the 1.93 ms softmax pass) and newlib erff
+(the 1.5 ms PLE stage). Every other anchor in `ANCHORS` is a prediction held
+to ANCHOR_TOLERANCE; the remaining constants are published figures or counts
+read off source code, each with its source.
+
+The package, one idea a module (each imports only modules listed above it):
+
+  s3            the S3's published figures and source-code counts (never fitted)
+  shape         `Shape`/`RELEASE`, the engine's stages, batch limits and regions,
+                the matrices of a token, row and cache-line geometry
+  pie           PIE instruction counts in closed form
+  pie_counter   PIE counts from the host model of the vector unit (compiles
+                count_driver.c, kept beside it, and tests/c/pie_kernels_test.c)
+  builds        the firmware configurations (`BUILDS`) and their assumptions
+  spec_inputs   `DraftFigures`, `UnionRatios`, `SpecInputs` and their defaults
+  work          `Work`, `HeadCounts`, `Fit`; a stage's seconds (`stage_breakdown`)
+  forward       one token's work per stage (`token_work`, `build_work`, `predict`)
+  passes        one verify pass's work (`pass_work`, `PassHead`, `_Passes`)
+  calibration   the anchors (`ANCHORS`) and the fit (`fit`)
+  prices        `draft_prices`: what a draft position costs
+  engine_bytes  the engine's byte accounting, checked against its counters
+  sram          the internal SRAM plan (`sram_plan`)
+  host          measuring the host engine (`measure_host`, `measure_fractions`)
+  spec_measure  measuring the speculative inputs (`measure_spec`; uses drafting)
+  spec_report   the report's speculative builds and their what-ifs
+  reporting     `report`, `Report` (table and JSON), the what-ifs, `plot`
+
+mpllm.drafting imports `Shape` (shape) and `draft_prices` (prices), whose
+modules import nothing that imports drafting; spec_measure imports drafting
+(inside the functions that use it). This module only hands the names on.
+"""
+
+# ruff: noqa: F401 (every import here is a re-export)
+
+from .builds import (
+    BUILDS,
+    FAST_TARGET_MS,
+    OURS,
+    SPEC,
+    SPEC_BUILD_MODE,
+    SPEC_TARGET_MS,
+    UPSTREAM,
+    Build,
+)
+from .calibration import (
+    ANCHOR_TOLERANCE,
+    ANCHORS,
+    DERIVED_CONSTANTS,
+    FITTED_CONSTANTS,
+    Anchor,
+    fit,
+    fit_stock,
+)
+from .engine_bytes import (
+    check_bytes,
+    engine_stage_bytes,
+    head_eval_bytes,
+    pass_region_bytes,
+    placement_from_memory,
+    run_region_bytes,
+)
+from .forward import FAST_EXP_OPS, S8_BLOCK_PIE, S8_ROW_PIE_FIXED, build_work, predict, token_work
+from .host import HeadFractions, Measured, measure_fractions, measure_head_fraction, measure_host
+from .passes import (
+    BATCH_VECTOR_TRANSFERS,
+    MANY_POP_HEAP_LINES,
+    SCORE_LINE_TRANSFERS,
+    PassHead,
+    _Passes,
+    pass_build_work,
+    pass_work,
+)
+from .pie import (
+    cols_resident,
+    pie_cols_instructions,
+    pie_matvec_instructions,
+    pie_row_instructions,
+    upstream_pie_instructions,
+)
+from .pie_counter import measure_cols_pie, measure_pie_counts, repo_root
+from .prices import draft_prices
+from .reporting import Report, plot, report
+from .s3 import (
+    BOUND_OPS_PER_TILE,
+    BOUND_PIE_PER_TILE,
+    CAND_OPS_PER_ROW,
+    COLS_RESIDENT_BLOCKS,
+    CORES,
+    CPU_HZ,
+    DCACHE_BYTES,
+    DIV_OPS,
+    ERFF_OPS,
+    EXPF_OPS,
+    FAST_EXPF_CHAIN_OPS,
+    FAXPY_OPS,
+    FDOT_OPS,
+    FLASH_BPS,
+    FLASH_ROW_BYTES,
+    FLASH_ROW_S,
+    HALF2FLOAT_OPS,
+    HANDOFF_S,
+    HEAP_OPS_PER_CMP,
+    LOGF_OPS,
+    LRINTF_CYCLES,
+    NEWLIB_EXPF_CYCLES,
+    NEWLIB_TRIG_CYCLES,
+    PCG32_OPS,
+    PIE_CYCLES,
+    Q4_UNPACK_OPS,
+    QSORT_CMP_CYCLES,
+    QUANT_CYCLES,
+    RADIX_OPS_PER_KEY,
+    RELEASE_GREEDY_FRACTION,
+    RELEASE_GREEDY_RANGE,
+    RESEARCH_PLE_MS,
+    ROW_OPS_PIE,
+    ROW_OPS_SCALAR,
+    SCALAR_DOT_MACS_PER_S,
+    SOFT_LIBM_CYCLES,
+    SOFTMAX_PAIR_CYCLES,
+    SOFTMAX_PAIR_OPS,
+    SQRT_OPS,
+    TILE_ROWS,
+    UPSTREAM_BLOCK_OPS,
+    UPSTREAM_BOUND_PIE_CYCLES_PER_TILE,
+    UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
+)
+from .shape import (
+    PREFILL_BATCH,
+    REGIONS,
+    RELEASE,
+    STAGES,
+    VERIFY_MAX,
+    Mat,
+    Shape,
+    lines_touched,
+    matrices,
+    n_groups,
+    ple_record_bytes,
+    q4_row_bytes,
+    story_positions,
+    stream_lines,
+)
+from .spec_inputs import (
+    DEFAULT_STUDY,
+    DEFAULT_UNION,
+    SPEC_MODES,
+    SPEC_PROMPTS,
+    SPEC_SEEDS,
+    DraftFigures,
+    SpecInputs,
+    UnionRatios,
+)
+from .spec_measure import measure_adaptive, measure_drafting, measure_spec, measure_union
+from .spec_report import _spec_entry
+from .sram import (
+    ENGINE_STRUCT_BYTES,
+    SRAM_CACHE_BYTES,
+    SRAM_FREE_AT_BOOT,
+    SRAM_LARGEST_BLOCK,
+    SRAM_TOTAL_BYTES,
+    sram_plan,
+)
+from .work import Fit, HeadCounts, Work, stage_breakdown, stage_seconds
+
+__all__ = [
+    "ANCHORS",
+    "ANCHOR_TOLERANCE",
+    "BUILDS",
+    "OURS",
+    "RELEASE",
+    "SPEC",
+    "SPEC_TARGET_MS",
+    "STAGES",
+    "UPSTREAM",
+    "Anchor",
+    "Build",
+    "DraftFigures",
+    "Fit",
+    "HeadCounts",
+    "HeadFractions",
+    "Measured",
+    "PassHead",
+    "Report",
+    "Shape",
+    "SpecInputs",
+    "UnionRatios",
+    "build_work",
+    "check_bytes",
+    "engine_stage_bytes",
+    "fit",
+    "head_eval_bytes",
+    "lines_touched",
+    "matrices",
+    "measure_adaptive",
+    "measure_cols_pie",
+    "measure_drafting",
+    "measure_fractions",
+    "measure_head_fraction",
+    "measure_host",
+    "measure_pie_counts",
+    "measure_spec",
+    "measure_union",
+    "pass_build_work",
+    "pass_region_bytes",
+    "pass_work",
+    "pie_cols_instructions",
+    "pie_matvec_instructions",
+    "plot",
+    "predict",
+    "report",
+    "run_region_bytes",
+    "sram_plan",
+    "stage_seconds",
+    "story_positions",
+    "upstream_pie_instructions",
+]

@@ -1,0 +1,482 @@
+"""The forward pass of one generated token, as work per stage: matvecs,
+attention and the KV cache as each build lays them out, the dense or
+certified head, the sampler (`token_work`; averaged over a story,
+`build_work`; in ms, `predict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from .builds import Build
+from .pie import pie_matvec_instructions, pie_row_instructions, upstream_pie_instructions
+from .s3 import (
+    BOUND_OPS_PER_TILE,
+    BOUND_PIE_PER_TILE,
+    CAND_OPS_PER_ROW,
+    DCACHE_BYTES,
+    DIV_OPS,
+    ERFF_OPS,
+    EXPF_OPS,
+    FAST_EXPF_CHAIN_OPS,
+    FAXPY_OPS,
+    FDOT_OPS,
+    HALF2FLOAT_OPS,
+    HEAP_OPS_PER_CMP,
+    LOGF_OPS,
+    LRINTF_CYCLES,
+    NEWLIB_EXPF_CYCLES,
+    NEWLIB_TRIG_CYCLES,
+    PCG32_OPS,
+    Q4_UNPACK_OPS,
+    QSORT_CMP_CYCLES,
+    QUANT_CYCLES,
+    RADIX_OPS_PER_KEY,
+    ROW_OPS_PIE,
+    ROW_OPS_SCALAR,
+    SOFT_LIBM_CYCLES,
+    SOFTMAX_PAIR_OPS,
+    SQRT_OPS,
+    TILE_ROWS,
+    UPSTREAM_BLOCK_OPS,
+    UPSTREAM_BOUND_PIE_CYCLES_PER_TILE,
+    UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
+)
+from .shape import (
+    RELEASE,
+    STAGES,
+    Mat,
+    Shape,
+    _cdiv,
+    lines_touched,
+    matrices,
+    n_groups,
+    ple_record_bytes,
+    q4_row_bytes,
+    story_positions,
+    stream_lines,
+)
+from .work import Fit, HeadCounts, Work, stage_seconds
+
+
+def _quantize(w: Work, b: Build, n: int, *, split: bool = False, pad: int = 0) -> None:
+    """Activation quantization of an n-vector (plus zeroing a pad)."""
+    cyc = n * (QUANT_CYCLES + (LRINTF_CYCLES if b.quant == "lrintf" else 0.0))
+    w.compute(split=split, cycles=cyc, ops=pad)
+
+
+def _rmsnorm(w: Work, n: int) -> None:
+    # ss += x*x (load, mul, add), ss/n + eps (2), sqrt, 1/., (w*x)*inv (2 loads, 2 mul, store)
+    w.compute(ops=3 * n + 2 + 5 * n, chain=SQRT_OPS + DIV_OPS)
+
+
+def _chain(w: Work, b: Build, ops: float, *, split: bool = False) -> None:
+    """Element-wise dependent float chains (independent across elements)."""
+    w.compute(split=split, chain=ops / b.chain_interleave)
+
+
+def _exp(w: Work, b: Build, kind: str, count: float, *, split: bool = False) -> None:
+    if kind == "newlib":
+        w.compute(split=split, cycles=count * NEWLIB_EXPF_CYCLES)
+    elif kind == "llm":
+        _chain(w, b, count * EXPF_OPS, split=split)
+    else:
+        raise ValueError(f"unknown exp {kind!r}")
+
+
+def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | None) -> None:
+    """One call of a matvec (the caller multiplies by per_token)."""
+    fmt, tier = (b.head_fmt, "psram") if m.name == "head" else b.core
+    rows, cols = m.rows, m.cols
+    ng = n_groups(cols, s.group)
+    split = b.split_rows is not None and rows >= b.split_rows
+    if split:
+        w.handoffs += 1
+    if fmt == "int8":
+        code_b, scale_b = rows * cols, rows * ng * 4
+    elif fmt == "int4-flash":
+        code_b, scale_b = rows * _cdiv(cols, 2), rows * ng * 2
+    else:
+        code_b, scale_b = rows * q4_row_bytes(cols), rows * ng * 4
+    if tier == "psram":
+        w.psram(stream_lines(code_b, b.line) + stream_lines(scale_b, b.line), b.line,
+                code_b + scale_b, split=split)
+    elif tier == "flash":
+        w.flash(code_b + scale_b, b.line)
+    else:
+        w.sram(code_b + scale_b)
+    if b.kernels == "scalar":
+        ops = rows * ROW_OPS_SCALAR
+        if fmt == "int4-flash":
+            ops += rows * cols * Q4_UNPACK_OPS + rows * ng * HALF2FLOAT_OPS
+        w.compute(split=split, mac=rows * cols, ops=ops)
+    elif b.kernels == "pie-upstream":
+        nblk = _cdiv(cols, 32)
+        w.compute(split=split, pie=upstream_pie_instructions(rows, cols),
+                  ops=rows * (ROW_OPS_PIE + UPSTREAM_BLOCK_OPS * nblk))
+        w.compute(ops=2 * cols + (nblk * 32 - cols))  # 8*sum(xq) and the zeroed tail
+    else:
+        pie = (pie_calls[m.name] if pie_calls and m.name in pie_calls
+               else pie_matvec_instructions(rows, cols, s.group))
+        w.compute(split=split, pie=pie, ops=rows * ROW_OPS_PIE)
+
+
+def _v_row(b: Build, d: int) -> int:
+    """Bytes of one cached V row: fp32, or int16 dots + the position's scale."""
+    return 4 * d if b.v_bytes == 4 else b.v_bytes * d + 4
+
+
+def _kv_offsets(b: Build) -> list[int]:
+    return list(range(0, b.line, 16)) if b.kv_offset is None else [b.kv_offset]
+
+
+def _kv_read(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
+    """Attention's reads of the cached K and V rows 0..pos of one layer,
+    averaged over the possible alignments of the cache."""
+    offs = _kv_offsets(b)
+    for off in offs:
+        part = Work()
+        _kv_read_at(part, dataclasses.replace(b, kv_offset=off), s, pos, split=split)
+        w.add(part.scaled(1.0 / len(offs)))
+
+
+def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
+    d, t, h, dh = s.dim, pos + 1, s.n_heads, s.head_dim
+    line = b.line
+    if b.kv == "int8-fast":
+        # per head: K rows contiguous (t x dhp), dh transposed V rows of the
+        # t positions rounded up to 16 (rows seq_len apart), two scale arrays
+        dhp, t16 = _cdiv(dh, 16) * 16, _cdiv(t, 16) * 16
+        nl = h * (lines_touched(0, t * dhp, line) + dh * lines_touched(0, t16, line)
+                  + 2 * lines_touched(0, 4 * t, line))
+        w.psram(nl, line, h * (t * dhp + dh * t16 + 8 * t), split=split)
+        return
+    if b.kv.startswith("fp32"):
+        row = 4 * d
+        v_row = _v_row(b, d)
+        total = (lines_touched(b.kv_offset, t * row, line)
+                 + lines_touched(b.kv_offset, t * v_row, line))
+        if b.kv == "fp32-heads" and t * (row + v_row) > DCACHE_BYTES:
+            # each head's pass re-fetches its slice of every row (4*dh bytes at
+            # h*4*dh), overfetching at line edges; rows cycle through
+            # line/gcd(row, line) alignments
+            phases = line // math.gcd(row, line)
+            per_row = sum(lines_touched((b.kv_offset + r * row + j * 4 * dh) % line, 4 * dh, line)
+                          for r in range(phases) for j in range(h)) / phases
+            total = 2 * t * per_row
+        w.psram(total, line, t * (row + v_row), split=split)
+    else:
+        krow = h * _cdiv(dh, 16) * 16 if b.kv == "int8-rows-pad" else d
+        nbytes = t * (krow + d) + 2 * 4 * t  # K rows, V rows, two per-row scale arrays
+        nl = (lines_touched(b.kv_offset, t * krow, line) + lines_touched(b.kv_offset, t * d, line)
+              + 2 * lines_touched(0, 4 * t, line))
+        w.psram(nl, line, nbytes, split=split)
+
+
+#: llm_matvec_s8_pie per row of n 16-byte blocks: row setup and readout, and
+#: per block the two 128-bit loads and the multiply-accumulate
+S8_ROW_PIE_FIXED, S8_BLOCK_PIE = 4, 3
+#: attention_fast.c's exp: range reduction (mul, cvt, compare, cvt, sub),
+#: degree-4 Horner (8), exponent build and the scale (3), the range test
+FAST_EXP_OPS = 17
+
+
+def _s8_pie(rows: float, n: int) -> float:
+    return rows * (S8_ROW_PIE_FIXED + S8_BLOCK_PIE * _cdiv(n, 16))
+
+
+def _fast_query(w: Work, b: Build, s: Shape, t: int, *, split: bool) -> None:
+    """Fast mode's attention for one query over t cached positions (all
+    heads): quantized q, integer scores by the s8 kernel, softmax with the
+    cheap exp, quantized weights, transposed V rows by the s8 kernel."""
+    h, dh = s.n_heads, s.head_dim
+    dhp, t16 = _cdiv(dh, 16) * 16, _cdiv(t, 16) * 16
+    _quantize(w, b, h * dh, split=split)
+    w.compute(split=split, pie=h * _s8_pie(t, dhp), ops=h * t * 6)  # scores, scale, max
+    _chain(w, b, h * t * FAST_EXP_OPS, split=split)
+    w.compute(split=split, ops=h * t * 4)  # s - max, den +=, * vscale, store
+    _quantize(w, b, h * t, split=split, pad=h * (t16 - t))
+    w.compute(split=split, pie=h * _s8_pie(dh, t16), ops=h * dh * 3)
+    _chain(w, b, h * dh * DIV_OPS, split=split)
+
+
+def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
+    """One layer's attention over positions 0..pos (after q, k, v exist)."""
+    t, h, dh = pos + 1, s.n_heads, s.head_dim
+    if b.kv == "int8-fast":
+        sp = b.attn_split == "heads"
+        w.handoffs += sp
+        _kv_read(w, b, s, pos, split=sp)
+        _fast_query(w, b, s, t, split=sp)
+        return
+    n = t * h  # (position, head) pairs
+    split_on = pos >= b.attn_split_min_pos
+    sp_all = split_on and b.attn_split == "heads"
+    sp_score = split_on and b.attn_split in ("heads", "score+vacc", "score+soft+vacc")
+    sp_soft = split_on and b.attn_split in ("heads", "score+soft+vacc")
+    sp_vacc = sp_score
+    if split_on and b.attn_split != "none":
+        w.handoffs += {"heads": 1, "score+vacc": 2, "score+soft+vacc": 3}[b.attn_split]
+    _kv_read(w, b, s, pos, split=sp_score)
+    if b.kv.startswith("fp32"):
+        # scores: dot, * 1/sqrt(dh), store, max; softmax: s - max, exp, denom +=;
+        # V: ao += w * v; finish: zero ao, ao /= denom
+        w.compute(split=sp_score, ops=n * (FDOT_OPS * dh + 4))
+        w.compute(split=sp_soft, ops=n * 4)
+        _exp(w, b, b.softmax_exp, n, split=sp_soft)
+        w.compute(split=sp_vacc, ops=n * FAXPY_OPS * dh)
+        if b.v_bytes != 4:  # recompute (float)g * scale_i * xscale per element read
+            w.compute(split=sp_vacc, ops=n * 4 * dh)
+        w.compute(split=sp_all, ops=h * dh * 2)
+        _chain(w, b, h * dh * DIV_OPS, split=sp_all)
+        return
+    # esp32-ai int8 KV: integer scores (scalar or PIE), softmax with
+    # llm_fast_expf folding the V scale, weights quantized to int8, integer V
+    if b.score == "pie":
+        blocks = _cdiv(dh, 16)
+        w.compute(split=sp_score, pie=n * (2 + 3 * blocks), ops=n * 5 + t * 3)
+    else:
+        w.compute(split=sp_score, mac=n * dh, ops=n * 5 + t * 3)
+    libm = (b.softmax_exp == "fast-floorf") + (b.wquant == "lrintf")
+    w.compute(split=sp_soft, ops=n * SOFTMAX_PAIR_OPS, chain=n * FAST_EXPF_CHAIN_OPS,
+              cycles=n * libm * SOFT_LIBM_CYCLES)
+    w.compute(split=sp_vacc, mac=n * dh, ops=n * (2 + dh))
+    w.compute(ops=h * dh * 3, chain=h * DIV_OPS)
+
+
+def _kv_store(w: Work, b: Build, s: Shape) -> None:
+    """This position's K and V rows written to the cache (one layer): the
+    written lines are fetched first (write-allocate) and written back later,
+    counted as one transfer each way the way esp32-ai counts its logits
+    round trip."""
+    d = s.dim
+    if b.kv == "int8-fast":
+        # K and V quantized per head; a K row (h x 16-byte lines of dhp) and
+        # one byte in each of the dim transposed V rows: every line it lands
+        # in is fetched and written back (write-allocate)
+        h, dh = s.n_heads, s.head_dim
+        _quantize(w, b, 2 * d)
+        w.compute(ops=2 * d)
+        nl = h * lines_touched(0, _cdiv(dh, 16) * 16, b.line) + d + 2 * h
+        w.psram(2 * nl, b.line, h * _cdiv(dh, 16) * 16 + d + 8 * h)
+        return
+    if b.kv.startswith("fp32"):
+        offs = _kv_offsets(b)
+        nl = sum(lines_touched(o, 4 * d, b.line) + lines_touched(o, _v_row(b, d), b.line)
+                 for o in offs) / len(offs)
+        w.psram(nl, b.line, 4 * d + _v_row(b, d))
+        w.compute(ops=2 * 2 * d)  # memcpy: load + store per float
+        return
+    dh, h = s.head_dim, s.n_heads
+    pad = h * (_cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0
+    _quantize(w, b, d, pad=pad)  # K
+    _quantize(w, b, d)  # V
+    _quantize(w, b, d, pad=pad)  # q, for the integer scores
+    nl = lines_touched(0, d + pad, b.line) + lines_touched(0, d, b.line) + 2
+    w.psram(nl, b.line, 2 * d + pad + 8)
+
+
+def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
+          counts: HeadCounts | None, bound_pie: float | None) -> None:
+    d = s.dim
+    _rmsnorm(w, d)
+    _quantize(w, b, d)
+    head = next(m for m in matrices(s) if m.name == "head")
+    if b.head == "dense":
+        _matvec(w, b, s, head, pie_calls)
+        v = s.vocab_out
+        split = b.split_rows is not None and v >= b.split_rows
+        if b.logits == "psram":
+            w.psram(stream_lines(4 * v, b.line), b.line, 4 * v, split=split)
+        elif b.logits == "fused":
+            w.compute(split=True, ops=2 * v)  # compare with the running best
+        else:
+            w.sram(4 * v)
+        return
+    # certified: bound every tile from the SRAM index, order, scan in waves
+    c = counts or HeadCounts.from_fraction(b, s, b.rows_fraction)
+    nt = s.n_tiles
+    if b.bound == "scalar":
+        w.compute(cycles=nt * d * UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM)
+    elif b.bound == "pie-upstream":
+        w.compute(cycles=nt * UPSTREAM_BOUND_PIE_CYCLES_PER_TILE)
+    else:
+        w.compute(pie=nt * (bound_pie if bound_pie is not None else BOUND_PIE_PER_TILE),
+                  ops=nt * BOUND_OPS_PER_TILE + 2 * d)  # + |xq| once
+    w.sram(nt * (2 * _cdiv(d, 16) * 16 + 4))
+    log_n = math.log2(max(nt, 2))
+    if b.order == "qsort":
+        w.compute(cycles=nt * log_n * QSORT_CMP_CYCLES)
+    elif b.order == "radix":
+        w.compute(ops=nt * RADIX_OPS_PER_KEY)
+    else:  # max-heap: build, then one pop per tile scanned (+ the one that stops)
+        w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + (c.tiles + 1) * 2 * log_n))
+    rows = c.rows
+    inline_rows = min(rows, b.first_wave_tiles * TILE_ROWS)
+    row_bytes = q4_row_bytes(d)
+    if b.kernels == "pie":
+        per_row_pie = (pie_calls.get("head_row") if pie_calls and "head_row" in pie_calls
+                       else pie_row_instructions(d, s.group))
+        call_pie = pie_matvec_instructions(0, d, s.group)
+    else:
+        per_row_pie = upstream_pie_instructions(1, d) - upstream_pie_instructions(0, d)
+        call_pie = 1
+    per_row_ops = ROW_OPS_PIE + CAND_OPS_PER_ROW + (
+        UPSTREAM_BLOCK_OPS * _cdiv(d, 32) if b.kernels != "pie" else 0)
+    for part_rows, sp in ((inline_rows, False), (rows - inline_rows, True)):
+        w.compute(split=sp, pie=part_rows * per_row_pie, ops=part_rows * per_row_ops)
+    w.compute(pie=c.tiles * call_pie)  # one kernel call per tile
+    if b.sampler == "cand-topk":
+        k = b.top_k
+        inserts = k * (1.0 + math.log(max(rows / k, 1.0)))
+        w.compute(split=True, ops=inserts * (k / 2) * 3)
+    w.handoffs += c.handoffs
+    ids_b = 2 if b.kernels == "pie" else 0  # esp32-ai reads head4_tok only on ties
+    tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
+                  + stream_lines(TILE_ROWS * ids_b, b.line))
+    inline_tiles = min(c.tiles, float(b.first_wave_tiles))
+    w.psram(inline_tiles * tile_lines, b.line, inline_tiles / c.tiles * rows * (row_bytes + 4 + ids_b))
+    w.psram((c.tiles - inline_tiles) * tile_lines, b.line,
+            (1 - inline_tiles / c.tiles) * rows * (row_bytes + 4 + ids_b), split=True)
+
+
+def _sample(w: Work, b: Build, s: Shape) -> None:
+    v, k = s.vocab_out, b.top_k
+    if b.sampler == "argmax":
+        w.compute(ops=2 * v)  # load + compare per logit
+        if b.logits == "psram":
+            w.psram(stream_lines(4 * v, b.line), b.line, 4 * v)
+    elif b.sampler == "argmax-nancheck":
+        w.compute(ops=3 * v)  # ours today: NaN check, then the argmax
+    elif b.sampler == "topk-full":
+        # ours today: NaN check, one pass keeping the k best (insertion sort:
+        # ~k*ln(n/k) insertions of ~k/2 moves), then the draw as below
+        inserts = k * math.log(max(v / k, 1.0))
+        w.compute(ops=3 * v + inserts * k / 2 * 3)
+        _draws(w, b, k)
+    elif b.sampler == "cand-topk":
+        _draws(w, b, k)
+    elif b.sampler in ("cand-greedy", "fused"):
+        w.compute(ops=10)
+    else:
+        raise ValueError(f"unknown sampler {b.sampler!r}")
+
+
+def _draws(w: Work, b: Build, k: int) -> None:
+    """Gumbel-max over k candidates: sort the ids (insertion, ~k^2/4 moves),
+    then per id x/T, a Gumbel draw (2 logf + PCG32) and the compare."""
+    w.compute(ops=k * k / 4 * 3 + k * (PCG32_OPS + 4))
+    _chain(w, b, k * (2 * LOGF_OPS + DIV_OPS))
+
+
+def _embed_position(e: Work, b: Build, s: Shape) -> None:
+    """One position's embed stage but the PLE projection: embedding and PLE
+    rows from flash, the PLE input, the RoPE row."""
+    d, L, p, dh = s.dim, s.n_layers, s.ple_dim, s.head_dim
+    lp = L * p
+    if b.rows_from == "image":
+        e.flash(q4_row_bytes(d) + 4, b.line)
+        e.flash(ple_record_bytes(s), b.line)
+    else:  # model.bin in place: packed nibbles + fp16 scales
+        e.flash(_cdiv(d, 2) + 2, b.line)
+        e.flash(_cdiv(lp, 2) + 2 * n_groups(lp, s.group), b.line)
+    e.compute(ops=3 * d + lp * 4 + L * HALF2FLOAT_OPS + lp + lp * 3)
+    for _ in range(L):
+        _rmsnorm(e, p)
+    _quantize(e, b, d)
+    if b.rope == "libm":
+        e.compute(cycles=3 * (dh // 2) * NEWLIB_TRIG_CYCLES, ops=dh * 3)
+    else:
+        e.flash(dh * 4, b.line)
+
+
+def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | None = None,
+               counts: HeadCounts | None = None, bound_pie: float | None = None
+               ) -> dict[str, Work]:
+    """Per-stage cost drivers of one generated token at `pos`."""
+    if not 0 <= pos < s.seq_len:
+        raise ValueError(f"position {pos} outside the {s.seq_len}-position context")
+    d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
+    mats = {m.name: m for m in matrices(s)}
+    work = {st: Work() for st in STAGES}
+
+    # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
+    e = work["embed"]
+    _embed_position(e, b, s)
+    _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
+
+    if b.core_spill_bytes:
+        # the spilled tail of the core (ple_proj, ple_gate, ... of the last
+        # layers, staged last) streams from PSRAM once per token
+        spill = b.core_spill_bytes
+        work["ple"].psram(stream_lines(spill, b.line), b.line, spill)
+    one = {st: Work() for st in ("attn", "ffn", "ple")}
+    a = one["attn"]
+    _rmsnorm(a, d)
+    _quantize(a, b, d)
+    _matvec(a, b, s, mats["qkv"], pie_calls)
+    a.compute(ops=2 * h * (dh // 2) * 6)  # RoPE on q and k
+    _kv_store(a, b, s)
+    _attention_core(a, b, s, pos)
+    _quantize(a, b, d)
+    _matvec(a, b, s, mats["attn_proj"], pie_calls)
+    a.compute(ops=3 * d)
+
+    fw = one["ffn"]
+    _rmsnorm(fw, d)
+    _quantize(fw, b, d)
+    if b.quant_per_matvec:
+        _quantize(fw, b, d)  # gate and up each quantize their (same) input
+    _matvec(fw, b, s, mats["gate"], pie_calls)
+    _matvec(fw, b, s, mats["up"], pie_calls)
+    fw.compute(ops=f * 4)  # silu's 1 + e, * up
+    _chain(fw, b, f * DIV_OPS)  # x / (1 + e)
+    _exp(fw, b, b.act_exp, f)
+    _quantize(fw, b, f)
+    _matvec(fw, b, s, mats["down"], pie_calls)
+    fw.compute(ops=3 * d)
+
+    pw = one["ple"]
+    _quantize(pw, b, d)
+    _matvec(pw, b, s, mats["ple_gate"], pie_calls)
+    if b.act_exp == "newlib":
+        pw.compute(erff=p)  # priced by Fit.erff_cycles
+    else:
+        _chain(pw, b, p * ERFF_OPS)
+    pw.compute(ops=p * 5)  # 0.5*v*(1+erf(v*c)) * ple
+    _quantize(pw, b, p)
+    _matvec(pw, b, s, mats["ple_proj"], pie_calls)
+    _rmsnorm(pw, d)
+    pw.compute(ops=3 * d)
+    for st, wk in one.items():
+        work[st].add(wk.scaled(L))
+
+    _head(work["head"], b, s, pie_calls, counts, bound_pie)
+    _sample(work["sample"], b, s)
+    return work
+
+
+def build_work(b: Build, s: Shape = RELEASE, positions: Sequence[int] | None = None,
+               *, pie_calls: Mapping[str, int] | None = None, counts: HeadCounts | None = None,
+               bound_pie: float | None = None) -> dict[str, Work]:
+    """Per-stage cost drivers of one token, averaged over `positions`."""
+    positions = list(positions if positions is not None else story_positions())
+    if not positions:
+        raise ValueError("positions is empty")
+    total = {st: Work() for st in STAGES}
+    for pos in positions:
+        one = token_work(b, s, pos, pie_calls=pie_calls, counts=counts, bound_pie=bound_pie)
+        for st in STAGES:
+            total[st].add(one[st])
+    return {st: w.scaled(1.0 / len(positions)) for st, w in total.items()}
+
+
+def predict(b: Build, fit: Fit, s: Shape = RELEASE, positions: Sequence[int] | None = None,
+            **kw: object) -> dict[str, float]:
+    """Predicted ms per stage (and "total") for one generated token."""
+    work = build_work(b, s, positions, **kw)  # type: ignore[arg-type]
+    out = {st: 1e3 * stage_seconds(work[st], fit) for st in STAGES}
+    out["total"] = sum(out[st] for st in STAGES)
+    return out

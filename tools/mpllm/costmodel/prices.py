@@ -1,0 +1,35 @@
+"""What a draft position costs (`draft_prices`): the one figure
+mpllm.drafting (and through it the converter: the drafts table's min_odds)
+takes from the cost model. Imports only the package's low modules, none
+that import drafting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .builds import BUILDS, SPEC_BUILD_MODE
+from .calibration import fit
+from .passes import _Passes
+from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
+from .spec_inputs import SpecInputs
+
+
+def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
+                 rows_fraction: float | None = None) -> list[float]:
+    """What draft k (k = 1..VERIFY_MAX-1) adds to a verify pass, as a fraction
+    of one plain step: (pass(k+1 positions) - pass(k)) / pass(1), modeled on
+    the S3 for shape `s` over the story positions (every 10th start), with
+    the default union ratios. The converter writes these as the drafts
+    table's min_odds: a guess is proposed only while the chance that it and
+    every guess before it are accepted pays for its position."""
+    b = BUILDS[build]
+    if rows_fraction is not None:
+        b = dataclasses.replace(b, rows_fraction=rows_fraction)
+    sp = SpecInputs.default()
+    passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
+                     scale=(1.0, 1.0))
+    union = sp.union[SPEC_BUILD_MODE[build]]
+    starts = [p for p in story_positions() if p + VERIFY_MAX <= s.seq_len][::10]
+    ms = [passes.ms(b, m, union, starts) for m in range(1, VERIFY_MAX + 1)]
+    return [(ms[k] - ms[k - 1]) / ms[0] for k in range(1, VERIFY_MAX)]

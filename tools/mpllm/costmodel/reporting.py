@@ -1,0 +1,397 @@
+"""The report: every anchor's build and ours predicted (`report`), the table
+and JSON (`Report`), the what-ifs of our builds (`_variants`) and the
+plot (`plot`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .builds import (
+    BUILDS,
+    FAST_TARGET_MS,
+    OURS,
+    SPEC,
+    SPEC_BUILD_MODE,
+    SPEC_TARGET_MS,
+    UPSTREAM,
+    Build,
+)
+from .calibration import ANCHORS, DERIVED_CONSTANTS, FITTED_CONSTANTS, fit
+from .engine_bytes import _formula_per_token, placement_from_memory
+from .forward import build_work
+from .host import HeadFractions, Measured
+from .passes import _Passes
+from .s3 import HANDOFF_S
+from .shape import RELEASE, STAGES, Shape, story_positions
+from .spec_inputs import SpecInputs
+from .spec_report import _spec_builds, _spec_variants
+from .sram import sram_plan
+from .work import Fit, HeadCounts, Work, _scale_memory, stage_breakdown, stage_seconds
+
+
+@dataclass
+class Report:
+    fit: Fit
+    anchors: list[dict[str, object]]
+    builds: dict[str, dict[str, object]]
+    variants: dict[str, dict[str, object]]
+    fractions: HeadFractions
+    sram: dict[str, object]
+    measured: Measured | None
+    positions: list[int]
+    spec: SpecInputs | None = None
+
+    @property
+    def predictions(self) -> dict[str, dict[str, float]]:
+        """build -> stage/total -> ms (every build in the report)."""
+        return {n: {**b["stages"], "total": b["total_ms"]}  # type: ignore[dict-item]
+                for n, b in self.builds.items()}
+
+    def table(self) -> str:
+        f = self.fit
+        lines = [
+            ("ESP32-S3 N16R8 cost model, per generated token, positions "
+             f"{self.positions[0]}..{self.positions[-1]}"),
+            (f"fitted (jointly): C_OP {f.c_op:.3f} cycles/op (stock attention), two-core "
+             f"overlap {f.overlap:.2f} (stock head), PSRAM line fill "
+             f"{f.s_line32 * 1e6:.3f} us/32 B = {f.psram_bps(32) / 1e6:.1f} MB/s (32-byte-line "
+             f"head), {f.s_line64 * 1e6:.3f} us/64 B = {f.psram_bps(64) / 1e6:.1f} MB/s "
+             "(64-byte-line head)"),
+            (f"derived: C_MAC_I8 {f.c_mac_i8:.2f} cycles (24.8 M MAC/s scalar dot), dependent "
+             f"float op {f.chain_cycles:.2f} cycles (softmax 1.93 ms), newlib erff "
+             f"{f.erff_cycles:.0f} cycles (PLE 1.5 ms); hand-off {HANDOFF_S * 1e6:.0f} us"),
+            "",
+            f"{'anchor':<24} {'published':>9} {'predicted':>9} {'error':>7}  fitted",
+        ]
+        for a in self.anchors:
+            lines.append(f"{a['name']:<24} {a['published_ms']:>7.1f}ms {a['predicted_ms']:>7.2f}ms "
+                         f"{100 * a['error']:>+6.1f}%  {'yes' if a['fitted'] else 'no'}")
+        lines += ["", "upstream builds (predicted ms/token):"]
+        lines.append(f"{'build':<32}" + "".join(f"{st:>7}" for st in STAGES)
+                     + f"{'total':>8}{'tok/s':>7}")
+        for name in UPSTREAM:
+            b = self.builds[name]
+            lines.append(f"{BUILDS[name].label:<32}"
+                         + "".join(f"{b['stages'][st]:>7.2f}" for st in STAGES)
+                         + f"{b['total_ms']:>8.2f}{1e3 / b['total_ms']:>7.1f}")
+        lines += ["", "mpllm (ours), before -> after, ms/token:"]
+        hdr = f"{'stage':<9}" + "".join(f"{BUILDS[n].label:>21}" for n in OURS)
+        lines.append(hdr)
+        rows_line = f"{'rows':<9}"
+        for n in OURS:
+            fr = self.builds[n].get("rows_fraction")
+            rows_line += f"{'dense 100 %' if fr is None else f'{100 * fr:.1f} % of rows':>21}"
+        lines.append(rows_line)
+        for st in (*STAGES, "total"):
+            lines.append(f"{st:<9}" + "".join(
+                f"{self.predictions[n][st]:>21.2f}" for n in OURS))
+        lines.append(f"{'tok/s':<9}" + "".join(
+            f"{1e3 / self.predictions[n]['total']:>21.1f}" for n in OURS))
+        lines.append(f"{'hand-offs':<9}" + "".join(
+            f"{self.builds[n]['handoffs_per_token']:>21.1f}" for n in OURS))
+        lines.append(f"{'pos 255':<9}" + "".join(
+            f"{self.builds[n]['at_255']['total_ms']:>21.2f}" for n in OURS))
+        lines += ["", "variants (ms/token, total):"]
+        for name, v in self.variants.items():
+            lines.append(f"  {name:<58} {v['total_ms']:>6.2f}  ({v['note']})")
+        lines += self._spec_table()
+        g = self.builds["mpllm-exact-greedy"]["total_ms"]
+        sp = self.builds["mpllm-exact-sampled"]["total_ms"]
+        lines += ["", (f"targets: exact greedy {g:.2f} ms (<= 13: {'met' if g <= 13 else 'NOT met'}),"
+                  f" exact sampled {sp:.2f} ms (<= 14: {'met' if sp <= 14 else 'NOT met'})")]
+        if "mpllm-spec-sampled" in self.builds:
+            lines.append(self.spec_target_line())
+        sr = self.sram
+        lines.append(f"SRAM: plan needs {sr['need_bytes'] / 1024:.1f} KiB of the "
+                     f"{sr['free_at_boot_bytes'] / 1024:.1f} KiB free at boot (assumed) -> "
+                     f"{sr['left_free_bytes'] / 1024:+.1f} KiB left")
+        return "\n".join(lines)
+
+    def spec_target_line(self) -> str:
+        """The speculative target (sampled, <= SPEC_TARGET_MS): met, or by how much not."""
+        b = self.builds["mpllm-spec-sampled"]
+        ms, tpp, m = b["total_ms"], b["tokens_per_pass"], b["positions_per_pass"]
+        head = (f"speculative exact sampled {ms:.2f} ms/token ({b['drafter']}, {tpp:.2f} "
+                f"tokens/pass, m {m:.2f})")
+        if ms <= SPEC_TARGET_MS:
+            line = f"target: {head} (<= {SPEC_TARGET_MS:g}: met)"
+        else:
+            need = b["pass_ms"] / SPEC_TARGET_MS  # type: ignore[operator]
+            line = (f"target: {head} (<= {SPEC_TARGET_MS:g}: NOT met, {ms - SPEC_TARGET_MS:.2f} "
+                    f"ms = {100 * (ms / SPEC_TARGET_MS - 1):.0f} % over; this pass would need "
+                    f"{need:.2f} tokens/pass)")
+        ad = self.variants.get("spec sampled, adaptive draft")
+        if ad is not None:
+            ams = float(ad["total_ms"])  # type: ignore[arg-type]
+            line += (f"; adaptive draft length ({ad['drafter']}): {ams:.2f} ms ("
+                     + ("met" if ams <= SPEC_TARGET_MS else
+                        f"NOT met, {ams - SPEC_TARGET_MS:.2f} ms over") + ")")
+        fb = self.builds.get("mpllm-fast-sampled")
+        if fb is not None:
+            fms = float(fb["total_ms"])  # type: ignore[arg-type]
+            line += (f"\ntarget: fast (lossy) sampled {fms:.2f} ms/token (speculative, "
+                     f"{fb['tokens_per_pass']:.2f} tokens/pass) (<= {FAST_TARGET_MS:g}: "
+                     + ("met" if fms <= FAST_TARGET_MS else
+                        f"NOT met, {fms - FAST_TARGET_MS:.2f} ms = "
+                        f"{100 * (fms / FAST_TARGET_MS - 1):.0f} % over; this pass would need "
+                        f"{float(fb['pass_ms']) / FAST_TARGET_MS:.2f} tokens/pass") + ")")
+        return line
+
+    def _spec_table(self) -> list[str]:
+        names = [n for n in SPEC if n in self.builds]
+        if not names:
+            return []
+        bs = [self.builds[n] for n in names]
+        w = 32
+        out = ["", ("speculative decoding, verify passes of m positions (drafting and head "
+                    "sharing measured on the demo model):"),
+               f"{'':<20}" + "".join(f"{BUILDS[n].label:>{w}}" for n in names)]
+
+        def row(label: str, vals: Iterable[str]) -> None:
+            out.append(f"{label:<20}" + "".join(f"{v:>{w}}" for v in vals))
+
+        row("drafter", (str(b["drafter"]) for b in bs))
+        row("tokens / pass", (f"{b['tokens_per_pass']:.2f}" for b in bs))
+        row("m = drafted + 1", (f"{b['positions_per_pass']:.2f}" for b in bs))
+        row("head rows / step", (f"{100 * b['rows_fraction']:.1f} %" for b in bs))
+        row("head tiles / pass", (f"{b['head_tiles_per_pass']:.1f} (union {b['union_ratio']:.2f})"
+                                  for b in bs))
+        out.append("one pass (ms):")
+        for st in STAGES:
+            row(f"  {st}", (f"{b['pass_stages'][st]:.2f}" for b in bs))
+        row("  pass total", (f"{b['pass_ms']:.2f}" for b in bs))
+        row("  hand-offs", (f"{b['handoffs_per_token'] * b['tokens_per_pass']:.1f}" for b in bs))
+        out.append("per generated token (ms):")
+        for st in (*STAGES, "total"):
+            row(f"  {st}", (f"{(b['total_ms'] if st == 'total' else b['stages'][st]):.2f}"
+                            for b in bs))
+        row("  tok/s", (f"{b['tok_s']:.1f}" for b in bs))
+        row("  pos 255", (f"{b['at_255']['total_ms']:.2f}" for b in bs))
+        for n, b in zip(names, bs, strict=True):
+            by_m = b.get("pass_ms_by_m", {})
+            out.append(f"pass ms by m ({BUILDS[n].label}): "
+                       + ", ".join(f"{m} {v:.1f}" for m, v in by_m.items()))
+            out.append(f"drafters ({SPEC_BUILD_MODE[n]}): " + "; ".join(
+                f"{d} {v['total_ms']:.2f} ms ({v['tokens_per_pass']:.2f} tok/pass, m "
+                f"{v['positions_per_pass']:.2f})" for d, v in b.get("drafters", {}).items()))
+        if self.spec is not None:
+            out.append("union (pass tiles / m steps' tiles, shown as m x ratio; rows ratio):")
+            for label, table in (("demo", self.spec.union),
+                                 ("release-shaped random", self.spec.union_release)):
+                for mode, u in table.items():
+                    out.append(f"  {label} {mode} ({u.n_tiles} tiles): " + ", ".join(
+                        f"m{m} {m * v:.3f}/{u.rows.get(m, math.nan):.3f}"
+                        for m, v in sorted(u.tiles.items())))
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "builds": self.builds,
+            "anchors": self.anchors,
+            "fit": self.fit.as_dict(),
+            "fitted_constants": {k: list(v) for k, v in FITTED_CONSTANTS.items()},
+            "derived_constants": DERIVED_CONSTANTS,
+            "positions": [self.positions[0], self.positions[-1]],
+            "head_fractions": {**dataclasses.asdict(self.fractions),
+                               "topk_ratio": self.fractions.topk_ratio,
+                               "sampled": self.fractions.sampled},
+            "variants": self.variants,
+            "sram": self.sram,
+            "assumptions": {n: list(b.assumptions) for n, b in BUILDS.items()},
+            "measured": None if self.measured is None else dataclasses.asdict(self.measured),
+            "speculative": None if self.spec is None else _finite(
+                {**dataclasses.asdict(self.spec), "target_ms": SPEC_TARGET_MS,
+                 "modes": SPEC_BUILD_MODE}),
+        }
+
+
+def _finite(x: object) -> object:
+    """JSON-safe: non-finite floats as None, keys as strings."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
+                 *, counts: HeadCounts | None = None, pie_calls: Mapping[str, int] | None = None,
+                 bound_pie: float | None = None, scale: tuple[float, float] = (1.0, 1.0)
+                 ) -> dict[str, object]:
+    def one(pos: Sequence[int]) -> tuple[dict[str, float], dict[str, Work]]:
+        work = build_work(b, s, pos, pie_calls=pie_calls, counts=counts, bound_pie=bound_pie)
+        if scale != (1.0, 1.0):
+            work = _scale_memory(work, *scale)
+        return {st: 1e3 * stage_seconds(work[st], f) for st in STAGES}, work
+
+    stages, work = one(positions)
+    total = sum(stages.values())
+    st255, _ = one([min(255, s.seq_len - 1)])
+    out: dict[str, object] = {
+        "label": b.label, "total_ms": total, "stages": stages, "tok_s": 1e3 / total,
+        "positions": [positions[0], positions[-1]],
+        "handoffs_per_token": sum(w.handoffs for w in work.values()),
+        "breakdown_ms": {st: {k: 1e3 * v for k, v in stage_breakdown(work[st], f).items()}
+                         for st in STAGES},
+        "psram_bytes_per_token": sum(w.bytes.get("psram", 0.0) for w in work.values()),
+        "at_255": {"total_ms": sum(st255.values()), "stages": st255},
+    }
+    if b.head == "certified":
+        c = counts or HeadCounts.from_fraction(b, s, b.rows_fraction)
+        out["rows_fraction"] = c.rows / s.vocab_out
+        out["head_tiles"] = c.tiles
+        out["head_waves"] = c.waves
+    return out
+
+
+def report(measured: Measured | None = None, fractions: HeadFractions | None = None,
+           s: Shape = RELEASE, positions: Sequence[int] | None = None,
+           spec: SpecInputs | None = None) -> Report:
+    """Fit on the fitted anchors, predict every anchor's build from its own
+    configuration and our builds before/after. `measured` (from measure_host
+    on a release-shaped image) supplies our bytes (as a checked scale on the
+    formulas) and PIE counts; `fractions` the certified head's rows fractions;
+    `spec` (measure_spec, default SpecInputs.default()) the speculative
+    builds' drafting, union ratios and many-columns PIE counts."""
+    pos = list(positions if positions is not None else story_positions())
+    f = fit()
+    fr = fractions or HeadFractions()
+    builds: dict[str, dict[str, object]] = {}
+    for name in UPSTREAM:
+        builds[name] = _build_entry(BUILDS[name], f, RELEASE, story_positions())
+    anchors = []
+    for an in ANCHORS:
+        got = builds[an.build]["total_ms"] if an.stage == "total" else \
+            builds[an.build]["stages"][an.stage]  # type: ignore[index]
+        anchors.append({"name": an.name, "build": an.build, "stage": an.stage,
+                        "published_ms": an.published_ms, "predicted_ms": got,
+                        "error": (got - an.published_ms) / an.published_ms,
+                        "fitted": an.fitted, "source": an.source})
+    pie_calls = measured.pie_per_call if measured and measured.pie_per_call else None
+    bound_pie = measured.bound_pie_per_tile if measured else None
+    scale = (1.0, 1.0)
+    if measured is not None:
+        placement = placement_from_memory(measured.memory) if measured.memory else None
+        rows = (measured.head_rows_fraction or 1.0) * s.vocab_out
+        formula = _formula_per_token(s, measured.positions, placement,
+                                     head_mode=measured.head_mode, head_rows=rows,
+                                     head_ids=measured.head_ids)
+        scale = (measured.region_bytes["bulk"] / formula["bulk"] if formula["bulk"] else 1.0,
+                 measured.region_bytes["flash"] / formula["flash"] if formula["flash"] else 1.0)
+    sampled_fraction = fr.sampled if fr.sampled is not None else fr.greedy
+    ours = {"mpllm-before-greedy": BUILDS["mpllm-before-greedy"],
+            "mpllm-before-sampled": BUILDS["mpllm-before-sampled"],
+            "mpllm-exact-greedy": dataclasses.replace(BUILDS["mpllm-exact-greedy"],
+                                                      rows_fraction=fr.greedy),
+            "mpllm-exact-sampled": dataclasses.replace(BUILDS["mpllm-exact-sampled"],
+                                                       rows_fraction=sampled_fraction)}
+    for name, b in ours.items():
+        builds[name] = _build_entry(b, f, s, pos, pie_calls=pie_calls, bound_pie=bound_pie,
+                                    scale=scale)
+    builds["mpllm-exact-sampled"]["rows_fraction_source"] = (
+        "greedy x demo top-40/greedy" if fr.sampled is not None
+        else "greedy fraction (no demo top-40 measurement: engine without head_rows)")
+    sram = sram_plan(s, memory=measured.memory if measured and measured.memory else None)
+    variants = _variants(ours, f, s, pos, fr, sram, pie_calls, bound_pie, measured)
+    sp = spec or SpecInputs.default()
+    passes = _Passes(f, s, pie_calls=pie_calls, bound_pie=bound_pie, cols_pie=sp.cols_pie,
+                     scale=scale)
+    spec_builds, spec_entries = _spec_builds(ours, passes, sp, pos)
+    builds.update(spec_entries)
+    variants.update(_spec_variants(spec_builds, spec_entries, passes, sp, pos, sram))
+    return Report(f, anchors, builds, variants, fr, sram, measured, pos, sp)
+
+
+def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
+              fr: HeadFractions, sram: Mapping[str, object],
+              pie_calls: Mapping[str, int] | None, bound_pie: float | None,
+              measured: Measured | None) -> dict[str, dict[str, object]]:
+    """Our after-builds at other rows fractions and with the changes that
+    would move them (each a what-if, not a build that exists)."""
+    out: dict[str, dict[str, object]] = {}
+
+    def add(key: str, b: Build, note: str, counts: HeadCounts | None = None) -> None:
+        e = _build_entry(b, f, s, pos, pie_calls=pie_calls, bound_pie=bound_pie, counts=counts)
+        out[key] = {"total_ms": e["total_ms"], "stages": e["stages"],
+                    "rows_fraction": e.get("rows_fraction"), "note": note}
+
+    g, t = ours["mpllm-exact-greedy"], ours["mpllm-exact-sampled"]
+    lo, hi = fr.greedy_range
+    add("greedy at 33.2 % rows (8,427 published)", dataclasses.replace(g, rows_fraction=lo),
+        "published range, low")
+    add("greedy at 34.5 % rows (8,749 published)", dataclasses.replace(g, rows_fraction=hi),
+        "published range, high")
+    for key, label in (("demo", "demo model"), ("random", "release-shaped random head")):
+        for kind, b in (("greedy", g), ("topk", t)):
+            val = getattr(fr, f"{key}_{kind}")
+            if val is not None:
+                add(f"{'greedy' if kind == 'greedy' else 'sampled'} at the {label}'s "
+                    f"{100 * val:.1f} %", dataclasses.replace(b, rows_fraction=val),
+                    f"engine-measured on the {label}")
+    spill = int(sram["core_spill_bytes"])  # type: ignore[call-overload]
+    if spill:  # the engine places FAST what fits and the rest in PSRAM (llm_open)
+        add(f"greedy, {spill / 1024:.0f} KiB of core spilled to PSRAM",
+            dataclasses.replace(g, core_spill_bytes=spill),
+            "if the SRAM plan must fit the assumed free SRAM")
+        add(f"sampled, {spill / 1024:.0f} KiB of core spilled to PSRAM",
+            dataclasses.replace(t, core_spill_bytes=spill),
+            "if the SRAM plan must fit the assumed free SRAM")
+    # what each exact change of the after-build is worth: the build without it
+    add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
+        "V rows as floats: twice the V traffic, no recompute")
+    add("fast (lossy) sampled, no drafting", dataclasses.replace(t, kv="int8-fast", v_bytes=1),
+        "fast mode's int8 KV cache, one position per pass")
+    add("greedy without the four-wide exp/erf/div", dataclasses.replace(g, chain_interleave=1),
+        "one element at a time: every dependent float op waits for the previous one")
+    add("greedy with 16-byte-aligned KV rows", dataclasses.replace(g, kv_offset=None),
+        "KV rows not on line boundaries: a 384-byte row touches 7 lines 3 times in 4")
+    add("greedy, waves of 16 tiles", dataclasses.replace(g, wave_tiles=16),
+        "fewer hand-offs; same rows assumed (pruning between waves lost is not modelled)")
+    return out
+
+
+def plot(rep: Report, path: str | os.PathLike[str]) -> Path:
+    """Stacked bars: predicted ms per stage for each build, published totals
+    as markers. Written through a temporary file, then renamed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..atomic import atomic_path
+
+    names = [*UPSTREAM, *OURS, *(n for n in SPEC if n in rep.builds)]
+    preds = rep.predictions
+    published = {a["build"]: a["published_ms"] for a in rep.anchors if a["stage"] == "total"}
+    fig, ax = plt.subplots(figsize=(11, 5))
+    bottom = [0.0] * len(names)
+    labels = [textwrap.fill(BUILDS[n].label, 14) for n in names]
+    for st in STAGES:
+        vals = [preds[n][st] for n in names]
+        ax.bar(labels, vals, bottom=bottom, label=st)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for i, n in enumerate(names):
+        pub = published.get(n)
+        if pub is not None:
+            ax.plot([i - 0.4, i + 0.4], [pub, pub], "k--", lw=1.2)
+        ax.annotate(f"{preds[n]['total']:.1f}", (i, bottom[i]), textcoords="offset points",
+                    xytext=(0, 3), ha="center", fontsize=7)
+    ax.set_ylabel("ms per token (ESP32-S3 N16R8, predicted; dashed: published)")
+    ax.set_title("mpllm cost model: per-stage time per generated token")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    out = Path(path)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return out

@@ -1,0 +1,120 @@
+"""The dimensions the cost depends on (`Shape`, `RELEASE`), the engine's
+stages, batch limits and memory regions, the matrices of one token
+(`matrices`), and the byte and cache-line geometry of rows and streams.
+
+The bottom of the package with s3: drafting imports `Shape` from here, so
+nothing here may import drafting (or anything that does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .s3 import TILE_ROWS
+
+STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
+#: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their
+#: weights are read once per pass
+PREFILL_BATCH = 8
+#: positions one verification pass carries (llm.h LLM_VERIFY_MAX)
+VERIFY_MAX = 8
+REGIONS = ("flash", "fast", "bulk")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The dimensions the cost depends on."""
+
+    dim: int = 96
+    n_layers: int = 6
+    n_heads: int = 4
+    ffn: int = 66
+    ple_dim: int = 128
+    vocab_out: int = 25353
+    seq_len: int = 256
+    group: int = 128
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def n_tiles(self) -> int:
+        return _cdiv(self.vocab_out, TILE_ROWS)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, object]) -> Shape:
+        """From `_llm.Model.config()` (or any mapping with its keys)."""
+        return cls(dim=int(cfg["dim"]), n_layers=int(cfg["n_layers"]),
+                   n_heads=int(cfg["n_heads"]), ffn=int(cfg["ffn"]),
+                   ple_dim=int(cfg["ple_dim"]), vocab_out=int(cfg["vocab_out"]),
+                   seq_len=int(cfg["seq_len"]), group=int(cfg["group"]))
+
+
+RELEASE = Shape()
+
+
+@dataclass(frozen=True)
+class Mat:
+    name: str
+    rows: int
+    cols: int
+    per_token: int
+    stage: str
+
+
+def matrices(s: Shape) -> list[Mat]:
+    """Every matvec of one token, with how often it runs and in which stage."""
+    d, L = s.dim, s.n_layers
+    return [
+        Mat("ple_model_proj", L * s.ple_dim, d, 1, "embed"),
+        Mat("qkv", 3 * d, d, L, "attn"),
+        Mat("attn_proj", d, d, L, "attn"),
+        Mat("gate", s.ffn, d, L, "ffn"),
+        Mat("up", s.ffn, d, L, "ffn"),
+        Mat("down", d, s.ffn, L, "ffn"),
+        Mat("ple_gate", s.ple_dim, d, L, "ple"),
+        Mat("ple_proj", d, s.ple_dim, L, "ple"),
+        Mat("head", s.vocab_out, d, 1, "head"),
+    ]
+
+
+def _cdiv(a: float, b: int) -> int:
+    return -(-math.ceil(a) // b)
+
+
+def n_groups(cols: int, group: int) -> int:
+    return _cdiv(cols, group)
+
+
+def q4_row_bytes(cols: int) -> int:
+    """Codes of one row in the image's KIND_Q4 layout (32-column blocks)."""
+    return _cdiv(cols, 32) * 16
+
+
+def ple_record_bytes(s: Shape) -> int:
+    """One KIND_ROWS record: codes, fp16 scales, padding to 16."""
+    lp = s.n_layers * s.ple_dim
+    raw = _cdiv(lp, 2) + 2 * n_groups(lp, s.group)
+    return _cdiv(raw, 16) * 16
+
+
+def lines_touched(offset: int, nbytes: int, line: int) -> int:
+    """Cache lines covering bytes [offset, offset + nbytes)."""
+    if nbytes <= 0:
+        return 0
+    return (offset + nbytes - 1) // line - offset // line + 1
+
+
+def stream_lines(nbytes: float, line: int) -> float:
+    """Lines of a contiguous, line-aligned stream of nbytes."""
+    return math.ceil(nbytes / line) if nbytes > 0 else 0
+
+
+def story_positions(n_prompt: int = 4, n_generated: int = 200) -> list[int]:
+    """Positions of the generated tokens of one story: the anchors were timed
+    on 200 tokens after the 4-token "Once upon a time" (esp32-ai firmware's
+    N_GENERATE = 200 and PROMPT_IDS), i.e. forward passes at positions 4..203."""
+    return list(range(n_prompt, n_prompt + n_generated))
