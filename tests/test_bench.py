@@ -121,8 +121,8 @@ import sys
 sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
 import record
 record.install({out!r})
-from mpllm.board import bench
-bench.run_host({image!r}, [bench.RunSpec("Once upon a time", 0.0, 0, 0)], {n}, progress=False)
+from mpllm.board import bench, bench_runs
+bench.run_host({image!r}, [bench_runs.RunSpec("Once upon a time", 0.0, 0, 0)], {n}, progress=False)
 record.save()
 """
 
@@ -186,7 +186,7 @@ def test_compare_plain_checks_tokens_and_prints_the_ratio(small_model, tmp_path)
 
 
 def test_compare_plain_flags_a_changed_story() -> None:
-    from mpllm.board.bench import BenchResult, RunResult, compare_plain
+    from mpllm.board.bench_runs import BenchResult, RunResult, compare_plain
 
     def result(text: str) -> BenchResult:
         stages = dict.fromkeys(("embed", "attn", "ffn", "ple", "head", "sample"), 0.2)

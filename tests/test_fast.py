@@ -11,7 +11,7 @@ from pathlib import Path
 import engine_ext
 import pytest
 from conftest import ROOT
-from mpllm.board import bench, hostboard, quality
+from mpllm.board import bench_cli, hostboard, quality
 from mpllm.convert import convert
 
 _llm = engine_ext.load()
@@ -110,20 +110,20 @@ def test_quality_gate_on_the_demo(demo: Path) -> None:
 
 def test_bench_reports_mode_and_drafting(demo: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "b.json"
-    assert bench.main(["--board", "host", "--image", str(demo), "--tokens", "40", "--no-plot",
+    assert bench_cli.main(["--board", "host", "--image", str(demo), "--tokens", "40", "--no-plot",
                        "--quiet", "--json", str(out)], llm_module=_llm) == 0
     r = json.loads(out.read_text())["results"][0]
     assert r["mode"] == "exact" and r["drafter"] == "ngram"
     assert r["tokens_per_pass"] >= 1.0 and 0.0 <= r["draft_accept_rate"] <= 1.0
     assert "mode: exact; drafter ngram" in capsys.readouterr().out
-    assert bench.main(["--board", "host", "--image", str(demo), "--tokens", "40", "--no-plot",
+    assert bench_cli.main(["--board", "host", "--image", str(demo), "--tokens", "40", "--no-plot",
                        "--quiet", "--fast", "--draft", "none", "--json", str(out)],
                       llm_module=_llm) == 0
     r = json.loads(out.read_text())["results"][0]
     assert r["mode"] == "fast" and r["drafter"] is None and r["tokens_per_pass"] == 1.0
     assert r["draft_accept_rate"] is None
     q = tmp_path / "q.json"
-    assert bench.main(["--board", "host", "--image", str(demo), "--fast", "--quality",
+    assert bench_cli.main(["--board", "host", "--image", str(demo), "--fast", "--quality",
                        "--json", str(q)], llm_module=_llm) == 0
     assert json.loads(q.read_text())["quality"]["passed"] is True
-    assert bench.main(["--board", "host", "--quality"], llm_module=_llm) == 2
+    assert bench_cli.main(["--board", "host", "--quality"], llm_module=_llm) == 2

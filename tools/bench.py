@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 try:
-    from mpllm.board.bench import main
+    from mpllm.board.bench_cli import main
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.board.bench import main
+    from mpllm.board.bench_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

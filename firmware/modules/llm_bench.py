@@ -1,7 +1,7 @@
 """Measurements that run where the engine runs: the bench, the gate, the report.
 
 The same file on the board (frozen next to llm.py), on the MicroPython unix
-port and on CPython (the host board). The PC's tools (tools/mpllm/bench.py,
+port and on CPython (the host board). The PC's tools (tools/mpllm/board/bench.py,
 gate.py) call it over the board's raw REPL, or in process for the host board,
 and read the lines it prints:
 
@@ -10,7 +10,7 @@ and read the lines it prints:
             early), then "MPLLM-BENCH-END {json}"; one "MPLLM-BENCH-INFO {json}"
             before the runs.
   gate()    "MPLLM-GATE <hash> <n_prompt> <ids...>" (the definition is in
-            tools/mpllm/gate.py's docstring).
+            tools/mpllm/board/gate.py's docstring).
   report()  "MPLLM-REPORT {json}": build, self-test, free memory.
 
 Which model: by default the one the user's session shares (llm.load()), left

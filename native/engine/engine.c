@@ -9,7 +9,7 @@
  * (`forward`). Kernels, placement, plain mode and the core split change which
  * code multiplies, where bytes live and which rows the head scores, never the
  * model arithmetic, whose operation order is the numerics contract of
- * tools/mpllm/reference.py (mirrored there, compared bit for bit by tests).
+ * tools/mpllm/reference/forward.py (mirrored there, compared bit for bit by tests).
  *
  * Memory: the forward pass allocates nothing (llm_open placed it all).
  * Byte accounting (llm_stats.bytes) lives in the helpers that read the bytes
@@ -167,7 +167,7 @@ static void quantize(llm_act *a, const float *x, uint32_t n) {
 
 /* y[c] = m . act[c] for the m positions of the pass, on the calling core (a
  * core matrix is too small to pay for a hand-off; the cost model,
- * tools/mpllm/costmodel.py, weighs it). Several positions go through the
+ * tools/mpllm/costmodel/, weighs it). Several positions go through the
  * many-columns kernel, which reads each weight once for all of them; the
  * values are the single-vector kernel's either way. `rows` limits the call to
  * the first rows of the matrix, `unit` runs it with every scale and xscale 1

@@ -26,7 +26,7 @@
  * floor. The first wave is always one tile: it usually sets the floor that
  * prunes most of the rest. Pruning only happens between waves, so a larger
  * wave scores more rows and pays fewer hand-offs: the cost model
- * (tools/mpllm/costmodel.py) weighs the two. */
+ * (tools/mpllm/costmodel/) weighs the two. */
 #define LLM_HEAD_WAVE_TILES 8u
 
 /* The head as staged: rows in tile order (row i is token ids[i]). */

@@ -7,7 +7,7 @@
  * routines use only IEEE-exact float32 + - * / and integer bit moves, in a
  * fixed order, so every conforming C11 target (FLT_EVAL_METHOD 0, compiled
  * with -ffp-contract=off, no -ffast-math) returns the same bits.
- * tools/mpllm/numerics.py mirrors each routine operation for operation.
+ * tools/mpllm/reference/numerics.py mirrors each routine operation for operation.
  *
  * Accuracy (measured by tests/test_numerics.py against float64 libm):
  *   llm_expf  <= 1 ulp for normal results; subnormal results are rounded once

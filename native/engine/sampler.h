@@ -1,7 +1,7 @@
 /*
  * Token sampler: greedy argmax or Gumbel-max over the top-k logits, with a
  * PCG32 noise source and the engine's own logf, so a seeded sampled story is
- * the same bits on the host, on the board and in tools/mpllm/sampler.py.
+ * the same bits on the host, on the board and in tools/mpllm/reference/sampler.py.
  *
  * PRNG: PCG32 (XSH-RR 64/32).
  *   step:    old = state; state = old * 6364136223846793005 + inc  (mod 2^64)

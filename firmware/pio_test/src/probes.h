@@ -2,7 +2,7 @@
  * Bandwidth probes for the N16R8 (run by the PlatformIO tests). Each returns
  * what it measured and prints one line:
  *   "PROBE <name> <value> <unit> (<detail>)"
- * The numbers feed the cost model's constants (tools/mpllm/costmodel.py): PSRAM through the
+ * The numbers feed the cost model's constants (tools/mpllm/costmodel/): PSRAM through the
  * data cache (sequential and strided, i.e. one touch per cache line), internal
  * SRAM, and random row reads from the memory-mapped `model` partition.
  */

@@ -1,4 +1,4 @@
-"""PyTorch twin of the PLE TinyStories architecture (tools/mpllm/reference.py).
+"""PyTorch twin of the PLE TinyStories architecture (tools/mpllm/reference/forward.py).
 
 Two uses:
   * `PLEModel` is a trainable fp32 `nn.Module` (tools/train.py trains the demo
