@@ -223,7 +223,7 @@ def test_legacy_needs_vocab_out(tiny_bin: bytes, tmp_path: Path) -> None:
 def test_convert_rejects_malformed_without_output(
     tiny_bin: bytes, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mpllm.formats.tokenizer import synthetic_tokenizer_json
+    from mpllm.training.tokenizers import synthetic_tokenizer_json
 
     make, pattern = MALFORMED[case]
     model = tmp_path / "model.bin"

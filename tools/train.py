@@ -3,7 +3,7 @@
 
 Everything is generated here, nothing is downloaded: the corpus comes from
 `mpllm.training.corpus` (fixed seed), the byte-level BPE tokenizer from
-`mpllm.formats.tokenizer.train_tokenizer_json`, and the model is the PLE architecture
+`mpllm.training.tokenizers.train_tokenizer_json`, and the model is the PLE architecture
 of the release model (`mpllm.reference.torch_model.PLEModel`) trained with AdamW and a cosine
 schedule on CPU. The last part of training fake-quantizes the weights to
 int4 (straight-through), so the exported model.bin loses little to
@@ -41,9 +41,9 @@ import torch
 from mpllm.atomic import atomic_write_bytes
 from mpllm.formats.esp32ai import write_model_bin
 from mpllm.formats.model import Config
-from mpllm.formats.tokenizer import train_tokenizer_json
 from mpllm.reference.torch_model import PLEModel, TorchTwin, to_weights
 from mpllm.training import corpus
+from mpllm.training.tokenizers import train_tokenizer_json
 from torch.nn import functional as F
 
 EOT_ID = 0  # train_tokenizer_json puts <|endoftext|> first

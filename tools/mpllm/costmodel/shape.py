@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..formats.image import q4_row_bytes  # noqa: F401 (the image layout: one definition)
 from .s3 import TILE_ROWS
 
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
@@ -87,11 +88,6 @@ def _cdiv(a: float, b: int) -> int:
 
 def n_groups(cols: int, group: int) -> int:
     return _cdiv(cols, group)
-
-
-def q4_row_bytes(cols: int) -> int:
-    """Codes of one row in the image's KIND_Q4 layout (32-column blocks)."""
-    return _cdiv(cols, 32) * 16
 
 
 def ple_record_bytes(s: Shape) -> int:

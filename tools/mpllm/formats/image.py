@@ -1,5 +1,9 @@
 """Writer and reader of the mpllm model image (our flash format).
 
+One module on purpose (~675 lines): the writer and the reader are the format's
+two directions, kept side by side so that each section's layout is written and
+read in one place.
+
 native/engine/image_format.h is the specification; this module follows it and
 keeps every constant of it in the block below, so a change of format is one
 edit here and one there (tests/test_image_format.py checks the two agree; the

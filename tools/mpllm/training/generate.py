@@ -87,7 +87,7 @@ def write_test_model(
 
     tokenizer is the tokenizer.json text to use; by default a synthetic byte-level BPE
     of exactly config.vocab_out entries, seeded by `seed`."""
-    from ..formats.tokenizer import synthetic_tokenizer_json
+    from .tokenizers import synthetic_tokenizer_json
 
     weights = make_weights(config, seed)  # validates the shape before anything is created
     text = synthetic_tokenizer_json(config.vocab_out, seed) if tokenizer is None else tokenizer

@@ -1,0 +1,64 @@
+"""The tokenizer tests' shared cases: the strings, the tokenizer.json files
+(trained, synthetic, the golden ones) and the two tokenizers compared, Hugging
+Face `tokenizers` (the oracle) and the board's plain-Python one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "firmware" / "modules"))
+
+import llm
+from mpllm.formats.tokenizer import parse_tokenizer_json, tokenizer_section
+from mpllm.training.tokenizers import synthetic_tokenizer_json, train_tokenizer_json
+
+
+def read_strings() -> list[str]:
+    text = (DATA / "tokenizer_strings.txt").read_text(encoding="utf-8")
+    # split("\n"), not splitlines(): the strings hold U+2028, U+0085 and friends.
+    return [json.loads(line) for line in text.split("\n") if line and not line.startswith("#")]
+
+
+STRINGS = read_strings()
+
+
+def golden_tokenizer_paths() -> list[Path]:
+    return sorted((DATA / "golden").glob("*/tokenizer.json"))
+
+
+def hf(text: str) -> HFTokenizer:
+    tok = HFTokenizer.from_str(text)
+    # Our tokenizer encodes a typed "<|endoftext|>" as ordinary text.
+    tok.encode_special_tokens = True
+    return tok
+
+
+def plain(text: str) -> llm.Tokenizer:
+    return llm.Tokenizer(tokenizer_section(parse_tokenizer_json(text)))
+
+
+def tokenizer_jsons() -> dict[str, str]:
+    corpus = (
+        STRINGS * 3
+        + [
+            "Once upon a time, there was a little girl named Lily. She loved to play outside.",
+            "Tom's dog didn't want to go home! \"Let's run,\" he said, 42 times.",
+        ]
+        * 20
+    )
+    out = {
+        "trained": train_tokenizer_json(corpus, 1200),
+        "synthetic_2000": synthetic_tokenizer_json(2000, 5),
+        "synthetic_release": synthetic_tokenizer_json(25353, 11),
+    }
+    for p in golden_tokenizer_paths():
+        out["golden_" + p.parent.name] = p.read_text()
+    assert len(out) >= 5, "golden tokenizers missing under tests/data/golden/*/tokenizer.json"
+    return out
