@@ -17,7 +17,7 @@ import torch
 from mpllm.formats.esp32ai import encode_model_bin, read_model_bin
 from mpllm.formats.model import Config, QMatrix, Weights
 from mpllm.formats.rope import rope_table
-from mpllm.reference import forward as reference_mod
+from mpllm.reference import numerics as numerics_mod
 from mpllm.reference.forward import Reference
 from mpllm.reference.torch_model import (
     TINY_SCALE,
@@ -70,7 +70,7 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
 def test_twin_equals_reference_without_int8(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     w = make_weights(cfg, seed=7)
     toks = [t % cfg.vocab_in for t in TOKENS]
-    monkeypatch.setattr(reference_mod, "quantize_act", _no_act_quant)
+    monkeypatch.setattr(numerics_mod, "quantize_act", _no_act_quant)
     ref = _reference_logits(w, toks)
     twin = TorchTwin.from_weights(w).logits(toks)
     assert twin.shape == ref.shape == (len(toks), cfg.vocab_out)
@@ -103,7 +103,7 @@ def test_twin_detects_a_wrong_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     from mpllm.reference import torch_model
 
     w = make_weights(SMALL, seed=7)
-    monkeypatch.setattr(reference_mod, "quantize_act", _no_act_quant)
+    monkeypatch.setattr(numerics_mod, "quantize_act", _no_act_quant)
     ref = _reference_logits(w, TOKENS)
 
     def interleaved(self: PLEModel, x: torch.Tensor, cos: torch.Tensor,

@@ -15,56 +15,14 @@ prompt token), `forward` also runs the final norm and the head.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..formats.model import QMatrix, Weights
-from .numerics import expf, gelu, quantize_act, rmsnorm, silu, sum_seq
+from .numerics import QMatvec, expf, gelu, rmsnorm, silu, sum_seq
 from .sampler import Sampler, greedy
 
 F32 = np.float32
-
-
-@dataclass
-class _Q:
-    """A QMatrix prepared for fast exact matvecs.
-
-    Codes are kept as float32: every per-group dot is an integer of magnitude
-    <= 8 * 127 * group < 2^24, so a float32 BLAS product of integer-valued
-    operands is exact whatever order it sums in (== the kernel's int32 sum).
-    """
-
-    codes: np.ndarray  # f32 [n_groups, rows, group] (zero-padded columns)
-    scales: np.ndarray  # f32 [rows, n_groups]
-    rows: int
-    cols: int
-    group: int  # columns per group as stored (== cols when one group covers a row)
-
-    @classmethod
-    def of(cls, m: QMatrix) -> _Q:
-        ng, g = m.n_groups, m.group
-        if g * 127 * 8 >= 1 << 24:
-            raise ValueError(f"group {g} too large for exact float32 integer dots")
-        width = m.cols if ng == 1 else g  # no padding to stream when one group covers a row
-        q = np.zeros((m.rows, ng * width), dtype=np.float32)
-        q[:, : m.cols] = m.q
-        codes = np.ascontiguousarray(q.reshape(m.rows, ng, width).transpose(1, 0, 2))
-        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, width)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape != (self.cols,):
-            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
-        xq, xscale = quantize_act(x)
-        ng = self.codes.shape[0]
-        xp = np.zeros(ng * self.group, dtype=np.float32)
-        xp[: self.cols] = xq
-        xp = xp.reshape(ng, self.group)
-        acc = np.zeros(self.rows, dtype=np.float32)
-        for k in range(ng):
-            g = np.dot(self.codes[k], xp[k])  # exact integers
-            acc = acc + g * self.scales[:, k]
-        return acc * xscale
 
 
 def _dequant_row(m: QMatrix, t: int) -> np.ndarray:
@@ -95,13 +53,13 @@ class Reference:
         if len(weights.layers) != cfg.n_layers:
             raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
         self.rope = rope
-        self.ple_model_proj = _Q.of(weights.ple_model_proj)
+        self.ple_model_proj = QMatvec.of(weights.ple_model_proj)
         self.layers = [
-            {name: _Q.of(getattr(lw, name)) for name in
+            {name: QMatvec.of(getattr(lw, name)) for name in
              ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj")}
             for lw in weights.layers
         ]
-        self.head = _Q.of(weights.output_head())
+        self.head = QMatvec.of(weights.output_head())
         # constants exactly as the engine precomputes them
         self.inv_sqrt_d = F32(1.0) / np.sqrt(F32(d))
         self.sqrt_p = np.sqrt(F32(cfg.ple_dim))

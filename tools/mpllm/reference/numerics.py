@@ -11,6 +11,8 @@ dtypes, so numpy never widens an intermediate to float64.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..formats.model import QMatrix
@@ -216,34 +218,50 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
     return q, F32(xmax / F32(127.0))
 
 
-def _group_dots(w: QMatrix, xq: np.ndarray) -> np.ndarray:
-    """int64 [rows, n_groups]: exact per-group integer dots (== the int32 sums)."""
-    cols, group, ng = w.cols, w.group, w.n_groups
-    if xq.shape != (cols,):
-        raise ValueError(f"matvec: x has {xq.shape[0]} values, matrix has {cols} columns")
-    pad = ng * group - cols
-    q = w.q.astype(np.int32)
-    x = xq.astype(np.int32)
-    if pad:
-        q = np.pad(q, ((0, 0), (0, pad)))
-        x = np.pad(x, (0, pad))
-    return np.einsum("rgc,gc->rg", q.reshape(w.rows, ng, group), x.reshape(ng, group))
+@dataclass
+class QMatvec:
+    """llm_matvec_q4 on a QMatrix: quantize x, then the engine's sums, exactly.
 
+    Codes are kept as float32: every per-group dot is an integer of magnitude
+    <= 8 * 127 * group < 2^24, so a float32 BLAS product of integer-valued
+    operands is exact whatever order it sums in (== the kernel's int32 sum).
+    """
 
-def matvec_q(w: QMatrix, xq: np.ndarray, xscale: np.float32) -> np.ndarray:
-    """llm_matvec_q4 on an already quantized input: float32 [rows]."""
-    g = _group_dots(w, xq).astype(np.float32)  # |g| <= 8*127*cols: exact in f32
-    sc = w.scales.astype(np.float32)
-    acc = np.zeros(w.rows, dtype=np.float32)
-    for k in range(w.n_groups):
-        acc = acc + g[:, k] * sc[:, k]
-    return acc * F32(xscale)
+    codes: np.ndarray  # f32 [n_groups, rows, group] (zero-padded columns)
+    scales: np.ndarray  # f32 [rows, n_groups]
+    rows: int
+    cols: int
+    group: int  # columns per group as stored (== cols when one group covers a row)
+
+    @classmethod
+    def of(cls, m: QMatrix) -> QMatvec:
+        ng, g = m.n_groups, m.group
+        if g * 127 * 8 >= 1 << 24:
+            raise ValueError(f"group {g} too large for exact float32 integer dots")
+        width = m.cols if ng == 1 else g  # no padding to stream when one group covers a row
+        q = np.zeros((m.rows, ng * width), dtype=np.float32)
+        q[:, : m.cols] = m.q
+        codes = np.ascontiguousarray(q.reshape(m.rows, ng, width).transpose(1, 0, 2))
+        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, width)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape != (self.cols,):
+            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
+        xq, xscale = quantize_act(x)
+        ng = self.codes.shape[0]
+        xp = np.zeros(ng * self.group, dtype=np.float32)
+        xp[: self.cols] = xq
+        xp = xp.reshape(ng, self.group)
+        acc = np.zeros(self.rows, dtype=np.float32)
+        for k in range(ng):
+            g = np.dot(self.codes[k], xp[k])  # exact integers
+            acc = acc + g * self.scales[:, k]
+        return acc * xscale
 
 
 def matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
     """quantize x then multiply: y = W x exactly as the engine computes it."""
-    xq, xs = quantize_act(x)
-    return matvec_q(w, xq, xs)
+    return QMatvec.of(w)(x)
 
 
 # ---- order-sensitive float helpers ---------------------------------------------
