@@ -4,6 +4,8 @@ compare every value with the Python side, so the two cannot drift apart."""
 
 from __future__ import annotations
 
+import re
+
 import cbuild
 from mpllm.formats import drafts_table, image
 
@@ -55,3 +57,22 @@ def test_header_constants_match_the_python_side(tmp_path) -> None:  # type: igno
         assert int(value) == getattr(image, name), name
     assert image.HEADER.size == image.HEADER_BYTES
     assert image.SECTION.size == image.SECTION_BYTES
+
+
+def test_python_mirrors_of_engine_limits() -> None:
+    """The limits the board's Python and the numpy oracle keep as numbers (they
+    cannot import the engine's headers) equal the engine's."""
+    import sys
+
+    import engine_ext
+    from mpllm.reference import sampler
+
+    _llm = engine_ext.load()
+    sys.path.insert(0, str(engine_ext.MODULES))
+    import llm
+
+    assert sampler.MAX_TOP_K == _llm.MAX_TOP_K
+    assert llm.MAX_DRAFT == drafts_table.MAX_DRAFT
+    llm_h = (cbuild.ENGINE / "llm.h").read_text()
+    verify_max = int(re.search(r"#define LLM_VERIFY_MAX (\d+)u", llm_h).group(1))
+    assert verify_max == drafts_table.MAX_DRAFT + 1

@@ -5,6 +5,8 @@ of the scalar routines and libm calls; the certified head's tile constants;
 the published rows-scored share of the release head. Each says its source.
 """
 
+from ..formats.head_tiles import TILE_ROWS  # noqa: F401 (one definition, used by the package)
+
 #: CPU clock: 240 MHz (the board's sdkconfig; esp32-ai's sdkconfig.defaults
 #: CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_240).
 CPU_HZ = 240e6
@@ -117,8 +119,9 @@ HALF2FLOAT_OPS = 8
 COLS_RESIDENT_BLOCKS = 3
 
 # Certified head: tiles, bounds, order.
-#: Rows per tile (ours and esp32-ai: CERT_TILE 128): 199 tiles for 25,353 rows.
-TILE_ROWS = 128
+#: Rows per tile: the image's head_tiles.TILE_ROWS, imported above (esp32-ai's
+#: CERT_TILE is 128 too): 199 tiles for 25,353 rows.
+
 #: Our bound kernel, per tile: two int8 dot products of 96 (xq.mid and
 #: |xq|.half) = ~2 x (6 loads + 6 MACs) + zero/read-out. Used when no count
 #: was measured; measure_host counts llm_matvec_s8_pie through the host model

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..formats.drafts_table import MAX_DRAFT
 from ..formats.image import q4_row_bytes  # noqa: F401 (the image layout: one definition)
 from .s3 import TILE_ROWS
 
@@ -19,8 +20,9 @@ STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 #: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their
 #: weights are read once per pass
 PREFILL_BATCH = 8
-#: positions one verification pass carries (llm.h LLM_VERIFY_MAX)
-VERIFY_MAX = 8
+#: positions one verification pass carries (llm.h LLM_VERIFY_MAX): the last
+#: token and the image's drafts at most
+VERIFY_MAX = MAX_DRAFT + 1
 REGIONS = ("flash", "fast", "bulk")
 
 
