@@ -13,12 +13,7 @@ machine: through MicroPython's print and the serial link for a board). Also:
 per-stage ms, time to first token (engine and round trip), memory placement
 and build_info. Results go to a JSON file and a PNG stage chart.
 
-How the board is driven: the bench itself is the board's own module
-`llm_bench` (firmware/modules/llm_bench.py, frozen in the firmware).
-mpremote's SerialTransport enters the raw REPL, sends a two-line call of
-llm_bench.bench() with exec_raw_no_follow and follows the output as it
-streams, timestamping every byte. The host board runs the same function
-in-process on CPython.
+How the board is driven and what runs there: bench.py.
 """
 
 from __future__ import annotations
