@@ -14,7 +14,8 @@ from conftest import ROOT, ModelFiles, same_weights
 from mpllm.convert import convert, main, trim_vocab_rows
 from mpllm.formats.esp32ai import read_model_bin, write_model_bin
 from mpllm.formats.image import read_image
-from mpllm.formats.tokenizer import load_tokenizer, synthetic_tokenizer_json, tokenizer_section
+from mpllm.formats.tokenizer import load_tokenizer, tokenizer_section
+from mpllm.training.tokenizers import synthetic_tokenizer_json
 
 # The image must fit a 13 MiB partition with room to spare; the release-shaped
 # image (25,353 rows kept of 32,768) must stay within this: 12.2 MB for the weights and

@@ -26,12 +26,9 @@ sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "firmware" / "modules")]
 with atheris.instrument_imports():
     import llm
 
-from mpllm.formats.tokenizer import (
-    parse_tokenizer_json,
-    tokenizer_section,
-    train_tokenizer_json,
-)
+from mpllm.formats.tokenizer import parse_tokenizer_json, tokenizer_section
 from mpllm.training.corpus import stories
+from mpllm.training.tokenizers import train_tokenizer_json
 from tokenizers import Tokenizer as HFTokenizer
 
 # A trained tokenizer has real merge structure (words, spaces, punctuation);
