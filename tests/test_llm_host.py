@@ -6,7 +6,6 @@ llm.py), so these tests check the loop against the engine, not against itself.
 
 from __future__ import annotations
 
-import builtins
 import os
 import re
 import shutil
@@ -217,60 +216,6 @@ def test_ctrl_c_stops_story(tiny, capsys, monkeypatch):
     assert llm.stats()["tokens"] == 3
 
 
-def feed(monkeypatch, lines: list[object]) -> list[str]:
-    """Make input() return these lines in turn (an exception class is raised)."""
-    prompts: list[str] = []
-    it = iter(lines)
-
-    def fake_input(prompt: str = "") -> str:
-        prompts.append(prompt)
-        item = next(it)
-        if isinstance(item, type) and issubclass(item, BaseException):
-            raise item
-        return item  # type: ignore[return-value]
-
-    monkeypatch.setattr(builtins, "input", fake_input)
-    return prompts
-
-
-def test_chat_empty_line_leaves(tiny, capsys, monkeypatch):
-    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", "never read"])
-    llm.chat(seed=5, max_tokens=6)
-    out = capsys.readouterr().out
-    assert prompts == ["> "] * 3
-    ids = llm.tokenizer().encode("A cat")  # the line is stripped
-    want = engine_tokens(tiny.image, ids, 6, 0.8, 40, 5)
-    assert out.count("[stopped: token budget 6 reached]") == 2
-    assert "A cat" + text_of(want) + "\n[stopped" in out
-    assert llm.stats()["prompt_tokens"] == len(ids)
-
-
-@pytest.mark.parametrize("leave", [EOFError, KeyboardInterrupt])
-def test_chat_eof_or_ctrl_c_at_prompt_leaves(tiny, capsys, monkeypatch, leave):
-    prompts = feed(monkeypatch, ["Once", leave, "never read"])
-    llm.chat(temperature=0, max_tokens=3)
-    assert prompts == ["> "] * 2
-    assert capsys.readouterr().out.endswith("\n")
-
-
-def test_chat_ctrl_c_in_story_returns_to_prompt(tiny, capsys, monkeypatch):
-    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 2))
-    prompts = feed(monkeypatch, ["Once", "Once", ""])
-    llm.chat(seed=9, max_tokens=5)
-    out = capsys.readouterr().out
-    assert prompts == ["> "] * 3
-    assert out.count("[stopped: interrupted]") == 1  # the 2nd story ran (and hit the budget)
-    assert out.count("[stopped: token budget 5 reached]") == 1
-
-
-def test_chat_reports_a_bad_prompt_and_goes_on(tiny, capsys, monkeypatch):
-    feed(monkeypatch, ["Once upon a time " * 30, "Once", EOFError])
-    llm.chat(max_tokens=2, seed=1)
-    out = capsys.readouterr().out
-    assert "prompt too long: it is" in out
-    assert "[stopped: token budget 2 reached]" in out
-
-
 @pytest.mark.parametrize("call, err, text", [
     (lambda: llm.story(""), ValueError, "empty prompt"),
     (lambda: llm.story(" \n\t"), ValueError, "empty prompt"),
@@ -347,15 +292,6 @@ def test_chat_py_prints_a_story_from_a_fresh_cwd(tiny, tmp_path, capsys):
     assert r.stdout.startswith(PROMPT) and r.stdout.endswith("[stopped: token budget 9 reached]\n")
     assert "stop: budget   prompt tokens: 14   story tokens: 9   seed: 4" in r.stderr
     assert "ms/token" in r.stderr and "tok/s" in r.stderr
-
-
-def test_chat_py_interactive_and_greedy(tiny, tmp_path):
-    r = run_chat(["--image", str(tiny.image), "--greedy", "--max-tokens", "4"], tmp_path, {},
-                 stdin="Once\nOnce upon a time\n")
-    assert r.returncode == 0, r.stderr
-    ids = llm.tokenizer().encode(PROMPT)
-    assert PROMPT + text_of(engine_tokens(tiny.image, ids, 4)) + "\n[stopped" in r.stdout
-    assert r.stdout.count("> ") == 3  # two stories, then end of input
 
 
 def test_chat_py_errors(tiny, tmp_path):

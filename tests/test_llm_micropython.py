@@ -25,10 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "firmware" / "modules"
 REPLAY = ROOT / "tests" / "replay"
 SCENARIOS = REPLAY / "scenarios.py"
-# Chat input for the scenarios: two stories then an empty line (leaves the first
-# chat), then one story and end of input (leaves the second). MicroPython's unix
-# input() waits forever for a last line without "\n", so every line has one.
-STDIN_LINES = ["A dog", "Once upon a time", "", "Tom"]
+# Chat input for the scenarios. The first chat co-writes: turns, /help, /undo
+# and the same line again, /new, a bad command, lines long enough that the
+# tiny model's 64 positions roll over, then an empty line (leaves). The second
+# takes one turn and meets the end of input. MicroPython's unix input() waits
+# forever for a last line without "\n", so every line has one.
+_LONG = "Once upon a time there was a little dog who liked to run in the park"
+STDIN_LINES = ["A dog", "/help", "Once upon a time", "/undo", "Once upon a time", "/new",
+               "The cat", "/nope", _LONG, _LONG, _LONG, "", "Tom"]
 PROMPT_IDS_OF = "Once upon a time"
 
 
@@ -103,7 +107,11 @@ def test_micropython_prints_what_cpython_printed(recorded):
     assert cpython_out.count("[stopped: token budget") >= 4
     assert "[stopped: context full (64 tokens)]" in cpython_out
     assert "Tom said: caf\u00e9, na\u00efve \u2014 \u00bfs\u00ed?" in cpython_out
-    assert cpython_out.count("Type the beginning of a story") == 2
+    # the co-writing chats: help, take back, a new story, a bad command, rollover
+    assert cpython_out.count("Write a story together") == 3  # twice at the start, /help
+    for note in ("[took back the last turn]", "[a new story]", "[no command /nope",
+                 "[the story is longer than the model's memory"):
+        assert note in cpython_out, note
     assert "prompt too long: it is" in cpython_out
     assert "unknown option 'max_token'" in cpython_out
     assert cpython_out.endswith("done\n")
@@ -114,7 +122,7 @@ def test_replay_refuses_what_was_not_recorded(recorded):
     rc, out, err = _run_micropython(rec, seed, "miss")
     assert rc != 0
     # MicroPython prints an uncaught exception's traceback on stdout
-    assert "ReplayMiss: no recording of prompt" in out + err
+    assert "ReplayMiss: no recording of context" in out + err
 
 
 def _double() -> ModuleType:
@@ -151,11 +159,16 @@ def test_replay_double_is_strict(recorded, tiny_model):
     with pytest.raises(double.ReplayMiss, match="the recording fed back"):
         m.step(toks[1] + 1)  # not what the engine returned
     start()
-    with pytest.raises(double.ReplayMiss, match="in the middle of a story"):
-        m.sampler(temperature, top_k, seed)
+    with pytest.raises(double.ReplayMiss, match="prefill\\(\\) after step"):
+        m.step(toks[0])
+        m.prefill([1])  # co-writing rewinds before it feeds more
+    m.rewind(len(run["prompt"]) - 1)  # the context is the key: one id less, then it again
+    assert m.prefill(run["prompt"][-1:]) == toks[0]
+    with pytest.raises(ValueError, match="rewind position"):
+        m.rewind(m.pos() + 1)
     m.reset()
     m.sampler(temperature, top_k, seed + 1)
-    with pytest.raises(double.ReplayMiss, match="no recording of prompt"):
+    with pytest.raises(double.ReplayMiss, match="no recording of context"):
         m.prefill(run["prompt"])
     t = start()
     for want in toks[1:]:

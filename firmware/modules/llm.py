@@ -320,13 +320,17 @@ def drafter(model, draft="auto"):
     return draft
 
 
-def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
+def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None):
+    """The story after the context `ids`, as text pieces. kept: how many of
+    ids the model's context already holds (0: it starts afresh; co-writing
+    keeps the story between turns). out (a list): gets the story's ids."""
     global _last
     start = _ticks_us()
     n_prompt = len(ids)
     stats = {
         "stop": None,
         "prompt_tokens": n_prompt,
+        "prefilled": n_prompt - kept,
         "tokens": 0,
         "max_tokens": max_tokens,
         "seq_len": _seq_len,
@@ -354,18 +358,23 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None):
     n = 0
     at_prefill = None
     try:
-        model.reset()
+        if kept:
+            model.rewind(kept)
+        else:
+            model.reset()
         if seed is None:
             model.sampler(0.0, 0, 0)
         else:
             model.sampler(temperature, top_k, seed)
-        token = model.prefill(ids)
+        token = model.prefill(ids[kept:])
         stats["ttft_ms"] = _ms_since(start)
         at_prefill = model.stats()
         following = decode_tokens(model, token, budget - 1, draft, list(ids), eot, stats)
         while token != eot:
             n += 1
             stats["tokens"] = n
+            if out is not None:
+                out.append(token)
             piece = decoder.feed(token_bytes(token))
             if piece:
                 yield piece
@@ -454,7 +463,10 @@ def stats():
 
     stop: "eot", "budget", "context", "interrupted", "error" (None while
     running);
-    prompt_tokens, tokens (story tokens, <|endoftext|> not counted),
+    prompt_tokens (the context before the story: for a co-writing turn the
+    whole story so far and the line), prefilled (those of them the turn fed:
+    the rest was in the context already), tokens (story tokens,
+    <|endoftext|> not counted),
     max_tokens, seq_len, temperature, top_k, seed (None when greedy);
     ttft_ms (wall clock to the first story token, prompt included),
     engine_ttft_ms (the engine's own prefill time), engine_ms_per_token
@@ -531,31 +543,342 @@ def story(prompt="Once upon a time", **options):
     _write("\n" + note + "\n" if note else "\n")
 
 
-def chat(**options):
-    """Ask for story beginnings and tell the stories, until told to stop.
+# ---- writing a story together ------------------------------------------------
 
-    Takes generate()'s options (a seed then gives every story the same seed).
-    An empty line, Ctrl-D or Ctrl-C at the prompt leaves; Ctrl-C during a
-    story stops only that story.
+#: story tokens of one co-writing reply at most: a few sentences a turn
+TURN_TOKENS = 60
+#: when a turn would not fit the context, the story's first this many tokens
+#: (its opening) and the most recent ones stay; the middle is forgotten
+ROLLOVER_START = 32
+
+HELP = (
+    "Write a story together: type a line and press Enter, and the model goes on\n"
+    "from it. The whole story so far stays in its memory.\n"
+    "  /new      start a new story\n"
+    "  /undo     take back the last turn (your line and the model's reply)\n"
+    "  /seed N   sampling seed N from now on (0: always the likeliest token)\n"
+    "  /temp T   sampling temperature T from now on (0: always the likeliest)\n"
+    "  /help     this list\n"
+    "An empty line or Ctrl-D leaves; Ctrl-C stops a reply.\n"
+)
+
+
+class CoWriter:
+    """A story written together: each line is appended to the story, and the
+    model continues from the whole story so far, which stays in its context.
+
+    Determinism: turn k of a story (counting from 0, after /undo the same k
+    again) samples with seed + k, so a seeded session gives the same text on
+    the PC and on the board, and /undo followed by the same line gives the
+    same reply. Rollover (ROLLOVER_START) and what is prefilled while typing
+    never change the text: the context is exactly the story's (rolled) ids.
     """
-    _options(options)  # a bad option fails now, not after the first prompt
-    load()
-    _write(
-        "Type the beginning of a story and press Enter.\n"
-        "An empty line or Ctrl-D leaves; Ctrl-C stops a story.\n"
-    )
+
+    def __init__(self, **options):
+        """generate()'s options; max_tokens is per reply (default TURN_TOKENS)
+        and seed is the session's (default: a fresh one)."""
+        options.setdefault("max_tokens", TURN_TOKENS)
+        self.max_tokens, self.temperature, self.top_k, seed = _options(options)
+        self.seed = _fresh_seed() if seed is None else seed
+        self.model = load()
+        self.model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
+        self.draft = drafter(self.model, options.get("draft", "auto"))
+        self._kv = []  # the ids the model's context holds, in order
+        self.new()
+
+    def new(self):
+        """An empty story."""
+        self.tokens = []  # the story's ids as the model reads them (rolled over)
+        self.text = ""  # the story's text (all of it)
+        self._turns = []  # (tokens, text) before each turn, for undo
+        self.rolled = 0  # ids the last turn's rollover dropped
+
+    def undo(self):
+        """Take back the last turn; False when there is none."""
+        if not self._turns:
+            return False
+        self.tokens, self.text = self._turns.pop()
+        return True
+
+    def set_seed(self, seed):
+        self.seed = _options({"seed": seed})[3]
+
+    def set_temperature(self, temperature):
+        self.temperature = _options({"temperature": temperature})[1]
+
+    def _line(self, line, ends=None):
+        """(text, ids) of a typed line as it joins the story: one space
+        between the story and the line unless either side has one."""
+        if self.text and not self.text[-1:].isspace() and not line[:1].isspace():
+            line = " " + line
+        ids = _tokenizer.encode(line, ends)
+        if _tokenizer.decode(ids) != line:
+            raise ValueError("this line has characters the model's tokenizer cannot represent")
+        if len(ids) >= _seq_len:
+            raise ValueError(f"line too long: {len(ids)} tokens; the context holds {_seq_len}")
+        return line, ids
+
+    def _held(self, want):
+        """How many of `want` the model's context already holds (at most all
+        but one: the last is prefilled, so that the engine chooses a token)."""
+        kv = self._kv
+        n = min(len(kv), len(want) - 1)
+        k = 0
+        while k < n and kv[k] == want[k]:
+            k += 1
+        return k
+
+    def type_ahead(self, typed):
+        """While `typed` is being typed: prefill the ids that cannot change
+        any more (every pre-tokenizer piece but the last two), so that Enter
+        has little left to do. Never changes what the turn writes."""
+        if not typed.strip():
+            return
+        ends = []
+        try:
+            ids = self._line(typed, ends)[1]
+        except ValueError:
+            return  # Enter will say why
+        stable = ends[-3] if len(ends) >= 3 else 0
+        want = self.tokens + ids[:stable]
+        if stable == 0 or len(self.tokens) + len(ids) + self.max_tokens > _seq_len:
+            return  # nothing stable yet, or this turn rolls over: Enter does it
+        k = self._held(want + [0])  # all of want may already be there
+        if k < len(want):
+            model = self.model
+            model.rewind(min(k, model.pos()))
+            model.prefill(want[k:])  # its choice is not used: Enter samples afresh
+            self._kv = want
+
+    def _rollover(self, ids):
+        """Make room for `ids` and a reply: keep the story's opening and the
+        most recent ids (half of the room left, so that the next turns do
+        not roll over at once). Returns how many ids were dropped."""
+        room = _seq_len - self.max_tokens - len(ids)  # for the story before the line
+        if len(self.tokens) <= room:
+            return 0
+        start = self.tokens[:max(0, min(ROLLOVER_START, room))]
+        keep = max(0, (room - len(start)) // 2)
+        recent = self.tokens[len(start):][-keep:] if keep else []
+        dropped = len(self.tokens) - len(start) - len(recent)
+        self.tokens = start + recent
+        return dropped
+
+    def turn(self, line):
+        """Add a line to the story and write the model's reply; returns an
+        iterator of the reply's text pieces (stats() describes the turn).
+        Raises ValueError at once for a line that cannot join the story."""
+        if not isinstance(line, str):
+            raise TypeError(f"line must be a str, not {type(line).__name__}")
+        if not line.strip():
+            raise ValueError("empty line: type how the story goes on")
+        text, ids = self._line(line)
+        before = (self.tokens, self.text)
+        self.rolled = self._rollover(ids)
+        want = self.tokens + ids
+        k = len(self._turns)
+        seed = None if self.temperature == 0 or self.seed == 0 else (self.seed + k) & 0xFFFFFFFFFFFFFFFF
+        self._turns.append(before)
+        self.text += text
+        return self._reply(want, self._held(want), seed)
+
+    def _reply(self, want, kept, seed):
+        reply = []
+        pieces = []
+        try:
+            for piece in _run(self.model, want, self.max_tokens, self.temperature, self.top_k,
+                              seed, self.draft, kept, reply):
+                pieces.append(piece)
+                yield piece
+        finally:
+            # what was written stays, also when the reply was interrupted
+            self.tokens = want + reply
+            self.text += "".join(pieces)
+            self._kv = self.tokens[:min(self.model.pos(), len(self.tokens))]
+
+
+class _Console:
+    """The console read a key at a time, where it can be: the board's (its
+    stdin is raw already), a terminal on MicroPython unix or CPython (put in
+    raw mode while a line is read). None from open() when stdin is no
+    terminal (piped input is read line by line with input())."""
+
+    @staticmethod
+    def open():
+        try:
+            import termios
+        except ImportError:  # a board: its console is a raw serial line
+            board = sys.platform not in ("linux", "darwin", "win32", "cygwin")
+            return _Console(None, None) if board else None
+        not_a_tty = (OSError,) + ((termios.error,) if hasattr(termios, "error") else ())
+        try:
+            saved = termios.tcgetattr(0)
+        except not_a_tty:
+            return None
+        return _Console(termios, saved)
+
+    def __init__(self, termios, saved):
+        self._termios = termios
+        self._saved = saved
+        self._poll = None
+        try:
+            import select
+
+            self._poll = select.poll()
+            self._poll.register(sys.stdin, select.POLLIN)
+        except (ImportError, AttributeError, OSError, TypeError):
+            pass
+        self._decoder = Utf8Decoder()
+        self._read = getattr(getattr(sys.stdin, "buffer", None), "read", None)
+
+    def raw(self, on):
+        """Keys one at a time, no echo, Ctrl-C as a key; output as before.
+        Not termios.setraw/tty.setraw: they switch with TCSAFLUSH, which drops
+        keys typed ahead (while the previous reply was printed)."""
+        t = self._termios
+        if t is None:
+            return
+        attrs = list(self._saved)
+        if on:
+            def flag(name, linux):  # MicroPython's termios names few flags
+                return getattr(t, name, linux)
+
+            attrs[6] = list(attrs[6])
+            attrs[0] &= ~(flag("ICRNL", 0o400) | flag("IXON", 0o2000))
+            attrs[3] &= ~(flag("ICANON", 0o2) | flag("ECHO", 0o10) | flag("ISIG", 0o1)
+                          | flag("IEXTEN", 0o100000))
+            attrs[6][flag("VMIN", 6)] = 1
+            attrs[6][flag("VTIME", 5)] = 0
+        t.tcsetattr(0, t.TCSANOW, attrs)
+
+    def key(self):
+        """The next character typed ("" at the end of input)."""
+        while True:
+            if self._read is not None:
+                b = self._read(1)
+            else:
+                c = sys.stdin.read(1)
+                b = c.encode() if c else b""
+            if not b:
+                return ""
+            c = self._decoder.feed(b)
+            if c:
+                return c
+
+    def waiting(self):
+        """Whether more keys are already there (a paste, fast typing)."""
+        return self._poll is not None and bool(self._poll.poll(0))
+
+
+def _read_line(console, writer, prompt, type_ahead):
+    """A line typed at the console, echoed, with backspace; while it is typed
+    (whenever no more keys are waiting) the co-writer prefills its stable ids.
+    Ctrl-C clears a line being typed and raises on an empty one; Ctrl-D on an
+    empty line is the end of input."""
+    _write(prompt)
+    line = []
+    console.raw(True)
+    try:
+        while True:
+            try:
+                c = console.key()
+            except KeyboardInterrupt:  # the board's Ctrl-C
+                c = "\x03"
+            if c in ("\r", "\n"):
+                return "".join(line)
+            if c == "" or (c == "\x04" and not line):
+                raise EOFError
+            if c == "\x03":
+                if not line:
+                    raise KeyboardInterrupt
+                line = []
+                console.raw(False)
+                _write("^C\n" + prompt)
+                console.raw(True)
+                continue
+            if c in ("\x7f", "\b"):
+                if line:
+                    line.pop()
+                    _write("\b \b")
+            elif c >= " ":
+                line.append(c)
+                _write(c)
+            else:
+                continue
+            if type_ahead and not console.waiting():
+                writer.type_ahead("".join(line))
+    finally:
+        console.raw(False)
+        _write("\n")
+
+
+def _chat_command(writer, line):
+    """Run a /command; False for a line that is none."""
+    word, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if word == "/help":
+        _write(HELP)
+    elif word == "/new":
+        writer.new()
+        _write("[a new story]\n")
+    elif word == "/undo":
+        _write("[took back the last turn]\n" if writer.undo() else "[nothing to take back]\n")
+    elif word in ("/seed", "/temp"):
+        try:
+            if word == "/seed":
+                writer.set_seed(int(arg))
+            else:
+                writer.set_temperature(float(arg))
+            _write(f"[{word[1:]} {arg}]\n")
+        except (ValueError, TypeError) as e:
+            _write(f"[{word} needs a number: {e}]\n")
+    elif word.startswith("/") and word[1:].isalpha():
+        _write(f"[no command {word}; /help lists them]\n")
+    else:
+        return False
+    return True
+
+
+def chat(**options):
+    """Write a story together, line by line, until told to stop (CoWriter).
+
+    Takes CoWriter's options: max_tokens per reply (default TURN_TOKENS),
+    temperature, top_k, seed (one seed for the session; turn k uses seed + k),
+    draft; and type_ahead (default True): at a terminal, the line is read a
+    key at a time and what cannot change any more is prefilled while it is
+    typed, so Enter has little left to compute (the text is the same either
+    way). /help lists the commands. An empty line or Ctrl-D leaves, and so
+    does Ctrl-C at an empty prompt; Ctrl-C clears a line being typed and
+    stops a reply.
+    """
+    type_ahead = options.pop("type_ahead", True)
+    writer = CoWriter(**options)
+    console = _Console.open()
+    _write(HELP)
     while True:
         try:
-            line = input("> ")
+            if console is None:
+                line = input("> ")
+            else:
+                line = _read_line(console, writer, "> ", type_ahead)
         except (EOFError, KeyboardInterrupt):
             _write("\n")
             return
         line = line.strip()
         if not line:
             return
+        if _chat_command(writer, line):
+            continue
         try:
-            story(line, **options)
+            pieces = writer.turn(line)
+            if writer.rolled:
+                _write(f"[the story is longer than the model's memory: it keeps the beginning "
+                       f"and the latest part ({writer.rolled} tokens forgotten)]\n")
+            for piece in pieces:
+                _write(_shown(piece))
+            note = stop_message() if _last.get("stop") not in (STOP_EOT, STOP_BUDGET) else ""
+            _write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:
-            pass  # story() has said it stopped; back to the prompt
+            _write("\n[reply stopped]\n")
         except ValueError as e:
             _write(str(e) + "\n")

@@ -329,8 +329,14 @@ class Tokenizer:
         parts.append(d.flush())
         return "".join(parts)
 
-    def encode(self, text):
-        """Token ids of `text` (a str); see the module notes for non-ASCII text."""
+    def encode(self, text, ends=None):
+        """Token ids of `text` (a str); see the module notes for non-ASCII text.
+
+        ends (a list): gets the number of ids after each pre-tokenizer piece.
+        Merges never cross pieces, so the ids up to the end of a piece stay
+        the same when text is added, once that piece cannot grow or split:
+        every piece but the last two (a prompt typed so far is prefilled up
+        to there)."""
         b = text.encode("utf-8")
         n = len(b)
         # Class of the character starting at each byte; 0 on continuation bytes.
@@ -368,7 +374,7 @@ class Tokenizer:
             if c == 0x27 and i + 1 < n:  # contractions, case-sensitive as in GPT-2
                 x = b[i + 1]
                 if x == 0x73 or x == 0x74 or x == 0x6D or x == 0x64:  # s t m d
-                    self._bpe(b, start, i + 2, out)
+                    self._bpe(b, start, i + 2, out, ends)
                     i += 2
                     continue
                 if i + 2 < n:
@@ -378,7 +384,7 @@ class Tokenizer:
                         or (x == 0x76 and y == 0x65)  # re ve
                         or (x == 0x6C and y == 0x6C)
                     ):  # ll
-                        self._bpe(b, start, i + 3, out)
+                        self._bpe(b, start, i + 3, out, ends)
                         i += 3
                         continue
             if c == 0x20 and i + 1 < n and k[i + 1] != _TOK_W:
@@ -388,7 +394,7 @@ class Tokenizer:
                 i += 1
                 while i < n and (k[i] == 0 or k[i] == cls):
                     i += 1
-                self._bpe(b, start, i, out)
+                self._bpe(b, start, i, out, ends)
                 continue
             # Whitespace run. Followed by a non-space character, it gives up
             # its last character (which then leads the next piece) unless
@@ -401,10 +407,10 @@ class Tokenizer:
                 i += 1
             if i < n and last > start:
                 i = last
-            self._bpe(b, start, i, out)
+            self._bpe(b, start, i, out, ends)
         return out
 
-    def _bpe(self, b, start, end, out):
+    def _bpe(self, b, start, end, out, ends=None):
         byte_ids = self._byte_ids
         syms = []
         for p in range(start, end):
@@ -414,6 +420,8 @@ class Tokenizer:
         n = len(syms)
         if n < 2:
             out.extend(syms)
+            if ends is not None:
+                ends.append(len(out))
             return
         rank = self._rank
         buf = self._buf
@@ -461,6 +469,8 @@ class Tokenizer:
         for s in syms:
             if s >= 0:
                 out.append(s)
+        if ends is not None:
+            ends.append(len(out))
 
 
 class Utf8Decoder:

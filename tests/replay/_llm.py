@@ -85,6 +85,7 @@ class Model:
     def reset(self):
         self._ready()
         self._pos = 0
+        self._ctx = []  # the ids in the context, which a recording is keyed by
         self._run = None  # the recorded token list being played
         self._next = 0  # index in it of the next token to return
         self._fed = 0  # tokens through the layers since reset
@@ -96,25 +97,26 @@ class Model:
         for t, k, message in self._refused:  # what the real engine said to these
             if float(t) == float(temperature) and int(k) == int(top_k):
                 raise ValueError(message)
-        if self._pos:
-            raise ReplayMiss("sampler() in the middle of a story was never recorded")
         self._sampler = (float(temperature), int(top_k), int(seed))
 
     def prefill(self, tokens):
         self._ready()
         tokens = list(tokens)
-        if self._pos:
-            raise ReplayMiss("prefill() after tokens were fed was never recorded")
+        if self._run is not None:
+            raise ReplayMiss("prefill() after step() (without rewind) was never recorded")
+        ctx = self._ctx + tokens  # recordings are keyed by the whole context
         for run in self._runs:
             s = run["sampler"]
-            if (float(s[0]), int(s[1]), int(s[2])) == self._sampler and run["prompt"] == tokens:
+            if (float(s[0]), int(s[1]), int(s[2])) == self._sampler and run["prompt"] == ctx:
                 self._run = run["tokens"]
+                self._next = 0
                 break
         else:
             raise ReplayMiss(
-                "no recording of prompt " + str(tokens) + " with sampler " + str(self._sampler)
+                "no recording of context " + str(ctx) + " with sampler " + str(self._sampler)
             )
-        self._pos = len(tokens)
+        self._ctx = ctx
+        self._pos = len(ctx)
         self._fed += len(tokens)
         self._prefill_tokens = len(tokens)
         return self._give()
@@ -142,7 +144,16 @@ class Model:
             raise Error("context full: all " + str(self._config["seq_len"]) + " positions used")
         self._pos += 1
         self._fed += 1
+        self._ctx.append(token)
         return self._give()
+
+    def rewind(self, pos):
+        self._ready()
+        if not 0 <= pos <= self._pos:
+            raise ValueError("rewind position must be in 0.." + str(self._pos))
+        self._pos = pos
+        self._ctx = self._ctx[:pos]
+        self._run = None
 
     def pos(self):
         self._ready()

@@ -73,6 +73,7 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             self._m = real.Model(image)
             self._sampler = (0.0, 0, 0)
             self._tokens: list[int] | None = None
+            self._ctx: list[int] = []  # the ids in the context (co-writing keeps them)
             rec.config = self._m.config()
             rec.tokenizer = bytes(self._m.tokenizer())
             rec.memory = [list(x) for x in self._m.memory()]
@@ -83,6 +84,12 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
         def reset(self) -> None:
             self._m.reset()
             self._tokens = None
+            self._ctx = []
+
+        def rewind(self, pos: int) -> None:
+            self._m.rewind(pos)
+            self._tokens = None
+            self._ctx = self._ctx[:pos]
 
         def sampler(self, temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> None:
             try:
@@ -94,8 +101,10 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
 
         def prefill(self, tokens: list[int]) -> int:
             t = self._m.prefill(tokens)
+            self._ctx += list(tokens)
             self._tokens = [t]
-            rec.runs.append((self._sampler, list(tokens), self._tokens))
+            # keyed by the whole context: after rewind() only the new ids are fed
+            rec.runs.append((self._sampler, list(self._ctx), self._tokens))
             return t
 
         def step(self, token: int) -> int:
@@ -103,6 +112,7 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             if self._tokens is None:
                 raise RuntimeError("step() before prefill(): the replay cannot record this")
             self._tokens.append(t)
+            self._ctx.append(token)
             return t
 
         def close(self) -> None:
