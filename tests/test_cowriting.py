@@ -298,3 +298,18 @@ def test_typed_chat_is_the_same_on_micropython(tiny) -> None:  # type: ignore[no
     code = CHAT.format(modules=str(ROOT / "firmware" / "modules"), image=str(tiny.image),
                        typed=True)
     assert drive([str(exe), "-c", code], keys) == drive([sys.executable, "-c", code], keys)
+
+
+def test_typing_latency_figures(tiny) -> None:  # type: ignore[no-untyped-def]
+    """mpllm.board.typing_latency measures Enter to the first reply byte on a
+    pty, and with type-ahead Enter has fewer ids left to prefill."""
+    from mpllm.board import typing_latency as tl
+
+    lines = ("The dog ran to the big red house", "It was a sunny day in the park")
+    image = str(tiny.image)
+    on, off = (tl.ids_at_enter(image, t, max_tokens=4, lines=lines) for t in (True, False))
+    assert all(a < b for a, b in zip(on, off)) and all(a >= 1 for a in on)
+    for cps in (40.0, None):
+        ms = tl.enter_latency_ms(image, cps, True, max_tokens=4, lines=lines)
+        assert len(ms) == 2 and all(0 < t < 10_000 for t in ms)
+    assert tl.prefill_ms(11, {m: 10.0 + m for m in range(1, 9)}) == 18.0 + 13.0
