@@ -313,3 +313,47 @@ def test_typing_latency_figures(tiny) -> None:  # type: ignore[no-untyped-def]
         ms = tl.enter_latency_ms(image, cps, True, max_tokens=4, lines=lines)
         assert len(ms) == 2 and all(0 < t < 10_000 for t in ms)
     assert tl.prefill_ms(11, {m: 10.0 + m for m in range(1, 9)}) == 18.0 + 13.0
+
+
+class _InterruptingPrefill:
+    """The real model, but the n-th prefill() raises a Ctrl-C (after the engine
+    has undone it, as an interrupted prefill does)."""
+
+    def __init__(self, real: object, nth: int) -> None:
+        self._real, self._left = real, nth
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def prefill(self, tokens: list[int]) -> int:
+        self._left -= 1
+        if self._left == 0:
+            raise KeyboardInterrupt
+        return self._real.prefill(tokens)  # type: ignore[attr-defined]
+
+
+def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A Ctrl-C during the re-prefill of a rolled-over story stops that reply
+    (in chat() too); the next turn replies to the story as it stands, exactly
+    as a model reading all of it afresh."""
+    long = "Once upon a time there was a little dog who liked to run"
+    feed(monkeypatch, [long, long, long, "The end", ""])
+    monkeypatch.setattr(llm, "_model", _InterruptingPrefill(llm.load(), 3))  # the 3rd turn
+    llm.chat(seed=4, max_tokens=8, draft=None)
+    out = capsys.readouterr().out
+    assert "[the story is longer than the model's memory" in out and "[reply stopped]" in out
+
+    monkeypatch.setattr(llm, "_model", _InterruptingPrefill(llm.load(), 3))
+    w = llm.CoWriter(seed=4, max_tokens=8, draft=None)
+    for _ in range(2):
+        "".join(w.turn(long))
+    with pytest.raises(KeyboardInterrupt):
+        "".join(w.turn(long))
+    assert w.rolled > 0
+    reply = "".join(w.turn("The end"))
+    n = llm.stats()["tokens"]
+    context = w.tokens[:len(w.tokens) - n]  # the (rolled) story and the line
+    assert context[-len(w._line("The end")[1]):] == w._line("The end")[1]
+    want = fresh_reply(tiny.image, context, n, 0.8, 40, 4 + 3)
+    tok = llm.tokenizer()
+    assert reply == b"".join(tok.token_bytes(i) for i in want).decode("utf-8", "replace")

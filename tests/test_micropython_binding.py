@@ -473,10 +473,13 @@ first = rss_kib()
 print("READY")
 caught = done = 0
 while done < {n}:
-    try:  # the whole loop inside: a pending interrupt is raised between opcodes
-        while done < {n}:
-            _llm.Model({image!r}).close()
-            done += 1
+    try:  # nested: the next interrupt may come while the last one is counted
+        try:  # the whole loop inside: a pending interrupt is raised between opcodes
+            while done < {n}:
+                _llm.Model({image!r}).close()
+                done += 1
+        except KeyboardInterrupt:
+            caught += 1
     except KeyboardInterrupt:
         caught += 1
 print("DONE", caught, rss_kib() - first)

@@ -775,9 +775,9 @@ def _read_line(console, writer, prompt, type_ahead):
     (whenever no more keys are waiting) the co-writer prefills its stable ids.
     Ctrl-C clears a line being typed and raises on an empty one; Ctrl-D on an
     empty line is the end of input."""
+    console.raw(True)  # before the prompt: a key typed at once is not echoed twice
     _write(prompt)
     line = []
-    console.raw(True)
     try:
         while True:
             try:
