@@ -357,3 +357,30 @@ def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypat
     want = fresh_reply(tiny.image, context, n, 0.8, 40, 4 + 3)
     tok = llm.tokenizer()
     assert reply == b"".join(tok.token_bytes(i) for i in want).decode("utf-8", "replace")
+
+
+def test_stories_that_share_the_model_see_each_others_context(tiny) -> None:  # type: ignore[no-untyped-def]
+    """The web server keeps many stories on one model: interleaved turns of two
+    CoWriters, type-ahead on one while the other writes, and a llm.story() in
+    between give each story the text it gets alone. (The context's ids are
+    the model's fact, not a CoWriter's: a stale copy would reuse another
+    story's cache.)"""
+    lines_a = ["Once upon a time", "The cat ran home", "It was happy"]
+    lines_b = ["Once upon a day", "A dog sat", "The end came"]
+
+    def alone(lines: list[str], seed: int) -> list[str]:
+        llm.unload()
+        llm.load(str(tiny.image))
+        w = llm.CoWriter(seed=seed, max_tokens=8)
+        return ["".join(w.turn(line)) for line in lines]
+
+    want_a, want_b = alone(lines_a, 3), alone(lines_b, 4)
+    a, b = llm.CoWriter(seed=3, max_tokens=8), llm.CoWriter(seed=4, max_tokens=8)
+    got_a, got_b = [], []
+    for la, lb in zip(lines_a, lines_b):
+        a.type_ahead(la + " and")  # a's pieces prefilled, then b overwrites them
+        got_b.append("".join(b.turn(lb)))
+        got_a.append("".join(a.turn(la)))
+        "".join(llm.generate("Once upon a time", seed=9, max_tokens=5))
+    assert (got_a, got_b) == (want_a, want_b)
+    assert want_a != want_b

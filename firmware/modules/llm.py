@@ -85,6 +85,11 @@ _eot_id = 0
 _seq_len = 0
 _vocab_out = 0
 _last = {}  # stats of the last (or running) generation
+# The ids the open model's context holds, in order, as far as llm.py knows
+# (a prefix of them at least). One list for the model, not one per CoWriter:
+# stories that share the model (the web server's sessions, llm.story()
+# between chat turns) each see what the others left in the context.
+_context = []
 
 
 def load(image=None, plain=None, fast=None):
@@ -101,7 +106,7 @@ def load(image=None, plain=None, fast=None):
     exp; stories differ from exact mode's (bench.py --fast --quality
     measures by how much). Not together with plain=True.
     """
-    global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out
+    global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out, _context
     if plain and fast:
         raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
     if _model is not None and (image is None or image is _source or image == _source):
@@ -138,6 +143,7 @@ def load(image=None, plain=None, fast=None):
         raise
     _model = model
     _source = image
+    _context = []
     _tokenizer = tok
     _eot_id = cfg["eot_id"]
     _seq_len = cfg["seq_len"]
@@ -154,9 +160,11 @@ def load(image=None, plain=None, fast=None):
 def _set_modes(model, plain, fast):
     """plain= / fast= of load() (None: leave as it is). Fast mode changes the
     KV cache's form, so changing it starts the context over."""
+    global _context
     if fast is not None and bool(fast) != model.fast():
         was_plain = model.plain()
         model.reset()
+        _context = []
         try:
             if fast:
                 model.set_plain(False)
@@ -177,11 +185,12 @@ def mode():
 
 def unload():
     """Close the model and drop the tokenizer (frees their memory)."""
-    global _model, _source, _tokenizer
+    global _model, _source, _tokenizer, _context
     model = _model
     _model = None
     _source = None
     _tokenizer = None
+    _context = []
     if model is not None:
         model.close()
 
@@ -324,7 +333,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
     """The story after the context `ids`, as text pieces. kept: how many of
     ids the model's context already holds (0: it starts afresh; co-writing
     keeps the story between turns). out (a list): gets the story's ids."""
-    global _last
+    global _last, _context
     start = _ticks_us()
     n_prompt = len(ids)
     stats = {
@@ -357,7 +366,11 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
     stop = STOP_INTERRUPTED
     n = 0
     at_prefill = None
+    if out is None:
+        out = []
+    written = len(out)  # out's ids before this story's
     try:
+        _context = ids[:kept]  # what stays held whatever happens next
         if kept:
             model.rewind(kept)
         else:
@@ -373,8 +386,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
         while token != eot:
             n += 1
             stats["tokens"] = n
-            if out is not None:
-                out.append(token)
+            out.append(token)
             piece = decoder.feed(token_bytes(token))
             if piece:
                 yield piece
@@ -394,6 +406,10 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
         stop = STOP_ERROR  # the engine raised: pass it on, but say so in stats()
         raise
     finally:
+        # the context holds the ids and the story (the last token chosen is
+        # not fed yet; a verify pass may hold guesses beyond it, unknown here)
+        held = ids + out[written:]
+        _context = held[:min(model.pos(), len(held))]
         wall = _ms_since(start)
         stats["stop"] = stop
         stats["wall_ms"] = wall
@@ -583,7 +599,6 @@ class CoWriter:
         self.model = load()
         self.model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
         self.draft = drafter(self.model, options.get("draft", "auto"))
-        self._kv = []  # the ids the model's context holds, in order
         self.new()
 
     def new(self):
@@ -621,8 +636,8 @@ class CoWriter:
     def _held(self, want):
         """How many of `want` the model's context already holds (at most all
         but one: the last is prefilled, so that the engine chooses a token)."""
-        kv = self._kv
-        n = min(len(kv), len(want) - 1)
+        kv = _context
+        n = min(len(kv), len(want) - 1, self.model.pos())
         k = 0
         while k < n and kv[k] == want[k]:
             k += 1
@@ -632,6 +647,7 @@ class CoWriter:
         """While `typed` is being typed: prefill the ids that cannot change
         any more (every pre-tokenizer piece but the last two), so that Enter
         has little left to do. Never changes what the turn writes."""
+        global _context
         if not typed.strip():
             return
         ends = []
@@ -646,9 +662,10 @@ class CoWriter:
         k = self._held(want + [0])  # all of want may already be there
         if k < len(want):
             model = self.model
-            model.rewind(min(k, model.pos()))
+            _context = want[:k]  # held whether or not the prefill finishes
+            model.rewind(k)
             model.prefill(want[k:])  # its choice is not used: Enter samples afresh
-            self._kv = want
+            _context = want
 
     def _rollover(self, ids):
         """Make room for `ids` and a reply: keep the story's opening and the
@@ -694,7 +711,6 @@ class CoWriter:
             # what was written stays, also when the reply was interrupted
             self.tokens = want + reply
             self.text += "".join(pieces)
-            self._kv = self.tokens[:min(self.model.pos(), len(self.tokens))]
 
 
 class _Console:

@@ -95,6 +95,7 @@ def ids_at_enter(image: str, typed: bool, max_tokens: int = 20,
         sys.path.insert(0, str(FIRMWARE_MODULES))
     import llm
 
+    llm.unload()  # a cold context: another run's story would be reused
     llm.load(image)
     w = llm.CoWriter(seed=7, max_tokens=max_tokens)
     out = []
