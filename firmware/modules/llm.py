@@ -519,7 +519,7 @@ def _write(text):
         flush()
 
 
-def _shown(text):
+def shown(text):
     """`text` safe for a terminal: control characters other than newline and
     tab become U+FFFD. A byte-level model can emit any byte; raw, ESC would
     drive the terminal and 0x04 ends mpremote's output early."""
@@ -548,7 +548,7 @@ def story(prompt="Once upon a time", **options):
     _write(prompt)
     try:
         for piece in pieces:
-            _write(_shown(piece))
+            _write(shown(piece))
     except KeyboardInterrupt:
         pieces.close()
         _write("\n" + stop_message() + "\n")
@@ -614,6 +614,17 @@ class CoWriter:
             return False
         self.tokens, self.text = self._turns.pop()
         return True
+
+    def snapshot(self):
+        """The story as it stands, for restore(): the web server writes a
+        reply while the line is still being typed and takes it back."""
+        return (self.tokens, self.text, list(self._turns), self.rolled)
+
+    def restore(self, snapshot):
+        """The story as snapshot() saw it (what the context holds is not the
+        story's: the next turn reuses what still matches)."""
+        self.tokens, self.text, turns, self.rolled = snapshot
+        self._turns = list(turns)
 
     def set_seed(self, seed):
         self.seed = _options({"seed": seed})[3]
@@ -891,7 +902,7 @@ def chat(**options):
                 _write(f"[the story is longer than the model's memory: it keeps the beginning "
                        f"and the latest part ({writer.rolled} tokens forgotten)]\n")
             for piece in pieces:
-                _write(_shown(piece))
+                _write(shown(piece))
             note = stop_message() if _last.get("stop") not in (STOP_EOT, STOP_BUDGET) else ""
             _write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def _open_transport(port: str) -> object:
+def open_transport(port: str) -> object:
+    """mpremote's serial transport to the board at `port`."""
     try:
         from mpremote.transport_serial import SerialTransport
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -22,7 +23,7 @@ def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], Non
     an exception, empty on success)."""
     from mpremote.transport import TransportError
 
-    tr = _open_transport(port)
+    tr = open_transport(port)
     try:
         tr.enter_raw_repl(soft_reset=soft_reset)
         tr.exec_raw_no_follow(snippet)

@@ -1,0 +1,198 @@
+"""`tools/serve.py`, `mpllm-serve`: the web chat, and its load test.
+
+    python tools/serve.py --board host              # http://127.0.0.1:8000/
+    python tools/serve.py --port /dev/ttyACM0       # a board over USB serial
+    python tools/serve.py --board host --load-test --levels 1,10,100 --seconds 5
+    python tools/serve.py --board host --typist 10  # speculation's hit rate
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_LEVELS = "1,10,100,500,1000"
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--levels wants counts like 1,10,100, not {text!r}")
+    if not levels or min(levels) < 1 or max(levels) > 2000:
+        raise argparse.ArgumentTypeError("--levels: each level is 1..2000 connections")
+    return levels
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="serve.py", description="The web chat: write a story together with the model "
+        "in a browser, on this PC (the host board) or on a board over USB serial.",
+        epilog=__doc__.split("\n\n")[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--board", choices=["host", "n16r8"], default=None,
+                    help="host: engines on this PC (the default); n16r8: a board (give --port)")
+    ap.add_argument("--port", help="the board's serial port (implies --board n16r8)")
+    ap.add_argument("--port-image", help="with --port: the image a runtime without a model "
+                    "partition opens (the MicroPython unix port)")
+    ap.add_argument("--image", help="host board: a converted model image (default: the "
+                    "bundled demo model)")
+    ap.add_argument("--engines", type=int, default=None,
+                    help="host board: engine processes (default: one per core)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1, this PC only; 0.0.0.0 "
+                         "shares the chat on your network)")
+    ap.add_argument("--http-port", type=int, default=8000, help="TCP port (default 8000)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="story tokens of one reply (default: llm.TURN_TOKENS)")
+    ap.add_argument("--max-queue", type=int, default=None,
+                    help="requests that may wait for an engine (default 2000); more get "
+                         "a 'busy' reply")
+    test = ap.add_argument_group("load test (loopback only: it starts and stops its own server)")
+    test.add_argument("--load-test", action="store_true",
+                      help="concurrent WebSocket clients at each level; prints a table")
+    test.add_argument("--levels", type=_levels, default=_levels(DEFAULT_LEVELS),
+                      help=f"connections at each level (default {DEFAULT_LEVELS}; at most 2000)")
+    test.add_argument("--seconds", type=float, default=10.0,
+                      help="each level writes turns this long (default 10; every connection "
+                           "writes at least one)")
+    test.add_argument("--json", help="write the load test's figures to this file")
+    test.add_argument("--plot", help="the load test's latency plot (PNG; default: next to "
+                      "--json, else serve-load.png)")
+    test.add_argument("--typist", type=int, metavar="LINES",
+                      help="a scripted typist writes LINES lines: how often the reply was "
+                           "ready at Enter")
+    return ap
+
+
+def _raise_file_limit(want: int) -> None:
+    """Each connection is a socket on both ends: lift the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
+def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
+    from ..board import hostboard
+    from .engines import Pool, board_argvs, host_argvs
+
+    max_queue = args.max_queue or 2000
+    if args.port:
+        if args.image or args.engines:
+            ap.error("--image and --engines are for the host board; a board runs its "
+                     "flashed model, one request at a time")
+        return Pool(board_argvs(args.port, args.port_image), max_queue), "board"
+    if args.board == "n16r8":
+        ap.error("--board n16r8 needs --port (the board's serial port)")
+    image = args.image or str(hostboard.ensure_image(*hostboard.demo_sources()))
+    if not Path(image).is_file():
+        ap.error(f"model image not found: {image}")
+    n = args.engines or os.cpu_count() or 1
+    if n < 1:
+        ap.error("--engines must be at least 1")
+    return Pool(host_argvs(image, n), max_queue), "host"
+
+
+async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+    from .server import start
+
+    runner, bound = await start(server, host, port)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    print(f"the web chat is at http://{shown}:{bound}/ ({server.backend}, "
+          f"{len(server.pool.engines)} engine(s)); Ctrl-C stops it", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from ..atomic import atomic_write_bytes
+    from . import load_test
+    from .server import start
+
+    runner, port = await start(server, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}/ws?seed=1"
+    levels = []
+    try:
+        if args.typist:
+            r = await load_test.typist(url, args.typist)
+            print(f"typist: {r.lines} lines at ~{r.keys_per_s:g} keys/s; the reply was "
+                  f"written while typing for {r.speculated} ({r.hit_rate:.0%}); Enter to "
+                  f"the first piece: {r.enter_to_first_ms_hit} ms (hit), "
+                  f"{r.enter_to_first_ms_miss} ms (miss)")
+            if args.json and not args.load_test:
+                atomic_write_bytes(args.json, json.dumps({"typist": vars(r)}, indent=1).encode())
+        if args.load_test:
+            for n in args.levels:
+                print(f"level {n}: {n} connections for {args.seconds:g} s ...",
+                      file=sys.stderr, flush=True)
+                levels.append(await load_test.run_level(url, n, args.seconds,
+                                                        timeout=max(120.0, 10 * args.seconds)))
+            print(load_test.table(levels))
+    finally:
+        await runner.cleanup()
+    if args.load_test:
+        doc = {"backend": server.backend, "engines": len(server.pool.engines),
+               "seconds": args.seconds, "reply_tokens": server.limits.reply_tokens,
+               "levels": [lv.row() for lv in levels]}
+        if args.json:
+            atomic_write_bytes(args.json, json.dumps(doc, indent=1).encode())
+            print(f"wrote {args.json}", file=sys.stderr)
+        png = args.plot or (str(Path(args.json).with_suffix(".png")) if args.json
+                            else "serve-load.png")
+        title = f"web chat load test: {doc['engines']} {server.backend} engine(s)"
+        if load_test.plot(levels, png, title):
+            print(f"wrote {png}", file=sys.stderr)
+        else:
+            print("(no plot: matplotlib is not installed; pip install matplotlib)",
+                  file=sys.stderr)
+        if any(lv.errors or lv.empty for lv in levels):
+            return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    from ..board import hostboard
+    from .server import ChatServer, Limits
+
+    try:
+        pool, backend = _pool(args, ap)
+    except hostboard.HostBoardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    limits = Limits()
+    if args.tokens is not None:
+        if args.tokens < 1:
+            ap.error("--tokens must be at least 1")
+        limits = Limits(reply_tokens=args.tokens)
+    if args.max_queue is not None:
+        limits = Limits(**{**vars(limits), "max_queue": args.max_queue})
+    testing = args.load_test or args.typist
+    _raise_file_limit(2 * max(args.levels) + 256 if args.load_test else 4096)
+    server = ChatServer(pool, backend, limits)
+    try:
+        if testing:
+            return asyncio.run(_load_test(server, args))
+        asyncio.run(_serve(server, args.host, args.http_port))
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""One engine behind the web server, as a process of its own.
+
+    python -m mpllm.web.engine_process --image model.img    # the host board
+    python -m mpllm.web.engine_process --port /dev/ttyACM0  # a board
+
+It reads requests, one JSON object a line, on stdin and writes their events
+(firmware/modules/llm_serve.py says which) one JSON object a line on stdout.
+The host board runs llm_serve in this process over the CPython engine; a
+board runs its own frozen llm_serve, reached over its raw REPL through
+mpremote's transport: each request is one llm_serve.run() call, whose
+output streams back as it is printed. Either way the server sees the same
+events. A process per engine because the engine and llm.py hold one model
+each: several processes are several engines on several cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+Emit = Callable[[dict], None]
+
+
+def host_engine(image: str) -> Callable[[dict, Emit], None]:
+    """llm_serve in this process, with `image` loaded."""
+    from ..board import hostboard
+    from ..checkout import board_module
+
+    hostboard.open_image(image)
+    handle = board_module("llm_serve").handle
+
+    def run(req: dict, emit: Emit) -> None:
+        for event in handle(req):
+            emit(event)
+
+    return run
+
+
+class BoardEngine:
+    """llm_serve on a board, over one raw REPL session held open."""
+
+    def __init__(self, port: str, port_image: str | None = None, timeout: float = 600) -> None:
+        from ..board.transport import open_transport
+
+        self.port = port
+        self.timeout = timeout
+        self.transport = open_transport(port)
+        self.transport.enter_raw_repl(soft_reset=False)
+        setup = "import llm, llm_serve\n"
+        if port_image:  # a runtime with no model partition (the unix port)
+            setup += f"llm.load({port_image!r})\n"
+        _out, err = self.transport.exec_raw(setup)
+        if err:
+            raise RuntimeError(f"{port}: the board cannot start llm_serve: "
+                               f"{err.decode(errors='replace').strip()}")
+
+    def __call__(self, req: dict, emit: Emit) -> None:
+        """One llm_serve.run() on the board, its events emitted as they
+        arrive: text is a piece; RS, JSON and newline an event."""
+        from mpremote.transport import TransportError
+
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        event = bytearray()
+        in_event = False
+        ended = False
+
+        def on_data(data: bytes) -> None:
+            nonlocal in_event, ended
+            while data:
+                if in_event:
+                    at = data.find(b"\n")
+                    event.extend(data if at < 0 else data[:at])
+                    if at < 0:
+                        return
+                    parsed = json.loads(event.decode())
+                    ended = "piece" not in parsed and "line" not in parsed
+                    emit(parsed)
+                    event.clear()
+                    in_event, data = False, data[at + 1:]
+                else:
+                    at = data.find(b"\x1e")
+                    text = decoder.decode(bytes(data if at < 0 else data[:at]))
+                    if text:
+                        emit({"piece": text})
+                    if at < 0:
+                        return
+                    in_event, data = True, data[at + 1:]
+
+        # One line of code: a JSON string literal is a Python literal too.
+        code = f"llm_serve.run({json.dumps(json.dumps(req))})\n"
+        try:
+            self.transport.exec_raw_no_follow(code)
+            _out, err = self.transport.follow(self.timeout, on_data)
+        except (TransportError, ValueError) as e:
+            err = f"{self.port} stopped answering: {e}".encode()
+        if not ended:
+            lines = err.decode(errors="replace").strip().splitlines()
+            emit({"error": "the board raised " + (lines[-1] if lines else "nothing: its "
+                                                   "answer was cut off")})
+
+
+def serve(run: Callable[[dict, Emit], None]) -> None:
+    """Requests from stdin, events to stdout, until stdin closes."""
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            _emit({"error": "a request is one JSON object a line"})
+            continue
+        try:
+            run(req, _emit)
+        except Exception as e:  # noqa: BLE001 - any engine failure is reported, not fatal
+            _emit({"error": f"the engine raised {type(e).__name__}: {e}"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--image", help="model image for the host board engine")
+    where.add_argument("--port", help="serial port of a board running the mpllm firmware")
+    ap.add_argument("--port-image", help="with --port: the image a runtime without a model "
+                    "partition opens (the MicroPython unix port)")
+    args = ap.parse_args(argv)
+    try:
+        run = host_engine(args.image) if args.image else BoardEngine(args.port,
+                                                                     args.port_image)
+    except Exception as e:  # noqa: BLE001 - why it cannot start, in one line
+        print(f"engine_process: {e}", file=sys.stderr)
+        return 1
+    _emit({"ready": True})
+    serve(run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The engines behind the web server and the fair queue in front of them.
+
+An engine is a process (engine_process.py) that answers requests one at a
+time; the host board has several (one per core by default), a board one.
+A story lives in one engine (its ids are in that engine's context), so a
+connection keeps its engine; each engine has a FIFO of waiting requests,
+and a connection has at most one turn waiting or running, so the FIFO is
+fair: nobody is served twice while another waits. Requests beyond
+`max_queue` waiting in all are refused at once (Busy), not kept.
+
+Speculation (a reply computed while its line is typed) is the lowest
+priority: an engine runs one only when no request waits for it, and a
+newer line from the same connection replaces one not yet started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Busy(Exception):
+    """The queue is full; the message says so."""
+
+
+class EngineFailed(RuntimeError):
+    """An engine process could not start or stopped."""
+
+
+@dataclass
+class Job:
+    req: dict
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    speculative: bool = False
+    dropped: bool = False  # its connection left: run it if started, tell nobody
+
+
+_END = object()  # after the last event of a job
+
+
+class Engine:
+    """One engine process: requests as JSON lines in, events as JSON lines out."""
+
+    def __init__(self, name: str, argv: Sequence[str]) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.waiting: deque[Job] = deque()
+        self.speculations: dict[str, Job] = {}  # sid -> the newest not started
+        self.running: Job | None = None
+        self.sessions = 0
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.generation = 0  # how many times the process started (a restart loses stories)
+
+    async def start(self) -> None:
+        # mpllm importable in the engine also when it runs from a checkout
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2])] + ([env["PYTHONPATH"]]
+                                                          if env.get("PYTHONPATH") else []))
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=None, limit=1 << 20, env=env)
+        line = await self.proc.stdout.readline()
+        if not line:
+            code = await self.proc.wait()
+            raise EngineFailed(f"engine {self.name} did not start (exit status {code}; "
+                               f"its message is above)")
+        self.generation += 1
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+    async def _ask(self, req: dict) -> AsyncIterator[dict]:
+        """The events of one request, up to and with the last."""
+        assert self.proc is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        await self.proc.stdin.drain()
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                raise EngineFailed(f"engine {self.name} stopped")
+            event = json.loads(line)
+            yield event
+            if "piece" not in event and "line" not in event:
+                return  # "done" or "error": the request's last event
+
+    def _next(self) -> Job | None:
+        if self.waiting:
+            return self.waiting.popleft()
+        if self.speculations:
+            sid = next(iter(self.speculations))
+            return self.speculations.pop(sid)
+        return None
+
+    def positions(self) -> None:
+        """Tell each waiting job where it stands (1: next)."""
+        ahead = 1 if self.running is not None else 0
+        for i, job in enumerate(self.waiting):
+            job.events.put_nowait({"queued": i + 1 + ahead})
+
+    async def run(self) -> None:
+        """Serve the queue until cancelled."""
+        while True:
+            job = self._next()
+            if job is None:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            self.running = job
+            self.positions()
+            try:
+                async for event in self._ask(job.req):
+                    job.events.put_nowait(event)
+            except (EngineFailed, OSError, ValueError) as e:
+                job.events.put_nowait({"error": f"{e}; the engine is restarted and its "
+                                                f"stories start over"})
+                await self._restart()
+            finally:
+                job.events.put_nowait(_END)
+                self.running = None
+
+    async def _restart(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.proc is not None and self.proc.returncode is None:
+                self.proc.kill()
+        if self.proc is not None:
+            await self.proc.wait()
+        await self.start()
+
+
+class Pool:
+    """The engines and the queue in front of them."""
+
+    def __init__(self, argvs: Sequence[Sequence[str]], max_queue: int = 2000) -> None:
+        self.engines = [Engine(str(i), argv) for i, argv in enumerate(argvs)]
+        self.max_queue = max_queue
+        self.home: dict[str, Engine] = {}  # sid -> the engine its story lives in
+        self.opened: dict[str, tuple[dict, int]] = {}  # sid -> (open request, generation)
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        await asyncio.gather(*(e.start() for e in self.engines))
+        for e in self.engines:
+            e.task = asyncio.create_task(e.run())
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(e.stop() for e in self.engines))
+
+    def waiting(self) -> int:
+        return sum(len(e.waiting) for e in self.engines)
+
+    def new_sid(self) -> str:
+        return f"s{next(self._ids)}"
+
+    async def open(self, sid: str, seed: int | None, temperature: float,
+                   max_tokens: int) -> dict:
+        """A new story in the engine with the fewest; its "done" event."""
+        engine = min(self.engines, key=lambda e: (e.sessions, len(e.waiting)))
+        engine.sessions += 1
+        self.home[sid] = engine
+        req = {"op": "open", "sid": sid, "seed": seed, "temperature": temperature,
+               "max_tokens": max_tokens}
+        self.opened[sid] = (req, engine.generation)
+        last = {}
+        async for event in self.ask(req):
+            last = event
+        return last
+
+    def submit(self, req: dict, *, speculative: bool = False) -> Job:
+        """Queue a request of the story req["sid"]; its events come on job.events."""
+        sid = req["sid"]
+        engine = self.home[sid]
+        job = Job(req, speculative=speculative)
+        opened, generation = self.opened[sid]
+        if generation != engine.generation and req["op"] != "open":
+            # the engine restarted: the story is gone, open it afresh first
+            self.opened[sid] = (opened, engine.generation)
+            engine.waiting.append(Job(opened, dropped=True))
+        if speculative:
+            old = engine.speculations.pop(sid, None)
+            if old is not None:
+                old.events.put_nowait(_END)
+            engine.speculations[sid] = job
+        else:
+            if self.waiting() >= self.max_queue:
+                raise Busy(f"the server is busy: {self.max_queue} requests are waiting; "
+                           f"try again in a moment")
+            engine.waiting.append(job)
+            engine.positions()
+        engine.wake.set()
+        return job
+
+    async def ask(self, req: dict, *, speculative: bool = False) -> AsyncIterator[dict]:
+        """Submit and follow: the job's events, {"queued": n} among them."""
+        job = self.submit(req, speculative=speculative)
+        while True:
+            event = await job.events.get()
+            if event is _END:
+                return
+            yield event
+
+    def close(self, sid: str) -> None:
+        """The connection left: forget its waiting requests and its story."""
+        engine = self.home.pop(sid, None)
+        self.opened.pop(sid, None)
+        if engine is None:
+            return
+        engine.sessions -= 1
+        for job in [j for j in engine.waiting if j.req.get("sid") == sid]:
+            engine.waiting.remove(job)
+            job.events.put_nowait(_END)
+        spec = engine.speculations.pop(sid, None)
+        if spec is not None:
+            spec.events.put_nowait(_END)
+        engine.waiting.append(Job({"op": "drop", "sid": sid}, dropped=True))
+        engine.positions()
+        engine.wake.set()
+
+
+def host_argvs(image: str, n: int) -> list[list[str]]:
+    """The command lines of n host-board engines on `image`."""
+    return [[sys.executable, "-m", "mpllm.web.engine_process", "--image", image]] * n
+
+
+def board_argvs(port: str, port_image: str | None = None) -> list[list[str]]:
+    """The command line of the one engine that is the board at `port`."""
+    argv = [sys.executable, "-m", "mpllm.web.engine_process", "--port", port]
+    return [argv + (["--port-image", port_image] if port_image else [])]

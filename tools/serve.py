@@ -1,0 +1,22 @@
+"""The web chat: write a story together with the model in a browser.
+
+    python tools/serve.py --board host          # then open http://127.0.0.1:8000/
+    python tools/serve.py --port /dev/ttyACM0   # a board over USB serial
+    python tools/serve.py --board host --load-test
+
+Thin wrapper around mpllm.web.cli (also installed as `mpllm-serve`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    from mpllm.web.cli import main
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mpllm.web.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
