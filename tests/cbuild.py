@@ -80,6 +80,15 @@ def build(
     return out
 
 
+def build_flavours(name: str, sources: list[Path], out_dir: Path) -> dict[str, Path]:
+    """The same program twice, keyed by flavour: "plain" (-O2) and "sanitize"
+    (ASan+UBSan at -O1, as `name`_san), for tests parametrized over both."""
+    return {
+        "plain": build(name, sources, out_dir),
+        "sanitize": build(f"{name}_san", sources, out_dir, opt="-O1", sanitize=True),
+    }
+
+
 def run(program: Path, *args: str, env: dict[str, str] | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
     """Run a built program; the caller asserts on returncode and output."""

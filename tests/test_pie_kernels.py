@@ -28,10 +28,7 @@ RANDOM_RUNS = {"plain": [(1, 3000), (20240601, 3000)], "sanitize": [(77, 500)]}
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("pie_kernels")
-    return {
-        "plain": cbuild.build("pie_kernels_test", SOURCES, out),
-        "sanitize": cbuild.build("pie_kernels_test_san", SOURCES, out, opt="-O1", sanitize=True),
-    }
+    return cbuild.build_flavours("pie_kernels_test", SOURCES, out)
 
 
 def compared(stdout: str) -> tuple[int, int]:

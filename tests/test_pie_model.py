@@ -22,10 +22,7 @@ SOURCES = [cbuild.CTESTS / "pie_model_test.c", cbuild.ENGINE / "pie_model.c"]
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("pie_model")
-    return {
-        "plain": cbuild.build("pie_model_test", SOURCES, out),
-        "sanitize": cbuild.build("pie_model_test_san", SOURCES, out, opt="-O1", sanitize=True),
-    }
+    return cbuild.build_flavours("pie_model_test", SOURCES, out)
 
 
 @pytest.mark.parametrize("flavour", ["plain", "sanitize"])

@@ -79,10 +79,29 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
 /* Ask for `wanted`; the port may answer with another region. NULL if none. */
 static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
 
-/* Where one position's buffers sit in its block (llm_col in engine_state.h):
- * floats first, then its int8 matvec input and head input. */
+/* A position's float buffers (llm_col in engine_state.h) in the order they
+ * sit in its block, each with its length in floats: the one list the layout
+ * and col_init follow. A length may use col_layout_init's D, LP, widest and c. */
+#define COL_FLOATS(X)                          \
+    X(x, D)                                    \
+    X(xb, D)                                   \
+    X(xb2, D)                                  \
+    X(qkv, 3u * D)                             \
+    X(att, D)                                  \
+    X(hb, widest)                              \
+    X(hb2, widest)                             \
+    X(ple, LP)                                 \
+    X(trow, LP)                                \
+    X(scores, (size_t)c->n_heads * c->seq_len) \
+    X(att_max, c->n_heads)                     \
+    X(att_den, c->n_heads)
+
+/* Where one position's buffers sit in its block: the floats of COL_FLOATS
+ * first, then its int8 matvec input and head input. */
 typedef struct col_layout {
-    size_t x, xb, xb2, qkv, att, hb, hb2, ple, trow, scores, amax, aden; /* in floats */
+#define COL_OFFSET_FIELD(name, len) size_t name; /* in floats */
+    COL_FLOATS(COL_OFFSET_FIELD)
+#undef COL_OFFSET_FIELD
     size_t n_floats, act_bytes, bytes;
 } col_layout;
 
@@ -91,18 +110,9 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
     size_t widest = D > c->ffn ? D : c->ffn;
     if (c->ple_dim > widest) widest = c->ple_dim;
     size_t nf = 0;
-    k->x = nf; nf += round16(D);
-    k->xb = nf; nf += round16(D);
-    k->xb2 = nf; nf += round16(D);
-    k->qkv = nf; nf += round16(3u * D);
-    k->att = nf; nf += round16(D);
-    k->hb = nf; nf += round16(widest);
-    k->hb2 = nf; nf += round16(widest);
-    k->ple = nf; nf += round16(LP);
-    k->trow = nf; nf += round16(LP);
-    k->scores = nf; nf += round16((size_t)c->n_heads * c->seq_len);
-    k->amax = nf; nf += round16(c->n_heads);
-    k->aden = nf; nf += round16(c->n_heads);
+#define COL_PLACE(name, len) k->name = nf; nf += round16(len);
+    COL_FLOATS(COL_PLACE)
+#undef COL_PLACE
     k->n_floats = nf;
     k->act_bytes = round16((widest + 31u) / 32u * 32u);
     k->bytes = nf * sizeof(float) + k->act_bytes + round16(head_cols_padded);
@@ -110,18 +120,9 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
 
 static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
     float *f = (float *)(void *)base;
-    col->x = f + k->x;
-    col->xb = f + k->xb;
-    col->xb2 = f + k->xb2;
-    col->qkv = f + k->qkv;
-    col->att = f + k->att;
-    col->hb = f + k->hb;
-    col->hb2 = f + k->hb2;
-    col->ple = f + k->ple;
-    col->trow = f + k->trow;
-    col->scores = f + k->scores;
-    col->att_max = f + k->amax;
-    col->att_den = f + k->aden;
+#define COL_POINT(name, len) col->name = f + k->name;
+    COL_FLOATS(COL_POINT)
+#undef COL_POINT
     col->act.q = (int8_t *)(void *)(f + k->n_floats);
     col->head_in.q = col->act.q + k->act_bytes;
 }

@@ -189,30 +189,33 @@ static void q4_header(const uint8_t *p, llm_image_q4_header *h) {
 
 static uint32_t ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0); }
 
-void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out) {
+/* KIND_Q4 and KIND_ROWS payloads open with the same header: section i's
+ * dimensions into the fields llm_q4 and llm_rows both have; returns where
+ * its codes (Q4) or records (ROWS) start. */
+static const uint8_t *matrix_view(const llm_image_info *info, uint32_t i, uint32_t *rows,
+                                  uint32_t *cols, uint32_t *group, uint32_t *n_groups,
+                                  uint32_t *row_bytes) {
     const uint8_t *p = llm_image_payload(info, i, NULL);
     llm_image_q4_header h;
     q4_header(p, &h);
-    out->rows = h.rows;
-    out->cols = h.cols;
-    out->group = h.group;
-    out->n_groups = ceil_div(h.cols, h.group);
-    out->row_bytes = h.row_bytes;
-    out->codes = p + sizeof(llm_image_q4_header);
+    *rows = h.rows;
+    *cols = h.cols;
+    *group = h.group;
+    *n_groups = ceil_div(h.cols, h.group);
+    *row_bytes = h.row_bytes;
+    return p + sizeof(llm_image_q4_header);
+}
+
+void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out) {
+    out->codes = matrix_view(info, i, &out->rows, &out->cols, &out->group, &out->n_groups,
+                             &out->row_bytes);
     /* 16-byte aligned: the payload is, and so is every row */
-    out->scales = (const float *)(const void *)(out->codes + (size_t)h.rows * h.row_bytes);
+    out->scales = (const float *)(const void *)(out->codes + (size_t)out->rows * out->row_bytes);
 }
 
 void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) {
-    const uint8_t *p = llm_image_payload(info, i, NULL);
-    llm_image_q4_header h;
-    q4_header(p, &h);
-    out->rows = h.rows;
-    out->cols = h.cols;
-    out->group = h.group;
-    out->n_groups = ceil_div(h.cols, h.group);
-    out->row_bytes = h.row_bytes;
-    out->records = p + sizeof(llm_image_q4_header);
+    out->records = matrix_view(info, i, &out->rows, &out->cols, &out->group, &out->n_groups,
+                               &out->row_bytes);
 }
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
@@ -411,27 +414,24 @@ static llm_status check_q4_header(const char *name, const uint8_t *p, uint32_t s
     return LLM_OK;
 }
 
-static llm_status check_q4(const char *name, const uint8_t *p, uint32_t size, const expect *x,
-                           llm_error *err) {
-    llm_image_q4_header h;
-    llm_status st = check_q4_header(name, p, size, x, &h, err);
-    if (st != LLM_OK) return st;
-    if (h.group < h.cols && h.group % LLM_IMAGE_BLOCK_COLS != 0)
+static llm_status check_q4_layout(const char *name, const uint8_t *p, uint32_t size,
+                                  const llm_image_q4_header *h, llm_error *err) {
+    if (h->group < h->cols && h->group % LLM_IMAGE_BLOCK_COLS != 0)
         return llm_fail(err, LLM_E_FORMAT,
                         "section '%s': group %lu is neither >= cols %lu nor a multiple of 32",
-                        name, (unsigned long)h.group, (unsigned long)h.cols);
-    uint64_t cols_padded = ((uint64_t)h.cols + 31u) / 32u * 32u;
-    if (h.row_bytes != cols_padded / 2u)
+                        name, (unsigned long)h->group, (unsigned long)h->cols);
+    uint64_t cols_padded = ((uint64_t)h->cols + 31u) / 32u * 32u;
+    if (h->row_bytes != cols_padded / 2u)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': row_bytes %lu, layout needs %llu", name,
-                        (unsigned long)h.row_bytes, (unsigned long long)(cols_padded / 2u));
-    uint64_t n_groups = ceil_div(h.cols, h.group);
-    uint64_t codes = (uint64_t)h.rows * h.row_bytes;
-    uint64_t want = sizeof(llm_image_q4_header) + codes + (uint64_t)h.rows * n_groups * 4u;
+                        (unsigned long)h->row_bytes, (unsigned long long)(cols_padded / 2u));
+    uint64_t n_groups = ceil_div(h->cols, h->group);
+    uint64_t codes = (uint64_t)h->rows * h->row_bytes;
+    uint64_t want = sizeof(llm_image_q4_header) + codes + (uint64_t)h->rows * n_groups * 4u;
     if ((uint64_t)size != want)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
                         (unsigned long)size, (unsigned long long)want);
     const uint8_t *sc = p + sizeof(llm_image_q4_header) + codes;
-    for (uint64_t k = 0; k < (uint64_t)h.rows * n_groups; k++) {
+    for (uint64_t k = 0; k < (uint64_t)h->rows * n_groups; k++) {
         uint32_t bits = rd32(sc + 4 * k);
         if (!f32_bits_finite(bits))
             return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is NaN or Inf",
@@ -443,28 +443,36 @@ static llm_status check_q4(const char *name, const uint8_t *p, uint32_t size, co
     return LLM_OK;
 }
 
-static llm_status check_rows(const char *name, const uint8_t *p, uint32_t size, const expect *x,
-                             llm_error *err) {
-    llm_image_q4_header h;
-    llm_status st = check_q4_header(name, p, size, x, &h, err);
-    if (st != LLM_OK) return st;
-    uint64_t n_groups = ceil_div(h.cols, h.group);
-    uint64_t code_bytes = ((uint64_t)h.cols + 1u) / 2u;
+static llm_status check_rows_layout(const char *name, const uint8_t *p, uint32_t size,
+                                    const llm_image_q4_header *h, llm_error *err) {
+    uint64_t n_groups = ceil_div(h->cols, h->group);
+    uint64_t code_bytes = ((uint64_t)h->cols + 1u) / 2u;
     uint64_t rb = (code_bytes + 2u * n_groups + 15u) / 16u * 16u;
-    if (h.row_bytes != rb)
+    if (h->row_bytes != rb)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': row_bytes %lu, layout needs %llu", name,
-                        (unsigned long)h.row_bytes, (unsigned long long)rb);
-    uint64_t want = sizeof(llm_image_q4_header) + (uint64_t)h.rows * rb;
+                        (unsigned long)h->row_bytes, (unsigned long long)rb);
+    uint64_t want = sizeof(llm_image_q4_header) + (uint64_t)h->rows * rb;
     if ((uint64_t)size != want)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
                         (unsigned long)size, (unsigned long long)want);
     const uint8_t *rec = p + sizeof(llm_image_q4_header);
-    for (uint64_t r = 0; r < h.rows; r++, rec += rb)
+    for (uint64_t r = 0; r < h->rows; r++, rec += rb)
         for (uint64_t g = 0; g < n_groups; g++)
             if ((rd16(rec + code_bytes + 2 * g) & 0x7C00u) == 0x7C00u)
                 return llm_fail(err, LLM_E_FORMAT, "section '%s': scale of row %llu is NaN or Inf",
                                 name, (unsigned long long)r);
     return LLM_OK;
+}
+
+/* KIND_Q4 and KIND_ROWS sections open with the same header, checked once
+ * here; what follows it is each kind's own layout. */
+static llm_status check_matrix(const char *name, const uint8_t *p, uint32_t size, const expect *x,
+                               llm_error *err) {
+    llm_image_q4_header h;
+    llm_status st = check_q4_header(name, p, size, x, &h, err);
+    if (st != LLM_OK) return st;
+    return x->kind == LLM_IMAGE_KIND_Q4 ? check_q4_layout(name, p, size, &h, err)
+                                        : check_rows_layout(name, p, size, &h, err);
 }
 
 static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t size,
@@ -801,8 +809,8 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
         }
         switch (x.kind) {
         case LLM_IMAGE_KIND_F32: st = check_f32(want, p, s.size, x.f32_count, err); break;
-        case LLM_IMAGE_KIND_Q4: st = check_q4(want, p, s.size, &x, err); break;
-        case LLM_IMAGE_KIND_ROWS: st = check_rows(want, p, s.size, &x, err); break;
+        case LLM_IMAGE_KIND_Q4:
+        case LLM_IMAGE_KIND_ROWS: st = check_matrix(want, p, s.size, &x, err); break;
         case LLM_IMAGE_KIND_HEAD_TILES: st = check_tiles(want, p, s.size, &x, err); break;
         case LLM_IMAGE_KIND_DRAFTS: st = check_drafts(want, p, s.size, &x, err); break;
         default: st = check_tokenizer(want, p, s.size, c, err); break;

@@ -8,23 +8,12 @@
 
 #include <float.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "f32_bits.h"
 
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "llm mathf needs FLT_EVAL_METHOD == 0 (plain float32 arithmetic)"
 #endif
-
-static float llm_f32_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t llm_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 /* 1.5 * 2^23: (t + S) - S rounds t to an integer, ties to even, for |t| < 2^22. */
 #define LLM_ROUND_SHIFT 0x1.8p23f

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "f32_bits.h"
 #include "kernels.h"
 #include "pie.h"
 
@@ -121,6 +122,28 @@ static void accx_set(uint32_t hi8, uint32_t lo32) {
     WUR_ACCX_1(hi8);
 }
 
+/* q<Q> <- 16 copies of the int8 x, through the 16-byte aligned staging
+ * buffer v (Q is a register number: an immediate of the instruction). */
+#define LOAD_SPLAT(v, Q, x)           \
+    do {                              \
+        const int8_t *splat_ = (v);   \
+        memset((v), (x), 16);         \
+        EE_VLD_128_IP(Q, splat_, 0);  \
+    } while (0)
+
+/* Reads ACCX back and probes its two words: "<what>_accx_1" is bits 39:32
+ * (rur.accx_1's low byte), "<what>_accx_0" bits 31:0. */
+static void probe_accx(ctx *c, const char *what, uint32_t model_hi8, uint32_t model_lo) {
+    uint32_t lo, hi;
+    RUR_ACCX_1(hi);
+    RUR_ACCX_0(lo);
+    char name[64];
+    snprintf(name, sizeof name, "%s_accx_1", what);
+    probe(c, name, hi & 0xFFu, model_hi8);
+    snprintf(name, sizeof name, "%s_accx_0", what);
+    probe(c, name, lo, model_lo);
+}
+
 /* The "model" values below are what pie_model.c computes for the same
  * instruction sequence (the host run checks that: there got == model). */
 static void silicon_probes(ctx *c) {
@@ -129,11 +152,8 @@ static void silicon_probes(ctx *c) {
     int32_t s;
 
     /* ACCX = -16 from a MAC: what fills rur.accx_1's upper 24 bits? */
-    memset(v, 1, 16);
-    const int8_t *p = v;
-    EE_VLD_128_IP(0, p, 0);
-    memset(v, -1, 16);
-    EE_VLD_128_IP(1, p, 0);
+    LOAD_SPLAT(v, 0, 1);
+    LOAD_SPLAT(v, 1, -1);
     EE_ZERO_ACCX();
     EE_VMULAS_S8_ACCX(0, 1);
     NOP();
@@ -157,40 +177,25 @@ static void silicon_probes(ctx *c) {
     probe(c, "srs.accx_writes_back_accx_0", lo, 0xFFFFFFFCu);
     accx_set(0x12u, 0x345678F0u);
     EE_SRS_ACCX(s, 4, 0);
-    RUR_ACCX_1(hi);
-    RUR_ACCX_0(lo);
-    probe(c, "srs.accx_0x12345678f0_by_4_accx_1", hi & 0xFFu, 0x01u);
-    probe(c, "srs.accx_0x12345678f0_by_4_accx_0", lo, 0x2345678Fu);
+    probe_accx(c, "srs.accx_0x12345678f0_by_4", 0x01u, 0x2345678Fu);
 
     /* ACCX rails: 2^39-1-100 + 16*127*127, -2^39+100 + 16*127*(-128) */
-    memset(v, 127, 16);
-    p = v;
-    EE_VLD_128_IP(2, p, 0);
-    memset(v, -128, 16);
-    EE_VLD_128_IP(3, p, 0);
+    LOAD_SPLAT(v, 2, 127);
+    LOAD_SPLAT(v, 3, -128);
     accx_set(0x7Fu, 0xFFFFFF9Bu);
     EE_VMULAS_S8_ACCX(2, 2);
     NOP();
     NOP();
-    RUR_ACCX_1(hi);
-    RUR_ACCX_0(lo);
-    probe(c, "accx_positive_rail_accx_1", hi & 0xFFu, 0x7Fu);
-    probe(c, "accx_positive_rail_accx_0", lo, 0xFFFFFFFFu);
+    probe_accx(c, "accx_positive_rail", 0x7Fu, 0xFFFFFFFFu);
     accx_set(0x80u, 0x00000064u);
     EE_VMULAS_S8_ACCX(2, 3);
     NOP();
     NOP();
-    RUR_ACCX_1(hi);
-    RUR_ACCX_0(lo);
-    probe(c, "accx_negative_rail_accx_1", hi & 0xFFu, 0x80u);
-    probe(c, "accx_negative_rail_accx_0", lo, 0x00000000u);
+    probe_accx(c, "accx_negative_rail", 0x80u, 0x00000000u);
 
     /* vmul.s8: 100*100 = 0x2710 with SAR 0: truncated 0x10 or saturated 0x7f */
-    memset(v, 100, 16);
-    p = v;
-    EE_VLD_128_IP(4, p, 0);
-    memset(v, -100, 16);
-    EE_VLD_128_IP(5, p, 0);
+    LOAD_SPLAT(v, 4, 100);
+    LOAD_SPLAT(v, 5, -100);
     SSAI(0);
     EE_VMUL_S8(6, 4, 4);
     EE_MOVI_32_A(6, lo, 0);
@@ -204,18 +209,6 @@ static void silicon_probes(ctx *c) {
     EE_VADDS_S8(6, 5, 5);
     EE_MOVI_32_A(6, lo, 0);
     probe(c, "vadds.s8_-100+-100", lo, 0x80808080u);
-}
-
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* Inputs and IEEE-754 binary32 round-to-nearest-even results as bit
@@ -243,7 +236,7 @@ static const struct {
 static void float_probe_all(ctx *c) {
     for (size_t i = 0; i < sizeof float_probes / sizeof float_probes[0]; i++) {
         /* volatile: computed at run time by the FPU, never folded */
-        volatile float a = bitsf(float_probes[i].a), b = bitsf(float_probes[i].b);
+        volatile float a = llm_f32_from_bits(float_probes[i].a), b = llm_f32_from_bits(float_probes[i].b);
         float r;
         switch (float_probes[i].op) {
         case '+': r = a + b; break;
@@ -252,7 +245,7 @@ static void float_probe_all(ctx *c) {
         case '/': r = a / b; break;
         default: r = sqrtf(a); break;
         }
-        const uint32_t got = fbits(r);
+        const uint32_t got = llm_f32_bits(r);
         char line[128];
         snprintf(line, sizeof line, "FLOAT %c a=0x%08lx b=0x%08lx got=0x%08lx expect=0x%08lx %s",
                  float_probes[i].op, (unsigned long)float_probes[i].a,

@@ -8,23 +8,11 @@
  */
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 
+#include "f32_bits.h"
 #include "mathf.h"
 
 static uint64_t compared, mismatches;
-
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float from(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static void check4(const float x[4]) {
     float e[4], r[4];
@@ -32,9 +20,9 @@ static void check4(const float x[4]) {
     llm_erff4(x, r);
     for (int i = 0; i < 4; i++) {
         compared += 2;
-        if (bits(e[i]) != bits(llm_expf(x[i])) && mismatches++ < 5)
+        if (llm_f32_bits(e[i]) != llm_f32_bits(llm_expf(x[i])) && mismatches++ < 5)
             fprintf(stderr, "MISMATCH expf4 x=%a lane %d\n", (double)x[i], i);
-        if (bits(r[i]) != bits(llm_erff(x[i])) && mismatches++ < 5)
+        if (llm_f32_bits(r[i]) != llm_f32_bits(llm_erff(x[i])) && mismatches++ < 5)
             fprintf(stderr, "MISMATCH erff4 x=%a lane %d\n", (double)x[i], i);
     }
 }
@@ -50,17 +38,17 @@ int main(void) {
     }
     uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u};
     for (int k = 0; k < 4; k++) {
-        x[0] = from(specials[k]);
+        x[0] = llm_f32_from_bits(specials[k]);
         x[1] = 0.5f;
-        x[2] = from(specials[(k + 1) % 4]);
+        x[2] = llm_f32_from_bits(specials[(k + 1) % 4]);
         x[3] = -3.0f;
         check4(x);
     }
     /* the sweep: consecutive patterns rotate through the four lanes */
     i = 0;
     for (uint64_t b = 0; b < 0x80000000ull; b += 97u) {
-        x[i++ % 4] = from((uint32_t)b);
-        x[i++ % 4] = from((uint32_t)b | 0x80000000u);
+        x[i++ % 4] = llm_f32_from_bits((uint32_t)b);
+        x[i++ % 4] = llm_f32_from_bits((uint32_t)b | 0x80000000u);
         if (i % 4 == 0) check4(x);
     }
     printf("compared=%llu mismatches=%llu\n", (unsigned long long)compared,

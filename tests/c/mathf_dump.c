@@ -15,13 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f32_bits.h"
 #include "mathf.h"
-
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static int do_eval(const char *in_path, const char *out_path) {
     FILE *fi = fopen(in_path, "rb");
@@ -74,7 +69,7 @@ static int do_ulp(uint32_t stride) {
             if (b > 0xffffffffu) {
                 break;
             }
-            float x = from_bits((uint32_t)b);
+            float x = llm_f32_from_bits((uint32_t)b);
             if (isnan(x)) {
                 if (!isnan(llm_expf(x)) || !isnan(llm_logf(x)) || !isnan(llm_erff(x))) {
                     bad++;

@@ -18,13 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f32_bits.h"
 #include "sampler.h"
-
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 static float *read_logits(const char *path, long rows, long cols) {
     if (rows < 1 || cols < 1) {
@@ -45,6 +40,25 @@ static float *read_logits(const char *path, long rows, long cols) {
     return l;
 }
 
+/* One rng seeded with opt->seed, one llm_sample per row of l, each id printed
+ * with first_fmt (row 0) or next_fmt; stops at the first failure and returns
+ * its status (err says why). */
+static llm_status print_samples(const float *l, long rows, long cols,
+                                const llm_sampler_options *opt, const char *first_fmt,
+                                const char *next_fmt, llm_error *err) {
+    llm_rng rng;
+    llm_rng_seed(&rng, opt->seed);
+    for (long r = 0; r < rows; r++) {
+        int32_t id = -1;
+        llm_status st = llm_sample(l + r * cols, (uint32_t)cols, opt, &rng, &id, err);
+        if (st != LLM_OK) {
+            return st;
+        }
+        printf(r ? next_fmt : first_fmt, (int)id);
+    }
+    return LLM_OK;
+}
+
 static int do_batch(char **argv) {
     long rows = strtol(argv[3], NULL, 0), cols = strtol(argv[4], NULL, 0);
     float *l = read_logits(argv[2], rows, cols);
@@ -63,17 +77,10 @@ static int do_batch(char **argv) {
         opt.temperature = strtof(p, &p);
         opt.top_k = (uint32_t)strtoul(p, &p, 0);
         opt.seed = strtoull(p, &p, 0);
-        llm_rng rng;
-        llm_rng_seed(&rng, opt.seed);
-        for (long r = 0; r < rows; r++) {
-            int32_t id = -1;
-            llm_error err;
-            llm_status st = llm_sample(l + r * cols, (uint32_t)cols, &opt, &rng, &id, &err);
-            if (st != LLM_OK) {
-                printf("error %d", (int)st);
-                break;
-            }
-            printf(r ? " %d" : "%d", (int)id);
+        llm_error err;
+        llm_status st = print_samples(l, rows, cols, &opt, "%d", " %d", &err);
+        if (st != LLM_OK) {
+            printf("error %d", (int)st);
         }
         printf("\n");
     }
@@ -97,7 +104,7 @@ int main(int argc, char **argv) {
             uint32_t r = llm_rng_next(&a);
             float u = llm_rng_uniform(&b);
             float g = llm_rng_gumbel(&c);
-            printf("%08x %08x %08x\n", r, bits(u), bits(g));
+            printf("%08x %08x %08x\n", r, llm_f32_bits(u), llm_f32_bits(g));
         }
         return 0;
     }
@@ -111,21 +118,13 @@ int main(int argc, char **argv) {
         opt.temperature = strtof(argv[5], NULL);
         opt.top_k = (uint32_t)strtoul(argv[6], NULL, 0);
         opt.seed = strtoull(argv[7], NULL, 0);
-        llm_rng rng;
-        llm_rng_seed(&rng, opt.seed);
-        for (long r = 0; r < rows; r++) {
-            int32_t id = -1;
-            llm_error err;
-            llm_status st = llm_sample(l + r * cols, (uint32_t)cols, &opt, &rng, &id, &err);
-            if (st != LLM_OK) {
-                printf("error %d %s\n", (int)st, err.message);
-                free(l);
-                return 1;
-            }
-            printf("%d\n", (int)id);
+        llm_error err;
+        llm_status st = print_samples(l, rows, cols, &opt, "%d\n", "%d\n", &err);
+        if (st != LLM_OK) {
+            printf("error %d %s\n", (int)st, err.message);
         }
         free(l);
-        return 0;
+        return st == LLM_OK ? 0 : 1;
     }
     fprintf(stderr, "usage: sampler_dump rng SEED COUNT | sampler_dump pick LOGITS ROWS COLS "
                     "TEMP TOPK SEED | sampler_dump batch LOGITS ROWS COLS CASES\n");

@@ -92,138 +92,28 @@ modules import nothing that imports drafting; spec_measure imports drafting
 (inside the functions that use it). This module only hands the names on.
 """
 
+# Each module's __all__ lists the names it defines, once; the star imports
+# hand them all on. The two private names are there for tests/test_costmodel.py.
 # ruff: noqa: F401 (every import here is a re-export)
 
-from .builds import (
-    BUILDS,
-    FAST_TARGET_MS,
-    OURS,
-    SPEC,
-    SPEC_BUILD_MODE,
-    SPEC_TARGET_MS,
-    UPSTREAM,
-    Build,
-)
-from .calibration import (
-    ANCHOR_TOLERANCE,
-    ANCHORS,
-    DERIVED_CONSTANTS,
-    FITTED_CONSTANTS,
-    Anchor,
-    fit,
-    fit_stock,
-)
-from .engine_bytes import (
-    check_bytes,
-    engine_stage_bytes,
-    head_eval_bytes,
-    pass_region_bytes,
-    placement_from_memory,
-    run_region_bytes,
-)
-from .forward import FAST_EXP_OPS, S8_BLOCK_PIE, S8_ROW_PIE_FIXED, build_work, predict, token_work
-from .host import HeadFractions, Measured, measure_fractions, measure_head_fraction, measure_host
-from .passes import (
-    BATCH_VECTOR_TRANSFERS,
-    MANY_POP_HEAP_LINES,
-    SCORE_LINE_TRANSFERS,
-    PassHead,
-    _Passes,
-    pass_build_work,
-    pass_work,
-)
-from .pie import (
-    cols_resident,
-    pie_cols_instructions,
-    pie_matvec_instructions,
-    pie_row_instructions,
-    upstream_pie_instructions,
-)
-from .pie_counter import measure_cols_pie, measure_pie_counts, repo_root
-from .prices import draft_prices
-from .reporting import Report, plot, report
-from .s3 import (
-    BOUND_OPS_PER_TILE,
-    BOUND_PIE_PER_TILE,
-    CAND_OPS_PER_ROW,
-    COLS_RESIDENT_BLOCKS,
-    CORES,
-    CPU_HZ,
-    DCACHE_BYTES,
-    DIV_OPS,
-    ERFF_OPS,
-    EXPF_OPS,
-    FAST_EXPF_CHAIN_OPS,
-    FAXPY_OPS,
-    FDOT_OPS,
-    FLASH_BPS,
-    FLASH_ROW_BYTES,
-    FLASH_ROW_S,
-    HALF2FLOAT_OPS,
-    HANDOFF_S,
-    HEAP_OPS_PER_CMP,
-    LOGF_OPS,
-    LRINTF_CYCLES,
-    NEWLIB_EXPF_CYCLES,
-    NEWLIB_TRIG_CYCLES,
-    PCG32_OPS,
-    PIE_CYCLES,
-    Q4_UNPACK_OPS,
-    QSORT_CMP_CYCLES,
-    QUANT_CYCLES,
-    RADIX_OPS_PER_KEY,
-    RELEASE_GREEDY_FRACTION,
-    RELEASE_GREEDY_RANGE,
-    RESEARCH_PLE_MS,
-    ROW_OPS_PIE,
-    ROW_OPS_SCALAR,
-    SCALAR_DOT_MACS_PER_S,
-    SOFT_LIBM_CYCLES,
-    SOFTMAX_PAIR_CYCLES,
-    SOFTMAX_PAIR_OPS,
-    SQRT_OPS,
-    TILE_ROWS,
-    UPSTREAM_BLOCK_OPS,
-    UPSTREAM_BOUND_PIE_CYCLES_PER_TILE,
-    UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
-)
-from .shape import (
-    PREFILL_BATCH,
-    REGIONS,
-    RELEASE,
-    STAGES,
-    VERIFY_MAX,
-    Mat,
-    Shape,
-    lines_touched,
-    matrices,
-    n_groups,
-    ple_record_bytes,
-    q4_row_bytes,
-    story_positions,
-    stream_lines,
-)
-from .spec_inputs import (
-    DEFAULT_STUDY,
-    DEFAULT_UNION,
-    SPEC_MODES,
-    SPEC_PROMPTS,
-    SPEC_SEEDS,
-    DraftFigures,
-    SpecInputs,
-    UnionRatios,
-)
-from .spec_measure import measure_adaptive, measure_drafting, measure_spec, measure_union
+from .builds import *
+from .calibration import *
+from .engine_bytes import *
+from .forward import *
+from .host import *
+from .passes import *
+from .passes import _Passes
+from .pie import *
+from .pie_counter import *
+from .prices import *
+from .reporting import *
+from .s3 import *
+from .shape import *
+from .spec_inputs import *
+from .spec_measure import *
 from .spec_report import _spec_entry
-from .sram import (
-    ENGINE_STRUCT_BYTES,
-    SRAM_CACHE_BYTES,
-    SRAM_FREE_AT_BOOT,
-    SRAM_LARGEST_BLOCK,
-    SRAM_TOTAL_BYTES,
-    sram_plan,
-)
-from .work import Fit, HeadCounts, Work, stage_breakdown, stage_seconds
+from .sram import *
+from .work import *
 
 __all__ = [
     "ANCHORS",

@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 
 from .s3 import RELEASE_GREEDY_FRACTION
 
+__all__ = [
+    "BUILDS",
+    "FAST_TARGET_MS",
+    "OURS",
+    "SPEC",
+    "SPEC_BUILD_MODE",
+    "SPEC_TARGET_MS",
+    "UPSTREAM",
+    "Build",
+]
+
 
 @dataclass(frozen=True)
 class Build:

@@ -22,6 +22,16 @@ from .s3 import (
 from .shape import RELEASE, STAGES, Shape
 from .work import Fit, Work, stage_seconds
 
+__all__ = [
+    "ANCHORS",
+    "ANCHOR_TOLERANCE",
+    "DERIVED_CONSTANTS",
+    "FITTED_CONSTANTS",
+    "Anchor",
+    "fit",
+    "fit_stock",
+]
+
 #: Tolerance every anchor is held to (tests/test_costmodel.py). Fitted rows are
 #: exact by construction.
 ANCHOR_TOLERANCE = 0.10

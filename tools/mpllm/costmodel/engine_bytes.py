@@ -21,6 +21,15 @@ from .shape import (
     q4_row_bytes,
 )
 
+__all__ = [
+    "check_bytes",
+    "engine_stage_bytes",
+    "head_eval_bytes",
+    "pass_region_bytes",
+    "placement_from_memory",
+    "run_region_bytes",
+]
+
 
 def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None = None,
                        *, head: bool = False, head_mode: str = "dense",

@@ -60,6 +60,15 @@ from .shape import (
 )
 from .work import Fit, HeadCounts, Work, stage_seconds
 
+__all__ = [
+    "FAST_EXP_OPS",
+    "S8_BLOCK_PIE",
+    "S8_ROW_PIE_FIXED",
+    "build_work",
+    "predict",
+    "token_work",
+]
+
 
 def _quantize(w: Work, b: Build, n: int, *, split: bool = False, pad: int = 0) -> None:
     """Activation quantization of an n-vector (plus zeroing a pad)."""

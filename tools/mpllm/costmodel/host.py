@@ -18,6 +18,14 @@ from .s3 import RELEASE_GREEDY_FRACTION, RELEASE_GREEDY_RANGE
 from .shape import REGIONS, Shape, _cdiv, matrices
 from .work import HeadCounts
 
+__all__ = [
+    "HeadFractions",
+    "Measured",
+    "measure_fractions",
+    "measure_head_fraction",
+    "measure_host",
+]
+
 
 @dataclass
 class Measured:

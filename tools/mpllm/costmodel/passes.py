@@ -53,6 +53,15 @@ from .shape import (
 from .spec_inputs import UnionRatios
 from .work import Fit, HeadCounts, Work, _scale_memory, stage_seconds
 
+__all__ = [
+    "BATCH_VECTOR_TRANSFERS",
+    "MANY_POP_HEAP_LINES",
+    "SCORE_LINE_TRANSFERS",
+    "PassHead",
+    "pass_build_work",
+    "pass_work",
+]
+
 #: A verify pass keeps position 0's working buffers (llm_col) in internal SRAM
 #: and those of positions 1..m-1, every position's candidate list and the
 #: many-positions head scan's scratch in PSRAM (engine_open.c places "batch" in

@@ -9,6 +9,14 @@ from __future__ import annotations
 from .s3 import COLS_RESIDENT_BLOCKS
 from .shape import _cdiv, n_groups
 
+__all__ = [
+    "cols_resident",
+    "pie_cols_instructions",
+    "pie_matvec_instructions",
+    "pie_row_instructions",
+    "upstream_pie_instructions",
+]
+
 
 def pie_matvec_instructions(rows: int, cols: int, group: int) -> int:
     """PIE instructions of one full llm_matvec_q4_pie call (kernels_pie.c).

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .shape import VERIFY_MAX
 
+__all__ = ["measure_cols_pie", "measure_pie_counts", "repo_root"]
+
 #: The instruction-counting driver (C source shipped beside this module),
 #: built by measure_pie_counts against the engine's kernels and pie_model.c.
 _COUNT_DRIVER = Path(__file__).parent / "count_driver.c"

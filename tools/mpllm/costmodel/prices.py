@@ -14,6 +14,8 @@ from .passes import _Passes
 from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
 from .spec_inputs import SpecInputs
 
+__all__ = ["draft_prices"]
+
 
 def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
                  rows_fraction: float | None = None) -> list[float]:

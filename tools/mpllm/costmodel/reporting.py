@@ -35,6 +35,8 @@ from .spec_report import _spec_builds, _spec_variants
 from .sram import sram_plan
 from .work import Fit, HeadCounts, Work, _scale_memory, stage_breakdown, stage_seconds
 
+__all__ = ["Report", "plot", "report"]
+
 
 @dataclass
 class Report:

@@ -13,8 +13,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..formats.drafts_table import MAX_DRAFT
-from ..formats.image import q4_row_bytes  # noqa: F401 (the image layout: one definition)
+from ..formats.image import q4_row_bytes  # re-exported: the image layout's one definition
 from .s3 import TILE_ROWS
+
+__all__ = [
+    "PREFILL_BATCH",
+    "REGIONS",
+    "RELEASE",
+    "STAGES",
+    "VERIFY_MAX",
+    "Mat",
+    "Shape",
+    "lines_touched",
+    "matrices",
+    "n_groups",
+    "ple_record_bytes",
+    "q4_row_bytes",
+    "story_positions",
+    "stream_lines",
+]
 
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 #: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their

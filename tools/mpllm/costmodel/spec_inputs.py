@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 
 from .shape import VERIFY_MAX
 
+__all__ = [
+    "DEFAULT_STUDY",
+    "DEFAULT_UNION",
+    "SPEC_MODES",
+    "SPEC_PROMPTS",
+    "SPEC_SEEDS",
+    "DraftFigures",
+    "SpecInputs",
+    "UnionRatios",
+]
+
 #: mpllm.drafting.study's story prompts (its defaults), used for every
 #: measurement of the speculative inputs.
 SPEC_PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog",

@@ -26,6 +26,8 @@ from .spec_inputs import (
     _samplers,
 )
 
+__all__ = ["measure_adaptive", "measure_drafting", "measure_spec", "measure_union"]
+
 
 def measure_drafting(image: object, *, table_stories: int = 200, n_tokens: int = 200,
                      seeds: Sequence[int] = SPEC_SEEDS, llm_module: object | None = None

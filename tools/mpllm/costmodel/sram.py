@@ -9,6 +9,15 @@ from collections.abc import Iterable
 from .s3 import TILE_ROWS
 from .shape import RELEASE, Shape, _cdiv, matrices, n_groups, q4_row_bytes
 
+__all__ = [
+    "ENGINE_STRUCT_BYTES",
+    "SRAM_CACHE_BYTES",
+    "SRAM_FREE_AT_BOOT",
+    "SRAM_LARGEST_BLOCK",
+    "SRAM_TOTAL_BYTES",
+    "sram_plan",
+]
+
 #: ESP32-S3 internal SRAM: 512 KB (Espressif ESP32-S3 datasheet); 64 KB of it
 #: are the instruction and data caches at the sizes configured here (32 KB
 #: each, sdkconfig.board), which leaves ~448 KB data-capable (ESP-IDF "Memory

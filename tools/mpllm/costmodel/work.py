@@ -15,6 +15,8 @@ from .builds import Build
 from .s3 import CORES, CPU_HZ, FLASH_BPS, HANDOFF_S, PIE_CYCLES, SCALAR_DOT_MACS_PER_S, TILE_ROWS
 from .shape import Shape, stream_lines
 
+__all__ = ["Fit", "HeadCounts", "Work", "stage_breakdown", "stage_seconds"]
+
 
 @dataclass
 class Work:

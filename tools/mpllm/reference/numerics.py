@@ -11,6 +11,8 @@ dtypes, so numpy never widens an intermediate to float64.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,117 +66,121 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
 
 
-def expf(x: np.ndarray | float) -> np.ndarray:
+def _elementwise(
+    flat: Callable[[np.ndarray], np.ndarray],
+) -> Callable[[np.ndarray | float], np.ndarray]:
+    """A mathf mirror for any shape: `flat` gets the float32 values as one flat
+    array, with numpy's floating-point warnings off (the special values are
+    handled explicitly, as in C), and must return float32."""
+    @functools.wraps(flat)
+    def apply(x: np.ndarray | float) -> np.ndarray:
+        x = _f32(x)
+        with np.errstate(all="ignore"):
+            out = flat(x.reshape(-1))
+        assert out.dtype == np.float32
+        return out.reshape(x.shape)
+    return apply
+
+
+@_elementwise
+def expf(x: np.ndarray) -> np.ndarray:
     """llm_expf, element-wise (see native/engine/mathf.h for special values)."""
-    x = _f32(x)
-    shape = x.shape
-    x = x.reshape(-1)
-    with np.errstate(all="ignore"):
-        nan = np.isnan(x)
-        big = x > F32(89.0)
-        small = x < F32(-104.0)
-        xs = np.where(nan | big | small, F32(0.0), x)
-        t = xs * _LOG2E
-        k = (t + _ROUND_SHIFT) - _ROUND_SHIFT
-        n = k.astype(np.int32)
-        r = xs - k * _LN2_HI
-        r = r - k * _LN2_LO
-        q = np.full_like(r, _EXP_Q[0])
-        for c in _EXP_Q[1:]:
-            q = c + r * q
-        y = F32(1.0) + (r + (r * r) * q)
-        out = y * _from_bits(((np.clip(n, -126, 127) + 127).astype(np.uint32)) << 23)
-        # the rare branches are only evaluated when some element needs them
-        if (n > 127).any():
-            over = (y * F32(2.0**127)) * F32(2.0)
-            out = np.where(n > 127, over, out)
-        if (n < -126).any():
-            sub_scale = _from_bits(((np.clip(n, -150, -126) + 100 + 127).astype(np.uint32))
-                                   << 23)
-            under = (y * sub_scale) * F32(2.0**-100)
-            out = np.where(n < -126, under, out)
-        if (nan | big | small).any():
-            out = np.where(small, F32(0.0), out)
-            out = np.where(big, F32(np.inf), out)
-            out = np.where(nan, x + x, out)
-    assert out.dtype == np.float32
-    return out.reshape(shape)
+    nan = np.isnan(x)
+    big = x > F32(89.0)
+    small = x < F32(-104.0)
+    xs = np.where(nan | big | small, F32(0.0), x)
+    t = xs * _LOG2E
+    k = (t + _ROUND_SHIFT) - _ROUND_SHIFT
+    n = k.astype(np.int32)
+    r = xs - k * _LN2_HI
+    r = r - k * _LN2_LO
+    q = np.full_like(r, _EXP_Q[0])
+    for c in _EXP_Q[1:]:
+        q = c + r * q
+    y = F32(1.0) + (r + (r * r) * q)
+    out = y * _from_bits(((np.clip(n, -126, 127) + 127).astype(np.uint32)) << 23)
+    # the rare branches are only evaluated when some element needs them
+    if (n > 127).any():
+        over = (y * F32(2.0**127)) * F32(2.0)
+        out = np.where(n > 127, over, out)
+    if (n < -126).any():
+        sub_scale = _from_bits(((np.clip(n, -150, -126) + 100 + 127).astype(np.uint32))
+                               << 23)
+        under = (y * sub_scale) * F32(2.0**-100)
+        out = np.where(n < -126, under, out)
+    if (nan | big | small).any():
+        out = np.where(small, F32(0.0), out)
+        out = np.where(big, F32(np.inf), out)
+        out = np.where(nan, x + x, out)
+    return out
 
 
-def logf(x: np.ndarray | float) -> np.ndarray:
+@_elementwise
+def logf(x: np.ndarray) -> np.ndarray:
     """llm_logf, element-wise (see native/engine/mathf.h for special values)."""
-    x = _f32(x)
-    shape = x.shape
-    x = x.reshape(-1)
     ix = _bits(x)
-    with np.errstate(all="ignore"):
-        nan = np.isnan(x)
-        zero = (ix & np.uint32(0x7FFFFFFF)) == 0
-        neg = (ix >> np.uint32(31)) != 0
-        pinf = ix == np.uint32(0x7F800000)
-        special = nan | zero | neg | pinf
-        xs = np.where(special, F32(1.0), x)
-        sub = _bits(xs) < np.uint32(0x00800000)
-        xs = np.where(sub, xs * F32(2.0**25), xs)
-        e = np.where(sub, -25, 0).astype(np.int32)
-        ixs = _bits(xs)
-        e = e + ((ixs >> np.uint32(23)).astype(np.int32) - 127)
-        mant = ixs & np.uint32(0x007FFFFF)
-        hi = mant > np.uint32(0x3504F3)
-        mant = np.where(hi, mant | np.uint32(0x3F000000), mant | np.uint32(0x3F800000))
-        e = e + hi.astype(np.int32)
-        m = _from_bits(mant)
-        f = m - F32(1.0)
-        s = f / (F32(2.0) + f)
-        z = s * s
-        R = np.full_like(z, _LOG_R[0])
-        R = _LOG_R[1] + z * R
-        R = _LOG_R[2] + z * R
-        R = z * R
-        hfsq = (F32(0.5) * f) * f
-        dk = e.astype(np.float32)
-        w = s * (hfsq + R) + dk * _LN2_LO
-        w = (hfsq - w) - f
-        out = dk * _LN2_HI - w
-        out = np.where(pinf, F32(np.inf), out)
-        out = np.where(neg, F32(np.nan), out)
-        out = np.where(zero, F32(-np.inf), out)
-        out = np.where(nan, x + x, out)
-    assert out.dtype == np.float32
-    return out.reshape(shape)
+    nan = np.isnan(x)
+    zero = (ix & np.uint32(0x7FFFFFFF)) == 0
+    neg = (ix >> np.uint32(31)) != 0
+    pinf = ix == np.uint32(0x7F800000)
+    special = nan | zero | neg | pinf
+    xs = np.where(special, F32(1.0), x)
+    sub = _bits(xs) < np.uint32(0x00800000)
+    xs = np.where(sub, xs * F32(2.0**25), xs)
+    e = np.where(sub, -25, 0).astype(np.int32)
+    ixs = _bits(xs)
+    e = e + ((ixs >> np.uint32(23)).astype(np.int32) - 127)
+    mant = ixs & np.uint32(0x007FFFFF)
+    hi = mant > np.uint32(0x3504F3)
+    mant = np.where(hi, mant | np.uint32(0x3F000000), mant | np.uint32(0x3F800000))
+    e = e + hi.astype(np.int32)
+    m = _from_bits(mant)
+    f = m - F32(1.0)
+    s = f / (F32(2.0) + f)
+    z = s * s
+    R = np.full_like(z, _LOG_R[0])
+    R = _LOG_R[1] + z * R
+    R = _LOG_R[2] + z * R
+    R = z * R
+    hfsq = (F32(0.5) * f) * f
+    dk = e.astype(np.float32)
+    w = s * (hfsq + R) + dk * _LN2_LO
+    w = (hfsq - w) - f
+    out = dk * _LN2_HI - w
+    out = np.where(pinf, F32(np.inf), out)
+    out = np.where(neg, F32(np.nan), out)
+    out = np.where(zero, F32(-np.inf), out)
+    out = np.where(nan, x + x, out)
+    return out
 
 
-def erff(x: np.ndarray | float) -> np.ndarray:
+@_elementwise
+def erff(x: np.ndarray) -> np.ndarray:
     """llm_erff, element-wise (see native/engine/mathf.h for special values)."""
-    x = _f32(x)
-    shape = x.shape
-    x = x.reshape(-1)
-    with np.errstate(all="ignore"):
-        nan = np.isnan(x)
-        ix = _bits(x)
-        sign = ix & np.uint32(0x80000000)
-        ax = _from_bits(ix & np.uint32(0x7FFFFFFF))
-        ax = np.where(nan, F32(0.0), ax)
-        # |x| < 1
-        z = ax * ax
-        p = np.full_like(z, _ERF_SMALL[7])
-        for c in _ERF_SMALL[6::-1]:
-            p = c + z * p
-        y_small = ax + ax * p
-        # 1 <= |x| < 4
-        am = np.where((ax >= F32(1.0)) & (ax < F32(4.0)), ax, F32(1.0))
-        j = ((am - F32(1.0)) * F32(2.0)).astype(np.int32)
-        mid = F32(1.25) + F32(0.5) * j.astype(np.float32)
-        t = am - mid
-        coef = _ERF_MID[j]
-        p = coef[:, 7].copy()
-        for i in range(6, -1, -1):
-            p = coef[:, i] + t * p
-        y = np.where(ax < F32(1.0), y_small, np.where(ax < F32(4.0), p, F32(1.0)))
-        out = _from_bits(_bits(y) | sign)
-        out = np.where(nan, x + x, out)
-    assert out.dtype == np.float32
-    return out.reshape(shape)
+    nan = np.isnan(x)
+    ix = _bits(x)
+    sign = ix & np.uint32(0x80000000)
+    ax = _from_bits(ix & np.uint32(0x7FFFFFFF))
+    ax = np.where(nan, F32(0.0), ax)
+    # |x| < 1
+    z = ax * ax
+    p = np.full_like(z, _ERF_SMALL[7])
+    for c in _ERF_SMALL[6::-1]:
+        p = c + z * p
+    y_small = ax + ax * p
+    # 1 <= |x| < 4
+    am = np.where((ax >= F32(1.0)) & (ax < F32(4.0)), ax, F32(1.0))
+    j = ((am - F32(1.0)) * F32(2.0)).astype(np.int32)
+    mid = F32(1.25) + F32(0.5) * j.astype(np.float32)
+    t = am - mid
+    coef = _ERF_MID[j]
+    p = coef[:, 7].copy()
+    for i in range(6, -1, -1):
+        p = coef[:, i] + t * p
+    y = np.where(ax < F32(1.0), y_small, np.where(ax < F32(4.0), p, F32(1.0)))
+    out = _from_bits(_bits(y) | sign)
+    out = np.where(nan, x + x, out)
+    return out
 
 
 # ---- fp16 helpers -------------------------------------------------------------
