@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mpllm.board import firmware_pins as pins
-from mpllm.board import flash
+from mpllm.board import flash, release
 from mpllm.formats.partitions import find, load_partitions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,6 +310,9 @@ def test_esp_idf_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_e
     assert rc == 2
     assert "ESP-IDF not found: IDF_PATH is not set" in err and pins.ESP_IDF_VERSION in err
     assert "--firmware FILE" in err
+    # and where a built one is: a release's assets
+    assert f"--firmware with the URL of the {release.FIRMWARE_ASSET} asset" in err
+    assert release.RELEASE_MANIFEST in err
     idf = tmp_path / "esp-idf"
     (idf / "tools").mkdir(parents=True)
     (idf / "tools" / "idf.py").write_text("")
@@ -412,3 +415,83 @@ def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: 
     assert "cached copy verified" in capfd.readouterr().out
     assert sorted(p.name for p in files_under(cache)) == sorted(
         ["model.bin", "tokenizer.json", images[0].name])
+
+
+# ---------------------------------------------------------------------------
+# release assets by URL (no toolchain, no converter)
+
+
+@pytest.fixture
+def served_release(http_dir: tuple[str, Path], local_parts: tuple[Path, Path]) -> tuple[str, Path]:
+    base, root = http_dir
+    fw, img = local_parts
+    release.build_assets(fw, img, root, "v0.0.1")
+    return base, root
+
+
+def test_firmware_and_image_from_release_urls(served_release: tuple[str, Path], tmp_path: Path,
+                                              fake_esptool: Path,
+                                              capfd: pytest.CaptureFixture[str]) -> None:
+    base, root = served_release
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--cache", str(cache),
+                     "--firmware", f"{base}/{release.FIRMWARE_ASSET}",
+                     "--image", f"{base}/{release.MODEL_ASSET}"])
+    out = capfd.readouterr()
+    assert rc == 0, out.err
+    write = next(c for c in calls(fake_esptool) if "write-flash" in c)
+    fw_path, img_path = Path(write[-3]), Path(write[-1])
+    assert write[-4::2] == ["0x0", f"{MODEL_OFFSET:#x}"]
+    assert fw_path.read_bytes() == (root / release.FIRMWARE_ASSET).read_bytes()
+    assert img_path.read_bytes() == (root / release.MODEL_ASSET).read_bytes()
+    assert cache in fw_path.parents and cache in img_path.parents
+    assert "sha256 verified" in out.out
+
+
+def test_release_download_that_does_not_match_keeps_nothing(
+        served_release: tuple[str, Path], tmp_path: Path, fake_esptool: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    base, root = served_release
+    fw = root / release.FIRMWARE_ASSET
+    fw.write_bytes(b"\xe9" + b"\x01" * (fw.stat().st_size - 1))  # same size, other bytes
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
+                     "--cache", str(cache), "--firmware", f"{base}/{release.FIRMWARE_ASSET}"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "does not match the pinned" in err and "nothing was kept" in err
+    assert files_under(cache) == [] and calls(fake_esptool) == []
+
+
+@pytest.mark.parametrize("asset,message", [
+    (release.MODEL_ASSET, "is the release's model asset, not its firmware"),
+    (release.MERGED_ASSET, "is the release's merged asset, not its firmware"),
+    ("other.bin", "lists no 'other.bin'"),
+])
+def test_release_url_of_the_wrong_asset(served_release: tuple[str, Path], tmp_path: Path,
+                                        fake_esptool: Path, capfd: pytest.CaptureFixture[str],
+                                        asset: str, message: str) -> None:
+    base, _ = served_release
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
+                     "--cache", str(tmp_path / "c"), "--firmware", f"{base}/{asset}"])
+    assert rc == 2 and message in capfd.readouterr().err
+    assert calls(fake_esptool) == []
+
+
+def test_release_url_without_a_manifest(http_dir: tuple[str, Path], tmp_path: Path,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    base, _ = http_dir
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
+                     "--cache", str(tmp_path / "c"), "--firmware", f"{base}/firmware.bin"])
+    err = capfd.readouterr().err
+    assert rc == 2 and f"cannot download {base}/{release.RELEASE_MANIFEST}" in err
+
+
+def test_dry_run_with_release_urls(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = "https://example.invalid/releases/download/v1/firmware.bin"
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--firmware", url,
+                     "--cache", str(tmp_path)])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    assert ("download https://example.invalid/releases/download/v1/release-manifest.json, "
+            f"then {url}") in out
+    assert "make " not in out and files_under(tmp_path) == []

@@ -37,8 +37,9 @@ import llm
 
 RS = "\x1e"
 #: stories kept at most (each is its ids and text); the server bounds its
-#: connections below this, so this is a guard, not the policy
-MAX_STORIES = 256
+#: connections (serve.py --max-connections) below this, so this is a guard
+#: against a runaway client, not the policy
+MAX_STORIES = 2048
 
 _stories = {}  # sid -> _Story
 

@@ -4,12 +4,16 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n16r8 --port /dev/ttyACM0
     python tools/flash.py --board n16r8 --port COM5 --only model --model m.bin --tokenizer t.json
     python tools/flash.py --board n16r8 --dry-run          # print every command, touch nothing
+    python tools/flash.py --board n16r8 --port COM5 --firmware URL --image URL   # no toolchain
     python tools/flash.py --board host                     # the same preparation for the PC
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
 display); this module decides what to run, checks what they report and stops
-with a clear message before anything is written when something is off.
+with a clear message before anything is written when something is off. The
+firmware build itself is firmware_build's (the release workflow runs the same).
+--firmware URL / --image URL take a release's assets instead of building or
+converting: each is checked against the release's release-manifest.json.
 """
 
 from __future__ import annotations
@@ -19,83 +23,44 @@ import hashlib
 import json
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checkout, image_cache
 from ..atomic import atomic_path
 from ..formats.image import ImageFormatError, verify_image
-from ..formats.partitions import PartitionError, app_partition, check_layout, find, load_partitions
+from ..formats.partitions import (
+    PartitionError,
+    app_partition,
+    check_layout,
+    flash_regions,
+    load_partitions,
+)
 from ..image_cache import sha256_file
+from . import firmware_build, release
 from . import firmware_pins as pins
+from .firmware_build import Runner, ToolError
 
 ROOT = checkout.ROOT
-BOARD_DIR = ROOT / pins.BOARD_DIR
-USER_C_MODULES = ROOT / pins.USER_C_MODULES
+BOARD_DIR = firmware_build.BOARD_DIR
 RELEASE_JSON = ROOT / "models" / "release.json"
 DEMO_DIR = checkout.DEMO_DIR
-BUILD_SUBDIR = f"ports/esp32/build-{pins.BOARD}"
-# Merged bootloader + partition table + app from MicroPython's makeimg.py. On
-# the ESP32-S3 the bootloader lives at 0x0, so the merged file is written there.
-FIRMWARE_OFFSET = 0x0
 DEFAULT_BAUD = 460800
+# A release manifest is a few hundred bytes; anything much larger is not one.
+MANIFEST_LIMIT = 1 << 20
+RELEASES_HINT = (f"Or skip the build: pass --firmware with the URL of the {release.FIRMWARE_ASSET} "
+                 f"asset of an mpllm release (on the project's GitHub releases page; it is "
+                 f"checked against the release's {release.RELEASE_MANIFEST}), or --firmware FILE "
+                 f"for a firmware.bin built elsewhere.")
 
 
-class FlashError(RuntimeError):
+class FlashError(ToolError):
     """Stops the run before anything (more) is written; the message says why and what to do."""
-
-
-# ---------------------------------------------------------------------------
-# running commands
-
-
-class Runner:
-    """Runs (or, in a dry run, only prints) external commands."""
-
-    def __init__(self, dry_run: bool, out: Callable[[str], None] = print) -> None:
-        self.dry_run = dry_run
-        self.out = out
-
-    def show(self, cmd: Sequence[str], cwd: Path | None = None) -> None:
-        prefix = f"(cd {shlex.quote(str(cwd))} && " if cwd else ""
-        suffix = ")" if cwd else ""
-        self.out(f"$ {prefix}{shlex.join(str(c) for c in cmd)}{suffix}")
-
-    def run(self, cmd: Sequence[str], what: str, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> None:
-        """Run with output streaming to the terminal; raise FlashError on failure."""
-        self.show(cmd, cwd)
-        if self.dry_run:
-            return
-        try:
-            rc = subprocess.run([str(c) for c in cmd], check=False, cwd=cwd,
-                                env=env).returncode
-        except FileNotFoundError:
-            raise FlashError(f"{what}: {cmd[0]} is not installed or not on PATH") from None
-        if rc != 0:
-            raise FlashError(f"{what} failed (exit {rc}): {shlex.join(str(c) for c in cmd)}")
-
-    def capture(self, cmd: Sequence[str], what: str) -> str:
-        """Run, echo and return combined output; raise FlashError on failure."""
-        self.show(cmd)
-        try:
-            r = subprocess.run([str(c) for c in cmd], check=False, capture_output=True,
-                               text=True)
-        except FileNotFoundError:
-            raise FlashError(f"{what}: {cmd[0]} is not installed or not on PATH") from None
-        text = r.stdout + r.stderr
-        for line in text.splitlines():
-            self.out(f"  {line}")
-        if r.returncode != 0:
-            raise FlashError(f"{what} failed (exit {r.returncode}); esptool said:\n{text.strip()}")
-        return text
 
 
 # ---------------------------------------------------------------------------
@@ -212,6 +177,53 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
 
 
 # ---------------------------------------------------------------------------
+# release assets (--firmware URL, --image URL)
+
+
+def is_url(text: str) -> bool:
+    return urllib.parse.urlsplit(text).scheme in ("http", "https")
+
+
+def _read_url(url: str, limit: int) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            data = r.read(limit + 1)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        raise FlashError(f"cannot download {url}: {reason}") from None
+    if len(data) > limit:
+        raise FlashError(f"{url} is larger than {limit} bytes: not a release manifest")
+    return data
+
+
+def fetch_release_asset(url: str, kind: str, cache: Path, run: Runner) -> Path:
+    """Download a release asset (`kind`: firmware or model) and verify its size
+    and sha256 against the release-manifest.json published beside it. Returns
+    the verified file, kept in the cache under its hash."""
+    base, _, name = url.rpartition("/")
+    manifest_url = f"{base}/{release.RELEASE_MANIFEST}"
+    if run.dry_run:
+        run.out(f"download {manifest_url}, then {url} (verify its size and sha256 against "
+                f"that manifest's entry for {name})")
+        return cache / "release-assets" / name
+    text = _read_url(manifest_url, MANIFEST_LIMIT).decode("utf-8", errors="replace")
+    try:
+        assets = release.parse_release_manifest(text, manifest_url)
+    except release.ReleaseError as e:
+        raise FlashError(str(e)) from None
+    entry = next((a for a in assets if a.name == name), None)
+    if entry is None:
+        raise FlashError(f"{manifest_url} lists no {name!r} (it has "
+                         f"{', '.join(a.name for a in assets)}); nothing was downloaded")
+    if entry.kind != kind:
+        want = next((a.name for a in assets if a.kind == kind), "?")
+        raise FlashError(f"{name} is the release's {entry.kind} asset, not its {kind}; "
+                         f"use {base}/{want}")
+    pin = PinnedFile(name, url, entry.size, entry.sha256)
+    return fetch_pinned(pin, cache / "release-assets" / entry.sha256[:16], run)
+
+
+# ---------------------------------------------------------------------------
 # model image
 
 
@@ -239,6 +251,8 @@ def resolve_model(args: argparse.Namespace, cache: Path, run: Runner) -> Path:
     """The image to flash: --image as is, else converted from --model/--tokenizer or
     from the release files (downloaded and verified against their pins)."""
     if args.image:
+        if is_url(args.image):
+            return fetch_release_asset(args.image, "model", cache, run)
         return _check_local(Path(args.image), "--image")
     if bool(args.model) != bool(args.tokenizer):
         raise FlashError("--model and --tokenizer go together (a model.bin needs its "
@@ -257,86 +271,14 @@ def resolve_model(args: argparse.Namespace, cache: Path, run: Runner) -> Path:
 # firmware build
 
 
-def idf_environment(env: dict[str, str]) -> tuple[Path, str]:
-    """(IDF_PATH, version) of the ESP-IDF set up in this shell, or FlashError."""
-    how = (f"Install ESP-IDF {pins.ESP_IDF_VERSION} and run its export script in this shell "
-           f"(. $IDF_PATH/export.sh, or export.ps1 on Windows), or pass --firmware FILE "
-           f"to flash a firmware built elsewhere.")
-    idf_path = env.get("IDF_PATH")
-    if not idf_path:
-        raise FlashError(f"ESP-IDF not found: IDF_PATH is not set. {how}")
-    if not Path(idf_path, "tools", "idf.py").is_file():
-        raise FlashError(f"ESP-IDF not found: IDF_PATH={idf_path} has no tools/idf.py. {how}")
-    if shutil.which("idf.py", path=env.get("PATH")) is None:
-        raise FlashError(f"ESP-IDF is at {idf_path} but idf.py is not on PATH (the export "
-                         f"script was not run in this shell). {how}")
-    version = "unknown"
-    vfile = Path(idf_path, "tools", "cmake", "version.cmake")
-    if vfile.is_file():
-        parts = dict(re.findall(r"set\(IDF_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)\)",
-                                vfile.read_text()))
-        if len(parts) == 3:
-            version = f"v{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
-    return Path(idf_path), version
-
-
-def micropython_version(mp_dir: Path) -> str | None:
-    cfg = mp_dir / "py" / "mpconfig.h"
-    if not cfg.is_file():
-        return None
-    text = cfg.read_text(errors="replace")
-    nums = [re.search(rf"#define MICROPY_VERSION_{k} \((\d+)\)", text) for k in
-            ("MAJOR", "MINOR", "MICRO")]
-    if not all(nums):
-        return None
-    return "v" + ".".join(m.group(1) for m in nums if m)
-
-
 def build_firmware(args: argparse.Namespace, cache: Path, run: Runner,
                    env: dict[str, str]) -> Path:
-    """Build MicroPython with our board and module; return the merged firmware.bin."""
-    if args.micropython:
-        mp_dir = Path(args.micropython).resolve()
-        if not run.dry_run and not (mp_dir / "ports" / "esp32" / "Makefile").is_file():
-            raise FlashError(f"--micropython {mp_dir} is not a MicroPython checkout "
-                             f"(no ports/esp32/Makefile)")
-    else:
-        mp_dir = cache / f"micropython-{pins.MICROPYTHON_TAG}"
+    """Build MicroPython with our board and module (firmware_build); return firmware.bin."""
+    mp = Path(args.micropython) if args.micropython else None
     try:
-        idf_path, idf_version = idf_environment(env)
-    except FlashError as e:
-        if not run.dry_run:
-            raise
-        run.out(f"note: {e}\n      (dry run: continuing to show the build commands)")
-        idf_version = pins.ESP_IDF_VERSION
-    else:
-        run.out(f"ESP-IDF {idf_version} at {idf_path}")
-    if idf_version != pins.ESP_IDF_VERSION:
-        run.out(f"warning: this firmware is pinned to ESP-IDF {pins.ESP_IDF_VERSION} (what "
-                f"MicroPython {pins.MICROPYTHON_TAG} recommends); you have {idf_version}")
-    if not (mp_dir / "py" / "mpconfig.h").is_file():
-        if args.micropython:
-            if not run.dry_run:
-                raise FlashError(f"--micropython {mp_dir} has no py/mpconfig.h")
-        else:
-            run.run(["git", "clone", "--depth", "1", "--branch", pins.MICROPYTHON_TAG,
-                     pins.MICROPYTHON_GIT, mp_dir], "cloning MicroPython")
-    if not run.dry_run:
-        have = micropython_version(mp_dir)
-        if have != pins.MICROPYTHON_TAG:
-            run.out(f"warning: {mp_dir} is MicroPython {have}, the firmware is pinned to "
-                    f"{pins.MICROPYTHON_TAG}")
-    port = mp_dir / "ports" / "esp32"
-    board = f"BOARD_DIR={BOARD_DIR}"
-    mods = f"USER_C_MODULES={USER_C_MODULES}"
-    run.run(["make", "-C", mp_dir / "mpy-cross"], "building mpy-cross", env=env)
-    run.run(["make", "-C", port, board, "submodules"], "fetching the esp32 port's submodules",
-            env=env)
-    run.run(["make", "-C", port, board, mods], "building the firmware", env=env)
-    fw = mp_dir / BUILD_SUBDIR / "firmware.bin"
-    if not run.dry_run and not fw.is_file():
-        raise FlashError(f"the build finished but {fw} is missing")
-    return fw
+        return firmware_build.build(mp, cache, run, env)
+    except firmware_build.IdfMissing as e:  # no toolchain: say where a built firmware is
+        raise FlashError(f"{e} {RELEASES_HINT}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -411,13 +353,13 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
     try:
         parts = load_partitions(table_path)
         check_layout(parts, pins.FLASH_BYTES)
-        model_part = find(parts, pins.MODEL_PARTITION)
+        fw_region, model_region = flash_regions(parts, pins.MODEL_PARTITION)
         app = app_partition(parts)
     except PartitionError as e:
         raise FlashError(f"board partition table: {e}") from None
-    run.out(f"partitions ({table_path.relative_to(ROOT)}): firmware at {FIRMWARE_OFFSET:#x} "
-            f"(app {app.offset:#x}, {app.size} bytes), model at {model_part.offset:#x} "
-            f"({model_part.size} bytes)")
+    run.out(f"partitions ({table_path.relative_to(ROOT)}): firmware at {fw_region.offset:#x} "
+            f"(app {app.offset:#x}, {app.size} bytes), model at {model_region.offset:#x} "
+            f"({model_region.limit} bytes)")
     if not args.port and not run.dry_run:
         raise FlashError("no --port given: name the board's serial port, e.g. --port "
                          "/dev/ttyACM0 or --port COM5 (list them with: python -m "
@@ -431,31 +373,34 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
         img = resolve_model(args, cache, run)
         if img.is_file():
             size = img.stat().st_size
-            if size > model_part.size:
-                raise FlashError(f"model image {img} is {size} bytes; the '{model_part.name}' "
-                                 f"partition holds {model_part.size}. Nothing was written.")
+            if size > model_region.limit:
+                raise FlashError(f"model image {img} is {size} bytes; the "
+                                 f"'{pins.MODEL_PARTITION}' partition holds "
+                                 f"{model_region.limit}. Nothing was written.")
             try:  # the engine would refuse it at boot: refuse it before writing
                 verify_image(img)
             except ImageFormatError as e:
                 raise FlashError(f"{img} is not a valid mpllm model image ({e}); convert the "
                                  f"model with tools/convert.py. Nothing was written.") from None
-        writes.append((model_part.offset, img, "model image"))
+        writes.append((model_region.offset, img, "model image"))
     if args.only in (None, "firmware"):
-        fw = Path(args.firmware) if args.firmware else build_firmware(args, cache, run, env)
-        if args.firmware:
-            _check_local(fw, "--firmware")
+        if not args.firmware:
+            fw = build_firmware(args, cache, run, env)
+        elif is_url(args.firmware):
+            fw = fetch_release_asset(args.firmware, "firmware", cache, run)
+        else:
+            fw = _check_local(Path(args.firmware), "--firmware")
         if fw.is_file():
             with open(fw, "rb") as f:
                 if f.read(1) != b"\xe9":  # every ESP32 boot image starts with 0xE9
                     raise FlashError(f"{fw} is not an ESP32 firmware image (no 0xE9 magic "
                                      f"byte); use build-MPLLM_N16R8/firmware.bin. Nothing "
                                      f"was written.")
-            limit = model_part.offset - FIRMWARE_OFFSET
-            if fw.stat().st_size > limit:
+            if fw.stat().st_size > fw_region.limit:
                 raise FlashError(f"firmware {fw} is {fw.stat().st_size} bytes and would run "
-                                 f"into the model partition at {model_part.offset:#x}. "
+                                 f"into the model partition at {model_region.offset:#x}. "
                                  f"Nothing was written.")
-        writes.insert(0, (FIRMWARE_OFFSET, fw, "firmware"))
+        writes.insert(0, (fw_region.offset, fw, "firmware"))
 
     major = esptool_major()
     if major is None and not run.dry_run:
@@ -527,8 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write only this part (the other stays as it is on the board)")
     ap.add_argument("--model", help="local model.bin instead of the pinned release download")
     ap.add_argument("--tokenizer", help="local tokenizer.json (with --model)")
-    ap.add_argument("--image", help="an already converted model image (skips conversion)")
-    ap.add_argument("--firmware", help="a built firmware.bin (skips the MicroPython build)")
+    ap.add_argument("--image", help="an already converted model image (skips conversion), or "
+                    f"the URL of a release's {release.MODEL_ASSET} (downloaded and checked "
+                    f"against the release's {release.RELEASE_MANIFEST})")
+    ap.add_argument("--firmware", help="a built firmware.bin (skips the MicroPython build), or "
+                    f"the URL of a release's {release.FIRMWARE_ASSET} (downloaded and checked "
+                    f"against the release's {release.RELEASE_MANIFEST}; no ESP-IDF needed)")
     ap.add_argument("--micropython", help=f"MicroPython checkout to build from (default: a "
                     f"cached clone of {pins.MICROPYTHON_TAG})")
     ap.add_argument("--release", default=str(RELEASE_JSON), help=argparse.SUPPRESS)
@@ -554,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare_host(args, run)
         else:
             flash_n16r8(args, run, dict(os.environ))
-    except FlashError as e:
+    except ToolError as e:  # FlashError, or a build step's failure
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

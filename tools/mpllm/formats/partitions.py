@@ -168,3 +168,38 @@ def free_tail(parts: list[Partition], flash_bytes: int) -> tuple[int, int]:
         return (0, 0)
     end = max(p.end for p in parts)
     return (end, max(0, flash_bytes - end))
+
+
+# On the ESP32-S3 the second-stage bootloader sits at 0x0, and MicroPython's
+# build merges bootloader + partition table + app into one firmware.bin that
+# is written there (ports/esp32/makeimg.py).
+FIRMWARE_OFFSET = 0x0
+
+
+@dataclass(frozen=True)
+class FlashRegion:
+    """Where one file goes on the board's flash, and how much room it has."""
+
+    what: str  # "firmware" or "model"
+    offset: int
+    limit: int  # bytes the file may take from `offset` on
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.limit
+
+
+def flash_regions(parts: list[Partition], model_partition: str) -> tuple[FlashRegion, FlashRegion]:
+    """(firmware, model): the two writes that put mpllm on a board, from its
+    partition table. The firmware may fill everything before the model
+    partition (bootloader, table, app); the model image its own partition.
+    flash.py, the release assets and the web flasher's manifest all take
+    their offsets from here."""
+    model = find(parts, model_partition)
+    app = app_partition(parts)
+    if not FIRMWARE_OFFSET < app.offset < model.offset:
+        raise PartitionError(f"the app partition ({app.offset:#x}) must lie between the "
+                             f"bootloader ({FIRMWARE_OFFSET:#x}) and the {model.name!r} "
+                             f"partition ({model.offset:#x})")
+    return (FlashRegion("firmware", FIRMWARE_OFFSET, model.offset - FIRMWARE_OFFSET),
+            FlashRegion("model", model.offset, model.size))

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_LEVELS = "1,10,100,500,1000"
+#: stories a board keeps at once by default (each is ids and text in its RAM)
+BOARD_CONNECTIONS = 64
 
 
 def _levels(text: str) -> list[int]:
@@ -53,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--http-port", type=int, default=8000, help="TCP port (default 8000)")
     ap.add_argument("--tokens", type=int, default=None,
                     help="story tokens of one reply (default: llm.TURN_TOKENS)")
+    ap.add_argument("--max-connections", type=int, default=None,
+                    help="connections at once, each one story (default 2000 on the host "
+                         f"board, {BOARD_CONNECTIONS} on a board, whose memory holds the "
+                         "stories); more get a 'busy' reply")
     ap.add_argument("--max-queue", type=int, default=None,
                     help="requests that may wait for an engine (default 2000); more get "
                          "a 'busy' reply")
@@ -83,8 +89,9 @@ def _raise_file_limit(want: int) -> None:
 def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
     from ..board import hostboard
     from .engines import Pool, board_argvs, host_argvs
+    from .server import Limits
 
-    max_queue = args.max_queue or 2000
+    max_queue = args.max_queue or Limits.max_queue
     if args.port:
         if args.image or args.engines:
             ap.error("--image and --engines are for the host board; a board runs its "
@@ -174,13 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except hostboard.HostBoardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    limits = Limits()
-    if args.tokens is not None:
-        if args.tokens < 1:
-            ap.error("--tokens must be at least 1")
-        limits = Limits(reply_tokens=args.tokens)
-    if args.max_queue is not None:
-        limits = Limits(**{**vars(limits), "max_queue": args.max_queue})
+    given = {"reply_tokens": args.tokens, "max_queue": args.max_queue,
+             "max_connections": args.max_connections}
+    for flag, value in zip(("--tokens", "--max-queue", "--max-connections"), given.values()):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be at least 1")
+    if backend == "board" and args.max_connections is None:
+        given["max_connections"] = BOARD_CONNECTIONS
+    limits = Limits(**{k: v for k, v in given.items() if v is not None})
     testing = args.load_test or args.typist
     _raise_file_limit(2 * max(args.levels) + 256 if args.load_test else 4096)
     server = ChatServer(pool, backend, limits)

@@ -75,7 +75,10 @@ class BoardEngine:
 
         def on_data(data: bytes) -> None:
             nonlocal in_event, ended
-            while data:
+            # mpremote hands over the 0x04 that ends the output too; neither
+            # a piece (llm.shown) nor JSON holds one
+            data = data.replace(b"\x04", b"")
+            while data and not ended:
                 if in_event:
                     at = data.find(b"\n")
                     event.extend(data if at < 0 else data[:at])
