@@ -178,6 +178,21 @@ def build(micropython: Path | None, cache: Path, run: Runner, env: dict[str, str
     return fw
 
 
+def add_checkout_arguments(ap: argparse.ArgumentParser) -> None:
+    """--micropython and --cache, which tools/flash.py takes too."""
+    ap.add_argument("--micropython", help=f"MicroPython checkout to build in (default: a "
+                    f"clone of {pins.MICROPYTHON_TAG} under the cache directory)")
+    ap.add_argument("--cache", help="cache directory (default $MPLLM_CACHE, else "
+                    "~/.cache/mpllm)")
+
+
+def cache_dir(args: argparse.Namespace) -> Path:
+    """The cache directory --cache names, or the default one."""
+    if args.cache:
+        return Path(args.cache).expanduser().resolve()
+    return image_cache.default_cache_dir()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mpllm.board.firmware_build",
@@ -185,10 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"{pins.ESP_IDF_VERSION}, board {pins.BOARD}, the native module _llm). "
                     f"ESP-IDF must be set up in this shell. tools/flash.py and the release "
                     f"workflow both build through this.")
-    ap.add_argument("--micropython", help=f"MicroPython checkout to build in (default: a "
-                    f"clone of {pins.MICROPYTHON_TAG} under the cache directory)")
-    ap.add_argument("--cache", help="cache directory (default $MPLLM_CACHE, else "
-                    "~/.cache/mpllm)")
+    add_checkout_arguments(ap)
     ap.add_argument("--out", help="copy the built firmware.bin into this directory")
     ap.add_argument("--no-submodules", action="store_true",
                     help="skip `make submodules` (needs GitHub): the checkout has them already")
@@ -200,10 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = Runner(args.dry_run)
-    if args.cache:
-        cache = Path(args.cache).expanduser().resolve()
-    else:
-        cache = image_cache.default_cache_dir()
+    cache = cache_dir(args)
     try:
         mp = Path(args.micropython) if args.micropython else None
         fw = build(mp, cache, run, dict(os.environ), fetch_submodules=not args.no_submodules)

@@ -342,10 +342,6 @@ def check_chip(info: ChipInfo, skip_psram: bool) -> None:
 # the two boards
 
 
-def _cache_dir(args: argparse.Namespace) -> Path:
-    if args.cache:
-        return Path(args.cache).expanduser().resolve()
-    return image_cache.default_cache_dir()
 
 
 def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> None:
@@ -365,7 +361,7 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
                          "/dev/ttyACM0 or --port COM5 (list them with: python -m "
                          "serial.tools.list_ports)")
     port = args.port or "PORT"
-    cache = _cache_dir(args)
+    cache = firmware_build.cache_dir(args)
     writes: list[tuple[int, Path, str]] = []
 
     # Everything that can fail without a board is done before the board is touched.
@@ -437,7 +433,7 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
 
 def prepare_host(args: argparse.Namespace, run: Runner) -> None:
     """Host board: build the CPython _llm with pip and convert the demo model."""
-    cache = _cache_dir(args)
+    cache = firmware_build.cache_dir(args)
     run.run([sys.executable, "-m", "pip", "install", "-e", str(ROOT)],
             "building the CPython _llm (pip install -e .)")
     if args.image:
@@ -478,10 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--firmware", help="a built firmware.bin (skips the MicroPython build), or "
                     f"the URL of a release's {release.FIRMWARE_ASSET} (downloaded and checked "
                     f"against the release's {release.RELEASE_MANIFEST}; no ESP-IDF needed)")
-    ap.add_argument("--micropython", help=f"MicroPython checkout to build from (default: a "
-                    f"cached clone of {pins.MICROPYTHON_TAG})")
+    firmware_build.add_checkout_arguments(ap)
     ap.add_argument("--release", default=str(RELEASE_JSON), help=argparse.SUPPRESS)
-    ap.add_argument("--cache", help="cache directory (default $MPLLM_CACHE, else ~/.cache/mpllm)")
     ap.add_argument("--erase-all", action="store_true",
                     help="erase the whole flash first (also the filesystem); off by default")
     ap.add_argument("--skip-psram-check", action="store_true",
