@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,10 +19,13 @@ from pathlib import Path
 import aiohttp
 import llm
 import pytest
+import test_micropython_binding
 from mpllm.web.engines import Pool, board_argvs, host_argvs
 from mpllm.web.server import ChatServer, Limits, start
 
 ROOT = Path(__file__).resolve().parent.parent
+# the fixture: the unix port built with the real binding (under MICROPY_DIR)
+micropython = test_micropython_binding.micropython
 MODULES = ROOT / "firmware" / "modules"
 REPLAY = ROOT / "tests" / "replay"
 SERVE = ROOT / "tools" / "serve.py"
@@ -174,6 +178,7 @@ def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # ty
             for bad in ("not json", "[1, 2]", '{"type": "dance"}', '{"type": "turn"}',
                         json.dumps({"type": "turn", "text": "x" * (limit + 1)}),
                         '{"type": "turn", "text": "   "}',
+                        '{"type": "turn", "text": "Once\\u0004 upon"}',
                         '{"type": "seed", "seed": "five"}', '{"type": "temp", "temperature": -1}'):
                 await ws.send_str(bad)
                 msgs = await _follow(ws)
@@ -192,8 +197,9 @@ def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # ty
     assert "unknown message type 'dance'" in errors[2]
     assert "'text' must be a string" in errors[3]
     assert "too long" in errors[4] and "empty line" in errors[5]
-    assert "seed" in errors[6] and "temperature" in errors[7]
-    assert "JSON text" in errors[8]
+    assert "control characters" in errors[6]
+    assert "seed" in errors[7] and "temperature" in errors[8]
+    assert "JSON text" in errors[9]
     # a malformed seed in the address is refused with the reason
     async def bad_seed() -> dict:
         async with aiohttp.ClientSession() as s, s.ws_connect(f"{served.url}/ws?seed=x") as ws:
@@ -404,3 +410,56 @@ def test_the_board_backend_over_a_serial_peer(tiny_model, tmp_path) -> None:  # 
             r.stop()
     assert [t for t, _ in got] == cpython and all(cpython)
     assert [s for _, s in got] == [False, True]
+
+
+SERVE_SESSION = """
+import llm, llm_serve
+llm.load({image!r})
+for req in {requests!r}:
+    out = []
+    for e in llm_serve.handle(req):
+        if "piece" in e:
+            out.append(e["piece"])
+        elif "line" in e:
+            out.append("[" + e["line"] + "]")
+        elif "error" in e:
+            out.append("ERROR " + e["error"])
+        else:
+            d = e["done"]
+            out.append(" |" + " ".join(str(d.get(k)) for k in ("speculated", "tokens", "ok")))
+    print("".join(out))
+"""
+
+
+def test_llm_serve_on_the_real_micropython_binding(micropython, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two stories on one model, a speculation taken and one left stale, an
+    undo, a bad line: MicroPython unix with the real binding prints what
+    CPython prints (under MICROPY_DIR)."""
+    image = str(hostboard_image())
+    requests = [{"op": "open", "sid": "a", "seed": 5, "temperature": 0.8, "max_tokens": 40},
+                {"op": "open", "sid": "b", "seed": 6, "temperature": 0.8, "max_tokens": 40},
+                {"op": "turn", "sid": "a", "line": "Once upon a time"},
+                {"op": "speculate", "sid": "b", "line": "A dog ran"},
+                {"op": "speculate", "sid": "a", "line": "The cat"},
+                {"op": "turn", "sid": "a", "line": "The cat was sad"},
+                {"op": "turn", "sid": "b", "line": "A dog ran"},
+                {"op": "undo", "sid": "a"},
+                {"op": "turn", "sid": "a", "line": "The cat was sad"},
+                {"op": "turn", "sid": "a", "line": "  "}]
+    code = SERVE_SESSION.format(image=image, requests=requests)
+    out = test_micropython_binding._run_mp(micropython, code, tmp_path)
+    host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(MODULES)}, timeout=300,
+                          check=False)
+    assert host.returncode == 0, host.stderr
+    assert out == host.stdout
+    rows = out.splitlines()
+    assert rows[6].endswith("True 40 None") or " |True " in rows[6]  # b's speculation taken
+    assert " |False " in rows[5]  # a's was for another line: written afresh
+    assert rows[5] == rows[8] and rows[-1].startswith("ERROR")
+
+
+def hostboard_image() -> Path:
+    from mpllm.board import hostboard
+
+    return hostboard.ensure_image(*hostboard.demo_sources())

@@ -179,6 +179,8 @@ class _Connection:
             if len(text) > self.limits.max_line_chars:
                 raise ValueError(f"the line is too long: {len(text)} characters, at most "
                                  f"{self.limits.max_line_chars}")
+            if any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text):
+                raise ValueError("the line has control characters; type text")
             req.update(op="turn" if kind == "turn" else "speculate", line=text)
         elif kind in ("new", "undo"):
             req["op"] = kind
