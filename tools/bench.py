@@ -11,13 +11,10 @@ Thin wrapper around mpllm.board.bench (see its docstring for what is measured).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-try:
-    from mpllm.board.bench_cli import main
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.board.bench_cli import main
+# `python tools/bench.py` puts tools/ first on sys.path, so this is the checkout's
+# mpllm, installed or not.
+from mpllm.board.bench_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,13 +9,10 @@ Thin wrapper around mpllm.board.chat (also installed as `mpllm-chat`).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-try:
-    from mpllm.board.chat import main
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.board.chat import main
+# `python tools/chat.py` puts tools/ first on sys.path, so this is the checkout's
+# mpllm, installed or not.
+from mpllm.board.chat import main
 
 if __name__ == "__main__":
     sys.exit(main())

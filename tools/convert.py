@@ -8,13 +8,10 @@ Thin wrapper around mpllm.convert (also installed as `mpllm-convert`).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-try:
-    from mpllm.convert import main
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.convert import main
+# `python tools/convert.py` puts tools/ first on sys.path, so this is the checkout's
+# mpllm, installed or not.
+from mpllm.convert import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,13 +10,10 @@ Thin wrapper around mpllm.board.flash; `--help` lists every option.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-try:
-    from mpllm.board.flash import main
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.board.flash import main
+# `python tools/flash.py` puts tools/ first on sys.path, so this is the checkout's
+# mpllm, installed or not.
+from mpllm.board.flash import main
 
 if __name__ == "__main__":
     sys.exit(main())

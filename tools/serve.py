@@ -10,13 +10,10 @@ Thin wrapper around mpllm.web.cli (also installed as `mpllm-serve`).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-try:
-    from mpllm.web.cli import main
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from mpllm.web.cli import main
+# `python tools/serve.py` puts tools/ first on sys.path, so this is the checkout's
+# mpllm, installed or not.
+from mpllm.web.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())
