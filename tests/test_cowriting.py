@@ -1,4 +1,4 @@
-"""Writing a story together (llm.CoWriter, llm.chat): the story stays in the
+"""Writing a story together (llm_chat.CoWriter, llm.chat): the story stays in the
 context between turns, /undo, /new, /seed, /temp, /help, context rollover,
 and prefill-as-you-type, on CPython over the real engine. MicroPython's side:
 tests/test_llm_micropython.py (piped chat, replay double) and
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import engine_ext
 import llm
+import llm_chat
 import pytest
 
 _llm = engine_ext.load()
@@ -74,13 +75,13 @@ def test_each_turn_continues_the_whole_story(tiny, capsys, monkeypatch) -> None:
     prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", "never read"])
     llm.chat(seed=5, max_tokens=6)
     out = capsys.readouterr().out
-    assert prompts == ["> "] * 3 and out.startswith(llm.HELP)
+    assert prompts == ["> "] * 3 and out.startswith(llm_chat.HELP)
     tok = llm.tokenizer()
     first = tok.encode("Once upon a time")
     r1 = fresh_reply(tiny.image, first, 6, 0.8, 40, 5)
     second = first + r1 + tok.encode(" A cat")  # the line is stripped, joined by a space
     r2 = fresh_reply(tiny.image, second, 6, 0.8, 40, 6)
-    assert out == llm.HELP + text(r1) + "\n" + text(r2) + "\n"  # (input() shows the prompts)
+    assert out == llm_chat.HELP + text(r1) + "\n" + text(r2) + "\n"  # (input() shows the prompts)
 
 
 @pytest.mark.parametrize("leave", [EOFError, KeyboardInterrupt])
@@ -127,7 +128,7 @@ def test_commands_and_bad_lines(tiny, capsys, monkeypatch) -> None:  # type: ign
                        "Once", "/undo", "Once", "/new", "/seed 0", "Once", "/temp 0.5", ""])
     llm.chat(seed=3, max_tokens=4)
     out = capsys.readouterr().out
-    assert out.count(llm.HELP) == 2
+    assert out.count(llm_chat.HELP) == 2
     assert "[nothing to take back]" in out and "[took back the last turn]" in out
     assert "[/seed needs a number" in out and "[/temp needs a number" in out
     assert "[no command /nope; /help lists them]" in out
@@ -141,7 +142,7 @@ def test_commands_and_bad_lines(tiny, capsys, monkeypatch) -> None:  # type: ign
     assert "\n" + text(fresh_reply(tiny.image, once, 4, 0.0, 0, 0)) + "\n" in out
 
 
-def _session(writer: llm.CoWriter, lines: list[str], typed: bool) -> list[str]:
+def _session(writer: llm_chat.CoWriter, lines: list[str], typed: bool) -> list[str]:
     """The replies to lines ("/undo", "/new" are the commands), typing each
     line a character at a time first when `typed`."""
     replies = []
@@ -168,9 +169,9 @@ def test_reuse_rollover_undo_and_typing_never_change_the_text(tiny) -> None:  # 
     """The context kept between turns, rolled over, rewound by /undo and
     prefilled while typing gives exactly the text of a model that reads the
     whole (rolled) story afresh every turn."""
-    kept = _session(llm.CoWriter(seed=11, max_tokens=10), LINES, typed=False)
-    typed = _session(llm.CoWriter(seed=11, max_tokens=10), LINES, typed=True)
-    afresh = llm.CoWriter(seed=11, max_tokens=10)
+    kept = _session(llm_chat.CoWriter(seed=11, max_tokens=10), LINES, typed=False)
+    typed = _session(llm_chat.CoWriter(seed=11, max_tokens=10), LINES, typed=True)
+    afresh = llm_chat.CoWriter(seed=11, max_tokens=10)
     afresh._held = lambda want: 0  # type: ignore[method-assign]  # reset and prefill it all
     fresh = _session(afresh, LINES, typed=False)
     assert kept == typed == fresh
@@ -181,7 +182,7 @@ def test_reuse_rollover_undo_and_typing_never_change_the_text(tiny) -> None:  # 
 def test_typing_prefills_the_stable_part(tiny) -> None:  # type: ignore[no-untyped-def]
     """While a line is typed, every pre-tokenizer piece but the last two is in
     the context before Enter; Enter prefills only the rest."""
-    w = llm.CoWriter(seed=2, max_tokens=4)
+    w = llm_chat.CoWriter(seed=2, max_tokens=4)
     "".join(w.turn("Once upon a time"))
     line = "The dog ran to the big red house"
     for i in range(1, len(line) + 1):
@@ -207,8 +208,8 @@ def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
         assert r.returncode == 0, r.stderr
     assert runs[0].stdout == runs[1].stdout
     out = runs[0].stdout
-    assert out.count(llm.HELP) == 2 and "[took back the last turn]" in out
-    assert out.count("\n> ") >= 4 and len(out) > len(llm.HELP) * 2 + 40
+    assert out.count(llm_chat.HELP) == 2 and "[took back the last turn]" in out
+    assert out.count("\n> ") >= 4 and len(out) > len(llm_chat.HELP) * 2 + 40
 
 
 # ---- a terminal: keys with delays, on CPython and the real MicroPython binding ----
@@ -344,7 +345,7 @@ def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypat
     assert "[the story is longer than the model's memory" in out and "[reply stopped]" in out
 
     monkeypatch.setattr(llm, "_model", _InterruptingPrefill(llm.load(), 3))
-    w = llm.CoWriter(seed=4, max_tokens=8, draft=None)
+    w = llm_chat.CoWriter(seed=4, max_tokens=8, draft=None)
     for _ in range(2):
         "".join(w.turn(long))
     with pytest.raises(KeyboardInterrupt):
@@ -371,11 +372,11 @@ def test_stories_that_share_the_model_see_each_others_context(tiny) -> None:  # 
     def alone(lines: list[str], seed: int) -> list[str]:
         llm.unload()
         llm.load(str(tiny.image))
-        w = llm.CoWriter(seed=seed, max_tokens=8)
+        w = llm_chat.CoWriter(seed=seed, max_tokens=8)
         return ["".join(w.turn(line)) for line in lines]
 
     want_a, want_b = alone(lines_a, 3), alone(lines_b, 4)
-    a, b = llm.CoWriter(seed=3, max_tokens=8), llm.CoWriter(seed=4, max_tokens=8)
+    a, b = llm_chat.CoWriter(seed=3, max_tokens=8), llm_chat.CoWriter(seed=4, max_tokens=8)
     got_a, got_b = [], []
     for la, lb in zip(lines_a, lines_b):
         a.type_ahead(la + " and")  # a's pieces prefilled, then b overwrites them

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import llm
+import llm_chat
 import pytest
 import test_micropython_binding
 from mpllm.web.engines import Pool, board_argvs, host_argvs
@@ -95,10 +96,10 @@ async def _connect(url: str, query: str = "?seed=5"):  # type: ignore[no-untyped
 
 
 def _alone(image: Path, lines: list[str], seed: int, tokens: int) -> list[str]:
-    """What llm.CoWriter writes for these lines in this process (the oracle)."""
+    """What llm_chat.CoWriter writes for these lines in this process (the oracle)."""
     llm.unload()
     llm.load(str(image))
-    w = llm.CoWriter(seed=seed, max_tokens=tokens)
+    w = llm_chat.CoWriter(seed=seed, max_tokens=tokens)
     return ["".join(llm.shown(p) for p in w.turn(line)) for line in lines]
 
 
@@ -107,7 +108,7 @@ LINES = ["Once upon a time", "The cat ran to the tree", "It was happy"]
 
 def test_turns_stream_the_cowriters_story(served, tiny_model) -> None:  # type: ignore[no-untyped-def]
     """Each turn streams the line as it joined, the pieces and the figures;
-    the text is llm.CoWriter's for the same seed; /undo and the same line
+    the text is llm_chat.CoWriter's for the same seed; /undo and the same line
     give the same reply."""
     async def session() -> tuple[list[str], list[dict], dict]:
         async with _connect(served.url) as (ws, hello):

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import llm
+import llm_chat
 import pytest
 from browser import chromium, console_errors, save_screenshot
 from mpllm.board import hostboard
@@ -39,7 +39,7 @@ def chat_py_replies(image: str, lines: list[str], seed: int) -> list[str]:
                           "--seed", str(seed)], input="\n".join(lines) + "\n",
                          capture_output=True, text=True, timeout=120, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "firmware" / "modules")})
-    body = out.stdout[len(llm.HELP):]
+    body = out.stdout[len(llm_chat.HELP):]
     replies = re.split(r"(?:^|\n)> ", body)[1:]
     return replies[:len(lines)]
 

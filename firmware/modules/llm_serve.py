@@ -22,7 +22,7 @@ The requests ("sid" names the story; one connection of the web page):
   {"op": "seed", "sid", "seed"}, {"op": "temp", "sid", "temperature"}
 
 A speculative reply is the authoritative one, not a guess: turn k samples
-with seed + k and the context is the story's ids (llm.CoWriter), so
+with seed + k and the context is the story's ids (llm_chat.CoWriter), so
 "speculate, then turn" and "turn" write the same text; the tests hold it.
 
 Over the raw REPL, run(json_text) prints the pieces as they come and every
@@ -34,6 +34,7 @@ so RS cannot occur in them.
 import json
 
 import llm
+import llm_chat
 
 RS = "\x1e"
 #: stories kept at most (each is its ids and text); the server bounds its
@@ -154,7 +155,7 @@ def handle(req):
             if seed is not None:
                 options["seed"] = _field(req, "seed", int)
             try:
-                writer = llm.CoWriter(**options)
+                writer = llm_chat.CoWriter(**options)
             except (TypeError, ValueError) as e:
                 raise RequestError(str(e))
             _stories[sid] = _Story(writer)

@@ -1,6 +1,6 @@
 """How long Enter takes in the co-writing chat: the time from Enter to the
 first character of the reply, with the line typed at a given speed, with and
-without prefill-as-you-type (llm.CoWriter.type_ahead).
+without prefill-as-you-type (llm_chat.CoWriter.type_ahead).
 
     python -m mpllm.board.typing_latency [--image IMG] [--cps 5,10] [--json FILE]
 
@@ -94,10 +94,11 @@ def ids_at_enter(image: str, typed: bool, max_tokens: int = 20,
     if str(FIRMWARE_MODULES) not in sys.path:
         sys.path.insert(0, str(FIRMWARE_MODULES))
     import llm
+    import llm_chat
 
     llm.unload()  # a cold context: another run's story would be reused
     llm.load(image)
-    w = llm.CoWriter(seed=7, max_tokens=max_tokens)
+    w = llm_chat.CoWriter(seed=7, max_tokens=max_tokens)
     out = []
     for line in lines:
         if typed:

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                          "shares the chat on your network)")
     ap.add_argument("--http-port", type=int, default=8000, help="TCP port (default 8000)")
     ap.add_argument("--tokens", type=int, default=None,
-                    help="story tokens of one reply (default: llm.TURN_TOKENS)")
+                    help="story tokens of one reply (default: llm_chat.TURN_TOKENS)")
     ap.add_argument("--max-connections", type=int, default=None,
                     help="connections at once, each one story (default 2000 on the host "
                          f"board, {BOARD_CONNECTIONS} on a board, whose memory holds the "

@@ -46,7 +46,7 @@ class Limits:
     max_queue: int = 2000  # requests waiting for an engine, all connections
     messages_per_s: float = 20.0  # per connection, on average (a turn waited
     burst: int = 40  # for is not counted) ... with this many at once
-    reply_tokens: int = 60  # story tokens of one reply (llm.TURN_TOKENS)
+    reply_tokens: int = 60  # story tokens of one reply (llm_chat.TURN_TOKENS)
     temperature: float = 0.8  # llm.TEMPERATURE
 
 
