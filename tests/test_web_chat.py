@@ -464,3 +464,82 @@ def hostboard_image() -> Path:
     from mpllm.board import hostboard
 
     return hostboard.ensure_image(*hostboard.demo_sources())
+
+
+STORY_LINES = ["Once upon a time", "The cat ran to the tree", "It was happy", "A dog sat",
+               "They played all day in the big green park", "The end", "Mia smiled",
+               "One day the sun came out and the birds sang a song"]
+
+
+def _random_session(rng, n_ops: int) -> list[dict]:
+    """Requests of three stories on one model, in a random interleaving: turns,
+    speculations (for the next line, for another, for a prefix), undo, new,
+    a new seed."""
+    import llm_serve  # noqa: F401 - the module the requests are for
+
+    reqs = [{"op": "open", "sid": s, "seed": 10 + i, "temperature": 0.8, "max_tokens": 12}
+            for i, s in enumerate("abc")]
+    for _ in range(n_ops):
+        sid = rng.choice("abc")
+        line = rng.choice(STORY_LINES)
+        kind = rng.random()
+        if kind < 0.45:
+            if rng.random() < 0.5:  # typed ahead: the line, a prefix of it, or another
+                typed = rng.choice([line, line[:max(1, len(line) // 2)], rng.choice(STORY_LINES)])
+                reqs.append({"op": "speculate", "sid": sid, "line": typed})
+                if rng.random() < 0.4:  # someone else writes in between
+                    other = rng.choice([s for s in "abc" if s != sid])
+                    reqs.append({"op": "turn", "sid": other, "line": rng.choice(STORY_LINES)})
+            reqs.append({"op": "turn", "sid": sid, "line": line})
+        elif kind < 0.65:
+            reqs.append({"op": "speculate", "sid": sid, "line": line})
+        elif kind < 0.8:
+            reqs.append({"op": "undo", "sid": sid})
+        elif kind < 0.9:
+            reqs.append({"op": "new", "sid": sid})
+        else:
+            reqs.append({"op": "seed", "sid": sid, "seed": rng.randrange(1, 1000)})
+    return reqs
+
+
+def _replies(reqs: list[dict]) -> dict[str, list[str]]:
+    """Each story's turns, as (line, reply) text, from llm_serve on the open model."""
+    import llm_serve
+
+    out: dict[str, list[str]] = {}
+    for req in reqs:
+        events = list(llm_serve.handle(req))
+        assert "error" not in events[-1], (req, events[-1])
+        if req["op"] == "turn":
+            text = "".join(e.get("line", "") + e.get("piece", "") for e in events)
+            out.setdefault(req["sid"], []).append(text)
+    for sid in {r["sid"] for r in reqs}:
+        list(llm_serve.handle({"op": "drop", "sid": sid}))
+    return out
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "small"])
+def test_shared_model_and_speculation_never_change_a_story(model_name, test_model) -> None:  # type: ignore[no-untyped-def]
+    """Many random interleavings of three stories on one model, with
+    speculations taken, stale and overtaken, undo, new and rollover: each
+    story's text equals that story written alone, without speculation, in
+    plain mode (every engine speed-up off) on a model opened afresh."""
+    import random
+
+    image = str(test_model(model_name).image)
+    n_sessions = 12 if model_name == "tiny" else 4
+    compared = taken = 0
+    for seed in range(n_sessions):
+        reqs = _random_session(random.Random(seed), 40)
+        llm.unload()
+        llm.load(image)
+        shared = _replies(reqs)
+        for sid in "abc":
+            alone = [r for r in reqs if r["sid"] == sid and r["op"] != "speculate"]
+            llm.unload()
+            llm.load(image, plain=True)
+            assert _replies(alone).get(sid, []) == shared.get(sid, []), (seed, sid)
+            compared += len(shared.get(sid, []))
+        taken += sum(1 for r in reqs if r["op"] == "speculate")
+    llm.unload()
+    assert compared > 50 * n_sessions // 4 and taken > 0
