@@ -1,20 +1,25 @@
 """Record tests/data/raw_repl_transcript.json: every byte mpremote and a real
-MicroPython exchange while the web chat's stories are written over the raw REPL.
+MicroPython exchange while the Web Serial chat page co-writes a story with the
+board's llm_serve over the raw REPL.
 
     python tests/record_raw_repl_transcript.py        # re-record (needs node and the built _llm)
 
-How: the demo model is converted; the real engine writes the stories once on
-CPython while tests/replay/record.py watches; then the MicroPython unix
-interpreter runs llm.py with the replay double of `_llm` behind a pty
-(tests/serial_peer.py), and mpllm.board.transport.run_port_snippet (what
-bench.py uses, i.e. mpremote's SerialTransport) runs each session's code
-against it with its serial port wrapped, so that every write and every read
-is logged in order. The code of each session is made by the web page's own
-firmware/web/raw_repl.js (storyCode), run under node, so the transcript holds
-exactly the bytes the page must send.
+How: the page's steps (PAGE_STEPS: Connect, lines, commands) are made into
+requests and their one-line code by the page's own firmware/web/serve_protocol.js
+(openRequest, lineRequest, serveCode), run under node, so the transcript holds
+exactly the bytes the page must send. The demo model is converted; the real
+engine answers the requests once on CPython (llm_serve.handle) while
+tests/replay/record.py watches, as tests/test_web_chat.py's board backend test
+does; then the MicroPython unix interpreter runs llm_serve with the replay
+double of `_llm` behind a pty (tests/serial_peer.py), and
+mpllm.board.transport.run_port_snippet (what bench.py uses, i.e. mpremote's
+SerialTransport) runs each request's code against it, one raw-REPL session
+each as the page does, with its serial port wrapped, so that every write and
+every read is logged in order.
 
-The tests replay it to firmware/web/raw_repl.js (tests/test_web_flasher.py)
-and to mpremote's transport (tests/test_release_transcript.py).
+The tests replay it to the page's JavaScript (tests/test_web_flasher.py) and to
+mpremote's transport and engine_process.py's parser
+(tests/test_release_transcript.py).
 """
 
 from __future__ import annotations
@@ -33,45 +38,46 @@ sys.path[:0] = [str(HERE), str(ROOT / "tools"), str(ROOT / "firmware" / "modules
 OUT = HERE / "data" / "raw_repl_transcript.json"
 MODULES = ROOT / "firmware" / "modules"
 REPLAY = HERE / "replay"
-RAW_REPL_JS = ROOT / "firmware" / "web" / "raw_repl.js"
+SERVE_PROTOCOL_JS = ROOT / "firmware" / "web" / "serve_protocol.js"
 
-# What the page is asked to do, one raw-REPL session each: a story, a prompt
-# the board refuses (its traceback comes back as stderr), a non-ASCII prompt
-# (UTF-8 split across reads).
-SESSIONS = [
-    {"prompt": "Once upon a time", "options": {"maxTokens": 24, "seed": 7}},
-    {"prompt": "", "options": {}},
-    {"prompt": "Tom said: caf\u00e9", "options": {"maxTokens": 10, "seed": 3}},
+# What a user does on the page, in order: Connect (opens the story with the
+# seed field's value), then lines typed and commands.
+PAGE_STEPS = [
+    {"open": {"seed": 7}},
+    {"line": "Once upon a time"},
+    # non-ASCII: UTF-8 split across reads
+    {"line": "Tom said: caf\u00e9"},
+    {"line": "/undo"},
     # longer than one raw-paste window (128 bytes on MicroPython unix): the
     # page must count the board's window grants (\x01) to send it
-    {"prompt": "Once upon a time, in a small town by the sea, there lived a little girl "
-               "named Lily. She had a red ball and a big dog. Every day she went to the park "
-               "with her mom and her dog.",
-     "options": {"maxTokens": 8, "seed": 1, "temperature": 0.5}},
+    {"line": "The sun was warm and the sea was calm, and a little girl named Lily walked "
+             "along the beach with her big dog, looking for shells to take home to her mom."},
+    {"line": "/temp -1"},  # the board refuses it: an "error" event
+    {"line": "/new"},
 ]
 
 RECORD_ENGINE = """
-import sys
-sys.path[:0] = [{modules!r}, {replay!r}]
+import json, sys
+sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
 import record
 record.install({out!r})
-import llm
+import llm, llm_serve
 llm.load({image!r})
-for code in {codes!r}:
-    try:
-        exec(code, {{}})
-    except ValueError:
-        pass  # the refused prompt: the board raises the same
+answers = [list(llm_serve.handle(req)) for req in json.loads({requests!r})]
 record.save()
+print(json.dumps(answers))
 """
 
 
-def story_codes() -> list[str]:
-    """Each session's code, from the page's own storyCode()."""
-    script = (f"import {{storyCode}} from {json.dumps(RAW_REPL_JS.as_uri())};\n"
-              f"const sessions = {json.dumps(SESSIONS)};\n"
-              "process.stdout.write(JSON.stringify(sessions.map("
-              "s => storyCode(s.prompt, s.options))));\n")
+def page_requests() -> list[dict]:
+    """Each step's request and code, from the page's own serve_protocol.js."""
+    script = (f"import * as serve from {json.dumps(SERVE_PROTOCOL_JS.as_uri())};\n"
+              f"const steps = {json.dumps(PAGE_STEPS)};\n"
+              "const requests = steps.map((s) => 'open' in s\n"
+              "  ? serve.openRequest(serve.PAGE_SID, s.open)\n"
+              "  : serve.lineRequest(serve.PAGE_SID, s.line));\n"
+              "process.stdout.write(JSON.stringify(requests.map("
+              "(request) => ({request, code: serve.serveCode(request)}))));\n")
     r = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True,
                        text=True, check=True)
     return json.loads(r.stdout)
@@ -122,15 +128,19 @@ def main() -> int:
     from serial_peer import SerialPeer
 
     engine_ext.load()
-    codes = story_codes()
+    made = page_requests()
+    requests = [m["request"] for m in made]
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "demo.img"
         demo = ROOT / "models" / "demo"
         convert(demo / "model.bin", demo / "tokenizer.json", image, progress=False)
         rec = Path(tmp) / "recording"
-        code = RECORD_ENGINE.format(modules=str(MODULES), replay=str(REPLAY), out=str(rec),
-                                    image=str(image), codes=codes)
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+        code = RECORD_ENGINE.format(modules=str(MODULES), tools=str(ROOT / "tools"),
+                                    replay=str(REPLAY), out=str(rec), image=str(image),
+                                    requests=json.dumps(requests))
+        engine = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                text=True)
+        answers = json.loads(engine.stdout)
 
         events: list[tuple[str, bytes]] = []
         real = ts.SerialTransport
@@ -148,23 +158,27 @@ def main() -> int:
             # not where this checkout happens to be
             peer.paths = [str(p.relative_to(ROOT)) for p in (REPLAY, MODULES)]
             with peer:
-                for spec, c in zip(SESSIONS, codes):
+                for step, m, answer in zip(PAGE_STEPS, made, answers, strict=True):
                     chunks: list[bytes] = []
-                    err = transport.run_port_snippet(peer.port, c, consumer=chunks.append)
+                    err = transport.run_port_snippet(peer.port, m["code"],
+                                                     consumer=chunks.append)
                     out = b"".join(chunks)
                     # mpremote hands its consumer the closing \x04 too
                     assert out.endswith(b"\x04"), out
-                    sessions.append({**spec, "code": c, "stdout": out[:-1].decode(),
-                                     "stderr": err.decode()})
+                    sessions.append({"step": step, "request": m["request"], "code": m["code"],
+                                     "stdout": out[:-1].decode(), "stderr": err.decode(),
+                                     "engine_events": answer})
         finally:
             ts.SerialTransport = real
-    if not sessions[0]["stdout"].startswith("Once upon a time") or not sessions[1]["stderr"]:
+    if any(s["stderr"] for s in sessions) or "error" not in sessions[5]["engine_events"][-1]:
         raise SystemExit(f"unexpected session results: {sessions}")
     if str(ROOT) in json.dumps(sessions) + repr(events):
         raise SystemExit(f"the transcript names this checkout's path {ROOT}")
     data = {
-        "about": "mpremote's raw-REPL exchange with MicroPython unix running llm.py (replay "
-                 "double of _llm, demo model), one session per entry of 'sessions', made by "
+        "about": "mpremote's raw-REPL exchange with MicroPython unix running llm_serve (replay "
+                 "double of _llm, demo model), one session per request of the Web Serial chat "
+                 "page ('sessions': the page's step, its request and code, the board's output, "
+                 "and the events the real engine gave for it on CPython), made by "
                  "tests/record_raw_repl_transcript.py. 'events' are the bytes in order: tx "
                  "written by mpremote, rx read by it (latin-1 text).",
         "mpremote": _version("mpremote"),
@@ -174,7 +188,7 @@ def main() -> int:
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(OUT, (json.dumps(data, indent=1, ensure_ascii=True) + "\n").encode())
-    print(f"{OUT.relative_to(ROOT)}: {len(data['events'])} events, "
+    print(f"{OUT.relative_to(ROOT)}: {len(sessions)} sessions, {len(data['events'])} events, "
           f"{sum(len(next(iter(e.values()))) for e in data['events'])} bytes")
     return 0
 

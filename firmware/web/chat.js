@@ -1,91 +1,206 @@
-// The chat page: each story is one raw-REPL session on the board (enter, run
-// llm.story(...), stream its output, leave), the same exchange bench.py's
-// transport has with a board, so the board's friendly REPL is free between stories.
-import { RawRepl, storyCode } from "./raw_repl.js";
+// The chat page: a story written together with the board, over Web Serial,
+// in the protocol of the web server's board backend (serve_protocol.js):
+// the board's llm_serve keeps the story, this page shows it.
+//
+// Each request is a raw-REPL session of its own (enter, exec, follow, exit)
+// rather than one session held across requests, as BoardEngine holds it:
+// every session starts with Ctrl-C and Ctrl-A, so whatever the board was
+// left in (RESET pressed, a reply stopped half-way, something typed at its
+// REPL from another program) the next request starts clean, and the board's
+// friendly REPL is free between requests. It costs about a hundred bytes
+// each way per request, nothing next to a reply's sixty tokens.
+import { RawRepl, ReplError } from "./raw_repl.js";
+import {
+  COMMANDS_HELP, PAGE_SID, ServeProtocolError, lineRequest, openRequest, runRequest,
+} from "./serve_protocol.js";
 
 const $ = (id) => document.getElementById(id);
-const status = $("status"), output = $("output"), error = $("error");
-const writeButton = $("write"), stopButton = $("stop"), connectButton = $("connect");
+const status = $("status"), error = $("error"), story = $("story"), line = $("line");
+const connectButton = $("connect"), stopButton = $("stop");
+const storyButtons = [$("send"), $("undo"), $("new"), line];
 
 let port = null;
 let repl = null;
+let busy = false; // one request at a time: the board answers one
+let storyOpen = false; // false until "open" is done, and again once the board lost it
+let stopAsked = false;
+const turns = []; // the story on the page, a turn at a time: [line span, reply span]
+
+// What tests and curious users can read: the last "done" of each op.
+window.mpllm = { done: {}, story: () => story.textContent };
 
 if (!("serial" in navigator)) {
   $("no-serial").hidden = false;
   connectButton.disabled = true;
 }
 
-/** A number field's value, or undefined when left empty (llm.py's default then). */
-function optionalNumber(id, parse) {
+function say(text) { status.textContent = text; }
+
+function setBusy(value) {
+  busy = value;
+  for (const el of storyButtons) el.disabled = value || port === null;
+  stopButton.disabled = !value;
+}
+
+/** A number field's value, or undefined when left empty (the default then). */
+function optionalNumber(id) {
   const text = $(id).value.trim();
-  return text === "" ? undefined : parse(text);
+  return text === "" ? undefined : Number(text);
 }
 
-/** The line of a traceback that says what went wrong. */
-function lastLine(text) {
-  const lines = text.trim().split("\n");
-  return lines[lines.length - 1];
-}
-
-connectButton.addEventListener("click", async () => {
-  error.textContent = "";
-  try {
-    if (port) {
-      repl.release();
-      await port.close();
-      port = repl = null;
-      status.textContent = "not connected";
-      connectButton.textContent = "Connect to the board";
-      writeButton.disabled = true;
-      return;
+/** Run one request; each event is shown as it comes. Returns the last event. */
+async function request(req) {
+  let reply = null;
+  return runRequest(repl, req, (event) => {
+    if ("line" in event) {
+      const you = document.createElement("span");
+      you.className = "you";
+      you.textContent = event.line;
+      reply = document.createElement("span");
+      reply.className = "model";
+      story.append(you, reply);
+      turns.push([you, reply]);
+    } else if ("piece" in event && reply !== null) {
+      reply.textContent += event.piece;
     }
-    port = await navigator.serial.requestPort();
-    await port.open({ baudRate: 115200 }); // the REPL's rate on a UART bridge; native USB ignores it
-    repl = new RawRepl(port, { timeoutMs: 30000 });
-    status.textContent = "connected";
-    connectButton.textContent = "Disconnect";
-    writeButton.disabled = false;
-  } catch (e) {
-    port = repl = null;
-    error.textContent = `Could not open the port: ${e.message}`;
-  }
-});
+  });
+}
 
-$("story").addEventListener("submit", async (event) => {
-  event.preventDefault();
+async function openStory() {
+  const done = await request(openRequest(PAGE_SID, {
+    seed: optionalNumber("seed"), temperature: optionalNumber("temperature"),
+  }));
+  if (done.error) throw new Error(done.error);
+  storyOpen = true;
+  turns.length = 0;
+  story.textContent = "";
+  window.mpllm.done.open = done.done;
+  $("where").textContent = `A new story: seed ${done.done.seed}, context ${done.done.seq_len} tokens.`;
+}
+
+function showDone(op, done) {
+  window.mpllm.done[op] = done;
+  if (op === "turn") {
+    const ms = done.engine_ms_per_token;
+    $("engine-speed").textContent = ms === null || ms === undefined ? "–" : ms.toFixed(2);
+    $("tokens").textContent = String(done.tokens);
+    say(done.rolled ? `The story outgrew the model's memory: its middle (${done.rolled} tokens) ` +
+                      "is forgotten." : "connected");
+  } else if (op === "undo") {
+    const last = done.ok ? turns.pop() : null;
+    if (last) last.forEach((el) => el.remove());
+    say(last ? "Took back the last turn." : "Nothing to take back.");
+  } else if (op === "new") {
+    turns.length = 0;
+    story.textContent = "";
+    say("A new story.");
+  } else if (op === "seed" || op === "temp") {
+    say(`Seed ${done.seed}, temperature ${done.temperature} from now on.`);
+  }
+}
+
+function showError(op, message) {
+  if (stopAsked && op === "turn") {
+    say("Stopped: what was written stays in the story.");
+  } else if (message.startsWith("no story")) {
+    // the board was reset (or its story dropped): open a new one next time
+    storyOpen = false;
+    error.textContent = "The board no longer has this story (was it reset?); " +
+                        "the next line starts a new one.";
+  } else {
+    error.textContent = message;
+  }
+}
+
+async function submit(text) {
+  if (busy || port === null) return;
   error.textContent = "";
-  let code;
+  let req;
   try {
-    code = storyCode($("prompt").value, {
-      maxTokens: optionalNumber("max-tokens", Number),
-      seed: optionalNumber("seed", Number),
-      temperature: optionalNumber("temperature", Number),
-    });
+    req = lineRequest(PAGE_SID, text);
   } catch (e) {
     error.textContent = e.message;
     return;
   }
-  output.textContent = "";
-  writeButton.disabled = true;
-  stopButton.disabled = false;
-  status.textContent = "writing…";
+  setBusy(true);
+  stopAsked = false;
+  say(req.op === "turn" ? "writing…" : "");
   try {
-    await repl.enter();
-    const { stderr } = await repl.exec(code, (text) => { output.textContent += text; });
-    await repl.exit();
-    if (stderr) error.textContent = lastLine(stderr);
-    status.textContent = "connected";
+    if (!storyOpen) await openStory();
+    const last = await request(req);
+    if (req.op === "turn") line.value = "";
+    if (last.error) showError(req.op, last.error);
+    else showDone(req.op, last.done);
   } catch (e) {
-    error.textContent = `The board did not answer as expected: ${e.message}`;
-    status.textContent = "connected (press RESET on the board if it stays silent)";
+    if (e instanceof ReplError || e instanceof ServeProtocolError) {
+      error.textContent = `The board did not answer as expected: ${e.message}`;
+      say("press RESET on the board if it stays silent");
+    } else {
+      error.textContent = e.message; // the story could not open (a field, or the board said why)
+    }
   } finally {
-    writeButton.disabled = false;
-    stopButton.disabled = true;
+    setBusy(false);
+    line.focus();
+  }
+}
+
+async function connect() {
+  const chosen = await navigator.serial.requestPort();
+  await chosen.open({ baudRate: 115200 }); // the REPL's rate on a UART bridge; native USB ignores it
+  port = chosen;
+  // a reply's tokens come every few tens of ms, but the first request opens the model
+  repl = new RawRepl(port, { timeoutMs: 30000 });
+  connectButton.textContent = "Disconnect";
+  say("opening the story…");
+  setBusy(true);
+  try {
+    await openStory();
+    say("connected");
+  } finally {
+    setBusy(false);
+  }
+}
+
+async function disconnect() {
+  repl.release();
+  await port.close();
+  port = repl = null;
+  storyOpen = false;
+  say("not connected");
+  connectButton.textContent = "Connect to the board";
+  setBusy(false);
+}
+
+connectButton.addEventListener("click", async () => {
+  error.textContent = "";
+  if (busy) return;
+  try {
+    if (port) await disconnect();
+    else await connect();
+  } catch (e) {
+    error.textContent = port === null ? `Could not open the port: ${e.message}`
+                                      : `Could not open the story on the board: ${e.message}`;
+    if (port !== null) say("connected; the next line tries to open the story again");
   }
 });
 
+$("turn").addEventListener("submit", (event) => {
+  event.preventDefault();
+  submit(line.value);
+});
+line.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    submit(line.value);
+  }
+});
+$("undo").addEventListener("click", () => submit("/undo"));
+$("new").addEventListener("click", () => submit("/new"));
 stopButton.addEventListener("click", () => {
-  // Ctrl-C: the story stops between two tokens; llm.story says so and the
-  // KeyboardInterrupt comes back as the session's error output.
+  // Ctrl-C: the reply stops between two tokens; what was written stays in
+  // the story (llm_chat.CoWriter keeps it), and the KeyboardInterrupt ends the
+  // request without a "done"
+  stopAsked = true;
   if (repl) repl.interrupt();
 });
+line.title = COMMANDS_HELP;

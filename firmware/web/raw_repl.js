@@ -142,7 +142,7 @@ export class RawRepl {
   /**
    * @param port an opened port ({readable, writable})
    * @param options.timeoutMs  how long the board may stay silent (default 10 s;
-   *   a story's tokens come every few tens of milliseconds)
+   *   a reply's tokens come every few tens of milliseconds)
    */
   constructor(port, { timeoutMs = 10000 } = {}) {
     this.reader = new ByteReader(port.readable);
@@ -221,29 +221,35 @@ export class RawRepl {
   }
 
   /**
-   * Stream the running code's output: onStdout gets text as it arrives
-   * (UTF-8 split across reads is joined). Returns {stdout, stderr}; stderr
-   * holds the traceback of an exception, "" on success.
+   * Stream the running code's output as bytes, as they arrive (onData gets
+   * each piece, the closing 0x04 not included). Returns the error output:
+   * the traceback of an exception, "" on success.
+   */
+  async followBytes(onData = () => {}) {
+    await this.reader.streamUntil(CTRL_D, onData, this.timeoutMs, "the end of the output");
+    const errBytes = [];
+    await this.reader.streamUntil(CTRL_D, (bytes) => errBytes.push(...bytes), this.timeoutMs,
+                                  "the end of the error output");
+    return new TextDecoder("utf-8").decode(new Uint8Array(errBytes));
+  }
+
+  /**
+   * Stream the running code's output as text: onStdout gets text as it
+   * arrives (UTF-8 split across reads is joined). Returns {stdout, stderr};
+   * stderr holds the traceback of an exception, "" on success.
    */
   async follow(onStdout = () => {}) {
     const out = new TextDecoder("utf-8");
     let stdout = "";
-    await this.reader.streamUntil(CTRL_D, (bytes) => {
-      const text = out.decode(bytes, { stream: true });
+    const take = (text) => {
       if (text) {
         stdout += text;
         onStdout(text);
       }
-    }, this.timeoutMs, "the end of the output");
-    const tail = out.decode();
-    if (tail) {
-      stdout += tail;
-      onStdout(tail);
-    }
-    const errBytes = [];
-    await this.reader.streamUntil(CTRL_D, (bytes) => errBytes.push(...bytes), this.timeoutMs,
-                                  "the end of the error output");
-    return { stdout, stderr: new TextDecoder("utf-8").decode(new Uint8Array(errBytes)) };
+    };
+    const stderr = await this.followBytes((bytes) => take(out.decode(bytes, { stream: true })));
+    take(out.decode());
+    return { stdout, stderr };
   }
 
   /** Run `code` and stream its output (execNoFollow + follow). */
@@ -252,7 +258,7 @@ export class RawRepl {
     return this.follow(onStdout);
   }
 
-  /** Ctrl-C: a running story stops between two tokens (KeyboardInterrupt). */
+  /** Ctrl-C: a running reply stops between two tokens (KeyboardInterrupt). */
   async interrupt() {
     await this.write(new Uint8Array([CTRL_C]));
   }
@@ -267,30 +273,4 @@ export class RawRepl {
     this.reader.release();
     this.writer.releaseLock();
   }
-}
-
-function checkedInteger(name, value, min) {
-  if (!Number.isInteger(value) || value < min) {
-    throw new RangeError(`${name} must be an integer >= ${min}, not ${value}`);
-  }
-  return String(value);
-}
-
-/**
- * The Python that writes one story on the board with llm.story(). A JSON
- * string is also a Python string literal (JSON.stringify never writes "\/"),
- * so any prompt arrives exactly as typed.
- */
-export function storyCode(prompt, { maxTokens, seed, temperature } = {}) {
-  if (typeof prompt !== "string") throw new TypeError("the prompt must be a string");
-  const args = [JSON.stringify(prompt)];
-  if (maxTokens !== undefined) args.push(`max_tokens=${checkedInteger("maxTokens", maxTokens, 1)}`);
-  if (seed !== undefined) args.push(`seed=${checkedInteger("seed", seed, 0)}`);
-  if (temperature !== undefined) {
-    if (typeof temperature !== "number" || !Number.isFinite(temperature) || temperature < 0) {
-      throw new RangeError(`temperature must be a number >= 0, not ${temperature}`);
-    }
-    args.push(`temperature=${temperature}`);
-  }
-  return `import llm\nllm.story(${args.join(", ")})\n`;
 }

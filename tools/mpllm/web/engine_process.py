@@ -19,7 +19,7 @@ import argparse
 import codecs
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 def _emit(event: dict) -> None:
@@ -45,6 +45,55 @@ def host_engine(image: str) -> Callable[[dict, Emit], None]:
     return run
 
 
+class EventParser:
+    """llm_serve.run()'s output, fed as it arrives, turned into events: text
+    is a piece; RS (0x1e), JSON and newline an event. `ended` once the last
+    event of the request (a "done" or an "error") came; bytes after it are
+    ignored. UTF-8 split across feeds is joined. An event that is not JSON
+    raises ValueError. firmware/web/serve_protocol.js is the same parser for
+    the Web Serial page; a test holds both to the same events."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.ended = False
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._event = bytearray()
+        self._in_event = False
+
+    def feed(self, data: bytes) -> None:
+        # mpremote hands over the 0x04 that ends the output too; neither
+        # a piece (llm.shown) nor JSON holds one
+        data = data.replace(b"\x04", b"")
+        while data and not self.ended:
+            if self._in_event:
+                at = data.find(b"\n")
+                self._event.extend(data if at < 0 else data[:at])
+                if at < 0:
+                    return
+                parsed = json.loads(self._event.decode())
+                self.ended = "piece" not in parsed and "line" not in parsed
+                self.emit(parsed)
+                self._event.clear()
+                self._in_event, data = False, data[at + 1:]
+            else:
+                at = data.find(b"\x1e")
+                text = self._decoder.decode(bytes(data if at < 0 else data[:at]))
+                if text:
+                    self.emit({"piece": text})
+                if at < 0:
+                    return
+                self._in_event, data = True, data[at + 1:]
+
+
+def parse_events(chunks: Iterable[bytes]) -> list[dict]:
+    """The events in llm_serve.run()'s output, read in these chunks."""
+    events: list[dict] = []
+    parser = EventParser(events.append)
+    for chunk in chunks:
+        parser.feed(chunk)
+    return events
+
+
 class BoardEngine:
     """llm_serve on a board, over one raw REPL session held open."""
 
@@ -65,47 +114,18 @@ class BoardEngine:
 
     def __call__(self, req: dict, emit: Emit) -> None:
         """One llm_serve.run() on the board, its events emitted as they
-        arrive: text is a piece; RS, JSON and newline an event."""
+        arrive (EventParser reads them)."""
         from mpremote.transport import TransportError
 
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        event = bytearray()
-        in_event = False
-        ended = False
-
-        def on_data(data: bytes) -> None:
-            nonlocal in_event, ended
-            # mpremote hands over the 0x04 that ends the output too; neither
-            # a piece (llm.shown) nor JSON holds one
-            data = data.replace(b"\x04", b"")
-            while data and not ended:
-                if in_event:
-                    at = data.find(b"\n")
-                    event.extend(data if at < 0 else data[:at])
-                    if at < 0:
-                        return
-                    parsed = json.loads(event.decode())
-                    ended = "piece" not in parsed and "line" not in parsed
-                    emit(parsed)
-                    event.clear()
-                    in_event, data = False, data[at + 1:]
-                else:
-                    at = data.find(b"\x1e")
-                    text = decoder.decode(bytes(data if at < 0 else data[:at]))
-                    if text:
-                        emit({"piece": text})
-                    if at < 0:
-                        return
-                    in_event, data = True, data[at + 1:]
-
+        parser = EventParser(emit)
         # One line of code: a JSON string literal is a Python literal too.
         code = f"llm_serve.run({json.dumps(json.dumps(req))})\n"
         try:
             self.transport.exec_raw_no_follow(code)
-            _out, err = self.transport.follow(self.timeout, on_data)
+            _out, err = self.transport.follow(self.timeout, parser.feed)
         except (TransportError, ValueError) as e:
             err = f"{self.port} stopped answering: {e}".encode()
-        if not ended:
+        if not parser.ended:
             lines = err.decode(errors="replace").strip().splitlines()
             emit({"error": "the board raised " + (lines[-1] if lines else "nothing: its "
                                                    "answer was cut off")})
