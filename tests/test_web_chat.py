@@ -223,7 +223,8 @@ class HeldPool:
     def new_sid(self) -> str:
         return "s1"
 
-    async def open(self, sid: str, seed: object, temperature: float, max_tokens: int) -> dict:
+    async def open(self, sid: str, seed: object, temperature: float, max_tokens: int,
+                   on_restart: object = None) -> dict:
         return {"done": {"seed": 1, "seq_len": 64}}
 
     def close(self, sid: str) -> None:
@@ -543,3 +544,264 @@ def test_shared_model_and_speculation_never_change_a_story(model_name, test_mode
         taken += sum(1 for r in reqs if r["op"] == "speculate")
     llm.unload()
     assert compared > 50 * n_sessions // 4 and taken > 0
+
+
+def test_a_page_of_another_site_cannot_connect(served) -> None:  # type: ignore[no-untyped-def]
+    """A browser sends the page's Origin with a WebSocket: the chat's own page
+    connects, another site's page is refused (and a client with no Origin,
+    such as the load test, connects)."""
+    async def attempt(origin: str | None) -> int | str:
+        headers = {"Origin": origin} if origin else {}
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(f"{served.url}/ws", headers=headers) as ws:
+                    return (await ws.receive_json())["type"]
+            except aiohttp.WSServerHandshakeError as e:
+                return e.status
+
+    assert asyncio.run(attempt(served.url)) == "hello"
+    assert asyncio.run(attempt(None)) == "hello"
+    assert asyncio.run(attempt("http://evil.example")) == 403
+
+
+# ---- what a cold review found: each one held here ------------------------------------
+
+
+class _FailingStep:
+    """The real model, but the n-th step() (or verify) raises as an engine
+    error would (a MemoryError on the board, say)."""
+
+    def __init__(self, real: object, after: int) -> None:
+        self._real, self._left = real, after
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def _count(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            raise RuntimeError("engine failure")
+
+    def step(self, token: int) -> int:
+        self._count()
+        return self._real.step(token)  # type: ignore[attr-defined]
+
+    def verify(self, tokens: list[int]) -> list[int]:
+        self._count()
+        return self._real.verify(tokens)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("op", ["speculate", "turn"])
+def test_an_engine_error_mid_reply_leaves_the_story_as_it_was(op, tiny_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A speculation or a turn cut by an engine error takes its line back:
+    the story and its next turns are as if it never was."""
+    import llm_serve
+
+    image = str(tiny_model.image)
+
+    def session(fail: bool) -> tuple[str, str]:
+        llm.unload()
+        llm.load(image)
+        if fail:
+            monkeypatch.setattr(llm, "_model", _FailingStep(llm.load(), 3))
+        list(llm_serve.handle({"op": "open", "sid": "x", "seed": 4, "temperature": 0.8,
+                               "max_tokens": 10}))
+        if fail:
+            with pytest.raises(RuntimeError, match="engine failure"):
+                list(llm_serve.handle({"op": op, "sid": "x", "line": "The dog ran"}))
+            monkeypatch.setattr(llm, "_model", llm._model._real)
+        events = list(llm_serve.handle({"op": "turn", "sid": "x", "line": "Once upon a time"}))
+        story = llm_serve._stories["x"].writer.text
+        list(llm_serve.handle({"op": "drop", "sid": "x"}))
+        return "".join(e.get("piece", "") for e in events), story
+
+    assert session(True) == session(False)
+    llm.unload()
+
+
+def test_board_request_code_carries_any_line_to_micropython(tmp_path) -> None:
+    """The line a board runs for a request parses, on MicroPython, to the very
+    request: quotes, backslashes, newlines and characters beyond U+FFFF (which
+    ensure_ascii would write as surrogate pairs MicroPython's json does not join)."""
+    from mpllm.web.engine_process import request_code
+    from serial_peer import find_micropython
+
+    (tmp_path / "llm_serve.py").write_text(
+        "import json\ndef run(text):\n    print(json.dumps(json.loads(text)))\n")
+    req = {"op": "turn", "sid": "s1", "line": 'The cat \U0001F600 said "hi" \\ \'ok\'\n\tcaf\u00e9 \u2028'}
+    script = tmp_path / "main.py"
+    script.write_text("import llm_serve\n" + request_code(req), encoding="utf-8")
+    r = subprocess.run([find_micropython(), str(script)], capture_output=True, timeout=60,
+                       check=False, cwd=tmp_path, env={**os.environ, "MICROPYPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == req
+
+
+def test_a_board_prints_cr_lf_and_the_reply_is_the_hosts() -> None:
+    """A board's stdout writes each newline as CR LF: the events carry the
+    host's text (the unix port, which the serial-peer test uses, does not)."""
+    from mpllm.web.engine_process import parse_events
+
+    board = b'\x1e{"line": "The end"}\r\n. The end.\r\n\r\nOnce\x1e{"done": {"ok": true}}\r\n\x04'
+    events = parse_events(bytes([b]) for b in board)
+    assert "".join(e.get("piece", "") for e in events) == ". The end.\n\nOnce"
+    assert events[0] == {"line": "The end"} and events[-1] == {"done": {"ok": True}}
+
+
+class _LostTransport:
+    """A board that vanishes mid-reply (pyserial raises an OSError)."""
+
+    def exec_raw_no_follow(self, code: str) -> None:
+        pass
+
+    def follow(self, timeout: float, consumer):  # type: ignore[no-untyped-def]
+        consumer(b'\x1e{"line": "x"}\n Once')
+        raise OSError("device disconnected")
+
+
+def test_a_lost_board_ends_the_engine_process_to_be_restarted(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The last event says the board is lost, and the process ends (the server
+    starts it again, which reconnects), instead of answering errors forever."""
+    from mpllm.web import engine_process as ep
+
+    engine = ep.BoardEngine.__new__(ep.BoardEngine)
+    engine.port, engine.timeout, engine.transport = "/dev/gone", 5, _LostTransport()
+    monkeypatch.setattr(sys, "stdin", iter(['{"op": "turn", "sid": "s", "line": "x"}\n',
+                                            '{"op": "turn", "sid": "s", "line": "y"}\n']))
+    with pytest.raises(SystemExit) as stop:
+        ep.serve(engine)
+    assert stop.value.code == 3
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events[:2] == [{"line": "x"}, {"piece": " Once"}]
+    assert events[-1]["lost"] is True and "stopped answering" in events[-1]["error"]
+    assert len(events) == 3  # the second request was never read
+
+
+def test_positions_stale_speculations_and_what_they_cost() -> None:
+    """1 is next (the running request is not counted); a request sent to an idle
+    engine hears of no queue; a turn withdraws its connection's unstarted
+    speculation; a long queue costs about ten messages a step, not n."""
+    async def scenario() -> tuple:
+        pool = Pool([["unused"]])
+        engine = pool.engines[0]
+        for sid in ("a", "b", "c"):
+            pool.home[sid] = engine
+        first = pool.submit({"op": "turn", "sid": "a", "line": "x"})
+        told_first = first.events.qsize()
+        engine.running = engine.waiting.popleft()  # the engine takes it
+        spec = pool.submit({"op": "speculate", "sid": "b", "line": "The do"}, speculative=True)
+        b = pool.submit({"op": "turn", "sid": "b", "line": "The dog"})
+        c = pool.submit({"op": "turn", "sid": "c", "line": "y"})
+        positions = [b.events.get_nowait(), c.events.get_nowait()]
+        withdrawn = engine.speculations == {} and spec.events.qsize() == 1
+        # 500 waiting, the engine works through them
+        for i in range(500):
+            pool.home[f"q{i}"] = engine
+        many = [pool.submit({"op": "turn", "sid": f"q{i}", "line": "z"}) for i in range(500)]
+        before = sum(j.events.qsize() for j in many)
+        while engine.waiting:
+            engine.running = engine.waiting.popleft()
+            engine.positions()
+        after = sum(j.events.qsize() for j in many) - before
+        return told_first, positions, withdrawn, after, many[-1].events
+
+    told_first, positions, withdrawn, after, last = asyncio.run(scenario())
+    assert told_first == 0
+    assert positions == [{"queued": 1}, {"queued": 2}]
+    assert withdrawn
+    assert after < 500 * 12  # not 500 * 500 / 2
+    seen = []
+    while not last.empty():
+        seen.append(last.get_nowait()["queued"])
+    assert seen[0] == 502 and seen[-1] == 1 and seen == sorted(seen, reverse=True)
+
+
+def test_refused_turns_count_against_the_rate_limit(served) -> None:  # type: ignore[no-untyped-def]
+    async def flood() -> list[str]:
+        async with _connect(served.url) as (ws, _hello):
+            for _ in range(100):
+                await ws.send_json({"type": "turn"})  # no text: refused
+            got = []
+            with contextlib.suppress(asyncio.TimeoutError):
+                while True:
+                    got.append((await asyncio.wait_for(ws.receive_json(), 1.0))["message"])
+            return got
+
+    got = asyncio.run(flood())
+    assert any("slow down" in m for m in got) and len(got) == 100
+
+
+async def _turn_and_notice(ws: aiohttp.ClientWebSocketResponse) -> list[dict]:
+    """Messages until both the turn's last one and the restart notice came."""
+    got: list[dict] = []
+    while not (any(m["type"] == "restarted" for m in got)
+               and any(m["type"] in ("done", "error") for m in got)):
+        got.append(await asyncio.wait_for(ws.receive_json(), 30))
+    return got
+
+
+def test_a_restarted_engine_reopens_its_stories_first(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """The engine process dies: the request that met it fails, every story on
+    it is opened again with its seed before anything else (a request already
+    waiting does not meet "no story"), each connection is told, and the next
+    turn is the story's first turn again."""
+    r = Running(Pool(host_argvs(str(tiny_model.image), 1)), limits=Limits(reply_tokens=12))
+    engine = r.server.pool.engines[0]
+
+    async def session() -> tuple:
+        async with _connect(r.url, "?seed=5") as (a, _), _connect(r.url, "?seed=6") as (b, _):
+            await a.send_json({"type": "turn", "text": "Once upon a time"})
+            first_a = _reply(await _follow(a))
+            r.on_loop(lambda: engine.proc.kill())
+            await asyncio.sleep(0.2)
+            await a.send_json({"type": "turn", "text": "The cat"})
+            await b.send_json({"type": "turn", "text": "A dog"})
+            got_a, got_b = await _turn_and_notice(a), await _turn_and_notice(b)
+            await a.send_json({"type": "turn", "text": "Once upon a time"})
+            again_a = _reply(await _follow(a))
+            return first_a, got_a, got_b, again_a
+
+    try:
+        first_a, got_a, got_b, again_a = asyncio.run(session())
+    finally:
+        r.stop()
+    ends = [[m["type"] for m in got if m["type"] in ("done", "error")] for got in (got_a, got_b)]
+    assert sorted(ends) == [["done"], ["error"]], (got_a, got_b)  # the one that met the crash
+    assert all("no story" not in m.get("message", "") for m in got_a + got_b)
+    assert again_a == first_a  # seed 5 kept; the story started over
+
+
+def test_an_engine_that_cannot_restart_is_retried_and_comes_back(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """While the engine cannot start, what waits for it is answered with an
+    error (not left hanging); once it starts again, its stories are back."""
+    r = Running(Pool(host_argvs(str(tiny_model.image), 1)), limits=Limits(reply_tokens=12))
+    engine = r.server.pool.engines[0]
+    good = engine.argv
+
+    async def session() -> tuple:
+        async with _connect(r.url, "?seed=5") as (a, _):
+            await a.send_json({"type": "turn", "text": "Once upon a time"})
+            first = _reply(await _follow(a))
+
+            def break_it() -> None:
+                engine.argv = [sys.executable, "-c", "raise SystemExit(1)"]
+                engine.proc.kill()
+            r.on_loop(break_it)
+            await asyncio.sleep(0.2)
+            await a.send_json({"type": "turn", "text": "The cat"})
+            crashed = await _follow(a)
+            await a.send_json({"type": "turn", "text": "The cat"})
+            while_down = await _follow(a)
+            r.on_loop(lambda: setattr(engine, "argv", good))
+            notice = await asyncio.wait_for(a.receive_json(), 60)
+            await a.send_json({"type": "turn", "text": "Once upon a time"})
+            again = _reply(await _follow(a))
+            return first, crashed, while_down, notice, again
+
+    try:
+        first, crashed, while_down, notice, again = asyncio.run(session())
+    finally:
+        r.stop()
+    assert crashed[-1]["type"] == "error" and "restarted" in crashed[-1]["message"]
+    assert while_down[-1]["type"] == "error" and "down" in while_down[-1]["message"]
+    assert notice["type"] == "restarted" and again == first

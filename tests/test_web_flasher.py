@@ -152,8 +152,11 @@ def test_js_and_python_parsers_read_the_same_events(browser, base_url: str) -> N
     # and a reply with non-ASCII text in its pieces (the demo model's replies
     # have none): one-byte reads split its UTF-8
     written = '\x1e{"line": "Tom said:"}\n caf\u00e9 \u2014 ok\x1e{"done": {"ok": true}}\n\x04'
+    # and what a board prints (its stdout writes each newline as CR LF; the
+    # unix port's, which made the recording, does not)
+    board = written.replace("\n", "\r\n").replace(" ok", " ok\n\nThe end")
     outputs = [_board_output(s) for s in TRANSCRIPT["sessions"]] + \
-        [written.encode().decode("latin-1")]
+        [board.encode().decode("latin-1"), written.encode().decode("latin-1")]
     page, errors = _cases(browser, base_url)
     got = page.evaluate("""async ([outputs, sizes]) => {
         const cases = await import('/tests/web/raw_repl_cases.js');
@@ -165,6 +168,9 @@ def test_js_and_python_parsers_read_the_same_events(browser, base_url: str) -> N
             step = n or len(data)
             python = parse_events([data[i:i + step] for i in range(0, len(data), step)])
             assert js_events == python, (n, output[:80])
+    cooked = got[-2][0]
+    assert cooked[0] == {"line": "Tom said:"} and cooked[-1] == {"done": {"ok": True}}
+    assert "".join(e.get("piece", "") for e in cooked) == " caf\u00e9 \u2014 ok\n\nThe end"
     one_byte_reads = got[-1][1]
     assert len(one_byte_reads) > 10  # a piece per character
     assert "".join(e.get("piece", "") for e in one_byte_reads) == " caf\u00e9 \u2014 ok"

@@ -8,8 +8,9 @@ processes imports it. A request is a dict; handle() answers with events:
   {"line": text}    a turn's line as it joined the story (a space may lead)
   {"piece": text}   a piece of the reply, as it is written (turn only)
   {"done": {...}}   the last event of a request that worked
-  {"error": text}   the last event of a request that did not (the story is
-                    as it was)
+  {"error": text}   the last event of a request that did not: the story is
+                    as it was (a turn cut by an engine error or Ctrl-C is
+                    taken back whole, its line with it)
 
 The requests ("sid" names the story; one connection of the web page):
   {"op": "open", "sid", "seed", "temperature", "max_tokens"}   a new story
@@ -115,10 +116,17 @@ def _turn(story, line):
             yield {"piece": text}
         yield {"done": done}
         return
-    for event in _write(story, line):
-        if "done" in event:
-            event["done"]["speculated"] = False
-        yield event
+    before = writer.snapshot()
+    finished = False
+    try:
+        for event in _write(story, line):
+            if "done" in event:
+                event["done"]["speculated"] = False
+                finished = True
+            yield event
+    finally:
+        if not finished:  # an error or Ctrl-C cut the reply: the story is as it was
+            writer.restore(before)
 
 
 def _speculate(story, line):
@@ -127,15 +135,17 @@ def _speculate(story, line):
     joined = ""
     pieces = []
     done = None
-    for event in _write(story, line):
-        if "line" in event:
-            joined = event["line"]
-        elif "piece" in event:
-            pieces.append(event["piece"])
-        else:
-            done = event["done"]
-    story.speculation = (line, before, writer.snapshot(), joined, "".join(pieces), done)
-    writer.restore(before)
+    try:
+        for event in _write(story, line):
+            if "line" in event:
+                joined = event["line"]
+            elif "piece" in event:
+                pieces.append(event["piece"])
+            else:
+                done = event["done"]
+        story.speculation = (line, before, writer.snapshot(), joined, "".join(pieces), done)
+    finally:
+        writer.restore(before)  # written ahead, not told: the story is as it was
     return {"line": line, "tokens": done["tokens"]}
 
 

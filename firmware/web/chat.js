@@ -48,11 +48,16 @@ function optionalNumber(id) {
   return text === "" ? undefined : Number(text);
 }
 
+// Whether the running request's line joined the story (its spans are shown).
+let turnStarted = false;
+
 /** Run one request; each event is shown as it comes. Returns the last event. */
 async function request(req) {
   let reply = null;
+  turnStarted = false;
   return runRequest(repl, req, (event) => {
     if ("line" in event) {
+      turnStarted = true;
       const you = document.createElement("span");
       you.className = "you";
       you.textContent = event.line;
@@ -100,8 +105,13 @@ function showDone(op, done) {
 }
 
 function showError(op, message) {
+  if (op === "turn" && turnStarted) {
+    // llm_serve takes a cut turn back whole (its line with it): so does the page
+    const cut = turns.pop();
+    if (cut) cut.forEach((el) => el.remove());
+  }
   if (stopAsked && op === "turn") {
-    say("Stopped: what was written stays in the story.");
+    say("Stopped: the line and its reply are taken back.");
   } else if (message.startsWith("no story")) {
     // the board was reset (or its story dropped): open a new one next time
     storyOpen = false;

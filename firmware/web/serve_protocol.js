@@ -11,6 +11,7 @@
 const RS = 0x1e;
 const CTRL_D = 0x04;
 const LF = 0x0a;
+const CR = 0x0d;
 
 /**
  * The page's story on the board. One program at a time can hold a serial
@@ -51,7 +52,8 @@ export function serveCode(request) {
  * llm_serve.run()'s output, pushed as it arrives, turned into events:
  * {piece}, {line}, then {done} or {error}; `ended` once that last one came
  * (bytes after it are ignored). UTF-8 split across reads is joined; 0x04
- * (which ends the raw REPL's output) is dropped. The same parser as
+ * (which ends the raw REPL's output) and CR (a board's stdout sends CR LF) are
+ * dropped. The same parser as
  * engine_process.py's EventParser, byte for byte (a test holds them to it).
  */
 export class ServeEventParser {
@@ -64,7 +66,9 @@ export class ServeEventParser {
   }
 
   push(bytes) {
-    let data = bytes.filter((b) => b !== CTRL_D);
+    // 0x04 ends the raw REPL's output; a board's stdout writes each newline as
+    // CR LF. A piece (llm.shown) or a JSON frame holds neither raw.
+    let data = bytes.filter((b) => b !== CTRL_D && b !== CR);
     while (data.length && !this.ended) {
       if (this._inFrame) {
         const at = data.indexOf(LF);

@@ -19,6 +19,7 @@ import argparse
 import codecs
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 
@@ -61,9 +62,10 @@ class EventParser:
         self._in_event = False
 
     def feed(self, data: bytes) -> None:
-        # mpremote hands over the 0x04 that ends the output too; neither
-        # a piece (llm.shown) nor JSON holds one
-        data = data.replace(b"\x04", b"")
+        # mpremote hands over the 0x04 that ends the output too, and a board's
+        # stdout writes every newline as CR LF (the unix port's does not);
+        # neither a piece (llm.shown) nor JSON holds a raw 0x04 or CR
+        data = data.replace(b"\x04", b"").replace(b"\r", b"")
         while data and not self.ended:
             if self._in_event:
                 at = data.find(b"\n")
@@ -94,6 +96,45 @@ def parse_events(chunks: Iterable[bytes]) -> list[dict]:
     return events
 
 
+class BoardLost(RuntimeError):
+    """The board stopped answering (unplugged, reset, or silent too long): the
+    process ends, and the server starts it again, which reconnects."""
+
+
+class _Coalesced:
+    """Pieces passed on at most every `interval` seconds (mpremote reads a
+    board's output a byte at a time: a WebSocket message per byte otherwise);
+    any other event passes the pieces before it on at once."""
+
+    def __init__(self, emit: Emit, interval: float = 0.02) -> None:
+        self.emit, self.interval = emit, interval
+        self.text: list[str] = []
+        self.at = time.monotonic()
+
+    def __call__(self, event: dict) -> None:
+        if "piece" in event:
+            self.text.append(event["piece"])
+            if time.monotonic() - self.at < self.interval:
+                return
+        self.flush()
+        if "piece" not in event:
+            self.emit(event)
+
+    def flush(self) -> None:
+        if self.text:
+            self.emit({"piece": "".join(self.text)})
+            self.text.clear()
+        self.at = time.monotonic()
+
+
+def request_code(req: dict) -> str:
+    """The one line a board runs for a request. A JSON string literal is a
+    Python literal too (json.dumps never writes \\/); non-ASCII stays as it is
+    (sent as UTF-8), because MicroPython's json does not join the surrogate
+    pairs that ensure_ascii would write for a character beyond U+FFFF."""
+    return f"llm_serve.run({json.dumps(json.dumps(req, ensure_ascii=False), ensure_ascii=False)})\n"
+
+
 class BoardEngine:
     """llm_serve on a board, over one raw REPL session held open."""
 
@@ -117,14 +158,18 @@ class BoardEngine:
         arrive (EventParser reads them)."""
         from mpremote.transport import TransportError
 
-        parser = EventParser(emit)
-        # One line of code: a JSON string literal is a Python literal too.
-        code = f"llm_serve.run({json.dumps(json.dumps(req))})\n"
+        out = _Coalesced(emit)
+        parser = EventParser(out)
         try:
-            self.transport.exec_raw_no_follow(code)
+            self.transport.exec_raw_no_follow(request_code(req))
             _out, err = self.transport.follow(self.timeout, parser.feed)
-        except (TransportError, ValueError) as e:
-            err = f"{self.port} stopped answering: {e}".encode()
+        except (TransportError, OSError) as e:  # OSError: pyserial's SerialException
+            out.flush()
+            raise BoardLost(f"{self.port} stopped answering ({e}); reconnecting") from e
+        except ValueError as e:  # an event that is not JSON: the output is garbled
+            out.flush()
+            raise BoardLost(f"{self.port} sent a garbled answer ({e}); reconnecting") from e
+        out.flush()
         if not parser.ended:
             lines = err.decode(errors="replace").strip().splitlines()
             emit({"error": "the board raised " + (lines[-1] if lines else "nothing: its "
@@ -141,6 +186,10 @@ def serve(run: Callable[[dict, Emit], None]) -> None:
             continue
         try:
             run(req, _emit)
+        except BoardLost as e:
+            # the last event, then the end: the server restarts this process
+            _emit({"error": str(e), "lost": True})
+            raise SystemExit(3) from e
         except Exception as e:  # noqa: BLE001 - any engine failure is reported, not fatal
             _emit({"error": f"the engine raised {type(e).__name__}: {e}"})
 

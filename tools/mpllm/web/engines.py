@@ -21,8 +21,9 @@ import itertools
 import json
 import os
 import sys
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,10 +41,17 @@ class Job:
     req: dict
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     speculative: bool = False
-    dropped: bool = False  # its connection left: run it if started, tell nobody
+    dropped: bool = False  # nobody reads its events (its connection left, or a re-open)
+    told: int = 0  # the queue position it was last told, and when
+    told_at: float = 0.0
 
 
 _END = object()  # after the last event of a job
+#: a waiting job this near the front hears of every step; the others at most
+#: once a second (a step tells every waiting job: n of them, n steps a round)
+_TELL_EVERY_STEP = 10
+#: seconds between tries to start an engine that failed
+_RESTART_BACKOFF = (0.5, 30.0)
 
 
 class Engine:
@@ -57,9 +65,13 @@ class Engine:
         self.speculations: dict[str, Job] = {}  # sid -> the newest not started
         self.running: Job | None = None
         self.sessions = 0
+        self.up = False
+        # sid -> the request that opens its story again as it is (seed and
+        # temperature as the engine last confirmed them)
+        self.stories: dict[str, dict] = {}
+        self.on_restart: Callable[[str], None] | None = None  # told each sid that started over
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self.generation = 0  # how many times the process started (a restart loses stories)
 
     async def start(self) -> None:
         # mpllm importable in the engine also when it runs from a checkout
@@ -75,7 +87,7 @@ class Engine:
             code = await self.proc.wait()
             raise EngineFailed(f"engine {self.name} did not start (exit status {code}; "
                                f"its message is above)")
-        self.generation += 1
+        self.up = True
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -112,11 +124,32 @@ class Engine:
             return self.speculations.pop(sid)
         return None
 
+    def tell(self, job: Job, position: int, now: float) -> None:
+        job.told, job.told_at = position, now
+        job.events.put_nowait({"queued": position})
+
     def positions(self) -> None:
-        """Tell each waiting job where it stands (1: next)."""
-        ahead = 1 if self.running is not None else 0
+        """Tell the waiting jobs where they stand now (1: next), those near
+        the front at every step, the others at most once a second."""
+        now = time.monotonic()
         for i, job in enumerate(self.waiting):
-            job.events.put_nowait({"queued": i + 1 + ahead})
+            position = i + 1
+            if job.told != position and not job.dropped and (
+                    position <= _TELL_EVERY_STEP or now - job.told_at >= 1.0):
+                self.tell(job, position, now)
+
+    def _remember(self, req: dict, last: dict) -> None:
+        """Keep what opens the story again after a restart."""
+        done, sid = last.get("done"), req.get("sid")
+        if done is None or sid is None:
+            return
+        op = req["op"]
+        if op == "open":
+            self.stories[sid] = {**req, "seed": done["seed"]}
+        elif op in ("seed", "temp") and sid in self.stories:
+            self.stories[sid].update(seed=done["seed"], temperature=done["temperature"])
+        elif op == "drop":
+            self.stories.pop(sid, None)
 
     async def run(self) -> None:
         """Serve the queue until cancelled."""
@@ -128,24 +161,55 @@ class Engine:
                 continue
             self.running = job
             self.positions()
+            last: dict = {}
             try:
                 async for event in self._ask(job.req):
                     job.events.put_nowait(event)
+                    last = event
+                self._remember(job.req, last)
+                if last.get("lost"):  # the process ends: start it again now
+                    raise EngineFailed(f"engine {self.name} lost its board")
             except (EngineFailed, OSError, ValueError) as e:
-                job.events.put_nowait({"error": f"{e}; the engine is restarted and its "
-                                                f"stories start over"})
-                await self._restart()
-            finally:
+                if not last or "piece" in last or "line" in last:  # it had no last event
+                    job.events.put_nowait({"error": f"{e}; the engine is restarted and its "
+                                                    f"stories start over"})
                 job.events.put_nowait(_END)
                 self.running = None
+                await self._restart()
+                continue
+            job.events.put_nowait(_END)
+            self.running = None
+
+    def _fail_waiting(self, message: str) -> None:
+        for job in [*self.waiting, *self.speculations.values()]:
+            job.events.put_nowait({"error": message})
+            job.events.put_nowait(_END)
+        self.waiting.clear()
+        self.speculations.clear()
 
     async def _restart(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if self.proc is not None and self.proc.returncode is None:
-                self.proc.kill()
-        if self.proc is not None:
-            await self.proc.wait()
-        await self.start()
+        """A new process, tried until it starts; then every story it held is
+        opened again, before anything else, and its connection told."""
+        self.up = False
+        delay, longest = _RESTART_BACKOFF
+        while True:
+            with contextlib.suppress(ProcessLookupError):
+                if self.proc is not None and self.proc.returncode is None:
+                    self.proc.kill()
+            if self.proc is not None:
+                await self.proc.wait()
+            try:
+                await self.start()
+                break
+            except (EngineFailed, OSError) as e:
+                self._fail_waiting(f"engine {self.name} is down ({e}); trying again")
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, longest)
+        for req in self.stories.values():
+            self.waiting.appendleft(Job(dict(req), dropped=True))
+        for sid in list(self.stories):
+            if self.on_restart is not None:
+                self.on_restart(sid)
 
 
 class Pool:
@@ -155,8 +219,15 @@ class Pool:
         self.engines = [Engine(str(i), argv) for i, argv in enumerate(argvs)]
         self.max_queue = max_queue
         self.home: dict[str, Engine] = {}  # sid -> the engine its story lives in
-        self.opened: dict[str, tuple[dict, int]] = {}  # sid -> (open request, generation)
+        self.listeners: dict[str, Callable[[], None]] = {}  # sid -> told of a restart
         self._ids = itertools.count(1)
+        for e in self.engines:
+            e.on_restart = self._restarted
+
+    def _restarted(self, sid: str) -> None:
+        listener = self.listeners.get(sid)
+        if listener is not None:
+            listener()
 
     async def start(self) -> None:
         await asyncio.gather(*(e.start() for e in self.engines))
@@ -172,15 +243,21 @@ class Pool:
     def new_sid(self) -> str:
         return f"s{next(self._ids)}"
 
-    async def open(self, sid: str, seed: int | None, temperature: float,
-                   max_tokens: int) -> dict:
-        """A new story in the engine with the fewest; its "done" event."""
-        engine = min(self.engines, key=lambda e: (e.sessions, len(e.waiting)))
+    async def open(self, sid: str, seed: int | None, temperature: float, max_tokens: int,
+                   on_restart: Callable[[], None] | None = None) -> dict:
+        """A new story in the running engine with the fewest; its last event.
+        on_restart() is called when the engine restarted and the story
+        started over."""
+        running = [e for e in self.engines if e.up]
+        if not running:
+            return {"error": "no engine is running; try again in a moment"}
+        engine = min(running, key=lambda e: (e.sessions, len(e.waiting)))
         engine.sessions += 1
         self.home[sid] = engine
+        if on_restart is not None:
+            self.listeners[sid] = on_restart
         req = {"op": "open", "sid": sid, "seed": seed, "temperature": temperature,
                "max_tokens": max_tokens}
-        self.opened[sid] = (req, engine.generation)
         last = {}
         async for event in self.ask(req):
             last = event
@@ -191,22 +268,19 @@ class Pool:
         sid = req["sid"]
         engine = self.home[sid]
         job = Job(req, speculative=speculative)
-        opened, generation = self.opened[sid]
-        if generation != engine.generation and req["op"] != "open":
-            # the engine restarted: the story is gone, open it afresh first
-            self.opened[sid] = (opened, engine.generation)
-            engine.waiting.append(Job(opened, dropped=True))
+        # a newer line (or a request for real) makes an unstarted speculation stale
+        old = engine.speculations.pop(sid, None)
+        if old is not None:
+            old.events.put_nowait(_END)
         if speculative:
-            old = engine.speculations.pop(sid, None)
-            if old is not None:
-                old.events.put_nowait(_END)
             engine.speculations[sid] = job
         else:
             if self.waiting() >= self.max_queue:
                 raise Busy(f"the server is busy: {self.max_queue} requests are waiting; "
                            f"try again in a moment")
             engine.waiting.append(job)
-            engine.positions()
+            if engine.running is not None or len(engine.waiting) > 1:
+                engine.tell(job, len(engine.waiting), time.monotonic())
         engine.wake.set()
         return job
 
@@ -222,10 +296,11 @@ class Pool:
     def close(self, sid: str) -> None:
         """The connection left: forget its waiting requests and its story."""
         engine = self.home.pop(sid, None)
-        self.opened.pop(sid, None)
+        self.listeners.pop(sid, None)
         if engine is None:
             return
         engine.sessions -= 1
+        engine.stories.pop(sid, None)
         for job in [j for j in engine.waiting if j.req.get("sid") == sid]:
             engine.waiting.remove(job)
             job.events.put_nowait(_END)

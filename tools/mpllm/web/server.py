@@ -17,6 +17,12 @@ From the server:
                                       llm_serve's "done", `speculated` among them)
   {"type": "busy", "message"}         refused: the queue or the server is full
   {"type": "error", "message"}        refused or failed; the story is as it was
+                                      (a turn cut short is taken back, its line too)
+  {"type": "restarted", "message"}    the engine holding the story restarted: the
+                                      story starts over, with the same seed
+
+A browser connects only from the chat's own page (the Origin is checked); a
+message over the size limit closes the connection (WebSocket code 1009).
 
 A connection is one story; it has one request at a time, and its story is
 forgotten when it closes.
@@ -30,6 +36,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import WSMsgType, web
 
@@ -92,8 +99,14 @@ class ChatServer:
     async def _index(self, _request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html")
 
-    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
         lim = self.limits
+        origin = request.headers.get("Origin")
+        if origin and urlsplit(origin).netloc != request.host:
+            # a page of another site in a visitor's browser (served with --host
+            # 0.0.0.0, any page a LAN user opens could otherwise take the slots)
+            return web.Response(status=403, text="this chat takes connections from its own "
+                                "page only")
         ws = web.WebSocketResponse(max_msg_size=lim.max_message_bytes, heartbeat=30)
         await ws.prepare(request)
         if self.connections >= lim.max_connections:
@@ -127,6 +140,7 @@ class _Connection:
         self.pool = server.pool
         self.limits = server.limits
         self.task: asyncio.Task | None = None  # the request being answered
+        self.pending_sends: set[asyncio.Future] = set()  # kept until sent
 
     async def send(self, message: dict) -> None:
         with contextlib.suppress(ConnectionResetError, RuntimeError):
@@ -134,6 +148,14 @@ class _Connection:
 
     async def error(self, text: str) -> None:
         await self.send({"type": "error", "message": text})
+
+    def restarted(self) -> None:
+        """The engine holding this story restarted: it starts over (same seed)."""
+        self.pending_sends.add(asyncio.ensure_future(self.send(
+            {"type": "restarted", "message": "The engine stopped and was restarted: the "
+             "story starts over (with the same seed)."})))
+        for task in [t for t in self.pending_sends if t.done()]:
+            self.pending_sends.discard(task)
 
     async def serve(self, query: object) -> None:
         lim = self.limits
@@ -144,7 +166,8 @@ class _Connection:
             await self.error(str(e))
             return
         try:
-            opened = await self.pool.open(self.sid, seed, temperature, lim.reply_tokens)
+            opened = await self.pool.open(self.sid, seed, temperature, lim.reply_tokens,
+                                          on_restart=self.restarted)
         except Busy as e:
             await self.send({"type": "busy", "message": str(e)})
             return
@@ -198,20 +221,23 @@ class _Connection:
             m = json.loads(data)
         except ValueError:
             m = None
+        req, problem = None, None
+        if not isinstance(m, dict):
+            problem = "malformed message: a message is one JSON object"
+        else:
+            try:
+                req = self._request(m)
+            except ValueError as e:
+                problem = str(e)
         idle = self.task is None or self.task.done()
-        # A turn while none is in flight is not counted: turns come one at a
-        # time and the queue paces them. Everything else is (typing above all).
-        counted = not (idle and isinstance(m, dict) and m.get("type") == "turn")
-        if counted and not bucket.take():
+        # A valid turn while none is in flight is not counted: turns come one
+        # at a time and the queue paces them. Everything else is (typing above
+        # all, and every message that is refused).
+        if not (idle and req is not None and req["op"] == "turn") and not bucket.take():
             await self.error("too many messages: slow down")
             return
-        if not isinstance(m, dict):
-            await self.error("malformed message: a message is one JSON object")
-            return
-        try:
-            req = self._request(m)
-        except ValueError as e:
-            await self.error(str(e))
+        if req is None:
+            await self.error(problem or "malformed message")
             return
         if req["op"] == "speculate":
             if req["line"].strip():

@@ -67,9 +67,19 @@ function receive(m) {
       break;
     case "busy":
     case "error":
+      if (waiting !== null && waiting.turn !== null) {
+        // a turn cut by an error is taken back whole, its line with it
+        const cut = turns.pop();
+        if (cut) cut.forEach((el) => el.remove());
+      }
       say(m.message);
       waiting = null;
       setState(ws.readyState === WebSocket.OPEN ? "idle" : "closed");
+      break;
+    case "restarted":
+      turns.length = 0;
+      story.textContent = "";
+      say(m.message);
       break;
   }
 }
