@@ -56,19 +56,6 @@ PAGE_STEPS = [
     {"line": "/new"},
 ]
 
-RECORD_ENGINE = """
-import json, sys
-sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
-import record
-record.install({out!r})
-import llm, llm_serve
-llm.load({image!r})
-answers = [list(llm_serve.handle(req)) for req in json.loads({requests!r})]
-record.save()
-print(json.dumps(answers))
-"""
-
-
 def page_requests() -> list[dict]:
     """Each step's request and code, from the page's own serve_protocol.js."""
     script = (f"import * as serve from {json.dumps(SERVE_PROTOCOL_JS.as_uri())};\n"
@@ -125,6 +112,7 @@ def main() -> int:
     from mpllm.atomic import atomic_write_bytes
     from mpllm.board import transport
     from mpllm.convert import convert
+    from replay.record import record_serve_session
     from serial_peer import SerialPeer
 
     engine_ext.load()
@@ -135,12 +123,7 @@ def main() -> int:
         demo = ROOT / "models" / "demo"
         convert(demo / "model.bin", demo / "tokenizer.json", image, progress=False)
         rec = Path(tmp) / "recording"
-        code = RECORD_ENGINE.format(modules=str(MODULES), tools=str(ROOT / "tools"),
-                                    replay=str(REPLAY), out=str(rec), image=str(image),
-                                    requests=json.dumps(requests))
-        engine = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                text=True)
-        answers = json.loads(engine.stdout)
+        answers = record_serve_session(image, requests, rec)
 
         events: list[tuple[str, bytes]] = []
         real = ts.SerialTransport

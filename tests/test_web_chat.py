@@ -353,19 +353,6 @@ def test_bad_command_lines(tiny_model) -> None:  # type: ignore[no-untyped-def]
     assert r.returncode == 0 and "--load-test" in r.stdout and "--typist" in r.stdout
 
 
-RECORD = """
-import json, sys
-sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
-import record
-record.install({out!r})
-import llm, llm_serve
-llm.load({image!r})
-answers = [list(llm_serve.handle(req)) for req in json.loads({requests!r})]
-record.save()
-print(json.dumps(answers))
-"""
-
-
 def test_the_board_backend_over_a_serial_peer(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """serve.py --port: the board's own llm_serve over its raw REPL, through
     mpremote's transport, on a real pty (MicroPython unix running llm.py with
@@ -379,14 +366,10 @@ def test_the_board_backend_over_a_serial_peer(tiny_model, tmp_path) -> None:  # 
                 {"op": "turn", "sid": "s1", "line": lines[0]},
                 {"op": "speculate", "sid": "s1", "line": lines[1]},
                 {"op": "turn", "sid": "s1", "line": lines[1]}]
+    from replay.record import record_serve_session
+
     rec = tmp_path / "recording"
-    code = RECORD.format(modules=str(MODULES), tools=str(ROOT / "tools"), replay=str(REPLAY),
-                         out=str(rec), image=str(tiny_model.image),
-                         requests=json.dumps(requests))
-    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert made.returncode == 0, made.stdout + made.stderr
-    answers = json.loads(made.stdout)
+    answers = record_serve_session(tiny_model.image, requests, rec)
     cpython = ["".join(e.get("piece", "") for e in answers[i]) for i in (1, 3)]
 
     async def session(url: str) -> list[tuple[str, bool]]:

@@ -143,3 +143,36 @@ def save() -> None:
     if _active is None:
         raise RuntimeError("record.install() was not called")
     _active.save()
+
+
+_SERVE_SESSION = """
+import json, sys
+sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
+import record
+record.install({out!r})
+import llm, llm_serve
+llm.load({image!r})
+answers = [list(llm_serve.handle(req)) for req in json.loads({requests!r})]
+record.save()
+print(json.dumps(answers))
+"""
+
+
+def record_serve_session(image: str | os.PathLike[str], requests: list[dict],
+                         out_dir: str | os.PathLike[str]) -> list[list[dict]]:
+    """llm_serve's answers to `requests` on the real engine, in a fresh CPython
+    process, recorded into out_dir for the replay double (what a board running
+    llm_serve over the double must then answer). Returns each request's events."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    root = here.parent.parent
+    code = _SERVE_SESSION.format(modules=str(root / "firmware" / "modules"),
+                                 tools=str(root / "tools"), replay=str(here),
+                                 out=str(out_dir), image=str(image),
+                                 requests=json.dumps(requests))
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    if made.returncode != 0:
+        raise RuntimeError(f"recording llm_serve failed:\n{made.stdout}{made.stderr}")
+    return json.loads(made.stdout)
