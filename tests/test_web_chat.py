@@ -788,3 +788,55 @@ def test_an_engine_that_cannot_restart_is_retried_and_comes_back(tiny_model) -> 
     assert crashed[-1]["type"] == "error" and "restarted" in crashed[-1]["message"]
     assert while_down[-1]["type"] == "error" and "down" in while_down[-1]["message"]
     assert notice["type"] == "restarted" and again == first
+
+
+def test_a_request_for_real_stops_the_boards_speculation(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On a board a speculation takes as long as a reply: Enter on another
+    line stops it (Ctrl-C over the raw REPL) instead of waiting for it, and
+    the turn is still the recorded engine's. The serial peer's double takes
+    0.25 s a token here, as a slow engine would."""
+    from replay.record import record_serve_session
+    from serial_peer import SerialPeer
+
+    lines = ["Once upon a time", "The dog ran"]
+    requests = [{"op": "open", "sid": "s1", "seed": 5, "temperature": 0.8, "max_tokens": 12},
+                {"op": "turn", "sid": "s1", "line": lines[0]},
+                {"op": "speculate", "sid": "s1", "line": "The do"},
+                {"op": "turn", "sid": "s1", "line": lines[1]}]
+    rec = tmp_path / "recording"
+    answers = record_serve_session(tiny_model.image, requests, rec)
+    cpython = "".join(e.get("piece", "") for e in answers[3])
+
+    async def session(r: Running) -> tuple:
+        engine = r.server.pool.engines[0]
+        async with _connect(r.url) as (ws, _hello):
+            await ws.send_json({"type": "turn", "text": lines[0]})
+            await _follow(ws)
+            await ws.send_json({"type": "typing", "text": "The do"})
+            for _ in range(100):  # until the board runs it
+                spec = r.on_loop(lambda: engine.running)
+                if spec is not None:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)
+            await ws.send_json({"type": "turn", "text": lines[1]})
+            msgs = await _follow(ws)
+        spec_events = []
+        while not spec.events.empty():
+            e = spec.events.get_nowait()
+            if isinstance(e, dict):  # (not the end marker)
+                spec_events.append(e)
+        return spec, spec_events, msgs
+
+    with SerialPeer([REPLAY, MODULES], env={"MPLLM_REPLAY": str(rec),
+                                             "MPLLM_REPLAY_STEP_S": "0.25"}) as peer:
+        r = Running(Pool(board_argvs(peer.port), interrupt_speculation=True), backend="board",
+                    limits=Limits(reply_tokens=12))
+        try:
+            spec, spec_events, msgs = asyncio.run(session(r))
+        finally:
+            r.stop()
+    assert spec.speculative and spec.req["line"] == "The do"
+    assert not any("done" in e for e in spec_events), spec_events
+    assert any("KeyboardInterrupt" in e.get("error", "") for e in spec_events), spec_events
+    assert _reply(msgs) == cpython and msgs[-1]["stats"]["speculated"] is False

@@ -49,6 +49,9 @@ def _join(path, name):
 
 class Model:
     def __init__(self, image=None, plain=False):
+        # $MPLLM_REPLAY_STEP_S: seconds each step() waits first, so that a test
+        # can interrupt a reply half-way (the real engine takes time too)
+        self._step_s = float(os.getenv("MPLLM_REPLAY_STEP_S") or 0)
         if image is None:
             image = os.getenv("MPLLM_REPLAY")
             if not image:
@@ -132,6 +135,10 @@ class Model:
         return t
 
     def step(self, token):
+        if self._step_s:
+            import time
+
+            time.sleep(self._step_s)  # before any change: a Ctrl-C here changes nothing
         self._ready()
         if self._run is None:
             raise ReplayMiss("step() before prefill() was never recorded")

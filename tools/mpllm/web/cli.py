@@ -96,7 +96,8 @@ def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignor
         if args.image or args.engines:
             ap.error("--image and --engines are for the host board; a board runs its "
                      "flashed model, one request at a time")
-        return Pool(board_argvs(args.port, args.port_image), max_queue), "board"
+        return Pool(board_argvs(args.port, args.port_image), max_queue,
+                    interrupt_speculation=True), "board"
     if args.board == "n16r8":
         ap.error("--board n16r8 needs --port (the board's serial port)")
     image = args.image or str(hostboard.ensure_image(*hostboard.demo_sources()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -143,6 +144,7 @@ class BoardEngine:
 
         self.port = port
         self.timeout = timeout
+        self.speculating = False  # a speculation's output is being followed
         self.transport = open_transport(port)
         self.transport.enter_raw_repl(soft_reset=False)
         setup = "import llm, llm_serve\n"
@@ -153,6 +155,14 @@ class BoardEngine:
             raise RuntimeError(f"{port}: the board cannot start llm_serve: "
                                f"{err.decode(errors='replace').strip()}")
 
+    def interrupt_speculation(self) -> None:
+        """SIGUSR1 from the server: a request for real waits. Ctrl-C stops the
+        board's speculation (llm_serve leaves the story as it was); a request
+        for real is never stopped this way."""
+        if self.speculating:
+            self.speculating = False
+            self.transport.serial.write(b"\x03")
+
     def __call__(self, req: dict, emit: Emit) -> None:
         """One llm_serve.run() on the board, its events emitted as they
         arrive (EventParser reads them)."""
@@ -162,7 +172,11 @@ class BoardEngine:
         parser = EventParser(out)
         try:
             self.transport.exec_raw_no_follow(request_code(req))
-            _out, err = self.transport.follow(self.timeout, parser.feed)
+            self.speculating = req.get("op") == "speculate"
+            try:
+                _out, err = self.transport.follow(self.timeout, parser.feed)
+            finally:
+                self.speculating = False
         except (TransportError, OSError) as e:  # OSError: pyserial's SerialException
             out.flush()
             raise BoardLost(f"{self.port} stopped answering ({e}); reconnecting") from e
@@ -208,6 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - why it cannot start, in one line
         print(f"engine_process: {e}", file=sys.stderr)
         return 1
+    # SIGUSR1: the server asks to stop a speculation under way (a board's);
+    # a host engine's are short, and nothing else may end the process
+    if isinstance(run, BoardEngine):
+        signal.signal(signal.SIGUSR1, lambda *_: run.interrupt_speculation())
+    else:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _emit({"ready": True})
     serve(run)
     return 0

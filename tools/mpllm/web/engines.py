@@ -10,7 +10,9 @@ fair: nobody is served twice while another waits. Requests beyond
 
 Speculation (a reply computed while its line is typed) is the lowest
 priority: an engine runs one only when no request waits for it, and a
-newer line from the same connection replaces one not yet started.
+newer line from the same connection replaces one not yet started. On a
+board (interrupt_speculation) a request for real also stops the one under
+way: it takes as long as a reply there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -57,9 +60,12 @@ _RESTART_BACKOFF = (0.5, 30.0)
 class Engine:
     """One engine process: requests as JSON lines in, events as JSON lines out."""
 
-    def __init__(self, name: str, argv: Sequence[str]) -> None:
+    def __init__(self, name: str, argv: Sequence[str], interruptible: bool = False) -> None:
         self.name = name
         self.argv = list(argv)
+        # a request for real stops a speculation under way (a board's takes as
+        # long as a reply: without this, Enter on another line waits for it)
+        self.interruptible = interruptible
         self.proc: asyncio.subprocess.Process | None = None
         self.waiting: deque[Job] = deque()
         self.speculations: dict[str, Job] = {}  # sid -> the newest not started
@@ -123,6 +129,14 @@ class Engine:
             sid = next(iter(self.speculations))
             return self.speculations.pop(sid)
         return None
+
+    def interrupt_speculation(self) -> None:
+        """Ask the process to stop the speculation it runs (engine_process's
+        SIGUSR1: it stops only a speculation, never a request for real)."""
+        if self.interruptible and self.running is not None and self.running.speculative \
+                and self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR1)
 
     def tell(self, job: Job, position: int, now: float) -> None:
         job.told, job.told_at = position, now
@@ -215,8 +229,10 @@ class Engine:
 class Pool:
     """The engines and the queue in front of them."""
 
-    def __init__(self, argvs: Sequence[Sequence[str]], max_queue: int = 2000) -> None:
-        self.engines = [Engine(str(i), argv) for i, argv in enumerate(argvs)]
+    def __init__(self, argvs: Sequence[Sequence[str]], max_queue: int = 2000,
+                 interrupt_speculation: bool = False) -> None:
+        self.engines = [Engine(str(i), argv, interrupt_speculation)
+                        for i, argv in enumerate(argvs)]
         self.max_queue = max_queue
         self.home: dict[str, Engine] = {}  # sid -> the engine its story lives in
         self.listeners: dict[str, Callable[[], None]] = {}  # sid -> told of a restart
@@ -279,6 +295,7 @@ class Pool:
                 raise Busy(f"the server is busy: {self.max_queue} requests are waiting; "
                            f"try again in a moment")
             engine.waiting.append(job)
+            engine.interrupt_speculation()
             if engine.running is not None or len(engine.waiting) > 1:
                 engine.tell(job, len(engine.waiting), time.monotonic())
         engine.wake.set()
