@@ -17,7 +17,7 @@ import pytest
 from browser import chromium, console_errors, save_screenshot
 from mpllm.board import hostboard
 from mpllm.web.engines import Pool, host_argvs
-from test_web_chat import Running
+from web_client import Running
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = ROOT / "tools" / "chat.py"
