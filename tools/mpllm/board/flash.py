@@ -42,8 +42,9 @@ from ..formats.partitions import (
     load_partitions,
 )
 from ..image_cache import sha256_file
-from . import firmware_build, release
+from . import firmware_build
 from . import firmware_pins as pins
+from . import release_manifest as release
 from .firmware_build import Runner, ToolError
 
 ROOT = checkout.ROOT
