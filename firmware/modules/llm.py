@@ -593,6 +593,9 @@ def context_prefill(want):
 def chat(**options):
     """Write a story together, line by line (llm_chat.chat: its options,
     commands and keys; /help lists the commands)."""
+    # The one arrow from llm back to a module built on it, on purpose: at the
+    # board's REPL `llm.chat()` is the command people type, and importing here
+    # (not at the top) keeps the chat out of memory until it is used.
     import llm_chat
 
     return llm_chat.chat(**options)
