@@ -385,3 +385,26 @@ def test_stories_that_share_the_model_see_each_others_context(tiny) -> None:  # 
         "".join(llm.generate("Once upon a time", seed=9, max_tokens=5))
     assert (got_a, got_b) == (want_a, want_b)
     assert want_a != want_b
+
+
+def test_a_story_after_the_model_was_fed_directly_is_not_misled(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Code that feeds the open model itself (the bench, a user at the REPL)
+    leaves llm's record of the context stale: it is not believed, so the
+    next turn is what a fresh model writes, not a reuse of another cache."""
+    import llm_bench
+
+    line = "Once upon a time"
+    llm.unload()
+    llm.load(str(tiny.image))
+    want = "".join(llm_chat.CoWriter(seed=3, max_tokens=8).turn(line))
+    other = "The dog ran to the big red house and the"  # longer: positions to spare
+    for feed_directly in (
+        lambda m: (m.reset(), m.sampler(0.0, 0, 0), m.prefill(llm.tokenizer().encode(other))),
+        lambda m: llm_bench.bench([(other, 0.0, 0, 0)], 8),
+    ):
+        llm.unload()
+        llm.load(str(tiny.image))
+        "".join(llm_chat.CoWriter(seed=3, max_tokens=8).turn(line))  # the record: this story
+        feed_directly(llm.load())
+        got = "".join(llm_chat.CoWriter(seed=3, max_tokens=8).turn(line))
+        assert got == want

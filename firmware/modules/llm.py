@@ -92,6 +92,10 @@ _last = {}  # stats of the last (or running) generation
 # stories that share the model (the web server's sessions, llm.story()
 # between chat turns) each see what the others left in the context.
 _context = []
+# (tokens fed, position) of the model when llm.py wrote _context: code that
+# feeds or rewinds the model itself changes them, and _context is then not
+# believed (forget_context() says so outright; llm_bench calls it)
+_context_mark = None
 
 
 def load(image=None, plain=None, fast=None):
@@ -108,7 +112,7 @@ def load(image=None, plain=None, fast=None):
     exp; stories differ from exact mode's (bench.py --fast --quality
     measures by how much). Not together with plain=True.
     """
-    global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out, _context
+    global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out
     if plain and fast:
         raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
     if _model is not None and (image is None or image is _source or image == _source):
@@ -145,7 +149,7 @@ def load(image=None, plain=None, fast=None):
         raise
     _model = model
     _source = image
-    _context = []
+    forget_context()
     _tokenizer = tok
     _eot_id = cfg["eot_id"]
     _seq_len = cfg["seq_len"]
@@ -162,11 +166,10 @@ def load(image=None, plain=None, fast=None):
 def _set_modes(model, plain, fast):
     """plain= / fast= of load() (None: leave as it is). Fast mode changes the
     KV cache's form, so changing it starts the context over."""
-    global _context
     if fast is not None and bool(fast) != model.fast():
         was_plain = model.plain()
         model.reset()
-        _context = []
+        forget_context()
         try:
             if fast:
                 model.set_plain(False)
@@ -187,12 +190,12 @@ def mode():
 
 def unload():
     """Close the model and drop the tokenizer (frees their memory)."""
-    global _model, _source, _tokenizer, _context
+    global _model, _source, _tokenizer
     model = _model
     _model = None
     _source = None
     _tokenizer = None
-    _context = []
+    forget_context()
     if model is not None:
         model.close()
 
@@ -335,7 +338,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
     """The story after the context `ids`, as text pieces. kept: how many of
     ids the model's context already holds (0: it starts afresh; co-writing
     keeps the story between turns). out (a list): gets the story's ids."""
-    global _last, _context
+    global _last
     start = _ticks_us()
     n_prompt = len(ids)
     stats = {
@@ -372,7 +375,6 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
         out = []
     written = len(out)  # out's ids before this story's
     try:
-        _context = ids[:kept]  # what stays held whatever happens next
         if kept:
             model.rewind(kept)
         else:
@@ -411,7 +413,7 @@ def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, o
         # the context holds the ids and the story (the last token chosen is
         # not fed yet; a verify pass may hold guesses beyond it, unknown here)
         held = ids + out[written:]
-        _context = held[:min(model.pos(), len(held))]
+        _hold(model, held[:min(model.pos(), len(held))])
         wall = _ms_since(start)
         stats["stop"] = stop
         stats["wall_ms"] = wall
@@ -568,8 +570,9 @@ def context_match(want):
     """How many of the ids `want` the open model's context holds already, at
     most all but one (the last is prefilled, so that the engine chooses a
     token): a generation can keep that many and feed only the rest."""
-    kv = _context
-    n = min(len(kv), len(want) - 1, load().pos())
+    model = load()
+    kv = _context if _context_mark == _mark(model) else []
+    n = min(len(kv), len(want) - 1, model.pos())
     k = 0
     while k < n and kv[k] == want[k]:
         k += 1
@@ -580,14 +583,31 @@ def context_prefill(want):
     """Make the open model's context hold exactly the ids `want` (rewinding to
     what already matches, prefilling the rest): reading ahead while a line is
     typed. The engine's choice after them is not used."""
-    global _context
     k = context_match(want + [0])  # all of want may already be there
     if k < len(want):
         model = load()
-        _context = want[:k]  # held whether or not the prefill finishes
         model.rewind(k)
+        _hold(model, want[:k])  # held whether or not the prefill finishes
         model.prefill(want[k:])
-        _context = want
+        _hold(model, want)
+
+
+def forget_context():
+    """Forget what the model's context holds: the next generation feeds all
+    its ids. Call it after feeding the open model yourself (llm.load()'s
+    model.prefill/step/verify/rewind/reset) before the next story or turn."""
+    global _context, _context_mark
+    _context, _context_mark = [], None
+
+
+def _mark(model):
+    return (model.stats()["tokens"], model.pos())
+
+
+def _hold(model, ids):
+    """Record that the model's context holds `ids`, as it stands now."""
+    global _context, _context_mark
+    _context, _context_mark = ids, _mark(model)
 
 
 def chat(**options):

@@ -75,6 +75,7 @@ class _Using:
         else:  # a change of fast mode starts the context over: there is one model
             llm.load(plain=False, fast=self.modes[1])
             self.model.set_plain(self.modes[0])
+            llm.forget_context()  # the bench fed the model: the user's story is not there
 
 
 def _clean(s):
