@@ -190,6 +190,12 @@ class SerialPeer:
             elif c == b"\x02":
                 self._raw = False
                 self._pending.clear()
+                # the client leaves the raw REPL only once the command ended;
+                # its closing "\x04>" may not have passed _from_interpreter yet
+                # (the wait below reads it directly), and a Ctrl-C believed to
+                # interrupt a command would then SIGINT an idle interpreter,
+                # which dies of it: nothing is executing from here on
+                self._executing = False
                 # the unix port switches its terminal mode on the way to the
                 # friendly REPL and drops input typed ahead of its prompt (a
                 # board keeps it): pass the rest on only once ">>> " is out

@@ -156,7 +156,7 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
         after = on_board("import llm\nprint('STILL', llm._model is not None and "
                          "llm._model.plain())")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "STILL True" in after, after
+    assert "STILL True" in after, (after, peer.soft_resets)
     assert "engine" in r.stdout and "round trip" in r.stdout
     data = json.loads(out.read_text())
     (res,) = data["results"]
