@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -311,3 +312,13 @@ def test_bad_command_lines(tiny_model) -> None:  # type: ignore[no-untyped-def]
     assert r.returncode == 2 and "not found" in r.stderr
     r = run("--help")
     assert r.returncode == 0 and "--load-test" in r.stdout and "--typist" in r.stdout
+
+
+def test_without_aiohttp_the_command_says_what_to_install(tmp_path) -> None:
+    """A plain `pip install -e .` has no aiohttp: one line saying what to install."""
+    (tmp_path / "aiohttp.py").write_text("raise ImportError('No module named aiohttp')\n")
+    r = subprocess.run([sys.executable, str(SERVE), "--board", "host"], capture_output=True,
+                       text=True, timeout=60, check=False,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2 and "pip install 'mpllm[board]'" in r.stderr
+    assert "Traceback" not in r.stderr

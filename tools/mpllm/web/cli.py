@@ -175,7 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     from ..board import hostboard
-    from .server import ChatServer, Limits
+
+    try:
+        from .server import ChatServer, Limits
+    except ImportError as e:  # aiohttp comes with the board extra
+        print(f"error: the web chat needs aiohttp ({e}): pip install 'mpllm[board]'",
+              file=sys.stderr)
+        return 2
 
     try:
         pool, backend = _pool(args, ap)
