@@ -277,8 +277,11 @@ def test_section_errors():
     with pytest.raises(ValueError, match="its tables need"):
         llm.Tokenizer(bytes(sec) + b"\0\0")
     bad = bytearray(sec)
-    bad[12] = 1
-    with pytest.raises(ValueError, match="reserved"):
+    bad[12] = 4
+    with pytest.raises(ValueError, match="unknown flags 0x4"):
+        llm.Tokenizer(bytes(bad))
+    bad[12] = 1  # the sentencepiece flag: its rank table is missing
+    with pytest.raises(ValueError, match="its tables need"):
         llm.Tokenizer(bytes(bad))
     bad = bytearray(sec)
     bad[16 + 2 * 65 : 16 + 2 * 65 + 2] = struct.pack("<H", 300)

@@ -63,6 +63,7 @@ _TOK_O = 4  # anything else
 _TOK_NO_ID = 0xFFFF
 _TOK_EOT_TEXT = b"<|endoftext|>"
 _TOK_STRIDE = 16  # one stored text offset per this many tokens
+_TOK_SENTENCEPIECE = 1  # header flag: llama2.c's sentencepiece rules (see encode)
 
 
 def _tok_ascii_classes():
@@ -198,8 +199,10 @@ class Tokenizer:
         n = _tok_u32(buf, 0)
         n_merges = _tok_u32(buf, 4)
         n_special = _tok_u32(buf, 8)
-        if _tok_u32(buf, 12) != 0:
-            raise ValueError("tokenizer section: reserved field is not 0 (newer format?)")
+        flags = _tok_u32(buf, 12)
+        if flags & ~_TOK_SENTENCEPIECE:
+            raise ValueError(f"tokenizer section: unknown flags {flags:#x} (newer format?)")
+        sp = flags & _TOK_SENTENCEPIECE != 0
         if n == 0 or n > 65536:
             raise ValueError(f"tokenizer section: vocabulary size {n} out of range 1..65536")
         if n_special == 0:
@@ -226,14 +229,16 @@ class Tokenizer:
                 )
             pos += sum(chunk)
         merges_off = pos + (-pos % 2)
-        if merges_off + 6 * n_merges != size:
-            raise ValueError(
-                f"tokenizer section is {size} bytes, its tables need {merges_off + 6 * n_merges}"
-            )
+        # sentencepiece: a u16 rank per merge follows the merges
+        need = merges_off + (8 if sp else 6) * n_merges
+        if need != size:
+            raise ValueError(f"tokenizer section is {size} bytes, its tables need {need}")
         self._buf = buf
         self._lengths_off = lengths_off
         self._starts = starts
         self._merges_off = merges_off
+        self._ranks_off = merges_off + 6 * n_merges if sp else -1
+        self.sentencepiece = sp
         self.vocab_size = n
         self.n_merges = n_merges
 
@@ -252,12 +257,24 @@ class Tokenizer:
             if i >= n:
                 raise ValueError(f"tokenizer section: special id {i} >= {n}")
             specials.append(i)
-            if self.token_bytes(i) == _TOK_EOT_TEXT:
+            if not sp and self.token_bytes(i) == _TOK_EOT_TEXT:
                 eot = i
-        if eot < 0:
-            raise ValueError("tokenizer section: no special token is <|endoftext|>")
         self.special_ids = specials
-        self.eot_id = eot
+        if sp:
+            # llama2.c: BOS starts every text and a story ends where the model
+            # writes BOS again (a new text) or EOS.
+            if n_special < 2:
+                raise ValueError("tokenizer section: sentencepiece needs BOS and EOS ids")
+            self.bos_id = specials[0]
+            self.eot_id = specials[1]
+            self.stop_ids = (specials[0], specials[1])
+            self._codepoint_ids = self._single_codepoint_ids()
+        else:
+            if eot < 0:
+                raise ValueError("tokenizer section: no special token is <|endoftext|>")
+            self.bos_id = -1
+            self.eot_id = eot
+            self.stop_ids = (eot,)
 
         # Merge lookup: an open-addressing table of rank + 1 (0 = empty slot),
         # at most half full, keyed by a hash of the pair; the pair itself is
@@ -292,8 +309,27 @@ class Tokenizer:
         self._table = table
         self._mask = mask
 
+    def _single_codepoint_ids(self):
+        """sentencepiece: the id of each token whose text is one character
+        (byte-fallback tokens excluded: their text is a raw byte), keyed by
+        its UTF-8 bytes: the symbols encoding starts from."""
+        fallback = set(self._byte_ids)
+        buf = self._buf
+        lo = self._lengths_off
+        pos = self._starts[0]
+        ids = {}
+        for i in range(self.vocab_size):
+            size = buf[lo + i]
+            if size <= 4 and i not in fallback:
+                c = buf[pos]
+                if size == (1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4):
+                    ids[bytes(buf[pos : pos + size])] = i
+            pos += size
+        return ids
+
     def _rank(self, left, right):
-        """Rank of the merge (left, right), or -1 if there is none."""
+        """Index of the merge (left, right) in the table, or -1 if there is none
+        (its priority: the index itself, or its stored rank for sentencepiece)."""
         table = self._table
         mask = self._mask
         buf = self._buf
@@ -324,8 +360,17 @@ class Tokenizer:
         """Text of a token sequence; bad UTF-8 becomes U+FFFD (see Utf8Decoder)."""
         d = Utf8Decoder()
         parts = []
+        prev = -1
+        bos = self.bos_id
         for i in ids:
-            parts.append(d.feed(self.token_bytes(i)))
+            if i == bos:  # sentencepiece: BOS starts a text, it is not text
+                prev = i
+                continue
+            t = self.token_bytes(i)
+            if bos >= 0 and prev == bos and t[:1] == b" ":
+                t = t[1:]  # llama2.c: the text after BOS starts without its prefix space
+            parts.append(d.feed(t))
+            prev = i
         parts.append(d.flush())
         return "".join(parts)
 
@@ -336,7 +381,15 @@ class Tokenizer:
         Merges never cross pieces, so the ids up to the end of a piece stay
         the same when text is added, once that piece cannot grow or split:
         every piece but the last two (a prompt typed so far is prefilled up
-        to there)."""
+        to there).
+
+        sentencepiece (llama2.c's rules): BOS, then the text with one space
+        in front, as single characters (a character the vocabulary lacks as
+        its UTF-8 bytes, one byte-fallback token each), merged pair by pair,
+        always the pair whose merged token scores best, the leftmost among
+        equals. Merges cross the whole text, so `ends` gets one entry."""
+        if self.sentencepiece:
+            return self._encode_sentencepiece(text, ends)
         b = text.encode("utf-8")
         n = len(b)
         # Class of the character starting at each byte; 0 on continuation bytes.
@@ -410,6 +463,31 @@ class Tokenizer:
             self._bpe(b, start, i, out, ends)
         return out
 
+    def _encode_sentencepiece(self, text, ends):
+        out = [self.bos_id]
+        if text:
+            b = (" " + text).encode("utf-8")
+            syms = []
+            ids = self._codepoint_ids
+            byte_ids = self._byte_ids
+            i = 0
+            n = len(b)
+            while i < n:
+                c = b[i]
+                w = 1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+                t = ids.get(b[i : i + w], -1)
+                if t >= 0:
+                    syms.append(t)
+                else:
+                    for k in range(i, min(i + w, n)):
+                        if byte_ids[b[k]] != _TOK_NO_ID:
+                            syms.append(byte_ids[b[k]])
+                i += w
+            self._merge(syms, out)
+        if ends is not None:
+            ends.append(len(out))
+        return out
+
     def _bpe(self, b, start, end, out, ends=None):
         byte_ids = self._byte_ids
         syms = []
@@ -417,13 +495,18 @@ class Tokenizer:
             t = byte_ids[b[p]]
             if t != _TOK_NO_ID:  # a byte without a token is dropped, as `tokenizers` does
                 syms.append(t)
+        self._merge(syms, out)
+        if ends is not None:
+            ends.append(len(out))
+
+    def _merge(self, syms, out):
+        """Merge the symbol ids `syms` (consumed) and append the result to out."""
         n = len(syms)
         if n < 2:
             out.extend(syms)
-            if ends is not None:
-                ends.append(len(out))
             return
         rank = self._rank
+        ro = self._ranks_off  # sentencepiece: priority = stored rank, else the index
         buf = self._buf
         mo = self._merges_off + 4
         nxt = list(range(1, n + 1))
@@ -433,9 +516,9 @@ class Tokenizer:
         # then the leftmost position, like the `tokenizers` heap.
         queue = []
         for p in range(n - 1):
-            r = rank(syms[p], syms[p + 1])
-            if r >= 0:
-                queue.append(r * n + p)
+            m = rank(syms[p], syms[p + 1])
+            if m >= 0:
+                queue.append((m if ro < 0 else _tok_u16(buf, ro + 2 * m)) * n + p)
         while queue:
             e = min(queue)
             queue.remove(e)
@@ -446,31 +529,32 @@ class Tokenizer:
             q = nxt[p]
             if q < 0:
                 continue
-            r2 = rank(syms[p], syms[q])
-            if r2 < 0:
+            m = rank(syms[p], syms[q])
+            if m < 0:
                 continue
-            new = _tok_u16(buf, mo + 6 * r)
-            if _tok_u16(buf, mo + 6 * r2) != new:
-                continue  # stale entry: this position now holds another pair
+            new = _tok_u16(buf, mo + 6 * m)
+            if ro < 0:
+                if _tok_u16(buf, mo + 6 * r) != new:
+                    continue  # stale entry: this position now holds another pair
+            elif _tok_u16(buf, ro + 2 * m) != r:
+                continue  # stale: the pair here now has another priority (it is queued with it)
             syms[p] = new
             syms[q] = -1
             q = nxt[q]
             nxt[p] = q
             if q >= 0:
                 prv[q] = p
-                r3 = rank(new, syms[q])
-                if r3 >= 0:
-                    queue.append(r3 * n + p)
+                m = rank(new, syms[q])
+                if m >= 0:
+                    queue.append((m if ro < 0 else _tok_u16(buf, ro + 2 * m)) * n + p)
             pp = prv[p]
             if pp >= 0:
-                r3 = rank(syms[pp], new)
-                if r3 >= 0:
-                    queue.append(r3 * n + pp)
+                m = rank(syms[pp], new)
+                if m >= 0:
+                    queue.append((m if ro < 0 else _tok_u16(buf, ro + 2 * m)) * n + pp)
         for s in syms:
             if s >= 0:
                 out.append(s)
-        if ends is not None:
-            ends.append(len(out))
 
 
 class Utf8Decoder:

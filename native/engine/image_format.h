@@ -91,7 +91,10 @@
  *   u32 n_vocab       (== vocab_out)
  *   u32 n_merges
  *   u32 n_special     ids of special tokens follow the byte table
- *   u32 reserved (0)
+ *   u32 flags         0: byte-level BPE (tokenizer.json); bit 0: llama2.c's
+ *                     sentencepiece rules (tokenizer.bin: no pre-tokenizer,
+ *                     a space in front, characters or byte-fallback tokens,
+ *                     merges by score); other bits are an error
  *   u16 byte_ids[256] id of the single-byte token for each byte value
  *                     (0xFFFF if the vocabulary has none)
  *   u16 special_ids[n_special], then zero padding to a multiple of 4 bytes
@@ -103,6 +106,12 @@
  *   zero padding to a multiple of 2 bytes (from the section start)
  *   u16 merges[n_merges][3]       (left id, right id, merged id), in rank
  *                                 order: merge 0 has the highest priority
+ *   sentencepiece only:
+ *   u16 ranks[n_merges]           priority of each merge (lower first; equal
+ *                                 for equally scored merged tokens, where the
+ *                                 leftmost pair wins); special_ids = BOS, EOS;
+ *                                 byte_ids = the <0xNN> fallback tokens, whose
+ *                                 text is the raw byte
  *
  * KIND_HEAD_TILES (what lets the engine skip head rows without changing the
  * chosen token; the proof is in native/engine/head.c):

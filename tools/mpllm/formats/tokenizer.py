@@ -22,6 +22,8 @@ EOT_TEXT = "<|endoftext|>"
 MAX_TOKEN_BYTES = 255  # lengths are stored as u8
 MAX_IDS = 65536  # ids are stored as u16
 _NO_ID = 0xFFFF
+#: KIND_TOKENIZER header flag (image_format.h): llama2.c's sentencepiece rules
+SENTENCEPIECE_FLAG = 1
 
 
 class TokenizerFormatError(ValueError):
@@ -60,7 +62,11 @@ class TokenizerTables:
     token_bytes: list[bytes]  # per id; special tokens as their literal UTF-8 text
     merges: list[tuple[int, int, int]]  # (left, right, merged) in rank order
     byte_ids: list[int]  # 256 entries, 0xFFFF where the vocabulary lacks the byte
-    special_ids: list[int]  # ascending; always includes eot_id
+    special_ids: list[int]  # ascending; always includes eot_id (sentencepiece: BOS, EOS)
+    #: sentencepiece (llama2.c's tokenizer.bin, see mpllm.formats.llama2c): one
+    #: priority per merge, equal for merges of equally scored tokens; None for
+    #: byte-level BPE, where a merge's priority is its index
+    ranks: list[int] | None = None
 
 
 def _require(cond: bool, message: str) -> None:
@@ -276,7 +282,11 @@ def tokenizer_section(tables: TokenizerTables) -> bytes:
         f"token_bytes has {len(tables.token_bytes)} entries for {n} tokens",
     )
     _require(len(tables.byte_ids) == 256, "byte_ids must have 256 entries")
-    out = bytearray(struct.pack("<4I", n, len(tables.merges), len(tables.special_ids), 0))
+    sentencepiece = tables.ranks is not None
+    _require(not sentencepiece or len(tables.ranks) == len(tables.merges),  # type: ignore[arg-type]
+             "sentencepiece tables need one rank per merge")
+    out = bytearray(struct.pack("<4I", n, len(tables.merges), len(tables.special_ids),
+                                SENTENCEPIECE_FLAG if sentencepiece else 0))
     out += struct.pack("<256H", *tables.byte_ids)
     out += struct.pack(f"<{len(tables.special_ids)}H", *tables.special_ids)
     out += bytes(-len(out) % 4)
@@ -286,4 +296,6 @@ def tokenizer_section(tables: TokenizerTables) -> bytes:
     out += bytes(-len(out) % 2)
     for m in tables.merges:
         out += struct.pack("<3H", *m)
+    if sentencepiece:
+        out += struct.pack(f"<{len(tables.merges)}H", *tables.ranks)  # type: ignore[misc]
     return bytes(out)
