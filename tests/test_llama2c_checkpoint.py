@@ -1,0 +1,116 @@
+"""llama2.c checkpoints (v0 legacy, v1 fp32, v2 Q8_0) read by mpllm.formats.llama2c:
+written here as llama2.c's export.py lays them out, read back, and every
+malformed file refused with its own message. The real stories260K-shaped
+checkpoint in ../shared/llama2c/ (read there, never copied) is read when present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+from mpllm.formats import llama2c
+from mpllm.formats.llama2c import CheckpointError, Llama2cCheckpoint, Llama2cConfig
+from tokenizer_cases import ROOT
+
+STORIES260K = ROOT.parent / "shared" / "llama2c" / "stories260K.bin"
+
+
+def random_checkpoint(shared: bool = True, seed: int = 0) -> Llama2cCheckpoint:
+    cfg = Llama2cConfig(dim=32, hidden_dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
+                        vocab_size=96, seq_len=40, shared_classifier=shared)
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return rng.normal(0, 0.2, shape).astype(np.float32)
+
+    layers = {name: w(cfg.n_layers, *cfg.matrix_shape(name)) for name in llama2c.LAYER_MATRICES}
+    return Llama2cCheckpoint(0, cfg, w(96, 32), 1 + w(2, 32), 1 + w(2, 32), 1 + w(32), layers,
+                             None if shared else w(96, 32))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_each_version_reads_back(version, shared):
+    ck = random_checkpoint(shared)
+    back = llama2c.read_checkpoint(llama2c.checkpoint_bytes(ck, version, group_size=16))
+    assert back.version == version and back.config == ck.config
+    assert (back.classifier is None) == shared
+    tol = 0 if version < 2 else 0.2 * 5 / 127  # Q8_0: half a step of the largest group
+    for name in llama2c.LAYER_MATRICES:
+        assert back.layers[name].shape == ck.layers[name].shape
+        assert np.abs(back.layers[name] - ck.layers[name]).max() <= tol, name
+    for a, b in ((back.tok_embeddings, ck.tok_embeddings), (back.output, ck.output)):
+        assert np.abs(a - b).max() <= tol
+    # norms stay fp32 in every version
+    assert np.array_equal(back.attention_norm, ck.attention_norm)
+    assert np.array_equal(back.norm, ck.norm)
+    assert back.group_size == (16 if version == 2 else 0)
+
+
+def test_v2_values_are_codes_times_their_group_scale():
+    ck = random_checkpoint()
+    data = llama2c.checkpoint_bytes(ck, 2, group_size=16)
+    back = llama2c.read_checkpoint(data)
+    at = 256 + 4 * (2 * 32 + 2 * 32 + 32)  # after the norms: tok_embeddings' codes
+    codes = np.frombuffer(data, np.int8, 96 * 32, at).astype(np.float32)
+    scales = np.frombuffer(data, "<f4", 96 * 32 // 16, at + 96 * 32)
+    assert np.array_equal(back.tok_embeddings.reshape(-1), (codes.reshape(-1, 16) * scales[:, None]).reshape(-1))
+
+
+def _v1(ck: Llama2cCheckpoint) -> bytearray:
+    return bytearray(llama2c.checkpoint_bytes(ck, 1))
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda b: b[:20], "too short for a llama2.c header"),
+    (lambda b: b[:100], "too short for its 256-byte header"),
+    (lambda b: b[:4] + struct.pack("<i", 3) + b[8:], "version 3"),
+    (lambda b: b[:-1], "truncated in the classifier|truncated in layer 1 w3"),
+    (lambda b: b + b"\0" * 4, "4 bytes after the last tensor"),
+    (lambda b: b[:8] + struct.pack("<i", 30) + b[12:], "dim 30 does not split into 4 heads"),
+    (lambda b: b[:24] + struct.pack("<i", 3) + b[28:], "4 heads do not share 3 kv heads"),
+    (lambda b: b[:8] + struct.pack("<i", -32) + b[12:], "dim -32 is not"),
+    (lambda b: b[:36] + b"\x07" + b[37:], "shared-classifier flag 7"),
+    (lambda b: b[:256] + struct.pack("<f", float("nan")) + b[260:], "attention_norm holds NaN"),
+])
+def test_bad_checkpoints_get_their_own_message(damage, message):
+    with pytest.raises(CheckpointError, match=message):
+        llama2c.read_checkpoint(bytes(damage(_v1(random_checkpoint(shared=False)))))
+
+
+def test_v0_vocab_sign_and_sizes():
+    ck = random_checkpoint(shared=False)
+    data = llama2c.checkpoint_bytes(ck, 0)
+    assert struct.unpack_from("<7i", data)[5] == -96  # negative: an unshared classifier
+    with pytest.raises(CheckpointError, match="bytes after the last tensor"):
+        llama2c.read_checkpoint(data + bytes(8))
+    with pytest.raises(CheckpointError, match="truncated in the classifier"):
+        llama2c.read_checkpoint(data[:-8])
+    assert llama2c.is_checkpoint(data) and not llama2c.is_checkpoint(b"PLE\0" + bytes(100))
+
+
+def test_v2_group_size_is_checked():
+    data = bytearray(llama2c.checkpoint_bytes(random_checkpoint(), 2, group_size=16))
+    data[37:41] = struct.pack("<i", 0)
+    with pytest.raises(CheckpointError, match="group size 0"):
+        llama2c.read_checkpoint(bytes(data))
+    data[37:41] = struct.pack("<i", 7)  # 7 does not divide the tensors
+    with pytest.raises(CheckpointError, match="not a multiple of the group size 7"):
+        llama2c.read_checkpoint(bytes(data))
+
+
+def test_stories260k_reads():
+    if not STORIES260K.is_file():
+        pytest.skip(f"stories260K.bin is not at {STORIES260K}")
+    data = STORIES260K.read_bytes()
+    assert hashlib.sha256(data).hexdigest().startswith("9414d5a2")
+    ck = llama2c.read_checkpoint(data, str(STORIES260K))
+    assert ck.version == 0 and ck.config == Llama2cConfig(64, 172, 5, 8, 4, 512, 512, True)
+    assert ck.layers["wk"].shape == (5, 32, 64)  # 4 kv heads of 8
+    # written back as v0, every tensor but the RoPE tables (recomputed) is the same bytes
+    again = llama2c.checkpoint_bytes(ck, 0)
+    rope = 512 * 4 * 2 * 4  # two [seq_len, head_size/2] f32 tables
+    assert len(again) == len(data) and again[:-rope] == data[:-rope]
