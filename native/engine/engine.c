@@ -537,8 +537,9 @@ static void ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     }
 }
 
-/* What a pass evaluates the head input for. */
-enum { HEADS_NONE, HEADS_LAST, HEADS_ALL };
+/* Which positions of a pass get the output head's input (not attention
+ * heads: those are h below). */
+enum { OUT_NONE, OUT_LAST, OUT_ALL };
 
 /* m tokens (1 <= m <= n_cols) through the model at positions e->pos ..
  * e->pos + m - 1, as one pass: every weight is read once for the m
@@ -548,7 +549,7 @@ enum { HEADS_NONE, HEADS_LAST, HEADS_ALL };
  *   head_in = quantize(rmsnorm(x) * out_norm)   for the last position or all
  * (the head itself, logits = W_head head_in, runs in select_next). Arguments
  * were checked by the caller; e->pos is not moved here. */
-static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads) {
+static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
     llm_run_state *s = &e->s;
     uint64_t t = now(e);
     const float *rope[LLM_BATCH_MAX];
@@ -564,8 +565,8 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads)
     }
     e->stats.tokens += m;
 
-    if (heads != HEADS_NONE) {
-        for (uint32_t c = heads == HEADS_ALL ? 0u : m - 1u; c < m; c++) {
+    if (out != OUT_NONE) {
+        for (uint32_t c = out == OUT_ALL ? 0u : m - 1u; c < m; c++) {
             llm_col *col = &s->col[c];
             rmsnorm(e, col->x, col->x, e->w.out_norm, e->cfg.dim);
             quantize(&col->head_in, col->x, e->cfg.dim);
@@ -729,7 +730,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
                             "tokens: nothing was kept", (unsigned long)i, (unsigned long)n);
         }
         uint32_t m = n - i < e->s.n_cols ? n - i : e->s.n_cols;
-        forward(e, tokens + i, m, i + m == n ? HEADS_LAST : HEADS_NONE);
+        forward(e, tokens + i, m, i + m == n ? OUT_LAST : OUT_NONE);
         for (uint32_t c = 0; c < m; c++)
             e->s.rng_at[++e->pos] = e->rng; /* positions inside a prompt: no draw yet */
         last = m - 1u;
@@ -750,7 +751,7 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
                         (unsigned long)e->cfg.seq_len);
     llm_status st = check_tokens(e, &token, 1, err);
     if (st != LLM_OK) return st;
-    forward(e, &token, 1, HEADS_LAST);
+    forward(e, &token, 1, OUT_LAST);
     e->pos++;
     st = select_next(e, 0, next, err);
     e->s.rng_at[e->pos] = e->rng;
@@ -773,7 +774,7 @@ llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t 
      * same draws as m steps */
     for (uint32_t i = 0; i < m;) {
         uint32_t n = m - i < e->s.n_cols ? m - i : e->s.n_cols;
-        forward(e, tokens + i, n, HEADS_ALL);
+        forward(e, tokens + i, n, OUT_ALL);
         note_pass(e, e->pos + 1u, 0, n);
         if (n > 1u && certify_many(e, n, &st, err)) {
             /* one scan found every position's candidates; the draws still go
