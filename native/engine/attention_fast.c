@@ -27,23 +27,22 @@
  */
 #include <string.h>
 
+#include "align_up.h"
 #include "engine_state.h"
 #include "llm_error.h"
 #include "kernels.h"
 #include "mathf.h"
 
-static uint64_t round16(uint64_t n) { return (n + 15u) & ~(uint64_t)15u; }
-
 /* The fast arrays' layout in `base`; returns the bytes needed (in 64 bits:
  * on a 32-bit host a large config must not wrap to a small need). */
 static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
     const uint64_t L = c->n_layers, H = c->n_heads, S = c->seq_len;
-    const uint64_t dhp = round16(c->head_dim), sp = round16(c->seq_len);
+    const uint64_t dhp = llm_align_up(c->head_dim, 16u), sp = llm_align_up(c->seq_len, 16u);
     uint64_t at = 0;
 #define TAKE(field, type, count)                                         \
     do {                                                                 \
         if (base) f->field = (type *)(void *)(base + (size_t)at);        \
-        at = round16(at + (uint64_t)(count) * sizeof(type));             \
+        at = llm_align_up(at + (uint64_t)(count) * sizeof(type), 16u);   \
     } while (0)
     TAKE(kq, int8_t, L * H * S * dhp);
     TAKE(vt, int8_t, L * H * c->head_dim * sp);
@@ -139,7 +138,7 @@ void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
     for (uint32_t col = 0; col < m; col++) {
         llm_col *cl = &e->s.col[col];
         const uint32_t n = pos + col + 1u;          /* positions this query sees */
-        const uint32_t n16 = (n + 15u) & ~15u;
+        const uint32_t n16 = (uint32_t)llm_align_up(n, 16u);
         for (uint32_t h = h0; h < h1; h++) {
             const size_t lh = (size_t)l * H + h;
             int8_t *qq = f->qq + ((size_t)col * H + h) * f->dhp;

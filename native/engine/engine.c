@@ -20,6 +20,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "align_up.h"
 #include "engine_state.h"
 #include "llm_error.h"
 #include "llm_names.h"
@@ -159,7 +160,7 @@ static void gelu_mul(float *out, const float *a, const float *b, uint32_t n, int
 
 /* Quantize x[0..n) as the input of the matvecs that follow. */
 static void quantize(llm_act *a, const float *x, uint32_t n) {
-    llm_quantize_act(x, n, (n + 31u) / 32u * 32u, a->q, &a->scale);
+    llm_quantize_act(x, n, (uint32_t)llm_align_up(n, LLM_IMAGE_BLOCK_COLS), a->q, &a->scale);
 }
 
 /* A float buffer of position c of the pass: `field` is one of llm_col's
@@ -427,22 +428,15 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
     e->stats.bytes[e->kv_region] += written + read;
 }
 
-/* What a pass evaluates the head input for. */
-enum { HEADS_NONE, HEADS_LAST, HEADS_ALL };
-
-/* m tokens (1 <= m <= n_cols) through the layers at positions e->pos .. e->pos
- * + m - 1, as one pass: every weight is read once for the m positions. The
- * final norm and the head's quantized input for the last position or for
- * all of them (the head itself runs in select_next). Arguments were checked
- * by the caller; e->pos is not moved here. */
-static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads) {
-    const llm_config *cf = &e->cfg;
-    const uint32_t D = cf->dim, L = cf->n_layers, P = cf->ple_dim, F = cf->ffn;
-    const uint32_t Dh = cf->head_dim, half = Dh / 2u, pos = e->pos;
+/* The inputs of the m positions of a pass (token t at position p):
+ *   x = E[t]                                  embedding row, int4 -> float
+ *   ple = W_ple_model_proj x / sqrt(dim)      every layer's PLE input at once
+ *   ple_l = rmsnorm(ple_l) * ple_proj_norm    per layer slice l (ple_dim wide)
+ *   ple = (ple + T_ple[t] sqrt(ple_dim)) / sqrt(2)   plus the token's PLE row
+ * and each position's RoPE row (cos then sin) into rope[]. */
+static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const float **rope) {
+    const uint32_t D = e->cfg.dim, L = e->cfg.n_layers, P = e->cfg.ple_dim;
     llm_run_state *s = &e->s;
-    uint64_t t = now(e);
-
-    /* embedding, PLE input and RoPE rows */
     for (uint32_t c = 0; c < m; c++) {
         llm_col *col = &s->col[c];
         embed_row(e, (uint32_t)tokens[c], col->x);
@@ -458,80 +452,124 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int heads)
         for (uint32_t i = 0; i < L * P; i++)
             col->ple[i] = (col->ple[i] + col->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
     }
-    /* each position's RoPE row: cos then sin */
-    const float *rope[LLM_BATCH_MAX];
-    for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, pos + c);
-    lap(e, LLM_STAGE_EMBED, &t);
+    for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
+}
 
-    for (uint32_t l = 0; l < L; l++) {
-        const llm_layer_weights *ly = &e->w.layers[l];
-
-        /* attention */
-        for (uint32_t c = 0; c < m; c++) {
-            rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
-            quantize(&s->col[c].act, s->col[c].xb, D);
-        }
-        if (s->value_dots != NULL && !e->plain && !e->fast)
-            matvec_qk_vdots(e, &ly->qkv, m);
-        else
-            MATVEC(e, &ly->qkv, m, qkv);
-        for (uint32_t c = 0; c < m; c++) {
-            const float *rope_cos = rope[c], *rope_sin = rope_cos + half;
-            for (uint32_t h = 0; h < 2u * cf->n_heads; h++) { /* q heads then k heads */
-                float *v = s->col[c].qkv + h * Dh;
-                for (uint32_t i = 0; i < half; i++) {
-                    float co = rope_cos[i], si = rope_sin[i];
-                    float a = v[i], b = v[i + half];
-                    v[i] = a * co - b * si;
-                    v[i + half] = b * co + a * si;
-                }
+/* Layer l's attention for the pass's m positions:
+ *   xb = rmsnorm(x) * attn_norm
+ *   q | k | v = W_qkv xb
+ *   q, k rotated by RoPE, split-half: (a, b) -> (a cos - b sin, b cos + a sin)
+ *   att_h = softmax(q_h . k_h[0..p] / sqrt(head_dim)) v_h[0..p]   every head h
+ *   x += W_attn_proj att */
+static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *const *rope) {
+    const llm_config *cf = &e->cfg;
+    const llm_layer_weights *ly = &e->w.layers[l];
+    const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
+    llm_run_state *s = &e->s;
+    for (uint32_t c = 0; c < m; c++) {
+        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
+        quantize(&s->col[c].act, s->col[c].xb, D);
+    }
+    if (s->value_dots != NULL && !e->plain && !e->fast)
+        matvec_qk_vdots(e, &ly->qkv, m);
+    else
+        MATVEC(e, &ly->qkv, m, qkv);
+    for (uint32_t c = 0; c < m; c++) {
+        const float *rope_cos = rope[c], *rope_sin = rope_cos + half;
+        for (uint32_t h = 0; h < 2u * cf->n_heads; h++) { /* q heads then k heads */
+            float *v = s->col[c].qkv + h * Dh;
+            for (uint32_t i = 0; i < half; i++) {
+                float co = rope_cos[i], si = rope_sin[i];
+                float a = v[i], b = v[i + half];
+                v[i] = a * co - b * si;
+                v[i + half] = b * co + a * si;
             }
         }
-        attention(e, l, pos, m, ly->qkv.w.scales + 2u * D);
-        for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
-        MATVEC(e, &ly->attn_proj, m, xb2);
-        for (uint32_t c = 0; c < m; c++)
-            for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+    }
+    attention(e, l, e->pos, m, ly->qkv.w.scales + 2u * D);
+    for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
+    MATVEC(e, &ly->attn_proj, m, xb2);
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+}
+
+/* Layer l's SwiGLU feed-forward:
+ *   xb = rmsnorm(x) * ffn_norm
+ *   hb = silu(W_gate xb) * (W_up xb)
+ *   x += W_down hb */
+static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
+    const llm_layer_weights *ly = &e->w.layers[l];
+    const uint32_t D = e->cfg.dim, F = e->cfg.ffn;
+    llm_run_state *s = &e->s;
+    for (uint32_t c = 0; c < m; c++) {
+        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->ffn_norm, D);
+        quantize(&s->col[c].act, s->col[c].xb, D);
+    }
+    MATVEC(e, &ly->gate, m, hb);
+    MATVEC(e, &ly->up, m, hb2);
+    for (uint32_t c = 0; c < m; c++) {
+        silu_mul(s->col[c].hb, s->col[c].hb, s->col[c].hb2, F, e->plain);
+        quantize(&s->col[c].act, s->col[c].hb, F);
+    }
+    MATVEC(e, &ly->down, m, xb2);
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+}
+
+/* Layer l's per-layer-embedding (PLE) branch, on the raw residual:
+ *   hb = gelu(W_ple_gate x) * ple_l
+ *   x += rmsnorm(W_ple_proj hb) * ple_norm */
+static void ple_block(llm_engine *e, uint32_t l, uint32_t m) {
+    const llm_layer_weights *ly = &e->w.layers[l];
+    const uint32_t D = e->cfg.dim, P = e->cfg.ple_dim;
+    llm_run_state *s = &e->s;
+    for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].x, D);
+    MATVEC(e, &ly->ple_gate, m, hb);
+    for (uint32_t c = 0; c < m; c++) {
+        gelu_mul(s->col[c].hb, s->col[c].hb, s->col[c].ple + l * P, P, e->plain);
+        quantize(&s->col[c].act, s->col[c].hb, P);
+    }
+    MATVEC(e, &ly->ple_proj, m, xb2);
+    for (uint32_t c = 0; c < m; c++) {
+        llm_col *col = &s->col[c];
+        rmsnorm(e, col->xb2, col->xb2, ly->ple_norm, D);
+        for (uint32_t i = 0; i < D; i++) col->x[i] += col->xb2[i];
+    }
+}
+
+/* Which positions of a pass get the output head's input (not attention
+ * heads: those are h below). */
+enum { OUT_NONE, OUT_LAST, OUT_ALL };
+
+/* m tokens (1 <= m <= n_cols) through the model at positions e->pos ..
+ * e->pos + m - 1, as one pass: every weight is read once for the m
+ * positions, each position computing exactly what it would alone:
+ *   x, ple = embed_inputs(token)
+ *   for each layer l: x = attention_block(x); x = ffn_block(x); x = ple_block(x, ple_l)
+ *   head_in = quantize(rmsnorm(x) * out_norm)   for the last position or all
+ * (the head itself, logits = W_head head_in, runs in select_next). Arguments
+ * were checked by the caller; e->pos is not moved here. */
+static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
+    llm_run_state *s = &e->s;
+    uint64_t t = now(e);
+    const float *rope[LLM_BATCH_MAX];
+    embed_inputs(e, tokens, m, rope);
+    lap(e, LLM_STAGE_EMBED, &t);
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+        attention_block(e, l, m, rope);
         lap(e, LLM_STAGE_ATTN, &t);
-
-        /* SwiGLU FFN */
-        for (uint32_t c = 0; c < m; c++) {
-            rmsnorm(e, s->col[c].xb, s->col[c].x, ly->ffn_norm, D);
-            quantize(&s->col[c].act, s->col[c].xb, D);
-        }
-        MATVEC(e, &ly->gate, m, hb);
-        MATVEC(e, &ly->up, m, hb2);
-        for (uint32_t c = 0; c < m; c++) {
-            silu_mul(s->col[c].hb, s->col[c].hb, s->col[c].hb2, F, e->plain);
-            quantize(&s->col[c].act, s->col[c].hb, F);
-        }
-        MATVEC(e, &ly->down, m, xb2);
-        for (uint32_t c = 0; c < m; c++)
-            for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+        ffn_block(e, l, m);
         lap(e, LLM_STAGE_FFN, &t);
-
-        /* PLE branch, on the raw residual */
-        for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].x, D);
-        MATVEC(e, &ly->ple_gate, m, hb);
-        for (uint32_t c = 0; c < m; c++) {
-            gelu_mul(s->col[c].hb, s->col[c].hb, s->col[c].ple + l * P, P, e->plain);
-            quantize(&s->col[c].act, s->col[c].hb, P);
-        }
-        MATVEC(e, &ly->ple_proj, m, xb2);
-        for (uint32_t c = 0; c < m; c++) {
-            llm_col *col = &s->col[c];
-            rmsnorm(e, col->xb2, col->xb2, ly->ple_norm, D);
-            for (uint32_t i = 0; i < D; i++) col->x[i] += col->xb2[i];
-        }
+        ple_block(e, l, m);
         lap(e, LLM_STAGE_PLE, &t);
     }
     e->stats.tokens += m;
 
-    if (heads != HEADS_NONE) {
-        for (uint32_t c = heads == HEADS_ALL ? 0u : m - 1u; c < m; c++) {
+    if (out != OUT_NONE) {
+        for (uint32_t c = out == OUT_ALL ? 0u : m - 1u; c < m; c++) {
             llm_col *col = &s->col[c];
-            rmsnorm(e, col->x, col->x, e->w.out_norm, D);
-            quantize(&col->head_in, col->x, D);
+            rmsnorm(e, col->x, col->x, e->w.out_norm, e->cfg.dim);
+            quantize(&col->head_in, col->x, e->cfg.dim);
         }
         lap(e, LLM_STAGE_HEAD, &t);
     }
@@ -556,6 +594,23 @@ static void charge_head(llm_engine *e, const llm_head_work *work, int dense, uin
         e->stats.bytes[e->logits_region] += (uint64_t)e->cfg.vocab_out * 2u * sizeof(float);
 }
 
+/* Column c's head input is the last evaluation (what llm_logits() reads);
+ * its logits are not computed yet. */
+static void note_evaluation(llm_engine *e, uint32_t c) {
+    e->have_head = 1;
+    e->head_col = c;
+    e->have_logits = 0;
+}
+
+/* The last pass evaluated the head for n positions: column col0 + c
+ * proposed the token of position pos0 + c (what rewind keeps for
+ * llm_logits()). */
+static void note_pass(llm_engine *e, uint32_t pos0, uint32_t col0, uint32_t n) {
+    e->head_pos0 = pos0;
+    e->head_col0 = col0;
+    e->head_n = n;
+}
+
 /* The head and the sampler for position c of the pass forward() prepared.
  * The certified route when plain mode is off and its preconditions hold
  * (head.c), else the dense route; both choose the same token (head.c's
@@ -569,9 +624,7 @@ static llm_status select_next(llm_engine *e, uint32_t c, int32_t *next, llm_erro
     uint64_t t = now(e);
     llm_splitter sp = splitter(e);
     llm_head_work work;
-    e->have_head = 1;
-    e->head_col = c;
-    e->have_logits = 0;
+    note_evaluation(e, c);
     const uint32_t k = llm_sampler_candidates_needed(&e->sampler, V);
     if (!e->plain && k > 0 && llm_head_certifiable(h, in->scale)) {
         llm_candidates_init(&s->cand, k);
@@ -677,7 +730,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
                             "tokens: nothing was kept", (unsigned long)i, (unsigned long)n);
         }
         uint32_t m = n - i < e->s.n_cols ? n - i : e->s.n_cols;
-        forward(e, tokens + i, m, i + m == n ? HEADS_LAST : HEADS_NONE);
+        forward(e, tokens + i, m, i + m == n ? OUT_LAST : OUT_NONE);
         for (uint32_t c = 0; c < m; c++)
             e->s.rng_at[++e->pos] = e->rng; /* positions inside a prompt: no draw yet */
         last = m - 1u;
@@ -685,9 +738,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
     }
     st = select_next(e, last, next, err);
     e->s.rng_at[e->pos] = e->rng;
-    e->head_pos0 = e->pos;
-    e->head_col0 = last;
-    e->head_n = 1;
+    note_pass(e, e->pos, last, 1);
     e->stats.prefill_tokens = n;
     e->stats.prefill_us = now(e) - t0;
     return st == LLM_OK ? llm_engine_ok(err) : st;
@@ -700,13 +751,11 @@ llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err)
                         (unsigned long)e->cfg.seq_len);
     llm_status st = check_tokens(e, &token, 1, err);
     if (st != LLM_OK) return st;
-    forward(e, &token, 1, HEADS_LAST);
+    forward(e, &token, 1, OUT_LAST);
     e->pos++;
     st = select_next(e, 0, next, err);
     e->s.rng_at[e->pos] = e->rng;
-    e->head_pos0 = e->pos;
-    e->head_col0 = 0;
-    e->head_n = 1;
+    note_pass(e, e->pos, 0, 1);
     return st == LLM_OK ? llm_engine_ok(err) : st;
 }
 
@@ -725,19 +774,15 @@ llm_status llm_verify(llm_engine *e, const int32_t *tokens, uint32_t m, int32_t 
      * same draws as m steps */
     for (uint32_t i = 0; i < m;) {
         uint32_t n = m - i < e->s.n_cols ? m - i : e->s.n_cols;
-        forward(e, tokens + i, n, HEADS_ALL);
-        e->head_pos0 = e->pos + 1u;
-        e->head_col0 = 0;
-        e->head_n = n;
+        forward(e, tokens + i, n, OUT_ALL);
+        note_pass(e, e->pos + 1u, 0, n);
         if (n > 1u && certify_many(e, n, &st, err)) {
             /* one scan found every position's candidates; the draws still go
              * position by position, in order */
             for (uint32_t c = 0; c < n && st == LLM_OK; c++) {
                 uint64_t t = now(e);
                 e->pos++;
-                e->have_head = 1;
-                e->head_col = c;
-                e->have_logits = 0;
+                note_evaluation(e, c);
                 st = llm_sample_candidates(&e->s.cands[c], &e->sampler, &e->rng, &next[i + c],
                                            err);
                 e->s.rng_at[e->pos] = e->rng;

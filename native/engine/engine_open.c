@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "align_up.h"
 #include "engine_state.h"
 #include "llm_error.h"
 #include "llm_names.h"
@@ -76,9 +77,6 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
     e->n_placements++;
 }
 
-/* Ask for `wanted`; the port may answer with another region. NULL if none. */
-static size_t round16(size_t n) { return (n + 15u) & ~(size_t)15u; }
-
 /* A position's float buffers (llm_col in engine_state.h) in the order they
  * sit in its block, each with its length in floats: the one list the layout
  * and col_init follow. A length may use col_layout_init's D, LP, widest and c. */
@@ -110,12 +108,12 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
     size_t widest = D > c->ffn ? D : c->ffn;
     if (c->ple_dim > widest) widest = c->ple_dim;
     size_t nf = 0;
-#define COL_PLACE(name, len) k->name = nf; nf += round16(len);
+#define COL_PLACE(name, len) k->name = nf; nf += llm_align_up(len, 16u);
     COL_FLOATS(COL_PLACE)
 #undef COL_PLACE
     k->n_floats = nf;
-    k->act_bytes = round16((widest + 31u) / 32u * 32u);
-    k->bytes = nf * sizeof(float) + k->act_bytes + round16(head_cols_padded);
+    k->act_bytes = llm_align_up(widest, LLM_IMAGE_BLOCK_COLS); /* 32 columns: 16-aligned too */
+    k->bytes = nf * sizeof(float) + k->act_bytes + llm_align_up(head_cols_padded, 16u);
 }
 
 static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
@@ -127,6 +125,7 @@ static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
     col->head_in.q = col->act.q + k->act_bytes;
 }
 
+/* Ask for `wanted`; the port may answer with another region. NULL if none. */
 static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
                    llm_region *placed) {
     llm_region got = wanted;
@@ -150,7 +149,7 @@ static void *place64(llm_engine *e, const char *name, size_t bytes, llm_region w
     uint8_t *p = place(e, name, bytes + 48u, wanted, placed);
     if (p == NULL) return NULL;
     e->placements[e->n_placements - 1u].bytes = (uint32_t)bytes;
-    return p + ((64u - ((uintptr_t)p & 63u)) & 63u);
+    return (uint8_t *)(uintptr_t)llm_align_up((uintptr_t)p, 64u);
 }
 
 /* Stage a Q4 matrix into RAM: FAST first, then BULK, else read it in place. */
@@ -195,6 +194,61 @@ static llm_status open_fail(llm_engine *e, llm_status st) {
     return st;
 }
 
+/* The certificate of a head that has one, checked whether or not it is used
+ * (so an image opens, or is refused, the same everywhere): its order a
+ * permutation, else the staged copy would lose or repeat rows, and every
+ * weight inside its tile's box. */
+static llm_status check_certificate(llm_engine *e, const llm_q4 *src, const llm_tiles *t,
+                                    llm_error *err) {
+    llm_region seen_region;
+    uint8_t *seen = e->port.alloc(e->port.ctx, (t->rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
+    if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
+    llm_status st = llm_head_check_order(t, seen, err);
+    e->port.free(e->port.ctx, seen);
+    return st == LLM_OK ? llm_head_check_boxes(src, t, err) : st;
+}
+
+/* The head's rows copied to p in the certificate's order, scales after the
+ * codes. */
+static void stage_rows_in_tile_order(llm_head *h, const llm_q4 *src, const llm_tiles *t,
+                                     uint8_t *p, llm_region got) {
+    const size_t codes = (size_t)src->rows * src->row_bytes;
+    for (uint32_t i = 0; i < src->rows; i++) {
+        memcpy(p + (size_t)i * src->row_bytes, src->codes + (size_t)t->order[i] * src->row_bytes,
+               src->row_bytes);
+        memcpy(p + codes + (size_t)i * sizeof(float), &src->scales[t->order[i]], sizeof(float));
+    }
+    h->w = *src;
+    h->w.codes = p;
+    h->w.scales = (const float *)(void *)(p + codes);
+    h->rows_region = got;
+}
+
+/* The certificate's ids and boxes: small, read per evaluation. Ids per
+ * scored row (BULK); boxes for every tile, every evaluation (FAST). Else
+ * read in place. */
+static void stage_tiles(llm_engine *e, const llm_tiles *t) {
+    llm_head *h = &e->w.head;
+    const size_t ids_bytes = llm_align_up((size_t)t->rows * 2u, 16u);
+    uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
+    if (ids != NULL) memcpy(ids, t->order, (size_t)t->rows * 2u);
+    h->ids = ids != NULL ? ids : t->order;
+    const size_t box_bytes = (size_t)t->n_tiles * 2u * h->cols_padded;
+    const size_t sc_bytes = llm_align_up((size_t)t->n_tiles * sizeof(float), 16u);
+    uint8_t *b = place(e, "head_tiles", sc_bytes + box_bytes, LLM_REGION_FAST, &h->boxes_region);
+    if (b != NULL) {
+        memcpy(b, t->scales, (size_t)t->n_tiles * sizeof(float));
+        memcpy(b + sc_bytes, t->boxes, box_bytes);
+        h->tile_scale = (const float *)(void *)b;
+        h->boxes = (const int8_t *)(b + sc_bytes);
+    } else {
+        h->tile_scale = t->scales;
+        h->boxes = t->boxes;
+    }
+    h->tile_rows = t->tile_rows;
+    h->n_tiles = t->n_tiles;
+}
+
 /* The head: staged into BULK in the certificate's row order when the image
  * has one (each staged row checked against its tile's box), else staged or
  * read in place in id order with no certificate. */
@@ -213,25 +267,14 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     h->cols_padded = src.row_bytes * 2u;
     h->rows_region = h->ids_region = h->boxes_region = LLM_REGION_FLASH;
 
-    const size_t codes = (size_t)src.rows * src.row_bytes;
-    const size_t scales = (size_t)src.rows * src.n_groups * sizeof(float);
+    const size_t bytes = (size_t)src.rows * (src.row_bytes + src.n_groups * sizeof(float));
     const int certified = t.n_tiles > 0 && src.n_groups == 1u;
     if (certified) {
-        /* checked whether or not it is used below, so an image opens (or is
-         * refused) the same everywhere: a permutation, else the staged copy
-         * would lose or repeat rows, and every weight inside its box */
-        llm_region seen_region;
-        uint8_t *seen = e->port.alloc(e->port.ctx, (t.rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
-        if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
-        llm_status st = llm_head_check_order(&t, seen, err);
-        e->port.free(e->port.ctx, seen);
-        if (st != LLM_OK) return st;
-        st = llm_head_check_boxes(&src, &t, err);
+        llm_status st = check_certificate(e, &src, &t, err);
         if (st != LLM_OK) return st;
     }
-    uint8_t *p = NULL;
     llm_region got = LLM_REGION_BULK;
-    if (certified) p = place64(e, name, codes + scales, LLM_REGION_BULK, &got);
+    uint8_t *p = certified ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
     if (p == NULL) {
         /* no room for the staged copy in its tile order: the dense route on
          * the rows in id order (staged elsewhere or read in place) */
@@ -241,40 +284,8 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
         h->rows_region = m.region;
         return LLM_OK;
     }
-    for (uint32_t i = 0; i < src.rows; i++) {
-        memcpy(p + (size_t)i * src.row_bytes, src.codes + (size_t)t.order[i] * src.row_bytes,
-               src.row_bytes);
-        memcpy(p + codes + (size_t)i * sizeof(float), &src.scales[t.order[i]], sizeof(float));
-    }
-    h->w = src;
-    h->w.codes = p;
-    h->w.scales = (const float *)(void *)(p + codes);
-    h->rows_region = got;
-
-    /* ids and boxes: small, read per evaluation. Ids per scored row (BULK);
-     * boxes for every tile, every evaluation (FAST). Else read in place. */
-    size_t ids_bytes = round16((size_t)t.rows * 2u);
-    uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
-    if (ids != NULL) {
-        memcpy(ids, t.order, (size_t)t.rows * 2u);
-        h->ids = ids;
-    } else {
-        h->ids = t.order;
-    }
-    size_t box_bytes = (size_t)t.n_tiles * 2u * h->cols_padded;
-    size_t sc_bytes = round16((size_t)t.n_tiles * sizeof(float));
-    uint8_t *b = place(e, "head_tiles", sc_bytes + box_bytes, LLM_REGION_FAST, &h->boxes_region);
-    if (b != NULL) {
-        memcpy(b, t.scales, (size_t)t.n_tiles * sizeof(float));
-        memcpy(b + sc_bytes, t.boxes, box_bytes);
-        h->tile_scale = (const float *)(void *)b;
-        h->boxes = (const int8_t *)(b + sc_bytes);
-    } else {
-        h->tile_scale = t.scales;
-        h->boxes = t.boxes;
-    }
-    h->tile_rows = t.tile_rows;
-    h->n_tiles = t.n_tiles;
+    stage_rows_in_tile_order(h, &src, &t, p, got);
+    stage_tiles(e, &t);
     return LLM_OK;
 }
 
@@ -284,6 +295,213 @@ llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
     return st == LLM_OK ? llm_engine_ok(err) : st;
 }
 
+/* The engine struct, its layer table and its placement list: one FAST
+ * block, the first thing placed (NULL: no memory). */
+static llm_engine *engine_block(const llm_image_info *info, const llm_port *port, llm_error *err) {
+    const uint32_t cap = info->n_sections + 16u;
+    const size_t off_layers = llm_align_up(sizeof(llm_engine), 16u);
+    const size_t off_place = off_layers + llm_align_up((size_t)info->config.n_layers *
+                                                  sizeof(llm_layer_weights), 16u);
+    const size_t off_owned = off_place + llm_align_up((size_t)cap * sizeof(llm_placement), 16u);
+    const size_t total = off_owned + (size_t)cap * sizeof(void *);
+    llm_region got = LLM_REGION_FAST;
+    uint8_t *base = port->alloc(port->ctx, total, LLM_REGION_FAST, &got);
+    if (base == NULL) {
+        llm_fail(err, LLM_E_NOMEM, "no memory for the engine state (%lu bytes)",
+                 (unsigned long)total);
+        return NULL;
+    }
+    memset(base, 0, total);
+    llm_engine *e = (llm_engine *)(void *)base;
+    e->port = *port;
+    e->image = *info;
+    e->cfg = info->config;
+    e->w.layers = (llm_layer_weights *)(void *)(base + off_layers);
+    e->placements = (llm_placement *)(void *)(base + off_place);
+    e->owned = (void **)(void *)(base + off_owned);
+    e->cap_placements = cap;
+    record(e, "engine", got, total, e);
+    return e;
+}
+
+/* What stays where it is, in the (mapped) image: the rows read per token
+ * (embedding, PLE rows, RoPE) and the drafter's tables. */
+static void read_in_place(llm_engine *e) {
+    const llm_image_info *info = &e->image;
+    const llm_config *c = &e->cfg;
+    e->w.rope = (const float *)(const void *)llm_image_payload(info, LLM_SEC_ROPE, NULL);
+    llm_image_q4_view(info, LLM_SEC_EMBED, &e->w.embed);
+    llm_image_rows_view(info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
+    llm_image_drafts_view(info, &e->w.drafts);
+    record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH,
+           (size_t)c->seq_len * c->head_dim * 4u, NULL);
+    uint32_t sz;
+    llm_image_payload(info, LLM_SEC_EMBED, &sz);
+    record(e, section_name(e, LLM_SEC_EMBED), LLM_REGION_FLASH, sz, NULL);
+    llm_image_payload(info, LLM_SEC_PLE_ROWS, &sz);
+    record(e, section_name(e, LLM_SEC_PLE_ROWS), LLM_REGION_FLASH, sz, NULL);
+}
+
+/* Activations: position 0's buffers and what every pass shares (FAST,
+ * required): the V cache's wide flags, unit scales, the head's scratch. */
+static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_error *err) {
+    const llm_config *c = &e->cfg;
+    const uint32_t D = c->dim;
+    const size_t flags = (size_t)c->n_layers * c->seq_len;
+    llm_run_state *s = &e->s;
+    const size_t shared = llm_align_up(flags, 16u) +
+                          llm_align_up((size_t)D * sizeof(float), 16u) +
+                          llm_head_scratch_bytes(&e->w.head);
+    const size_t bytes = lay->bytes + shared;
+    uint8_t *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
+    if (a == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
+                        (unsigned long)bytes);
+    memset(a, 0, bytes);
+    s->n_cols = 1;
+    col_init(&s->col[0], a, lay);
+    uint8_t *sh = a + lay->bytes;
+    s->value_wide = sh;
+    sh += llm_align_up(flags, 16u);
+    s->ones = (float *)(void *)sh;
+    for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
+    sh += llm_align_up((size_t)D * sizeof(float), 16u);
+    llm_head_scratch_init(&s->head, &e->w.head, sh);
+    return LLM_OK;
+}
+
+/* Logits: only the dense route and llm_logits() write them, so BULK
+ * (internal SRAM is worth more than a buffer decoding never touches). */
+static llm_status place_logits(llm_engine *e, llm_error *err) {
+    const size_t bytes = (size_t)e->cfg.vocab_out * sizeof(float);
+    e->s.logits = place(e, "logits", bytes, LLM_REGION_BULK, &e->logits_region);
+    if (e->s.logits == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
+                        (unsigned long)bytes);
+    return LLM_OK;
+}
+
+/* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
+ * qkv rows plus the position's activation scale when those rows are one
+ * scale group: attention recomputes each value with the kernel's own two
+ * roundings, so the floats (and every result) are the same bits at half
+ * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
+ * row as floats instead (value_wide). Each array starts on a cache line
+ * (row sizes are multiples of 64 at the release shape). */
+static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
+    const llm_config *c = &e->cfg;
+    const uint32_t D = c->dim, L = c->n_layers, S = c->seq_len;
+    llm_q4 qkv0;
+    llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
+    e->v_dots = qkv0.n_groups == 1u;
+    /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
+     * config could wrap it to a tiny allocation */
+    const uint64_t cells = (uint64_t)L * S * D;
+    const uint64_t floats_bytes = llm_align_up(cells * sizeof(float), 64u);
+    const uint64_t scale_bytes = llm_align_up((uint64_t)L * S * sizeof(float), 64u);
+    const uint64_t rng_bytes = llm_align_up((uint64_t)(S + 1u) * sizeof(llm_rng), 64u);
+    const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
+                          (uint64_t)L * S * sizeof(float) + 3u * 64u + rng_bytes;
+    if (kv64 > (uint64_t)SIZE_MAX / 2u)
+        return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this machine's "
+                        "address space", (unsigned long long)kv64);
+    uint8_t *kv = place64(e, "kv_cache", (size_t)kv64, LLM_REGION_BULK, &e->kv_region);
+    if (kv == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
+                        (unsigned long)kv64);
+    memset(kv, 0, (size_t)kv64);
+    size_t at = 0;
+    e->s.key_cache = (float *)(void *)(kv + at);
+    at += (size_t)floats_bytes;
+    e->s.value_cache = (float *)(void *)(kv + at);
+    at += (size_t)floats_bytes;
+    e->s.value_scale = (float *)(void *)(kv + at);
+    at += (size_t)scale_bytes;
+    e->s.rng_at = (llm_rng *)(void *)(kv + at);
+    at += (size_t)rng_bytes;
+    e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
+    return LLM_OK;
+}
+
+/* The other positions of a pass, a verify pass's candidate lists and the
+ * many-positions head scan's scratch: optional (without them prefill and
+ * verify go one position per pass). */
+static void place_batch(llm_engine *e, const col_layout *lay) {
+    llm_run_state *s = &e->s;
+    const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * lay->bytes;
+    const size_t cand_bytes = llm_align_up(LLM_BATCH_MAX * sizeof(llm_candidates), 16u);
+    const size_t batch_bytes =
+        cols_bytes + cand_bytes +
+        llm_align_up(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles, e->w.head.tile_rows), 16u);
+    uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
+    if (batch == NULL) return;
+    memset(batch, 0, batch_bytes);
+    s->n_cols = LLM_BATCH_MAX;
+    for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
+        col_init(&s->col[k], batch + (size_t)(k - 1u) * lay->bytes, lay);
+    s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
+    s->many = batch + cols_bytes + cand_bytes;
+}
+
+/* Norm vector `sec` (n floats): copied to *at in the norms block, which then
+ * moves on, or read in place when there is no block (*at NULL). */
+static const float *stage_norm(const llm_engine *e, uint32_t sec, uint32_t n, float **at) {
+    const float *src = (const float *)(const void *)llm_image_payload(&e->image, sec, NULL);
+    if (*at == NULL) return src;
+    float *dst = *at;
+    memcpy(dst, src, (size_t)n * sizeof(float));
+    *at += n;
+    return dst;
+}
+
+/* The norms: small, read every token: one FAST block, else in place. */
+static void stage_norms(llm_engine *e) {
+    const uint32_t D = e->cfg.dim, L = e->cfg.n_layers, P = e->cfg.ple_dim;
+    const size_t bytes = ((size_t)P + (size_t)L * 3u * D + D) * sizeof(float);
+    float *at = place(e, "norms", bytes, LLM_REGION_FAST, &e->w.norms_region);
+    if (at == NULL) {
+        e->w.norms_region = LLM_REGION_FLASH;
+        record(e, "norms", LLM_REGION_FLASH, bytes, NULL);
+    }
+    e->w.ple_proj_norm = stage_norm(e, LLM_SEC_PLE_PROJ_NORM, P, &at);
+    for (uint32_t l = 0; l < L; l++) {
+        const uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
+        llm_layer_weights *ly = &e->w.layers[l];
+        ly->attn_norm = stage_norm(e, s0 + LLM_LSEC_ATTN_NORM, D, &at);
+        ly->ffn_norm = stage_norm(e, s0 + LLM_LSEC_FFN_NORM, D, &at);
+        ly->ple_norm = stage_norm(e, s0 + LLM_LSEC_PLE_NORM, D, &at);
+    }
+    e->w.out_norm = stage_norm(e, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D, &at);
+}
+
+/* Matrix section `sec` staged (FAST, else BULK, else read in place). */
+static void stage_section(llm_engine *e, uint32_t sec, llm_mat *dst) {
+    llm_q4 src;
+    llm_image_q4_view(&e->image, sec, &src);
+    stage_mat(e, section_name(e, sec), &src, dst, LLM_REGION_FAST);
+}
+
+/* The core matrices: the PLE projection, then each layer's. */
+static void stage_core(llm_engine *e) {
+    stage_section(e, LLM_SEC_PLE_MODEL_PROJ, &e->w.ple_model_proj);
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+        const uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
+        llm_layer_weights *ly = &e->w.layers[l];
+        stage_section(e, s0 + LLM_LSEC_QKV, &ly->qkv);
+        stage_section(e, s0 + LLM_LSEC_ATTN_PROJ, &ly->attn_proj);
+        stage_section(e, s0 + LLM_LSEC_GATE, &ly->gate);
+        stage_section(e, s0 + LLM_LSEC_UP, &ly->up);
+        stage_section(e, s0 + LLM_LSEC_DOWN, &ly->down);
+        stage_section(e, s0 + LLM_LSEC_PLE_GATE, &ly->ple_gate);
+        stage_section(e, s0 + LLM_LSEC_PLE_PROJ, &ly->ple_proj);
+    }
+}
+
+/* Placement order: the engine block, then the head first among the large
+ * BULK blocks (its layout decides the scratch sizes), the required buffers
+ * (activations, logits, KV cache), then what is optional (the batch, staged
+ * norms and matrices), so required buffers get memory first and weights
+ * that find none are read in place instead. */
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
                     llm_error *err) {
     if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
@@ -293,205 +511,23 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     llm_image_info info;
     llm_status st = llm_image_check(image, len, &info, err);
     if (st != LLM_OK) return st;
-    const llm_config *c = &info.config;
-    const uint32_t D = c->dim, L = c->n_layers, P = c->ple_dim, S = c->seq_len;
-
-    /* the engine struct, layer table and placement list: one FAST block */
-    uint32_t cap = info.n_sections + 16u;
-    size_t off_layers = round16(sizeof(llm_engine));
-    size_t off_place = off_layers + round16((size_t)L * sizeof(llm_layer_weights));
-    size_t off_owned = off_place + round16((size_t)cap * sizeof(llm_placement));
-    size_t total = off_owned + (size_t)cap * sizeof(void *);
-    llm_region got = LLM_REGION_FAST;
-    uint8_t *base = port->alloc(port->ctx, total, LLM_REGION_FAST, &got);
-    if (base == NULL)
-        return llm_fail(err, LLM_E_NOMEM, "no memory for the engine state (%lu bytes)",
-                        (unsigned long)total);
-    memset(base, 0, total);
-    llm_engine *e = (llm_engine *)(void *)base;
-    e->port = *port;
-    e->image = info;
-    e->cfg = *c;
-    llm_image_drafts_view(&info, &e->w.drafts);
-    e->w.layers = (llm_layer_weights *)(void *)(base + off_layers);
-    e->placements = (llm_placement *)(void *)(base + off_place);
-    e->owned = (void **)(void *)(base + off_owned);
-    e->cap_placements = cap;
-    record(e, "engine", got, total, e);
-
-    /* rows read per token stay where they are: in the (mapped) image */
-    e->w.rope = (const float *)(const void *)llm_image_payload(&info, LLM_SEC_ROPE, NULL);
-    llm_image_q4_view(&info, LLM_SEC_EMBED, &e->w.embed);
-    llm_image_rows_view(&info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
-    record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH, (size_t)S * c->head_dim * 4u, NULL);
-    {
-        uint32_t sz;
-        llm_image_payload(&info, LLM_SEC_EMBED, &sz);
-        record(e, section_name(e, LLM_SEC_EMBED), LLM_REGION_FLASH, sz, NULL);
-        llm_image_payload(&info, LLM_SEC_PLE_ROWS, &sz);
-        record(e, section_name(e, LLM_SEC_PLE_ROWS), LLM_REGION_FLASH, sz, NULL);
-    }
-
-    /* the head first among the large BULK blocks: its layout decides the
-     * scratch sizes below */
+    llm_engine *e = engine_block(&info, port, err);
+    if (e == NULL) return LLM_E_NOMEM;
+    read_in_place(e);
     st = stage_head(e, err);
-    if (st != LLM_OK) return open_fail(e, st);
-
-    /* activations: position 0's buffers and what every pass shares (FAST,
-     * required); the other positions of a pass come after the required
-     * buffers (BULK, optional: without them a pass carries one position) */
     col_layout lay;
-    col_layout_init(&lay, c, e->w.head.cols_padded);
-    {
-        llm_run_state *s = &e->s;
-        /* shared: the V cache's wide flags, unit scales, the head's scratch */
-        size_t shared = round16((size_t)L * S) + round16((size_t)D * sizeof(float)) +
-                        llm_head_scratch_bytes(&e->w.head);
-        size_t bytes = lay.bytes + shared;
-        uint8_t *a = place(e, "activations", bytes, LLM_REGION_FAST, NULL);
-        if (a == NULL)
-            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
-                                         (unsigned long)bytes));
-        memset(a, 0, bytes);
-        s->n_cols = 1;
-        col_init(&s->col[0], a, &lay);
-        uint8_t *sh = a + lay.bytes;
-        s->value_wide = sh;
-        sh += round16((size_t)L * S);
-        s->ones = (float *)(void *)sh;
-        for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
-        sh += round16((size_t)D * sizeof(float));
-        llm_head_scratch_init(&s->head, &e->w.head, sh);
-    }
-    /* logits: only the dense route and llm_logits() write them, so BULK
-     * (internal SRAM is worth more than a buffer decoding never touches) */
-    e->s.logits = place(e, "logits", (size_t)c->vocab_out * sizeof(float), LLM_REGION_BULK,
-                        &e->logits_region);
-    if (e->s.logits == NULL)
-        return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for logits (%lu bytes)",
-                                     (unsigned long)c->vocab_out * 4u));
-    /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
-     * qkv rows plus the position's activation scale when those rows are one
-     * scale group: attention recomputes each value with the kernel's own two
-     * roundings, so the floats (and every result) are the same bits at half
-     * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
-     * row as floats instead (value_wide). */
-    {
-        const llm_q4 *qkv0;
-        llm_q4 view;
-        llm_image_q4_view(&info, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &view);
-        qkv0 = &view;
-        e->v_dots = qkv0->n_groups == 1u;
-        /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
-         * config could wrap it to a tiny allocation */
-        const uint64_t cells = (uint64_t)L * S * D;
-        const uint64_t rng_bytes = ((uint64_t)(S + 1u) * sizeof(llm_rng) + 63u) & ~(uint64_t)63u;
-        const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
-                              (uint64_t)L * S * sizeof(float) + 3u * 64u + rng_bytes;
-        if (kv64 > (uint64_t)SIZE_MAX / 2u)
-            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds "
-                                         "this machine's address space",
-                                         (unsigned long long)kv64));
-        uint8_t *kv = place64(e, "kv_cache", (size_t)kv64, LLM_REGION_BULK, &e->kv_region);
-        if (kv == NULL)
-            return open_fail(e, llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
-                                         (unsigned long)kv64));
-        memset(kv, 0, (size_t)kv64);
-        /* each array starts on a cache line (row sizes are multiples of 64 at
-         * the release shape; every size is a multiple of 16 anyway) */
-        size_t at = 0;
-        e->s.key_cache = (float *)(void *)(kv + at);
-        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
-        e->s.value_cache = (float *)(void *)(kv + at);
-        at += (size_t)((cells * 4u + 63u) & ~(uint64_t)63u);
-        e->s.value_scale = (float *)(void *)(kv + at);
-        at += ((size_t)L * S * 4u + 63u) & ~(size_t)63u;
-        e->s.rng_at = (llm_rng *)(void *)(kv + at);
-        at += (size_t)rng_bytes;
-        e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
-    }
+    col_layout_init(&lay, &e->cfg, e->w.head.cols_padded);
+    if (st == LLM_OK) st = place_activations(e, &lay, err);
+    if (st == LLM_OK) st = place_logits(e, err);
+    if (st == LLM_OK) st = place_kv_cache(e, err);
+    if (st != LLM_OK) return open_fail(e, st);
+    place_batch(e, &lay);
+    stage_norms(e);
+    stage_core(e);
 
-    /* the other positions of a pass, a verify pass's candidate lists and the
-     * many-positions head scan's scratch: optional, so after every required
-     * buffer (without them prefill and verify go one position per pass) */
-    {
-        llm_run_state *s = &e->s;
-        const size_t cols_bytes = (LLM_BATCH_MAX - 1u) * lay.bytes;
-        const size_t cand_bytes = round16(LLM_BATCH_MAX * sizeof(llm_candidates));
-        const size_t batch_bytes = cols_bytes + cand_bytes +
-                                   round16(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles, e->w.head.tile_rows));
-        uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
-        if (batch != NULL) {
-            memset(batch, 0, batch_bytes);
-            s->n_cols = LLM_BATCH_MAX;
-            for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
-                col_init(&s->col[k], batch + (size_t)(k - 1u) * lay.bytes, &lay);
-            s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
-            s->many = batch + cols_bytes + cand_bytes;
-        }
-    }
-
-    /* optional staging last, so required buffers get memory first and
-     * weights that find none are read in place instead */
-    /* norms: small, read every token: one FAST block */
-    {
-        size_t n_norm = (size_t)P + (size_t)L * 3u * D + D;
-        float *norms = place(e, "norms", n_norm * sizeof(float), LLM_REGION_FAST,
-                             &e->w.norms_region);
-        const float *src;
-        float *at = norms;
-#define NORM(dst, sec, n)                                                       \
-    src = (const float *)(const void *)llm_image_payload(&info, (sec), NULL);  \
-    if (norms != NULL) {                                                        \
-        memcpy(at, src, (size_t)(n) * sizeof(float));                           \
-        (dst) = at;                                                             \
-        at += (n);                                                              \
-    } else {                                                                    \
-        (dst) = src;                                                            \
-    }
-        NORM(e->w.ple_proj_norm, LLM_SEC_PLE_PROJ_NORM, P)
-        for (uint32_t l = 0; l < L; l++) {
-            uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
-            NORM(e->w.layers[l].attn_norm, s0 + LLM_LSEC_ATTN_NORM, D)
-            NORM(e->w.layers[l].ffn_norm, s0 + LLM_LSEC_FFN_NORM, D)
-            NORM(e->w.layers[l].ple_norm, s0 + LLM_LSEC_PLE_NORM, D)
-        }
-        NORM(e->w.out_norm, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D)
-#undef NORM
-        if (norms == NULL) {
-            e->w.norms_region = LLM_REGION_FLASH;
-            record(e, "norms", LLM_REGION_FLASH, n_norm * sizeof(float), NULL);
-        }
-    }
-
-    /* core matrices: FAST, else BULK, else in place */
-    {
-        llm_q4 src;
-        llm_image_q4_view(&info, LLM_SEC_PLE_MODEL_PROJ, &src);
-        stage_mat(e, section_name(e, LLM_SEC_PLE_MODEL_PROJ), &src, &e->w.ple_model_proj,
-                  LLM_REGION_FAST);
-        for (uint32_t l = 0; l < L; l++) {
-            uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
-            llm_layer_weights *ly = &e->w.layers[l];
-            struct {
-                uint32_t k;
-                llm_mat *m;
-            } mats[] = {
-                {LLM_LSEC_QKV, &ly->qkv},   {LLM_LSEC_ATTN_PROJ, &ly->attn_proj},
-                {LLM_LSEC_GATE, &ly->gate}, {LLM_LSEC_UP, &ly->up},
-                {LLM_LSEC_DOWN, &ly->down}, {LLM_LSEC_PLE_GATE, &ly->ple_gate},
-                {LLM_LSEC_PLE_PROJ, &ly->ple_proj},
-            };
-            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
-                llm_image_q4_view(&info, s0 + mats[k].k, &src);
-                stage_mat(e, section_name(e, s0 + mats[k].k), &src, mats[k].m, LLM_REGION_FAST);
-            }
-        }
-    }
-
-    e->inv_sqrt_dim = 1.0f / sqrtf((float)D);
-    e->sqrt_ple_dim = sqrtf((float)P);
-    e->inv_sqrt_head_dim = 1.0f / sqrtf((float)c->head_dim);
+    e->inv_sqrt_dim = 1.0f / sqrtf((float)e->cfg.dim);
+    e->sqrt_ple_dim = sqrtf((float)e->cfg.ple_dim);
+    e->inv_sqrt_head_dim = 1.0f / sqrtf((float)e->cfg.head_dim);
     llm_reset(e);
     *out = e;
     return llm_engine_ok(err);

@@ -78,9 +78,8 @@
 
 #include <string.h>
 
+#include "align_up.h"
 #include "llm_error.h"
-
-static uint32_t round16(uint32_t n) { return (n + 15u) & ~15u; }
 
 static uint32_t tile_rows_or_chunk(const llm_head *h) {
     /* without tiles, the dense route still works in chunks of this many rows */
@@ -89,22 +88,23 @@ static uint32_t tile_rows_or_chunk(const llm_head *h) {
 
 uint32_t llm_head_scratch_bytes(const llm_head *h) {
     uint32_t wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
-    return round16(2u * h->cols_padded) + round16(4u * h->n_tiles) * 2u +
-           round16(2u * h->n_tiles) + round16(2u * LLM_HEAD_WAVE_TILES) + round16(4u * wave_rows);
+    return (uint32_t)(llm_align_up(2u * h->cols_padded, 16u) +
+                      llm_align_up(4u * h->n_tiles, 16u) * 2u + llm_align_up(2u * h->n_tiles, 16u) +
+                      llm_align_up(2u * LLM_HEAD_WAVE_TILES, 16u) + llm_align_up(4u * wave_rows, 16u));
 }
 
 void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem) {
     uint8_t *p = mem;
     s->xcat = (int8_t *)p;
-    p += round16(2u * h->cols_padded);
+    p += llm_align_up(2u * h->cols_padded, 16u);
     s->ibound = (int32_t *)(void *)p;
-    p += round16(4u * h->n_tiles);
+    p += llm_align_up(4u * h->n_tiles, 16u);
     s->bound = (float *)(void *)p;
-    p += round16(4u * h->n_tiles);
+    p += llm_align_up(4u * h->n_tiles, 16u);
     s->heap = (uint16_t *)(void *)p;
-    p += round16(2u * h->n_tiles);
+    p += llm_align_up(2u * h->n_tiles, 16u);
     s->wave = (uint16_t *)(void *)p;
-    p += round16(2u * LLM_HEAD_WAVE_TILES);
+    p += llm_align_up(2u * LLM_HEAD_WAVE_TILES, 16u);
     s->wave_y = (float *)(void *)p;
     s->wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
 }
@@ -248,8 +248,6 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
 
 /* ---- several positions in one scan ---------------------------------------- */
 
-static size_t r16(size_t n) { return (n + 15u) & ~(size_t)15u; }
-
 /* The many-positions scan runs in two lanes, one per core: the tiles in
  * the order of their key (the largest of their m bounds), lane 0 taking
  * ranks 0, 2, 4, ... and lane 1 ranks 1, 3, 5, ..., each with its own
@@ -340,20 +338,20 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
                         (unsigned long)m);
     /* scratch: ibound[m][T], bound[m][T], key[T], heap[T], order[T], lane 1's
      * candidate lists [m] and values [m][tile_rows] */
-    const size_t stride = r16(4u * (size_t)T) / 4u;
+    const size_t stride = llm_align_up(4u * (size_t)T, 16u) / 4u;
     uint8_t *p = mem;
     int32_t *ibound = (int32_t *)(void *)p;
-    p += (size_t)LLM_HEAD_MANY_MAX * r16(4u * (size_t)T);
+    p += (size_t)LLM_HEAD_MANY_MAX * llm_align_up(4u * (size_t)T, 16u);
     float *bound = (float *)(void *)p;
-    p += (size_t)LLM_HEAD_MANY_MAX * r16(4u * (size_t)T);
+    p += (size_t)LLM_HEAD_MANY_MAX * llm_align_up(4u * (size_t)T, 16u);
     float *key = (float *)(void *)p;
-    p += r16(4u * (size_t)T);
+    p += llm_align_up(4u * (size_t)T, 16u);
     uint16_t *heap = (uint16_t *)(void *)p;
-    p += r16(2u * (size_t)T);
+    p += llm_align_up(2u * (size_t)T, 16u);
     uint16_t *order = (uint16_t *)(void *)p;
-    p += r16(2u * (size_t)T);
+    p += llm_align_up(2u * (size_t)T, 16u);
     llm_candidates *lane1 = (llm_candidates *)(void *)p;
-    p += (size_t)LLM_HEAD_MANY_MAX * r16(sizeof(llm_candidates));
+    p += (size_t)LLM_HEAD_MANY_MAX * llm_align_up(sizeof(llm_candidates), 16u);
     float *ys1 = (float *)(void *)p;
 
     /* claim 1, position by position */

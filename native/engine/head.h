@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "align_up.h"
 #include "image.h"
 #include "kernels.h"
 #include "llm.h"
@@ -94,11 +95,11 @@ llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t
  * exactly the k best pairs of position c. */
 #define LLM_HEAD_MANY_MAX 8u
 #define LLM_HEAD_MANY_SCRATCH(n_tiles, tile_rows)                                        \
-    ((size_t)LLM_HEAD_MANY_MAX * (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) * 2u + \
-     (((size_t)(n_tiles) * 4u + 15u) & ~(size_t)15u) +                                  \
-     (((size_t)(n_tiles) * 2u + 15u) & ~(size_t)15u) * 2u +                             \
-     (size_t)LLM_HEAD_MANY_MAX * ((sizeof(llm_candidates) + 15u) & ~(size_t)15u) +      \
-     (size_t)LLM_HEAD_MANY_MAX * (size_t)((tile_rows) > 0 ? (tile_rows) : 1) * 4u)
+    ((size_t)(LLM_HEAD_MANY_MAX * llm_align_up((uint64_t)(n_tiles) * 4u, 16u) * 2u +      \
+              llm_align_up((uint64_t)(n_tiles) * 4u, 16u) +                             \
+              llm_align_up((uint64_t)(n_tiles) * 2u, 16u) * 2u +                         \
+              LLM_HEAD_MANY_MAX * llm_align_up(sizeof(llm_candidates), 16u) +            \
+              (uint64_t)LLM_HEAD_MANY_MAX * ((tile_rows) > 0 ? (tile_rows) : 1) * 4u))
 llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
                                  const llm_splitter *sp,
                                  const int8_t *const *xq, const float *xscale, uint32_t m,

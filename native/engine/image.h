@@ -111,7 +111,4 @@ void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out);
 /* CRC-32 (IEEE, as zlib.crc32): crc = llm_crc32(crc, p, n), start with 0. */
 uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n);
 
-/* IEEE half -> float, exact (subnormals included). */
-float llm_half_to_float(uint16_t h);
-
 #endif

@@ -205,3 +205,30 @@ void llm_erff4(const float x[4], float y[4]) {
         y[i] = small[i] ? llm_f32_from_bits(llm_f32_bits(a[i]) | (llm_f32_bits(x[i]) & 0x80000000u))
                         : llm_erff(x[i]);
 }
+
+/* ---- IEEE half -------------------------------------------------------- */
+
+float llm_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            /* subnormal half: normalise into a float exponent */
+            uint32_t e = 127 - 15 + 1;
+            while ((man & 0x400u) == 0) {
+                man <<= 1;
+                e--;
+            }
+            bits = sign | (e << 23) | ((man & 0x3FFu) << 13);
+        }
+    } else if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    return llm_f32_from_bits(bits);
+}

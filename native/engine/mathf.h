@@ -1,6 +1,7 @@
 /*
  * The engine's own float32 transcendentals: expf (softmax, SiLU), erff (GELU)
- * and logf (Gumbel noise for the sampler).
+ * and logf (Gumbel noise for the sampler); and the exact fp16 -> f32 widening
+ * of the PLE rows' scales.
  *
  * Why not libm: glibc and newlib round their expf/erff/logf differently in the
  * last ulp, so the host and the board would compute different logits. These
@@ -28,6 +29,8 @@
 #ifndef LLM_MATHF_H
 #define LLM_MATHF_H
 
+#include <stdint.h>
+
 float llm_expf(float x);
 float llm_logf(float x);
 float llm_erff(float x);
@@ -39,5 +42,8 @@ float llm_erff(float x);
  * SiLU, GELU). x and y may be the same array. */
 void llm_expf4(const float x[4], float y[4]);
 void llm_erff4(const float x[4], float y[4]);
+
+/* IEEE half -> float, exact (subnormals included): the PLE rows' scales. */
+float llm_half_to_float(uint16_t h);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "align_up.h"
 #include "f32_bits.h"
 #include "kernels.h"
 #include "pie.h"
@@ -47,7 +48,7 @@ static void matvec_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t group, ui
     _Alignas(16) uint8_t codes[MAX_ROWS * MAX_COLS / 2];
     _Alignas(16) int8_t xq[MAX_COLS];
     float x[MAX_COLS], scales[MAX_ROWS * (MAX_COLS / 32)], yr[MAX_ROWS], yp[MAX_ROWS];
-    const uint32_t cp = (cols + 31u) / 32u * 32u, row_bytes = cp / 2u;
+    const uint32_t cp = (uint32_t)llm_align_up(cols, 32u), row_bytes = cp / 2u;
     const uint32_t n_groups = (cols + group - 1u) / group;
     c->rng = seed;
     memset(codes, 0, sizeof codes);

@@ -11,6 +11,7 @@
 #include "freertos/task.h"
 #include "freertos/idf_additions.h" /* xTaskCreatePinnedToCore: an ESP-IDF addition */
 
+#include "align_up.h"
 #include "image.h"
 #include "image_format.h"
 #include "llm_error.h"
@@ -45,7 +46,7 @@ static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region 
     llm_esp32_port *p = ctx;
     if ((unsigned)wanted >= LLM_REGION_COUNT || bytes > UINT32_MAX - 64u) return NULL;
     p->asked[wanted] += bytes;
-    size_t total = sizeof(block_prefix) + ((bytes + 15u) & ~(size_t)15u);
+    size_t total = sizeof(block_prefix) + (size_t)llm_align_up(bytes, 16u);
     void *out = NULL;
     llm_region r = LLM_REGION_BULK;
     if (wanted == LLM_REGION_FAST) {

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "align_up.h"
+
 /* Each block carries a 16-byte prefix with its size and region, so free can
  * keep the books without a lookup table. */
 typedef struct block_prefix {
@@ -38,10 +40,10 @@ static void *host_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *
         else
             return NULL;
     }
-    size_t rounded = (bytes + 15u) & ~(size_t)15u;
+    const uint64_t rounded = llm_align_up(bytes, 16u);
     if (rounded < bytes || rounded > SIZE_MAX - sizeof(block_prefix)) return NULL;
     void *raw = NULL;
-    if (posix_memalign(&raw, 16, sizeof(block_prefix) + (rounded ? rounded : 16u)) != 0)
+    if (posix_memalign(&raw, 16, sizeof(block_prefix) + (size_t)(rounded ? rounded : 16u)) != 0)
         return NULL;
     block_prefix *pre = raw;
     pre->bytes = bytes;

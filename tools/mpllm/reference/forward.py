@@ -1,5 +1,6 @@
 """Reference forward pass: numpy float32 with the exact operation order of
-the numerics contract (docs/ARCHITECTURE.md). This is the oracle the C engine must equal bit for bit.
+the numerics contract (docs/ARCHITECTURE.md). This is the oracle the C engine
+(native/engine/engine.c, `forward`) must equal bit for bit.
 
 What may be vectorized and what may not: integer dot products are exact in
 any order, and element-wise ops over independent rows, heads or positions do

@@ -1,2 +1,3 @@
 """Models to test and to ship: the story corpus the demo model is trained on,
-and seeded random models of any shape for the tests and golden sets."""
+the training run itself (`train`, behind tools/train.py), and seeded random
+models of any shape for the tests and golden sets."""

@@ -1,0 +1,317 @@
+"""Train the small demo model committed under models/demo (`python tools/train.py`).
+
+Everything is generated here, nothing is downloaded: the corpus comes from
+`mpllm.training.corpus` (fixed seed), the byte-level BPE tokenizer from
+`mpllm.training.tokenizers.train_tokenizer_json`, and the model is the PLE architecture
+of the release model (`mpllm.reference.torch_model.PLEModel`) trained with AdamW and a cosine
+schedule on CPU. The last part of training fake-quantizes the weights to
+int4 (straight-through), so the exported model.bin loses little to
+quantization. Outputs, in --out:
+
+  model.bin          esp32-ai format (mpllm.formats.esp32ai.write_model_bin)
+  tokenizer.json     Hugging Face tokenizers JSON
+  train_report.json  the facts RECIPE.md quotes: command, seed, steps, losses,
+                     sizes, hashes, wall time and one greedy story
+
+Torch is only needed here (pip install -e .[dev]); running the model is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from ..atomic import atomic_write_bytes
+from ..formats.esp32ai import write_model_bin
+from ..formats.model import Config
+from ..reference.torch_model import PLEModel, TorchTwin, to_weights
+from . import corpus
+from .tokenizers import train_tokenizer_json
+
+EOT_ID = 0  # train_tokenizer_json puts <|endoftext|> first
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train the demo PLE TinyStories model on a generated corpus (CPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="models/demo", help="output directory")
+    p.add_argument("--seed", type=int, default=1234, help="corpus, init and data-order seed")
+    p.add_argument("--steps", type=int, default=1200, help="optimizer steps")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--stories", type=int, default=20000, help="training stories")
+    p.add_argument("--val-stories", type=int, default=300, help="held-out stories")
+    p.add_argument("--vocab", type=int, default=1000, help="tokenizer size (= output vocab)")
+    p.add_argument("--vocab-in", type=int, default=0,
+                   help="embedding/PLE rows; 0 = tokenizer size rounded up to a multiple of 64 "
+                        "(spare rows mirror the release, whose input vocab exceeds its tokenizer)")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--dim", type=int, default=96)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=66)
+    p.add_argument("--ple", type=int, default=128, help="per-layer embedding width P")
+    p.add_argument("--ctx", type=int, default=256, help="context length (training window)")
+    p.add_argument("--group", type=int, default=128, help="int4 quantization group")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr / peak lr")
+    p.add_argument("--warmup", type=int, default=60, help="linear warm-up steps")
+    p.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    p.add_argument("--qat-frac", type=float, default=0.3,
+                   help="fraction of the final steps trained with int4 fake quantization")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--prompt", default="Once upon a time", help="greedy check prompt")
+    return p
+
+
+@dataclass
+class Data:
+    tokenizer_json: str
+    vocab_out: int
+    train: torch.Tensor  # [n_windows, ctx + 1] int64
+    val: torch.Tensor
+    train_tokens: int  # corpus tokens including one EOT per story
+
+
+def _windows(encoded: Sequence[Sequence[int]], ctx: int) -> torch.Tensor:
+    """One window of ctx+1 tokens starting at every story that has ctx+1 tokens after it.
+
+    Windows start where stories start because generation always starts a
+    story at position 0; what follows the story's EOT is the next story.
+    """
+    stream: list[int] = []
+    starts: list[int] = []
+    for ids in encoded:
+        starts.append(len(stream))
+        stream.extend(ids)
+        stream.append(EOT_ID)
+    arr = np.asarray(stream, np.int64)
+    starts = [s for s in starts if s + ctx + 1 <= len(arr)]
+    if not starts:
+        raise ValueError(f"corpus of {len(arr)} tokens is too short for one window of {ctx + 1}")
+    return torch.from_numpy(np.stack([arr[s:s + ctx + 1] for s in starts]))
+
+
+def make_data(args: argparse.Namespace) -> Data:
+    from tokenizers import Tokenizer
+
+    texts = corpus.stories(args.stories + args.val_stories, args.seed)
+    train_texts, val_texts = texts[:args.stories], texts[args.stories:]
+    tok_json = train_tokenizer_json(train_texts, args.vocab)
+    tok = Tokenizer.from_str(tok_json)
+    if tok.token_to_id(corpus.EOT) != EOT_ID:
+        raise RuntimeError(f"tokenizer puts {corpus.EOT} at id {tok.token_to_id(corpus.EOT)}, "
+                           f"expected {EOT_ID}")
+    tr = [e.ids for e in tok.encode_batch(train_texts)]
+    va = [e.ids for e in tok.encode_batch(val_texts)]
+    too_long = sum(len(x) + 1 > args.ctx for x in tr + va)
+    if too_long:
+        # Only tiny tokenizers (tests) get here; windows then cut those stories.
+        print(f"note: {too_long} stories need more than --ctx {args.ctx} tokens with their EOT",
+              flush=True)
+    return Data(tok_json, tok.get_vocab_size(), _windows(tr, args.ctx), _windows(va, args.ctx),
+                sum(len(x) + 1 for x in tr))
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    t = (step - args.warmup) / max(1, args.steps - args.warmup)
+    lo = args.lr * args.min_lr_frac
+    return lo + 0.5 * (args.lr - lo) * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, windows: torch.Tensor, batch: int) -> float:
+    """Mean cross-entropy per predicted token (nats) over `windows`."""
+    was = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(windows), batch):
+        b = windows[i:i + batch]
+        total += float(_loss(model, b)) * b.shape[0]
+        n += b.shape[0]
+    model.train(was)
+    return total / n
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Train, export and check; returns the report (also written to train_report.json)."""
+    t_start = time.time()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    data = make_data(args)
+    vocab_in = args.vocab_in or -(-data.vocab_out // 64) * 64
+    cfg = Config(vocab_in=vocab_in, vocab_out=data.vocab_out, dim=args.dim,
+                 n_layers=args.layers, n_heads=args.heads, ffn=args.ffn, ple_dim=args.ple,
+                 seq_len=args.ctx, group=args.group)
+    model = PLEModel(cfg)
+    model.reset_parameters(seed=args.seed)
+    n_params = model.n_params()
+    print(f"corpus: {args.stories} train / {args.val_stories} val stories, "
+          f"{data.train_tokens} train tokens, {len(data.train)} windows of {args.ctx + 1}; "
+          f"tokenizer {data.vocab_out} entries", flush=True)
+    print(f"model: vocab_in {vocab_in}, vocab_out {data.vocab_out}, D {cfg.dim}, L {cfg.n_layers}, "
+          f"H {cfg.n_heads}, F {cfg.ffn}, P {cfg.ple_dim}, ctx {cfg.seq_len}; "
+          f"{n_params} parameters", flush=True)
+
+    # Decay matrices that the forward pass multiplies; not lookup tables or norms.
+    decay = [p for n, p in model.named_parameters()
+             if p.ndim == 2 and n not in ("tok_emb", "ple_table")]
+    no_decay = [p for n, p in model.named_parameters()
+                if not (p.ndim == 2 and n not in ("tok_emb", "ple_table"))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    gen = torch.Generator().manual_seed(args.seed)
+    order = torch.randperm(len(data.train), generator=gen)
+    cursor = 0
+    qat_from = args.steps - round(args.qat_frac * args.steps)
+    eval_windows = data.val[:64]
+    history: list[dict] = []
+    recent: list[float] = []
+    t_train = time.time()
+    t_log, tok_log = t_train, 0
+    for step in range(args.steps):
+        if step == qat_from and args.qat_frac > 0:
+            model.fake_quant = True
+            print(f"step {step}: int4 fake quantization on for the remaining "
+                  f"{args.steps - step} steps", flush=True)
+        if cursor + args.batch > len(order):
+            order = torch.randperm(len(data.train), generator=gen)
+            cursor = 0
+        batch = data.train[order[cursor:cursor + args.batch]]
+        cursor += args.batch
+        lr = lr_at(step, args)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = _loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = loss.item()
+        if step == 0:
+            first_loss = lv
+        if not math.isfinite(lv):
+            raise RuntimeError(f"training diverged at step {step}: loss {lv}")
+        recent = (recent + [lv])[-20:]
+        tok_log += batch.numel() - batch.shape[0]
+        last = step + 1 == args.steps
+        if (step + 1) % args.log_every == 0 or last:
+            now = time.time()
+            print(f"step {step + 1}/{args.steps} loss {lv:.4f} (avg20 {np.mean(recent):.4f}) "
+                  f"lr {lr:.2e} {tok_log / (now - t_log):.0f} tok/s "
+                  f"elapsed {now - t_start:.0f}s", flush=True)
+            t_log, tok_log = now, 0
+        if (step + 1) % args.eval_every == 0 and not last:
+            vl = evaluate(model, eval_windows, args.batch)
+            history.append({"step": step + 1, "train_avg20": float(np.mean(recent)), "val": vl})
+            print(f"step {step + 1}: val loss {vl:.4f} (first {len(eval_windows)} windows)",
+                  flush=True)
+    train_seconds = time.time() - t_train
+
+    val_fp32 = evaluate(model, data.val, args.batch)
+    weights = to_weights(model, group=args.group)
+    twin = TorchTwin.from_weights(weights)
+    val_int4 = evaluate(twin.module, data.val, args.batch)
+    print(f"final: train avg20 {np.mean(recent):.4f}, val {val_fp32:.4f} "
+          f"({'fake-quant ' if model.fake_quant else ''}fp32 module), "
+          f"val {val_int4:.4f} (exported int4 weights), {len(data.val)} val windows", flush=True)
+
+    model_path, tok_path = out / "model.bin", out / "tokenizer.json"
+    write_model_bin(weights, model_path)
+    atomic_write_bytes(tok_path, data.tokenizer_json.encode("utf-8"))
+
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(data.tokenizer_json)
+    prompt_ids = tok.encode(args.prompt).ids
+    story_ids = twin.generate(prompt_ids, cfg.seq_len - len(prompt_ids), eot=EOT_ID)
+    ended = bool(story_ids) and story_ids[-1] == EOT_ID
+    text = args.prompt + tok.decode([t for t in story_ids if t != EOT_ID])
+    print(f"greedy ({len(story_ids)} tokens, {'ends with' if ended else 'NO'} "
+          f"<|endoftext|>):\n{text}", flush=True)
+
+    report = {
+        "command": "python tools/train.py " + shlex.join(sys.argv[1:])
+        if Path(sys.argv[0]).name == "train.py" else None,
+        "args": vars(args),
+        "seed": args.seed,
+        "steps": args.steps,
+        "tokens_seen": args.steps * args.batch * args.ctx,
+        "train_tokens": data.train_tokens,
+        "config": {k: getattr(cfg, k) for k in ("vocab_in", "vocab_out", "dim", "n_layers",
+                                                "n_heads", "ffn", "ple_dim", "seq_len",
+                                                "group", "rope_theta", "tied_head")},
+        "parameters": n_params,
+        "parameters_by_tensor": {
+            "tok_emb": model.tok_emb.numel(), "ple_table": model.ple_table.numel(),
+            "ple_model_proj": model.ple_model_proj.numel(),
+            "core_matrices": sum(p.numel() for n, p in model.layers.named_parameters()
+                                 if p.ndim == 2),
+            "norm_weights": sum(p.numel() for p in model.parameters() if p.ndim == 1),
+        },
+        "first_step_loss": first_loss,
+        "train_loss_avg_last20": float(np.mean(recent)),
+        "val_loss_fp32": val_fp32,
+        "val_loss_int4": val_int4,
+        "val_windows": len(data.val),
+        "history": history,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.time() - t_start, 1),
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in (model_path, tok_path)
+        },
+        "greedy": {"prompt": args.prompt, "prompt_ids": prompt_ids, "ids": story_ids,
+                   "text": text, "ends_with_eot": ended},
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    atomic_write_bytes(out / "train_report.json",
+                       (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    print(f"wrote {model_path} ({model_path.stat().st_size} bytes), {tok_path}, "
+          f"{out / 'train_report.json'} in {report['total_seconds']:.0f}s", flush=True)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("steps", "batch", "stories", "val_stories", "vocab", "threads", "log_every",
+                 "eval_every"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"train.py: --{name.replace('_', '-')} must be positive")
+    if not 0.0 <= args.qat_frac <= 1.0:
+        raise SystemExit("train.py: --qat-frac must be in 0..1")
+    if args.vocab_in and args.vocab_in < args.vocab:
+        raise SystemExit(f"train.py: --vocab-in {args.vocab_in} is below --vocab {args.vocab}")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run(args)
+    return 0
