@@ -175,3 +175,38 @@ def test_demo_story_on_device_numerics(demo_report: dict, tmp_path: Path) -> Non
         prompt, n, eot=0)
     assert twin_ids == ids
     assert twin_ids == demo_report["greedy"]["ids"]
+
+
+TINY_LLAMA2C = ["--family", "llama2c", "--stories", "160", "--val-stories", "12", "--vocab", "400",
+                "--layers", "2", "--dim", "32", "--heads", "4", "--kv-heads", "2", "--ffn", "48",
+                "--ctx", "96", "--batch", "4", "--steps", "40", "--warmup", "4", "--lr", "1e-2",
+                "--threads", "1", "--log-every", "20", "--eval-every", "20", "--seed", "5"]
+
+
+def test_tiny_llama2c_training_writes_what_llama2c_reads(tmp_path: Path) -> None:
+    from mpllm.formats import llama2c
+    from mpllm.reference.torch_llama import LlamaModel
+    from mpllm.training.train import greedy_llama
+
+    assert _train_module().main([*TINY_LLAMA2C, "--out", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "train_report.json").read_text())
+    assert rep["family"] == "llama2c" and rep["config"]["n_kv_heads"] == 2
+    assert abs(rep["first_step_loss"] - np.log(400)) < 1.0
+    assert rep["val_loss_fp32"] < rep["first_step_loss"] - 1.5
+    ck = llama2c.read_checkpoint((tmp_path / "model.bin").read_bytes())
+    assert ck.version == 0 and ck.config.n_kv_heads == 2 and ck.config.vocab_size == 400
+    tables = llama2c.load_tokenizer_bin(tmp_path / "tokenizer.bin")
+    assert tables.vocab_size == 400
+    g = rep["greedy"]
+    assert g["prompt_ids"][0] == llama2c.BOS_ID
+    # the greedy ids in the report are what the written checkpoint produces
+    model = LlamaModel.from_checkpoint(ck)
+    assert greedy_llama(model, g["prompt_ids"], len(g["ids"]), (1, 2)) == g["ids"]
+
+
+def test_llama2c_shapes_are_checked_before_training(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit, match="4 heads do not share 3 kv heads"):
+        _train_module().main([*TINY_LLAMA2C, "--kv-heads", "3", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--qat-frac applies to --family ple"):
+        _train_module().main([*TINY_LLAMA2C, "--qat-frac", "0.3", "--out", str(tmp_path)])
+    assert not (tmp_path / "model.bin").exists()

@@ -188,8 +188,12 @@ class Llama2cCheckpoint:
 
 
 def _config(dims: tuple[int, ...], shared: bool, where: str) -> Llama2cConfig:
-    dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len = dims
-    cfg = Llama2cConfig(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len, shared)
+    return check_config(Llama2cConfig(*dims, shared), where)  # type: ignore[call-arg]
+
+
+def check_config(cfg: Llama2cConfig, where: str) -> Llama2cConfig:
+    """cfg, or CheckpointError naming the first size llama2.c's Llama cannot have."""
+    dim, n_heads, n_kv_heads = cfg.dim, cfg.n_heads, cfg.n_kv_heads
     for name in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
                  "seq_len"):
         v = getattr(cfg, name)
