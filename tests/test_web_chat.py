@@ -7,6 +7,7 @@ test_llm_serve.py; the page in a browser: test_web_page.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -520,3 +521,40 @@ def test_out_of_descriptors_a_story_is_still_served(tiny_model) -> None:  # type
     assert reply_text(told) == _alone(tiny_model.image, LINES[:1], 5, 12)[0]
     assert "Traceback" not in log and len(log.splitlines()) <= 2, log[:3000]
     assert "out of file descriptors" in log
+
+# the host engine, but a story takes a while to forget: the drops of a load
+# test level's stories are still queued when the next level would start
+SLOW_DROP_ENGINE = """
+import sys, time
+sys.path[:0] = [{tools!r}]
+from mpllm.web import engine_process as ep
+real = ep.host_engine
+def slow_drops(image):
+    run = real(image)
+    def answer(req, emit):
+        if req.get("op") == "drop":
+            time.sleep({delay})
+        run(req, emit)
+    return answer
+ep.host_engine = slow_drops
+sys.exit(ep.main(["--image", {image!r}]))
+"""
+
+def test_each_load_test_level_starts_with_an_empty_queue(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Level 3 right after level 3 with room for 3 waiting requests: the first
+    level's 3 drops (0.4 s each here) would take the second level's room and
+    it would be told "busy"; the load test waits for them, no errors."""
+    from mpllm.web import cli
+    from mpllm.web.server import ChatServer
+
+    code = SLOW_DROP_ENGINE.format(tools=str(ROOT / "tools"), delay=0.4,
+                                   image=str(tiny_model.image))
+    server = ChatServer(Pool([[sys.executable, "-c", code]], max_queue=3), "host",
+                        Limits(reply_tokens=4, max_queue=3))
+    out = tmp_path / "levels.json"
+    args = argparse.Namespace(typist=None, load_test=True, levels=[3, 3], seconds=0.3,
+                              json=str(out), plot=str(tmp_path / "levels.png"))
+    rc = asyncio.run(cli._load_test(server, args))
+    rows = json.loads(out.read_text())["levels"]
+    assert [(row["errors"], row["error_kinds"]) for row in rows] == [(0, {}), (0, {})], rows
+    assert rc == 0 and all(row["completed"] >= 3 for row in rows)

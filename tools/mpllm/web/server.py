@@ -131,6 +131,10 @@ class ChatServer:
         finally:
             self.listener.idle(request.transport)
 
+    def quiet(self) -> bool:
+        """No connection, and the engines have nothing to do."""
+        return self.connections == 0 and self.pool.idle()
+
     async def _start_pool(self, _app: web.Application) -> None:
         await self.pool.start()
 
