@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -111,7 +112,11 @@ def test_a_reply_written_while_typing_is_the_same_reply(served) -> None:  # type
     assert [s for _, s in ahead] == [True, True, True, False]
     assert not any(s for _, s in after)
 
-def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_answered_and_the_connection_goes_on(served, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Each malformed message gets an error and the connection goes on; the
+    server logs nothing about them (no traceback)."""
+    caplog.set_level(logging.WARNING)
+
     async def session() -> list[str]:
         errors = []
         async with connect(served.url) as (ws, hello):
@@ -140,6 +145,7 @@ def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # ty
         return errors
 
     errors = asyncio.run(session())
+    assert [r.getMessage() for r in caplog.records] == []
     assert errors[0].startswith("malformed") and errors[1].startswith("malformed")
     assert "unknown message type 'dance'" in errors[2]
     assert "'text' must be a string" in errors[3]
