@@ -1,7 +1,9 @@
 """The web chat's WebSocket API (tools/serve.py, mpllm.web) against real
 host-board engine processes: turns, speculation while typing, limits and bad
-input, one request at a time, busy, disconnects, the origin check, the short
-load test and the command line. The engines' queue and restarts:
+input (any text at all), one request at a time, busy, disconnects, the origin
+check, connections that never finish a request (timed out, bounded, and the
+file descriptors used up), the short load test (its levels each on an empty
+queue) and the command line. The engines' queue and restarts:
 test_web_engines.py; the board backend: test_web_board.py; llm_serve itself:
 test_llm_serve.py; the page in a browser: test_web_page.py."""
 
