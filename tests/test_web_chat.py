@@ -433,7 +433,7 @@ def test_unfinished_connections_are_closed(tiny_model) -> None:  # type: ignore[
     idle keep-alive one are closed after pending_timeout_s; a chat WebSocket,
     idle just as long, is not."""
     r = Running(Pool(host_argvs(str(tiny_model.image), 1)),
-                limits=Limits(reply_tokens=12, pending_timeout_s=0.5))
+                limits=Limits(reply_tokens=12, pending_timeout_s=1.0))
     try:
         silent = socket.create_connection(("127.0.0.1", r.port))
         unfinished = socket.create_connection(("127.0.0.1", r.port))
@@ -445,7 +445,7 @@ def test_unfinished_connections_are_closed(tiny_model) -> None:  # type: ignore[
 
         async def idle_chat() -> list[dict]:
             async with connect(r.url) as (ws, _hello):
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(2.5)
                 await ws.send_json({"type": "turn", "text": "Once upon a time"})
                 return await follow(ws)
 
