@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import engine_ext
 import pytest
 from mpllm.web.engines import Pool, board_argvs
 from mpllm.web.server import Limits
@@ -20,6 +21,13 @@ from web_client import Running, connect, follow, reply_text
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "firmware" / "modules"
 REPLAY = ROOT / "tests" / "replay"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_built() -> None:
+    """The recordings (replay.record) run this checkout's in-place `_llm`:
+    built first, also when this file runs alone."""
+    engine_ext.load()
 
 
 def test_the_board_backend_over_a_serial_peer(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -1,16 +1,23 @@
 """The web chat's WebSocket API (tools/serve.py, mpllm.web) against real
 host-board engine processes: turns, speculation while typing, limits and bad
-input, one request at a time, busy, disconnects, the origin check, the short
-load test and the command line. The engines' queue and restarts:
+input (any text at all), one request at a time, busy, disconnects, the origin
+check, connections that never finish a request (timed out, bounded, and the
+file descriptors used up), the short load test (its levels each on an empty
+queue) and the command line. The engines' queue and restarts:
 test_web_engines.py; the board backend: test_web_board.py; llm_serve itself:
 test_llm_serve.py; the page in a browser: test_web_page.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import random
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +28,7 @@ import llm
 import llm_chat
 import pytest
 from mpllm.web.engines import Pool, host_argvs
-from mpllm.web.server import Limits
+from mpllm.web.server import BadMessage, Limits, parse_message
 from web_client import Running, connect, follow, reply_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +114,11 @@ def test_a_reply_written_while_typing_is_the_same_reply(served) -> None:  # type
     assert [s for _, s in ahead] == [True, True, True, False]
     assert not any(s for _, s in after)
 
-def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_answered_and_the_connection_goes_on(served, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Each malformed message gets an error and the connection goes on; the
+    server logs nothing about them (no traceback)."""
+    caplog.set_level(logging.WARNING)
+
     async def session() -> list[str]:
         errors = []
         async with connect(served.url) as (ws, hello):
@@ -116,7 +127,13 @@ def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # ty
                         json.dumps({"type": "turn", "text": "x" * (limit + 1)}),
                         '{"type": "turn", "text": "   "}',
                         '{"type": "turn", "text": "Once\\u0004 upon"}',
-                        '{"type": "seed", "seed": "five"}', '{"type": "temp", "temperature": -1}'):
+                        '{"type": "seed", "seed": "five"}', '{"type": "temp", "temperature": -1}',
+                        # nested deeper than json.loads goes, well under the size limit
+                        "[" * 3000, '{"type": "seed", "seed": ' + "[" * 3000 + "}",
+                        '{"type": "turn", "text": "half \\ud83d"}',
+                        '{"type": "temp", "temperature": NaN}',
+                        '{"type": "temp", "temperature": 1e999}',
+                        '{"type": "temp", "temperature": 1' + "0" * 400 + "}"):
                 await ws.send_str(bad)
                 msgs = await follow(ws)
                 assert msgs[-1]["type"] == "error", (bad, msgs)
@@ -130,18 +147,93 @@ def test_bad_input_is_answered_and_the_connection_goes_on(served) -> None:  # ty
         return errors
 
     errors = asyncio.run(session())
+    assert [r.getMessage() for r in caplog.records] == []
     assert errors[0].startswith("malformed") and errors[1].startswith("malformed")
     assert "unknown message type 'dance'" in errors[2]
     assert "'text' must be a string" in errors[3]
     assert "too long" in errors[4] and "empty line" in errors[5]
     assert "control characters" in errors[6]
     assert "seed" in errors[7] and "temperature" in errors[8]
-    assert "JSON text" in errors[9]
+    assert errors[9].startswith("malformed") and errors[10].startswith("malformed")
+    assert "half a character" in errors[11]
+    assert "NaN is not JSON" in errors[12]
+    assert "temperature" in errors[13] and "temperature" in errors[14]
+    assert "JSON text" in errors[15]
     # a malformed seed in the address is refused with the reason
     async def bad_seed() -> dict:
         async with aiohttp.ClientSession() as s, s.ws_connect(f"{served.url}/ws?seed=x") as ws:
             return await ws.receive_json()
     assert "seed" in asyncio.run(bad_seed())["message"]
+
+def test_every_allowed_line_fits_in_a_message(served) -> None:  # type: ignore[no-untyped-def]
+    """A line of the most characters, each escaped the longest way (a surrogate
+    pair as two \\u escapes, 12 bytes a character), spaced out, is a message
+    the server reads (answered, not closed with 1009); the limit the page is
+    told is the server's."""
+    lim = Limits()
+    emoji = "\U0001F600" * lim.max_line_chars
+    spaced = json.dumps({"type": "typing", "text": emoji}, indent=8, ensure_ascii=True)
+    assert len(spaced) > 4096 and spaced.count("\\ud83d\\ude00") == lim.max_line_chars
+    assert len(spaced) <= lim.max_message_bytes
+
+    async def session() -> tuple[dict, list[dict], list[dict]]:
+        async with connect(served.url) as (ws, hello):
+            await ws.send_str(spaced)  # typing: written ahead, no answer
+            await ws.send_str(spaced.replace('"typing"', '"turn"'))
+            answered = await follow(ws)
+            await ws.send_json({"type": "turn", "text": "Once upon a time"})
+            return hello, answered, await follow(ws)
+
+    hello, answered, after = asyncio.run(session())
+    assert hello["limits"]["max_message_bytes"] == lim.max_message_bytes
+    # the tiny model's context cannot hold it: the engine says so
+    assert answered[-1]["type"] == "error" and "too long" in answered[-1]["message"]
+    assert after[-1]["type"] == "done" and reply_text(after)
+
+def _messages(rng: random.Random, n: int) -> Iterator[str]:
+    """Messages a client could send: valid ones mutated, deep nesting in every
+    place a value goes, odd numbers and strings, random text."""
+    valid = ['{"type": "turn", "text": "Once upon a time"}', '{"type": "typing", "text": "The"}',
+             '{"type": "new"}', '{"type": "undo"}', '{"type": "seed", "seed": 3}',
+             '{"type": "temp", "temperature": 0.5}']
+    values = ["NaN", "-Infinity", "1e999", "-0", "1" + "0" * 400, "true", "null", '"\\ud800"',
+              '"\\u0000"', '"' + "x" * 500 + '"', "{}", "[]", '"turn"']
+    for _ in range(n):
+        pick = rng.random()
+        depth = rng.choice([10, 900, 1000, 2000, 3000])
+        if pick < 0.3:
+            opener = rng.choice(["[", '{"a":', '{"type":', '{"type":"seed","seed":',
+                                 '{"type":"turn","text":', '[{"x":'])
+            closer = {"[": "]", "{": "}"}[opener[0]] if opener != '[{"x":' else "}]"
+            yield opener * depth + rng.choice(values) + closer * rng.choice([0, depth])
+        elif pick < 0.6:
+            m = json.loads(rng.choice(valid))
+            key = rng.choice(["type", "text", "seed", "temperature", "extra"])
+            yield json.dumps(m)[:-1] + f', "{key}": {rng.choice(values)}}}'
+        elif pick < 0.8:
+            raw = bytearray(rng.choice(valid).encode())
+            for _ in range(rng.randint(1, 6)):
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+            yield raw.decode("utf-8", "replace")
+        else:
+            yield "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(rng.randint(0, 60)))
+
+def test_any_message_is_a_request_or_says_what_is_wrong() -> None:
+    """parse_message (every message from the page goes through it) answers any
+    text with a request or BadMessage, nothing else: no RecursionError from a
+    deeply nested message, no OverflowError from a huge number."""
+    lim = Limits()
+    kinds: dict[str, int] = {}
+    for text in _messages(random.Random(24), 3000):
+        try:
+            req = parse_message(text, lim)
+        except BadMessage as e:
+            kinds["bad"] = kinds.get("bad", 0) + 1
+            assert str(e) and len(str(e)) < 200, text[:80]
+        else:
+            kinds[req["op"]] = kinds.get(req["op"], 0) + 1
+            assert set(req) <= {"op", "line", "seed", "temperature"}
+    assert kinds["bad"] > 1000 and len(kinds) > 3, kinds
 
 class HeldPool:
     """A pool whose turns stay in flight until `go` is set (a turn can then
@@ -322,3 +414,155 @@ def test_without_aiohttp_the_command_says_what_to_install(tmp_path) -> None:
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 2 and "pip install 'mpllm[board]'" in r.stderr
     assert "Traceback" not in r.stderr
+
+def _closed_by_server(s: socket.socket, within: float) -> bool:
+    """True if the server closes this connection within `within` seconds
+    (whatever it sent before: a response to a whole request)."""
+    s.settimeout(within)
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+def test_unfinished_connections_are_closed(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """A connection that sends nothing, one whose request never ends and an
+    idle keep-alive one are closed after pending_timeout_s; a chat WebSocket,
+    idle just as long, is not."""
+    r = Running(Pool(host_argvs(str(tiny_model.image), 1)),
+                limits=Limits(reply_tokens=12, pending_timeout_s=1.0))
+    try:
+        silent = socket.create_connection(("127.0.0.1", r.port))
+        unfinished = socket.create_connection(("127.0.0.1", r.port))
+        unfinished.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        kept = socket.create_connection(("127.0.0.1", r.port))
+        kept.sendall(b"GET /static/chat.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        kept.settimeout(10)
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+
+        async def idle_chat() -> list[dict]:
+            async with connect(r.url) as (ws, _hello):
+                await asyncio.sleep(2.5)
+                await ws.send_json({"type": "turn", "text": "Once upon a time"})
+                return await follow(ws)
+
+        chat = asyncio.run(idle_chat())
+        closed = [_closed_by_server(s, 5) for s in (silent, unfinished, kept)]
+        counts = r.on_loop(lambda: (r.server.listener.timed_out, len(r.server.listener.pending)))
+    finally:
+        r.stop()
+    assert closed == [True, True, True]
+    assert chat[-1]["type"] == "done" and reply_text(chat)
+    assert counts == (3, 0)
+
+def test_at_most_max_pending_unfinished_connections(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Past max_pending, the oldest unfinished connection makes room for the
+    newest; a chat connecting after a crowd of them is served."""
+    r = Running(Pool(host_argvs(str(tiny_model.image), 1)),
+                limits=Limits(reply_tokens=12, max_pending=8, pending_timeout_s=60))
+    crowd = []
+    try:
+        for _ in range(20):
+            crowd.append(socket.create_connection(("127.0.0.1", r.port)))
+
+        async def chat() -> list[dict]:
+            async with connect(r.url) as (ws, _hello):
+                await ws.send_json({"type": "turn", "text": "Once upon a time"})
+                return await follow(ws)
+
+        served = asyncio.run(chat())
+        closed = [_closed_by_server(s, 1.0 if i < 12 else 0.2) for i, s in enumerate(crowd)]
+        counts = r.on_loop(lambda: (r.server.listener.evicted, len(r.server.listener.pending)))
+    finally:
+        for s in crowd:
+            s.close()
+        r.stop()
+    assert served[-1]["type"] == "done" and reply_text(served)
+    # the chat's own connection pushed out one more of the crowd
+    assert closed == [True] * 13 + [False] * 7, closed
+    assert counts == (13, 7)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def _with_file_limit(n: int, script: Path, *args: str) -> list[str]:
+    """The command line that runs `script args` with at most n file descriptors
+    (sys.path as `python script` has it: its own folder first)."""
+    code = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+            f"({n}, {n})); sys.argv = {[str(script), *args]!r}; "
+            f"sys.path[0] = {str(script.parent)!r}; "
+            f"runpy.run_path(sys.argv[0], run_name='__main__')")
+    return [sys.executable, "-c", code]
+
+def test_out_of_descriptors_a_story_is_still_served(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """serve.py with 64 file descriptors (as 4,096 are to 4,200 connections),
+    300 half-open connections against it from loopback: the seeded story is
+    still served, the same story; the log has a line about it, no traceback."""
+    port = _free_port()
+    server = subprocess.Popen(
+        _with_file_limit(64, SERVE, "--board", "host", "--image", str(tiny_model.image),
+                         "--engines", "1", "--tokens", "12", "--http-port", str(port)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    crowd: list[socket.socket] = []
+    try:
+        assert "the web chat is at" in server.stderr.readline()
+        for _ in range(300):
+            crowd.append(socket.create_connection(("127.0.0.1", port)))
+
+        async def story() -> list[dict]:
+            async with connect(f"http://127.0.0.1:{port}") as (ws, _hello):
+                await ws.send_json({"type": "turn", "text": LINES[0]})
+                return await follow(ws)
+
+        told = asyncio.run(asyncio.wait_for(story(), 60))
+    finally:
+        for s in crowd:
+            s.close()
+        server.send_signal(signal.SIGINT)
+        _, log = server.communicate(timeout=60)
+    assert server.returncode == 0, log
+    assert reply_text(told) == _alone(tiny_model.image, LINES[:1], 5, 12)[0]
+    assert "Traceback" not in log and len(log.splitlines()) <= 2, log[:3000]
+    assert "out of file descriptors" in log
+
+# the host engine, but a story takes a while to forget: the drops of a load
+# test level's stories are still queued when the next level would start
+SLOW_DROP_ENGINE = """
+import sys, time
+sys.path[:0] = [{tools!r}]
+from mpllm.web import engine_process as ep
+real = ep.host_engine
+def slow_drops(image):
+    run = real(image)
+    def answer(req, emit):
+        if req.get("op") == "drop":
+            time.sleep({delay})
+        run(req, emit)
+    return answer
+ep.host_engine = slow_drops
+sys.exit(ep.main(["--image", {image!r}]))
+"""
+
+def test_each_load_test_level_starts_with_an_empty_queue(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Level 3 right after level 3 with room for 3 waiting requests: the first
+    level's 3 drops (0.4 s each here) would take the second level's room and
+    it would be told "busy"; the load test waits for them, no errors."""
+    from mpllm.web import cli
+    from mpllm.web.server import ChatServer
+
+    code = SLOW_DROP_ENGINE.format(tools=str(ROOT / "tools"), delay=0.4,
+                                   image=str(tiny_model.image))
+    server = ChatServer(Pool([[sys.executable, "-c", code]], max_queue=3), "host",
+                        Limits(reply_tokens=4, max_queue=3))
+    out = tmp_path / "levels.json"
+    args = argparse.Namespace(typist=None, load_test=True, levels=[3, 3], seconds=0.3,
+                              json=str(out), plot=str(tmp_path / "levels.png"))
+    rc = asyncio.run(cli._load_test(server, args))
+    rows = json.loads(out.read_text())["levels"]
+    assert [(row["errors"], row["error_kinds"]) for row in rows] == [(0, {}), (0, {})], rows
+    assert rc == 0 and all(row["completed"] >= 3 for row in rows)

@@ -71,6 +71,8 @@ def test_the_page_streams_chat_pys_story(demo_served) -> None:  # type: ignore[n
         shown = {k: page.inner_text(k) for k in ("#engine-speed", "#roundtrip", "#ttfc",
                                                   "#speculated")}
         bars = page.eval_on_selector_all("#stages span", "els => els.map(e => e.style.width)")
+        legend = page.eval_on_selector_all("#stage-legend li", "els => els.map(e => e.textContent)")
+        stage_words = {k: page.inner_text(k) for k in ("#stage-title", "#stage-total")}
         save_screenshot(page, "web-chat.png")
         print(f"\nEnter to the first character in the browser: {first['ttfcMs']:.1f} ms "
               f"(written after Enter), {second['ttfcMs']:.1f} ms (written while typing)")
@@ -86,3 +88,21 @@ def test_the_page_streams_chat_pys_story(demo_served) -> None:  # type: ignore[n
     assert float(shown["#engine-speed"]) > 0 and float(shown["#roundtrip"]) > 0
     assert shown["#speculated"].startswith("yes")
     assert len(bars) == 6 and sum(float(w.rstrip("%")) for w in bars) == pytest.approx(100, 0.01)
+    # the stage bar is the whole reply's time, and says so: each stage's ms is
+    # the reply's stage_ms, they add up to the total shown, nothing per token
+    stage_ms = second["stats"]["stage_ms"]
+    shown_ms = {}
+    for item in legend:
+        m = re.fullmatch(r"(\w+) (\d+\.\d\d) ms \((\d+)%\)", item)
+        assert m, item
+        shown_ms[m[1]] = float(m[2])
+    assert shown_ms.keys() == stage_ms.keys()
+    assert all(shown_ms[k] == pytest.approx(v, abs=0.0051) for k, v in stage_ms.items())
+    assert "whole reply" in stage_words["#stage-title"]
+    assert "not per token" in stage_words["#stage-title"]
+    total = re.match(r"(\d+\.\d\d) ms in all for this reply: (\d+) tokens? read, (\d+) written",
+                     stage_words["#stage-total"])
+    assert total, stage_words["#stage-total"]
+    assert float(total[1]) == pytest.approx(sum(stage_ms.values()), abs=0.01)
+    assert (int(total[2]), int(total[3])) == (second["stats"]["prefilled"],
+                                              second["stats"]["tokens"])

@@ -133,6 +133,7 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
     runner, port = await start(server, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}/ws?seed=1"
     levels = []
+    unsettled = False
     try:
         if args.typist:
             r = await load_test.typist(url, args.typist)
@@ -143,11 +144,18 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
             if args.json and not args.load_test:
                 atomic_write_bytes(args.json, json.dumps({"typist": vars(r)}, indent=1).encode())
         if args.load_test:
+            timeout = max(120.0, 10 * args.seconds)
             for n in args.levels:
+                # the previous level's last turns and the drops of its stories
+                # would otherwise count against --max-queue and this level's latency
+                if not await load_test.settle(server.quiet, timeout):
+                    print(f"error: the server was still busy {timeout:g} s after the last "
+                          f"level; level {n} not run", file=sys.stderr)
+                    unsettled = True
+                    break
                 print(f"level {n}: {n} connections for {args.seconds:g} s ...",
                       file=sys.stderr, flush=True)
-                levels.append(await load_test.run_level(url, n, args.seconds,
-                                                        timeout=max(120.0, 10 * args.seconds)))
+                levels.append(await load_test.run_level(url, n, args.seconds, timeout))
             print(load_test.table(levels))
     finally:
         await runner.cleanup()
@@ -166,7 +174,7 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
         else:
             print("(no plot: matplotlib is not installed; pip install matplotlib)",
                   file=sys.stderr)
-        if any(lv.errors or lv.empty for lv in levels):
+        if unsettled or any(lv.errors or lv.empty for lv in levels):
             return 1
     return 0
 

@@ -256,6 +256,11 @@ class Pool:
     def waiting(self) -> int:
         return sum(len(e.waiting) for e in self.engines)
 
+    def idle(self) -> bool:
+        """Nothing waits and nothing runs (a story's drop included)."""
+        return all(not e.waiting and not e.speculations and e.running is None
+                   for e in self.engines)
+
     def new_sid(self) -> str:
         return f"s{next(self._ids)}"
 

@@ -1,6 +1,7 @@
 """Load and typing tests of the web chat, as WebSocket clients on loopback.
 
-load_test(): at each level, that many connections at once; each writes
+load_test(): at each level, that many connections at once (a level starts
+when the previous one's requests are all done: settle()); each writes
 turns until the level's seconds are up (every connection at least one),
 and the table says how many turns completed, how many failed (an error or
 busy reply, a dropped connection, no answer in time), how many replies were
@@ -18,7 +19,7 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
@@ -138,6 +139,19 @@ async def run_level(url: str, connections: int, seconds: float, timeout: float) 
     if out.speeds:
         lv.engine_tok_s = round(statistics.fmean(out.speeds), 1)
     return lv
+
+
+async def settle(quiet: Callable[[], bool], timeout: float) -> bool:
+    """Wait until quiet() (the server has no connection left and its engines
+    nothing to do: a level's last turns and the drops of its stories are
+    done), so that the next level starts with an empty queue; False if it
+    did not come within timeout seconds."""
+    end = time.monotonic() + timeout
+    while not quiet():
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def table(levels: Sequence[Level]) -> str:

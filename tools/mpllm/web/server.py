@@ -22,7 +22,11 @@ From the server:
                                       story starts over, with the same seed
 
 A browser connects only from the chat's own page (the Origin is checked); a
-message over the size limit closes the connection (WebSocket code 1009).
+message over the size limit (room for the longest line however it is escaped,
+Limits.max_message_bytes) closes the connection (WebSocket code 1009); any
+other message that is not what the list above says is answered with an error
+and the connection goes on. Connections that never finish a request are
+closed (listener.py).
 
 A connection is one story; it has one request at a time, and its story is
 forgotten when it closes.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,20 +46,44 @@ from urllib.parse import urlsplit
 from aiohttp import WSMsgType, web
 
 from .engines import Busy, Pool
+from .listener import Listener, listen
 
 STATIC = Path(__file__).resolve().parent / "static"
+
+
+#: the most bytes one character of a line can take in a JSON message: a
+#: character beyond the BMP escaped as a UTF-16 surrogate pair, "\\ud83d\\ude00"
+#: (raw UTF-8 is at most 4, any other escape at most 6)
+JSON_BYTES_PER_CHAR = 12
+#: a message's bytes beside its line: the type, the keys, quotes, braces and
+#: spacing, escaped as a client likes
+MESSAGE_ENVELOPE_BYTES = 256
 
 
 @dataclass(frozen=True)
 class Limits:
     max_line_chars: int = 400  # a line of the story, as typed
-    max_message_bytes: int = 4096  # a WebSocket message from the page
     max_connections: int = 2000
     max_queue: int = 2000  # requests waiting for an engine, all connections
     messages_per_s: float = 20.0  # per connection, on average (a turn waited
     burst: int = 40  # for is not counted) ... with this many at once
     reply_tokens: int = 60  # story tokens of one reply (llm_chat.TURN_TOKENS)
     temperature: float = 0.8  # llm.TEMPERATURE
+    # connections accepted but not (or no longer) a request being answered:
+    # a half-open TCP connection, an HTTP request that never ends, an idle
+    # keep-alive one (listener.py)
+    max_pending: int = 512  # kept at once: the oldest makes room for a new one
+    pending_timeout_s: float = 10.0  # closed after this long
+
+    @property
+    def max_message_bytes(self) -> int:
+        """A WebSocket message from the page: room for the longest line
+        however the client escapes it (all of it as \\u escapes)."""
+        return self.max_line_chars * JSON_BYTES_PER_CHAR + MESSAGE_ENVELOPE_BYTES
+
+    def public(self) -> dict:
+        """What the hello message tells the page."""
+        return {**asdict(self), "max_message_bytes": self.max_message_bytes}
 
 
 class _Bucket:
@@ -83,12 +112,28 @@ class ChatServer:
         self.backend = backend
         self.limits = limits or Limits()
         self.connections = 0
-        self.app = web.Application()
+        self.listener: Listener | None = None  # set by start()
+        self.app = web.Application(middlewares=[self._pending])
         self.app.router.add_get("/", self._index)
         self.app.router.add_get("/ws", self._ws)
         self.app.router.add_static("/static/", STATIC)
         self.app.on_startup.append(self._start_pool)
         self.app.on_cleanup.append(self._stop_pool)
+
+    @web.middleware
+    async def _pending(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        """A connection with a request being answered is not pending (listener.py)."""
+        if self.listener is None:
+            return await handler(request)
+        self.listener.busy(request.transport)
+        try:
+            return await handler(request)
+        finally:
+            self.listener.idle(request.transport)
+
+    def quiet(self) -> bool:
+        """No connection, and the engines have nothing to do."""
+        return self.connections == 0 and self.pool.idle()
 
     async def _start_pool(self, _app: web.Application) -> None:
         await self.pool.start()
@@ -122,6 +167,67 @@ class ChatServer:
             self.pool.close(sid)
             self.connections -= 1
         return ws
+
+
+class BadMessage(ValueError):
+    """A message from the page the server does not take; the text says why."""
+
+
+class _NotJson(BadMessage):
+    pass
+
+
+def _not_json(name: str) -> None:
+    raise _NotJson(f"malformed message: {name} is not JSON (a number must be finite)")
+
+
+def parse_message(data: str, limits: Limits) -> dict:
+    """The engine request (without its sid) that a message from the page asks
+    for; BadMessage says what is wrong with it. Any text gives one or the
+    other: nothing a client sends gets past this as another exception."""
+    try:
+        m = json.loads(data, parse_constant=_not_json)  # NaN, Infinity: not JSON
+    except _NotJson:
+        raise
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        m = None
+    if not isinstance(m, dict):
+        raise BadMessage("malformed message: a message is one JSON object")
+    kind = m.get("type")
+    if kind in ("turn", "typing"):
+        text = m.get("text")
+        if not isinstance(text, str):
+            raise BadMessage(f"{kind}: 'text' must be a string")
+        if len(text) > limits.max_line_chars:
+            raise BadMessage(f"the line is too long: {len(text)} characters, at most "
+                             f"{limits.max_line_chars}")
+        if any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text):
+            raise BadMessage("the line has control characters; type text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadMessage("the line has half a character (a lone UTF-16 surrogate); "
+                             "type text") from None
+        return {"op": "turn" if kind == "turn" else "speculate", "line": text}
+    if kind in ("new", "undo"):
+        return {"op": kind}
+    if kind == "seed":
+        seed = m.get("seed")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise BadMessage("seed: 'seed' must be a whole number")
+        return {"op": "seed", "seed": seed}
+    if kind == "temp":
+        temperature = m.get("temperature")
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) \
+                or isinstance(temperature, float) and not math.isfinite(temperature):
+            raise BadMessage("temp: 'temperature' must be a number")
+        return {"op": "temp", "temperature": temperature}
+    # the type as sent only when it is short text: a client's list or object
+    # is not echoed back (nor its repr built, which could nest too deep)
+    shown = repr(kind) if isinstance(kind, str) and len(kind) <= 40 else \
+        f"({type(kind).__name__})" if kind is not None else "(none)"
+    raise BadMessage(f"unknown message type {shown}; the types are turn, typing, new, "
+                     f"undo, seed, temp")
 
 
 def _number(query: object, name: str, kind: type, default: object) -> object:
@@ -175,7 +281,7 @@ class _Connection:
             await self.error(opened.get("error", "the engine did not open the story"))
             return
         await self.send({"type": "hello", "backend": self.server.backend,
-                         "engines": len(self.pool.engines), "limits": asdict(lim),
+                         "engines": len(self.pool.engines), "limits": lim.public(),
                          **opened["done"]})
         bucket = _Bucket(lim.messages_per_s, lim.burst)
         try:
@@ -191,44 +297,12 @@ class _Connection:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.task
 
-    def _request(self, m: dict) -> dict:
-        """The engine request for a page's message; ValueError says what is wrong."""
-        kind = m.get("type")
-        req: dict = {"sid": self.sid}
-        if kind in ("turn", "typing"):
-            text = m.get("text")
-            if not isinstance(text, str):
-                raise ValueError(f"{kind}: 'text' must be a string")
-            if len(text) > self.limits.max_line_chars:
-                raise ValueError(f"the line is too long: {len(text)} characters, at most "
-                                 f"{self.limits.max_line_chars}")
-            if any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text):
-                raise ValueError("the line has control characters; type text")
-            req.update(op="turn" if kind == "turn" else "speculate", line=text)
-        elif kind in ("new", "undo"):
-            req["op"] = kind
-        elif kind == "seed":
-            req.update(op="seed", seed=m.get("seed"))
-        elif kind == "temp":
-            req.update(op="temp", temperature=m.get("temperature"))
-        else:
-            raise ValueError(f"unknown message type {kind!r}; the types are turn, typing, "
-                             f"new, undo, seed, temp")
-        return req
-
     async def on_message(self, data: str, bucket: _Bucket) -> None:
-        try:
-            m = json.loads(data)
-        except ValueError:
-            m = None
         req, problem = None, None
-        if not isinstance(m, dict):
-            problem = "malformed message: a message is one JSON object"
-        else:
-            try:
-                req = self._request(m)
-            except ValueError as e:
-                problem = str(e)
+        try:
+            req = {"sid": self.sid, **parse_message(data, self.limits)}
+        except BadMessage as e:
+            problem = str(e)
         idle = self.task is None or self.task.done()
         # A valid turn while none is in flight is not counted: turns come one
         # at a time and the queue paces them. Everything else is (typing above
@@ -265,11 +339,30 @@ class _Connection:
             await self.send({"type": "busy", "message": str(e)})
 
 
-async def start(server: ChatServer, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve at host:port (0: any free port); returns the runner and the port."""
+class Serving:
+    """A ChatServer at its address: cleanup() stops accepting, closes the
+    connections and stops the engines."""
+
+    def __init__(self, runner: web.AppRunner, listener: Listener) -> None:
+        self.runner, self.listener = runner, listener
+
+    async def cleanup(self) -> None:
+        self.listener.close()
+        await self.runner.cleanup()
+
+
+async def start(server: ChatServer, host: str, port: int) -> tuple[Serving, int]:
+    """Serve at host:port (0: any free port); returns what serves and the port."""
     runner = web.AppRunner(server.app, access_log=None)
     await runner.setup()
-    # a backlog for the load test's thousands of connections at once
-    site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
-    return runner, runner.addresses[0][1]
+    try:
+        # a backlog for the load test's thousands of connections at once
+        socks = listen(host, port, backlog=4096)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    lim = server.limits
+    server.listener = Listener(runner.server, socks, lim.max_pending,  # type: ignore[arg-type]
+                               lim.pending_timeout_s)
+    server.listener.start()
+    return Serving(runner, server.listener), server.listener.port

@@ -98,7 +98,7 @@ function finish(m) {
     $("ttfc").textContent = window.mpllm.ttfcMs === null ? "–" : window.mpllm.ttfcMs.toFixed(1);
     $("speculated").textContent = s.speculated ? "yes: shown at once" : "no: written after Enter";
     $("queue").textContent = "–";
-    drawStages(s.stage_ms);
+    drawStages(s);
     if (s.rolled) say(`The story outgrew the model's memory: its middle (${s.rolled} tokens) is forgotten.`);
   } else if (m.op === "undo") {
     const last = m.stats.ok ? turns.pop() : null;
@@ -114,7 +114,11 @@ function finish(m) {
   setState("idle");
 }
 
-function drawStages(stageMs) {
+// The bar and its legend are the whole reply's engine time (the line read,
+// the reply written), stage by stage: totals in ms and shares, not per token
+// (the per-token figure is "the engine, per token written" above).
+function drawStages(s) {
+  const stageMs = s.stage_ms;
   const total = Object.values(stageMs).reduce((a, b) => a + b, 0);
   const bar = $("stages");
   const legend = $("stage-legend");
@@ -122,16 +126,19 @@ function drawStages(stageMs) {
   legend.replaceChildren();
   for (const [name, colour] of Object.entries(STAGES)) {
     const ms = stageMs[name] || 0;
+    const share = total > 0 ? (100 * ms) / total : 0;
     const part = document.createElement("span");
     part.style.background = colour;
-    part.style.width = total > 0 ? `${(100 * ms) / total}%` : "0";
-    part.title = `${name}: ${ms.toFixed(2)} ms`;
+    part.style.width = `${share}%`;
+    part.title = `${name}: ${ms.toFixed(2)} ms of this reply (${share.toFixed(0)}%)`;
     bar.append(part);
     const item = document.createElement("li");
     item.innerHTML = `<i style="background:${colour}"></i>`;
-    item.append(`${name} ${ms.toFixed(2)} ms`);
+    item.append(`${name} ${ms.toFixed(2)} ms (${share.toFixed(0)}%)`);
     legend.append(item);
   }
+  $("stage-total").textContent = `${total.toFixed(2)} ms in all for this reply: ` +
+    `${s.prefilled} token${s.prefilled === 1 ? "" : "s"} read, ${s.tokens} written`;
 }
 
 function command(text) {
