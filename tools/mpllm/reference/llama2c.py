@@ -1,0 +1,205 @@
+"""A float32 numpy forward pass of llama2.c's Llama (karpathy/llama2.c `run.c`),
+by token ids: enough to let a real trained llama2.c checkpoint write stories
+on this PC, so the drafter's tokens per pass can be measured on a model as
+unpredictable as real text (mpllm.drafting --llama2c).
+
+The file is llama2.c's legacy (v0) export: seven int32 (dim, hidden_dim,
+n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
+means the classifier is stored apart from the embedding), then float32
+tensors in run.c's order. The model is run.c's: RMSNorm (eps 1e-5), RoPE
+rotating adjacent pairs (i, i + 1) of q and k with theta 10000, grouped-query
+attention (n_kv_heads <= n_heads), SwiGLU, a final RMSNorm and the
+classifier (the embedding when shared).
+
+`Llama2c.step` runs a batch of sequences at one position (the sequences are
+independent; a batch only shares the numpy calls), so many stories are
+written at the cost of few. Not the engine's numerics: only the tokens'
+statistics matter here, not bits.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+F32 = np.float32
+HEADER_INTS = 7
+#: llama2.c's BOS id (sentencepiece <s>); every story starts from it
+BOS = 1
+EPS = F32(1e-5)
+ROPE_THETA = 10000.0
+
+
+class Llama2cError(ValueError):
+    """A file that is not a llama2.c legacy checkpoint."""
+
+
+@dataclass(frozen=True)
+class Llama2cConfig:
+    dim: int
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    shared_classifier: bool
+
+    @property
+    def head_size(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_size * self.n_kv_heads
+
+
+def read_config(raw: bytes) -> Llama2cConfig:
+    if len(raw) < HEADER_INTS * 4:
+        raise Llama2cError(f"{len(raw)} bytes: too short for llama2.c's 28-byte header")
+    dim, hidden, layers, heads, kv_heads, vocab, seq = (
+        int(x) for x in np.frombuffer(raw, "<i4", HEADER_INTS))
+    cfg = Llama2cConfig(dim, hidden, layers, heads, kv_heads, abs(vocab), seq, vocab > 0)
+    if min(dim, hidden, layers, heads, kv_heads, cfg.vocab_size, seq) <= 0 or dim % heads \
+            or heads % kv_heads or cfg.head_size % 2:
+        raise Llama2cError(f"not a llama2.c header: {cfg}")
+    return cfg
+
+
+class Llama2c:
+    """The weights of one checkpoint and run.c's forward pass over a batch."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        raw = open(path, "rb").read()  # noqa: SIM115 (closed by the with below)
+        self.cfg = c = read_config(raw)
+        hs, L = c.head_size, c.n_layers
+        shapes = [("emb", (c.vocab_size, c.dim)), ("rms_att", (L, c.dim)),
+                  ("wq", (L, c.dim, c.dim)), ("wk", (L, c.kv_dim, c.dim)),
+                  ("wv", (L, c.kv_dim, c.dim)), ("wo", (L, c.dim, c.dim)),
+                  ("rms_ffn", (L, c.dim)), ("w1", (L, c.hidden_dim, c.dim)),
+                  ("w2", (L, c.dim, c.hidden_dim)), ("w3", (L, c.hidden_dim, c.dim)),
+                  ("rms_final", (c.dim,)),
+                  # run.c skips the two precomputed RoPE tables of the legacy export
+                  ("freq_cis", (2, c.seq_len, hs // 2))]
+        if not c.shared_classifier:
+            shapes.append(("wcls", (c.vocab_size, c.dim)))
+        need = HEADER_INTS * 4 + 4 * sum(int(np.prod(s)) for _, s in shapes)
+        if len(raw) != need:
+            raise Llama2cError(f"{os.fspath(path)}: {len(raw):,} bytes, the header {c} "
+                               f"needs {need:,}")
+        at = HEADER_INTS * 4
+        w: dict[str, np.ndarray] = {}
+        for name, shape in shapes:
+            n = int(np.prod(shape))
+            w[name] = np.frombuffer(raw, "<f4", n, at).reshape(shape)
+            at += 4 * n
+        self.w = w
+        self.wcls = w.get("wcls", w["emb"])
+        # run.c: freq = 1 / theta^((i % head_size) / head_size) for even i
+        pair = np.arange(0, hs, 2, dtype=F32)
+        self._freq = (1.0 / np.power(F32(ROPE_THETA), pair / F32(hs))).astype(F32)
+
+    def new_cache(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        c = self.cfg
+        shape = (c.n_layers, batch, c.seq_len, c.kv_dim)
+        return np.zeros(shape, F32), np.zeros(shape, F32)
+
+    @staticmethod
+    def _rmsnorm(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        ss = (x * x).mean(axis=-1, keepdims=True, dtype=F32) + EPS
+        return (x / np.sqrt(ss)).astype(F32) * g
+
+    def _rope(self, v: np.ndarray, pos: int) -> np.ndarray:
+        """Rotate pairs (2i, 2i+1) of every head by pos * freq[i]."""
+        b, n = v.shape
+        pairs = v.reshape(b, n // self.cfg.head_size, self.cfg.head_size // 2, 2)
+        ang = F32(pos) * self._freq
+        cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+        v0, v1 = pairs[..., 0], pairs[..., 1]
+        out = np.stack((v0 * cos - v1 * sin, v0 * sin + v1 * cos), axis=-1)
+        return out.reshape(b, n).astype(F32)
+
+    def step(self, tokens: Sequence[int] | np.ndarray, pos: int,
+             cache: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Logits (batch, vocab) after feeding tokens[b] at position pos of
+        sequence b; the caches gain that position."""
+        c, w = self.cfg, self.w
+        hs, kv_mul = c.head_size, c.n_heads // c.n_kv_heads
+        kc, vc = cache
+        x = w["emb"][np.asarray(tokens)].astype(F32)
+        b = x.shape[0]
+        for layer in range(c.n_layers):
+            xb = self._rmsnorm(x, w["rms_att"][layer])
+            q = self._rope(xb @ w["wq"][layer].T, pos)
+            kc[layer, :, pos] = self._rope(xb @ w["wk"][layer].T, pos)
+            vc[layer, :, pos] = xb @ w["wv"][layer].T
+            qh = q.reshape(b, c.n_kv_heads, kv_mul, hs)
+            k = kc[layer, :, :pos + 1].reshape(b, pos + 1, c.n_kv_heads, hs)
+            v = vc[layer, :, :pos + 1].reshape(b, pos + 1, c.n_kv_heads, hs)
+            att = np.einsum("bgmd,btgd->bgmt", qh, k) / F32(np.sqrt(hs))
+            att = np.exp(att - att.max(axis=-1, keepdims=True))
+            att /= att.sum(axis=-1, keepdims=True)
+            o = np.einsum("bgmt,btgd->bgmd", att.astype(F32), v).reshape(b, c.dim)
+            x = x + o @ w["wo"][layer].T
+            xb = self._rmsnorm(x, w["rms_ffn"][layer])
+            h1, h3 = xb @ w["w1"][layer].T, xb @ w["w3"][layer].T
+            x = x + (h1 / (F32(1) + np.exp(-h1)) * h3).astype(F32) @ w["w2"][layer].T
+        return (self._rmsnorm(x, w["rms_final"]) @ self.wcls.T).astype(F32)
+
+    def generate(self, prompts: Sequence[Sequence[int]], n_tokens: int, *,
+                 temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 stop: int | None = None) -> list[list[int]]:
+        """Each prompt's continuation (the prompt not included), decoded
+        greedily (temperature 0) or sampled at temperature from the top_k most
+        likely (0: all), n_tokens at most, stopping before `stop` (the prompts
+        are fed in one batch, so they must be of one length). Seeded: the same
+        arguments give the same stories."""
+        c = self.cfg
+        if not prompts or len({len(p) for p in prompts}) != 1 or not prompts[0]:
+            raise ValueError("prompts: one or more, all of the same length >= 1")
+        plen = len(prompts[0])
+        n_tokens = min(n_tokens, c.seq_len - plen)
+        rng = np.random.default_rng(seed)
+        cache = self.new_cache(len(prompts))
+        toks = np.asarray(prompts, dtype=np.int64)
+        for pos in range(plen - 1):
+            self.step(toks[:, pos], pos, cache)
+        cur, out = toks[:, -1], np.zeros((len(prompts), n_tokens), np.int64)
+        for i in range(n_tokens):
+            logits = self.step(cur, plen - 1 + i, cache)
+            cur = sample(logits, temperature, top_k, rng)
+            out[:, i] = cur
+        stories = []
+        for row in out.tolist():
+            if stop is not None and stop in row:
+                row = row[:row.index(stop)]
+            stories.append(row)
+        return stories
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int,
+           rng: np.random.Generator) -> np.ndarray:
+    """One token per row: argmax at temperature 0, else a draw from
+    softmax(logits / temperature) over the top_k largest (0: all)."""
+    if temperature <= 0:
+        return logits.argmax(axis=-1)
+    z = logits.astype(np.float64) / temperature
+    if 0 < top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    u = rng.random((z.shape[0], 1))
+    return np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), z.shape[-1] - 1)
+
+
+def entropy(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Nats per row of softmax(logits / temperature)."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
