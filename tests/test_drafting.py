@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import engine_ext
@@ -145,3 +146,46 @@ def test_calibration_on_an_unpredictable_engine_model(small_model) -> None:  # t
     assert raw.total.story_tokens == cal.total.story_tokens > 1000
     assert raw.total.drafted > 100 and raw.cost > 1.0
     assert cal.total.tokens_per_pass >= 1.0 and cal.cost <= 1.0
+
+
+def test_cached_images_are_keyed_by_the_table_rule(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An image cached with a table made by an older rule (the counts' shares,
+    over-confident) is converted again, not reused."""
+    from mpllm import image_cache
+
+    src = (ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", tmp_path)
+    now = image_cache.cached_image_path(*src)
+    monkeypatch.setattr(D, "TABLE_RULE", "counts-shares")
+    assert image_cache.cached_image_path(*src) != now
+
+
+def test_cli_prints_both_models_labeled_with_spread(capsys) -> None:  # type: ignore[no-untyped-def]
+    llama2c = ROOT.parent / "shared" / "llama2c" / "stories260K.bin"
+    small = ["--table-stories", "20", "--stories", "8", "--greedy-stories", "4",
+             "--tokens", "40", "--prices", "release"]
+    if llama2c.is_file():
+        small += ["--llama2c", str(llama2c)]
+    assert D.main(small) == 0
+    out = capsys.readouterr().out
+    assert "priced for the release shape (modeled S3): a plain step" in out
+    assert "demo: n-gram table from 20 of its own stories" in out
+    for mode in ("greedy", "sampled"):
+        for name in ("ngram raw", "ngram", "lookup", "both"):
+            row = rf"^  {mode} +{name} +\d\.\d\d ± \d\.\d\d +\d+\.\d%"
+            assert re.search(row, out, re.MULTILINE), (mode, name)
+    assert re.search(r"^  sampled T 0.8 top-40: at demo's \d\.\d\d tokens/pass \d+\.\d\d ± "
+                     r"\d\.\d\d ms \(plain \d+\.\d\d\)", out, re.MULTILINE)
+    if llama2c.is_file():
+        assert "stories260K.bin: n-gram table from 20 of its own stories" in out
+        assert "; at stories260K.bin's " in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stories", "0"], "--stories must be >= 1, not 0"),
+    (["--llama2c", "nowhere.bin"], "--llama2c nowhere.bin: no such file"),
+    (["nowhere.img"], "nowhere.img: no such image"),
+])
+def test_cli_refuses_bad_arguments_in_one_line(capsys, args, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        D.main(args)
+    assert message in capsys.readouterr().err

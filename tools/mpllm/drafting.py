@@ -22,7 +22,14 @@ Two drafters:
     drafting rule): what the model itself writes after 1-3 token contexts,
     counted over stories it generated (self-distilled, so it predicts this
     model, not the training text); a draft grows while the chance that all
-    of it is accepted pays for the positions it adds to a verify pass.
+    of it is accepted pays for the positions it adds to a verify pass. That
+    chance is calibrated (`Calibration`): each guess's share is how often
+    such a guess was right on stories its counts did not see.
+
+`measure` replays a model's own stories (an image through `_llm`, or a
+llama2.c checkpoint through mpllm.reference.llama2c) and prices every pass
+with the cost model; `python -m mpllm.drafting` prints it (docs/
+speculative-decoding.md).
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -
     return list(import_llm().prompt_lookup(context, max_len, max_ngram))
 
 
+#: how the table convert stores is made, for caches of converted images: a
+#: table made by another rule must be made again
+TABLE_RULE = "calibrated-shares-1"
 #: the calibration's bins: a context's order, its count (powers of two up to
 #: 2^(COUNT_BINS - 1) and more) and its top continuation's share in tenths
 COUNT_BINS = 8
@@ -495,7 +505,8 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     """tokens per pass and acceptance of each drafter on `image`, greedy and
     sampled (T 0.8, top-k 40): the n-gram table is built as convert builds
     the image's (build_drafts: table_stories stories the model writes, from
-    other seeds than the ones measured, each draft priced by the cost model
+    other seeds than the ones measured, its shares calibrated on them, each
+    draft priced by the cost model
     for the image's shape, or by `prices`: costmodel.draft_prices() measures
     the demo's acceptance at the release model's prices)."""
     import time

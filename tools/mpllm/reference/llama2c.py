@@ -103,8 +103,10 @@ class Llama2c:
         self._freq = (1.0 / np.power(F32(ROPE_THETA), pair / F32(hs))).astype(F32)
 
     def new_cache(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V per layer, sequence, position and kv head (positions are
+        contiguous per sequence, so attention reads views, not copies)."""
         c = self.cfg
-        shape = (c.n_layers, batch, c.seq_len, c.kv_dim)
+        shape = (c.n_layers, batch, c.seq_len, c.n_kv_heads, c.head_size)
         return np.zeros(shape, F32), np.zeros(shape, F32)
 
     @staticmethod
@@ -134,15 +136,16 @@ class Llama2c:
         for layer in range(c.n_layers):
             xb = self._rmsnorm(x, w["rms_att"][layer])
             q = self._rope(xb @ w["wq"][layer].T, pos)
-            kc[layer, :, pos] = self._rope(xb @ w["wk"][layer].T, pos)
-            vc[layer, :, pos] = xb @ w["wv"][layer].T
+            kc[layer, :, pos] = self._rope(xb @ w["wk"][layer].T, pos).reshape(b, -1, hs)
+            vc[layer, :, pos] = (xb @ w["wv"][layer].T).reshape(b, -1, hs)
+            # head h reads kv head h // kv_mul (run.c), so q's heads group by kv head
             qh = q.reshape(b, c.n_kv_heads, kv_mul, hs)
-            k = kc[layer, :, :pos + 1].reshape(b, pos + 1, c.n_kv_heads, hs)
-            v = vc[layer, :, :pos + 1].reshape(b, pos + 1, c.n_kv_heads, hs)
-            att = np.einsum("bgmd,btgd->bgmt", qh, k) / F32(np.sqrt(hs))
+            k = kc[layer, :, :pos + 1].transpose(0, 2, 3, 1)  # b, kv head, hs, t
+            v = vc[layer, :, :pos + 1].transpose(0, 2, 1, 3)  # b, kv head, t, hs
+            att = (qh @ k) / F32(np.sqrt(hs))
             att = np.exp(att - att.max(axis=-1, keepdims=True))
             att /= att.sum(axis=-1, keepdims=True)
-            o = np.einsum("bgmt,btgd->bgmd", att.astype(F32), v).reshape(b, c.dim)
+            o = (att.astype(F32) @ v).reshape(b, c.dim)
             x = x + o @ w["wo"][layer].T
             xb = self._rmsnorm(x, w["rms_ffn"][layer])
             h1, h3 = xb @ w["w1"][layer].T, xb @ w["w3"][layer].T
