@@ -189,3 +189,25 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, args, message) -> None:  
     with pytest.raises(SystemExit):
         D.main(args)
     assert message in capsys.readouterr().err
+
+
+def test_calibration_keeps_most_of_the_demo_gain(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On the predictable demo model the counts were nearly right: calibrated, the
+    table still saves most of what it saved (priced like the release shape)."""
+    from mpllm.checkout import import_llm
+    from mpllm.costmodel.prices import draft_prices
+
+    img = tmp_path / "demo.img"
+    convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", img,
+            progress=False)
+    prices = draft_prices()
+    with engine_ext.load().Model(str(img)) as m:
+        tok = import_llm().Tokenizer(m.tokenizer())
+        w = D.ImageStories(m, int(m.config()["eot_id"]),
+                           [tok.encode(p) for p in D.DEFAULT_PROMPTS], "demo")
+        res = D.measure(w, prices={"greedy": prices, "sampled": prices},
+                        plain_ms={"greedy": 1.0, "sampled": 1.0}, table_stories=60,
+                        n_tokens=100, stories={"sampled": 40}, drafters=("ngram raw", "ngram"))
+    raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
+    assert raw.cost < 0.85  # the demo's guesses pay
+    assert 1.0 - cal.cost >= 0.8 * (1.0 - raw.cost)
