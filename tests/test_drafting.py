@@ -211,3 +211,16 @@ def test_calibration_keeps_most_of_the_demo_gain(tmp_path) -> None:  # type: ign
     raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
     assert raw.cost < 0.85  # the demo's guesses pay
     assert 1.0 - cal.cost >= 0.8 * (1.0 - raw.cost)
+
+
+def test_real_model_figures_for_the_cost_model() -> None:
+    """The cost model's inputs at stories260K's acceptance: what the table does
+    there (fewer tokens per pass than the demo, over a thousand passes each)."""
+    from mpllm.costmodel import spec_inputs
+
+    real, demo = spec_inputs.real_model_drafts(), spec_inputs.SpecInputs.default().drafts
+    for mode in ("greedy", "sampled"):
+        r = real[mode]["ngram"]
+        assert r.usable and r.passes > 1000 and r.drafter == "ngram"
+        assert 1.0 < r.tokens_per_pass < demo[mode]["ngram"].tokens_per_pass
+        assert r.positions_per_pass == pytest.approx(1 + r.drafted_per_pass)

@@ -18,12 +18,14 @@ from .shape import VERIFY_MAX
 __all__ = [
     "DEFAULT_STUDY",
     "DEFAULT_UNION",
+    "REAL_MODEL_STUDY",
     "SPEC_MODES",
     "SPEC_PROMPTS",
     "SPEC_SEEDS",
     "DraftFigures",
     "SpecInputs",
     "UnionRatios",
+    "real_model_drafts",
 ]
 
 #: mpllm.drafting.study's story prompts (its defaults), used for every
@@ -106,6 +108,32 @@ DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
                  "passes": 1100, "drafted": 3991, "story_tokens": 2395},
     },
 }
+
+
+#: The same drafter (the n-gram table convert stores: 200 of the model's own
+#: stories, shares calibrated, priced by draft_prices() for the release
+#: shape) on a real trained llama2.c model, stories260K by token ids, whose
+#: text is about as uncertain as the release model's: mpllm.drafting.measure
+#: (`python -m mpllm.drafting --llama2c ../shared/llama2c/stories260K.bin
+#: --prices release`; 200 sampled stories, 40 greedy, 200 tokens). The
+#: speculative rows' tokens per pass at a real model's acceptance, beside
+#: DEFAULT_STUDY's demo figures.
+REAL_MODEL_STUDY: dict[str, dict[str, dict[str, float]]] = {
+    "greedy": {
+        "ngram": {"tokens_per_pass": 6987 / 5659, "accept_rate": 1328 / 1786,
+                  "passes": 5659, "drafted": 1786, "story_tokens": 6987},
+    },
+    "sampled": {
+        "ngram": {"tokens_per_pass": 27523 / 25460, "accept_rate": 2063 / 3619,
+                  "passes": 25460, "drafted": 3619, "story_tokens": 27523},
+    },
+}
+
+
+def real_model_drafts() -> dict[str, dict[str, DraftFigures]]:
+    """REAL_MODEL_STUDY as DraftFigures, per mode and drafter."""
+    return {mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
+            for mode, rows in REAL_MODEL_STUDY.items()}
 
 
 @dataclass
