@@ -79,11 +79,10 @@ def _cal_bin(order: int, total: int, top: int) -> tuple[int, int, int]:
 
 def _best(counts: dict[tuple[int, ...], Counter[int]]) -> dict[tuple[int, ...],
                                                              tuple[int, int, int]]:
-    """Each context's (next token the table would guess, total, its count),
-    ties as drafts_table breaks them (the smaller id)."""
+    """Each context's (next token the table would guess, total, its count)."""
     out = {}
     for ctx, c in counts.items():
-        nxt, k = max(c.items(), key=lambda kv: (kv[1], -kv[0]))
+        nxt, k = drafts_table.top_next(c)
         out[ctx] = (nxt, sum(c.values()), k)
     return out
 

@@ -30,6 +30,12 @@ class DraftsError(ValueError):
     """A drafts payload that does not follow image_format.h."""
 
 
+def top_next(counts: Mapping[int, int]) -> tuple[int, int]:
+    """The next token a context's counts guess and its count: the most
+    frequent, ties to the smaller id."""
+    return max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
+
+
 def _pad16(n: int) -> int:
     return -(-n // 16) * 16
 
@@ -63,7 +69,7 @@ class DraftsTable:
             if not 1 <= len(ctx) <= ORDER or not c:
                 continue
             total = sum(c.values())
-            nxt, k = max(c.items(), key=lambda kv: (kv[1], -kv[0]))
+            nxt, k = top_next(c)
             if share is None:
                 units = ONE * k // (total + 1)
                 if units < 1:
