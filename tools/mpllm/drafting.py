@@ -22,7 +22,14 @@ Two drafters:
     drafting rule): what the model itself writes after 1-3 token contexts,
     counted over stories it generated (self-distilled, so it predicts this
     model, not the training text); a draft grows while the chance that all
-    of it is accepted pays for the positions it adds to a verify pass.
+    of it is accepted pays for the positions it adds to a verify pass. That
+    chance is calibrated (`Calibration`): each guess's share is how often
+    such a guess was right on stories its counts did not see.
+
+`measure` replays a model's own stories (an image through `_llm`, or a
+llama2.c checkpoint through mpllm.reference.llama2c) and prices every pass
+with the cost model; `python -m mpllm.drafting` prints it (docs/
+speculative-decoding.md).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import argparse
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .formats import drafts_table
@@ -53,15 +60,90 @@ def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -
     return list(import_llm().prompt_lookup(context, max_len, max_ngram))
 
 
+#: how the table convert stores is made, for caches of converted images: a
+#: table made by another rule must be made again
+TABLE_RULE = "calibrated-shares-1"
+#: the calibration's bins: a context's order, its count (powers of two up to
+#: 2^(COUNT_BINS - 1) and more) and its top continuation's share in tenths
+COUNT_BINS = 8
+SHARE_BINS = 10
+#: the stories are cut in this many folds; each fold's guesses are judged by a
+#: table counted on the other folds
+CAL_FOLDS = 2
+
+
+def _cal_bin(order: int, total: int, top: int) -> tuple[int, int, int]:
+    return (order, min(total.bit_length() - 1, COUNT_BINS - 1),
+            min(SHARE_BINS * top // total, SHARE_BINS - 1))
+
+
+def _best(counts: dict[tuple[int, ...], Counter[int]]) -> dict[tuple[int, ...],
+                                                             tuple[int, int, int]]:
+    """Each context's (next token the table would guess, total, its count)."""
+    out = {}
+    for ctx, c in counts.items():
+        nxt, k = drafts_table.top_next(c)
+        out[ctx] = (nxt, sum(c.values()), k)
+    return out
+
+
+@dataclass
+class Calibration:
+    """How often a guess from a context of given (order, count, share) was
+    right on stories the counts had not seen: the table's shares taken from
+    what a guess is worth on this model, not from the counts (which trust a
+    context seen a few times far too much on a model as uncertain as real
+    text). Cross-fitted: each fold of the stories is guessed by the counts of
+    the others, with the drafter's rule (the longest known context guesses)."""
+
+    hits: Counter[tuple[int, int, int]] = field(default_factory=Counter)
+    tries: Counter[tuple[int, int, int]] = field(default_factory=Counter)
+    folds: int = CAL_FOLDS
+
+    @classmethod
+    def cross_fitted(cls, stories: Sequence[Sequence[int]], order: int = drafts_table.ORDER,
+                     folds: int = CAL_FOLDS) -> Calibration:
+        cal = cls(folds=folds)
+        for f in range(folds):
+            fit = NgramTable(order)
+            for k, s in enumerate(stories):
+                if k % folds != f:
+                    fit.add(s)
+            best = _best(fit.counts)
+            for s in stories[f::folds]:
+                for i in range(1, len(s)):
+                    for n in range(min(order, i), 0, -1):
+                        hit = best.get(tuple(s[i - n:i]))
+                        if hit is not None:
+                            b = _cal_bin(n, hit[1], hit[2])
+                            cal.tries[b] += 1
+                            cal.hits[b] += hit[0] == s[i]
+                            break
+        return cal
+
+    def share(self, order: int, total: int, top: int) -> float:
+        """The chance a guess is right from a context of this order whose
+        counts (over all folds) are total and top: the rate seen in its bin,
+        shrunk as hits / (tries + 1), so a bin seldom seen is trusted little.
+        The counts are scaled to one fit's share of the stories first, so the
+        bin is the one the rate was measured in."""
+        scale = max(self.folds - 1, 1) / self.folds if self.folds > 1 else 1.0
+        b = _cal_bin(order, max(1, int(total * scale)), max(1, int(top * scale)))
+        return self.hits[b] / (self.tries[b] + 1)
+
+
 @dataclass
 class NgramTable:
-    """Next-token counts after contexts of 1..order tokens (what `table` turns
-    into the image's drafts section)."""
+    """Next-token counts after contexts of 1..order tokens, and the stories
+    they were counted from (what `table` turns into the image's drafts
+    section)."""
 
     order: int = drafts_table.ORDER
     counts: dict[tuple[int, ...], Counter[int]] = field(default_factory=dict)
+    stories: list[list[int]] = field(default_factory=list)
 
     def add(self, tokens: Sequence[int]) -> None:
+        self.stories.append(list(tokens))
         for i in range(1, len(tokens)):
             for n in range(1, self.order + 1):
                 if i - n < 0:
@@ -73,28 +155,44 @@ class NgramTable:
     def entries(self) -> int:
         return sum(len(c) for c in self.counts.values())
 
-    def table(self, min_odds: Sequence[float],
-              max_draft: int = drafts_table.MAX_DRAFT) -> drafts_table.DraftsTable:
+    def table(self, min_odds: Sequence[float], max_draft: int = drafts_table.MAX_DRAFT,
+              *, calibrated: bool = True) -> drafts_table.DraftsTable:
         """The drafts section: each context's most frequent continuation;
-        min_odds[k] is what draft k+1 must be worth (costmodel.draft_prices)."""
-        return drafts_table.DraftsTable.from_counts(self.counts, min_odds, max_draft)
+        min_odds[k] is what draft k+1 must be worth (costmodel.draft_prices).
+        Its share is the calibrated chance that the guess is right (the
+        stories cross-fitted: `Calibration`), or with calibrated=False the
+        count's share, count / (total + 1) (what convert stored before)."""
+        share = Calibration.cross_fitted(self.stories, self.order).share if calibrated else None
+        return drafts_table.DraftsTable.from_counts(self.counts, min_odds, max_draft, share)
+
+
+Sampler = tuple[float, int, int]  # temperature, top_k, seed
+#: what the self-distilled table's sampled stories are drawn with
+TABLE_SAMPLER = (0.8, 40)
+TABLE_FIRST_SEED = 1000
 
 
 def self_distilled(model: object, prompts: Sequence[Sequence[int]], n_stories: int,
-                   n_tokens: int, eot: int, *, first_seed: int = 1000,
+                   n_tokens: int, eot: int, *, first_seed: int = TABLE_FIRST_SEED,
                    progress: Callable[[int], None] | None = None) -> NgramTable:
     """An n-gram table of what the open model writes: one greedy story per
     prompt, then n_stories sampled ones (T 0.8, top-k 40, seeds first_seed..),
     the prompts taken in turn. progress(k) after each of the n_stories."""
+    return distill(ImageStories(model, eot), prompts, n_stories, n_tokens,
+                   first_seed=first_seed, progress=progress)
+
+
+def distill(writer: StoryWriter, prompts: Sequence[Sequence[int]], n_stories: int,
+            n_tokens: int, *, first_seed: int = TABLE_FIRST_SEED,
+            progress: Callable[[int], None] | None = None) -> NgramTable:
+    """`self_distilled` for any StoryWriter."""
     table = NgramTable()
-    for _p, s in decode_stories(model, prompts, (0.0, 0, 0), n_tokens, eot):
+    for s in writer.write([(list(p), (0.0, 0, 0)) for p in prompts], n_tokens):
         table.add(s)
-    for k in range(n_stories):
-        for _p, s in decode_stories(model, [prompts[k % len(prompts)]],
-                                    (0.8, 40, first_seed + k), n_tokens, eot):
-            table.add(s)
-        if progress is not None:
-            progress(k + 1)
+    jobs = [(list(prompts[k % len(prompts)]), (*TABLE_SAMPLER, first_seed + k))
+            for k in range(n_stories)]
+    for s in writer.write(jobs, n_tokens, progress=progress):
+        table.add(s)
     return table
 
 
@@ -102,7 +200,8 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
                  llm_module: object | None = None,
                  progress: Callable[[int], None] | None = None) -> drafts_table.DraftsTable:
     """The drafts section for `image` (what convert stores): the model's own
-    stories counted, each draft priced by the cost model for the image's
+    stories counted, each guess's share calibrated on those stories
+    (`Calibration`), each draft priced by the cost model for the image's
     shape on the S3."""
     from .checkout import import_llm
     from .costmodel.prices import draft_prices
@@ -133,6 +232,8 @@ class Study:
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    #: passes by the number of guesses they verified
+    by_drafted: Counter[int] = field(default_factory=Counter)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -142,6 +243,19 @@ class Study:
     def accept_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    def cost(self, prices: Sequence[float]) -> float:
+        """The passes' modeled cost in plain steps: a pass verifying d guesses
+        costs 1 + prices[0] + ... + prices[d - 1] (costmodel.draft_prices)."""
+        cum = [0.0]
+        for p in prices:
+            cum.append(cum[-1] + p)
+        return sum(n * (1.0 + cum[d]) for d, n in self.by_drafted.items())
+
+    def __add__(self, other: Study) -> Study:
+        return Study(self.story_tokens + other.story_tokens, self.passes + other.passes,
+                     self.drafted + other.drafted, self.accepted + other.accepted,
+                     self.by_drafted + other.by_drafted)
+
 
 def max_draft() -> int:
     """Guesses one verify pass checks at most: llm.MAX_DRAFT (the board's)."""
@@ -150,16 +264,14 @@ def max_draft() -> int:
     return int(import_llm().MAX_DRAFT)
 
 
-def simulate(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Drafter,
-             max_draft: int | None = None) -> Study:
-    """Replay (prompt, story) pairs decoded plainly: at each pass the drafter sees
-    the context so far and proposes up to max_draft tokens (never past the
-    story's end); the pass keeps the prefix that equals the story and adds the
-    one token it computes itself."""
-    st = Study()
+def simulate_each(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Drafter,
+                  max_draft: int | None = None) -> list[Study]:
+    """`simulate`, one Study per story."""
+    out = []
     if max_draft is None:
         max_draft = globals()["max_draft"]()
     for prompt, story in stories:
+        st = Study()
         story = list(story)
         i = 0
         while i < len(story):
@@ -171,12 +283,23 @@ def simulate(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Dr
             st.drafted += len(d)
             st.accepted += a
             st.passes += 1
+            st.by_drafted[len(d)] += 1
             i += a + 1
-        st.story_tokens += len(story)
-    return st
+        st.story_tokens = len(story)
+        out.append(st)
+    return out
 
 
-def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: tuple[float, int, int],
+def simulate(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Drafter,
+             max_draft: int | None = None) -> Study:
+    """Replay (prompt, story) pairs decoded plainly: at each pass the drafter sees
+    the context so far and proposes up to max_draft tokens (never past the
+    story's end); the pass keeps the prefix that equals the story and adds the
+    one token it computes itself."""
+    return sum(simulate_each(stories, drafter, max_draft), Study())
+
+
+def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: Sampler,
                    n_tokens: int, eot: int) -> list[tuple[list[int], list[int]]]:
     """Plain decoding with an open `_llm.Model`: (prompt, story) per prompt,
     each story stopping at <|endoftext|> (not included) or after n_tokens."""
@@ -195,6 +318,185 @@ def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: tup
     return out
 
 
+# ---- writing stories: an image through _llm, or a llama2.c checkpoint ----------
+
+
+Job = tuple[list[int], Sampler]  # a prompt and how to continue it
+
+
+class StoryWriter:
+    """A model that continues prompts plainly (greedy at temperature 0)."""
+
+    name: str = "model"
+    prompts: list[list[int]]
+
+    def write(self, jobs: Sequence[Job], n_tokens: int,
+              progress: Callable[[int], None] | None = None) -> list[list[int]]:
+        """Each job's story (the prompt not included), n_tokens at most."""
+        raise NotImplementedError
+
+
+class ImageStories(StoryWriter):
+    """An open `_llm.Model`: each job decoded by the engine (decode_stories)."""
+
+    def __init__(self, model: object, eot: int, prompts: Sequence[Sequence[int]] = (),
+                 name: str = "image") -> None:
+        self.model, self.eot, self.name = model, eot, name
+        self.prompts = [list(p) for p in prompts]
+
+    def write(self, jobs: Sequence[Job], n_tokens: int,
+              progress: Callable[[int], None] | None = None) -> list[list[int]]:
+        out = []
+        for k, (prompt, smp) in enumerate(jobs):
+            out.append(decode_stories(self.model, [prompt], smp, n_tokens, self.eot)[0][1])
+            if progress is not None:
+                progress(k + 1)
+        return out
+
+
+class Llama2cStories(StoryWriter):
+    """A llama2.c checkpoint run by mpllm.reference.llama2c: every story starts
+    at BOS and stops before the next BOS (llama2.c's run.c stops there).
+    Jobs of one sampler and prompt length run as one batch, seeded by the
+    first job's seed: the same jobs give the same stories."""
+
+    BATCH = 100
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from .reference.llama2c import BOS, Llama2c
+
+        self.model = Llama2c(path)
+        self.name = os.path.basename(os.fspath(path))
+        self.prompts = [[BOS]]
+        self.eot = BOS
+
+    def write(self, jobs: Sequence[Job], n_tokens: int,
+              progress: Callable[[int], None] | None = None) -> list[list[int]]:
+        out: list[list[int] | None] = [None] * len(jobs)
+        groups: dict[tuple[float, int, int], list[int]] = {}
+        for k, (prompt, (t, top, _seed)) in enumerate(jobs):
+            groups.setdefault((t, top, len(prompt)), []).append(k)
+        done = 0
+        for (t, top, _n), ks in groups.items():
+            for at in range(0, len(ks), self.BATCH):
+                part = ks[at:at + self.BATCH]
+                stories = self.model.generate([jobs[k][0] for k in part], n_tokens,
+                                              temperature=t, top_k=top, seed=jobs[part[0]][1][2],
+                                              stop=self.eot)
+                for k, st in zip(part, stories, strict=True):
+                    out[k] = st
+                done += len(part)
+                if progress is not None:
+                    progress(done)
+        return [s for s in out if s is not None]
+
+
+# ---- measuring: tokens per pass and modeled cost, with their spread -------------
+
+#: the measured runs: sampled at T 0.8, top-k 40 (seeds 1.., prompts in turn);
+#: greedy from each prompt followed by OPENING tokens the model samples at T 1
+#: (seeds GREEDY_FIRST_SEED..), so greedy runs are many different stories
+MEASURED_SAMPLER = (0.8, 40)
+OPENING = 4
+GREEDY_FIRST_SEED = 2000
+BOOTSTRAP = 2000
+
+
+def measured_stories(writer: StoryWriter, mode: str, n: int, n_tokens: int
+                     ) -> list[tuple[list[int], list[int]]]:
+    """The (prompt, story) pairs one mode is measured on: n sampled stories,
+    or n greedy ones after the model's own openings."""
+    prompts = writer.prompts
+    if mode == "sampled":
+        jobs = [(prompts[k % len(prompts)], (*MEASURED_SAMPLER, 1 + k)) for k in range(n)]
+    elif mode == "greedy":
+        opening = [(prompts[k % len(prompts)], (1.0, 0, GREEDY_FIRST_SEED + k))
+                   for k in range(n)]
+        heads = writer.write(opening, OPENING)
+        jobs = [(p + h, (0.0, 0, 0)) for (p, _), h in zip(opening, heads, strict=True)]
+    else:
+        raise ValueError(f"mode {mode!r}: greedy or sampled")
+    return list(zip([p for p, _ in jobs], writer.write(jobs, n_tokens), strict=True))
+
+
+@dataclass
+class Figure:
+    """One drafter on one mode's stories: the totals, and each figure's
+    bootstrap standard error over the stories."""
+
+    total: Study
+    cost: float  # modeled cost per token, in plain steps
+    plain_ms: float  # modeled ms of a plain step (a pass of one position)
+    stories: int
+    se: dict[str, float]
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.cost * self.plain_ms
+
+    def to_json(self) -> dict[str, float]:
+        t = self.total
+        return {"tokens_per_pass": t.tokens_per_pass, "tokens_per_pass_se": self.se["tpp"],
+                "accept_rate": t.accept_rate, "passes": t.passes, "drafted": t.drafted,
+                "story_tokens": t.story_tokens, "stories": self.stories,
+                "cost_vs_plain": self.cost, "cost_vs_plain_se": self.se["cost"],
+                "ms_per_token": self.ms_per_token, "ms_per_token_se": self.se["cost"] *
+                self.plain_ms, "plain_ms": self.plain_ms}
+
+
+def figure(each: Sequence[Study], prices: Sequence[float], plain_ms: float,
+           seed: int = 0) -> Figure:
+    """Totals over the stories and the bootstrap standard error (stories
+    resampled with replacement) of tokens per pass and cost per token."""
+    import numpy as np
+
+    tok = np.array([s.story_tokens for s in each], float)
+    passes = np.array([s.passes for s in each], float)
+    cost = np.array([s.cost(prices) for s in each], float)
+    idx = np.random.default_rng(seed).integers(0, len(each), (BOOTSTRAP, len(each)))
+    bt, bp, bc = tok[idx].sum(1), passes[idx].sum(1), cost[idx].sum(1)
+    total = sum(each, Study())
+    return Figure(total, float(cost.sum() / tok.sum()), plain_ms, len(each),
+                  {"tpp": float(np.std(bt / bp)), "cost": float(np.std(bc / bt))})
+
+
+def measure(writer: StoryWriter, *, prices: Mapping[str, Sequence[float]],
+            plain_ms: Mapping[str, float], table_stories: int = 200, n_tokens: int = 200,
+            stories: Mapping[str, int] | None = None, drafters: Sequence[str] | None = None,
+            log: Callable[[str], None] | None = None) -> dict[str, object]:
+    """Per mode (greedy, sampled) and drafter, the figures on `writer`'s
+    model: "ngram" is the table convert stores (shares calibrated),
+    "ngram raw" the same counts with the counts' shares (before
+    calibration), "lookup" prompt lookup, "both" lookup else ngram. The
+    table is built as build_drafts builds it (its stories from seeds
+    TABLE_FIRST_SEED.., never the measured ones) and priced by
+    prices["sampled"]; each mode's cost is priced by prices[mode] and
+    plain_ms[mode]."""
+    import time
+
+    say = log or (lambda _m: None)
+    stories = dict(stories or {"greedy": 40, "sampled": 200})
+    drafters = list(drafters or ("ngram raw", "ngram", "lookup", "both"))
+    t0 = time.perf_counter()
+    say(f"{writer.name}: writing {table_stories} stories for the n-gram table")
+    counts = distill(writer, writer.prompts, table_stories, n_tokens)
+    tables = {"ngram": counts.table(prices["sampled"]),
+              "ngram raw": counts.table(prices["sampled"], calibrated=False)}
+    build_s = time.perf_counter() - t0
+    make: dict[str, Drafter] = {"ngram": tables["ngram"].draft,
+                                "ngram raw": tables["ngram raw"].draft,
+                                "lookup": prompt_lookup, "both": both(tables["ngram"])}
+    out: dict[str, object] = {"model": writer.name, "table": {
+        "stories": table_stories, "contexts": tables["ngram"].entries,
+        "bytes": len(tables["ngram"].pack()), "build_s": build_s}}
+    for mode, n in stories.items():
+        say(f"{writer.name}: writing {n} {mode} stories to measure")
+        pairs = measured_stories(writer, mode, n, n_tokens)
+        out[mode] = {name: figure(simulate_each(pairs, make[name]), prices[mode],
+                                  plain_ms[mode]) for name in drafters}
+    return out
+
+
 def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 200,
           table_stories: int = 40, seeds: Sequence[int] = (1, 2, 3, 4, 5),
           llm_module: object | None = None, prices: Sequence[float] | None = None
@@ -202,7 +504,8 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     """tokens per pass and acceptance of each drafter on `image`, greedy and
     sampled (T 0.8, top-k 40): the n-gram table is built as convert builds
     the image's (build_drafts: table_stories stories the model writes, from
-    other seeds than the ones measured, each draft priced by the cost model
+    other seeds than the ones measured, its shares calibrated on them, each
+    draft priced by the cost model
     for the image's shape, or by `prices`: costmodel.draft_prices() measures
     the demo's acceptance at the release model's prices)."""
     import time
@@ -246,28 +549,138 @@ def study(image: str, *, prompts: Sequence[str] | None = None, n_tokens: int = 2
     return out
 
 
+def _demo_image(tmp: str) -> str:
+    """The repository's demo model converted into tmp (no table: measure
+    builds its own)."""
+    from .checkout import DEMO_DIR
+    from .convert import convert
+
+    out = os.path.join(tmp, "demo.img")
+    convert(DEMO_DIR / "model.bin", DEMO_DIR / "tokenizer.json", out, progress=False)
+    return out
+
+
+def _prices(shape: object, label: str) -> tuple[dict[str, list[float]], dict[str, float], str]:
+    from .costmodel.prices import pass_ms
+
+    prices, plain = {}, {}
+    for mode in ("greedy", "sampled"):
+        ms = pass_ms(shape, build=f"mpllm-spec-{mode}")  # type: ignore[arg-type]
+        prices[mode] = [(ms[k] - ms[k - 1]) / ms[0] for k in range(1, len(ms))]
+        plain[mode] = ms[0]
+    note = (f"priced for {label} (modeled S3): a plain step {plain['sampled']:.2f} ms sampled, "
+            f"{plain['greedy']:.2f} ms greedy; guesses 1-{len(prices['sampled'])} add "
+            + " ".join(f"{x:.3f}" for x in prices["sampled"]) + " of it")
+    return prices, plain, note
+
+
+def _print(res: Mapping[str, object]) -> None:
+    t = res["table"]  # type: ignore[index]
+    print(f"{res['model']}: n-gram table from {t['stories']} of its own stories: "  # type: ignore[index]
+          f"{t['contexts']:,} contexts ({t['bytes']:,} bytes) in {t['build_s']:.1f} s")  # type: ignore[index]
+    print(HEADER)
+    for mode in ("greedy", "sampled"):
+        for name, f in res[mode].items():  # type: ignore[attr-defined]
+            j = f.to_json()
+            print(f"  {mode:<8} {name:<10} {j['tokens_per_pass']:5.2f} ± {j['tokens_per_pass_se']:.2f}"
+                  f" {j['accept_rate']:6.1%} {j['passes']:7,} {j['story_tokens']:7,} "
+                  f"{j['stories']:4}  {j['cost_vs_plain']:5.3f} ± {j['cost_vs_plain_se']:.3f}"
+                  f"  {j['ms_per_token']:6.2f} ± {j['ms_per_token_se']:.2f}")
+
+
+HEADER = (f"  {'mode':<8} {'drafter':<10} {'tok/pass':>12} {'kept':>6} {'passes':>7} "
+          f"{'tokens':>7} {'stor':>4}  {'cost vs plain':>13}  {'ms/token (modeled)':>15}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mpllm.drafting",
-        description="How many tokens per pass each drafter would give on a model image "
-                    "(speculative decoding's output equals plain decoding, so this is exact).")
-    ap.add_argument("image", help="a converted model image")
-    ap.add_argument("--tokens", type=int, default=200, help="story tokens per run")
-    ap.add_argument("--table-stories", type=int, default=40,
-                    help="stories the model writes to build the n-gram table")
+        description="Tokens per pass of each drafter on a model's own plainly decoded stories "
+                    "(speculative decoding writes exactly the plain story, so replaying them is "
+                    "exact), with bootstrap standard errors over the stories, and what that "
+                    "costs per token by the S3 cost model's pass prices. Drafters: ngram (the "
+                    "table convert stores: shares calibrated on held-out stories), ngram raw "
+                    "(the same counts trusted as counted: before calibration), lookup, both.")
+    ap.add_argument("image", nargs="?",
+                    help="a converted model image (default: the repository's demo model, "
+                         "converted into a temporary directory)")
+    ap.add_argument("--llama2c", metavar="BIN",
+                    help="also measure a llama2.c checkpoint (legacy format, by token ids: "
+                         "mpllm.reference.llama2c runs it), e.g. ../shared/llama2c/stories260K.bin")
+    ap.add_argument("--prices", choices=("image", "release"), default="image",
+                    help="price guesses for the image's own shape (what convert stores) or for "
+                         "the release shape (the README's figures); a llama2.c model is always "
+                         "priced at the release shape (the cost model has no shape for it)")
+    ap.add_argument("--tokens", type=int, default=200, help="story tokens per run (default 200)")
+    ap.add_argument("--table-stories", type=int, default=200,
+                    help="stories the model writes to build the n-gram table (default 200, as "
+                         "convert)")
+    ap.add_argument("--stories", type=int, default=200,
+                    help="sampled stories measured (T 0.8, top-k 40; default 200)")
+    ap.add_argument("--greedy-stories", type=int, default=40,
+                    help="greedy stories measured (default 40)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
-    res = study(args.image, n_tokens=args.tokens, table_stories=args.table_stories)
-    t = res.pop("table")["entries"]
-    print(f"n-gram table: {t['records']:,} contexts kept ({t['bytes']:,} bytes) from "
-          f"{t['stories']} self-generated stories in {t['build_s']:.1f} s")
-    print(f"{'mode':<8} {'drafter':<8} {'tokens/pass':>11} {'accepted':>9} {'passes':>7}")
-    for mode, rows in res.items():
-        for name, r in rows.items():
-            print(f"{mode:<8} {name:<8} {r['tokens_per_pass']:>11.2f} {r['accept_rate']:>8.1%} "
-                  f"{r['passes']:>7}")
+    for flag in ("tokens", "table_stories", "stories", "greedy_stories"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, not {getattr(args, flag)}")
+    if args.llama2c and not os.path.isfile(args.llama2c):
+        ap.error(f"--llama2c {args.llama2c}: no such file")
+    if args.image and not os.path.isfile(args.image):
+        ap.error(f"{args.image}: no such image")
+    import json
+    import tempfile
+
+    import _llm
+
+    from .checkout import import_llm
+    from .costmodel.shape import RELEASE, Shape
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    llm = import_llm()
+    kw = {"table_stories": args.table_stories, "n_tokens": args.tokens,
+          "stories": {"greedy": args.greedy_stories, "sampled": args.stories}, "log": log}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        image = args.image or _demo_image(tmp)
+        name = os.path.basename(args.image) if args.image else "demo"
+        with _llm.Model(image) as m:
+            cfg = m.config()
+            shape = RELEASE if args.prices == "release" else Shape.from_config(cfg)
+            prices, plain, note = _prices(shape, "the release shape" if args.prices == "release"
+                                          else f"{name}'s shape")
+            print(note)
+            tok = llm.Tokenizer(m.tokenizer())
+            writer = ImageStories(m, int(cfg["eot_id"]), [tok.encode(p) for p in DEFAULT_PROMPTS],
+                                  name)
+            results.append((note, measure(writer, prices=prices, plain_ms=plain, **kw)))
+    _print(results[0][1])
+    if args.llama2c:
+        prices, plain, note = _prices(RELEASE, "the release shape")
+        results.append((note, measure(Llama2cStories(args.llama2c), prices=prices,
+                                      plain_ms=plain, **kw)))
+        if note != results[0][0]:
+            print(note)
+        _print(results[-1][1])
+    print("speculative (ngram, modeled) vs plain, per token:")
+    for mode, label in (("greedy", "greedy"), ("sampled", "sampled T 0.8 top-40")):
+        parts = []
+        for _note, res in results:
+            f = res[mode]["ngram"]  # type: ignore[index]
+            parts.append(f"at {res['model']}'s {f.total.tokens_per_pass:.2f} tokens/pass "
+                         f"{f.ms_per_token:.2f} ± {f.se['cost'] * f.plain_ms:.2f} ms "
+                         f"(plain {f.plain_ms:.2f})")
+        print(f"  {label}: " + "; ".join(parts))
+    if args.json:
+        data = [{"prices": note, **{k: ({n: f.to_json() for n, f in v.items()}  # type: ignore[attr-defined]
+                                         if k in ("greedy", "sampled") else v)
+                                     for k, v in res.items()}} for note, res in results]
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

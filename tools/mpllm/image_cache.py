@@ -31,12 +31,14 @@ def sha256_file(path: Path) -> str:
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
     and the image format version, so a newer format never reads a stale image, and the
-    drafter's story count (convert.DRAFTER_STORIES)."""
+    drafter's story count (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE)."""
     from .convert import DRAFTER_STORIES
+    from .drafting import TABLE_RULE
     from .formats.image import VERSION
 
     key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
-                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}").encode()).hexdigest()
+                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
+                          ).encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 

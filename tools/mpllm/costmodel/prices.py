@@ -14,17 +14,14 @@ from .passes import _Passes
 from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
 from .spec_inputs import SpecInputs
 
-__all__ = ["draft_prices"]
+__all__ = ["draft_prices", "pass_ms"]
 
 
-def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
-                 rows_fraction: float | None = None) -> list[float]:
-    """What draft k (k = 1..VERIFY_MAX-1) adds to a verify pass, as a fraction
-    of one plain step: (pass(k+1 positions) - pass(k)) / pass(1), modeled on
-    the S3 for shape `s` over the story positions (every 10th start), with
-    the default union ratios. The converter writes these as the drafts
-    table's min_odds: a guess is proposed only while the chance that it and
-    every guess before it are accepted pays for its position."""
+def pass_ms(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
+            rows_fraction: float | None = None) -> list[float]:
+    """Modeled ms of a verify pass of m = 1..VERIFY_MAX positions on the S3
+    for shape `s` over the story positions (every 10th start), with the
+    default union ratios; m = 1 is a plain step."""
     b = BUILDS[build]
     if rows_fraction is not None:
         b = dataclasses.replace(b, rows_fraction=rows_fraction)
@@ -33,5 +30,15 @@ def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
                      scale=(1.0, 1.0))
     union = sp.union[SPEC_BUILD_MODE[build]]
     starts = [p for p in story_positions() if p + VERIFY_MAX <= s.seq_len][::10]
-    ms = [passes.ms(b, m, union, starts) for m in range(1, VERIFY_MAX + 1)]
+    return [passes.ms(b, m, union, starts) for m in range(1, VERIFY_MAX + 1)]
+
+
+def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
+                 rows_fraction: float | None = None) -> list[float]:
+    """What draft k (k = 1..VERIFY_MAX-1) adds to a verify pass, as a fraction
+    of one plain step: (pass(k+1 positions) - pass(k)) / pass(1) (`pass_ms`).
+    The converter writes these as the drafts table's min_odds: a guess is
+    proposed only while the chance that it and every guess before it are
+    accepted pays for its position."""
+    ms = pass_ms(s, build=build, rows_fraction=rows_fraction)
     return [(ms[k] - ms[k - 1]) / ms[0] for k in range(1, VERIFY_MAX)]

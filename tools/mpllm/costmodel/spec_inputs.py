@@ -18,12 +18,14 @@ from .shape import VERIFY_MAX
 __all__ = [
     "DEFAULT_STUDY",
     "DEFAULT_UNION",
+    "REAL_MODEL_STUDY",
     "SPEC_MODES",
     "SPEC_PROMPTS",
     "SPEC_SEEDS",
     "DraftFigures",
     "SpecInputs",
     "UnionRatios",
+    "real_model_drafts",
 ]
 
 #: mpllm.drafting.study's story prompts (its defaults), used for every
@@ -85,26 +87,53 @@ class DraftFigures:
 
 #: mpllm.drafting.study on the demo model (n_tokens 200, table_stories 200,
 #: seeds 1-5, the drafts table priced by draft_prices() for the release
-#: shape, as convert builds it): the figures used when it is not re-run
+#: shape, its shares calibrated, as convert builds it): the figures used
+#: when it is not re-run
 #: (bench.py --model-s3 re-runs it whenever the engine and demo are here).
 DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
     "greedy": {
         "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 27 / 1081,
                    "passes": 457, "drafted": 1081, "story_tokens": 484},
-        "ngram": {"tokens_per_pass": 484 / 158, "accept_rate": 326 / 354,
-                  "passes": 158, "drafted": 354, "story_tokens": 484},
-        "both": {"tokens_per_pass": 484 / 193, "accept_rate": 291 / 752,
-                 "passes": 193, "drafted": 752, "story_tokens": 484},
+        "ngram": {"tokens_per_pass": 484 / 154, "accept_rate": 330 / 363,
+                  "passes": 154, "drafted": 363, "story_tokens": 484},
+        "both": {"tokens_per_pass": 484 / 184, "accept_rate": 300 / 706,
+                 "passes": 184, "drafted": 706, "story_tokens": 484},
     },
     "sampled": {
         "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 117 / 5288,
                    "passes": 2278, "drafted": 5288, "story_tokens": 2395},
-        "ngram": {"tokens_per_pass": 2395 / 1021, "accept_rate": 1374 / 1788,
-                  "passes": 1021, "drafted": 1788, "story_tokens": 2395},
-        "both": {"tokens_per_pass": 2395 / 1117, "accept_rate": 1278 / 4048,
-                 "passes": 1117, "drafted": 4048, "story_tokens": 2395},
+        "ngram": {"tokens_per_pass": 2395 / 1017, "accept_rate": 1378 / 1898,
+                  "passes": 1017, "drafted": 1898, "story_tokens": 2395},
+        "both": {"tokens_per_pass": 2395 / 1100, "accept_rate": 1295 / 3991,
+                 "passes": 1100, "drafted": 3991, "story_tokens": 2395},
     },
 }
+
+
+#: The same drafter (the n-gram table convert stores: 200 of the model's own
+#: stories, shares calibrated, priced by draft_prices() for the release
+#: shape) on a real trained llama2.c model, stories260K by token ids, whose
+#: text is about as uncertain as the release model's: mpllm.drafting.measure
+#: (`python -m mpllm.drafting --llama2c ../shared/llama2c/stories260K.bin
+#: --prices release`; 200 sampled stories, 40 greedy, 200 tokens). The
+#: speculative rows' tokens per pass at a real model's acceptance, beside
+#: DEFAULT_STUDY's demo figures.
+REAL_MODEL_STUDY: dict[str, dict[str, dict[str, float]]] = {
+    "greedy": {
+        "ngram": {"tokens_per_pass": 6987 / 5604, "accept_rate": 1383 / 1875,
+                  "passes": 5604, "drafted": 1875, "story_tokens": 6987},
+    },
+    "sampled": {
+        "ngram": {"tokens_per_pass": 27676 / 25513, "accept_rate": 2163 / 3806,
+                  "passes": 25513, "drafted": 3806, "story_tokens": 27676},
+    },
+}
+
+
+def real_model_drafts() -> dict[str, dict[str, DraftFigures]]:
+    """REAL_MODEL_STUDY as DraftFigures, per mode and drafter."""
+    return {mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
+            for mode, rows in REAL_MODEL_STUDY.items()}
 
 
 @dataclass

@@ -16,7 +16,7 @@ integer for integer; tests/test_drafts.py holds the two to the same tokens.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 ORDER = 3  # LLM_IMAGE_DRAFTS_ORDER
@@ -28,6 +28,12 @@ assert HEADER.size == 32
 
 class DraftsError(ValueError):
     """A drafts payload that does not follow image_format.h."""
+
+
+def top_next(counts: Mapping[int, int]) -> tuple[int, int]:
+    """The next token a context's counts guess and its count: the most
+    frequent, ties to the smaller id."""
+    return max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
 
 
 def _pad16(n: int) -> int:
@@ -45,9 +51,14 @@ class DraftsTable:
 
     @classmethod
     def from_counts(cls, counts: Mapping[tuple[int, ...], Mapping[int, int]],
-                    min_odds: Sequence[float], max_draft: int = MAX_DRAFT) -> DraftsTable:
+                    min_odds: Sequence[float], max_draft: int = MAX_DRAFT,
+                    share: Callable[[int, int, int], float] | None = None) -> DraftsTable:
         """The table of next-token counts after each context (1..ORDER tokens);
-        min_odds[k]: the confidence draft k+1 needs, as a fraction (0..1)."""
+        min_odds[k]: the confidence draft k+1 needs, as a fraction (0..1).
+        share(order, total, count of the most frequent next token): the chance
+        that a guess from such a context is right (default count / (total + 1));
+        a context is kept even when that chance is nil (stored as 1/65535), so
+        it still hides the shorter contexts inside it, exactly as when it pays."""
         if not 0 <= max_draft <= MAX_DRAFT:
             raise ValueError(f"max_draft must be 0..{MAX_DRAFT}, not {max_draft}")
         if len(min_odds) < max_draft:
@@ -58,10 +69,14 @@ class DraftsTable:
             if not 1 <= len(ctx) <= ORDER or not c:
                 continue
             total = sum(c.values())
-            nxt, k = max(c.items(), key=lambda kv: (kv[1], -kv[0]))
-            share = ONE * k // (total + 1)
-            if share >= 1:
-                t.records[len(ctx) - 1][tuple(ctx)] = (nxt, share)
+            nxt, k = top_next(c)
+            if share is None:
+                units = ONE * k // (total + 1)
+                if units < 1:
+                    continue
+            else:
+                units = min(ONE, max(1, int(ONE * share(len(ctx), total, k))))
+            t.records[len(ctx) - 1][tuple(ctx)] = (nxt, units)
         return t
 
     @property
