@@ -389,7 +389,7 @@ SAME_OUTCOME = [
     # a token list that is not iterable; the tokenizer's indices (CPython's memoryview's words)
     "m.prefill(5)", "m.verify(None)", "m.draft(3, 1)",
     "m.tokenizer()[10**20]", "m.tokenizer()[-10**20]", "m.tokenizer()[2**40]",
-    "m.tokenizer()[-1 - len(m.tokenizer())]",
+    "m.tokenizer()[-1 - len(m.tokenizer())]", "print('BOOL', m.tokenizer()[True])",
     "print('TOK', m.tokenizer()[-1], bytes(m.tokenizer()[3:40:7]), bytes(m.tokenizer()[9:2:-3]))",
 ]
 

@@ -252,8 +252,8 @@ static mp_obj_t llm_section_subscr(mp_obj_t self_in, mp_obj_t index, mp_obj_t va
     }
     size_t len, at;
     const uint8_t *p = llm_section_data(self_in, &len);
-    if (!mp_obj_is_int(index)) {
-        mp_get_index(mp_obj_get_type(self_in), len, index, false); /* its TypeError */
+    if (!mp_obj_is_int(index)) { /* a bool, or MicroPython's TypeError */
+        return MP_OBJ_NEW_SMALL_INT(p[mp_get_index(mp_obj_get_type(self_in), len, index, false)]);
     }
     llm_bind_error e;
     llm_check(llm_bind_section_index(len, llm_int(index, "an index", 63), &at, &e), &e);

@@ -150,7 +150,7 @@ static mp_obj_t llm_result(llm_model_obj_t *self, llm_bind_method_id id, const l
  * while iterating) */
 static mp_obj_t llm_token_list(mp_obj_t o, const char *what) {
     nlr_buf_t nlr;
-    mp_obj_t iter;
+    mp_obj_t iter = MP_OBJ_NULL;
     if (nlr_push(&nlr) == 0) {
         iter = mp_getiter(o, NULL);
         nlr_pop();
