@@ -60,7 +60,14 @@ def test_one_rule_per_argument(tiny_model) -> None:  # type: ignore[no-untyped-d
         rows = m.config()["vocab_rows"]
         cases = [
             (lambda: m.step(2**40), ValueError, f"token id 1099511627776 out of range 0..{rows - 1}"),
-            (lambda: m.step(2**70), ValueError, f"token id too large out of range 0..{rows - 1}"),
+            (lambda: m.step(2**70), ValueError, f"token id >= 2**63 out of range 0..{rows - 1}"),
+            (lambda: m.step(-2**70), ValueError, f"token id < -2**63 out of range 0..{rows - 1}"),
+            (lambda: m.prefill(5), TypeError, "prefill() takes a sequence of token ids, not int"),
+            (lambda: m.tokenizer()[10**20], IndexError,
+             "cannot fit 'int' into an index-sized integer"),
+            (lambda: _llm.Model("a\0b"), ValueError, "Model() path has a NUL character at index 1"),
+            (lambda: _llm.Model(123), TypeError,
+             "Model() takes a path (str or os.PathLike) or a bytes-like image, not int"),
             (lambda: m.step(True), TypeError, "a token id must be an int, not bool"),
             (lambda: m.sampler(0.8, 2**40, 1), ValueError,
              (f"top_k must be 0..{_llm.MAX_TOP_K}, or 0 / {vocab} for the whole vocabulary, "
@@ -81,6 +88,22 @@ def test_one_rule_per_argument(tiny_model) -> None:  # type: ignore[no-untyped-d
         assert _llm.MAX_TOP_K == 256
         m.sampler(0.8, _llm.MAX_TOP_K, 1)
         m.sampler(0.8, vocab, 1)
+
+
+def test_a_path_that_cannot_be_opened_is_exactly_oserror(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """OSError itself, as on MicroPython (which has no FileNotFoundError):
+    errno set, args (errno, the port's message), the path in the message."""
+    import errno
+
+    for path, code, message in [
+        (tmp_path / "missing.img", errno.ENOENT,
+         f"cannot open model image '{tmp_path / 'missing.img'}': No such file or directory"),
+        (tmp_path, errno.EISDIR, f"cannot map model image '{tmp_path}': Is a directory"),
+    ]:
+        with pytest.raises(OSError) as info:
+            _llm.Model(path)
+        assert type(info.value) is OSError
+        assert info.value.errno == code and info.value.args == (code, message)
 
 
 def test_empty_and_mutable_buffers(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -172,6 +195,27 @@ def test_tokenizer_is_read_in_place(tiny_model) -> None:  # type: ignore[no-unty
     with pytest.raises(TypeError, match="called twice"):
         m.__init__(str(tiny_model.image))  # type: ignore[misc]
     del view
+
+
+def test_a_kept_tokenizer_view_outlives_a_replaced_model(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """llm.load(another image) closes the open model: a view of its
+    tokenizer kept from before still reads the right bytes (MicroPython
+    refuses the view instead: test_micropython_binding.py::
+    test_a_kept_tokenizer_view_never_reads_freed_memory)."""
+    import llm
+
+    other = tmp_path / "other.img"
+    other.write_bytes(tiny_model.image.read_bytes())
+    first = llm.load(str(tiny_model.image))
+    view = memoryview(first.tokenizer())
+    want = bytes(view)
+    try:
+        llm.load(str(other))
+        with pytest.raises(_llm.Error, match="the model is closed"):
+            first.pos()
+        assert bytes(view) == want
+    finally:
+        llm.unload()
 
 
 def test_methods_take_arguments_by_the_core_table(tiny_model) -> None:  # type: ignore[no-untyped-def]

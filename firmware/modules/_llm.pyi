@@ -16,14 +16,27 @@ Errors:
     "context full", "bad state".
   * KeyboardInterrupt (Ctrl-C) stops a long prefill between passes; the
     prefill then changes nothing (the position, the sampler's stream and the
-    last logits are as before). Other calls are short and run to the end.
+    last logits are as before). Other calls are short and run to the end;
+    a Ctrl-C during one (Model() and close() included) is raised when it
+    ends, by the call itself, and never cuts opening or releasing a model
+    half-way. MicroPython's own rule on the unix port's builds without
+    asynchronous KeyboardInterrupt (the GIL build): a second SIGINT that
+    arrives while the first is still pending, not yet raised, ends the
+    process at once with exit status 1 and no output (ports/unix/
+    unix_mphal.c, sighandler: "die straight away"). The binding leaves no
+    such moment in its own calls; Python code between two calls can still
+    meet it.
   * TypeError / ValueError for arguments the binding rejects before calling
     the engine (wrong types, token ids outside the embedding, empty prompt,
     negative temperature, top_k above MAX_TOP_K but not the whole vocabulary,
-    seed outside u64). Booleans are not token ids (TypeError).
-  * OSError (FileNotFoundError, PermissionError, ...) when a path cannot be
-    opened (CPython and the MicroPython unix port; on the board a missing
-    partition is an Error).
+    seed outside u64, a path with a NUL character). Booleans are not token
+    ids (TypeError). A token id outside int64 is named ">= 2**63" or
+    "< -2**63" in the message.
+  * OSError when a path cannot be opened (CPython and the MicroPython unix
+    port; on the board a missing partition is an Error): exactly OSError on
+    both (MicroPython has no FileNotFoundError), with errno set and args
+    (errno, "cannot open model image '<path>': <reason>"); str() is each
+    runtime's rendering of those (MicroPython adds the errno's name).
 
 Where the MicroPython binding (native/micropython/modllm.c) differs:
   * Model() with no argument opens the flash partition labelled "model"; a
@@ -32,9 +45,18 @@ Where the MicroPython binding (native/micropython/modllm.c) differs:
     soft reset): Model(same source) returns the open model, Model(another
     source) closes it once the new image has passed its checks (a bad image
     leaves the open model as it was). On CPython every call opens a new model.
-  * tokenizer() returns a `Section`: the image's bytes read in place (index
-    -> int, slice -> bytes, len(), a read-only buffer), an Error once the
-    model is closed; a memoryview of it must not be kept past close().
+  * tokenizer() returns a `Section`: the image's bytes read in place
+    (index -> int, slice -> bytes, len(); index errors word as CPython's
+    memoryview's), an Error once the model is closed (by close(), by
+    Model(another source) or llm.load(another image)). It lends no buffer:
+    memoryview(section) and bytes(section) are a TypeError; section[a:b]
+    copies just those bytes. Why: a MicroPython memoryview holds only the
+    pointer it was lent, not the object that lent it, and the GC follows
+    only pointers to the start of a heap block, so nothing could keep the
+    image mapped while a view lives: a view kept past close() would read
+    unmapped flash (a crash on the board, SIGSEGV on unix). A copy per view
+    instead would spend the board's RAM (368 KB on the release model) on
+    bytes flash already holds.
 
 Determinism: for the same image, sampler settings and tokens, every call
 returns the same tokens and the same logits bytes on every host and on the
@@ -143,8 +165,10 @@ class Model:
     def tokenizer(self) -> memoryview:
         """The image's tokenizer section (layout: native/engine/image_format.h),
         read in place, never copied: on CPython a read-only memoryview that
-        keeps the image bytes alive (even after close()); on MicroPython see
-        the module notes (a Section)."""
+        keeps the image bytes alive (after close(), and after the model is
+        replaced), so a kept view always reads the right bytes; on MicroPython
+        a Section that checks the model at every access and lends no buffer
+        (see the module notes), so a kept one raises Error instead."""
     def pos(self) -> int:
         """Tokens in the context (the position the next token goes to)."""
     def rewind(self, pos: int) -> None:

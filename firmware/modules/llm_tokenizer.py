@@ -185,9 +185,10 @@ def _tok_u32(buf, off):
 class Tokenizer:
     """Byte-level BPE encoder/decoder over a KIND_TOKENIZER section.
 
-    Tokenizer(section): `section` is any bytes-like object holding exactly the
-    section payload (bytes, bytearray or a memoryview of mapped flash); it is
-    kept and read in place, not copied. Raises ValueError on a malformed
+    Tokenizer(section): `section` holds exactly the section payload: any
+    bytes-like object (bytes, bytearray, a memoryview of mapped memory) or
+    MicroPython's _llm.Section (indexing and slicing only); it is kept and
+    read in place, not copied. Raises ValueError on a malformed
     section.
     """
 
@@ -218,11 +219,11 @@ class Tokenizer:
         from array import array
 
         starts = array("I", bytes(4 * ((n + _TOK_STRIDE - 1) // _TOK_STRIDE)))
-        mv = memoryview(buf)
         pos = text_off
         for i in range(0, n, _TOK_STRIDE):
             starts[i // _TOK_STRIDE] = pos
-            chunk = mv[lengths_off + i : lengths_off + min(i + _TOK_STRIDE, n)]
+            # sliced, not viewed: MicroPython's _llm.Section lends no buffer
+            chunk = buf[lengths_off + i : lengths_off + min(i + _TOK_STRIDE, n)]
             if min(chunk) == 0:
                 raise ValueError(
                     f"tokenizer section: a token in {i}..{i + _TOK_STRIDE - 1} has no text"

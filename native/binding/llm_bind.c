@@ -9,6 +9,7 @@
 #include "llm_names.h"
 
 static llm_bind_kind fail(llm_bind_error *err, llm_bind_kind kind, const char *fmt, ...) {
+    err->sys_errno = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
@@ -19,6 +20,7 @@ static llm_bind_kind fail(llm_bind_error *err, llm_bind_kind kind, const char *f
 
 static llm_bind_kind ok(llm_bind_error *err) {
     err->kind = LLM_BIND_OK;
+    err->sys_errno = 0;
     err->message[0] = 0;
     return LLM_BIND_OK;
 }
@@ -43,6 +45,12 @@ llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind
     return fail(out, LLM_BIND_TYPE_ERROR, "%s must be an int, not %.100s", what, type_name);
 }
 
+llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name,
+                                  llm_bind_error *out) {
+    return fail(out, LLM_BIND_TYPE_ERROR, "%s takes a sequence of token ids, not %.100s", what,
+                type_name);
+}
+
 llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
     if (m->busy)
         return state(err, "the model is in use (by another thread, or by the call that is "
@@ -50,11 +58,12 @@ llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
     return m->engine == NULL ? state(err, "the model is closed") : ok(err);
 }
 
-/* "123", or the side of the range it fell off. By hand: MicroPython builds
- * route snprintf to a printf without the ll length modifier. */
+/* "123", or the side of int64 it fell off (it is then not kept). By hand:
+ * MicroPython builds route snprintf to a printf without the ll length
+ * modifier. */
 static const char *shown(llm_bind_int v, char buf[24]) {
-    if (v.overflow > 0) return "too large";
-    if (v.overflow < 0) return "too negative";
+    if (v.overflow > 0) return ">= 2**63";
+    if (v.overflow < 0) return "< -2**63";
     uint64_t u = v.value < 0 ? 0u - (uint64_t)v.value : (uint64_t)v.value;
     char *p = buf + 23;
     *p = 0;
@@ -64,6 +73,39 @@ static const char *shown(llm_bind_int v, char buf[24]) {
     } while (u);
     if (v.value < 0) *--p = '-';
     return p;
+}
+
+/* ---- Model()'s source --------------------------------------------------- */
+
+llm_bind_kind llm_bind_not_image(const char *type_name, llm_bind_error *out) {
+    return fail(out, LLM_BIND_TYPE_ERROR, "Model() takes a path (str or os.PathLike) or a "
+                "bytes-like image, not %.100s", type_name);
+}
+
+llm_bind_kind llm_bind_path(const char *path, size_t len, llm_bind_error *out) {
+    /* C's open() would read the path only up to the NUL: another file */
+    if (memchr(path, 0, len) != NULL)
+        return fail(out, LLM_BIND_VALUE_ERROR, "Model() path has a NUL character at index %lu",
+                    (unsigned long)((const char *)memchr(path, 0, len) - path));
+    return ok(out);
+}
+
+llm_bind_kind llm_bind_map_failed(const llm_error *err, int sys_errno, llm_bind_error *out) {
+    if (sys_errno == 0) return llm_bind_status(err, out);
+    fail(out, LLM_BIND_OS_ERROR, "%s", err->message);
+    out->sys_errno = sys_errno;
+    return LLM_BIND_OS_ERROR;
+}
+
+llm_bind_kind llm_bind_section_index(size_t len, llm_bind_int i, size_t *at,
+                                     llm_bind_error *err) {
+    if (i.overflow)
+        return fail(err, LLM_BIND_INDEX_ERROR, "cannot fit 'int' into an index-sized integer");
+    const int64_t from_start = i.value < 0 ? i.value + (int64_t)len : i.value;
+    if (from_start < 0 || from_start >= (int64_t)len)
+        return fail(err, LLM_BIND_INDEX_ERROR, "index out of bounds on dimension 1");
+    *at = (size_t)from_start;
+    return ok(err);
 }
 
 /* ---- the model --------------------------------------------------------- */

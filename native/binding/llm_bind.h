@@ -40,10 +40,13 @@ typedef enum llm_bind_kind {
     LLM_BIND_ENGINE_ERROR, /* _llm.Error, the engine's message */
     LLM_BIND_MEMORY_ERROR,
     LLM_BIND_INTERRUPT,    /* KeyboardInterrupt (the runtime's pending one) */
+    LLM_BIND_INDEX_ERROR,
+    LLM_BIND_OS_ERROR,     /* OSError (exactly: MicroPython has no subclasses), errno in sys_errno */
 } llm_bind_kind;
 
 typedef struct llm_bind_error {
     llm_bind_kind kind;
+    int sys_errno; /* LLM_BIND_OS_ERROR: OSError(sys_errno, message) */
     char message[192];
 } llm_bind_error;
 
@@ -51,6 +54,21 @@ typedef struct llm_bind_error {
 llm_bind_kind llm_bind_status(const llm_error *err, llm_bind_error *out);
 /* TypeError "<what> must be an int, not <type_name>" (bools included) */
 llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind_error *out);
+/* TypeError "<what> takes a sequence of token ids, not <type_name>": a token
+ * list that is not iterable */
+llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name, llm_bind_error *out);
+
+/* ---- Model()'s source --------------------------------------------------- */
+
+/* TypeError: Model() given neither a path nor a bytes-like object. */
+llm_bind_kind llm_bind_not_image(const char *type_name, llm_bind_error *out);
+/* A path as the binding read it (len bytes, UTF-8 or the file system's
+ * bytes): ValueError when it holds a NUL, which would cut it short. */
+llm_bind_kind llm_bind_path(const char *path, size_t len, llm_bind_error *out);
+/* A path that could not be mapped (the port's llm_error and the errno behind
+ * it, 0 if none): OSError(errno, the port's message) when the system said
+ * why, else the engine's Error. */
+llm_bind_kind llm_bind_map_failed(const llm_error *err, int sys_errno, llm_bind_error *out);
 
 /* ---- the model as both bindings hold it -------------------------------- */
 
@@ -94,7 +112,23 @@ void llm_bind_close(llm_bind_model *m);
 /* ---- methods ----------------------------------------------------------- */
 
 /* Model's methods (close, tokenizer, __enter__/__exit__ are the bindings'
- * own: they concern the Python object): X(name, docstring). */
+ * own: they concern the Python object): X(name, docstring).
+ *
+ * Adding a method (neither binding's glue changes: each defines its Python
+ * function and its method-table entry from this list):
+ *   1. X(name, "name(args) -> what: one line.") below;
+ *   2. its entry in METHODS (llm_bind.c): each parameter's keyword, its name
+ *      in messages and its kind (llm_bind_param_kind), how many are
+ *      required, and computes = 1 if it runs the layers (CPython then
+ *      releases the GIL around it);
+ *   3. its rules and its engine call: a case in llm_bind_call (none for a
+ *      method that only reads);
+ *   4. its return value: a case in llm_bind_result (none: it returns None);
+ *   5. its signature and docstring in firmware/modules/_llm.pyi (a test
+ *      fails while the list and the .pyi differ:
+ *      tests/test_micropython_binding.py::test_method_list_matches_the_pyi);
+ *   6. its bad calls in SAME_OUTCOME (tests/test_micropython_binding.py):
+ *      both bindings must raise alike. */
 #define LLM_BIND_METHODS(X)                                                                     \
     X(config, "config() -> dict: the model's dimensions.")                                      \
     X(reset, "reset(): back to position 0, same model (stats cleared).")                        \
@@ -162,6 +196,12 @@ typedef struct llm_bind_int {
     int64_t value;
     int overflow; /* 0, +1 above the range, -1 below it */
 } llm_bind_int;
+
+/* tokenizer()[i] on a section of len bytes: *at, the byte's offset (i < 0
+ * counts from the end), or the IndexError CPython's memoryview gives
+ * (tokenizer() is one there), so both bindings say the same. */
+llm_bind_kind llm_bind_section_index(size_t len, llm_bind_int i, size_t *at,
+                                     llm_bind_error *err);
 
 /* One argument as the binding read it (given = 0: omitted, its default). */
 typedef struct llm_bind_arg {

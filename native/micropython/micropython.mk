@@ -20,6 +20,10 @@ SRC_USERMOD_LIB_C += $(addprefix $(LLM_NATIVE_DIR)/engine/,kernels_pie.c pie_mod
 CFLAGS_USERMOD += -I$(USERMOD_DIR) -I$(LLM_NATIVE_DIR)/engine -I$(LLM_NATIVE_DIR)/port/host
 CFLAGS_USERMOD += -I$(LLM_NATIVE_DIR)/binding
 CFLAGS_USERMOD += -DLLM_PORT_NAME='"micropython-unix"'
+# The tests' builds: SIGINT forced at named points (modllm_platform.h, mpllm_test_point).
+ifeq ($(MPLLM_TEST_HOOKS),1)
+CFLAGS_USERMOD += -DMPLLM_TEST_HOOKS=1
+endif
 
 # The engine's float order is its bit-exact contract: no fused multiply-add,
 # anywhere it is compiled (docs/ARCHITECTURE.md, the numerics contract). It is C11 and built warning-clean with

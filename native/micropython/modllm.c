@@ -36,30 +36,70 @@ LLM_BIND_METHODS(LLM_METHOD)
 
 /* ---- the object's own: open, close, tokenizer --------------------------- */
 
+/* Give up what the object holds. Ctrl-C is held back throughout, and each
+ * flag is cleared before the step it guards: on the unix port's default build
+ * a SIGINT longjmps out of whatever C code runs, and one taken right after
+ * munmap left `mapped` set, so the finaliser later unmapped whatever had been
+ * mapped at that address since (another model). Ctrl-C held back also keeps
+ * the GIL build alive: there a second SIGINT that finds the first one still
+ * pending exits the process (ports/unix/unix_mphal.c, sighandler), and a
+ * KeyboardInterrupt made pending half-way through would stay pending across
+ * the munmap. Raises nothing (it runs from finalisers). */
 static void llm_release(llm_model_obj_t *self) {
-    const int held = mpllm_interrupts_hold(); /* a Ctrl-C must not cut llm_close half-way */
-    llm_bind_close(&self->m);
-    mpllm_interrupts_allow(held);
+    const int held = mpllm_interrupts_hold();
+    if (self->m.engine != NULL || self->m.copy != NULL) {
+        llm_bind_close(&self->m);
+        mpllm_test_point("released");
+    }
     if (self->mapped) {
-        mpllm_unmap(&self->map);
         self->mapped = false;
+        mpllm_unmap(&self->map);
+        mpllm_test_point("unmapped");
     }
     if (self->port_ready) {
-        mpllm_port_deinit(&self->port);
         self->port_ready = false;
+        mpllm_port_deinit(&self->port);
     }
     self->source = mp_const_none;
     if (MP_STATE_VM(llm_open_model) == self) {
         MP_STATE_VM(llm_open_model) = NULL;
     }
+    mpllm_interrupts_allow(held);
 }
 
-/* A failure while opening: give up what this object holds, then raise. */
-static void llm_open_check(llm_model_obj_t *self, llm_bind_kind kind, const llm_bind_error *e) {
-    if (kind != LLM_BIND_OK) {
-        llm_release(self);
-        llm_raise(e);
+/* Everything Model() does once its arguments are read: nothing here raises,
+ * so it all runs with Ctrl-C held back (llm_release says why). `open` is the
+ * open model to give up, NULL if none: only for an image that will open (a
+ * bad one leaves it as it was; the board has memory for one model). */
+static llm_bind_kind llm_model_open(llm_model_obj_t *self, llm_model_obj_t *open,
+    const char *name, const mp_buffer_info_t *buf, int in_place, int plain, int fast,
+    llm_bind_error *e) {
+    llm_error err;
+    if (mpllm_port_init(&self->port, &err) != LLM_OK) {
+        return llm_bind_status(&err, e);
     }
+    self->port_ready = true;
+    self->m.port = mpllm_port_get(&self->port);
+    const uint8_t *data;
+    size_t len = buf->len;
+    if (name != NULL) {
+        int sys_errno = 0;
+        if (mpllm_map(name, &self->map, &sys_errno, &err) != LLM_OK) {
+            return llm_bind_map_failed(&err, sys_errno, e);
+        }
+        self->mapped = true;
+        data = mpllm_map_data(&self->map);
+        len = mpllm_map_len(&self->map);
+    } else if (llm_bind_place(&self->m, buf->buf, len, in_place, &data, e) != LLM_BIND_OK) {
+        return e->kind;
+    }
+    if (open != NULL) {
+        if (llm_check_image(data, len, &err) != LLM_OK) {
+            return llm_bind_status(&err, e);
+        }
+        llm_release(open);
+    }
+    return llm_bind_open(&self->m, data, len, plain, fast, llm_poll, e);
 }
 
 static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw,
@@ -82,20 +122,24 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
         #ifdef MPLLM_DEFAULT_SOURCE
         image = mp_obj_new_str(MPLLM_DEFAULT_SOURCE, strlen(MPLLM_DEFAULT_SOURCE));
         #else
-        mp_raise_TypeError(MP_ERROR_TEXT("Model() needs an image: a path or a buffer"));
+        llm_check(llm_bind_not_image(mp_obj_get_type_str(image), &e), &e); /* as on CPython */
         #endif
     }
     mp_buffer_info_t buf = {0};
-    const char *name = mp_obj_is_str(image) ? mp_obj_str_get_str(image) : NULL;
-    if (name == NULL) {
-        mp_get_buffer_raise(image, &buf, MP_BUFFER_READ);
+    const char *name = NULL;
+    if (mp_obj_is_str(image)) {
+        size_t n;
+        name = mp_obj_str_get_data(image, &n);
+        llm_check(llm_bind_path(name, n, &e), &e); /* open() would stop at a NUL */
+    } else if (!mp_get_buffer(image, &buf, MP_BUFFER_READ)) {
+        llm_check(llm_bind_not_image(mp_obj_get_type_str(image), &e), &e);
     }
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     const bool shared = open != NULL && open->m.engine != NULL;
     if (shared && name != NULL && mp_obj_is_str(open->source) && mp_obj_equal(open->source, image)) {
         const int held = mpllm_interrupts_hold();
         llm_bind_kind kind = llm_bind_remode(&open->m, plain_given, plain, fast_given, fast, &e);
-        mpllm_interrupts_allow(held);
+        llm_interrupts_allow(held);
         llm_check(kind, &e);
         return MP_OBJ_FROM_PTR(open);
     }
@@ -104,53 +148,42 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     self->m = (llm_bind_model) {NULL, NULL, NULL, 0};
     self->mapped = self->port_ready = false;
     self->source = mp_const_none;
-    llm_error err;
-    llm_open_check(self, mpllm_port_init(&self->port, &err) == LLM_OK ? LLM_BIND_OK
-        : llm_bind_status(&err, &e), &e);
-    self->port_ready = true;
-    self->m.port = mpllm_port_get(&self->port);
-    const uint8_t *data;
-    size_t len;
-    if (name != NULL) {
-        int sys_errno = 0;
-        if (mpllm_map(name, &self->map, &sys_errno, &err) != LLM_OK) {
-            llm_release(self);
-            if (sys_errno != 0) {
-                mp_raise_OSError_with_filename(sys_errno, name);
-            }
-            llm_raise((llm_bind_status(&err, &e), &e));
-        }
-        self->mapped = true;
-        data = mpllm_map_data(&self->map);
-        len = mpllm_map_len(&self->map);
+    const int held = mpllm_interrupts_hold();
+    llm_bind_kind kind = llm_model_open(self, shared ? open : NULL, name, &buf,
+        mp_obj_is_type(image, &mp_type_bytes), plain, fast, &e);
+    if (kind == LLM_BIND_OK) {
+        /* a path (for the next Model() call) or the buffer used in place; not
+         * a buffer that was copied: the image is then held once, in the copy */
+        self->source = self->m.copy == NULL ? image : mp_const_none;
+        MP_STATE_VM(llm_open_model) = self;
     } else {
-        len = buf.len;
-        llm_open_check(self, llm_bind_place(&self->m, buf.buf, len,
-            mp_obj_is_type(image, &mp_type_bytes), &data, &e), &e);
+        llm_release(self);
     }
-    /* a path (for the next Model() call) or the buffer used in place; not a
-     * buffer that was copied: the image is then held once, in the copy */
-    self->source = self->m.copy == NULL ? image : mp_const_none;
-    if (shared) {
-        /* the open model is given up only for an image that will open: a
-         * bad one leaves it as it was (the board has memory for one model) */
-        const int held = mpllm_interrupts_hold();
-        const llm_status checked = llm_check_image(data, len, &err);
-        mpllm_interrupts_allow(held);
-        llm_open_check(self, checked == LLM_OK ? LLM_BIND_OK : llm_bind_status(&err, &e), &e);
-        llm_release(open);
-    }
-    llm_open_check(self, llm_open_held(&self->m, data, len, plain, fast, &e), &e);
-    MP_STATE_VM(llm_open_model) = self;
+    llm_interrupts_allow(held);
+    llm_check(kind, &e);
     return MP_OBJ_FROM_PTR(self);
 }
 
-static mp_obj_t llm_model_close(mp_obj_t self_in) {
+/* close() and the finaliser: "in use" while a result is built (a finaliser
+ * run by one of its allocations), else release. */
+static void llm_model_release_unless_busy(mp_obj_t self_in) {
     llm_model_obj_t *self = MP_OBJ_TO_PTR(self_in);
     if (self->m.busy) {
-        llm_ready(self_in); /* "in use": a finaliser run while a result is built */
+        llm_ready(self_in); /* raises "in use" */
     }
     llm_release(self);
+}
+
+static mp_obj_t llm_model_del(mp_obj_t self_in) {
+    llm_model_release_unless_busy(self_in);
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_del_obj, llm_model_del);
+
+static mp_obj_t llm_model_close(mp_obj_t self_in) {
+    llm_model_release_unless_busy(self_in);
+    /* a Ctrl-C held back by the release: raised now, by close() itself */
+    mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS);
     return mp_const_none;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(llm_model_close_obj, llm_model_close);
@@ -168,11 +201,19 @@ static mp_obj_t llm_model_exit(size_t n_args, const mp_obj_t *args) {
 static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(llm_model_exit_obj, 4, 4, llm_model_exit);
 
 /* tokenizer() is a _llm.Section: the image's tokenizer section read in place
- * (no heap copy: 368 KB on the release model). It asks the model for the
- * bytes at every access, so once the model is closed an access is an Error,
- * never a read of unmapped memory. Indexing gives ints, slicing bytes, the
- * buffer protocol a read-only view (which, like any MicroPython memoryview,
- * must not be kept past close()). */
+ * (no heap copy: 368 KB on the release model) and asked of the model at
+ * every access, so once the model is closed (by close(), or by Model() of
+ * another source, or llm.load() of another image) an access is an Error,
+ * never a read of unmapped memory. Indexing gives ints, slicing bytes (a copy
+ * of just the slice).
+ *
+ * It lends no buffer, so there is no memoryview of it: a MicroPython
+ * memoryview keeps only the pointer it was lent, not the object that lent it
+ * (py/objarray.c, memoryview_make_new), and the GC follows only pointers to
+ * the start of a heap block. Nothing could then keep the image mapped while
+ * a view lives, and a view kept past close() read unmapped memory (on the
+ * board: flash pages no longer mapped; on unix: SIGSEGV). A copy per view
+ * instead would spend the board's scarce RAM on what flash already holds. */
 typedef struct {
     mp_obj_base_t base;
     mp_obj_t model;
@@ -183,20 +224,40 @@ static const uint8_t *llm_section_data(mp_obj_t self_in, size_t *len) {
     return llm_tokenizer(llm_ready(self->model)->m.engine, len);
 }
 
+static mp_obj_t llm_section_slice(mp_obj_t self_in, mp_obj_t slice) {
+    size_t len;
+    llm_section_data(self_in, &len);
+    mp_bound_slice_t s;
+    mp_obj_slice_indices(slice, (mp_int_t)len, &s);
+    const mp_int_t span = s.step > 0 ? s.stop - s.start : s.start - s.stop;
+    const mp_int_t step = s.step > 0 ? s.step : -s.step;
+    const size_t n = span > 0 ? (size_t)((span - 1) / step + 1) : 0;
+    vstr_t out;
+    vstr_init_len(&out, n);
+    /* the bytes are found only now: the allocation may have run a finaliser
+     * that closed the model */
+    const uint8_t *p = llm_section_data(self_in, &len);
+    for (size_t i = 0; i < n; i++) {
+        out.buf[i] = (char)p[s.start + (mp_int_t)i * s.step];
+    }
+    return mp_obj_new_bytes_from_vstr(&out);
+}
+
 static mp_obj_t llm_section_subscr(mp_obj_t self_in, mp_obj_t index, mp_obj_t value) {
     if (value != MP_OBJ_SENTINEL) {
         return MP_OBJ_NULL; /* read-only: store and delete are TypeErrors */
     }
-    size_t len;
-    const uint8_t *p = llm_section_data(self_in, &len);
     if (mp_obj_is_type(index, &mp_type_slice)) {
-        mp_bound_slice_t s;
-        if (!mp_seq_get_fast_slice_indexes(len, index, &s)) {
-            mp_raise_NotImplementedError(MP_ERROR_TEXT("slice step"));
-        }
-        return mp_obj_new_bytes(p + s.start, s.stop > s.start ? (size_t)(s.stop - s.start) : 0);
+        return llm_section_slice(self_in, index);
     }
-    return MP_OBJ_NEW_SMALL_INT(p[mp_get_index(mp_obj_get_type(self_in), len, index, false)]);
+    size_t len, at;
+    const uint8_t *p = llm_section_data(self_in, &len);
+    if (!mp_obj_is_int(index)) { /* a bool, or MicroPython's TypeError */
+        return MP_OBJ_NEW_SMALL_INT(p[mp_get_index(mp_obj_get_type(self_in), len, index, false)]);
+    }
+    llm_bind_error e;
+    llm_check(llm_bind_section_index(len, llm_int(index, "an index", 63), &at, &e), &e);
+    return MP_OBJ_NEW_SMALL_INT(p[at]);
 }
 
 static mp_obj_t llm_section_unary_op(mp_unary_op_t op, mp_obj_t self_in) {
@@ -205,13 +266,12 @@ static mp_obj_t llm_section_unary_op(mp_unary_op_t op, mp_obj_t self_in) {
         : MP_OBJ_NULL;
 }
 
+/* What asks for a buffer (memoryview(), bytes(), ...) hears why there is
+ * none, rather than MicroPython's "object with buffer protocol required". */
 static mp_int_t llm_section_get_buffer(mp_obj_t self_in, mp_buffer_info_t *info, mp_uint_t flags) {
-    if (flags & MP_BUFFER_WRITE) {
-        return 1;
-    }
-    info->buf = (void *)llm_section_data(self_in, &info->len);
-    info->typecode = 'B';
-    return 0;
+    (void)self_in, (void)info, (void)flags;
+    mp_raise_TypeError(MP_ERROR_TEXT("a Section lends no buffer (a view could outlive the "
+        "model's image): t[a:b] gives bytes"));
 }
 
 MP_DEFINE_CONST_OBJ_TYPE(llm_type_Section, MP_QSTR_Section, MP_TYPE_FLAG_NONE,
@@ -232,7 +292,7 @@ static const mp_rom_map_elem_t llm_model_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_close), MP_ROM_PTR(&llm_model_close_obj) },
     { MP_ROM_QSTR(MP_QSTR___enter__), MP_ROM_PTR(&llm_model_enter_obj) },
     { MP_ROM_QSTR(MP_QSTR___exit__), MP_ROM_PTR(&llm_model_exit_obj) },
-    { MP_ROM_QSTR(MP_QSTR___del__), MP_ROM_PTR(&llm_model_close_obj) },
+    { MP_ROM_QSTR(MP_QSTR___del__), MP_ROM_PTR(&llm_model_del_obj) },
 };
 static MP_DEFINE_CONST_DICT(llm_model_locals_dict, llm_model_locals_dict_table);
 

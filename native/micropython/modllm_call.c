@@ -22,6 +22,12 @@ MP_NORETURN void llm_raise(const llm_bind_error *e) {
         type = &mp_type_ValueError;
     } else if (e->kind == LLM_BIND_MEMORY_ERROR) {
         type = &mp_type_MemoryError;
+    } else if (e->kind == LLM_BIND_INDEX_ERROR) {
+        type = &mp_type_IndexError;
+    } else if (e->kind == LLM_BIND_OS_ERROR) {
+        mp_obj_t args[2] = {MP_OBJ_NEW_SMALL_INT(e->sys_errno),
+                            mp_obj_new_str(e->message, strlen(e->message))};
+        nlr_raise(mp_obj_exception_make_new(&mp_type_OSError, 2, 0, args));
     } else if (e->kind == LLM_BIND_INTERRUPT) {
         /* the poll saw a pending KeyboardInterrupt (the board's, or the SIGINT
          * mpllm_interrupts_allow() has just scheduled): raise it now */
@@ -44,10 +50,14 @@ llm_model_obj_t *llm_ready(mp_obj_t self_in) {
     return self;
 }
 
-/* An int as the core reads it (bool refused): its value when it fits in
- * `bits` (63: an int64, 64: a u64 such as a seed, whose bits it gives),
- * otherwise which way it fell out. */
-static llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
+void llm_interrupts_allow(int held) {
+    mpllm_interrupts_allow(held);
+    if (!held) {
+        mp_handle_pending(MP_HANDLE_PENDING_CALLBACKS_AND_EXCEPTIONS);
+    }
+}
+
+llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
     llm_bind_error e;
     if (!mp_obj_is_int(o) || mp_obj_is_bool(o)) {
         llm_bind_not_int(what, mp_obj_get_type_str(o), &e);
@@ -77,9 +87,7 @@ static llm_bind_int llm_int(mp_obj_t o, const char *what, int bits) {
     return v;
 }
 
-/* Polled between a long prefill's passes: a pending Ctrl-C stops it (the
- * engine then undoes it). */
-static int llm_poll(void *ctx) {
+int llm_poll(void *ctx) {
     (void)ctx;
     return MP_STATE_THREAD(mp_pending_exception) != MP_OBJ_NULL || mpllm_interrupt_pending();
 }
@@ -137,6 +145,27 @@ static mp_obj_t llm_result(llm_model_obj_t *self, llm_bind_method_id id, const l
 
 /* ---- methods: one generic call, the core's table says the arguments ----- */
 
+/* list(o), or the core's TypeError when o is not iterable (what the CPython
+ * binding says: only the failure to iterate is reworded, not one raised
+ * while iterating) */
+static mp_obj_t llm_token_list(mp_obj_t o, const char *what) {
+    nlr_buf_t nlr;
+    mp_obj_t iter = MP_OBJ_NULL;
+    if (nlr_push(&nlr) == 0) {
+        iter = mp_getiter(o, NULL);
+        nlr_pop();
+    } else {
+        const mp_obj_type_t *raised = ((mp_obj_base_t *)nlr.ret_val)->type;
+        if (!mp_obj_is_subclass_fast(MP_OBJ_FROM_PTR(raised), MP_OBJ_FROM_PTR(&mp_type_TypeError))) {
+            nlr_jump(nlr.ret_val);
+        }
+        llm_bind_error e;
+        llm_bind_not_tokens(what, mp_obj_get_type_str(o), &e);
+        llm_raise(&e);
+    }
+    return mp_call_function_1(MP_OBJ_FROM_PTR(&mp_type_list), iter);
+}
+
 mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     mp_map_t *kw) {
     const llm_bind_method *meth = llm_bind_method_at(id);
@@ -172,7 +201,7 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
             a[j].on = mp_obj_is_true(o);
         } else if (p->kind == LLM_BIND_P_TOKENS) {
             const bool array = mp_obj_is_type(o, &mp_type_list) || mp_obj_is_type(o, &mp_type_tuple);
-            seq[j] = array ? o : mp_call_function_1(MP_OBJ_FROM_PTR(&mp_type_list), o);
+            seq[j] = array ? o : llm_token_list(o, p->what);
         } else {
             a[j].i = llm_int(o, p->what, p->kind == LLM_BIND_P_U64 ? 64 : 63);
         }
@@ -196,20 +225,12 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     /* held back: the unix port's Ctrl-C would jump out of the engine half-way */
     const int held = mpllm_interrupts_hold();
     llm_bind_kind kind = llm_bind_call(&self->m, id, a, &out, &e);
-    mpllm_interrupts_allow(held);
     for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
         m_del(int32_t, ids[j], a[j].n + 1);
     }
+    llm_interrupts_allow(held);
     llm_check(kind, &e);
     return llm_result(self, id, &out);
-}
-
-llm_bind_kind llm_open_held(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
-    int fast, llm_bind_error *e) {
-    const int held = mpllm_interrupts_hold();
-    llm_bind_kind kind = llm_bind_open(m, data, len, plain, fast, llm_poll, e);
-    mpllm_interrupts_allow(held);
-    return kind;
 }
 
 mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines) {

@@ -31,9 +31,19 @@ llm_model_obj_t *llm_ready(mp_obj_t self_in);
 
 /* Model.<method>(*args, **kw) for the core's method `id` (args[0] is self). */
 mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args, mp_map_t *kw);
-/* llm_bind_open with Ctrl-C held back, polled between a long prefill's passes. */
-llm_bind_kind llm_open_held(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
-    int fast, llm_bind_error *e);
+/* llm_bind_open's poll, between a long prefill's passes: a pending Ctrl-C
+ * stops it (the engine then undoes it). */
+int llm_poll(void *ctx);
+/* mpllm_interrupts_allow(), then a KeyboardInterrupt held back meanwhile is
+ * raised at once rather than at the VM's next check: on the unix port's GIL
+ * build a second SIGINT that finds the first still pending exits the process
+ * (ports/unix/unix_mphal.c, sighandler), so the binding leaves no time
+ * between making it pending and raising it. Not for finalisers. */
+void llm_interrupts_allow(int held);
+/* An int as the core reads it (bool refused, TypeError "<what> must be an
+ * int"): its value when it fits in `bits` (63: an int64, 64: a u64 such as a
+ * seed, whose bits it gives), otherwise which way it fell out. */
+llm_bind_int llm_int(mp_obj_t o, const char *what, int bits);
 /* selftest()'s dict: the core's summary plus the lines. */
 mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines);
 

@@ -48,6 +48,7 @@ static inline size_t mpllm_map_len(const mpllm_map_t *m) { return m->len; }
 static inline int mpllm_interrupts_hold(void) { return 0; }
 static inline void mpllm_interrupts_allow(int held) { (void)held; }
 static inline int mpllm_interrupt_pending(void) { return 0; }
+static inline void mpllm_test_point(const char *name) { (void)name; }
 
 #else
 
@@ -112,6 +113,26 @@ static inline void mpllm_interrupts_allow(int was_blocked) {
     }
     sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
+
+/* A test build's forced Ctrl-C (the unix port built with MPLLM_TEST_HOOKS=1,
+ * as tests/test_micropython_binding.py builds it): SIGINT raised at the named
+ * point of the binding when the comma-separated MPLLM_TEST_SIGINT lists it,
+ * so a test hits a window one syscall wide every time instead of by luck. */
+#ifdef MPLLM_TEST_HOOKS
+#include <stdlib.h>
+#include <string.h>
+static inline void mpllm_test_point(const char *name) {
+    const char *want = getenv("MPLLM_TEST_SIGINT");
+    const size_t n = strlen(name);
+    for (const char *p = want; p != NULL && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == 0)) {
+            raise(SIGINT);
+        }
+    }
+}
+#else
+static inline void mpllm_test_point(const char *name) { (void)name; }
+#endif
 
 #endif
 

@@ -8,8 +8,6 @@
  */
 #include "mod_llm_call.h"
 
-#include <errno.h>
-
 #include "selftest.h"
 
 
@@ -70,10 +68,35 @@ static PyObject *Model_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
+/* Map the file a str or os.PathLike names; 0 with the exception set. */
+static int open_path(ModelObject *self, PyObject *image, llm_bind_error *e) {
+    PyObject *fspath = PyOS_FSPath(image);
+    /* the file system's bytes (PyUnicode_FSConverter would refuse a NUL with
+     * its own message: the core's check reads these bytes instead) */
+    PyObject *path = fspath == NULL           ? NULL
+                     : PyUnicode_Check(fspath) ? PyUnicode_EncodeFSDefault(fspath)
+                                               : Py_NewRef(fspath);
+    Py_XDECREF(fspath);
+    if (path == NULL) return 0;
+    if (llm_bind_path(PyBytes_AS_STRING(path), (size_t)PyBytes_GET_SIZE(path), e) == LLM_BIND_OK) {
+        llm_error err;
+        llm_status st;
+        int sys_errno = 0;
+        Py_BEGIN_ALLOW_THREADS
+        st = llm_host_map_file(PyBytes_AS_STRING(path), &self->map, &sys_errno, &err);
+        Py_END_ALLOW_THREADS
+        if (st != LLM_OK) llm_bind_map_failed(&err, sys_errno, e);
+    }
+    Py_DECREF(path);
+    if (e->kind == LLM_BIND_OK) return 1;
+    raise_bind(self->error, e);
+    return 0;
+}
+
 static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"image", "plain", "fast", NULL};
-    PyObject *image, *path = NULL;
-    int plain = 0, fast = 0, sys_errno = 0;
+    PyObject *image;
+    int plain = 0, fast = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$pp:Model", kwlist, &image, &plain, &fast))
         return -1;
     llm_bind_error e;
@@ -85,17 +108,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
     const uint8_t *data;
     size_t len;
     if (PyUnicode_Check(image) || PyObject_HasAttrString(image, "__fspath__")) {
-        if (!PyUnicode_FSConverter(image, &path)) return -1;
-        llm_error err;
-        llm_status st;
-        Py_BEGIN_ALLOW_THREADS
-        st = llm_host_map_file(PyBytes_AS_STRING(path), &self->map, &sys_errno, &err);
-        Py_END_ALLOW_THREADS
-        Py_DECREF(path);
-        errno = sys_errno;
-        if (st != LLM_OK && sys_errno != 0)
-            return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, image), -1;
-        if (st != LLM_OK) return llm_bind_status(&err, &e), raise_bind(self->error, &e), -1;
+        if (!open_path(self, image, &e)) return -1;
         data = self->map.data;
         len = self->map.len;
     } else if (PyObject_CheckBuffer(image)) {
@@ -109,10 +122,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
             return release(self), raise_bind(self->error, &e), -1;
         if (self->m.copy != NULL) PyBuffer_Release(&self->view), self->have_view = 0;
     } else {
-        PyErr_Format(PyExc_TypeError,
-                     "Model() takes a path (str or os.PathLike) or a bytes-like image, not %.100s",
-                     Py_TYPE(image)->tp_name);
-        return -1;
+        return llm_bind_not_image(Py_TYPE(image)->tp_name, &e), raise_bind(self->error, &e), -1;
     }
     llm_bind_kind kind;
     self->m.busy = 1;

@@ -1,11 +1,32 @@
 /* Python objects to the binding core's values and back (mod_llm_call.h). */
 #include "mod_llm_call.h"
 
+/* OSError(errno, message), exactly OSError as on MicroPython (which has no
+ * subclasses): built from the message alone, because OSError(errno, ...)
+ * would become FileNotFoundError and the like; then errno, strerror and args
+ * as OSError(errno, message) has them. */
+static void raise_os_error(const llm_bind_error *e) {
+    PyObject *message = PyUnicode_FromString(e->message);
+    PyObject *exc = message == NULL ? NULL : PyObject_CallOneArg(PyExc_OSError, message);
+    PyObject *args = exc == NULL ? NULL : Py_BuildValue("(iO)", e->sys_errno, message);
+    PyObject *code = args == NULL ? NULL : PyLong_FromLong(e->sys_errno);
+    if (code != NULL && PyObject_SetAttrString(exc, "args", args) == 0 &&
+        PyObject_SetAttrString(exc, "errno", code) == 0 &&
+        PyObject_SetAttrString(exc, "strerror", message) == 0)
+        PyErr_SetObject(PyExc_OSError, exc);
+    Py_XDECREF(code);
+    Py_XDECREF(args);
+    Py_XDECREF(exc);
+    Py_XDECREF(message);
+}
+
 /* The one place a decision of the core becomes a Python exception. */
 PyObject *raise_bind(PyObject *error_class, const llm_bind_error *e) {
     switch (e->kind) {
     case LLM_BIND_TYPE_ERROR: PyErr_SetString(PyExc_TypeError, e->message); break;
     case LLM_BIND_VALUE_ERROR: PyErr_SetString(PyExc_ValueError, e->message); break;
+    case LLM_BIND_INDEX_ERROR: PyErr_SetString(PyExc_IndexError, e->message); break;
+    case LLM_BIND_OS_ERROR: raise_os_error(e); break;
     case LLM_BIND_MEMORY_ERROR: PyErr_NoMemory(); break;
     case LLM_BIND_INTERRUPT:
         /* the poll found a signal: its handler's exception is already set */
@@ -136,9 +157,9 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
         } else if (p->kind == LLM_BIND_P_BOOL) {
             if ((a[j].on = PyObject_IsTrue(o)) < 0) goto done;
         } else if (p->kind == LLM_BIND_P_TOKENS) {
-            char what[64];
-            snprintf(what, sizeof what, "%s takes a sequence of token ids", p->what);
-            if ((seq[j] = PySequence_Fast(o, what)) == NULL) goto done;
+            /* the core's message replaces only "not iterable" */
+            llm_bind_not_tokens(p->what, Py_TYPE(o)->tp_name, &e);
+            if ((seq[j] = PySequence_Fast(o, e.message)) == NULL) goto done;
         } else if (!int_arg(o, p->what, p->kind == LLM_BIND_P_U64, &a[j].i)) {
             goto done;
         }

@@ -55,7 +55,9 @@ class Model:
         if image is None:
             image = os.getenv("MPLLM_REPLAY")
             if not image:
-                raise TypeError("Model() needs an image: a path or a buffer")
+                raise TypeError(
+                    "Model() takes a path (str or os.PathLike) or a bytes-like image, not NoneType"
+                )
         if not isinstance(image, str):
             raise ReplayMiss("the replay double opens recordings by path only")
         with open(_join(image, "replay.json")) as f:
