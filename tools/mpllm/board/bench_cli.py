@@ -297,7 +297,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
             rows += (f", {b['drafter']}: {b['tokens_per_pass']:.2f} tokens/pass, m "
                      f"{b['positions_per_pass']:.2f}, pass {b['pass_ms']:.2f} ms")
         band = b["band"]
-        print(f"ours, modeled ms/token per stage on the N16R8 ({b['label']}, {rows}): "
+        print(f"ours, predicted ms/token per stage on the N16R8 ({b['label']}, {rows}): "
               + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in costmodel.MODEL_STAGES)
               + f"; total {band['mid']:.2f} (band {band['low']:.2f}-{band['high']:.2f}; "
               f"{b['tok_s']:.1f} tok/s at the mid)")

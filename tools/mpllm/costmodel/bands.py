@@ -9,7 +9,7 @@ for "low" and its slow end for "high":
             published greedy high times the largest top-40/greedy ratio the
             engine measured (demo model, release-shaped random head)
   overlap   how much of the split work's line fills the other core's compute
-            hides: from complete (1.0: esp32-ai's dense head ran at 84 of the
+            hides: from complete (1.0: esp32-ai's head scan ran at 84 of the
             bus's 85.3 MiB/s) through the fitted share to as far below it
   sram      how much of the core sits in internal SRAM: the whole plan (low),
             the placement the emulated board measured (mid), 64 KiB more of

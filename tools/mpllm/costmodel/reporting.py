@@ -67,6 +67,8 @@ class Report:
     measured: Measured | None
     positions: list[int]
     spec: SpecInputs | None = None
+    #: our exact builds with the port's charges added one at a time (`_charges`)
+    charges: dict[str, list[dict[str, object]]] = dataclasses.field(default_factory=dict)
 
     @property
     def predictions(self) -> dict[str, dict[str, float]]:
@@ -132,6 +134,10 @@ class Report:
         lines += ["", "variants (ms/token, total):"]
         for name, v in self.variants.items():
             lines.append(f"  {name:<58} {v['total_ms']:>6.2f}  ({v['note']})")
+        lines += ["", "what the board's port adds (exact builds, mid, ms/token):"]
+        for name, steps in self.charges.items():
+            lines.append(f"  {BUILDS[name].label}: " + ", ".join(
+                f"{s['charge']} {s['total_ms']:.2f}" for s in steps))
         lines += self._spec_table()
         lines += [""] + [self.target_line(n) for n in EXACT_TARGETS_MS]
         if "mpllm-spec-sampled" in self.builds:
@@ -252,6 +258,7 @@ class Report:
                                "topk_ratio": self.fractions.topk_ratio,
                                "sampled": self.fractions.sampled},
             "variants": self.variants,
+            "charges": self.charges,
             "sram": self.sram,
             "assumptions": {n: list(b.assumptions) for n, b in BUILDS.items()},
             "measured": None if self.measured is None else dataclasses.asdict(self.measured),
@@ -403,7 +410,32 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
     spec_builds, spec_entries = _spec_builds(ours, passes, sp, pos, sampled_ratios=ratios)
     builds.update(spec_entries)
     variants.update(_spec_variants(spec_builds, spec_entries, passes, sp, pos, sram))
-    return Report(f, anchors, builds, variants, fr, sram, measured, pos, sp)
+    charges = {n: _charges(ours[n], f, s, pos, pie_calls, bound_pie, scale)
+               for n in ("mpllm-exact-greedy", "mpllm-exact-sampled")}
+    return Report(f, anchors, builds, variants, fr, sram, measured, pos, sp, charges)
+
+
+def _charges(b: Build, f: Fit, s: Shape, pos: Sequence[int], pie_calls: Mapping[str, int] | None,
+             bound_pie: float | None, scale: tuple[float, float]) -> list[dict[str, object]]:
+    """Build `b` with what the board's port charges added one at a time (the
+    engine alone, esp32-ai's hand-off price, its core all in SRAM, no
+    instruction-cache refills, no Python loop; then each of ours)."""
+    bare = dataclasses.replace(b, python_loop=False, icache_bytes=b.code_bytes,
+                               spill_stages=(), handoff_s=HANDOFF_S)
+    steps = [("engine alone", bare),
+             ("+ semaphore hand-off", dataclasses.replace(bare, handoff_s=b.handoff_s)),
+             ("+ measured placement", dataclasses.replace(bare, handoff_s=b.handoff_s,
+                                                          spill_stages=b.spill_stages)),
+             ("+ instruction cache", dataclasses.replace(b, python_loop=False)),
+             ("+ MicroPython loop", b)]
+    out = []
+    for label, bb in steps:
+        w = build_work(bb, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
+        if scale != (1.0, 1.0):
+            w = _scale_memory(w, *scale)
+        out.append({"charge": label,
+                    "total_ms": sum(1e3 * stage_seconds(w[st], f) for st in MODEL_STAGES)})
+    return out
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
