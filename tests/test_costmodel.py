@@ -289,7 +289,7 @@ def test_before_and_after(report: cm.Report) -> None:
 def test_charges_add_up_to_the_build(report: cm.Report) -> None:
     for name, steps in report.charges.items():
         totals = [s["total_ms"] for s in steps]
-        assert [s["charge"] for s in steps][0] == "engine alone"
+        assert steps[0]["charge"] == "engine alone"
         assert totals == sorted(totals) and len(set(totals)) == len(totals), name
         assert totals[-1] == pytest.approx(report.builds[name]["total_ms"]), name
     assert json.loads(json.dumps(report.to_json()))["charges"].keys() == report.charges.keys()

@@ -31,14 +31,24 @@ from .s3 import RELEASE_GREEDY_RANGE
 from .sram import FAST_RESERVE_BYTES, measured_core_regions, more_in_psram, spill_by_stage
 from .work import Fit
 
-__all__ = ["BAND_UNKNOWNS", "SAMPLED_RATIOS_DEFAULT", "Band", "band", "band_ends"]
+__all__ = [
+    "BAND_UNKNOWNS",
+    "DEMO_TOPK_RATIO",
+    "RANDOM_TOPK_RATIO",
+    "SAMPLED_RATIOS_DEFAULT",
+    "Band",
+    "band",
+    "band_ends",
+]
 
 BAND_UNKNOWNS = ("rows", "overlap", "sram")
-#: top-40/greedy rows ratios for the sampled band's high end when the report
-#: is given no measurement: what the engine measured on the demo model (65.13 /
+#: top-40/greedy rows ratios for the sampled band's high end where the report
+#: is given no measurement of its own: what the engine measured on the demo model (65.13 /
 #: 61.60 %) and on the release-shaped random head (86.45 / 77.83 %)
 #: (measure_fractions, 3 prompts x 200 steps, seeds 1-5)
-SAMPLED_RATIOS_DEFAULT = (65.13 / 61.60, 86.45 / 77.83)
+DEMO_TOPK_RATIO = 65.13 / 61.60
+RANDOM_TOPK_RATIO = 86.45 / 77.83
+SAMPLED_RATIOS_DEFAULT = (DEMO_TOPK_RATIO, RANDOM_TOPK_RATIO)
 
 
 @dataclass(frozen=True)

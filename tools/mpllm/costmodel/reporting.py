@@ -13,7 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bands import BAND_UNKNOWNS, SAMPLED_RATIOS_DEFAULT, band
+from .bands import (
+    BAND_UNKNOWNS,
+    DEMO_TOPK_RATIO,
+    RANDOM_TOPK_RATIO,
+    SAMPLED_RATIOS_DEFAULT,
+    band,
+)
 from .builds import (
     BUILDS,
     FAST_TARGET_MS,
@@ -394,8 +400,9 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
                                                       rows_fraction=fr.greedy),
             "mpllm-exact-sampled": dataclasses.replace(BUILDS["mpllm-exact-sampled"],
                                                        rows_fraction=sampled_fraction)}
-    ratios = tuple(r for r in (fr.topk_ratio, _ratio(fr.random_topk, fr.random_greedy))
-                   if r is not None) or SAMPLED_RATIOS_DEFAULT
+    random_ratio = _ratio(fr.random_topk, fr.random_greedy)
+    ratios = (fr.topk_ratio if fr.topk_ratio is not None else DEMO_TOPK_RATIO,
+              random_ratio if random_ratio is not None else RANDOM_TOPK_RATIO)
     for name, b in ours.items():
         builds[name] = _build_entry(b, f, s, pos, pie_calls=pie_calls, bound_pie=bound_pie,
                                     scale=scale, sampled_ratios=ratios)
