@@ -286,6 +286,16 @@ def test_before_and_after(report: cm.Report) -> None:
     assert all(t > report.predictions["mpllm-exact-greedy"]["total"] for t in without.values())
 
 
+def test_engine_code_bytes_are_the_measured_ones() -> None:
+    try:
+        sizes = cm.measure_engine_code_bytes()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert set(sizes) == {n for names in cm.ENGINE_TOKEN_FUNCTIONS.values() for n in names}
+    # the recorded figure is this measurement (another compiler: within a fifth)
+    assert sum(sizes.values()) == pytest.approx(cm.CODE_BYTES_ENGINE, rel=0.2)
+
+
 def test_charges_add_up_to_the_build(report: cm.Report) -> None:
     for name, steps in report.charges.items():
         totals = [s["total_ms"] for s in steps]

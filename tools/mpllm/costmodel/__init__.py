@@ -84,6 +84,7 @@ The package, one idea a module (each imports only modules listed above it):
   pie           PIE instruction counts in closed form
   pie_counter   PIE counts from the host model of the vector unit (compiles
                 count_driver.c, kept beside it, and tests/c/pie_kernels_test.c)
+  code_size     the engine code a token runs, measured with the host compiler
   sram          the internal SRAM plan (`sram_plan`) and the measured placement
   builds        the firmware configurations (`BUILDS`) and their assumptions
   spec_inputs   `DraftFigures`, `UnionRatios`, `SpecInputs` and their defaults
@@ -111,6 +112,7 @@ modules import nothing that imports drafting; spec_measure imports drafting
 from .bands import *
 from .builds import *
 from .calibration import *
+from .code_size import *
 from .engine_bytes import *
 from .forward import *
 from .host import *

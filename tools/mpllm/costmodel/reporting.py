@@ -524,8 +524,7 @@ def plot(rep: Report, path: str | os.PathLike[str]) -> Path:
                     fmt="none", ecolor="black", capsize=3, lw=1)
         ax.annotate(f"{bd['low']:.1f}-{bd['high']:.1f}", (i, bd["high"]),
                     textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
-    ax.set_ylabel("ms per token (ESP32-S3 N16R8, modeled, bar: low-high band; "
-                  "dashed: published)")
+    ax.set_ylabel("ms/token on the S3, modeled (bar: band; dashed: published)")
     ax.set_title("mpllm cost model: per-stage time per generated token")
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(loc="upper right", fontsize=7)

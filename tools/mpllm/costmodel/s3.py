@@ -60,7 +60,8 @@ ICACHE_LINE = 32
 ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
 #: Code one generated token runs, in bytes: x86-64 gcc -O2 .text sizes (nm -S)
 #: of the functions on the path, taken as the Xtensa sizes (an assumption; the
-#: LX7's 16/24-bit encodings are, if anything, denser). The engine (engine.c
+#: LX7's 16/24-bit encodings are, if anything, denser). The engine
+#: (code_size.measure_engine_code_bytes, held equal by a test: engine.c
 #: forward 7,274, attention_heads 2,253, select_next 644, llm_step 319,
 #: matvec_rows 312, rmsnorm 252; head.c llm_head_certify 991, wave_ranges 209,
 #: sift_down 129, run_wave 77; kernels 1,084 (kernels_ref.c's q4, quantize and
