@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the gate: board (or host engine) hash == host reference hash")
     p.add_argument("--expect", help="with --gate: compare against this hash, not the reference")
     p.add_argument("--model-s3", action="store_true",
-                   help="print the ESP32-S3 cost model (uses --image/--release-shaped if given)")
+                   help="print the ESP32-S3 cost model, every figure as a low/mid/high band "
+                        "(uses --image/--release-shaped if given)")
     p.add_argument("--rows-fraction", type=float, default=costmodel.RELEASE_GREEDY_FRACTION,
                    help="with --model-s3: share of the release head's rows the certified head "
                         "scores for greedy (default %(default)s, published 0.332-0.345)")
