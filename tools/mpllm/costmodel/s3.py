@@ -87,11 +87,12 @@ CODE_BYTES_BINDING = 1024
 #: 3.47 us a pass (solved from a drafter that never guesses, 14.32 us at one
 #: token a pass, and the n-gram drafter, 12.49 us at 2.119 tokens a pass). The
 #: same unix binary ran the pystone of MicroPython's tests/perf_bench at
-#: 220,104 pystones/s (best of 5), and an ESP32 at 240 MHz runs it at 1,075
-#: (micropython-ulab issue #296; micropython issue #5673 reports 1,661 and 499
-#: for other builds): the loop is scaled by that ratio, 204.7 (the GC heap and
-#: the loop's objects are in PSRAM on the board; the ESP32's figure is taken
-#: as covering that).
+#: 220,104 pystones/s (best of 5), and MicroPython on an ESP32 runs pystone
+#: 1.2 (pystone_lowmem, 500 passes) at 1,075 pystones/s (micropython-ulab
+#: issue #296, the ESP32 port at its default 240 MHz; micropython issue #5673
+#: reports 1,661 and 499 at 240 MHz for two other builds): the loop is scaled
+#: by that ratio, 204.7. The GC heap and the loop's objects are in PSRAM on
+#: the board; the ESP32's figure is taken as covering that, not measured.
 PY_LOOP_HOST_STEP_S = 9.26e-6
 PY_LOOP_HOST_TOKEN_S = 10.85e-6
 PY_LOOP_HOST_PASS_S = 3.47e-6
