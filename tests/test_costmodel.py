@@ -322,6 +322,11 @@ def test_placement_is_the_measured_one(report: cm.Report) -> None:
                if regions[n] == "fast") == 133384
     spill = cm.sram.spill_by_stage(regions)
     assert sum(spill.values()) == 176600 and set(spill) == {"attn", "ffn", "ple"}
+    # in the engine's placement order (engine_open.c: layer by layer): the band's
+    # "more in PSRAM" takes the last FAST matrices first, L2.gate, then L1's tail
+    assert list(cm.sram.core_matrix_bytes())[:3] == ["ple_model_proj", "L0.qkv", "L0.attn_proj"]
+    one_more = cm.sram.more_in_psram(regions, 1)
+    assert [n for n in regions if regions[n] != one_more[n]] == ["L2.gate"]
     for name in (*cm.OURS, "mpllm-spec-sampled"):
         assert dict(cm.BUILDS[name].spill_stages) == spill, name
     # the model charges it: the whole plan in SRAM would be faster

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .s3 import TILE_ROWS
-from .shape import RELEASE, Shape, _cdiv, matrices, n_groups, q4_row_bytes
+from .shape import RELEASE, Mat, Shape, _cdiv, matrices, n_groups, q4_row_bytes
 
 __all__ = [
     "ENGINE_STRUCT_BYTES",
@@ -69,15 +69,17 @@ def _r16(n: int) -> int:
 def core_matrix_bytes(s: Shape = RELEASE) -> dict[str, tuple[str, int]]:
     """Every core matrix the engine places, by its placement name
     ("ple_model_proj", "L3.qkv", ...): (stage, bytes as staged: int4 rows +
-    fp32 scales)."""
-    out: dict[str, tuple[str, int]] = {}
-    for m in matrices(s):
-        if m.name == "head":
-            continue
-        nbytes = m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
-        names = [m.name] if m.per_token == 1 else [f"L{i}.{m.name}" for i in range(m.per_token)]
-        for name in names:
-            out[name] = (m.stage, nbytes)
+    fp32 scales), in the order the engine places them (engine_open.c: the PLE
+    projection, then layer by layer qkv, attn_proj, gate, up, down, ple_gate,
+    ple_proj)."""
+    core = [m for m in matrices(s) if m.name != "head"]
+
+    def entry(m: Mat) -> tuple[str, int]:
+        return m.stage, m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
+
+    out = {m.name: entry(m) for m in core if m.per_token == 1}
+    for layer in range(s.n_layers):
+        out.update({f"L{layer}.{m.name}": entry(m) for m in core if m.per_token != 1})
     return out
 
 
