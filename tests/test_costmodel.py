@@ -1,10 +1,12 @@
 """The ESP32-S3 cost model (mpllm.costmodel): anchors, measured counters, report.
 
-Four constants are fitted on four published stage times; every other
-published figure is a prediction held to costmodel.ANCHOR_TOLERANCE. Our
-builds' bytes must come from the engine's counters (checked byte for byte
-against the formulas) and their PIE counts from the host model of the vector
-unit; the certified head's rows fraction is an input whose effect must show.
+The line fills are pinned to the published bus rates; three constants are
+fitted on three stages of the stock build; every other published figure is a
+held-out prediction held to costmodel.ANCHOR_TOLERANCE, and none of them may
+contain a fitted stage (checked from the work). Our builds' bytes must come
+from the engine's counters (checked byte for byte against the formulas) and
+their PIE counts from the host model of the vector unit; the certified head's
+rows fraction is an input whose effect must show. Every figure has a band.
 """
 
 from __future__ import annotations
@@ -42,27 +44,75 @@ def measured(release_model, llm_mod) -> cm.Measured:
 
 # ---- anchors and the fit ----------------------------------------------------
 
-def test_every_anchor_within_tolerance_and_fitted_ones_exact(report: cm.Report) -> None:
+def test_held_out_anchors_within_tolerance_and_fitted_ones_exact(report: cm.Report) -> None:
     assert cm.ANCHOR_TOLERANCE == 0.10
     assert len(report.anchors) == len(cm.ANCHORS) >= 13
+    held = set()
     for a in report.anchors:
         err = (a["predicted_ms"] - a["published_ms"]) / a["published_ms"]
         assert a["error"] == pytest.approx(err)
         if a["fitted"]:
             assert abs(err) < 1e-6, a
-        else:
+        if a["held_out"]:
+            held.add(a["name"])
             assert abs(err) <= cm.ANCHOR_TOLERANCE, a
+    # the issue's three, and every published figure of a build nothing was fitted on
+    assert {"PIE+int4 total", "certified head total", "final lossy total",
+            "64-byte-line head", "64-byte-line total", "32-byte-line head",
+            "no libm lrintf total", "final lossy head", "stock FFN"} <= held
 
 
-def test_fitted_flags_name_the_anchors_behind_each_constant() -> None:
+def test_no_held_out_anchor_reuses_a_fitted_stage(report: cm.Report) -> None:
+    """From the work itself: no stage a held-out figure sums has the cost
+    drivers of a fitted stage, and the check finds one where it is there."""
+    pos = cm.story_positions()
+    works = {n: cm.build_work(cm.BUILDS[n], cm.RELEASE, pos) for n in cm.UPSTREAM}
+    f = report.fit
+    fitted = [(a["name"], works[a["build"]][a["stage"]]) for a in report.anchors if a["fitted"]]
+    for a in report.anchors:
+        if not a["held_out"]:
+            continue
+        stages = cm.MODEL_STAGES if a["stage"] == "total" else (a["stage"],)
+        for st in stages:
+            w = works[a["build"]][st]
+            for name, fw in fitted:
+                priced = cm.stage_seconds(w, f), cm.stage_seconds(fw, f)
+                assert dataclasses.asdict(w) != dataclasses.asdict(fw) and \
+                    priced[0] != pytest.approx(priced[1], rel=1e-9, abs=1e-12), (a["name"], st, name)
+    by_name = {a["name"]: a for a in report.anchors}
+    # the stock total sums the three fitted stages: it is no prediction, and says so
+    stock = by_name["stock total"]
+    assert not stock["fitted"] and not stock["held_out"]
+    assert set(stock["reuses"]) == {"stock head", "stock attention", "stock PLE"}
+    # an anchor on a stage identical to a fitted one is caught (a copy of the stock build)
+    cm.BUILDS["stock-copy"] = dataclasses.replace(cm.BUILDS["stock"], name="stock-copy")
+    try:
+        extra = cm.Anchor("copy head", "stock-copy", "head", 59.0, False, "test")
+        assert cm.anchor_reuse((*cm.ANCHORS, extra))["copy head"] == ["stock head"]
+    finally:
+        del cm.BUILDS["stock-copy"]
+
+
+def test_fitted_on_names_the_constants_behind_each_anchor() -> None:
     fitted = {a.name for a in cm.ANCHORS if a.fitted}
     assert fitted == {n for names in cm.FITTED_CONSTANTS.values() for n in names}
-    assert len(fitted) == 4  # four constants, four equations
-    held_out = {a.name for a in cm.ANCHORS if not a.fitted}
-    for required in ("stock total", "stock FFN", "stock PLE", "PIE+int4 total",
-                     "64-byte-line total", "certified head total", "no libm lrintf total",
-                     "final lossy total", "final lossy head"):
-        assert required in held_out
+    assert len(fitted) == len(cm.FITTED_CONSTANTS) == 3  # three constants, three equations
+    assert set(cm.FITTED_CONSTANTS) == {"c_op", "overlap", "erff_cycles"}
+    for a in cm.ANCHORS:
+        assert bool(a.fitted_on) == a.fitted, a
+        assert set(a.fitted_on) <= set(cm.FITTED_CONSTANTS)
+    # every fitted anchor is a stage of the stock build, which no other build is
+    assert {a.build for a in cm.ANCHORS if a.fitted} == {"stock"}
+
+
+def test_line_fills_pinned_to_the_published_bus() -> None:
+    f = cm.fit()
+    assert f.s_line64 == pytest.approx(64 / (85.3 * 2**20)) == pytest.approx(0.716e-6, abs=1e-9)
+    assert f.s_line32 == pytest.approx(32 / (60.7 * 2**20))
+    # the 64-byte-line head is held out: its published figure moves nothing
+    slower = tuple(dataclasses.replace(a, published_ms=16.0) if a.name == "64-byte-line head"
+                   else a for a in cm.ANCHORS)
+    assert cm.fit(anchors=slower) == f
 
 
 def test_fit_is_physical(report: cm.Report) -> None:
@@ -71,22 +121,54 @@ def test_fit_is_physical(report: cm.Report) -> None:
     assert 2.0 < f.c_mac_i8 < 12.0
     assert 0.0 <= f.overlap <= 1.0
     assert f.chain_cycles > f.c_op  # dependent float ops wait for their inputs
-    # 64-byte lines move more bytes per fill than 32-byte ones, and the pure
-    # memory rate exceeds the published head-bytes-over-head-time (86.3 MiB/s),
-    # which includes compute
+    assert 100 < f.erff_cycles < 600  # newlib erff: of the order of its expf (~200)
     assert f.psram_bps(64) > f.psram_bps(32)
-    assert f.psram_bps(64) > 86.3 * 2**20
-    assert f.psram_bps(32) > 60.6 * 2**20
 
 
-def test_fit_moves_with_its_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fit_moves_with_its_anchor() -> None:
     base = cm.fit()
-    slower = tuple(dataclasses.replace(a, published_ms=16.0) if a.name == "64-byte-line head"
+    slower = tuple(dataclasses.replace(a, published_ms=22.0) if a.name == "stock attention"
                    else a for a in cm.ANCHORS)
-    assert cm.fit(anchors=slower).s_line64 > base.s_line64
-    held = tuple(dataclasses.replace(a, published_ms=99.0) if a.name == "stock total" else a
-                 for a in cm.ANCHORS)
+    assert cm.fit(anchors=slower).c_op > base.c_op
+    held = tuple(dataclasses.replace(a, published_ms=99.0) if a.name == "final lossy total"
+                 else a for a in cm.ANCHORS)
     assert cm.fit(anchors=held) == base  # a held-out anchor does not enter the fit
+
+
+# ---- bands ---------------------------------------------------------------------
+
+def test_bands_are_ordered_and_mid_is_the_figure(report: cm.Report) -> None:
+    for name, b in report.builds.items():
+        bd = b["band"]
+        assert set(bd) == {"low", "mid", "high"}, name
+        assert bd["low"] <= bd["mid"] <= bd["high"], name
+        assert bd["mid"] == pytest.approx(b["total_ms"]), name
+    for name in (*cm.OURS, *cm.SPEC):  # ours depend on all three unknowns: a real band
+        bd = report.builds[name]["band"]
+        assert bd["low"] < bd["mid"] < bd["high"], name
+
+
+def test_each_band_unknown_moves_the_figure() -> None:
+    f = cm.fit()
+    b = cm.BUILDS["mpllm-exact-sampled"]
+    ends = cm.bands.band_ends(b, f)
+    lo, mid, hi = ends.rows
+    assert lo < mid < hi and lo == pytest.approx(8427 / 25353)
+    assert hi == pytest.approx(8749 / 25353 * max(cm.bands.SAMPLED_RATIOS_DEFAULT))
+    assert ends.overlap[0] == 1.0 and ends.overlap[1] == f.overlap
+    spill = [sum(n for _, n in s) for s in ends.sram]
+    assert spill[0] == 0 and spill[1] == 176600 and spill[2] >= 176600 + 64 * 1024
+
+    def ms(bb: cm.Build, ff: cm.Fit = f) -> dict[str, float]:
+        return cm.predict(bb, ff)
+
+    base = ms(b)
+    assert ms(dataclasses.replace(b, rows_fraction=hi))["head"] > base["head"]
+    assert ms(dataclasses.replace(b, spill_stages=()))["attn"] < base["attn"]
+    assert ms(b, dataclasses.replace(f, overlap=1.0))["total"] < base["total"]
+    # esp32-ai's builds: published rows, known placement: only the overlap is open
+    up = cm.bands.band_ends(cm.BUILDS["research_final"], f)
+    assert up.rows is None and up.sram is None
 
 
 # ---- counts the model is built from ------------------------------------------
@@ -148,7 +230,7 @@ def test_fewer_rows_scored_is_a_faster_head() -> None:
         assert heads == sorted(heads, reverse=True) and heads[0] > 2 * heads[2]
 
 
-def test_handoffs_are_charged(report: cm.Report, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_handoffs_are_charged(report: cm.Report) -> None:
     before, after = (report.builds[n] for n in ("mpllm-before-sampled", "mpllm-exact-greedy"))
     assert before["handoffs_per_token"] == 44  # every matvec of >= 64 rows split
     # attention once per layer, the head once per multi-tile wave
@@ -156,9 +238,28 @@ def test_handoffs_are_charged(report: cm.Report, monkeypatch: pytest.MonkeyPatch
     assert after["handoffs_per_token"] == pytest.approx(cm.RELEASE.n_layers + waves - 1)
     f = report.fit
     b = cm.BUILDS["mpllm-before-sampled"]
-    with_charge = cm.predict(b, f)["total"]
-    monkeypatch.setattr(cm.work, "HANDOFF_S", 0.0)  # where stage_breakdown reads it
-    assert with_charge - cm.predict(b, f)["total"] == pytest.approx(44 * 34e-3)
+    # our port hands off through semaphores; esp32-ai's builds by task notification
+    assert b.handoff_s == cm.HANDOFF_SEMAPHORE_S == pytest.approx(34e-6 * 1.35)
+    assert cm.BUILDS["research_final"].handoff_s == cm.HANDOFF_S == 34e-6
+    free = cm.predict(dataclasses.replace(b, handoff_s=0.0), f)["total"]
+    assert cm.predict(b, f)["total"] - free == pytest.approx(44 * 34e-3 * 1.35)
+
+
+def test_port_charges_python_loop_and_icache() -> None:
+    """Ours pay llm.py's loop (unix-port microseconds x the pystone ratio) and
+    a refetch of the code a token runs when it outgrows the 16 KB cache;
+    esp32-ai's builds (a C loop, 32 KB instruction cache) pay neither."""
+    f = cm.fit()
+    ours = cm.predict(cm.BUILDS["mpllm-exact-greedy"], f)
+    assert ours["python"] == pytest.approx(9.26e-3 * 220104 / 1075)
+    code = (cm.CODE_BYTES_ENGINE + cm.CODE_BYTES_MICROPYTHON + cm.CODE_BYTES_FREERTOS
+            + cm.CODE_BYTES_BINDING)
+    assert code > cm.ICACHE_BYTES_OURS == 16 * 1024
+    assert ours["icache"] == pytest.approx(-(-code // 32) * 84 / 80e6 * 1e3)
+    up = cm.predict(cm.BUILDS["research_final"], f)
+    assert up["python"] == up["icache"] == 0.0
+    bigger = dataclasses.replace(cm.BUILDS["mpllm-exact-greedy"], icache_bytes=64 * 1024)
+    assert cm.predict(bigger, f)["icache"] == 0.0  # a working set that fits is fetched once
 
 
 def test_sampled_costs_more_than_greedy_at_the_same_rows() -> None:
@@ -185,12 +286,52 @@ def test_before_and_after(report: cm.Report) -> None:
     assert all(t > report.predictions["mpllm-exact-greedy"]["total"] for t in without.values())
 
 
-def test_sram_plan() -> None:
+def test_engine_code_bytes_are_the_measured_ones() -> None:
+    try:
+        sizes = cm.measure_engine_code_bytes()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert set(sizes) == {n for names in cm.ENGINE_TOKEN_FUNCTIONS.values() for n in names}
+    # the recorded figure is this measurement (another compiler: within a fifth)
+    assert sum(sizes.values()) == pytest.approx(cm.CODE_BYTES_ENGINE, rel=0.2)
+
+
+def test_charges_add_up_to_the_build(report: cm.Report) -> None:
+    for name, steps in report.charges.items():
+        totals = [s["total_ms"] for s in steps]
+        assert steps[0]["charge"] == "engine alone"
+        assert totals == sorted(totals) and len(set(totals)) == len(totals), name
+        assert totals[-1] == pytest.approx(report.builds[name]["total_ms"]), name
+    assert json.loads(json.dumps(report.to_json()))["charges"].keys() == report.charges.keys()
+
+
+def test_sram_plan_counts_the_reserve() -> None:
     plan = cm.sram_plan()
     assert plan["need_bytes"] == sum(plan["items"].values())
-    assert plan["left_free_bytes"] == cm.SRAM_FREE_AT_BOOT - plan["need_bytes"]
+    assert cm.SRAM_FREE_AT_BOOT == 280463 and plan["reserve_bytes"] == 64 * 1024
+    assert plan["left_free_bytes"] == 280463 - 64 * 1024 - plan["need_bytes"]
+    assert plan["core_spill_bytes"] == -plan["left_free_bytes"] > 0
     assert plan["items"]["core matrices (int4 + fp32 scales)"] == 309984
     assert plan["items"]["head tile index (boxes + scales)"] == 199 * (2 * 96 + 4)
+    assert plan["measured"]["core_bulk_bytes"] == 176600
+
+
+def test_placement_is_the_measured_one(report: cm.Report) -> None:
+    regions = cm.sram.measured_core_regions()
+    assert sum(b for n, (_, b) in cm.sram.core_matrix_bytes().items()
+               if regions[n] == "fast") == 133384
+    spill = cm.sram.spill_by_stage(regions)
+    assert sum(spill.values()) == 176600 and set(spill) == {"attn", "ffn", "ple"}
+    # in the engine's placement order (engine_open.c: layer by layer): the band's
+    # "more in PSRAM" takes the last FAST matrices first, L2.gate, then L1's tail
+    assert list(cm.sram.core_matrix_bytes())[:3] == ["ple_model_proj", "L0.qkv", "L0.attn_proj"]
+    one_more = cm.sram.more_in_psram(regions, 1)
+    assert [n for n in regions if regions[n] != one_more[n]] == ["L2.gate"]
+    for name in (*cm.OURS, "mpllm-spec-sampled"):
+        assert dict(cm.BUILDS[name].spill_stages) == spill, name
+    # the model charges it: the whole plan in SRAM would be faster
+    whole = next(v for k, v in report.variants.items() if k == "sampled, the whole plan in SRAM")
+    assert whole["total_ms"] < report.builds["mpllm-exact-sampled"]["total_ms"] - 1.0
 
 
 # ---- the engine's counters ---------------------------------------------------
@@ -239,7 +380,10 @@ def test_ours_is_computed_from_the_measured_counters(measured: cm.Measured) -> N
                                 "bulk": 2 * measured.region_bytes["bulk"]})
     doubled = cm.report(more_bulk).predictions["mpllm-exact-greedy"]
     assert doubled["head"] > base["head"] * 1.5 and doubled["attn"] > base["attn"] * 1.3
-    assert doubled["ffn"] == pytest.approx(base["ffn"])  # core bytes are SRAM: free
+    # the FFN's PSRAM lines are the core the placement put there: they double too
+    ffn_spill = dict(cm.BUILDS["mpllm-exact-greedy"].spill_stages)["ffn"]
+    fills = cm.stream_lines(ffn_spill, 64) * cm.fit().s_line64 * 1e3
+    assert doubled["ffn"] - base["ffn"] == pytest.approx(fills, rel=0.02)
     slower = dataclasses.replace(measured, pie_per_call={**measured.pie_per_call,
                                                          "head_row": 400})
     assert cm.report(slower).predictions["mpllm-exact-greedy"]["head"] > base["head"] + 1.0
@@ -298,11 +442,14 @@ def test_a_pass_costs_more_with_m_and_less_than_m_steps() -> None:
         head = None if m == 1 else cm.PassHead.from_union(bb, cm.RELEASE, bb.rows_fraction, m,
                                                           *u.at(m))
         w = cm.pass_build_work(bb, cm.RELEASE, SPEC_STARTS, m, head=head)
-        return sum(1e3 * cm.stage_seconds(w[st], f) for st in cm.STAGES)
+        return sum(1e3 * cm.stage_seconds(w[st], f) for st in cm.MODEL_STAGES)
 
     times = [pass_ms(m) for m in range(1, 9)]
     assert times == sorted(times) and len(set(times)) == 8
-    assert times[0] == pytest.approx(cm.predict(cm.BUILDS["mpllm-exact-sampled"], f)["total"])
+    # a pass of one position is a step, but for llm.py's loop: a pass's share of it
+    step = cm.predict(cm.BUILDS["mpllm-exact-sampled"], f)
+    loop = 1e3 * (cm.PY_LOOP_HOST_PASS_S - cm.PY_LOOP_HOST_STEP_S) * cm.PY_S3_PER_HOST
+    assert times[0] == pytest.approx(step["total"] + loop)
     for m, t in enumerate(times, 1):  # weights, KV and head tiles shared: cheaper than m steps
         assert m == 1 or t < m * times[0]
     # what the pass shares shows: PSRAM-resident batch buffers cost, the head scan's two
@@ -323,7 +470,10 @@ def test_a_pass_costs_more_with_m_and_less_than_m_steps() -> None:
 def test_spec_ms_falls_as_tokens_per_pass_rises() -> None:
     b = cm.BUILDS["mpllm-spec-sampled"]
     plain = cm.predict(cm.BUILDS["mpllm-exact-sampled"], cm.fit())["total"]
-    assert _spec_ms(b, 1.0, 1.0) == pytest.approx(plain)  # nothing drafted: a step
+    # nothing drafted: a step, but llm.py's verify loop costs more than its step loop
+    loop = 1e3 * (cm.PY_LOOP_HOST_TOKEN_S + cm.PY_LOOP_HOST_PASS_S
+                  - cm.PY_LOOP_HOST_STEP_S) * cm.PY_S3_PER_HOST
+    assert _spec_ms(b, 1.0, 1.0) == pytest.approx(plain + loop)
     per_tpp = [_spec_ms(b, tpp, 4.5) for tpp in (1.0, 1.5, 2.0, 2.8, 3.5, 4.5)]
     assert per_tpp == sorted(per_tpp, reverse=True)
     # a pass of 2 positions beats a step once it yields ~1.4 tokens; not when nothing is accepted
@@ -392,31 +542,45 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
 
 def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
     data = json.loads(json.dumps(report.to_json()))  # JSON-serializable
+    # every key the JSON had before the bands, and the bands
+    assert {"builds", "anchors", "fit", "fitted_constants", "derived_constants", "positions",
+            "head_fractions", "variants", "sram", "assumptions", "measured",
+            "speculative"} <= set(data)
+    assert set(data["band_unknowns"]) == {"rows", "overlap", "sram"}
+    for name, b in data["builds"].items():
+        assert {"label", "total_ms", "stages", "tok_s", "positions", "handoffs_per_token",
+                "breakdown_ms", "psram_bytes_per_token", "at_255", "band"} <= set(b), name
+        assert set(b["band"]) == {"low", "mid", "high"}, name
     for name in ("mpllm-exact-greedy", "mpllm-exact-sampled", "mpllm-before-sampled",
                  "mpllm-before-greedy"):
         b = data["builds"][name]
-        assert set(b["stages"]) == set(cm.STAGES)
+        assert set(b["stages"]) == set(cm.MODEL_STAGES) > set(cm.STAGES)
         assert b["total_ms"] == pytest.approx(sum(b["stages"].values()))
         assert b["positions"] == [4, 203] and "at_255" in b
     assert data["builds"]["mpllm-exact-greedy"]["rows_fraction"] == pytest.approx(0.34)
     for name in ("mpllm-spec-greedy", "mpllm-spec-sampled"):
         b = data["builds"][name]
-        assert set(b["stages"]) == set(cm.STAGES) and b["positions"] == [4, 203]
+        assert set(b["stages"]) == set(cm.MODEL_STAGES) and b["positions"] == [4, 203]
         assert b["total_ms"] == pytest.approx(sum(b["stages"].values()))
         assert b["drafter"] in ("lookup", "ngram", "both")
         assert b["tokens_per_pass"] > 1 and b["positions_per_pass"] >= b["tokens_per_pass"]
-        assert b["total_ms"] == pytest.approx(b["pass_ms"] / b["tokens_per_pass"])
+        loop = cm.spec_report.story_token_loop_ms(cm.BUILDS[name])
+        assert b["total_ms"] == pytest.approx(b["pass_ms"] / b["tokens_per_pass"] + loop)
+        assert b["stages"]["python"] == pytest.approx(
+            b["pass_stages"]["python"] / b["tokens_per_pass"] + loop)
         by_m = [b["pass_ms_by_m"][str(m)] for m in range(1, 9)]
         assert by_m == sorted(by_m)
     assert data["speculative"]["target_ms"] == 10.0
-    assert any("spilled" in k and k.startswith("spec sampled") for k in data["variants"])
+    assert any("whole plan in SRAM" in k and k.startswith("spec sampled")
+               for k in data["variants"])
     for a in data["anchors"]:
-        assert {"name", "published_ms", "predicted_ms", "error", "fitted"} <= set(a)
-        assert isinstance(a["fitted"], bool)
+        assert {"name", "published_ms", "predicted_ms", "error", "fitted", "fitted_on"} <= set(a)
+        assert isinstance(a["fitted"], bool) and isinstance(a["fitted_on"], list)
+        assert bool(a["fitted_on"]) == a["fitted"]
     assert data["sram"]["left_free_bytes"] == report.sram["left_free_bytes"]
     table = report.table()
-    for needle in ("anchor", "published", "fitted", "mpllm (ours)", "34.0 % of rows",
-                   "tok/s", "targets:", "SRAM:", "speculative decoding", "tokens / pass",
+    for needle in ("anchor", "published", "fitted", "held out", "mpllm (ours)", "34.0 % of rows",
+                   "tok/s", "target:", "band", "SRAM:", "speculative decoding", "tokens / pass",
                    "m = drafted + 1", "one pass (ms):", "target: speculative exact sampled"):
         assert needle in table, needle
     png = cm.plot(report, tmp_path / "cost.png")
@@ -434,6 +598,10 @@ def test_bench_model_s3_writes_the_json(llm_mod, tmp_path, capsys) -> None:
     assert "speculative: best drafter measured" in text and "tokens/pass" in text
     data = json.loads(out.read_text())
     assert data["builds"]["mpllm-exact-greedy"]["rows_fraction"] == pytest.approx(0.3)
+    for b in data["builds"].values():
+        assert b["band"]["low"] <= b["band"]["mid"] <= b["band"]["high"]
+    assert "(band " in text
+    assert all("fitted_on" in a and isinstance(a["fitted"], bool) for a in data["anchors"])
     assert {"mpllm-exact-greedy", "mpllm-exact-sampled", "mpllm-spec-greedy",
             "mpllm-spec-sampled"} <= set(data["builds"])
     spec = data["builds"]["mpllm-spec-sampled"]

@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the gate: board (or host engine) hash == host reference hash")
     p.add_argument("--expect", help="with --gate: compare against this hash, not the reference")
     p.add_argument("--model-s3", action="store_true",
-                   help="print the ESP32-S3 cost model (uses --image/--release-shaped if given)")
+                   help="print the ESP32-S3 cost model, every figure as a low/mid/high band "
+                        "(uses --image/--release-shaped if given)")
     p.add_argument("--rows-fraction", type=float, default=costmodel.RELEASE_GREEDY_FRACTION,
                    help="with --model-s3: share of the release head's rows the certified head "
                         "scores for greedy (default %(default)s, published 0.332-0.345)")
@@ -296,9 +297,11 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         if name in costmodel.SPEC:
             rows += (f", {b['drafter']}: {b['tokens_per_pass']:.2f} tokens/pass, m "
                      f"{b['positions_per_pass']:.2f}, pass {b['pass_ms']:.2f} ms")
+        band = b["band"]
         print(f"ours, predicted ms/token per stage on the N16R8 ({b['label']}, {rows}): "
-              + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in STAGES)
-              + f"; total {b['total_ms']:.2f} ({b['tok_s']:.1f} tok/s)")
+              + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in costmodel.MODEL_STAGES)
+              + f"; total {band['mid']:.2f} (band {band['low']:.2f}-{band['high']:.2f}; "
+              f"{b['tok_s']:.1f} tok/s at the mid)")
     for mode, rows_d in spec.drafts.items():
         print(f"drafting ({mode}, demo model; {spec.source.get('drafts', '')}): " + "; ".join(
             f"{n} {d.tokens_per_pass:.2f} tokens/pass, {d.drafted_per_pass:.2f} drafted/pass, "

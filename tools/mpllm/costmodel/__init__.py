@@ -1,24 +1,29 @@
-"""Cost model: predicted ms/token per stage on the ESP32-S3 N16R8.
+"""Cost model: modeled ms/token per stage on the ESP32-S3 N16R8, with a band.
 
-There is no board here, so speed is predicted from what a token costs:
+There is no board here, so speed is modeled from what a token costs:
 
     time(stage) = PSRAM line fills x seconds per fill (32- or 64-byte lines)
                 + flash bytes / flash bandwidth
                 + (cycles on one core + cycles split over both cores / 2) / 240 MHz
                 - the memory of split work hidden behind the other core's compute
-                + hand-offs to the second core x 34 us
+                + hand-offs to the second core (esp32-ai: task notify, 34 us;
+                  ours: two binary semaphores, 45.9 us)
+    and, for our builds on MicroPython, two stages the engine's timers do not
+    see: "python" (llm.py's loop per token, measured on the unix port and
+    scaled by pystones) and "icache" (the code a token runs, larger than the
+    board's 16 KB instruction cache, refetched from flash every token).
 
   * Memory is counted in cache lines, not bytes: every PSRAM read goes
     through the 32 KB data cache, so a stream costs the lines it touches
     (`lines_touched`). A 96-byte head slice of a 384-byte KV row costs two
     64-byte lines, a whole row six; that is how cache-line overfetch enters,
-    and why walking the KV cache head by head costs 8-10 lines a row.
+    and why walking the KV cache head by head costs 8-10 lines a row. A line
+    fill costs what the published bus rates say (pinned, not fitted).
   * The LX7 is in order: a miss stalls its core until the line arrives, so
     on one core memory and compute add. Two cores streaming from one bus can
     hide one core's fills behind the other's compute: a split stage ideally
     takes max(M, (M + C)/2) for M bus seconds and C compute seconds; the
-    fitted `overlap` is the share of that ideal reached. Every split costs a
-    hand-off (the task-notify round trip).
+    fitted `overlap` is the share of that ideal reached.
   * Compute: PIE instructions (1 cycle each; ours counted by the exact host
     model of the vector unit, `measure_pie_counts`), scalar int8 MACs, scalar
     ops, dependent float chains (exp/erf/log polynomials, divide, square
@@ -27,52 +32,60 @@ There is no board here, so speed is predicted from what a token costs:
   * Our build's bytes come from the engine's own counters
     (`_llm.Model.stats()`), checked byte for byte against the formulas here
     (`check_bytes`) and then used as a scale on the formulas' line counts.
-    The share of head rows the certified head scores is an input
+    Where the core sits is the emulated board's measured placement
+    (sram.MEASURED_PLACEMENT: 176,600 B of core in PSRAM), not the plan. The
+    share of head rows the certified head scores is an input
     (`HeadFractions`): the real release head is not available here.
   * Every other build is somebody else's firmware (slvDev/esp32-ai at
     9965f5ec), predicted from its own configuration (`BUILDS`: weight formats,
     placement, cache line, kernels, splits, libm calls), each assumption
     stated beside it.
+  * Every figure has a band (bands: low / mid / high) from its three dominant
+    unknowns: the head rows on the real head, the fill vs overlap split, and
+    how much of the core fits internal SRAM.
 
 Speculative decoding (`pass_work`; builds mpllm-spec-greedy/-sampled): a
-verify pass of m <= 8 positions (llm_verify) reads every weight once (they
-are in SRAM, so what that saves is PIE work: llm_matvec_q4_cols's count per
-row per column, `measure_cols_pie`), the KV cache once per layer, and each
-head tile once for all m (llm_head_certify_many, on one core, no hand-offs);
-everything else runs m times. ms/token = (time of one pass) / (story tokens
-per pass), passes starting at positions 4..203. Tokens per pass and m =
-drafted + 1 are measured on the demo model (`measure_drafting`, i.e.
-mpllm.drafting.study; the release model's acceptance cannot be measured
-here), and so is how many tiles the positions of a pass have in common
-(`measure_union`: pass tiles / m steps' tiles), applied to the release
-head's step fraction. Positions 1..m-1's buffers and the scan's scratch live
-in PSRAM and are charged in cache lines, though the engine's byte counters
-(checked per pass, `pass_region_bytes`) do not see them (`_batch_buffers`).
+verify pass of m <= 8 positions (llm_verify) reads every weight once (what
+that saves in SRAM is PIE work: llm_matvec_q4_cols's count per row per
+column, `measure_cols_pie`; the core in PSRAM streams once per pass), the KV
+cache once per layer, and each head tile once for all m
+(llm_head_certify_many); everything else runs m times. ms/token = (time of
+one pass) / (story tokens per pass) + llm.py's loop per story token, passes
+starting at positions 4..203. Tokens per pass and m = drafted + 1 are inputs
+(`measure_drafting` on the demo model by default), and so is how many tiles
+the positions of a pass have in common (`measure_union`). Positions
+1..m-1's buffers and the scan's scratch live in PSRAM and are charged in
+cache lines, though the engine's byte counters (checked per pass,
+`pass_region_bytes`) do not see them (`_batch_buffers`).
 
-Calibration (`fit`): four constants are solved jointly and exactly from four
-published stage times and then held fixed:
-  C_OP          cycles per scalar op               <- stock attention (20 ms)
-  overlap       two-core memory/compute overlap    <- stock head (59 ms)
-  S_LINE32/64   seconds per PSRAM line fill         <- esp32-ai's dense int4 head,
-                                                       20.8 ms on 32-byte and 14.6 ms
-                                                       on 64-byte lines
-(the quoted 60.6/86.3 MiB/s are head bytes over head time, compute and
-hand-off included, so the fill cost is what is left after them). Three more
-follow from those and a published sub-stage measurement that is not an
-anchor (`DERIVED_CONSTANTS`): C_MAC_I8 (scalar int8 dot at 24.8 M MAC/s),
-the cost of a dependent float op (the 1.93 ms softmax pass) and newlib erff
-(the 1.5 ms PLE stage). Every other anchor in `ANCHORS` is a prediction held
-to ANCHOR_TOLERANCE; the remaining constants are published figures or counts
-read off source code, each with its source.
+Calibration (`fit`): the 64- and 32-byte line fills are pinned to the
+published bus rates (85.3 and 60.7 MiB/s, `PINNED_CONSTANTS`). Three
+constants are solved jointly and exactly from three stages of esp32-ai's
+stock build, which no other build shares (`FITTED_CONSTANTS`, each anchor's
+`fitted_on`):
+  C_OP          cycles per scalar op                 <- stock attention (20 ms)
+  overlap       two-core memory/compute overlap      <- stock head (59 ms)
+  erff          newlib erff's cycles                  <- stock PLE (6.4 ms)
+Two more follow from those and a published sub-stage measurement that is
+not an anchor (`DERIVED_CONSTANTS`): C_MAC_I8 (scalar int8 dot at 24.8 M
+MAC/s) and the cost of a dependent float op (the 1.93 ms softmax pass).
+Every other anchor is held out, and the report checks from the work itself
+that none of them contains a fitted stage (`anchor_reuse`; the stock total,
+which does, is listed as such, not as a prediction); each held-out anchor is
+held to ANCHOR_TOLERANCE. The remaining constants are published figures,
+counts read off source code or measurements made here, each with its source.
 
 The package, one idea a module (each imports only modules listed above it):
 
-  s3            the S3's published figures and source-code counts (never fitted)
+  s3            the S3's published figures, source-code counts and what was
+                measured here (never fitted)
   shape         `Shape`/`RELEASE`, the engine's stages, batch limits and regions,
                 the matrices of a token, row and cache-line geometry
   pie           PIE instruction counts in closed form
   pie_counter   PIE counts from the host model of the vector unit (compiles
                 count_driver.c, kept beside it, and tests/c/pie_kernels_test.c)
+  code_size     the engine code a token runs, measured with the host compiler
+  sram          the internal SRAM plan (`sram_plan`) and the measured placement
   builds        the firmware configurations (`BUILDS`) and their assumptions
   spec_inputs   `DraftFigures`, `UnionRatios`, `SpecInputs` and their defaults
   work          `Work`, `HeadCounts`, `Fit`; a stage's seconds (`stage_breakdown`)
@@ -81,7 +94,7 @@ The package, one idea a module (each imports only modules listed above it):
   calibration   the anchors (`ANCHORS`) and the fit (`fit`)
   prices        `draft_prices`: what a draft position costs
   engine_bytes  the engine's byte accounting, checked against its counters
-  sram          the internal SRAM plan (`sram_plan`)
+  bands         a figure's low / mid / high from its three dominant unknowns
   host          measuring the host engine (`measure_host`, `measure_fractions`)
   spec_measure  measuring the speculative inputs (`measure_spec`; uses drafting)
   spec_report   the report's speculative builds and their what-ifs
@@ -96,8 +109,10 @@ modules import nothing that imports drafting; spec_measure imports drafting
 # hand them all on. The two private names are there for tests/test_costmodel.py.
 # ruff: noqa: F401 (every import here is a re-export)
 
+from .bands import *
 from .builds import *
 from .calibration import *
+from .code_size import *
 from .engine_bytes import *
 from .forward import *
 from .host import *
@@ -118,7 +133,11 @@ from .work import *
 __all__ = [
     "ANCHORS",
     "ANCHOR_TOLERANCE",
+    "BAND_UNKNOWNS",
     "BUILDS",
+    "EXACT_TARGETS_MS",
+    "MEASURED_PLACEMENT",
+    "MODEL_STAGES",
     "OURS",
     "RELEASE",
     "SPEC",
@@ -137,6 +156,8 @@ __all__ = [
     "Shape",
     "SpecInputs",
     "UnionRatios",
+    "anchor_reuse",
+    "band",
     "build_work",
     "check_bytes",
     "engine_stage_bytes",

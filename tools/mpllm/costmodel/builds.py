@@ -9,7 +9,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .s3 import RELEASE_GREEDY_FRACTION
+from .s3 import (
+    CODE_BYTES_BINDING,
+    CODE_BYTES_ENGINE,
+    CODE_BYTES_FREERTOS,
+    CODE_BYTES_MICROPYTHON,
+    HANDOFF_S,
+    HANDOFF_SEMAPHORE_S,
+    ICACHE_BYTES_OURS,
+    ICACHE_BYTES_UPSTREAM,
+    RELEASE_GREEDY_FRACTION,
+)
+from .sram import measured_core_regions, spill_by_stage
 
 __all__ = [
     "BUILDS",
@@ -79,7 +90,20 @@ class Build:
     #: recomputed to the same float when read: engine.c attention())
     v_bytes: int = 4
     #: core bytes that did not fit internal SRAM and live in PSRAM instead
+    #: (a what-if: charged to the PLE stage, the last placed)...
     core_spill_bytes: int = 0
+    #: ... or, per stage, the core bytes a placement put in PSRAM (our builds:
+    #: the emulated board's measured placement, sram.MEASURED_PLACEMENT)
+    spill_stages: tuple[tuple[str, int], ...] = ()
+    #: seconds of one hand-off to the second core and back: esp32-ai's task
+    #: notification (s3.HANDOFF_S) or our port's semaphores
+    handoff_s: float = HANDOFF_S
+    #: instruction cache and the code one token runs through it (bytes): a
+    #: working set larger than the cache is refetched from flash every token
+    icache_bytes: int = ICACHE_BYTES_UPSTREAM
+    code_bytes: int = CODE_BYTES_ENGINE + CODE_BYTES_FREERTOS
+    #: llm.py's per-token loop on MicroPython (ours) or none (a C loop)
+    python_loop: bool = False
     #: independent element-wise float chains (exp, erf, log, divide) evaluated
     #: this many at a time, hiding the FPU latency (same bits: mathf.c llm_expf4)
     chain_interleave: int = 1
@@ -113,6 +137,18 @@ _RESEARCH_NOTES = (
     ("libm lrintf in quantize_act and in the softmax-weight rounding, floorf in llm_fast_expf, "
      "newlib expf/erff in SiLU/GELU (FASTACT 0)"),
 )
+
+#: what every build of ours runs on: MicroPython's loop, our port's semaphore
+#: hand-off, the 16 KB instruction cache, the measured placement of the core
+_MEASURED_SPILL = tuple(sorted(spill_by_stage(measured_core_regions()).items()))
+_OUR_PORT = {"handoff_s": HANDOFF_SEMAPHORE_S, "icache_bytes": ICACHE_BYTES_OURS,
+             "code_bytes": (CODE_BYTES_ENGINE + CODE_BYTES_MICROPYTHON + CODE_BYTES_FREERTOS
+                            + CODE_BYTES_BINDING),
+             "python_loop": True, "spill_stages": _MEASURED_SPILL}
+_OUR_PORT_NOTE = ("our port: llm.py's loop on MicroPython (measured on the unix port, scaled by "
+                  "pystones), the hand-off through two binary semaphores, engine code from "
+                  "flash through a 16 KB instruction cache, the core placed as the emulated "
+                  "board measured (176,600 B of it in PSRAM: the rest of L2, L3-L5)")
 
 BUILDS: dict[str, Build] = {
     "stock": Build(
@@ -177,8 +213,9 @@ BUILDS: dict[str, Build] = {
         core=("int4", "sram"), head_fmt="int4", line=64, head="dense", logits="sram",
         kv="fp32-heads", kv_offset=None, softmax_exp="llm", act_exp="llm", quant="lrintf",
         quant_per_matvec=False, split_rows=64, attn_split="none", sampler="topk-full",
-        rope="table", rows_from="image",
+        rope="table", rows_from="image", **_OUR_PORT,
         assumptions=(
+            _OUR_PORT_NOTE,
             ("the engine before the certified head (2e691e3): dense head into a 100 KB "
              "logits buffer in SRAM, NaN check + top-40 pass over all logits; every matvec of "
              ">= 64 rows split (44 hand-offs)"),
@@ -193,7 +230,9 @@ BUILDS: dict[str, Build] = {
         first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
         sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, chain_interleave=4,
+        **_OUR_PORT,
         assumptions=(
+            _OUR_PORT_NOTE,
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
              "boxes + tile scale in SRAM, max-heap order, first tile inline then waves of "
              "LLM_HEAD_WAVE_TILES (8) tiles, one hand-off each; scored rows + 4-byte scale + "

@@ -1,5 +1,5 @@
 """Calibration: the published anchors (`ANCHORS`) and the fit (`fit`) of the
-four constants to the four anchors marked fitted, the derived constants
+three constants to the three anchors marked fitted, the derived constant
 following (see the package docstring, "Calibration").
 """
 
@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from .builds import BUILDS
 from .forward import build_work
 from .s3 import (
-    CPU_HZ,
     FAST_EXPF_CHAIN_OPS,
-    RESEARCH_PLE_MS,
     SOFT_LIBM_CYCLES,
     SOFTMAX_PAIR_CYCLES,
     SOFTMAX_PAIR_OPS,
 )
-from .shape import RELEASE, STAGES, Shape
+from .shape import MODEL_STAGES, RELEASE, Shape
 from .work import Fit, Work, stage_seconds
 
 __all__ = [
@@ -27,7 +25,9 @@ __all__ = [
     "ANCHOR_TOLERANCE",
     "DERIVED_CONSTANTS",
     "FITTED_CONSTANTS",
+    "PINNED_CONSTANTS",
     "Anchor",
+    "anchor_stages",
     "fit",
     "fit_stock",
 ]
@@ -39,7 +39,8 @@ ANCHOR_TOLERANCE = 0.10
 
 @dataclass(frozen=True)
 class Anchor:
-    """One published figure: a stage (or "total") of one build."""
+    """One published figure: a stage (or "total") of one build. `fitted_on`
+    names the constants a fitted anchor fixes (empty: held out)."""
 
     name: str
     build: str
@@ -47,22 +48,23 @@ class Anchor:
     published_ms: float
     fitted: bool
     source: str
+    fitted_on: tuple[str, ...] = ()
 
 
 ANCHORS: tuple[Anchor, ...] = (
     Anchor("stock head", "stock", "head", 59.0, True,
-           "esp32-ai stock firmware stage profile"),
-    Anchor("stock attention", "stock", "attn", 20.0, True, "same profile"),
+           "esp32-ai stock firmware stage profile", ("overlap",)),
+    Anchor("stock attention", "stock", "attn", 20.0, True, "same profile", ("c_op",)),
     Anchor("stock FFN", "stock", "ffn", 6.4, False, "same profile"),
-    Anchor("stock PLE", "stock", "ple", 6.4, False, "same profile"),
+    Anchor("stock PLE", "stock", "ple", 6.4, True, "same profile", ("erff_cycles",)),
     Anchor("stock total", "stock", "total", 95.0, False,
            "~10.3 tok/s, 95.0 ms/token (esp32-ai; llm.h: 'inference from 95.0')"),
     Anchor("PIE+int4 total", "pie_int4", "total", 43.3, False,
            "PIE + int4 head/core + logits in SRAM, 22.6 tok/s (esp32-ai)"),
-    Anchor("32-byte-line head", "research_line32", "head", 20.8, True,
+    Anchor("32-byte-line head", "research_line32", "head", 20.8, False,
            "esp32-ai idf_tinystories/sweep/line64.conf: '20.8 ms and 60.6 MiB/s on "
            "32-byte lines'"),
-    Anchor("64-byte-line head", "research_line64", "head", 14.6, True,
+    Anchor("64-byte-line head", "research_line64", "head", 14.6, False,
            "line64.conf: '14.6 ms/token for 1.26 MiB, i.e. 86.3 MiB/s'"),
     Anchor("64-byte-line total", "research_line64", "total", 25.0, False,
            "line64.conf: 40.01 tok/s; esp32_tinystories.ino: 'The head is 14.6 ms of "
@@ -78,69 +80,74 @@ ANCHORS: tuple[Anchor, ...] = (
            "action_bench.h: 'The output head is 41% of a token (5.4 of 13.3 ms)', "
            "34.5 % of rows"),
 )
-#: The four fitted constants, solved jointly from the four fitted anchors; the
-#: anchor that mainly determines each is listed (the others move it a little).
-FITTED_CONSTANTS = {
-    "c_op": ("stock attention",),
-    "overlap": ("stock head",),
-    "s_line32": ("32-byte-line head",),
-    "s_line64": ("64-byte-line head",),
+#: The three fitted constants, solved jointly from the three fitted anchors
+#: (each anchor's `fitted_on`; the anchor that mainly determines each
+#: constant, the others move it a little). All three are stages of the stock
+#: build, which no held-out anchor shares.
+FITTED_CONSTANTS = {c: tuple(an.name for an in ANCHORS if c in an.fitted_on)
+                    for c in ("c_op", "overlap", "erff_cycles")}
+#: Constants pinned to a published measurement (never fitted) or derived from
+#: the fitted ones and a published sub-stage measurement that is not an anchor.
+PINNED_CONSTANTS = {
+    "s_line64": "PSRAM bus, 85.3 MiB/s on 64-byte lines (esp32-ai 9965f5ec action_bench.h)",
+    "s_line32": "PSRAM ceiling, 60.7 MiB/s on 32-byte lines (9965f5ec sweep/line64.conf)",
 }
-#: Constants derived from the fitted ones and a published sub-stage
-#: measurement that is not an anchor.
 DERIVED_CONSTANTS = {
     "c_mac_i8": "esp32-ai scalar int8 dot at 24.8 M MAC/s from PSRAM, less s_line32 per byte",
     "chain_cycles": "esp32-ai softmax pass, 1.93 ms for 2,520 pairs, less its ops and libm calls",
-    "erff_cycles": "esp32-ai PLE stage, 1.5 ms, less everything but its 768 erff calls",
 }
 
 
 def _anchor_ms(an: Anchor, works: Mapping[str, Mapping[str, Work]], f: Fit) -> float:
     w = works[an.build]
-    stages = STAGES if an.stage == "total" else (an.stage,)
+    stages = MODEL_STAGES if an.stage == "total" else (an.stage,)
     return 1e3 * sum(stage_seconds(w[st], f) for st in stages)
 
 
-def _derived(f: Fit, ple: Work) -> Fit:
-    """Fill in the two constants derived from the fitted four: the cost of a
-    dependent float op (from esp32-ai's measured softmax pass) and newlib erff
-    (from its measured PLE stage, `ple` = that build's PLE work)."""
+def anchor_stages(an: Anchor) -> tuple[str, ...]:
+    """The stages an anchor's figure sums."""
+    return MODEL_STAGES if an.stage == "total" else (an.stage,)
+
+
+def _derived(f: Fit) -> Fit:
+    """Fill in the cost of a dependent float op (from esp32-ai's measured
+    softmax pass) from the fitted c_op."""
     pair = SOFTMAX_PAIR_CYCLES - 2 * SOFT_LIBM_CYCLES - SOFTMAX_PAIR_OPS * f.c_op
-    f = dataclasses.replace(f, chain_cycles=float(pair / FAST_EXPF_CHAIN_OPS))
-    calls = ple.serial.get("erff", 0.0) + ple.split.get("erff", 0.0)
-    rest = stage_seconds(ple, dataclasses.replace(f, erff_cycles=0.0))
-    return dataclasses.replace(f, erff_cycles=float((RESEARCH_PLE_MS / 1e3 - rest)
-                                                    * CPU_HZ / calls))
+    return dataclasses.replace(f, chain_cycles=float(pair / FAST_EXPF_CHAIN_OPS))
+
+
+def _theta_fit(theta: Sequence[float]) -> Fit:
+    c_op, overlap, erff = (float(v) for v in theta)
+    return _derived(Fit(c_op, overlap=overlap, erff_cycles=erff))
 
 
 def fit(s: Shape = RELEASE, positions: Sequence[int] | None = None,
         anchors: Sequence[Anchor] = ANCHORS) -> Fit:
-    """Solve the four fitted constants so that the four anchors marked fitted
-    are reproduced exactly (Newton's method on a piecewise-linear system,
-    started from a plain additive model), the two derived constants following
-    along (`_derived`)."""
+    """Solve the three fitted constants (c_op, overlap, newlib erff) so that
+    the three anchors marked fitted are reproduced exactly (Newton's method
+    on a piecewise-linear system), the line fills pinned and the dependent
+    float op following along (`_derived`)."""
     import numpy as np
 
     fitted = [an for an in anchors if an.fitted]
-    if len(fitted) != 4:
-        raise ArithmeticError(f"{len(fitted)} fitted anchors for four constants")
+    if len(fitted) != 3:
+        raise ArithmeticError(f"{len(fitted)} fitted anchors for three constants")
     works = {an.build: build_work(BUILDS[an.build], s, positions) for an in fitted}
-    ple = build_work(BUILDS["research_qact"], s, positions)["ple"]
     target = np.array([an.published_ms for an in fitted])
 
     def resid(theta: np.ndarray) -> np.ndarray:
-        f = _derived(Fit(*theta), ple)
+        f = _theta_fit(theta)
         return np.array([_anchor_ms(an, works, f) for an in fitted]) - target
 
-    theta = np.array([1.0, 0.5e-6, 0.6e-6, 0.5])
+    theta = np.array([1.0, 0.5, 250.0])
     scale = theta.copy()
     for _ in range(60):
         r = resid(theta)
         if np.max(np.abs(r)) < 1e-9:
             break
-        jac = np.empty((4, 4))
-        for i in range(4):
-            d = np.zeros(4)
+        jac = np.empty((3, 3))
+        for i in range(3):
+            d = np.zeros(3)
             d[i] = 1e-6 * scale[i]
             jac[:, i] = (resid(theta + d) - r) / d[i]
         try:
@@ -149,9 +156,9 @@ def fit(s: Shape = RELEASE, positions: Sequence[int] | None = None,
             raise ArithmeticError("the fitted anchors do not determine the constants") from e
     else:
         raise ArithmeticError(f"fit did not converge (residuals {resid(theta)} ms)")
-    out = _derived(Fit(*(float(v) for v in theta)), ple)
-    if (min(out.c_op, out.s_line32, out.s_line64, out.c_mac_i8, out.chain_cycles,
-            out.erff_cycles) <= 0 or not 0 <= out.overlap <= 1):
+    out = _theta_fit(theta)
+    if (min(out.c_op, out.c_mac_i8, out.chain_cycles, out.erff_cycles) <= 0
+            or not 0 <= out.overlap <= 1):
         raise ArithmeticError(f"fit gave non-physical constants {out.as_dict()}")
     return out
 

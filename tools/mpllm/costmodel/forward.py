@@ -16,6 +16,7 @@ from .s3 import (
     BOUND_OPS_PER_TILE,
     BOUND_PIE_PER_TILE,
     CAND_OPS_PER_ROW,
+    CPU_HZ,
     DCACHE_BYTES,
     DIV_OPS,
     ERFF_OPS,
@@ -25,11 +26,15 @@ from .s3 import (
     FDOT_OPS,
     HALF2FLOAT_OPS,
     HEAP_OPS_PER_CMP,
+    ICACHE_LINE,
+    ICACHE_MISS_S,
     LOGF_OPS,
     LRINTF_CYCLES,
     NEWLIB_EXPF_CYCLES,
     NEWLIB_TRIG_CYCLES,
     PCG32_OPS,
+    PY_LOOP_HOST_STEP_S,
+    PY_S3_PER_HOST,
     Q4_UNPACK_OPS,
     QSORT_CMP_CYCLES,
     QUANT_CYCLES,
@@ -45,8 +50,8 @@ from .s3 import (
     UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
 )
 from .shape import (
+    MODEL_STAGES,
     RELEASE,
-    STAGES,
     Mat,
     Shape,
     _cdiv,
@@ -65,6 +70,8 @@ __all__ = [
     "S8_BLOCK_PIE",
     "S8_ROW_PIE_FIXED",
     "build_work",
+    "charge_port",
+    "charge_spill",
     "predict",
     "token_work",
 ]
@@ -102,7 +109,7 @@ def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | 
     ng = n_groups(cols, s.group)
     split = b.split_rows is not None and rows >= b.split_rows
     if split:
-        w.handoffs += 1
+        w.handoff(1, b.handoff_s)
     if fmt == "int8":
         code_b, scale_b = rows * cols, rows * ng * 4
     elif fmt == "int4-flash":
@@ -216,7 +223,7 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     t, h, dh = pos + 1, s.n_heads, s.head_dim
     if b.kv == "int8-fast":
         sp = b.attn_split == "heads"
-        w.handoffs += sp
+        w.handoff(sp, b.handoff_s)
         _kv_read(w, b, s, pos, split=sp)
         _fast_query(w, b, s, t, split=sp)
         return
@@ -227,7 +234,8 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     sp_soft = split_on and b.attn_split in ("heads", "score+soft+vacc")
     sp_vacc = sp_score
     if split_on and b.attn_split != "none":
-        w.handoffs += {"heads": 1, "score+vacc": 2, "score+soft+vacc": 3}[b.attn_split]
+        w.handoff({"heads": 1, "score+vacc": 2, "score+soft+vacc": 3}[b.attn_split],
+                  b.handoff_s)
     _kv_read(w, b, s, pos, split=sp_score)
     if b.kv.startswith("fp32"):
         # scores: dot, * 1/sqrt(dh), store, max; softmax: s - max, exp, denom +=;
@@ -341,7 +349,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
         k = b.top_k
         inserts = k * (1.0 + math.log(max(rows / k, 1.0)))
         w.compute(split=True, ops=inserts * (k / 2) * 3)
-    w.handoffs += c.handoffs
+    w.handoff(c.handoffs, b.handoff_s)
     ids_b = 2 if b.kernels == "pie" else 0  # esp32-ai reads head4_tok only on ties
     tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
                   + stream_lines(TILE_ROWS * ids_b, b.line))
@@ -409,18 +417,14 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
         raise ValueError(f"position {pos} outside the {s.seq_len}-position context")
     d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
     mats = {m.name: m for m in matrices(s)}
-    work = {st: Work() for st in STAGES}
+    work = {st: Work() for st in MODEL_STAGES}
 
     # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
     e = work["embed"]
     _embed_position(e, b, s)
     _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
 
-    if b.core_spill_bytes:
-        # the spilled tail of the core (ple_proj, ple_gate, ... of the last
-        # layers, staged last) streams from PSRAM once per token
-        spill = b.core_spill_bytes
-        work["ple"].psram(stream_lines(spill, b.line), b.line, spill)
+    charge_spill(work, b)
     one = {st: Work() for st in ("attn", "ffn", "ple")}
     a = one["attn"]
     _rmsnorm(a, d)
@@ -464,7 +468,35 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
 
     _head(work["head"], b, s, pie_calls, counts, bound_pie)
     _sample(work["sample"], b, s)
+    charge_port(work, b, PY_LOOP_HOST_STEP_S)
     return work
+
+
+def charge_spill(work: Mapping[str, Work], b: Build) -> None:
+    """Core matrices placed in PSRAM stream from it once per token (or pass):
+    per stage as the placement put them (`spill_stages`), or a what-if's
+    `core_spill_bytes` on the PLE stage (the last layers' tail, placed last).
+    Split across the cores when the build splits its matvecs."""
+    split = b.split_rows is not None
+    spills = list(b.spill_stages)
+    if b.core_spill_bytes:
+        spills.append(("ple", b.core_spill_bytes))
+    for st, nbytes in spills:
+        work[st].psram(stream_lines(nbytes, b.line), b.line, nbytes, split=split)
+
+
+def charge_port(work: Mapping[str, Work], b: Build, loop_host_s: float, *,
+                icache: bool = True) -> None:
+    """What a token (or a verify pass) costs around the engine on our port:
+    instruction-cache refills when the code it runs outgrows the cache (each
+    line once: the working set is cycled through in order, so LRU keeps none
+    of it), and llm.py's MicroPython loop (loop_host_s measured on the unix
+    port, scaled to the S3 by pystones)."""
+    if icache and b.code_bytes > b.icache_bytes:
+        misses = _cdiv(b.code_bytes, ICACHE_LINE)
+        work["icache"].compute(cycles=misses * ICACHE_MISS_S * CPU_HZ)
+    if b.python_loop:
+        work["python"].compute(cycles=loop_host_s * PY_S3_PER_HOST * CPU_HZ)
 
 
 def build_work(b: Build, s: Shape = RELEASE, positions: Sequence[int] | None = None,
@@ -474,10 +506,10 @@ def build_work(b: Build, s: Shape = RELEASE, positions: Sequence[int] | None = N
     positions = list(positions if positions is not None else story_positions())
     if not positions:
         raise ValueError("positions is empty")
-    total = {st: Work() for st in STAGES}
+    total = {st: Work() for st in MODEL_STAGES}
     for pos in positions:
         one = token_work(b, s, pos, pie_calls=pie_calls, counts=counts, bound_pie=bound_pie)
-        for st in STAGES:
+        for st in MODEL_STAGES:
             total[st].add(one[st])
     return {st: w.scaled(1.0 / len(positions)) for st, w in total.items()}
 
@@ -486,6 +518,6 @@ def predict(b: Build, fit: Fit, s: Shape = RELEASE, positions: Sequence[int] | N
             **kw: object) -> dict[str, float]:
     """Predicted ms per stage (and "total") for one generated token."""
     work = build_work(b, s, positions, **kw)  # type: ignore[arg-type]
-    out = {st: 1e3 * stage_seconds(work[st], fit) for st in STAGES}
-    out["total"] = sum(out[st] for st in STAGES)
+    out = {st: 1e3 * stage_seconds(work[st], fit) for st in MODEL_STAGES}
+    out["total"] = sum(out[st] for st in MODEL_STAGES)
     return out

@@ -7,6 +7,7 @@ work and ms of such passes for the report and for draft_prices.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .forward import (
     _quantize,
     _rmsnorm,
     _sample,
+    charge_port,
+    charge_spill,
     token_work,
 )
 from .pie import cols_resident, pie_cols_instructions, pie_matvec_instructions, pie_row_instructions
@@ -35,11 +38,12 @@ from .s3 import (
     FAXPY_OPS,
     FDOT_OPS,
     HEAP_OPS_PER_CMP,
+    PY_LOOP_HOST_PASS_S,
     ROW_OPS_PIE,
     TILE_ROWS,
 )
 from .shape import (
-    STAGES,
+    MODEL_STAGES,
     VERIFY_MAX,
     Mat,
     Shape,
@@ -126,7 +130,7 @@ def _matvec_pass(w: Work, b: Build, s: Shape, mat: Mat, m: int,
     nbytes = rows * q4_row_bytes(cols) + rows * ng * 4
     split = b.split_rows is not None and rows >= b.split_rows
     if split:
-        w.handoffs += 1
+        w.handoff(1, b.handoff_s)
     tier = b.core[1]
     if tier == "psram":
         w.psram(stream_lines(rows * q4_row_bytes(cols), b.line)
@@ -158,7 +162,7 @@ def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
     last = pos + m - 1
     if b.kv == "int8-fast":
         sp = b.attn_split == "heads"
-        w.handoffs += sp
+        w.handoff(sp, b.handoff_s)
         _kv_read(w, b, s, last, split=sp)  # once: the lines stay cached for the m queries
         for c in range(m):
             _fast_query(w, b, s, pos + c + 1, split=sp)
@@ -166,7 +170,7 @@ def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
     pairs = h * sum(pos + c + 1 for c in range(m))
     sp = b.attn_split == "heads" and pos >= b.attn_split_min_pos
     if sp:
-        w.handoffs += 1
+        w.handoff(1, b.handoff_s)
     _kv_read(w, b, s, last, split=sp)
     w.compute(split=sp, ops=pairs * (FDOT_OPS * dh + 4))
     w.compute(split=sp, ops=pairs * 4)
@@ -230,7 +234,7 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
         inserts = k * (1.0 + math.log(max(ph.rows / m / k, 1.0)))
         w.compute(split=split, ops=m * inserts * (k / 2) * 3)
     if split:
-        w.handoffs += 1
+        w.handoff(1, b.handoff_s)
         k = b.top_k if b.sampler == "cand-topk" else 1
         w.compute(ops=m * k * (k / 2) * 3)  # lane 1's lists offered into lane 0's
     row_bytes = q4_row_bytes(d)
@@ -290,19 +294,21 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
         raise ValueError(f"positions {pos}..{pos + m - 1} outside the {s.seq_len}-position "
                          "context")
     if m == 1:
-        return token_work(b, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
+        work = token_work(b, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
+        # llm.py's loop: a pass's share instead of a step's (per token: _spec_entry)
+        work["python"] = Work()
+        charge_port(work, b, PY_LOOP_HOST_PASS_S, icache=False)
+        return work
     ph = head or PassHead.from_union(b, s, b.rows_fraction, m, 1.0, 1.0)
     d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
     mats = {mt.name: mt for mt in matrices(s)}
-    work = {st: Work() for st in STAGES}
+    work = {st: Work() for st in MODEL_STAGES}
 
     e = work["embed"]
     for _ in range(m):
         _embed_position(e, b, s)
     _matvec_pass(e, b, s, mats["ple_model_proj"], m, pie_calls, cols_pie)
-    if b.core_spill_bytes:  # the spilled core streams from PSRAM once per pass
-        spill = b.core_spill_bytes
-        work["ple"].psram(stream_lines(spill, b.line), b.line, spill)
+    charge_spill(work, b)  # the core in PSRAM streams once per pass
 
     one = {st: Work() for st in ("attn", "ffn", "ple")}
     a = one["attn"]
@@ -351,6 +357,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     for _ in range(m):
         _sample(work["sample"], b, s)
     _batch_buffers(work, b, s, pos, m, ph)
+    charge_port(work, b, PY_LOOP_HOST_PASS_S)  # per pass; per story token: _spec_entry
     return work
 
 
@@ -363,11 +370,11 @@ def pass_build_work(b: Build, s: Shape, starts: Sequence[int], m: int, *,
     starts = list(starts)
     if not starts:
         raise ValueError("starts is empty")
-    total = {st: Work() for st in STAGES}
+    total = {st: Work() for st in MODEL_STAGES}
     for pos in starts:
         one = pass_work(b, s, pos, m, head=head, pie_calls=pie_calls, bound_pie=bound_pie,
                         cols_pie=cols_pie)
-        for st in STAGES:
+        for st in MODEL_STAGES:
             total[st].add(one[st])
     return {st: w.scaled(1.0 / len(starts)) for st, w in total.items()}
 
@@ -387,6 +394,12 @@ class _Passes:
                                                                      cols_pie, scale)
         self._key = (s, tuple(sorted((pie_calls or {}).items())), bound_pie,
                      tuple(sorted((cols_pie or {}).items())), scale)
+
+    def with_fit(self, f: Fit) -> _Passes:
+        """The same passes priced with other constants (the work is shared)."""
+        other = copy.copy(self)
+        other.f = f
+        return other
 
     def head(self, b: Build, m: int, union: UnionRatios) -> PassHead | None:
         if m == 1:
@@ -408,4 +421,4 @@ class _Passes:
 
     def ms(self, b: Build, m: int, union: UnionRatios, starts: Sequence[int]) -> float:
         w = self.work(b, m, union, starts)
-        return sum(1e3 * stage_seconds(w[st], self.f) for st in STAGES)
+        return sum(1e3 * stage_seconds(w[st], self.f) for st in MODEL_STAGES)

@@ -15,11 +15,90 @@ CPU_HZ = 240e6
 CORES = 2
 #: One hand-off of work to the second core and back (task notify round trip):
 #: ~34 us, measured on the board by esp32-ai (firmware/esp32_tinystories,
-#: CERT_WAVE: "the ~34 us task-notify round trip", swept on the board).
+#: CERT_WAVE: "the ~34 us task-notify round trip", swept on the board). It
+#: prices esp32-ai's builds, which hand off by task notification.
 HANDOFF_S = 34e-6
+#: Our port hands off through two FreeRTOS binary semaphores instead
+#: (native/port/esp32/port_esp32.c: xSemaphoreGive(go) ... xSemaphoreTake(done),
+#: the worker blocking in xSemaphoreTake(go)). FreeRTOS documents unblocking a
+#: task by a direct notification as 45 % faster than by a binary semaphore, 35 %
+#: with the semaphore implementation of V8.2.0 and later (freertos.org, "RTOS
+#: task notifications", performance benefits); the whole round trip is priced
+#: at that ratio: 34 us x 1.35. Nothing here has been measured on our port.
+HANDOFF_SEMAPHORE_S = HANDOFF_S * 1.35
 #: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
 DCACHE_BYTES = 32 * 1024
+#: Published PSRAM bus rates through the data cache, the line fills every
+#: build is priced at (pinned, never fitted; the dense heads they were measured
+#: beside are held-out anchors). 64-byte lines: 85.3 MiB/s, i.e. 0.716 us a
+#: line (slvDev/esp32-ai 9965f5ec, firmware/esp32_tinystories/action_bench.h:
+#: the head's scan "running at 84 MiB/s against an 85.3 MiB/s bus"). 32-byte
+#: lines: the 60.7 ceiling that cached scalar loads, cached vector loads and
+#: memcpy all reached within 2 % (9965f5ec idf_tinystories/sweep/line64.conf,
+#: "cycle 09b"; written "MB/s" there but the same note's head ran at 60.6 MiB/s
+#: at that ceiling, so MiB/s).
+PSRAM_BUS_LINE64_BPS = 85.3 * 2**20
+PSRAM_BUS_LINE32_BPS = 60.7 * 2**20
+S_LINE64 = 64 / PSRAM_BUS_LINE64_BPS
+S_LINE32 = 32 / PSRAM_BUS_LINE32_BPS
+
+#: Instruction cache. Engine code runs from flash through it: no function in
+#: native/ is IRAM_ATTR. Our board's sdkconfig.board sets only the data cache,
+#: and neither MicroPython's sdkconfig.base nor its 240 MHz / octal-PSRAM
+#: fragments set the instruction cache, so it is ESP-IDF's default for the
+#: ESP32-S3: 16 KB (CONFIG_ESP32S3_INSTRUCTION_CACHE_16KB) with 32-byte lines.
+#: Both cores share it. esp32-ai's measured builds set 32 KB (9965f5ec
+#: idf_tinystories/sdkconfig.defaults CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB).
+ICACHE_BYTES_OURS = 16 * 1024
+ICACHE_BYTES_UPSTREAM = 32 * 1024
+ICACHE_LINE = 32
+#: One instruction-cache line from flash (QIO, 80 MHz; the board's
+#: sdkconfig.board): a quad I/O read (EBh) is 8 instruction clocks, 6 address
+#: clocks (24 bits over 4 lines), 2 mode and 4 dummy clocks, then 2 clocks a
+#: byte: 84 clocks for 32 bytes = 1.05 us, bus arbitration not counted.
+ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
+#: Code one generated token runs, in bytes: x86-64 gcc -O2 .text sizes (nm -S)
+#: of the functions on the path, taken as the Xtensa sizes (an assumption; the
+#: LX7's 16/24-bit encodings are, if anything, denser). The engine
+#: (code_size.measure_engine_code_bytes, held equal by a test: engine.c
+#: forward 7,274, attention_heads 2,253, select_next 644, llm_step 319,
+#: matvec_rows 312, rmsnorm 252; head.c llm_head_certify 991, wave_ranges 209,
+#: sift_down 129, run_wave 77; kernels 1,084 (kernels_ref.c's q4, quantize and
+#: s8 kernels standing for the PIE ones); mathf.c erff4 414, expf4 348, logf
+#: 308; sampler.c sample_candidates 419, candidates_offer 184, PCG32 221):
+#: 15,438. MicroPython's VM on the loop's path (py/*.o of the unix port built
+#: with _llm: mp_execute_bytecode 7,189, mp_binary_op 1,145, mp_map_lookup 821,
+#: gc_alloc 728, generator resume, calls, attribute, subscript, list and dict
+#: helpers): 13,897. FreeRTOS's semaphore give/take, the scheduler's switch and
+#: the cross-core yield: 4,096, an estimate (not measured). The binding's
+#: step/verify glue: 1,024, an estimate.
+CODE_BYTES_ENGINE = 15438
+CODE_BYTES_MICROPYTHON = 13897
+CODE_BYTES_FREERTOS = 4096
+CODE_BYTES_BINDING = 1024
+
+#: llm.py's per-token loop around the engine (decode_tokens and _run: the
+#: generator, the tokenizer's bytes, the UTF-8 decoder, the counters), measured
+#: on the MicroPython v1.28 unix port built with our module (the demo model,
+#: llm.generate, 200 tokens x 3 seeds x 5 runs, the loop's wall time minus the
+#: engine's own total_ms, the least of the 15 runs: noise only adds): 9.26 us a
+#: token decoding step by step; with verify passes 10.85 us a story token +
+#: 3.47 us a pass (solved from a drafter that never guesses, 14.32 us at one
+#: token a pass, and the n-gram drafter, 12.49 us at 2.119 tokens a pass). The
+#: same unix binary ran the pystone of MicroPython's tests/perf_bench at
+#: 220,104 pystones/s (best of 5), and MicroPython on an ESP32 runs pystone
+#: 1.2 (pystone_lowmem, 500 passes) at 1,075 pystones/s (micropython-ulab
+#: issue #296, the ESP32 port at its default 240 MHz; micropython issue #5673
+#: reports 1,661 and 499 at 240 MHz for two other builds): the loop is scaled
+#: by that ratio, 204.7. The GC heap and the loop's objects are in PSRAM on
+#: the board; the ESP32's figure is taken as covering that, not measured.
+PY_LOOP_HOST_STEP_S = 9.26e-6
+PY_LOOP_HOST_TOKEN_S = 10.85e-6
+PY_LOOP_HOST_PASS_S = 3.47e-6
+PY_PYSTONES_HOST = 220104.0
+PY_PYSTONES_S3 = 1075.0
+PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
 #: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
 #: applied as 512 B / 20 us to the bytes of the lines read from flash.
 FLASH_ROW_BYTES = 512

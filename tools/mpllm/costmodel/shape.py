@@ -17,6 +17,7 @@ from ..formats.image import q4_row_bytes  # re-exported: the image layout's one 
 from .s3 import TILE_ROWS
 
 __all__ = [
+    "MODEL_STAGES",
     "PREFILL_BATCH",
     "REGIONS",
     "RELEASE",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
+#: the engine's stages and what a token costs on the board around them:
+#: llm.py's MicroPython loop ("python") and the instruction-cache refills of
+#: the code a token runs ("icache"); the engine's own timers see neither
+MODEL_STAGES = (*STAGES, "python", "icache")
 #: tokens one prefill pass carries (engine_state.h LLM_BATCH_MAX): their
 #: weights are read once per pass
 PREFILL_BATCH = 8

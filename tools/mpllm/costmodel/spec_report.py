@@ -10,9 +10,19 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from .bands import SAMPLED_RATIOS_DEFAULT, band
 from .builds import BUILDS, SPEC, SPEC_BUILD_MODE, Build
 from .passes import _Passes
-from .shape import STAGES, VERIFY_MAX
+from .s3 import PY_LOOP_HOST_TOKEN_S, PY_S3_PER_HOST
+from .shape import MODEL_STAGES, VERIFY_MAX
+
+__all__ = ["story_token_loop_ms"]
+
+
+def story_token_loop_ms(b: Build) -> float:
+    """llm.py's loop per story token when decoding in verify passes (its
+    per-pass share is in the pass: passes.pass_work), ms on the S3."""
+    return 1e3 * PY_LOOP_HOST_TOKEN_S * PY_S3_PER_HOST if b.python_loop else 0.0
 from .spec_inputs import DraftFigures, SpecInputs, UnionRatios
 from .work import HeadCounts, stage_breakdown, stage_seconds
 
@@ -35,14 +45,14 @@ def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRati
     mix = _pass_mix(draft.positions_per_pass)
 
     def blend(starts_for: object) -> dict[str, object]:
-        stages = dict.fromkeys(STAGES, 0.0)
+        stages = dict.fromkeys(MODEL_STAGES, 0.0)
         bd = {st: dict.fromkeys(("memory", "compute", "overlap", "handoffs"), 0.0)
-              for st in STAGES}
+              for st in MODEL_STAGES}
         handoffs = psram = tiles = rows = 0.0
         for m, wt in mix.items():
             starts = starts_for(m)  # type: ignore[operator]
             work = passes.work(b, m, union, starts)
-            for st in STAGES:
+            for st in MODEL_STAGES:
                 stages[st] += wt * 1e3 * stage_seconds(work[st], f)
                 for k, v in stage_breakdown(work[st], f).items():
                     bd[st][k] += wt * 1e3 * v
@@ -57,7 +67,9 @@ def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRati
     avg = blend(lambda m: positions)
     end = blend(lambda m: [s.seq_len - m])  # the pass ending at the last position
     tpp = draft.tokens_per_pass
-    per_tok = {st: v / tpp for st, v in avg["stages"].items()}  # type: ignore[attr-defined]
+    loop = story_token_loop_ms(b)
+    per_tok = {st: v / tpp + (loop if st == "python" else 0.0)
+               for st, v in avg["stages"].items()}  # type: ignore[attr-defined]
     total = sum(per_tok.values())
     one = HeadCounts.from_fraction(b, s, b.rows_fraction)
     out: dict[str, object] = {
@@ -67,8 +79,9 @@ def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRati
         "breakdown_ms": {st: {k: v / tpp for k, v in d.items()}
                          for st, d in avg["breakdown"].items()},  # type: ignore[attr-defined]
         "psram_bytes_per_token": avg["psram"] / tpp,  # type: ignore[operator]
-        "at_255": {"total_ms": sum(end["stages"].values()) / tpp,  # type: ignore[attr-defined]
-                   "stages": {st: v / tpp for st, v in end["stages"].items()}},  # type: ignore[attr-defined]
+        "at_255": {"total_ms": sum(end["stages"].values()) / tpp + loop,  # type: ignore[attr-defined]
+                   "stages": {st: v / tpp + (loop if st == "python" else 0.0)
+                              for st, v in end["stages"].items()}},  # type: ignore[attr-defined]
         "rows_fraction": b.rows_fraction,
         "tokens_per_pass": tpp, "positions_per_pass": draft.positions_per_pass,
         "drafted_per_pass": draft.drafted_per_pass, "drafter": draft.drafter,
@@ -107,9 +120,12 @@ def _best_draft(b: Build, passes: _Passes, drafts: Mapping[str, DraftFigures],
 
 
 def _spec_builds(ours: Mapping[str, Build], passes: _Passes, spec: SpecInputs,
-                 positions: Sequence[int]) -> tuple[dict[str, Build], dict[str, dict[str, object]]]:
+                 positions: Sequence[int], *,
+                 sampled_ratios: tuple[float, ...] = SAMPLED_RATIOS_DEFAULT
+                 ) -> tuple[dict[str, Build], dict[str, dict[str, object]]]:
     """The speculative builds: our exact builds (their rows fractions) in
-    verify passes, each with the best drafter measured for its mode."""
+    verify passes, each with the best drafter measured for its mode, and its
+    band (the same three unknowns, its tokens per pass held)."""
     builds: dict[str, Build] = {}
     entries: dict[str, dict[str, object]] = {}
     for name in SPEC:
@@ -120,6 +136,10 @@ def _spec_builds(ours: Mapping[str, Build], passes: _Passes, spec: SpecInputs,
         best, table = _best_draft(b, passes, spec.drafts[mode], union, positions)
         e = _spec_entry(b, passes, best, union, positions, by_m=True)
         e["drafters"] = table
+        e["band"], e["band_inputs"] = band(
+            b, passes.f, lambda bb, ff, best=best, union=union: float(_spec_entry(  # type: ignore[misc]
+                bb, passes.with_fit(ff), best, union, positions)["total_ms"]),
+            sampled_ratios=sampled_ratios)
         builds[name], entries[name] = b, e
     return builds, entries
 
@@ -137,16 +157,13 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
                     "positions_per_pass": e["positions_per_pass"], "pass_ms": e["pass_ms"],
                     "note": note}
 
-    spill = int(sram["core_spill_bytes"])  # type: ignore[call-overload]
     for name in SPEC:
         mode = SPEC_BUILD_MODE[name]
         b, union = spec_builds[name], spec.union[mode]
         best = spec.drafts[mode][str(entries[name]["drafter"])]
         short = ("fast " if b.kv == "int8-fast" else "") + "spec " + mode
-        if spill:
-            add(f"{short}, {spill / 1024:.0f} KiB of core spilled to PSRAM",
-                dataclasses.replace(b, core_spill_bytes=spill), best, union,
-                "if the SRAM plan must fit the assumed free SRAM (once per pass)")
+        add(f"{short}, the whole plan in SRAM", dataclasses.replace(b, spill_stages=()), best,
+            union, "no core in PSRAM (the measured placement streams 172 KiB once per pass)")
         if mode != "sampled":
             continue
         for other, d in spec.drafts[mode].items():

@@ -4,34 +4,59 @@ of what is free at boot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .s3 import TILE_ROWS
-from .shape import RELEASE, Shape, _cdiv, matrices, n_groups, q4_row_bytes
+from .shape import RELEASE, Mat, Shape, _cdiv, matrices, n_groups, q4_row_bytes
 
 __all__ = [
     "ENGINE_STRUCT_BYTES",
+    "FAST_RESERVE_BYTES",
+    "MEASURED_PLACEMENT",
     "SRAM_CACHE_BYTES",
     "SRAM_FREE_AT_BOOT",
     "SRAM_LARGEST_BLOCK",
     "SRAM_TOTAL_BYTES",
+    "core_matrix_bytes",
+    "measured_core_regions",
+    "more_in_psram",
+    "spill_by_stage",
     "sram_plan",
 ]
 
-#: ESP32-S3 internal SRAM: 512 KB (Espressif ESP32-S3 datasheet); 64 KB of it
-#: are the instruction and data caches at the sizes configured here (32 KB
-#: each, sdkconfig.board), which leaves ~448 KB data-capable (ESP-IDF "Memory
-#: Types" guide for the S3; micropython discussion #19924).
+#: ESP32-S3 internal SRAM: 512 KB (Espressif ESP32-S3 datasheet); the
+#: instruction and data caches take 16 KB + 32 KB of it at the sizes configured
+#: here (s3.ICACHE_BYTES_OURS; sdkconfig.board's data cache).
 SRAM_TOTAL_BYTES = 512 * 1024
-SRAM_CACHE_BYTES = 64 * 1024
-#: Internal SRAM free once MicroPython is up with its GC heap in PSRAM: an
-#: ESP32-S3 N16R8 running MicroPython v1.20 (ESP-IDF 5.0.2) reported
-#: esp32.idf_heap_info(esp32.HEAP_DATA) internal heaps free 32,031 + 230,676 +
-#: 64 + 16,864 + 7,752 bytes (micropython issue #12075), largest block
-#: 229,376. An ASSUMPTION for our v1.28 / IDF 5.5.1 build until a board
-#: reports its own (the board self-test should print idf_heap_info).
-SRAM_FREE_AT_BOOT = 32031 + 230676 + 64 + 16864 + 7752
-SRAM_LARGEST_BLOCK = 229376
+SRAM_CACHE_BYTES = (16 + 32) * 1024
+#: Internal RAM free at the REPL, measured on the emulated board: our firmware
+#: (MicroPython v1.28.0, IDF 5.5.3) under Espressif's esp32s3 system model with
+#: 8 MB octal PSRAM (DESIGN.md section 7; issue 21): 280,463 B, the largest
+#: block 204,800 B. (It replaced a v1.20 figure from micropython#12075.)
+SRAM_FREE_AT_BOOT = 280463
+SRAM_LARGEST_BLOCK = 204800
+#: Internal RAM the port keeps back from the engine's FAST placements
+#: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE).
+FAST_RESERVE_BYTES = 64 * 1024
+#: What the engine placed on that emulated board after llm.load() of a
+#: release-shaped image (Model.memory(); DESIGN.md section 7, issue 21): the
+#: engine's internal region, the core matrices in it and in PSRAM, and what
+#: was left free. The FAST core matrices are named; every other core matrix
+#: went to PSRAM (the rest of L2, L3-L5). The cost model takes its placement
+#: from this, not from the plan.
+MEASURED_PLACEMENT: dict[str, object] = {
+    "engine_fast_bytes": 208780,
+    "core_fast_bytes": 133384,
+    "core_bulk_bytes": 176600,
+    "head_tiles_fast_bytes": 39008,
+    "left_free_bytes": 66483,
+    "free_at_repl_bytes": SRAM_FREE_AT_BOOT,
+    "largest_block_bytes": SRAM_LARGEST_BLOCK,
+    "fast_core": ("ple_model_proj", "L0.*", "L1.*", "L2.gate"),
+    "source": ("emulated board (our firmware under Espressif's esp32s3 system model, IDF "
+               "5.5.3, 8 MB octal PSRAM): Model.memory() after llm.load() of a "
+               "release-shaped image (DESIGN.md section 7, issue 21)"),
+}
 #: The engine's own state struct in FAST, as the host port reports it
 #: (`_llm.Model.memory()` "engine", certified-head engine).
 ENGINE_STRUCT_BYTES = 7072
@@ -41,13 +66,76 @@ def _r16(n: int) -> int:
     return _cdiv(n, 16) * 16
 
 
+def core_matrix_bytes(s: Shape = RELEASE) -> dict[str, tuple[str, int]]:
+    """Every core matrix the engine places, by its placement name
+    ("ple_model_proj", "L3.qkv", ...): (stage, bytes as staged: int4 rows +
+    fp32 scales), in the order the engine places them (engine_open.c: the PLE
+    projection, then layer by layer qkv, attn_proj, gate, up, down, ple_gate,
+    ple_proj)."""
+    core = [m for m in matrices(s) if m.name != "head"]
+
+    def entry(m: Mat) -> tuple[str, int]:
+        return m.stage, m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
+
+    out = {m.name: entry(m) for m in core if m.per_token == 1}
+    for layer in range(s.n_layers):
+        out.update({f"L{layer}.{m.name}": entry(m) for m in core if m.per_token != 1})
+    return out
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(name == p or (p.endswith(".*") and name.startswith(p[:-1])) for p in patterns)
+
+
+def measured_core_regions(s: Shape = RELEASE) -> dict[str, str]:
+    """The measured placement (MEASURED_PLACEMENT) as a region per core
+    matrix; checked against its byte totals."""
+    fast = MEASURED_PLACEMENT["fast_core"]
+    regions = {name: "fast" if _matches(name, fast) else "bulk"  # type: ignore[arg-type]
+               for name in core_matrix_bytes(s)}
+    if s == RELEASE:
+        got = {r: sum(b for n, (_, b) in core_matrix_bytes(s).items() if regions[n] == r)
+               for r in ("fast", "bulk")}
+        want = {"fast": MEASURED_PLACEMENT["core_fast_bytes"],
+                "bulk": MEASURED_PLACEMENT["core_bulk_bytes"]}
+        if got != want:
+            raise ValueError(f"measured placement names {got} but reports {want} bytes")
+    return regions
+
+
+def more_in_psram(regions: Mapping[str, str], extra: int, s: Shape = RELEASE) -> dict[str, str]:
+    """`regions` with at least `extra` more bytes of core in PSRAM: the FAST
+    matrices placed last go first (the engine places in matrices() order,
+    layer by layer)."""
+    out = dict(regions)
+    moved = 0
+    for name, (_, nbytes) in reversed(list(core_matrix_bytes(s).items())):
+        if moved >= extra:
+            break
+        if out.get(name) == "fast":
+            out[name] = "bulk"
+            moved += nbytes
+    return out
+
+
+def spill_by_stage(regions: Mapping[str, str], s: Shape = RELEASE) -> dict[str, int]:
+    """Core bytes in PSRAM per stage, for a placement (name -> region)."""
+    out: dict[str, int] = {}
+    for name, (stage, nbytes) in core_matrix_bytes(s).items():
+        if regions.get(name, "fast") != "fast":
+            out[stage] = out.get(stage, 0) + nbytes
+    return out
+
+
 def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | None = None,
               wave_tiles: int = 8) -> dict[str, object]:
-    """Internal SRAM the placement plan asks for against what is free at boot
-    (`SRAM_FREE_AT_BOOT`). With `memory` (the engine's placement report on a
-    release-shaped image) the plan is exactly what the engine put in FAST;
-    otherwise it is computed: core matrices, norms, the head's tile index,
-    activations (with the certified head's scratch), the engine state."""
+    """Internal SRAM the placement plan asks for against what is free at the
+    REPL (`SRAM_FREE_AT_BOOT`, measured on the emulated board) less the port's
+    reserve (`FAST_RESERVE_BYTES`). With `memory` (the engine's placement
+    report on a release-shaped image) the plan is exactly what the engine put
+    in FAST; otherwise it is computed: core matrices, norms, the head's tile
+    index, activations (with the certified head's scratch), the engine state.
+    "measured" is what the emulated board's engine really placed."""
     items: dict[str, int] = {}
     if memory is not None:
         for name, region, size in memory:
@@ -63,8 +151,7 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         d, L, p = s.dim, s.n_layers, s.ple_dim
         nt, cp = s.n_tiles, _cdiv(d, 32) * 32
         items["core matrices (int4 + fp32 scales)"] = sum(
-            (m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4)
-            * m.per_token for m in matrices(s) if m.name != "head")
+            b for _, b in core_matrix_bytes(s).values())
         items["norm weights"] = (3 * L * d + p + d) * 4
         items["head tile index (boxes + scales)"] = nt * (2 * cp + 4)
         # x, xb, xb2, qkv, att, hb, hb2 (max(F, P)), ple, trow, scores [H][S], two
@@ -78,11 +165,14 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         items["engine"] = ENGINE_STRUCT_BYTES
         source = "computed from the shape (no placement report given)"
     need = sum(items.values())
-    free = SRAM_FREE_AT_BOOT - need
+    free = SRAM_FREE_AT_BOOT - FAST_RESERVE_BYTES - need
     return {"items": items, "need_bytes": need, "free_at_boot_bytes": SRAM_FREE_AT_BOOT,
+            "reserve_bytes": FAST_RESERVE_BYTES,
             "left_free_bytes": free, "core_spill_bytes": max(0, -free),
             "largest_block_bytes": SRAM_LARGEST_BLOCK, "plan_source": source,
-            "sources": ("ESP32-S3 datasheet: 512 KB internal SRAM; 32 KB I + 32 KB D cache "
-                        "taken from it (sdkconfig); free at boot under MicroPython (GC heap in "
-                        "PSRAM): micropython#12075 idf_heap_info on an N16R8 (v1.20/IDF "
-                        "5.0.2), ASSUMED for v1.28/IDF 5.5.1")}
+            "measured": {k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in MEASURED_PLACEMENT.items()},
+            "sources": ("ESP32-S3 datasheet: 512 KB internal SRAM; 16 KB I + 32 KB D cache "
+                        "taken from it (sdkconfig); free at the REPL and the engine's "
+                        "placement: " + str(MEASURED_PLACEMENT["source"]) + "; the port "
+                        "keeps LLM_ESP32_FAST_RESERVE (64 KiB) back")}

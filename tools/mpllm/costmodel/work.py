@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .builds import Build
-from .s3 import CORES, CPU_HZ, FLASH_BPS, HANDOFF_S, PIE_CYCLES, SCALAR_DOT_MACS_PER_S, TILE_ROWS
+from .s3 import (
+    CORES,
+    CPU_HZ,
+    FLASH_BPS,
+    PIE_CYCLES,
+    S_LINE32,
+    S_LINE64,
+    SCALAR_DOT_MACS_PER_S,
+    TILE_ROWS,
+)
 from .shape import Shape, stream_lines
 
 __all__ = ["Fit", "HeadCounts", "Work", "stage_breakdown", "stage_seconds"]
@@ -33,6 +42,12 @@ class Work:
     flash_bytes: float = 0.0
     handoffs: float = 0.0
     bytes: dict[str, float] = field(default_factory=dict)  # tier -> bytes touched (display)
+    handoff_s: float = 0.0  # seconds of those hand-offs, priced by the build's mechanism
+
+    def handoff(self, n: float, seconds_each: float) -> None:
+        """n hand-offs to the second core and back, each costing seconds_each."""
+        self.handoffs += n
+        self.handoff_s += n * seconds_each
 
     def compute(self, *, split: bool = False, **kinds: float) -> None:
         target = self.split if split else self.serial
@@ -56,7 +71,8 @@ class Work:
                     {a: v * k for a, v in self.split.items()},
                     {a: v * k for a, v in self.lines.items()},
                     {a: v * k for a, v in self.lines_split.items()}, self.flash_bytes * k,
-                    self.handoffs * k, {a: v * k for a, v in self.bytes.items()})
+                    self.handoffs * k, {a: v * k for a, v in self.bytes.items()},
+                    self.handoff_s * k)
 
     def add(self, o: Work) -> None:
         for mine, theirs in ((self.serial, o.serial), (self.split, o.split),
@@ -66,18 +82,20 @@ class Work:
                 mine[k] = mine.get(k, 0.0) + v
         self.flash_bytes += o.flash_bytes
         self.handoffs += o.handoffs
+        self.handoff_s += o.handoff_s
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The calibrated constants (see the package docstring): four fitted, and
-    C_MAC_I8 derived from them and a published kernel rate."""
+    """The calibrated constants (see the package docstring): c_op, overlap and
+    newlib erff fitted, the line fills pinned to the published bus rates
+    (s3.S_LINE32/S_LINE64), C_MAC_I8 and the dependent float op derived."""
 
     c_op: float  # cycles per scalar op (not a MAC)
-    s_line32: float  # seconds per 32-byte PSRAM line fill
-    s_line64: float  # seconds per 64-byte PSRAM line fill
-    overlap: float  # share of the ideal two-core memory/compute overlap achieved
-    erff_cycles: float = 250.0  # newlib erff, derived after the fit (see RESEARCH_PLE_MS)
+    s_line32: float = S_LINE32  # seconds per 32-byte PSRAM line fill
+    s_line64: float = S_LINE64  # seconds per 64-byte PSRAM line fill
+    overlap: float = 0.5  # share of the ideal two-core memory/compute overlap achieved
+    erff_cycles: float = 250.0  # newlib erff (fitted on the stock PLE stage)
     chain_cycles: float = 7.0  # per dependent float op, derived after the fit (SOFTMAX_PAIR_*)
 
     @property
@@ -88,7 +106,7 @@ class Fit:
         return CPU_HZ / SCALAR_DOT_MACS_PER_S - self.s_line32 * CPU_HZ / 32
 
     def psram_bps(self, line: int) -> float:
-        """Pure memory bandwidth the fit implies (bytes/s) for a line size."""
+        """Pure memory bandwidth of the line fills (bytes/s) for a line size."""
         return line / (self.s_line32 if line == 32 else self.s_line64)
 
     def as_dict(self) -> dict[str, float]:
@@ -141,7 +159,7 @@ def stage_breakdown(w: Work, fit: Fit) -> dict[str, float]:
     return {"memory": fills(w.lines) + m_split + w.flash_bytes / FLASH_BPS,
             "compute": cycles(w.serial) / CPU_HZ + c_split / CORES,
             "overlap": -fit.overlap * min(m_split, c_split) / CORES,
-            "handoffs": w.handoffs * HANDOFF_S}
+            "handoffs": w.handoff_s}
 
 
 def stage_seconds(w: Work, fit: Fit) -> float:
