@@ -210,3 +210,30 @@ def test_llama2c_shapes_are_checked_before_training(tmp_path: Path, capsys) -> N
     with pytest.raises(SystemExit, match="--qat-frac applies to --family ple"):
         _train_module().main([*TINY_LLAMA2C, "--qat-frac", "0.3", "--out", str(tmp_path)])
     assert not (tmp_path / "model.bin").exists()
+
+
+LLAMA2C_DEMO = ROOT / "models" / "llama2c-demo"
+
+
+def test_llama2c_demo_files_and_story() -> None:
+    import llm_tokenizer
+    from mpllm.formats import llama2c
+    from mpllm.formats.tokenizer import tokenizer_section
+    from mpllm.reference.llama2c import Llama2c
+
+    rep = json.loads((LLAMA2C_DEMO / "train_report.json").read_text())
+    for name, rec in rep["files"].items():
+        data = (LLAMA2C_DEMO / name).read_bytes()
+        assert len(data) == rec["bytes"]
+        assert hashlib.sha256(data).hexdigest() == rec["sha256"]
+    tok = llm_tokenizer.Tokenizer(tokenizer_section(
+        llama2c.load_tokenizer_bin(LLAMA2C_DEMO / "tokenizer.bin")))
+    g = rep["greedy"]
+    assert tok.encode(PROMPT) == g["prompt_ids"]
+    # llama2.c's forward pass in numpy (not the torch module that trained it) writes
+    # the story the report recorded, and it ends by writing BOS
+    model = Llama2c(LLAMA2C_DEMO / "model.bin")
+    ids = model.generate([g["prompt_ids"]], len(g["ids"]))[0]
+    assert ids == g["ids"] and ids[-1] == llama2c.BOS_ID
+    text = tok.decode(g["prompt_ids"] + ids[:-1])
+    assert text == g["text"] and text.startswith(PROMPT + ", there was")
