@@ -110,7 +110,7 @@ class _Interrupting:
 
 def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C during a reply keeps what it wrote; the next turn continues from it."""
-    monkeypatch.setattr(llm, "_model", _Interrupting(llm.load(), 2))
+    monkeypatch.setattr(llm.default_session, "model", _Interrupting(llm.load(), 2))
     feed(monkeypatch, ["Once", "The dog", ""])
     llm.chat(seed=9, max_tokens=5, draft=None)
     out = capsys.readouterr().out
@@ -189,7 +189,7 @@ def test_typing_prefills_the_stable_part(tiny) -> None:  # type: ignore[no-untyp
         w.type_ahead(line[:i])
     ends: list[int] = []
     ids = llm.tokenizer().encode(" " + line, ends)
-    assert w.model.pos() == len(w.tokens) + ends[-3]
+    assert w.session.model.pos() == len(w.tokens) + ends[-3]
     "".join(w.turn(line))
     assert llm.stats()["prompt_tokens"] == len(w.tokens) - llm.stats()["tokens"]
     assert llm.stats()["prefilled"] == len(ids) - ends[-3]
@@ -339,12 +339,12 @@ def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypat
     as a model reading all of it afresh."""
     long = "Once upon a time there was a little dog who liked to run"
     feed(monkeypatch, [long, long, long, "The end", ""])
-    monkeypatch.setattr(llm, "_model", _InterruptingPrefill(llm.load(), 3))  # the 3rd turn
+    monkeypatch.setattr(llm.default_session, "model", _InterruptingPrefill(llm.load(), 3))  # the 3rd turn
     llm.chat(seed=4, max_tokens=8, draft=None)
     out = capsys.readouterr().out
     assert "[the story is longer than the model's memory" in out and "[reply stopped]" in out
 
-    monkeypatch.setattr(llm, "_model", _InterruptingPrefill(llm.load(), 3))
+    monkeypatch.setattr(llm.default_session, "model", _InterruptingPrefill(llm.load(), 3))
     w = llm_chat.CoWriter(seed=4, max_tokens=8, draft=None)
     for _ in range(2):
         "".join(w.turn(long))
@@ -408,3 +408,30 @@ def test_a_story_after_the_model_was_fed_directly_is_not_misled(tiny) -> None:  
         feed_directly(llm.load())
         got = "".join(llm_chat.CoWriter(seed=3, max_tokens=8).turn(line))
         assert got == want
+
+
+def test_cowriter_and_serve_take_a_session(tiny) -> None:  # type: ignore[no-untyped-def]
+    """CoWriter and llm_serve write with the session they are given: the same
+    text as over the default session, and the default session's stats and
+    context record are not touched."""
+    import llm_serve
+
+    lines = ("Once upon a time", "The dog ran")
+    w = llm_chat.CoWriter(seed=5, max_tokens=6)
+    want = ["".join(w.turn(line)) for line in lines]
+    mine = llm.Session()
+    mine.load(str(tiny.image))
+    try:
+        before = llm.stats()
+        w2 = llm_chat.CoWriter(mine, seed=5, max_tokens=6)
+        assert w2.session is mine
+        assert ["".join(w2.turn(line)) for line in lines] == want
+        served = [list(llm_serve.handle(req, mine)) for req in (
+            {"op": "open", "sid": "s", "seed": 5, "temperature": 0.8, "max_tokens": 6},
+            {"op": "turn", "sid": "s", "line": lines[0]},
+            {"op": "drop", "sid": "s"})]
+        assert "".join(e.get("piece", "") for e in served[1]) == llm.shown(want[0])
+        assert llm.stats() == before and mine.stats()["tokens"] >= 1
+        assert llm.context_match(w.tokens + [0]) >= len(w.tokens) - 1  # (the last is not fed)
+    finally:
+        mine.unload()
