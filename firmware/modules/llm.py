@@ -245,6 +245,21 @@ def _end_stats(stats, model, stop, start, at_prefill, vocab_out):
         stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * vocab_out)
 
 
+def word_byte(c):
+    """Whether byte c can be part of a word (co-writing never starts a reply
+    inside the line's last word): an ASCII letter or digit, or
+    any byte of a non-ASCII character (the same rule on every runtime)."""
+    return c >= 0x80 or 0x61 <= c <= 0x7A or 0x41 <= c <= 0x5A or 0x30 <= c <= 0x39
+
+
+def _spells(b, left):
+    """Whether a token of text b goes on spelling the bytes `left`: it is
+    their beginning, or all of them followed by a byte no word has."""
+    if len(b) <= len(left):
+        return left.startswith(b)
+    return b.startswith(left) and not word_byte(b[len(left)])
+
+
 def _mark(model):
     """What changes whenever the model is fed or rewound: (tokens fed, position)."""
     return (model.stats()["tokens"], model.pos())
@@ -266,6 +281,7 @@ class Session:
         self.seq_len = 0
         self.eot_id = 0
         self.vocab_out = 0
+        self._inside = None  # _inside_word()'s bitmap, once it is needed
         self.last = {}  # stats of the last (or running) generation
         # The ids the model's context holds, in order, as far as this session
         # knows (a prefix of them at least). One list for the model, not one
@@ -317,6 +333,7 @@ class Session:
         self.seq_len = cfg["seq_len"]
         self.eot_id = cfg["eot_id"]
         self.vocab_out = cfg["vocab_out"]
+        self._inside = None
         try:  # the tokenizer built its merge table: give the garbage back now
             import gc
 
@@ -348,6 +365,7 @@ class Session:
         self.model = None
         self.source = None
         self.tokenizer = None
+        self._inside = None
         self.forget_context()
         if model is not None:
             model.close()
@@ -397,30 +415,40 @@ class Session:
             seed = fresh_seed()
         return self.run(ids, max_tokens, temperature, top_k, seed, draft)
 
-    def run(self, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None):
+    def run(self, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None,
+            heal=None):
         """The story after the context `ids`, as text pieces (a generator):
         the one generation loop. seed None: greedy. kept: how many of ids the
         model's context already holds (0: it starts afresh; co-writing keeps
         the story between turns, see context_match). out (a list): gets the
-        story's ids."""
-        model = self.load()
+        story's ids.
+
+        heal (token healing, for a line the user ended inside a word): how
+        many of the last ids spell the end of that word (at most len(ids) -
+        1 - kept). They are backed off and the model re-writes their text
+        with tokens of its own choosing (see _heal), then the story starts
+        after the word, never inside it. The pieces hold the story only (not
+        the re-written text); out gets the ids that re-wrote it before the
+        story's (the backed-off ids themselves when the story ended first),
+        so that out's text after ids[:-heal] is always the word and the story.
+        """
         start = _ticks_us()
-        seq_len = self.seq_len
-        vocab_out = self.vocab_out
-        n_prompt = len(ids)
-        stats = _new_stats(n_prompt, kept, max_tokens, seq_len, temperature, top_k, seed)
+        context = ids if heal is None else ids[:len(ids) - heal]
+        healed = []  # the ids that re-wrote the backed-off text, fed
+        story = []  # the story's ids
+        stats = _new_stats(len(context), kept, max_tokens, self.seq_len, temperature, top_k,
+                           seed)
         self.last = stats
-        budget = min(max_tokens, seq_len - n_prompt)
-        token_bytes = self.tokenizer.token_bytes
-        eot = self.eot_id
-        decoder = Utf8Decoder()
         stop = STOP_INTERRUPTED
-        n = 0
         at_prefill = None
-        if out is None:
-            out = []
-        written = len(out)  # out's ids before this story's
+        model = None
+        healing = heal is not None  # until the word is re-written
         try:
+            model = self.load()
+            seq_len = self.seq_len
+            token_bytes = self.tokenizer.token_bytes
+            eot = self.eot_id
+            decoder = Utf8Decoder()
             if kept:
                 model.rewind(kept)
             else:
@@ -429,23 +457,31 @@ class Session:
                 model.sampler(0.0, 0, 0)
             else:
                 model.sampler(temperature, top_k, seed)
-            token = model.prefill(ids[kept:])
+            token = model.prefill(context[kept:])
+            skip = 0  # bytes of the story's first token that end the word
+            if heal is not None:
+                token, skip = self._heal(model, token, ids[len(context):], healed)
+                healing = token is None
+                stats["prompt_tokens"] = len(context) + len(healed)
             stats["ttft_ms"] = _ms_since(start)
             at_prefill = model.stats()
-            following = decode_tokens(model, token, budget - 1, draft, list(ids), eot, stats)
-            while token != eot:
-                n += 1
-                stats["tokens"] = n
-                out.append(token)
-                piece = decoder.feed(token_bytes(token))
+            n_prompt = len(context) + len(healed)
+            budget = min(max_tokens, seq_len - n_prompt)
+            following = decode_tokens(model, token, budget - 1, draft, context + healed, eot,
+                                      stats)
+            while token is not None and token != eot:
+                story.append(token)
+                stats["tokens"] = len(story)
+                piece = decoder.feed(token_bytes(token)[skip:] if skip else token_bytes(token))
+                skip = 0
                 if piece:
                     yield piece
-                if n >= budget:
+                if len(story) >= budget:
                     break
                 token = next(following)
             if token == eot:
                 stop = STOP_EOT
-            elif n >= max_tokens:
+            elif len(story) >= max_tokens:
                 stop = STOP_BUDGET
             else:
                 stop = STOP_CONTEXT
@@ -456,11 +492,112 @@ class Session:
             stop = STOP_ERROR  # the engine raised: pass it on, but say so in stats()
             raise
         finally:
-            # the context holds the ids and the story (the last token chosen is
-            # not fed yet; a verify pass may hold guesses beyond it, unknown here)
-            held = ids + out[written:]
-            self._hold(model, held[:min(model.pos(), len(held))])
-            _end_stats(stats, model, stop, start, at_prefill, vocab_out)
+            if out is not None:
+                out.extend(ids[len(context):] if healing else healed)
+                out.extend(story)
+            if model is not None:
+                # the context holds the ids and the story (the last token chosen is
+                # not fed yet; a verify pass may hold guesses beyond it, unknown here)
+                held = context + healed + story
+                self._hold(model, held[:min(model.pos(), len(held))])
+                _end_stats(stats, model, stop, start, at_prefill, self.vocab_out)
+
+    def _heal(self, model, token, backed, healed):
+        """Token healing: re-write the text of the backed-off ids `backed`
+        after the context the model was just given (`token` its choice), then
+        choose the story's first token outside the word. Each token is the
+        engine's own choice when it fits (it spells the next bytes of the
+        text, or all of it followed by a byte that is no part of a word),
+        else the likeliest token that spells the next bytes (_likeliest);
+        after the text, the engine's choice if it starts outside the word (or
+        is <|endoftext|>), else the likeliest that does. The tokens that
+        re-write the text are fed and appended to `healed`. Returns (the
+        story's first token, not fed; how many of its bytes end the word),
+        or (None, 0) when the context filled first. The engine's seeded
+        choices and its logits are the same everywhere, so is the healing."""
+        token_bytes = self.tokenizer.token_bytes
+        left = b"".join([token_bytes(i) for i in backed])
+        while left:
+            if token == self.eot_id or not _spells(token_bytes(token), left):
+                token = self._likeliest(model, left)
+            b = token_bytes(token)
+            if len(b) > len(left):
+                return token, len(left)  # it ends the word and starts the story
+            if model.pos() + 1 >= self.seq_len:
+                return None, 0
+            left = left[len(b):]
+            healed.append(token)
+            token = model.step(token)
+        if token != self.eot_id and word_byte(token_bytes(token)[0]):
+            token = self._likeliest(model, b"")
+        return token, 0
+
+    def _likeliest(self, model, left):
+        """The token with the highest logit (the lowest id on a tie) among
+        those whose text is a beginning of `left` (looked up by their bytes:
+        a few, whatever the vocabulary), or with left empty among those that
+        start outside a word, <|endoftext|> included (one pass over the
+        logits, the text read from a bitmap)."""
+        import struct
+
+        tok = self.tokenizer
+        vocab_out = self.vocab_out
+        inside = None
+        if left:
+            ids = []
+            for n in range(1, len(left) + 1):
+                i = tok.token_id(left[:n])
+                if 0 <= i < vocab_out and i not in tok.special_ids:
+                    ids.append(i)
+        else:
+            inside = self._inside_word()
+            ids = range(vocab_out)
+        logits = model.logits()
+        # First the ids whose logits share the highest top 16 bits (an order
+        # key read from two bytes, no float made: the scan is over the whole
+        # vocabulary on a board), then the exact float among those.
+        group = []
+        best_key = -1
+        for i in ids:
+            if inside is not None and inside[i >> 3] & 1 << (i & 7):
+                continue
+            o = 4 * i
+            hi = logits[o + 3]
+            m = (hi & 0x7F) << 8 | logits[o + 2]
+            key = 0x8000 - m if hi & 0x80 and m else 0x8000 + m  # grows with the float
+            if key > best_key:
+                best_key = key
+                group = [i]
+            elif key == best_key:
+                group.append(i)
+        best = -1
+        top = 0.0
+        for i in group:
+            v = struct.unpack_from("<f", logits, 4 * i)[0]
+            if best < 0 or v > top:
+                best = i
+                top = v
+        if best < 0:
+            raise ValueError("no token of this model spells the end of the line's last word")
+        return best
+
+    def _inside_word(self):
+        """A bit per token the story may not start with after a word: its
+        text starts with a word byte, or it is a special token other than
+        <|endoftext|>. Built once per model (vocab_out / 8 bytes)."""
+        bits = self._inside
+        if bits is None:
+            n = self.vocab_out
+            first = self.tokenizer.first_bytes(n)
+            bits = bytearray((n + 7) // 8)
+            for i in range(n):
+                if word_byte(first[i]):
+                    bits[i >> 3] |= 1 << (i & 7)
+            for i in self.tokenizer.special_ids:
+                if i != self.eot_id and i < n:
+                    bits[i >> 3] |= 1 << (i & 7)
+            self._inside = bits
+        return bits
 
     # ---- the context: what the open model holds --------------------------------
 

@@ -34,6 +34,13 @@ class CoWriter:
     """A story written together: each line is appended to the story, and the
     model continues from the whole story so far, which stays in its context.
 
+    Token healing: when a line ends in a word (a letter, digit or non-ASCII
+    character: the user has finished it), its last pre-tokenizer piece (" robot")
+    is backed off and the model re-writes it with tokens of its own choosing,
+    then replies from after the word, never inside it (Session.run's heal).
+    The reply shows only what comes after the word; the story's ids are the
+    model's spelling of it.
+
     Determinism: turn k of a story (counting from 0, after /undo the same k
     again) samples with seed + k, so a seeded session gives the same text on
     the PC and on the board, and /undo followed by the same line gives the
@@ -118,11 +125,13 @@ class CoWriter:
             return  # nothing stable yet, or this turn rolls over: Enter does it
         self.session.context_prefill(want)  # its choice is not used: Enter samples afresh
 
-    def _rollover(self, ids):
-        """Make room for `ids` and a reply: keep the story's opening and the
-        most recent ids (half of the room left, so that the next turns do
-        not roll over at once). Returns how many ids were dropped."""
-        room = self.session.seq_len - self.max_tokens - len(ids)  # for the story before the line
+    def _rollover(self, ids, extra):
+        """Make room for `ids`, `extra` more positions and a reply: keep the
+        story's opening and the most recent ids (half of the room left, so
+        that the next turns do not roll over at once). Returns how many ids
+        were dropped."""
+        # for the story before the line
+        room = self.session.seq_len - self.max_tokens - len(ids) - extra
         if len(self.tokens) <= room:
             return 0
         start = self.tokens[:max(0, min(ROLLOVER_START, room))]
@@ -141,27 +150,48 @@ class CoWriter:
             raise TypeError(f"line must be a str, not {type(line).__name__}")
         if not line.strip():
             raise ValueError("empty line: type how the story goes on")
-        text, ids = self._line(line)
+        ends = []
+        text, ids = self._line(line, ends)
+        heal, extra = self._last_word(ids, ends)
         before = (self.tokens, self.text)
-        self.rolled = self._rollover(ids)
+        self.rolled = self._rollover(ids, extra)
         want = self.tokens + ids
+        if heal is not None:
+            heal = min(heal, len(want) - 1)  # one id at least to prefill
+        context = want if heal is None else want[:len(want) - heal]
         k = len(self._turns)
         seed = None if self.temperature == 0 or self.seed == 0 else (self.seed + k) & 0xFFFFFFFFFFFFFFFF
         self._turns.append(before)
         self.text += text
-        return self._reply(want, self.session.context_match(want), seed)
+        return self._reply(want, context, self.session.context_match(context), seed, heal)
 
-    def _reply(self, want, kept, seed):
+    def _last_word(self, ids, ends):
+        """When the line ends inside a word (the user finished it): how many
+        of its last ids spell its last pre-tokenizer piece, which the model
+        re-writes itself before the reply (token healing: Session.run's
+        heal), and how many more positions that may take at most; else
+        (None, 0)."""
+        token_bytes = self.session.tokenizer.token_bytes
+        if not llm.word_byte(token_bytes(ids[-1])[-1]):
+            return None, 0
+        n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
+        spelled = 0
+        for i in ids[len(ids) - n:]:
+            spelled += len(token_bytes(i))
+        return n, spelled - n
+
+    def _reply(self, want, context, kept, seed, heal):
         reply = []
         pieces = []
         try:
             for piece in self.session.run(want, self.max_tokens, self.temperature, self.top_k,
-                                          seed, self.draft, kept, reply):
+                                          seed, self.draft, kept, reply, heal):
                 pieces.append(piece)
                 yield piece
         finally:
             # what was written stays, also when the reply was interrupted
-            self.tokens = want + reply
+            # (reply: the ids after the context, the line's last word first)
+            self.tokens = context + reply
             self.text += "".join(pieces)
 
 
