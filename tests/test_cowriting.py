@@ -612,3 +612,36 @@ def test_a_reply_never_starts_inside_the_last_word(shape, demo_image, tiny_model
         assert inside > 0  # without healing some replies would have started inside the word
     finally:
         llm.load(str(tiny_model.image))
+
+
+ABANDON = """
+import sys
+sys.path.insert(0, {modules!r})
+import llm, llm_chat
+llm.load({image!r})
+w = llm_chat.CoWriter(seed=3, max_tokens=8)
+pieces = w.turn("The dog ran to the park")
+first = next(pieces)
+pieces.close()  # a reader that stops: MicroPython never closes the loop inside
+print(llm.tokenizer().decode(w.tokens) == w.text, w.text.startswith("The dog ran to the park"),
+      w.text.endswith(first))
+"""
+
+
+def test_a_reply_closed_midway_keeps_the_story_whole(tiny) -> None:  # type: ignore[no-untyped-def]
+    """A turn's iterator closed after its first piece leaves a story whose
+    ids spell its text (the line's last word included), on CPython and on
+    the MicroPython unix binding (needs MICROPY_DIR for the latter)."""
+    from conftest import _locked
+    from test_micropython_binding import MICROPY_DIR, _build_unix
+
+    code = ABANDON.format(modules=str(ROOT / "firmware" / "modules"), image=str(tiny.image))
+    exes = [sys.executable]
+    if MICROPY_DIR:
+        mp = Path(MICROPY_DIR)
+        with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
+            exes.append(str(_build_unix(mp)))
+    for exe in exes:
+        r = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=120,
+                           check=False)
+        assert r.stdout.split() == ["True"] * 3, (exe, r.stdout, r.stderr)

@@ -429,20 +429,24 @@ class Session:
         with tokens of its own choosing (see _heal), then the story starts
         after the word, never inside it. The pieces hold the story only (not
         the re-written text); out gets the ids that re-wrote it before the
-        story's (the backed-off ids themselves when the story ended first),
-        so that out's text after ids[:-heal] is always the word and the story.
+        story's (the backed-off ids themselves until the model has re-written
+        them), so that out's text after ids[:-heal] is always the word and
+        the story, also while the story is being written.
         """
         start = _ticks_us()
         context = ids if heal is None else ids[:len(ids) - heal]
+        backed = ids[len(context):]
         healed = []  # the ids that re-wrote the backed-off text, fed
         story = []  # the story's ids
+        if out is None:
+            out = []
+        out.extend(backed)  # (filled as it goes: MicroPython never closes an abandoned run)
         stats = _new_stats(len(context), kept, max_tokens, self.seq_len, temperature, top_k,
                            seed)
         self.last = stats
         stop = STOP_INTERRUPTED
         at_prefill = None
         model = None
-        healing = heal is not None  # until the word is re-written
         try:
             model = self.load()
             seq_len = self.seq_len
@@ -460,8 +464,11 @@ class Session:
             token = model.prefill(context[kept:])
             skip = 0  # bytes of the story's first token that end the word
             if heal is not None:
-                token, skip = self._heal(model, token, ids[len(context):], healed)
-                healing = token is None
+                token, skip = self._heal(model, token, backed, healed)
+                if token is not None:  # re-written: the model's ids replace the user's
+                    for _ in backed:
+                        out.pop()
+                    out.extend(healed)
                 stats["prompt_tokens"] = len(context) + len(healed)
             stats["ttft_ms"] = _ms_since(start)
             at_prefill = model.stats()
@@ -471,6 +478,7 @@ class Session:
                                       stats)
             while token is not None and token != eot:
                 story.append(token)
+                out.append(token)
                 stats["tokens"] = len(story)
                 piece = decoder.feed(token_bytes(token)[skip:] if skip else token_bytes(token))
                 skip = 0
@@ -492,9 +500,6 @@ class Session:
             stop = STOP_ERROR  # the engine raised: pass it on, but say so in stats()
             raise
         finally:
-            if out is not None:
-                out.extend(ids[len(context):] if healing else healed)
-                out.extend(story)
             if model is not None:
                 # the context holds the ids and the story (the last token chosen is
                 # not fed yet; a verify pass may hold guesses beyond it, unknown here)
