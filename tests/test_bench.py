@@ -153,8 +153,8 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
         r = bench("--port", peer.port, "--greedy-only", "--prompt", "Once upon a time",
                   "--tokens", "20", "--json", str(out), "--quiet", timeout=300)
         # ... and still has it, in the same mode, after the bench
-        after = on_board("import llm\nprint('STILL', llm._model is not None and "
-                         "llm._model.plain())")
+        after = on_board("import llm\nprint('STILL', llm.default_session.model is not None and "
+                         "llm.default_session.model.plain())")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "STILL True" in after, (after, peer.soft_resets)
     assert "engine" in r.stdout and "round trip" in r.stdout

@@ -200,7 +200,7 @@ class _InterruptingModel:
 
 def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
     err = _llm.Error("bad state: simulated")
-    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 2, err))
+    monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 2, err))
     with pytest.raises(_llm.Error, match="simulated"):
         "".join(llm.generate(PROMPT, seed=1))
     assert (llm.stats()["stop"], llm.stats()["tokens"]) == ("error", 2)
@@ -208,7 +208,7 @@ def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
 
 
 def test_ctrl_c_stops_story(tiny, capsys, monkeypatch):
-    monkeypatch.setattr(llm, "_model", _InterruptingModel(llm.load(), 3))
+    monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 3))
     with pytest.raises(KeyboardInterrupt):
         llm.story(PROMPT, seed=1)
     assert capsys.readouterr().out.endswith("\n[stopped: interrupted]\n")
@@ -359,3 +359,72 @@ def test_chat_py_stops_quietly_when_the_reader_goes_away(tiny, tmp_path):
     p.stdout.close()  # the reader leaves mid-story
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+# ---- the board's Python as one session object ------------------------------------
+
+BOARD_MODULES = ROOT / "firmware" / "modules"
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    """The modules built on llm (llm_chat, llm_serve, llm_bench) and the host
+    tools use a session's public names only: `llm._x` (or `llm_chat._x`, ...)
+    outside its own module is a reach-in."""
+    names = [p.stem for p in BOARD_MODULES.glob("*.py")]
+    reach = re.compile(r"(?<![\w.])(" + "|".join(names) + r")\._[a-z]\w*")
+    found = []
+    for folder in (ROOT / "firmware", ROOT / "tools"):
+        for path in sorted(folder.rglob("*.py")):
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for m in reach.finditer(line):
+                    if m.group(1) != path.stem:
+                        found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert found == []
+
+
+def test_no_module_level_import_circle_on_the_board() -> None:
+    """firmware/modules' imports at module level (a function's own import,
+    like llm.chat()'s, is not one) point one way only."""
+    import ast
+
+    names = {p.stem for p in BOARD_MODULES.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        tree = ast.parse((BOARD_MODULES / (name + ".py")).read_text(encoding="utf-8"))
+        deps: set[str] = set()
+        for node in tree.body:  # top level, try/if blocks at top level included
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    break
+                if isinstance(sub, ast.Import):
+                    deps |= {a.name for a in sub.names}
+                elif isinstance(sub, ast.ImportFrom) and sub.module:
+                    deps.add(sub.module)
+        graph[name] = deps & names
+    assert "llm" in graph["llm_chat"]  # the check sees imports at all
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d}))
+                   for d in graph[start])
+
+    assert [n for n in sorted(names) if reaches(n, n, set())] == []
+
+
+def test_a_session_of_its_own_leaves_the_default_one_alone(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Two sessions, two models (CPython): a story in one tells the same
+    text as in the default session, and neither's stats nor context record
+    are the other's."""
+    mine = llm.Session()
+    mine.load(str(tiny.image))
+    try:
+        want = "".join(llm.generate(PROMPT, seed=3, max_tokens=8))
+        before = llm.stats()
+        assert "".join(mine.generate(PROMPT, seed=3, max_tokens=8)) == want
+        assert llm.stats() == before and mine.stats()["seed"] == 3
+        ids = llm.tokenizer().encode(PROMPT)
+        assert llm.context_match(ids + [0]) == len(ids)  # the default model still holds it
+        mine.forget_context()
+        assert llm.context_match(ids + [0]) == len(ids) and mine.context_match(ids + [0]) == 0
+    finally:
+        mine.unload()
+    assert llm.default_session.model is not None

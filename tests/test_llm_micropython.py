@@ -176,8 +176,20 @@ def test_replay_double_is_strict(recorded, tiny_model):
         assert t == want
     with pytest.raises(double.ReplayMiss, match="the recording ends after"):
         m.step(t)
-    with pytest.raises(double.ReplayMiss):
+    with pytest.raises(double.ReplayMiss, match="no logits recorded"):
         m.logits()
+    # token healing read logits where the engine's choice went on inside a
+    # word: the double gives the real engine's bytes for that context only
+    data = json.loads((rec / "replay.json").read_text())
+    read = [(r, e) for e in data["logits"] for r in data["runs"] if r["prompt"] == e["context"]]
+    assert read, "the scenarios never read logits after a prefill"
+    run, entry = read[0]
+    m.reset()
+    m.sampler(*run["sampler"])
+    m.prefill(run["prompt"])
+    with _llm.Model(str(tiny_model.image)) as real:
+        real.prefill(run["prompt"])
+        assert m.logits() == real.logits() == bytes.fromhex(entry["hex"])
     m.close()
     with pytest.raises(double.Error):
         m.config()

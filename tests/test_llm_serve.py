@@ -180,13 +180,13 @@ def test_an_engine_error_mid_reply_leaves_the_story_as_it_was(op, tiny_model, mo
         llm.unload()
         llm.load(image)
         if fail:
-            monkeypatch.setattr(llm, "_model", _FailingStep(llm.load(), 3))
+            monkeypatch.setattr(llm.default_session, "model", _FailingStep(llm.load(), 3))
         list(llm_serve.handle({"op": "open", "sid": "x", "seed": 4, "temperature": 0.8,
                                "max_tokens": 10}))
         if fail:
             with pytest.raises(RuntimeError, match="engine failure"):
                 list(llm_serve.handle({"op": op, "sid": "x", "line": "The dog ran"}))
-            monkeypatch.setattr(llm, "_model", llm._model._real)
+            monkeypatch.setattr(llm.default_session, "model", llm.default_session.model._real)
         events = list(llm_serve.handle({"op": "turn", "sid": "x", "line": "Once upon a time"}))
         story = llm_serve._stories["x"].writer.text
         list(llm_serve.handle({"op": "drop", "sid": "x"}))

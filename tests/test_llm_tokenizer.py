@@ -79,6 +79,36 @@ def test_token_bytes_roundtrip(tokenizer_jsons):
             assert t.token_bytes(i) == tables.token_bytes[i], (name, i)
 
 
+def test_token_id_and_first_bytes(tokenizer_jsons):
+    """token_id(bytes) is the token the merges make of exactly those bytes
+    (the one `tokenizers` gives when it encodes them as one id), else -1;
+    first_bytes(n) is each token's first byte (what token healing reads)."""
+    for name, text in tokenizer_jsons.items():
+        t = plain(text)
+        tok = hf(text)
+        n = t.vocab_size
+        assert t.first_bytes(n + 5) == bytearray(t.token_bytes(i)[0] for i in range(n))
+        assert t.first_bytes(3) == bytearray(t.token_bytes(i)[0] for i in range(3))
+        found = 0
+        for i in range(n):
+            b = t.token_bytes(i)
+            got = t.token_id(b)
+            assert got in (i, -1), (name, i, b, got)
+            found += got == i
+            try:
+                ids = tok.encode(b.decode()).ids
+            except UnicodeDecodeError:
+                continue
+            if i not in t.special_ids and ids == [i]:
+                assert got == i, (name, i, b)
+        # every byte is a token (healing can always spell a word byte by byte),
+        # and many longer ones are found (random merges leave some unreachable)
+        assert all(t.token_bytes(t.token_id(bytes([c]))) == bytes([c]) for c in range(256))
+        assert found >= n // 3, (name, found, n)
+        assert t.token_id(b"Once upon a time, far away") == -1
+        assert t.token_id(b"") == -1
+
+
 def test_decode_random_ids_equals_tokenizers(tokenizer_jsons):
     rng = random.Random(5)
     for name, text in tokenizer_jsons.items():

@@ -506,8 +506,8 @@ def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
                             peer.port, "--image", str(img), "--report", str(out), "--tokens",
                             "30", "--quiet"], capture_output=True, text=True, timeout=600,
                            check=False)
-        after = on_board(peer.port, "import llm\nprint('STILL', llm._model is not None and "
-                                    "llm._model.plain())")
+        after = on_board(peer.port, "import llm\nprint('STILL', llm.default_session.model is not None and "
+                                    "llm.default_session.model.plain())")
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
     assert data["selftest"]["ok"] and data["selftest"]["passed"] > 10

@@ -2,12 +2,15 @@
 
 The heavy lifting (the forward pass, sampling) is the native module `_llm`;
 the tokenizer is llm_tokenizer.py (Tokenizer and Utf8Decoder, re-exported
-here). This module opens the model, drives the one generation loop
-(generate/story) and keeps the record of what the model's context holds;
-chat() is the co-writing chat of llm_chat.py, imported when it is called. The same
-file must run unmodified on MicroPython 1.28 (ESP32-S3 and unix port) and on
-CPython 3.10+, so it sticks to what both have: no `re`, no dataclasses, no
-typing imports, and few imports at module level.
+here). A Session holds the open model with its tokenizer and the config
+figures the loop needs, the record of what the model's context holds, the
+last generation's stats and the one generation loop
+(Session.run); llm.load / story / generate / stats are thin functions over
+llm.default_session, and llm_chat.CoWriter, llm_serve and llm_bench take a
+session. chat() is the co-writing chat of llm_chat.py, imported when it is
+called. The same file must run unmodified on MicroPython 1.28 (ESP32-S3 and
+unix port) and on CPython 3.10+, so it sticks to what both have: no `re`, no
+dataclasses, no properties, no typing imports, and few imports at module level.
 """
 
 # The loop is deliberately thin: one `_llm.Model` held open for the session,
@@ -80,133 +83,8 @@ STOP_CONTEXT = "context"  # prompt + story filled the context
 STOP_INTERRUPTED = "interrupted"  # Ctrl-C, or the caller stopped iterating
 STOP_ERROR = "error"  # an exception ended it
 
-_model = None  # the open _llm.Model
-_source = None  # what it was opened from (None: the binding's default)
-_tokenizer = None
-_eot_id = 0
-_seq_len = 0
-_vocab_out = 0
-_last = {}  # stats of the last (or running) generation
-# The ids the open model's context holds, in order, as far as llm.py knows
-# (a prefix of them at least). One list for the model, not one per CoWriter:
-# stories that share the model (the web server's sessions, llm.story()
-# between chat turns) each see what the others left in the context.
-_context = []
-# (tokens fed, position) of the model when llm.py wrote _context: code that
-# feeds or rewinds the model itself changes them, and _context is then not
-# believed (forget_context() says so outright; llm_bench calls it)
-_context_mark = None
 
-
-def load(image=None, plain=None, fast=None):
-    """Open the model once and return it (an `_llm.Model`); later calls reuse it.
-
-    image=None: on the board, the flash `model` partition (the binding's
-    default); elsewhere the model already open. On the host give the path
-    of a converted image (tools/chat.py does this for you). Another image
-    closes the open one first.
-    plain=True turns the engine's speed-ups off (the certified head scores
-    every row, nothing runs on the second core): the same stories, slower;
-    False turns them back on; None leaves the setting as it is.
-    fast=True (opt-in, LOSSY): attention over an int8 KV cache with a cheap
-    exp; stories differ from exact mode's (bench.py --fast --quality
-    measures by how much). Not together with plain=True.
-    """
-    global _model, _source, _tokenizer, _eot_id, _seq_len, _vocab_out
-    if plain and fast:
-        raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
-    if _model is not None and (image is None or image is _source or image == _source):
-        _set_modes(_model, plain, fast)
-        return _model
-    unload()
-    import _llm
-
-    try:
-        model = _llm.Model() if image is None else _llm.Model(image)
-    except TypeError as e:
-        if image is not None:
-            raise
-        raise TypeError(
-            "no model image: this runtime has no default model, so call "
-            "llm.load(path_to_image) first (on a PC, python tools/chat.py "
-            "converts and loads the demo model) (" + str(e) + ")"
-        )
-    try:
-        cfg = model.config()
-        tok = Tokenizer(model.tokenizer())
-        if tok.eot_id != cfg["eot_id"]:
-            raise ValueError(
-                f"model image is inconsistent: its tokenizer's <|endoftext|> is id "
-                f"{tok.eot_id}, its config says {cfg['eot_id']}"
-            )
-    except BaseException:
-        model.close()
-        raise
-    try:
-        _set_modes(model, plain, fast)
-    except BaseException:
-        model.close()
-        raise
-    _model = model
-    _source = image
-    forget_context()
-    _tokenizer = tok
-    _eot_id = cfg["eot_id"]
-    _seq_len = cfg["seq_len"]
-    _vocab_out = cfg["vocab_out"]
-    try:  # the tokenizer built its merge table: give the garbage back now
-        import gc
-
-        gc.collect()
-    except ImportError:
-        pass
-    return model
-
-
-def _set_modes(model, plain, fast):
-    """plain= / fast= of load() (None: leave as it is). Fast mode changes the
-    KV cache's form, so changing it starts the context over."""
-    if fast is not None and bool(fast) != model.fast():
-        was_plain = model.plain()
-        model.reset()
-        forget_context()
-        try:
-            if fast:
-                model.set_plain(False)
-            model.set_fast(bool(fast))
-        except BaseException:
-            model.set_plain(was_plain)  # refused: the modes as they were
-            raise
-    if plain is not None:
-        model.set_plain(plain)
-
-
-def mode():
-    """Which engine mode the open model runs: "plain" (the exact reference,
-    every speed-up off), "exact" (the default) or "fast" (lossy, opt-in)."""
-    model = load()
-    return "fast" if model.fast() else "plain" if model.plain() else "exact"
-
-
-def unload():
-    """Close the model and drop the tokenizer (frees their memory)."""
-    global _model, _source, _tokenizer
-    model = _model
-    _model = None
-    _source = None
-    _tokenizer = None
-    forget_context()
-    if model is not None:
-        model.close()
-
-
-def tokenizer():
-    """The open model's Tokenizer (opens the default model if none is open)."""
-    load()
-    return _tokenizer
-
-
-def _fresh_seed():
+def fresh_seed():
     """A new non-zero sampling seed (30 bits: a small int on MicroPython)."""
     s = 0
     try:
@@ -221,8 +99,9 @@ def _fresh_seed():
     return s or 1
 
 
-def _options(options):
-    """(max_tokens, temperature, top_k, seed) from keyword options, checked."""
+def check_options(options):
+    """(max_tokens, temperature, top_k, seed) from generate()'s keyword
+    options (a dict), checked: TypeError/ValueError naming what is wrong."""
     for name in options:
         if name not in _OPTIONS:
             raise TypeError(f"unknown option {name!r}; the options are: " + ", ".join(_OPTIONS))
@@ -250,67 +129,6 @@ def _options(options):
     return max_tokens, float(temperature), top_k, seed
 
 
-def _prompt_ids(prompt):
-    """Token ids of a prompt, or a clear error why it cannot start a story."""
-    if not isinstance(prompt, str):
-        raise TypeError(f"prompt must be a str, not {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("empty prompt: give the story a beginning, e.g. 'Once upon a time'")
-    tok = _tokenizer
-    ids = tok.encode(prompt)
-    if tok.decode(ids) != prompt:  # a byte without a token would be dropped silently
-        raise ValueError("prompt has characters this model's tokenizer cannot represent")
-    n = len(ids)
-    if n >= _seq_len:
-        raise ValueError(
-            f"prompt too long: it is {n} tokens and the context holds {_seq_len}, "
-            f"so a prompt can have at most {_seq_len - 1} (leaving room for the story)"
-        )
-    return ids
-
-
-def generate(prompt, **options):
-    """Write a story after `prompt`; returns an iterator of text pieces.
-
-    Options (keyword only):
-      max_tokens   story tokens at most (default 200; <|endoftext|> not counted)
-      temperature  0 = greedy, else sample from softmax(logits / temperature)
-                   (default 0.8, like upstream)
-      top_k        sample among the k most likely tokens, 0 = all (default 40)
-      seed         sampling seed: the same seed gives the same story on the
-                   PC and on the board. Default: a fresh one per story (see
-                   stats()["seed"]). seed=0 is greedy (the engine's rule).
-      draft        speculative decoding: "auto" (the default: "ngram" when
-                   the image has a drafter table and the model is not in
-                   plain mode, else None), None or "none" (off), "ngram"
-                   (the image's self-distilled n-gram table, Model.draft),
-                   "lookup" (prompt_lookup), or a function (context ids, n)
-                   -> up to n guessed next ids. The engine checks a guess
-                   and the tokens after it in one pass and keeps what plain
-                   decoding would have written, so the story is the same;
-                   only the number of passes changes
-                   (stats()["tokens_per_pass"]).
-
-    The story stops at <|endoftext|> (never yielded), after max_tokens
-    tokens, or when prompt + story fill the context; stats() then says
-    which. The pieces concatenate to the story's text (prompt excluded).
-    Raises ValueError/TypeError at once for a bad prompt or option.
-    """
-    max_tokens, temperature, top_k, seed = _options(options)
-    model = load()
-    # the engine's own rules for the sampler (top_k's limit is _llm.MAX_TOP_K),
-    # checked now rather than once the story has started
-    model.reset()
-    model.sampler(temperature, top_k, 0)
-    draft = drafter(model, options.get("draft", "auto"))
-    ids = _prompt_ids(prompt)
-    if temperature == 0:
-        seed = None
-    elif seed is None:
-        seed = _fresh_seed()
-    return _run(model, ids, max_tokens, temperature, top_k, seed, draft)
-
-
 def drafter(model, draft="auto"):
     """The drafting function a draft= option names (None: decode plainly)."""
     if draft == "none":
@@ -332,103 +150,6 @@ def drafter(model, draft="auto"):
     if draft == "lookup":
         return prompt_lookup
     return draft
-
-
-def _run(model, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None):
-    """The story after the context `ids`, as text pieces. kept: how many of
-    ids the model's context already holds (0: it starts afresh; co-writing
-    keeps the story between turns). out (a list): gets the story's ids."""
-    global _last
-    start = _ticks_us()
-    n_prompt = len(ids)
-    stats = {
-        "stop": None,
-        "prompt_tokens": n_prompt,
-        "prefilled": n_prompt - kept,
-        "tokens": 0,
-        "max_tokens": max_tokens,
-        "seq_len": _seq_len,
-        "temperature": temperature,
-        "top_k": top_k,
-        "seed": seed,
-        "ttft_ms": None,
-        "engine_ttft_ms": None,
-        "engine_ms_per_token": None,
-        "wall_ms": None,
-        "tok_per_s": None,
-        "head_rows_fraction": None,
-        "produced": 0,
-        "passes": 0,
-        "drafted": 0,
-        "accepted": 0,
-        "tokens_per_pass": None,
-    }
-    _last = stats
-    budget = min(max_tokens, _seq_len - n_prompt)
-    token_bytes = _tokenizer.token_bytes
-    eot = _eot_id
-    decoder = Utf8Decoder()
-    stop = STOP_INTERRUPTED
-    n = 0
-    at_prefill = None
-    if out is None:
-        out = []
-    written = len(out)  # out's ids before this story's
-    try:
-        if kept:
-            model.rewind(kept)
-        else:
-            model.reset()
-        if seed is None:
-            model.sampler(0.0, 0, 0)
-        else:
-            model.sampler(temperature, top_k, seed)
-        token = model.prefill(ids[kept:])
-        stats["ttft_ms"] = _ms_since(start)
-        at_prefill = model.stats()
-        following = decode_tokens(model, token, budget - 1, draft, list(ids), eot, stats)
-        while token != eot:
-            n += 1
-            stats["tokens"] = n
-            out.append(token)
-            piece = decoder.feed(token_bytes(token))
-            if piece:
-                yield piece
-            if n >= budget:
-                break
-            token = next(following)
-        if token == eot:
-            stop = STOP_EOT
-        elif n >= max_tokens:
-            stop = STOP_BUDGET
-        else:
-            stop = STOP_CONTEXT
-        piece = decoder.flush()
-        if piece:
-            yield piece
-    except Exception:
-        stop = STOP_ERROR  # the engine raised: pass it on, but say so in stats()
-        raise
-    finally:
-        # the context holds the ids and the story (the last token chosen is
-        # not fed yet; a verify pass may hold guesses beyond it, unknown here)
-        held = ids + out[written:]
-        _hold(model, held[:min(model.pos(), len(held))])
-        wall = _ms_since(start)
-        stats["stop"] = stop
-        stats["wall_ms"] = wall
-        if wall > 0:
-            stats["tok_per_s"] = n * 1000 / wall
-        if at_prefill is not None:
-            stats["engine_ttft_ms"] = at_prefill["ttft_ms"]
-            end = model.stats()
-            produced = stats["produced"]
-            if produced > 0:
-                stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / produced
-            if stats["passes"]:
-                stats["tokens_per_pass"] = produced / stats["passes"]
-            if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
-                stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * _vocab_out)
 
 
 def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=None):
@@ -478,6 +199,512 @@ def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=No
         yield token
 
 
+def _new_stats(n_prompt, kept, max_tokens, seq_len, temperature, top_k, seed):
+    """stats() of a generation that starts now (see stats() for the keys)."""
+    return {
+        "stop": None,
+        "prompt_tokens": n_prompt,
+        "prefilled": n_prompt - kept,
+        "tokens": 0,
+        "max_tokens": max_tokens,
+        "seq_len": seq_len,
+        "temperature": temperature,
+        "top_k": top_k,
+        "seed": seed,
+        "ttft_ms": None,
+        "engine_ttft_ms": None,
+        "engine_ms_per_token": None,
+        "wall_ms": None,
+        "tok_per_s": None,
+        "head_rows_fraction": None,
+        "produced": 0,
+        "passes": 0,
+        "drafted": 0,
+        "accepted": 0,
+        "tokens_per_pass": None,
+    }
+
+
+def _end_stats(stats, model, stop, start, at_prefill, vocab_out):
+    """Fill in the figures known once a generation has ended."""
+    wall = _ms_since(start)
+    stats["stop"] = stop
+    stats["wall_ms"] = wall
+    if wall > 0:
+        stats["tok_per_s"] = stats["tokens"] * 1000 / wall
+    if at_prefill is None:
+        return  # nothing reached the engine
+    stats["engine_ttft_ms"] = at_prefill["ttft_ms"]
+    end = model.stats()
+    produced = stats["produced"]
+    if produced > 0:
+        stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / produced
+    if stats["passes"]:
+        stats["tokens_per_pass"] = produced / stats["passes"]
+    if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
+        stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * vocab_out)
+
+
+def word_byte(c):
+    """Whether byte c can be part of a word (co-writing never starts a reply
+    inside the line's last word): an ASCII letter or digit, or
+    any byte of a non-ASCII character (the same rule on every runtime)."""
+    return c >= 0x80 or 0x61 <= c <= 0x7A or 0x41 <= c <= 0x5A or 0x30 <= c <= 0x39
+
+
+def _spells(b, left):
+    """Whether a token of text b goes on spelling the bytes `left`: it is
+    their beginning, or all of them followed by a byte no word has."""
+    if len(b) <= len(left):
+        return left.startswith(b)
+    return b.startswith(left) and not word_byte(b[len(left)])
+
+
+def _mark(model):
+    """What changes whenever the model is fed or rewound: (tokens fed, position)."""
+    return (model.stats()["tokens"], model.pos())
+
+
+class Session:
+    """One open model and what goes with it: its tokenizer, the config
+    figures the loop needs, the record of what its context holds, the last generation's stats, and the
+    one generation loop (run). llm's functions use llm.default_session; on
+    MicroPython the binding holds one model at a time, so one session at a
+    time has it open."""
+
+    def __init__(self):
+        self.model = None  # the open _llm.Model
+        self.source = None  # what it was opened from (None: the binding's default)
+        self.tokenizer = None  # its Tokenizer
+        # of its config(): what the loop needs (the whole dict costs ~2 KB of
+        # a board's heap)
+        self.seq_len = 0
+        self.eot_id = 0
+        self.vocab_out = 0
+        self._inside = None  # _inside_word()'s bitmap, once it is needed
+        self.last = {}  # stats of the last (or running) generation
+        # The ids the model's context holds, in order, as far as this session
+        # knows (a prefix of them at least). One list for the model, not one
+        # per CoWriter: stories that share the model (the web server's, a
+        # story() between chat turns) each see what the others left in it.
+        self._held = []
+        # _mark(model) when _held was written: code that feeds or rewinds the
+        # model itself changes it, and _held is then not believed
+        # (forget_context() says so outright; llm_bench calls it)
+        self._held_mark = None
+
+    def load(self, image=None, plain=None, fast=None):
+        """llm.load(): open the model once and return it; later calls reuse it."""
+        if plain and fast:
+            raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
+        model = self.model
+        if model is not None and (image is None or image is self.source or image == self.source):
+            self._set_modes(model, plain, fast)
+            return model
+        self.unload()
+        import _llm
+
+        try:
+            model = _llm.Model() if image is None else _llm.Model(image)
+        except TypeError as e:
+            if image is not None:
+                raise
+            raise TypeError(
+                "no model image: this runtime has no default model, so call "
+                "llm.load(path_to_image) first (on a PC, python tools/chat.py "
+                "converts and loads the demo model) (" + str(e) + ")"
+            )
+        try:
+            cfg = model.config()
+            tok = Tokenizer(model.tokenizer())
+            if tok.eot_id != cfg["eot_id"]:
+                raise ValueError(
+                    f"model image is inconsistent: its tokenizer's <|endoftext|> is id "
+                    f"{tok.eot_id}, its config says {cfg['eot_id']}"
+                )
+            self._set_modes(model, plain, fast)
+        except BaseException:
+            model.close()
+            raise
+        self.model = model
+        self.source = image
+        self.forget_context()
+        self.tokenizer = tok
+        self.seq_len = cfg["seq_len"]
+        self.eot_id = cfg["eot_id"]
+        self.vocab_out = cfg["vocab_out"]
+        self._inside = None
+        try:  # the tokenizer built its merge table: give the garbage back now
+            import gc
+
+            gc.collect()
+        except ImportError:
+            pass
+        return model
+
+    def _set_modes(self, model, plain, fast):
+        """plain= / fast= of load() (None: leave as it is). Fast mode changes the
+        KV cache's form, so changing it starts the context over."""
+        if fast is not None and bool(fast) != model.fast():
+            was_plain = model.plain()
+            model.reset()
+            self.forget_context()
+            try:
+                if fast:
+                    model.set_plain(False)
+                model.set_fast(bool(fast))
+            except BaseException:
+                model.set_plain(was_plain)  # refused: the modes as they were
+                raise
+        if plain is not None:
+            model.set_plain(plain)
+
+    def unload(self):
+        """llm.unload(): close the model and drop the tokenizer."""
+        model = self.model
+        self.model = None
+        self.source = None
+        self.tokenizer = None
+        self._inside = None
+        self.forget_context()
+        if model is not None:
+            model.close()
+
+    def mode(self):
+        """llm.mode(): "plain", "exact" or "fast"."""
+        model = self.load()
+        return "fast" if model.fast() else "plain" if model.plain() else "exact"
+
+    def stats(self):
+        """llm.stats(): numbers of the last generation (a copy)."""
+        return dict(self.last)
+
+    def prompt_ids(self, prompt):
+        """Token ids of a prompt, or a clear error why it cannot start a story."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, not {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError("empty prompt: give the story a beginning, e.g. 'Once upon a time'")
+        self.load()
+        tok = self.tokenizer
+        ids = tok.encode(prompt)
+        if tok.decode(ids) != prompt:  # a byte without a token would be dropped silently
+            raise ValueError("prompt has characters this model's tokenizer cannot represent")
+        n = len(ids)
+        seq_len = self.seq_len
+        if n >= seq_len:
+            raise ValueError(
+                f"prompt too long: it is {n} tokens and the context holds {seq_len}, "
+                f"so a prompt can have at most {seq_len - 1} (leaving room for the story)"
+            )
+        return ids
+
+    def generate(self, prompt, **options):
+        """llm.generate(): the story after `prompt`, as text pieces."""
+        max_tokens, temperature, top_k, seed = check_options(options)
+        model = self.load()
+        # the engine's own rules for the sampler (top_k's limit is _llm.MAX_TOP_K),
+        # checked now rather than once the story has started
+        model.reset()
+        model.sampler(temperature, top_k, 0)
+        draft = drafter(model, options.get("draft", "auto"))
+        ids = self.prompt_ids(prompt)
+        if temperature == 0:
+            seed = None
+        elif seed is None:
+            seed = fresh_seed()
+        return self.run(ids, max_tokens, temperature, top_k, seed, draft)
+
+    def run(self, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None,
+            heal=None):
+        """The story after the context `ids`, as text pieces (a generator):
+        the one generation loop. seed None: greedy. kept: how many of ids the
+        model's context already holds (0: it starts afresh; co-writing keeps
+        the story between turns, see context_match). out (a list): gets the
+        story's ids.
+
+        heal (token healing, for a line the user ended inside a word): how
+        many of the last ids spell the end of that word (at most len(ids) -
+        1 - kept). They are backed off and the model re-writes their text
+        with tokens of its own choosing (see _heal), then the story starts
+        after the word, never inside it. The pieces hold the story only (not
+        the re-written text); out gets the ids that re-wrote it before the
+        story's (the backed-off ids themselves until the model has re-written
+        them), so that out's text after ids[:-heal] is always the word and
+        the story, also while the story is being written.
+        """
+        start = _ticks_us()
+        context = ids if heal is None else ids[:len(ids) - heal]
+        backed = ids[len(context):]
+        healed = []  # the ids that re-wrote the backed-off text, fed
+        story = []  # the story's ids
+        if out is None:
+            out = []
+        out.extend(backed)  # (filled as it goes: MicroPython never closes an abandoned run)
+        stats = _new_stats(len(context), kept, max_tokens, self.seq_len, temperature, top_k,
+                           seed)
+        self.last = stats
+        stop = STOP_INTERRUPTED
+        at_prefill = None
+        model = None
+        try:
+            model = self.load()
+            seq_len = self.seq_len
+            token_bytes = self.tokenizer.token_bytes
+            eot = self.eot_id
+            decoder = Utf8Decoder()
+            if kept:
+                model.rewind(kept)
+            else:
+                model.reset()
+            if seed is None:
+                model.sampler(0.0, 0, 0)
+            else:
+                model.sampler(temperature, top_k, seed)
+            token = model.prefill(context[kept:])
+            skip = 0  # bytes of the story's first token that end the word
+            if heal is not None:
+                token, skip = self._heal(model, token, backed, healed)
+                if token is not None:  # re-written: the model's ids replace the user's
+                    for _ in backed:
+                        out.pop()
+                    out.extend(healed)
+                stats["prompt_tokens"] = len(context) + len(healed)
+            stats["ttft_ms"] = _ms_since(start)
+            at_prefill = model.stats()
+            n_prompt = len(context) + len(healed)
+            budget = min(max_tokens, seq_len - n_prompt)
+            following = decode_tokens(model, token, budget - 1, draft, context + healed, eot,
+                                      stats)
+            while token is not None and token != eot:
+                story.append(token)
+                out.append(token)
+                stats["tokens"] = len(story)
+                piece = decoder.feed(token_bytes(token)[skip:] if skip else token_bytes(token))
+                skip = 0
+                if piece:
+                    yield piece
+                if len(story) >= budget:
+                    break
+                token = next(following)
+            if token == eot:
+                stop = STOP_EOT
+            elif len(story) >= max_tokens:
+                stop = STOP_BUDGET
+            else:
+                stop = STOP_CONTEXT
+            piece = decoder.flush()
+            if piece:
+                yield piece
+        except Exception:
+            stop = STOP_ERROR  # the engine raised: pass it on, but say so in stats()
+            raise
+        finally:
+            if model is not None:
+                # the context holds the ids and the story (the last token chosen is
+                # not fed yet; a verify pass may hold guesses beyond it, unknown here)
+                held = context + healed + story
+                self._hold(model, held[:min(model.pos(), len(held))])
+                _end_stats(stats, model, stop, start, at_prefill, self.vocab_out)
+
+    def _heal(self, model, token, backed, healed):
+        """Token healing: re-write the text of the backed-off ids `backed`
+        after the context the model was just given (`token` its choice), then
+        choose the story's first token outside the word. Each token is the
+        engine's own choice when it fits (it spells the next bytes of the
+        text, or all of it followed by a byte that is no part of a word),
+        else the likeliest token that spells the next bytes (_likeliest);
+        after the text, the engine's choice if it starts outside the word (or
+        is <|endoftext|>), else the likeliest that does. The tokens that
+        re-write the text are fed and appended to `healed`. Returns (the
+        story's first token, not fed; how many of its bytes end the word),
+        or (None, 0) when the context filled first. The engine's seeded
+        choices and its logits are the same everywhere, so is the healing."""
+        token_bytes = self.tokenizer.token_bytes
+        left = b"".join([token_bytes(i) for i in backed])
+        while left:
+            if token == self.eot_id or not _spells(token_bytes(token), left):
+                token = self._likeliest(model, left)
+            b = token_bytes(token)
+            if len(b) > len(left):
+                return token, len(left)  # it ends the word and starts the story
+            if model.pos() + 1 >= self.seq_len:
+                return None, 0
+            left = left[len(b):]
+            healed.append(token)
+            token = model.step(token)
+        if token != self.eot_id and word_byte(token_bytes(token)[0]):
+            token = self._likeliest(model, b"")
+        return token, 0
+
+    def _likeliest(self, model, left):
+        """The token with the highest logit (the lowest id on a tie) among
+        those whose text is a beginning of `left` (looked up by their bytes:
+        a few, whatever the vocabulary), or with left empty among those that
+        start outside a word, <|endoftext|> included (one pass over the
+        logits, the text read from a bitmap)."""
+        import struct
+
+        tok = self.tokenizer
+        vocab_out = self.vocab_out
+        inside = None
+        if left:
+            ids = []
+            for n in range(1, len(left) + 1):
+                i = tok.token_id(left[:n])
+                if 0 <= i < vocab_out and i not in tok.special_ids:
+                    ids.append(i)
+        else:
+            inside = self._inside_word()
+            ids = range(vocab_out)
+        logits = model.logits()
+        # First the ids whose logits share the highest top 16 bits (an order
+        # key read from two bytes, no float made: the scan is over the whole
+        # vocabulary on a board), then the exact float among those.
+        group = []
+        best_key = -1
+        for i in ids:
+            if inside is not None and inside[i >> 3] & 1 << (i & 7):
+                continue
+            o = 4 * i
+            hi = logits[o + 3]
+            m = (hi & 0x7F) << 8 | logits[o + 2]
+            key = 0x8000 - m if hi & 0x80 and m else 0x8000 + m  # grows with the float
+            if key > best_key:
+                best_key = key
+                group = [i]
+            elif key == best_key:
+                group.append(i)
+        best = -1
+        top = 0.0
+        for i in group:
+            v = struct.unpack_from("<f", logits, 4 * i)[0]
+            if best < 0 or v > top:
+                best = i
+                top = v
+        if best < 0:
+            raise ValueError("no token of this model spells the end of the line's last word")
+        return best
+
+    def _inside_word(self):
+        """A bit per token the story may not start with after a word: its
+        text starts with a word byte, or it is a special token other than
+        <|endoftext|>. Built once per model (vocab_out / 8 bytes)."""
+        bits = self._inside
+        if bits is None:
+            n = self.vocab_out
+            first = self.tokenizer.first_bytes(n)
+            bits = bytearray((n + 7) // 8)
+            for i in range(n):
+                if word_byte(first[i]):
+                    bits[i >> 3] |= 1 << (i & 7)
+            for i in self.tokenizer.special_ids:
+                if i != self.eot_id and i < n:
+                    bits[i >> 3] |= 1 << (i & 7)
+            self._inside = bits
+        return bits
+
+    # ---- the context: what the open model holds --------------------------------
+
+    def context_match(self, want):
+        """llm.context_match(): how many of `want` the context holds already."""
+        model = self.load()
+        held = self._held if self._held_mark == _mark(model) else []
+        n = min(len(held), len(want) - 1, model.pos())
+        k = 0
+        while k < n and held[k] == want[k]:
+            k += 1
+        return k
+
+    def context_prefill(self, want):
+        """llm.context_prefill(): make the context hold exactly `want`."""
+        k = self.context_match(want + [0])  # all of want may already be there
+        if k < len(want):
+            model = self.load()
+            model.rewind(k)
+            self._hold(model, want[:k])  # held whether or not the prefill finishes
+            model.prefill(want[k:])
+            self._hold(model, want)
+
+    def forget_context(self):
+        """llm.forget_context(): the next generation feeds all its ids."""
+        self._held = []
+        self._held_mark = None
+
+    def _hold(self, model, ids):
+        """Record that the model's context holds `ids`, as it stands now."""
+        self._held = ids
+        self._held_mark = _mark(model)
+
+
+#: the session llm's functions (and the REPL) use
+default_session = Session()
+
+
+def load(image=None, plain=None, fast=None):
+    """Open the model once and return it (an `_llm.Model`); later calls reuse it.
+
+    image=None: on the board, the flash `model` partition (the binding's
+    default); elsewhere the model already open. On the host give the path
+    of a converted image (tools/chat.py does this for you). Another image
+    closes the open one first.
+    plain=True turns the engine's speed-ups off (the certified head scores
+    every row, nothing runs on the second core): the same stories, slower;
+    False turns them back on; None leaves the setting as it is.
+    fast=True (opt-in, LOSSY): attention over an int8 KV cache with a cheap
+    exp; stories differ from exact mode's (bench.py --fast --quality
+    measures by how much). Not together with plain=True.
+    """
+    return default_session.load(image, plain, fast)
+
+
+def mode():
+    """Which engine mode the open model runs: "plain" (the exact reference,
+    every speed-up off), "exact" (the default) or "fast" (lossy, opt-in)."""
+    return default_session.mode()
+
+
+def unload():
+    """Close the model and drop the tokenizer (frees their memory)."""
+    default_session.unload()
+
+
+def tokenizer():
+    """The open model's Tokenizer (opens the default model if none is open)."""
+    default_session.load()
+    return default_session.tokenizer
+
+
+def generate(prompt, **options):
+    """Write a story after `prompt`; returns an iterator of text pieces.
+
+    Options (keyword only):
+      max_tokens   story tokens at most (default 200; <|endoftext|> not counted)
+      temperature  0 = greedy, else sample from softmax(logits / temperature)
+                   (default 0.8, like upstream)
+      top_k        sample among the k most likely tokens, 0 = all (default 40)
+      seed         sampling seed: the same seed gives the same story on the
+                   PC and on the board. Default: a fresh one per story (see
+                   stats()["seed"]). seed=0 is greedy (the engine's rule).
+      draft        speculative decoding: "auto" (the default: "ngram" when
+                   the image has a drafter table and the model is not in
+                   plain mode, else None), None or "none" (off), "ngram"
+                   (the image's self-distilled n-gram table, Model.draft),
+                   "lookup" (prompt_lookup), or a function (context ids, n)
+                   -> up to n guessed next ids. The engine checks a guess
+                   and the tokens after it in one pass and keeps what plain
+                   decoding would have written, so the story is the same;
+                   only the number of passes changes
+                   (stats()["tokens_per_pass"]).
+
+    The story stops at <|endoftext|> (never yielded), after max_tokens
+    tokens, or when prompt + story fill the context; stats() then says
+    which. The pieces concatenate to the story's text (prompt excluded).
+    Raises ValueError/TypeError at once for a bad prompt or option.
+    """
+    return default_session.generate(prompt, **options)
+
+
 def stats():
     """Numbers of the last generation (a copy; filled in as it runs).
 
@@ -497,13 +724,14 @@ def stats():
     with a drafter: passes (verify passes), drafted and accepted (guessed
     tokens, and those the engine agreed with), tokens_per_pass.
     """
-    return dict(_last)
+    return default_session.stats()
 
 
 def stop_message(s=None):
-    """Why the last story stopped, as story() prints it ("" for <|endoftext|>)."""
+    """Why the last story stopped (s: a stats() dict, default the last
+    story's), as story() prints it ("" for <|endoftext|>)."""
     if s is None:
-        s = _last
+        s = default_session.last
     stop = s.get("stop")
     if stop == STOP_BUDGET:
         return f"[stopped: token budget {s['max_tokens']} reached]"
@@ -516,7 +744,8 @@ def stop_message(s=None):
     return ""
 
 
-def _write(text):
+def write(text):
+    """Print `text` at once (no newline added): the console a story streams to."""
     sys.stdout.write(text)
     flush = getattr(sys.stdout, "flush", None)
     if flush is not None:
@@ -549,65 +778,39 @@ def story(prompt="Once upon a time", **options):
     after the note, so a script can still be interrupted).
     """
     pieces = generate(prompt, **options)
-    _write(prompt)
+    write(prompt)
     try:
         for piece in pieces:
-            _write(shown(piece))
+            write(shown(piece))
     except KeyboardInterrupt:
         pieces.close()
-        _write("\n" + stop_message() + "\n")
+        write("\n" + stop_message() + "\n")
         raise
     finally:
         pieces.close()  # MicroPython does not close an abandoned generator
     note = stop_message()
-    _write("\n" + note + "\n" if note else "\n")
-
-
-# ---- the context: what the open model holds ------------------------------------
+    write("\n" + note + "\n" if note else "\n")
 
 
 def context_match(want):
     """How many of the ids `want` the open model's context holds already, at
     most all but one (the last is prefilled, so that the engine chooses a
     token): a generation can keep that many and feed only the rest."""
-    model = load()
-    kv = _context if _context_mark == _mark(model) else []
-    n = min(len(kv), len(want) - 1, model.pos())
-    k = 0
-    while k < n and kv[k] == want[k]:
-        k += 1
-    return k
+    return default_session.context_match(want)
 
 
 def context_prefill(want):
     """Make the open model's context hold exactly the ids `want` (rewinding to
     what already matches, prefilling the rest): reading ahead while a line is
     typed. The engine's choice after them is not used."""
-    k = context_match(want + [0])  # all of want may already be there
-    if k < len(want):
-        model = load()
-        model.rewind(k)
-        _hold(model, want[:k])  # held whether or not the prefill finishes
-        model.prefill(want[k:])
-        _hold(model, want)
+    default_session.context_prefill(want)
 
 
 def forget_context():
     """Forget what the model's context holds: the next generation feeds all
     its ids. Call it after feeding the open model yourself (llm.load()'s
     model.prefill/step/verify/rewind/reset) before the next story or turn."""
-    global _context, _context_mark
-    _context, _context_mark = [], None
-
-
-def _mark(model):
-    return (model.stats()["tokens"], model.pos())
-
-
-def _hold(model, ids):
-    """Record that the model's context holds `ids`, as it stands now."""
-    global _context, _context_mark
-    _context, _context_mark = ids, _mark(model)
+    default_session.forget_context()
 
 
 def chat(**options):

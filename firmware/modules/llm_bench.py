@@ -13,10 +13,11 @@ and read the lines it prints:
             tools/mpllm/board/gate.py's docstring).
   report()  "MPLLM-REPORT {json}": build, self-test, free memory.
 
-Which model: by default the one the user's session shares (llm.load()), left
-open in the modes it had. A runtime with no model partition (the unix port)
-and no model open yet opens `image` as that shared model. private=True opens
-`image` for this call only and closes it (the host board's tools).
+Which model: by default the one the user's session shares (session=None:
+llm.default_session), left open in the modes it had. A runtime with no model
+partition (the unix port) and no model open yet opens `image` as that shared
+model. private=True opens `image` in a session of its own for this call only
+and closes it (the host board's tools).
 """
 
 import json
@@ -44,38 +45,38 @@ except AttributeError:  # CPython
 
 
 class _Using:
-    """The model to measure, in the modes asked for, put back afterwards."""
+    """The session whose model is measured, in the modes asked for, put back
+    afterwards."""
 
-    def __init__(self, image, private, plain, fast):
-        import _llm
+    def __init__(self, session, image, private, plain, fast):
         import llm
 
         self.private = private
         if private:
-            modes = {"plain": True} if plain else {"fast": True} if fast else {}
-            self.model = _llm.Model(image, **modes)
+            self.session = llm.Session()
+            self.session.load(image, plain=plain or None, fast=fast or None)
             return
+        self.session = llm.default_session if session is None else session
         try:
-            self.model = llm.load()
+            model = self.session.load()
         except TypeError:  # no default model (unix port) and none open yet
             if image is None:
                 raise
-            self.model = llm.load(image)
-        self.modes = (self.model.plain(), self.model.fast())
-        llm.load(plain=plain, fast=fast)
+            model = self.session.load(image)
+        self.modes = (model.plain(), model.fast())
+        self.session.load(plain=plain, fast=fast)
 
     def __enter__(self):
-        return self.model
+        return self.session
 
     def __exit__(self, *exc):
-        import llm
-
+        session = self.session
         if self.private:
-            self.model.close()
+            session.unload()
         else:  # a change of fast mode starts the context over: there is one model
-            llm.load(plain=False, fast=self.modes[1])
-            self.model.set_plain(self.modes[0])
-            llm.forget_context()  # the bench fed the model: the user's story is not there
+            session.load(plain=False, fast=self.modes[1])
+            session.model.set_plain(self.modes[0])
+            session.forget_context()  # the bench fed the model: the user's story is not there
 
 
 def _clean(s):
@@ -89,16 +90,18 @@ def _clean(s):
     return "".join(out)
 
 
-def bench(runs, n_tokens, draft="auto", image=None, private=False, plain=False, fast=False):
+def bench(runs, n_tokens, draft="auto", image=None, private=False, plain=False, fast=False,
+          session=None):
     """Each run (prompt, temperature, top_k, seed): n_tokens tokens through
     llm.decode_tokens (speculative with `draft`), timed by the engine and on
     the wall."""
     import _llm
     import llm
 
-    with _Using(image, private, plain, fast) as model:
+    with _Using(session, image, private, plain, fast) as using:
+        model = using.model
         cfg = model.config()
-        tok = llm.Tokenizer(model.tokenizer())
+        tok = using.tokenizer
         drafter = llm.drafter(model, draft)
         mode = "fast" if model.fast() else "plain" if model.plain() else "exact"
         info = {"build_info": _llm.build_info(), "config": cfg, "mode": mode,
@@ -196,13 +199,12 @@ FNV_KERNEL = "viper" if "viper" in FNV_KERNELS else "plain"
 fnv_state, fnv_update, fnv_hex = FNV_KERNELS[FNV_KERNEL]
 
 
-def gate(prompt, n_tokens, n_rows, image=None, private=False):
+def gate(prompt, n_tokens, n_rows, image=None, private=False, session=None):
     """Greedy decoding from `prompt` in exact mode: the hash of the first
     n_rows logits rows and the text of n_tokens tokens."""
-    import llm
-
-    with _Using(image, private, False, False) as model:
-        tok = llm.Tokenizer(model.tokenizer())
+    with _Using(session, image, private, False, False) as using:
+        model = using.model
+        tok = using.tokenizer
         ids_in = tok.encode(prompt)
         state = fnv_state()
         model.reset()

@@ -4,8 +4,8 @@ tools that keep stories themselves, such as llm_serve).
 The same file on the board (frozen next to llm.py), on MicroPython unix and on
 CPython. A module of its own so that a session that only tells stories never
 loads it: llm.chat() imports it when it is called. It drives the engine
-through llm.py (the open model, the tokenizer, one generation loop, and the
-one record of what the model's context holds).
+through an llm.Session (the open model, the tokenizer, the one generation
+loop, and the one record of what the model's context holds).
 """
 
 import sys
@@ -34,6 +34,13 @@ class CoWriter:
     """A story written together: each line is appended to the story, and the
     model continues from the whole story so far, which stays in its context.
 
+    Token healing: when a line ends in a word (a letter, digit or non-ASCII
+    character: the user has finished it), its last pre-tokenizer piece (" robot")
+    is backed off and the model re-writes it with tokens of its own choosing,
+    then replies from after the word, never inside it (Session.run's heal).
+    The reply shows only what comes after the word; the story's ids are the
+    model's spelling of it.
+
     Determinism: turn k of a story (counting from 0, after /undo the same k
     again) samples with seed + k, so a seeded session gives the same text on
     the PC and on the board, and /undo followed by the same line gives the
@@ -41,15 +48,18 @@ class CoWriter:
     never change the text: the context is exactly the story's (rolled) ids.
     """
 
-    def __init__(self, **options):
-        """generate()'s options; max_tokens is per reply (default TURN_TOKENS)
-        and seed is the session's (default: a fresh one)."""
+    def __init__(self, session=None, **options):
+        """session: the llm.Session whose model writes (default
+        llm.default_session, opened if it is not); generate()'s options;
+        max_tokens is per reply (default TURN_TOKENS) and seed is the
+        story's (default: a fresh one)."""
+        self.session = llm.default_session if session is None else session
         options.setdefault("max_tokens", TURN_TOKENS)
-        self.max_tokens, self.temperature, self.top_k, seed = llm._options(options)
-        self.seed = llm._fresh_seed() if seed is None else seed
-        self.model = llm.load()
-        self.model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
-        self.draft = llm.drafter(self.model, options.get("draft", "auto"))
+        self.max_tokens, self.temperature, self.top_k, seed = llm.check_options(options)
+        self.seed = llm.fresh_seed() if seed is None else seed
+        model = self.session.load()
+        model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
+        self.draft = llm.drafter(model, options.get("draft", "auto"))
         self.new()
 
     def new(self):
@@ -78,21 +88,24 @@ class CoWriter:
         self._turns = list(turns)
 
     def set_seed(self, seed):
-        self.seed = llm._options({"seed": seed})[3]
+        self.seed = llm.check_options({"seed": seed})[3]
 
     def set_temperature(self, temperature):
-        self.temperature = llm._options({"temperature": temperature})[1]
+        self.temperature = llm.check_options({"temperature": temperature})[1]
 
     def _line(self, line, ends=None):
         """(text, ids) of a typed line as it joins the story: one space
         between the story and the line unless either side has one."""
         if self.text and not self.text[-1:].isspace() and not line[:1].isspace():
             line = " " + line
-        ids = llm._tokenizer.encode(line, ends)
-        if llm._tokenizer.decode(ids) != line:
+        session = self.session
+        session.load()
+        ids = session.tokenizer.encode(line, ends)
+        if session.tokenizer.decode(ids) != line:
             raise ValueError("this line has characters the model's tokenizer cannot represent")
-        if len(ids) >= llm._seq_len:
-            raise ValueError(f"line too long: {len(ids)} tokens; the context holds {llm._seq_len}")
+        seq_len = session.seq_len
+        if len(ids) >= seq_len:
+            raise ValueError(f"line too long: {len(ids)} tokens; the context holds {seq_len}")
         return line, ids
 
     def type_ahead(self, typed):
@@ -108,15 +121,17 @@ class CoWriter:
             return  # Enter will say why
         stable = ends[-3] if len(ends) >= 3 else 0
         want = self.tokens + ids[:stable]
-        if stable == 0 or len(self.tokens) + len(ids) + self.max_tokens > llm._seq_len:
+        if stable == 0 or len(self.tokens) + len(ids) + self.max_tokens > self.session.seq_len:
             return  # nothing stable yet, or this turn rolls over: Enter does it
-        llm.context_prefill(want)  # its choice is not used: Enter samples afresh
+        self.session.context_prefill(want)  # its choice is not used: Enter samples afresh
 
-    def _rollover(self, ids):
-        """Make room for `ids` and a reply: keep the story's opening and the
-        most recent ids (half of the room left, so that the next turns do
-        not roll over at once). Returns how many ids were dropped."""
-        room = llm._seq_len - self.max_tokens - len(ids)  # for the story before the line
+    def _rollover(self, ids, extra):
+        """Make room for `ids`, `extra` more positions and a reply: keep the
+        story's opening and the most recent ids (half of the room left, so
+        that the next turns do not roll over at once). Returns how many ids
+        were dropped."""
+        # for the story before the line
+        room = self.session.seq_len - self.max_tokens - len(ids) - extra
         if len(self.tokens) <= room:
             return 0
         start = self.tokens[:max(0, min(ROLLOVER_START, room))]
@@ -128,33 +143,55 @@ class CoWriter:
 
     def turn(self, line):
         """Add a line to the story and write the model's reply; returns an
-        iterator of the reply's text pieces (stats() describes the turn).
+        iterator of the reply's text pieces (the session's stats() describes
+        the turn).
         Raises ValueError at once for a line that cannot join the story."""
         if not isinstance(line, str):
             raise TypeError(f"line must be a str, not {type(line).__name__}")
         if not line.strip():
             raise ValueError("empty line: type how the story goes on")
-        text, ids = self._line(line)
+        ends = []
+        text, ids = self._line(line, ends)
+        heal, extra = self._last_word(ids, ends)
         before = (self.tokens, self.text)
-        self.rolled = self._rollover(ids)
+        self.rolled = self._rollover(ids, extra)
         want = self.tokens + ids
+        if heal is not None:
+            heal = min(heal, len(want) - 1)  # one id at least to prefill
+        context = want if heal is None else want[:len(want) - heal]
         k = len(self._turns)
         seed = None if self.temperature == 0 or self.seed == 0 else (self.seed + k) & 0xFFFFFFFFFFFFFFFF
         self._turns.append(before)
         self.text += text
-        return self._reply(want, llm.context_match(want), seed)
+        return self._reply(want, context, self.session.context_match(context), seed, heal)
 
-    def _reply(self, want, kept, seed):
+    def _last_word(self, ids, ends):
+        """When the line ends inside a word (the user finished it): how many
+        of its last ids spell its last pre-tokenizer piece, which the model
+        re-writes itself before the reply (token healing: Session.run's
+        heal), and how many more positions that may take at most; else
+        (None, 0)."""
+        token_bytes = self.session.tokenizer.token_bytes
+        if not llm.word_byte(token_bytes(ids[-1])[-1]):
+            return None, 0
+        n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
+        spelled = 0
+        for i in ids[len(ids) - n:]:
+            spelled += len(token_bytes(i))
+        return n, spelled - n
+
+    def _reply(self, want, context, kept, seed, heal):
         reply = []
         pieces = []
         try:
-            for piece in llm._run(self.model, want, self.max_tokens, self.temperature, self.top_k,
-                              seed, self.draft, kept, reply):
+            for piece in self.session.run(want, self.max_tokens, self.temperature, self.top_k,
+                                          seed, self.draft, kept, reply, heal):
                 pieces.append(piece)
                 yield piece
         finally:
             # what was written stays, also when the reply was interrupted
-            self.tokens = want + reply
+            # (reply: the ids after the context, the line's last word first)
+            self.tokens = context + reply
             self.text += "".join(pieces)
 
 
@@ -237,7 +274,7 @@ def _read_line(console, writer, prompt, type_ahead):
     Ctrl-C clears a line being typed and raises on an empty one; Ctrl-D on an
     empty line is the end of input."""
     console.raw(True)  # before the prompt: a key typed at once is not echoed twice
-    llm._write(prompt)
+    llm.write(prompt)
     line = []
     try:
         while True:
@@ -254,23 +291,23 @@ def _read_line(console, writer, prompt, type_ahead):
                     raise KeyboardInterrupt
                 line = []
                 console.raw(False)
-                llm._write("^C\n" + prompt)
+                llm.write("^C\n" + prompt)
                 console.raw(True)
                 continue
             if c in ("\x7f", "\b"):
                 if line:
                     line.pop()
-                    llm._write("\b \b")
+                    llm.write("\b \b")
             elif c >= " ":
                 line.append(c)
-                llm._write(c)
+                llm.write(c)
             else:
                 continue
             if type_ahead and not console.waiting():
                 writer.type_ahead("".join(line))
     finally:
         console.raw(False)
-        llm._write("\n")
+        llm.write("\n")
 
 
 def _chat_command(writer, line):
@@ -278,23 +315,23 @@ def _chat_command(writer, line):
     word, _, arg = line.partition(" ")
     arg = arg.strip()
     if word == "/help":
-        llm._write(HELP)
+        llm.write(HELP)
     elif word == "/new":
         writer.new()
-        llm._write("[a new story]\n")
+        llm.write("[a new story]\n")
     elif word == "/undo":
-        llm._write("[took back the last turn]\n" if writer.undo() else "[nothing to take back]\n")
+        llm.write("[took back the last turn]\n" if writer.undo() else "[nothing to take back]\n")
     elif word in ("/seed", "/temp"):
         try:
             if word == "/seed":
                 writer.set_seed(int(arg))
             else:
                 writer.set_temperature(float(arg))
-            llm._write(f"[{word[1:]} {arg}]\n")
+            llm.write(f"[{word[1:]} {arg}]\n")
         except (ValueError, TypeError) as e:
-            llm._write(f"[{word} needs a number: {e}]\n")
+            llm.write(f"[{word} needs a number: {e}]\n")
     elif word.startswith("/") and word[1:].isalpha():
-        llm._write(f"[no command {word}; /help lists them]\n")
+        llm.write(f"[no command {word}; /help lists them]\n")
     else:
         return False
     return True
@@ -303,8 +340,9 @@ def _chat_command(writer, line):
 def chat(**options):
     """Write a story together, line by line, until told to stop (CoWriter).
 
-    Takes CoWriter's options: max_tokens per reply (default TURN_TOKENS),
-    temperature, top_k, seed (one seed for the session; turn k uses seed + k),
+    Takes CoWriter's options: session (default llm.default_session),
+    max_tokens per reply (default TURN_TOKENS), temperature, top_k, seed
+    (one seed for the story; turn k uses seed + k),
     draft; and type_ahead (default True): at a terminal, the line is read a
     key at a time and what cannot change any more is prefilled while it is
     typed, so Enter has little left to compute (the text is the same either
@@ -315,7 +353,7 @@ def chat(**options):
     type_ahead = options.pop("type_ahead", True)
     writer = CoWriter(**options)
     console = _Console.open()
-    llm._write(HELP)
+    llm.write(HELP)
     while True:
         try:
             if console is None:
@@ -323,7 +361,7 @@ def chat(**options):
             else:
                 line = _read_line(console, writer, "> ", type_ahead)
         except (EOFError, KeyboardInterrupt):
-            llm._write("\n")
+            llm.write("\n")
             return
         line = line.strip()
         if not line:
@@ -333,13 +371,14 @@ def chat(**options):
         try:
             pieces = writer.turn(line)
             if writer.rolled:
-                llm._write(f"[the story is longer than the model's memory: it keeps the beginning "
+                llm.write(f"[the story is longer than the model's memory: it keeps the beginning "
                        f"and the latest part ({writer.rolled} tokens forgotten)]\n")
             for piece in pieces:
-                llm._write(llm.shown(piece))
-            note = llm.stop_message() if llm.stats()["stop"] not in (llm.STOP_EOT, llm.STOP_BUDGET) else ""
-            llm._write("\n" + note + "\n" if note else "\n")
+                llm.write(llm.shown(piece))
+            s = writer.session.stats()
+            note = llm.stop_message(s) if s["stop"] not in (llm.STOP_EOT, llm.STOP_BUDGET) else ""
+            llm.write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:
-            llm._write("\n[reply stopped]\n")
+            llm.write("\n[reply stopped]\n")
         except ValueError as e:
-            llm._write(str(e) + "\n")
+            llm.write(str(e) + "\n")

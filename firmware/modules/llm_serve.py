@@ -22,6 +22,9 @@ The requests ("sid" names the story; one connection of the web page):
   {"op": "new" | "undo" | "drop", "sid"}    start over, take back, forget
   {"op": "seed", "sid", "seed"}, {"op": "temp", "sid", "temperature"}
 
+handle() and run() serve the stories of one llm.Session (default:
+llm.default_session), the one that holds the model.
+
 A speculative reply is the authoritative one, not a guess: turn k samples
 with seed + k and the context is the story's ids (llm_chat.CoWriter), so
 "speculate, then turn" and "turn" write the same text; the tests hold it.
@@ -77,11 +80,11 @@ def _stage_ms(model):
     return dict(model.stats()["stage_ms"])
 
 
-def _write(story, line):
+def _turn_events(story, line):
     """The events of one turn of the story: its pieces as they are written,
     then "done" with the turn's figures."""
     writer = story.writer
-    model = writer.model
+    model = writer.session.load()
     before = _stage_ms(model)
     text = writer.text
     try:
@@ -91,7 +94,7 @@ def _write(story, line):
     yield {"line": writer.text[len(text):]}  # the line as it joined the story
     for piece in pieces:
         yield {"piece": llm.shown(piece)}
-    s = llm.stats()
+    s = writer.session.stats()
     after = _stage_ms(model)
     yield {"done": {
         "stop": s["stop"], "tokens": s["tokens"], "prompt_tokens": s["prompt_tokens"],
@@ -119,7 +122,7 @@ def _turn(story, line):
     before = writer.snapshot()
     finished = False
     try:
-        for event in _write(story, line):
+        for event in _turn_events(story, line):
             if "done" in event:
                 event["done"]["speculated"] = False
                 finished = True
@@ -136,7 +139,7 @@ def _speculate(story, line):
     pieces = []
     done = None
     try:
-        for event in _write(story, line):
+        for event in _turn_events(story, line):
             if "line" in event:
                 joined = event["line"]
             elif "piece" in event:
@@ -149,8 +152,10 @@ def _speculate(story, line):
     return {"line": line, "tokens": done["tokens"]}
 
 
-def handle(req):
-    """The events answering one request (a generator; see the module's text)."""
+def handle(req, session=None):
+    """The events answering one request (a generator; see the module's text);
+    session: the llm.Session the stories are written with (default
+    llm.default_session)."""
     try:
         if not isinstance(req, dict):
             raise RequestError("a request is a JSON object")
@@ -165,11 +170,11 @@ def handle(req):
             if seed is not None:
                 options["seed"] = _field(req, "seed", int)
             try:
-                writer = llm_chat.CoWriter(**options)
+                writer = llm_chat.CoWriter(session, **options)
             except (TypeError, ValueError) as e:
                 raise RequestError(str(e))
             _stories[sid] = _Story(writer)
-            yield {"done": {"seed": writer.seed, "seq_len": writer.model.config()["seq_len"]}}
+            yield {"done": {"seed": writer.seed, "seq_len": writer.session.seq_len}}
         elif op == "turn":
             story = _story(req)
             yield from _turn(story, _field(req, "line", str))
@@ -203,7 +208,7 @@ def handle(req):
         yield {"error": str(e)}
 
 
-def run(request_json):
+def run(request_json, session=None):
     """handle() for the raw REPL: pieces as they come, then RS and the last
     event as one line of JSON."""
     import sys
@@ -213,7 +218,7 @@ def run(request_json):
         req = json.loads(request_json)
     except ValueError:
         req = None
-    for event in handle(req):
+    for event in handle(req, session):
         if "piece" in event:
             sys.stdout.write(event["piece"])
         elif "line" in event:  # before any piece: RS ends it

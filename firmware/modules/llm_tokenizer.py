@@ -357,6 +357,28 @@ class Tokenizer:
             pos += buf[lo + k]
         return bytes(buf[pos : pos + buf[lo + i]])
 
+    def token_id(self, data):
+        """The id of the token whose text is the bytes `data`, as the merges
+        build it (what encode() makes of them as one piece), else -1."""
+        out = []
+        self._bpe(data, 0, len(data), out)
+        if len(out) == 1 and self.token_bytes(out[0]) == data:
+            return out[0]
+        return -1
+
+    def first_bytes(self, n):
+        """The first byte of the texts of tokens 0..n-1, in one pass (a
+        bytearray: token_bytes() for each would re-add offsets every time)."""
+        n = min(n, self.vocab_size)
+        buf = self._buf
+        lengths = self._lengths_off
+        out = bytearray(n)
+        pos = self._starts[0]
+        for i in range(n):
+            out[i] = buf[pos]
+            pos += buf[lengths + i]
+        return out
+
     def decode(self, ids):
         """Text of a token sequence; bad UTF-8 becomes U+FFFD (see Utf8Decoder)."""
         d = Utf8Decoder()

@@ -4,17 +4,20 @@ The MicroPython unix interpreter from PyPI cannot load our C engine, so this
 pure-Python module stands in for it. It knows no numerics: it plays back
 what the REAL engine answered, recorded by tests/replay/record.py while the
 same llm.py ran on CPython. Anything llm.py asks that was not recorded (a
-sampler setting, a prompt, a token fed back that differs from the recorded
-one, a story longer than the recording, a call order the recording did not
-see) raises ReplayMiss, so a change in llm.py's behaviour cannot pass
-silently.
+sampler setting, a prompt, a token fed that differs from the recorded
+one, a story longer than the recording, logits of a context never read, a
+call order the recording did not see) raises ReplayMiss, so a change in
+llm.py's behaviour cannot pass silently.
 
-Recording (a directory): replay.json = {"version": 1, "config": {...},
+Recording (a directory): replay.json = {"version": 2, "config": {...},
 "memory": [[name, region, bytes], ...], "runs": [{"sampler": [temperature,
 top_k, seed], "prompt": [ids...], "tokens": [next tokens returned by
-prefill, then by each step...]}], "refused_samplers": [[temperature, top_k,
-the engine's ValueError message], ...]};
-tokenizer.bin = the image's tokenizer section.
+prefill, then by each step...], "fed": [the token each step fed...]}],
+"logits": [{"context": [ids...], "hex": the logits' bytes after that
+context, in hex}], "refused_samplers": [[temperature, top_k, the engine's
+ValueError message], ...]}; tokenizer.bin = the image's tokenizer section.
+Runs with the same sampler and prompt differ in what was fed (token
+healing feeds its own choice): a step picks the runs that fed its token.
 
 Model() with no argument opens the recording named by $MPLLM_REPLAY, the way
 the board's Model() opens its flash partition; Model(path) opens `path`.
@@ -62,13 +65,16 @@ class Model:
             raise ReplayMiss("the replay double opens recordings by path only")
         with open(_join(image, "replay.json")) as f:
             rec = json.load(f)
-        if rec.get("version") != 1:
-            raise ReplayMiss("recording version " + str(rec.get("version")) + ", expected 1")
+        if rec.get("version") != 2:
+            raise ReplayMiss("recording version " + str(rec.get("version")) + ", expected 2")
         with open(_join(image, "tokenizer.bin"), "rb") as f:
             self._tok = f.read()
         self._config = rec["config"]
         self._memory = rec.get("memory")
         self._runs = rec["runs"]
+        self._logits = {}
+        for entry in rec.get("logits", []):
+            self._logits[tuple(entry["context"])] = entry["hex"]
         self._refused = rec.get("refused_samplers", [])
         self._open = True
         self._plain = bool(plain)  # recordings are the same tokens either way
@@ -91,7 +97,7 @@ class Model:
         self._ready()
         self._pos = 0
         self._ctx = []  # the ids in the context, which a recording is keyed by
-        self._run = None  # the recorded token list being played
+        self._run = None  # the recorded runs being played (those that fed what was fed)
         self._next = 0  # index in it of the next token to return
         self._fed = 0  # tokens through the layers since reset
         self._prefill_tokens = 0
@@ -110,16 +116,17 @@ class Model:
         if self._run is not None:
             raise ReplayMiss("prefill() after step() (without rewind) was never recorded")
         ctx = self._ctx + tokens  # recordings are keyed by the whole context
+        runs = []
         for run in self._runs:
             s = run["sampler"]
             if (float(s[0]), int(s[1]), int(s[2])) == self._sampler and run["prompt"] == ctx:
-                self._run = run["tokens"]
-                self._next = 0
-                break
-        else:
+                runs.append(run)
+        if not runs:
             raise ReplayMiss(
                 "no recording of context " + str(ctx) + " with sampler " + str(self._sampler)
             )
+        self._run = runs
+        self._next = 0
         self._ctx = ctx
         self._pos = len(ctx)
         self._fed += len(tokens)
@@ -127,11 +134,12 @@ class Model:
         return self._give()
 
     def _give(self):
-        if self._next >= len(self._run):
+        tokens = self._run[0]["tokens"]
+        if self._next >= len(tokens):
             raise ReplayMiss(
-                "the recording ends after " + str(len(self._run)) + " tokens; llm.py asked for more"
+                "the recording ends after " + str(len(tokens)) + " tokens; llm.py asked for more"
             )
-        t = self._run[self._next]
+        t = tokens[self._next]
         self._next += 1
         self._heads += 1
         return t
@@ -144,13 +152,18 @@ class Model:
         self._ready()
         if self._run is None:
             raise ReplayMiss("step() before prefill() was never recorded")
-        expect = self._run[self._next - 1]
-        if token != expect:
+        k = self._next - 1  # steps since the prefill
+        # a run fed `token` here, or ended where the engine had chosen it (then
+        # the recording is too short, said by _give)
+        runs = [r for r in self._run if (r["fed"] + r["tokens"][-1:])[k:k + 1] == [token]]
+        if not runs:
+            fed = [(r["fed"] + r["tokens"][-1:])[k] for r in self._run]
             raise ReplayMiss(
-                "step(" + str(token) + "): the recording fed back " + str(expect) + " here"
+                "step(" + str(token) + "): the recording fed back " + str(fed) + " here"
             )
         if self._pos >= self._config["seq_len"]:
             raise Error("context full: all " + str(self._config["seq_len"]) + " positions used")
+        self._run = runs
         self._pos += 1
         self._fed += 1
         self._ctx.append(token)
@@ -169,7 +182,13 @@ class Model:
         return self._pos
 
     def logits(self):
-        raise ReplayMiss("logits are not recorded")
+        self._ready()
+        h = self._logits.get(tuple(self._ctx)) if self._heads else None
+        if h is None:
+            raise ReplayMiss("no logits recorded after context " + str(self._ctx))
+        import binascii
+
+        return binascii.unhexlify(h)
 
     def set_plain(self, on):
         self._ready()

@@ -2,13 +2,17 @@
 
 CPython only. install(out_dir) puts a recording proxy in sys.modules["_llm"]
 (before `import llm`); every Model it opens is the real engine, watched:
-the sampler settings, each prompt given to prefill() and every token the
-engine returns are kept. save() writes out_dir/replay.json and
-out_dir/tokenizer.bin in the format tests/replay/_llm.py reads.
+the sampler settings, each prompt given to prefill(), every token fed by
+step() and every token the engine returns are kept, and the logits llm.py
+reads (token healing), keyed by the context. save() writes
+out_dir/replay.json and out_dir/tokenizer.bin in the format
+tests/replay/_llm.py reads.
 
-Runs with the same sampler and prompt are merged; since the engine is
-deterministic the shorter must be a prefix of the longer, and save() raises
-if it is not (that would be an engine bug worth seeing).
+Runs with the same sampler and prompt that fed the same tokens are merged;
+since the engine is deterministic the shorter must be a prefix of the longer,
+and save() raises if it is not (that would be an engine bug worth seeing).
+Runs that fed different tokens (llm.py chose another one than the engine:
+token healing) are kept apart.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ class _Recorder:
     def __init__(self, out_dir: Path, real: types.ModuleType) -> None:
         self.out_dir = out_dir
         self.real = real
-        self.runs: list[tuple[tuple[float, int, int], list[int], list[int]]] = []
+        # (sampler, prompt, tokens returned, tokens fed by step())
+        self.runs: list[tuple[tuple[float, int, int], list[int], list[int], list[int]]] = []
+        self.logits: dict[tuple[int, ...], str] = {}  # context -> logits() bytes, in hex
         self.config: dict[str, Any] | None = None
         self.tokenizer: bytes | None = None
         self.memory: list[list[Any]] | None = None
@@ -35,23 +41,27 @@ class _Recorder:
     def save(self) -> None:
         if self.config is None or self.tokenizer is None:
             raise RuntimeError("nothing recorded: llm.py never opened a model")
-        merged: dict[tuple[Any, ...], tuple[tuple[float, int, int], list[int], list[int]]] = {}
-        for sampler, prompt, tokens in self.runs:
-            key = (sampler, tuple(prompt))
-            old = merged.get(key)
-            if old is not None:
-                short, long_ = sorted((old[2], tokens), key=len)
+        merged: list[tuple[tuple[float, int, int], list[int], list[int], list[int]]] = []
+        for sampler, prompt, tokens, fed in self.runs:
+            for k, (s, p, t, f) in enumerate(merged):
+                n = min(len(f), len(fed))
+                if (s, p) != (sampler, prompt) or f[:n] != fed[:n]:
+                    continue
+                short, long_ = sorted((t, tokens), key=len)
                 if long_[: len(short)] != short:
                     raise RuntimeError(f"the engine answered {sampler} {prompt} two ways")
-                tokens = long_
-            merged[key] = (sampler, prompt, tokens)
+                merged[k] = (s, p, long_, max(f, fed, key=len))
+                break
+            else:
+                merged.append((sampler, prompt, tokens, fed))
         data = {
-            "version": 1,
+            "version": 2,
             "config": self.config,
             "memory": self.memory,
             "refused_samplers": self.refused,
-            "runs": [{"sampler": list(s), "prompt": p, "tokens": t} for s, p, t in
-                     merged.values()],
+            "runs": [{"sampler": list(s), "prompt": p, "tokens": t, "fed": f} for s, p, t, f in
+                     merged],
+            "logits": [{"context": list(c), "hex": h} for c, h in self.logits.items()],
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, blob in (("replay.json", json.dumps(data).encode()),
@@ -73,6 +83,7 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             self._m = real.Model(image)
             self._sampler = (0.0, 0, 0)
             self._tokens: list[int] | None = None
+            self._fed: list[int] = []
             self._ctx: list[int] = []  # the ids in the context (co-writing keeps them)
             rec.config = self._m.config()
             rec.tokenizer = bytes(self._m.tokenizer())
@@ -103,8 +114,9 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             t = self._m.prefill(tokens)
             self._ctx += list(tokens)
             self._tokens = [t]
+            self._fed = []
             # keyed by the whole context: after rewind() only the new ids are fed
-            rec.runs.append((self._sampler, list(self._ctx), self._tokens))
+            rec.runs.append((self._sampler, list(self._ctx), self._tokens, self._fed))
             return t
 
         def step(self, token: int) -> int:
@@ -112,8 +124,14 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
             if self._tokens is None:
                 raise RuntimeError("step() before prefill(): the replay cannot record this")
             self._tokens.append(t)
+            self._fed.append(token)
             self._ctx.append(token)
             return t
+
+        def logits(self) -> bytes:
+            b: bytes = self._m.logits()
+            rec.logits[tuple(self._ctx)] = b.hex()
+            return b
 
         def close(self) -> None:
             self._m.close()
