@@ -162,9 +162,9 @@ def run(name: str, *, seconds: float, runs: int = 0, grow: bool = False,
     corpus = corpus or target.corpus
     corpus.mkdir(parents=True, exist_ok=True)
     cmd = command(target)
-    image = micro_image()
-    env = {**os.environ, "MPLLM_FUZZ_IMAGE": str(image),
-           "ASAN_OPTIONS": "detect_leaks=1:allocator_may_return_null=1"}
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:allocator_may_return_null=1"}
+    if target.harness.suffix == ".c":  # the C harnesses' model
+        env["MPLLM_FUZZ_IMAGE"] = str(micro_image())
     with tempfile.TemporaryDirectory(prefix=f"fuzz-{name}-") as tmp:
         scratch, artifacts = Path(tmp) / "new", Path(tmp) / "artifacts"
         scratch.mkdir()
