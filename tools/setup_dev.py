@@ -248,6 +248,8 @@ def get_web_tools(apt: Apt) -> str:
         pass
     if shutil.which("npm") is None:
         apt.install(["npm"])
+    print(f"  fetching {release.ESP_WEB_TOOLS} {release.ESP_WEB_TOOLS_VERSION} (npm pack) ...",
+          flush=True)
     try:
         return str(release.web_tools_tarball(image_cache.default_cache_dir(), offline=False))
     except release.ReleaseError as e:
