@@ -117,13 +117,18 @@ def _playwright_chromium() -> str | None:
     return path if path and os.access(path, os.X_OK) else None
 
 
+def _need_playwright() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
+        raise Missing("playwright is not installed (it comes with `pip install -e '.[dev]'`)")
+
+
 def check_chromium_starts(path: str) -> None:
     """Start it headless through Playwright and load a page. Raises Missing."""
-    try:
-        from playwright.sync_api import Error, sync_playwright
-    except ImportError:
-        raise Missing("playwright is not installed (it comes with "
-                      "`pip install -e '.[dev]'`)") from None
+    _need_playwright()
+    from playwright.sync_api import Error, sync_playwright
+
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
@@ -230,6 +235,7 @@ def _playwright_install() -> None:
 
 def get_chromium(apt: Apt) -> str:
     """What there is, else Debian's chromium, else Playwright's own."""
+    _need_playwright()  # without it no Chromium helps
     failures = []
     for get in (None, lambda: apt.install(["chromium"]), _playwright_install):
         try:
