@@ -130,6 +130,23 @@ def test_apt_is_used_only_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
         setup_dev.Apt().install(["clang"])
 
 
+def test_no_chromium_is_installed_without_playwright(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Chromium nothing can drive is not worth an apt-get (seen in a venv whose
+    pip install had not finished)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "playwright" else real(name, *a))
+
+    class NoApt(setup_dev.Apt):
+        def install(self, packages: list[str]) -> None:  # type: ignore[override]
+            raise AssertionError(f"apt-get install {packages}")
+
+    with pytest.raises(setup_dev.Missing, match="playwright is not installed"):
+        setup_dev.get_chromium(NoApt())
+
+
 # ---- the README's commands and .ci/run -------------------------------------
 
 
