@@ -20,14 +20,16 @@ from conftest import need_tool
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 import fuzzrun
 
-#: each target's short run: seconds, whichever ends first with the executions
-SECONDS = 5
-RUNS = 200_000
+#: a cap on each short run, which is counted in executions (Target.suite_runs),
+#: not in seconds: libFuzzer's clock starts before a Python harness has
+#: imported what it fuzzes, and a loaded machine must not leave it no time
+CAP_SECONDS = 120
 
 
 @pytest.mark.parametrize("name", list(fuzzrun.TARGETS))
 def test_short_run_finds_no_crash(name: str) -> None:
-    result = need_tool(lambda: fuzzrun.run(name, seconds=SECONDS, runs=RUNS, seed=1))
+    runs = fuzzrun.TARGETS[name].suite_runs
+    result = need_tool(lambda: fuzzrun.run(name, seconds=CAP_SECONDS, runs=runs, seed=1))
     print(result.line())
     assert result.crashes == [], "\n".join(
         [result.line(), *map(str, result.crashes), *result.log.splitlines()[-40:]])
@@ -38,12 +40,21 @@ def test_short_run_finds_no_crash(name: str) -> None:
 def test_grow_adds_what_is_new_to_the_corpus(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    first = need_tool(lambda: fuzzrun.run("web", seconds=2, grow=True, corpus=corpus, seed=1))
-    assert first.added == first.corpus_files > 0
+    # a run that found nothing (here: one execution, of the empty input) adds
+    # nothing (before, this failed: libFuzzer's merge of nothing says nothing)
+    none = need_tool(lambda: fuzzrun.run("web", seconds=CAP_SECONDS, runs=1, grow=True,
+                                         corpus=corpus, seed=1))
+    assert none.added == none.corpus_files == 0
+    # from one message the fuzzer finds others (from nothing, "{" and "}" are
+    # rare: thousands of runs find none)
+    (corpus / "turn").write_text('{"type": "turn", "text": "Once"}')
+    first = need_tool(lambda: fuzzrun.run("web", seconds=CAP_SECONDS, runs=3000, grow=True,
+                                          corpus=corpus, seed=1))
+    assert first.added > 0 and first.corpus_files == first.added + 1
     sizes = [p.stat().st_size for p in corpus.iterdir()]
     assert max(sizes) <= fuzzrun.TARGETS["web"].max_len
     # the same run again finds nothing new: merged inputs only add coverage
-    again = fuzzrun.run("web", seconds=1, runs=1, grow=True, corpus=corpus, seed=1)
+    again = fuzzrun.run("web", seconds=CAP_SECONDS, runs=1, grow=True, corpus=corpus, seed=1)
     assert again.added == 0 and again.corpus_files == first.corpus_files
 
 
@@ -74,9 +85,9 @@ def test_a_crash_is_reported_with_its_input(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setitem(fuzzrun.TARGETS, "crasher", target)
     monkeypatch.setattr(fuzzrun, "ARTIFACTS", tmp_path / "artifacts")
     monkeypatch.setattr(fuzzrun.Target, "corpus", property(lambda t: corpus))
-    result = need_tool(lambda: fuzzrun.run("crasher", seconds=5, seed=1))
+    result = need_tool(lambda: fuzzrun.run("crasher", seconds=CAP_SECONDS, seed=1))
     assert len(result.crashes) == 1 and result.crashes[0].read_bytes().startswith(b"boom")
-    assert fuzzrun.main(["crasher", "--seconds", "5"]) == 1
+    assert fuzzrun.main(["crasher", "--seconds", str(CAP_SECONDS)]) == 1
     out = capsys.readouterr().out
     assert "1 crashes" in out and "CRASH " in out and "reproduce: " in out
     assert str(harness) in out

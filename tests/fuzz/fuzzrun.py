@@ -65,6 +65,7 @@ class Target:
     name: str
     harness: Path
     max_len: int  # bytes of one input
+    suite_runs: int  # executions of the suite's short run: about 5 s on an idle machine
     dictionary: Path | None = None  # libFuzzer -dict: tokens worth inserting
 
     @property
@@ -73,10 +74,10 @@ class Target:
 
 
 TARGETS = {t.name: t for t in (
-    Target("loader", HERE / "fuzz_loader.c", 256),
-    Target("binding", HERE / "fuzz_binding.c", 512),
-    Target("tokenizer", HERE / "fuzz_tokenizer.py", 256),
-    Target("web", HERE / "fuzz_web.py", 4096, HERE / "web.dict"),
+    Target("loader", HERE / "fuzz_loader.c", 256, 4000),
+    Target("binding", HERE / "fuzz_binding.c", 512, 4000),
+    Target("tokenizer", HERE / "fuzz_tokenizer.py", 256, 2500),
+    Target("web", HERE / "fuzz_web.py", 4096, 50000, HERE / "web.dict"),
 )}
 
 
@@ -188,7 +189,7 @@ def run(name: str, *, seconds: float, runs: int = 0, grow: bool = False,
             raise RuntimeError(f"fuzz target {name} failed (exit {r.returncode}) without a "
                                f"crash input:\n{log[-4000:]}")
         added = 0
-        if grow and not crashes:
+        if grow and not crashes and _files(scratch):  # (libFuzzer merges nothing silently)
             had = {p.name for p in _files(corpus)}
             m = subprocess.run([*cmd, "-merge=1", f"-max_len={target.max_len}", "-timeout=20",
                                 str(corpus), str(scratch)], capture_output=True, text=True,
