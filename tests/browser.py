@@ -1,9 +1,10 @@
 """Headless Chromium for the page tests, driven by Playwright.
 
-Playwright's own browser download needs the network, so the tests drive the
-Debian `chromium` that `.ci/run` installs (or any Chromium named by
-MPLLM_CHROMIUM). The flags keep it off the network: without them Chromium
-tries Google's hosts at start, and this machine refuses each one.
+The Chromium is the one `python tools/setup_dev.py` finds or installs
+(Debian's `chromium`, Playwright's own, or any named by MPLLM_CHROMIUM); when
+there is none the test is skipped, and fails under CI=true (conftest's
+missing_tool). The flags keep it off the network: without them Chromium tries
+Google's hosts at start.
 
     with chromium() as browser:
         page = browser.new_page()
@@ -16,28 +17,18 @@ tries Google's hosts at start, and this machine refuses each one.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+import setup_dev
+from conftest import need_tool
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 
-_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
 
 def chromium_path() -> str:
-    """The Chromium to drive; the test fails (it is not skipped) when there is
-    none, because CI installs it."""
-    path = os.environ.get("MPLLM_CHROMIUM") or shutil.which("chromium") \
-        or shutil.which("chromium-browser")
-    if not path:
-        pytest.fail("no Chromium: install Debian's chromium (as .ci/run does) "
-                    "or set MPLLM_CHROMIUM to a Chromium binary")
-    return path
+    """The Chromium to drive (skip, or fail under CI=true, when there is none)."""
+    return need_tool(setup_dev.chromium_path)
 
 
 @contextlib.contextmanager
@@ -47,7 +38,8 @@ def chromium() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=_FLAGS)
+        browser = p.chromium.launch(executable_path=chromium_path(),
+                                    args=setup_dev.CHROMIUM_FLAGS)
         try:
             yield browser
         finally:

@@ -1,8 +1,16 @@
-"""Shared pytest fixtures: generated test models (by shape name) and the golden sets.
+"""Shared pytest fixtures: generated test models (by shape name) and the golden sets;
+the rule for a missing tool; the run's own environment.
 
 Models are generated from a fixed seed per shape, converted once, and cached for
 the whole session. Under pytest-xdist the workers share one cache directory
 (guarded by a file lock), so the release-shaped model is built once per run.
+
+A test whose tool is missing (clang, Chromium, the esp-web-tools bundle, ...)
+calls missing_tool(reason): skipped with the reason, except under CI=true,
+where `python tools/setup_dev.py` has installed everything and it fails.
+
+The user's settings do not reach the tests: each run has its own MPLLM_CACHE,
+and the user's other MPLLM_* variables are removed (_run_environment).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import numpy as np
 import pytest
@@ -25,7 +34,53 @@ for _p in (ROOT / "tools", ROOT / "firmware" / "modules"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import setup_dev
+from mpllm import image_cache
 from mpllm.formats.model import Config, QMatrix, Weights
+
+# Where the user's cache is, read before _run_environment replaces it: the
+# esp-web-tools bundle that set-up fetched lives there.
+USER_CACHE = image_cache.default_cache_dir()
+# MPLLM_* variables that name a tool or ask for a longer run, not a setting:
+# kept for the tests. Every other one is removed.
+KEPT_MPLLM_VARS = ("MPLLM_CHROMIUM", "MPLLM_FUZZ_EXAMPLES")
+
+
+def missing_tool(reason: str) -> NoReturn:
+    """A tool the test needs is missing: skipped with `reason`, except in CI
+    (CI=true), where set-up installed every tool, so it fails."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true: `python tools/setup_dev.py` should have got it)")
+    pytest.skip(reason)
+
+
+T = TypeVar("T")
+
+
+def need_tool(find: Callable[[], T]) -> T:
+    """find() (one of setup_dev's finders); its Missing becomes missing_tool."""
+    try:
+        return find()
+    except setup_dev.Missing as e:
+        missing_tool(str(e))
+
+
+def web_tools_tarball() -> Path:
+    """The pinned esp-web-tools tarball that set-up fetched into the user's cache."""
+    return need_tool(lambda: setup_dev.web_tools_tarball(USER_CACHE))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Before any other fixture: this run's own image cache instead of the
+    user's MPLLM_CACHE or ~/.cache/mpllm (a user's cache must not change a
+    result, nor a test write into it), and none of the user's MPLLM_* settings."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith("MPLLM_")]:
+            if name not in KEPT_MPLLM_VARS:
+                mp.delenv(name)
+        mp.setenv("MPLLM_CACHE", str(tmp_path_factory.mktemp("mpllm-cache")))
+        yield
 
 DATA = ROOT / "tests" / "data"
 GOLDEN = DATA / "golden"

@@ -7,7 +7,7 @@ Three layers:
   * the C program tests/c/engine_check.c under ASan + UBSan (+ LeakSanitizer):
     bit flips and truncations again, argument and context errors, and a sweep of
     port capacities (placement fallbacks must not change a single logits bit);
-  * the fuzzer (tests/test_fuzz_loader.py).
+  * the fuzzer (tests/test_fuzz.py, target "loader").
 """
 
 from __future__ import annotations

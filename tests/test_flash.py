@@ -106,6 +106,8 @@ def test_refuses_what_the_board_could_not_boot(local_parts: tuple[Path, Path], t
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    # the run's MPLLM_CACHE (conftest) or a user's would take precedence
+    monkeypatch.delenv("MPLLM_CACHE", raising=False)
     monkeypatch.delenv("IDF_PATH", raising=False)
     return cache
 

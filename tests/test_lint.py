@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import cbuild
-import pytest
+import setup_dev
+from conftest import need_tool
 
 
 def test_ruff_clean() -> None:
-    ruff = shutil.which("ruff")
-    if ruff is None:
-        pytest.skip("ruff not installed (it comes with `pip install -e '.[dev]'`)")
+    ruff = need_tool(lambda: setup_dev.console_script("ruff"))
     result = subprocess.run([ruff, "check", "--output-format", "concise", "."], check=False,
                             cwd=cbuild.ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

