@@ -9,12 +9,14 @@ Only a regular file (or a new name) is ever renamed over. What else a path
 can name:
 
 - a character device or a FIFO (/dev/null, /dev/full, a named pipe), and
-  anything under /dev (/dev/stdout: perhaps a redirected regular file), is
-  written in place, as `cat >> path` would: the data is staged in a temporary
+  anything under /dev, is written in place: the data is staged in a temporary
   file of the system's temp folder (a device's folder is no place for files)
-  and appended to the device once complete. Nothing is written if the data
-  cannot be made; a device that fails part way (/dev/full: no space) is an
-  error. A FIFO waits for its reader.
+  and appended to the device once complete. /dev/stdout, /dev/stderr and
+  /dev/fd/N are written through the process's own descriptor, so the data
+  lands between what the program prints before and after, also when the
+  descriptor is a shell's redirect to a regular file. Nothing is written if
+  the data cannot be made; a device that fails part way (/dev/full: no
+  space) is an error. A FIFO waits for its reader.
 - a directory, a block device (a disk: write a file and copy it yourself) or
   a socket is refused, and so is a path whose folder does not exist.
 
@@ -28,15 +30,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 # Errors of a write that name no file (the disk is full, ...): said about the target.
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
+                 errno.EPIPE, errno.EBADF}
 
 
 class OutputError(OSError):
@@ -51,6 +56,27 @@ def _is_stream_name(text: str) -> bool:
     # /dev/stdout and /dev/fd/N lead to whatever the descriptor is; renaming
     # over it would replace the shell's redirect target, losing its other output
     return os.path.abspath(text).startswith(("/dev/", "/proc/self/fd/"))
+
+
+def _own_descriptor(text: str) -> int | None:
+    """N for /dev/stdout (1), /dev/stderr (2), /dev/fd/N, /proc/self/fd/N; else None."""
+    name = os.path.abspath(text)
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}
+    if name in named:
+        return named[name]
+    m = re.fullmatch(r"/(?:dev/fd|proc/self/fd)/(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def _copy_in_place(src: Path, path: str | os.PathLike[str]) -> None:
+    fd = _own_descriptor(os.fspath(path))
+    if fd is not None:  # at the descriptor's own offset, after what was printed before
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    with open(src, "rb") as f, \
+            (open(path, "ab") if fd is None else os.fdopen(os.dup(fd), "wb")) as dst:
+        shutil.copyfileobj(f, dst, 1 << 20)
 
 
 def _kind(path: str | os.PathLike[str]) -> str:
@@ -69,6 +95,8 @@ def _kind(path: str | os.PathLike[str]) -> str:
         raise _fail(text, "a part of the path before the file name is not a folder") from None
     except OSError as e:
         raise _fail(text, e.strerror or str(e)) from None
+    if st is None and _is_stream_name(text):
+        raise _fail(text, "no such device (or a closed descriptor)")
     if st is not None:
         mode = st.st_mode
         if stat.S_ISDIR(mode):
@@ -140,8 +168,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         try:
             yield tmp
             if kind == "stream":
-                with open(tmp, "rb") as src, open(path, "ab") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                _copy_in_place(tmp, path)
             else:
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
