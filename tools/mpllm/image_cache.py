@@ -78,7 +78,7 @@ def check_image_file(path: str | os.PathLike[str], what: str = "--image") -> Pat
     p = Path(path)
     where = f"{what} {p}"
     if not p.exists():
-        raise ImageFileError(f"{where}: no such file")
+        raise ImageFileError(f"{where}: file not found")
     if p.is_dir():
         raise ImageFileError(f"{where} is a directory, not a model image file")
     if not p.is_file():
