@@ -532,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-psram-check", action="store_true",
                     help="flash even if esptool reports no embedded PSRAM")
     ap.add_argument("--dry-run", action="store_true",
-                    help="print every command and step without running or writing anything")
+                    help="print every command and step without running or writing anything; "
+                         "check what can be checked (local files, the MicroPython checkout, "
+                         "that --firmware/--image URLs answer)")
     return ap
 
 
