@@ -19,6 +19,7 @@ How the board is driven and what runs there: bench.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache  # asked when the outputs are checked and again when plotting: said once
 def _have_matplotlib() -> bool:
     """Plots need matplotlib (in the [board] and [dev] extras); without it, say so and go on."""
     import importlib.util
@@ -144,20 +146,26 @@ def _bench_json(args: argparse.Namespace) -> Path:
     return args.json or Path(f"bench-{name}.json")
 
 
+def _plot_path(args: argparse.Namespace) -> Path:
+    """Where the chart goes: --plot, else the cost model's fixed name or beside the JSON."""
+    if args.plot:
+        return args.plot
+    return Path("costmodel-s3.png") if args.model_s3 else _bench_json(args).with_suffix(".png")
+
+
 def _outputs(args: argparse.Namespace) -> list[Path]:
     """Every file this run will write, known before it runs (so all are checked
     before any work is done or any file written)."""
     if args.model_s3:
-        plot = [args.plot or Path("costmodel-s3.png")] if _plotting(args) else []
-        return plot + ([args.json] if args.json else [])
+        return ([_plot_path(args)] if _plotting(args) else []) + ([args.json] if args.json
+                                                                   else [])
     if args.report:
         return [args.report]
     if args.gate:
         return []
     if args.quality:
         return [args.json] if args.json else []
-    jpath = _bench_json(args)
-    return [jpath] + ([args.plot or jpath.with_suffix(".png")] if _plotting(args) else [])
+    return [_bench_json(args)] + ([_plot_path(args)] if _plotting(args) else [])
 
 
 def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -357,7 +365,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     print("counters: " + ("measured (" + "; ".join(measured.sources.values()) + ")"
                           if measured else "analytic (the engine's formulas, no image given)"))
     if _plotting(args):
-        path = args.plot or Path("costmodel-s3.png")
+        path = _plot_path(args)
         costmodel.plot(rep, path)
         print(f"plot: {path}")
     if args.json:
@@ -439,7 +447,7 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         write_json(to_json(results), jpath)
         print(f"json: {jpath}")
         if _plotting(args):
-            ppath = args.plot or jpath.with_suffix(".png")
+            ppath = _plot_path(args)
             plot_stages(results, ppath)
             print(f"plot: {ppath}")
         return 0
