@@ -497,7 +497,8 @@ def prepare_host(args: argparse.Namespace, run: Runner) -> None:
         check_image(sources)
     run.run([sys.executable, "-m", "pip", "install", "-e", str(ROOT)],
             "building the CPython _llm (pip install -e .)")
-    img = resolve_model(sources, cache, run)
+    # converting needs the _llm pip just built (the drafter's stories)
+    img = sources if isinstance(sources, Path) else resolve_model(sources, cache, run)
     run.out("")
     run.out(f"Done: model image {img}. Next:")
     run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
