@@ -194,7 +194,8 @@ def test_missing_inputs(tiny_model: ModelFiles, tmp_path: Path, capsys: Cap) -> 
     _expect_failure(capsys, tmp_path, tiny_model.model_bin, tmp_path / "nope.json",
                     r"tokenizer file not found: .*nope\.json")
     _expect_failure(capsys, tmp_path, tiny_model.model_bin, tiny_model.tokenizer_json,
-                    r"output directory does not exist", out=tmp_path / "no" / "x.img")
+                    r"cannot write .*x\.img: the folder .*no does not exist",
+                    out=tmp_path / "no" / "x.img")
 
 
 def test_existing_output_untouched_on_failure(

@@ -488,12 +488,104 @@ def test_release_url_without_a_manifest(http_dir: tuple[str, Path], tmp_path: Pa
     assert rc == 2 and f"cannot download {base}/{release.RELEASE_MANIFEST}" in err
 
 
-def test_dry_run_with_release_urls(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    url = "https://example.invalid/releases/download/v1/firmware.bin"
+def test_dry_run_with_release_urls(served_release: tuple[str, Path],
+                                   capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    base, _ = served_release
+    url = f"{base}/{release.FIRMWARE_ASSET}"
     rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--firmware", url,
-                     "--cache", str(tmp_path)])
+                     "--cache", str(tmp_path / "c")])
     out = capfd.readouterr().out
     assert rc == 0, out
-    assert ("download https://example.invalid/releases/download/v1/release-manifest.json, "
-            f"then {url}") in out
-    assert "make " not in out and files_under(tmp_path) == []
+    assert f"checked {base}/{release.RELEASE_MANIFEST} (lists {release.FIRMWARE_ASSET}" in out
+    assert f"and {url} (reachable); would download it" in out
+    assert "make " not in out and files_under(tmp_path / "c") == []
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, then closed: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("flag", ["--firmware", "--image"])
+def test_dry_run_checks_urls(flag: str, served_release: tuple[str, Path], tmp_path: Path,
+                             capfd: pytest.CaptureFixture[str]) -> None:
+    """A dry run asks a --firmware/--image URL (and its release's manifest) whether it is
+    there: a closed loopback port, a missing asset or an asset the manifest does not list
+    fail as the real run would, in one line."""
+    base, root = served_release
+    only = "firmware" if flag == "--firmware" else "model"
+    asset = release.FIRMWARE_ASSET if flag == "--firmware" else release.MODEL_ASSET
+    cache = tmp_path / "c"
+    common = ["--board", "n16r8", "--dry-run", "--only", only, "--cache", str(cache)]
+    closed = f"http://127.0.0.1:{_closed_port()}/{asset}"
+    assert flash.main([*common, flag, closed]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: cannot download http://127.0.0.1:") and "refused" in err
+    assert err.count("\n") == 1
+    (root / asset).unlink()  # the manifest lists it, the server has it no more
+    assert flash.main([*common, flag, f"{base}/{asset}"]) == 2
+    err = capfd.readouterr().err
+    assert err == f"error: cannot reach {base}/{asset}: HTTP 404 File not found\n"
+    assert files_under(cache) == []
+
+
+def test_dry_run_checks_local_inputs(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """What a dry run can check without doing it, it checks: a --model or --tokenizer
+    that does not exist, a --micropython folder that does not exist."""
+    nope = tmp_path / "nope.bin"
+    for board in (["--board", "host"], ["--board", "n16r8", "--only", "model"]):
+        rc = flash.main([*board, "--dry-run", "--model", str(nope), "--tokenizer", str(nope)])
+        err = capfd.readouterr().err
+        assert rc == 2 and err == f"error: --model file not found: {nope}\n", board
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--micropython",
+                     str(tmp_path / "no-mp")])
+    assert rc == 2
+    assert capfd.readouterr().err == f"error: --micropython {tmp_path / 'no-mp'}: no such folder\n"
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--micropython",
+                     str(tmp_path)])
+    assert rc == 2 and "is not a MicroPython checkout" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["ftp://example.org/firmware.bin", "file:///tmp/firmware.bin"])
+def test_only_http_urls(url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--only", "firmware", "--firmware", url,
+                     "--cache", str(tmp_path)])
+    err = capfd.readouterr().err
+    assert rc == 2
+    assert err == (f"error: --firmware {url}: only http:// and https:// URLs, or a local "
+                   f"file, are supported (not {url.split(':')[0]}://)\n")
+
+
+def _corrupted(img: Path, tmp_path: Path) -> Path:
+    bad = tmp_path / "corrupted.img"
+    data = bytearray(img.read_bytes())
+    data[-1] ^= 0xFF  # last section's payload: its CRC no longer matches
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_host_board_refuses_a_corrupted_image_before_pip(
+        dry_run: bool, local_parts: tuple[Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """--board host checks --image as --board n16r8 does (one check), and before it
+    reinstalls the package: nothing runs."""
+    _, img = local_parts
+    ran: list[list[str]] = []
+    monkeypatch.setattr(flash.Runner, "run", lambda self, cmd, *a, **k: ran.append(cmd))
+    bad = _corrupted(img, tmp_path)
+    rc = flash.main(["--board", "host", "--image", str(bad)] + ["--dry-run"] * dry_run)
+    err = capfd.readouterr().err
+    assert rc == 2 and ran == []
+    assert err.startswith(f"error: model image {bad} is not a valid mpllm model image (")
+    assert "CRC mismatch" in err and err.count("\n") == 1
+    for board in (["--board", "host"], ["--board", "n16r8", "--only", "model"]):
+        for what, path in (("is a directory", tmp_path), ("is not a regular file", "/dev/null")):
+            assert flash.main([*board, "--image", str(path), "--dry-run"]) == 2
+            assert capfd.readouterr().err == f"error: --image file {what}: {path}\n"
+    assert ran == []
+    assert flash.main(["--board", "host", "--image", str(img)]) == 0
+    assert ran and ran[0][-3:] == ["install", "-e", str(ROOT)]

@@ -296,7 +296,7 @@ def test_chat_py_prints_a_story_from_a_fresh_cwd(tiny, tmp_path, capsys):
 
 def test_chat_py_errors(tiny, tmp_path):
     r = run_chat(["--image", str(tmp_path / "missing.img"), "x"], tmp_path, {})
-    assert r.returncode == 2 and "model image not found" in r.stderr
+    assert r.returncode == 2 and f"--image {tmp_path / 'missing.img'}: file not found" in r.stderr
     r = run_chat(["--image", str(tiny.image), "--max-tokens", "0", "x"], tmp_path, {})
     assert r.returncode == 2 and "max_tokens must be at least 1" in r.stderr
     r = run_chat(["--board", "n16r8", "--port", "/dev/ttyACM0", "--seed", "3", PROMPT],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_path
+from .atomic import OutputError, atomic_path, check_output
 from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
 from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS
 from .formats.image import (
@@ -173,8 +173,10 @@ def convert(
     for p, what in ((model_path, "model"), (tok_path, "tokenizer")):
         if not p.is_file():
             raise ConvertError(f"{what} file not found: {p}")
-    if not out.parent.is_dir():
-        raise ConvertError(f"output directory does not exist: {out.parent}")
+    try:  # the output first: a bad -o fails at once, not after the work
+        check_output(out)
+    except OutputError as e:
+        raise ConvertError(str(e)) from None
     if out.resolve() in (model_path.resolve(), tok_path.resolve()):
         raise ConvertError(f"output {out} would overwrite an input file")
 
@@ -319,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConvertError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the output is as it was: atomic_path removed its staging file
+        print(f"interrupted; {args.out} was not written", file=sys.stderr)
+        return 130
     if not args.quiet:
         cfg = rep.config
         print(f"model: vocab {rep.vocab_in_source} rows -> {cfg.vocab_in} kept "

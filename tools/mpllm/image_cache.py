@@ -64,3 +64,33 @@ def drafter_note() -> str:
     from .convert import DRAFTER_STORIES
 
     return f" (with the n-gram drafter: the model writes {DRAFTER_STORIES} stories on this PC)"
+
+
+class ImageFileError(ValueError):
+    """A model image the tools must not use; the one-line message says why."""
+
+
+def check_image_file(path: str | os.PathLike[str], what: str = "--image") -> Path:
+    """`path` as a Path if it is a regular file holding a valid model image (header,
+    section table and every section's CRC, what the engine checks at open);
+    else ImageFileError saying what is wrong. The one check of a user's image,
+    shared by flash (both boards), serve, chat and bench."""
+    from .formats.image import ImageFormatError, verify_image
+
+    p = Path(path)
+    where = f"{what} {p}"
+    if not p.exists():
+        raise ImageFileError(f"{where}: file not found")
+    if p.is_dir():
+        raise ImageFileError(f"{where} is a directory, not a model image file")
+    if not p.is_file():
+        raise ImageFileError(f"{where} is not a regular file (a device or a pipe), so not a "
+                             f"model image")
+    try:
+        verify_image(p)
+    except ImageFormatError as e:
+        raise ImageFileError(f"{where} is not a valid mpllm model image ({e}); convert the "
+                             f"model with tools/convert.py") from None
+    except OSError as e:
+        raise ImageFileError(f"{where}: cannot read it ({e.strerror or e})") from None
+    return p

@@ -19,17 +19,21 @@ How the board is driven and what runs there: bench.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import costmodel
+from ..atomic import OutputError, check_output
+from ..image_cache import ImageFileError, check_image_file
 from . import gate
 from .bench import (
     DRAFTS,
     _default_image,
     _import_llm_modules,
+    _progress_close,
     _release_dir,
     make_release_shaped,
     port_gate,
@@ -121,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache  # asked when the outputs are checked and again when plotting: said once
 def _have_matplotlib() -> bool:
     """Plots need matplotlib (in the [board] and [dev] extras); without it, say so and go on."""
     import importlib.util
@@ -130,6 +135,38 @@ def _have_matplotlib() -> bool:
               file=sys.stderr)
         return False
     return True
+
+
+def _plotting(args: argparse.Namespace) -> bool:
+    return not args.no_plot and _have_matplotlib()
+
+
+def _bench_json(args: argparse.Namespace) -> Path:
+    """Where a bench writes its JSON (its plot goes beside it unless --plot)."""
+    name = "host" if args.board else Path(args.port).name
+    return args.json or Path(f"bench-{name}.json")
+
+
+def _plot_path(args: argparse.Namespace) -> Path:
+    """Where the chart goes: --plot, else the cost model's fixed name or beside the JSON."""
+    if args.plot:
+        return args.plot
+    return Path("costmodel-s3.png") if args.model_s3 else _bench_json(args).with_suffix(".png")
+
+
+def _outputs(args: argparse.Namespace) -> list[Path]:
+    """Every file this run will write, known before it runs (so all are checked
+    before any work is done or any file written)."""
+    if args.model_s3:
+        return ([_plot_path(args)] if _plotting(args) else []) + ([args.json] if args.json
+                                                                   else [])
+    if args.report:
+        return [args.report]
+    if args.gate:
+        return []
+    if args.quality:
+        return [args.json] if args.json else []
+    return [_bench_json(args)] + ([_plot_path(args)] if _plotting(args) else [])
 
 
 def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -330,8 +367,8 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     print(line)
     print("counters: " + ("measured (" + "; ".join(measured.sources.values()) + ")"
                           if measured else "analytic (the engine's formulas, no image given)"))
-    if not args.no_plot and _have_matplotlib():
-        path = args.plot or Path("costmodel-s3.png")
+    if _plotting(args):
+        path = _plot_path(args)
         costmodel.plot(rep, path)
         print(f"plot: {path}")
     if args.json:
@@ -346,11 +383,15 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         print("--greedy-only and --sampled-only exclude each other", file=sys.stderr)
         return 2
     try:
-        if args.model_s3:
-            return _model_s3_main(args, llm_module)
-        if args.port is None and args.board is None:
+        if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
+        for path in _outputs(args):
+            check_output(path)
+        if args.image is not None:
+            check_image_file(args.image)
+        if args.model_s3:
+            return _model_s3_main(args, llm_module)
         if args.report:
             return _report_main(args, llm_module)
         if args.gate:
@@ -388,9 +429,6 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
                       "under models/demo)", file=sys.stderr)
                 return 2
             for label, path in images:
-                if not Path(path).is_file():
-                    print(f"{path}: no such image", file=sys.stderr)
-                    return 2
                 for mode in modes:
                     r = run_host(path, runs, args.tokens, llm_module=llm_module,
                                  progress=not args.quiet, mode=mode, draft=args.draft)
@@ -408,15 +446,18 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             if not same:
                 print("error: the speed-ups changed the output", file=sys.stderr)
                 return 1
-        name = "host" if args.board else Path(args.port).name
-        jpath = args.json or Path(f"bench-{name}.json")
+        jpath = _bench_json(args)
         write_json(to_json(results), jpath)
         print(f"json: {jpath}")
-        if not args.no_plot and _have_matplotlib():
-            ppath = args.plot or jpath.with_suffix(".png")
+        if _plotting(args):
+            ppath = _plot_path(args)
             plot_stages(results, ppath)
             print(f"plot: {ppath}")
         return 0
+    except (OutputError, ImageFileError) as e:  # what the user gave: as bad arguments
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 2
     except (RuntimeError, ValueError, OSError) as e:
+        _progress_close()  # a bar left open would print again after the message
         print(f"bench.py: {e}", file=sys.stderr)
         return 1

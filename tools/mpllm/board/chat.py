@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 
+from ..image_cache import check_image_file
 from . import hostboard
 
 
@@ -126,9 +127,12 @@ def _main(argv: list[str] | None) -> int:
         return 0
     if args.port:
         ap.error("--port is for --board n16r8")
+    if args.prompt is not None and not _is_utf8(args.prompt):
+        ap.error("the prompt is not UTF-8 text (as this system passed it to the command)")
 
     try:
-        image = args.image or hostboard.ensure_image(*hostboard.demo_sources())
+        image = (check_image_file(args.image) if args.image
+                 else hostboard.ensure_image(*hostboard.demo_sources()))
         llm = hostboard.open_image(image)
         llm.load(plain=args.plain, fast=args.fast)
         if args.plain:  # plain mode: every speed-up off, drafting too
@@ -140,6 +144,10 @@ def _main(argv: list[str] | None) -> int:
     except (hostboard.HostBoardError, RuntimeError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.prompt is None and sys.stdin is not None and hasattr(sys.stdin, "reconfigure"):
+        # Bytes that are not UTF-8 stop the chat with a message about the input, not
+        # (escaped, as a C locale reads them) a codec error about the text later on.
+        sys.stdin.reconfigure(errors="strict")
     try:
         if args.prompt is None:
             llm.chat(**opts)
@@ -152,8 +160,21 @@ def _main(argv: list[str] | None) -> int:
             return 130
         if args.stats:
             _print_stats(llm.stats())
+    except UnicodeDecodeError as e:  # only reading stdin decodes here
+        print(f"error: the input is not UTF-8 text (byte {e.object[e.start]:#04x}: {e.reason})",
+              file=sys.stderr)
+        return 2
     except (ValueError, TypeError, RuntimeError) as e:  # RuntimeError: _llm.Error
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _is_utf8(text: str) -> bool:
+    # a command-line argument that is not UTF-8 arrives with surrogate escapes
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 

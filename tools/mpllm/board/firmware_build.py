@@ -133,8 +133,11 @@ def build(micropython: Path | None, cache: Path, run: Runner, env: dict[str, str
     submodules` (it clones from GitHub) for a checkout that has them already."""
     if micropython is not None:
         mp_dir = micropython.resolve()
-        if not run.dry_run and not (mp_dir / "ports" / "esp32" / "Makefile").is_file():
-            raise ToolError(f"--micropython {mp_dir} is not a MicroPython checkout "
+        # checked in a dry run too: looking is not doing
+        if not mp_dir.is_dir():
+            raise ToolError(f"--micropython {micropython}: no such folder")
+        if not (mp_dir / "ports" / "esp32" / "Makefile").is_file():
+            raise ToolError(f"--micropython {micropython} is not a MicroPython checkout "
                             f"(no ports/esp32/Makefile)")
     else:
         mp_dir = default_checkout(cache)
@@ -152,8 +155,7 @@ def build(micropython: Path | None, cache: Path, run: Runner, env: dict[str, str
                 f"MicroPython {pins.MICROPYTHON_TAG} recommends); you have {idf_version}")
     if not (mp_dir / "py" / "mpconfig.h").is_file():
         if micropython is not None:
-            if not run.dry_run:
-                raise ToolError(f"--micropython {mp_dir} has no py/mpconfig.h")
+            raise ToolError(f"--micropython {mp_dir} has no py/mpconfig.h")
         else:
             run.run(["git", "clone", "--depth", "1", "--branch", pins.MICROPYTHON_TAG,
                      pins.MICROPYTHON_GIT, mp_dir], "cloning MicroPython")

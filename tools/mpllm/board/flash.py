@@ -33,7 +33,6 @@ from pathlib import Path
 
 from .. import checkout, image_cache
 from ..atomic import atomic_path
-from ..formats.image import ImageFormatError, verify_image
 from ..formats.partitions import (
     PartitionError,
     app_partition,
@@ -118,6 +117,13 @@ def load_release(path: Path) -> list[PinnedFile]:
     return sorted(out, key=lambda p: p.name)
 
 
+def _why(e: OSError) -> object:
+    """What went wrong with a download, in a few words (HTTP 404 Not Found, Connection refused)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    return getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+
+
 def _progress_bar(total: int, desc: str):  # tqdm bar, or None without tqdm
     try:
         from tqdm import tqdm
@@ -168,7 +174,7 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
                                  f"{h.hexdigest()} does not match the pinned {pin.sha256}; "
                                  f"nothing was kept")
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        reason = _why(e)
         raise FlashError(f"cannot download {pin.name} from {pin.url}: {reason}") from None
     finally:
         if bar is not None:
@@ -181,8 +187,30 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
 # release assets (--firmware URL, --image URL)
 
 
-def is_url(text: str) -> bool:
-    return urllib.parse.urlsplit(text).scheme in ("http", "https")
+def is_url(text: str, what: str) -> bool:
+    """True for an http(s) URL; False for a local path. Any other URL (ftp://,
+    file://, ...) is a FlashError naming `what`: taken as a file name it would
+    only be "not found" under a mangled name."""
+    scheme = urllib.parse.urlsplit(text).scheme.lower()
+    if scheme in ("http", "https"):
+        return True
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):  # not C:\... (a Windows drive)
+        raise FlashError(f"{what} {text}: only http:// and https:// URLs, or a local file, "
+                         f"are supported (not {scheme}://)")
+    return False
+
+
+def _check_reachable(url: str) -> int | None:
+    """Ask for `url` without downloading it (HEAD); its size if the server says.
+    What a dry run can check of a download."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                    timeout=60) as r:
+            length = r.headers.get("Content-Length")
+    except (urllib.error.URLError, OSError) as e:
+        reason = _why(e)
+        raise FlashError(f"cannot reach {url}: {reason}") from None
+    return int(length) if length and length.isdigit() else None
 
 
 def _read_url(url: str, limit: int) -> bytes:
@@ -190,7 +218,7 @@ def _read_url(url: str, limit: int) -> bytes:
         with urllib.request.urlopen(url, timeout=60) as r:
             data = r.read(limit + 1)
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        reason = _why(e)
         raise FlashError(f"cannot download {url}: {reason}") from None
     if len(data) > limit:
         raise FlashError(f"{url} is larger than {limit} bytes: not a release manifest")
@@ -203,10 +231,8 @@ def fetch_release_asset(url: str, kind: str, cache: Path, run: Runner) -> Path:
     the verified file, kept in the cache under its hash."""
     base, _, name = url.rpartition("/")
     manifest_url = f"{base}/{release.RELEASE_MANIFEST}"
-    if run.dry_run:
-        run.out(f"download {manifest_url}, then {url} (verify its size and sha256 against "
-                f"that manifest's entry for {name})")
-        return cache / "release-assets" / name
+    # The manifest (a few hundred bytes) is read in a dry run too: it is how
+    # a dry run knows the asset is a release's, and that both can be reached.
     text = _read_url(manifest_url, MANIFEST_LIMIT).decode("utf-8", errors="replace")
     try:
         assets = release.parse_release_manifest(text, manifest_url)
@@ -220,8 +246,17 @@ def fetch_release_asset(url: str, kind: str, cache: Path, run: Runner) -> Path:
         want = next((a.name for a in assets if a.kind == kind), "?")
         raise FlashError(f"{name} is the release's {entry.kind} asset, not its {kind}; "
                          f"use {base}/{want}")
+    dest_dir = cache / "release-assets" / entry.sha256[:16]
+    if run.dry_run:
+        size = _check_reachable(url)
+        if size is not None and size != entry.size:
+            raise FlashError(f"{url} is {size} bytes; {manifest_url} says {entry.size}")
+        run.out(f"checked {manifest_url} (lists {name}, {entry.size} bytes) and {url} "
+                f"(reachable); would download it -> {dest_dir / name} and verify its size "
+                f"and sha256")
+        return dest_dir / name
     pin = PinnedFile(name, url, entry.size, entry.sha256)
-    return fetch_pinned(pin, cache / "release-assets" / entry.sha256[:16], run)
+    return fetch_pinned(pin, dest_dir, run)
 
 
 # ---------------------------------------------------------------------------
@@ -230,8 +265,24 @@ def fetch_release_asset(url: str, kind: str, cache: Path, run: Runner) -> Path:
 
 def _check_local(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise FlashError(f"{what} file not found: {path}")
+        why = "is a directory" if path.is_dir() else \
+            "is not a regular file" if path.exists() else "not found"
+        raise FlashError(f"{what} file {why}: {path}")
     return path
+
+
+def check_image(img: Path, limit: int | None = None) -> None:
+    """The one check of an image before it is used, for both boards: a valid
+    model image (what the engine would check at boot), within `limit` bytes
+    (the model partition) if given."""
+    size = img.stat().st_size if img.is_file() else 0
+    if limit is not None and size > limit:  # first: no need to read all of a huge file
+        raise FlashError(f"model image {img} is {size} bytes; the '{pins.MODEL_PARTITION}' "
+                         f"partition holds {limit}. Nothing was written.")
+    try:
+        image_cache.check_image_file(img, "model image")
+    except image_cache.ImageFileError as e:
+        raise FlashError(f"{e}. Nothing was written.") from None
 
 
 def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
@@ -248,24 +299,37 @@ def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Pat
         raise FlashError(f"conversion failed: {e}") from None
 
 
-def resolve_model(args: argparse.Namespace, cache: Path, run: Runner) -> Path:
-    """The image to flash: --image as is, else converted from --model/--tokenizer or
-    from the release files (downloaded and verified against their pins)."""
+def model_sources(args: argparse.Namespace, cache: Path, run: Runner,
+                  default: tuple[Path, Path] | None) -> Path | tuple[Path, Path]:
+    """What the model image comes from, checked (in a dry run too): --image (a
+    file, or a release URL: downloaded and verified), else (model.bin,
+    tokenizer.json) from --model/--tokenizer, `default`, or the release pins
+    (downloaded and verified; in a dry run only shown)."""
     if args.image:
-        if is_url(args.image):
+        if is_url(args.image, "--image"):
             return fetch_release_asset(args.image, "model", cache, run)
         return _check_local(Path(args.image), "--image")
     if bool(args.model) != bool(args.tokenizer):
         raise FlashError("--model and --tokenizer go together (a model.bin needs its "
                          "tokenizer.json)")
     if args.model:
-        model_bin = _check_local(Path(args.model), "--model")
-        tok = _check_local(Path(args.tokenizer), "--tokenizer")
-    else:
-        pinned = {p.name: p for p in load_release(Path(args.release))}
-        model_bin = fetch_pinned(pinned["model.bin"], cache / "release", run)
-        tok = fetch_pinned(pinned["tokenizer.json"], cache / "release", run)
-    return image_for(model_bin, tok, cache, run)
+        return (_check_local(Path(args.model), "--model"),
+                _check_local(Path(args.tokenizer), "--tokenizer"))
+    if default is not None:
+        return _check_local(default[0], "model"), _check_local(default[1], "tokenizer")
+    pinned = {p.name: p for p in load_release(Path(args.release))}
+    return (fetch_pinned(pinned["model.bin"], cache / "release", run),
+            fetch_pinned(pinned["tokenizer.json"], cache / "release", run))
+
+
+def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
+                  limit: int | None = None) -> Path:
+    """The image of `sources` (model_sources()): as is, or converted; checked
+    (check_image) unless a dry run has not made it."""
+    img = sources if isinstance(sources, Path) else image_for(*sources, cache, run)
+    if img.is_file() or not run.dry_run:
+        check_image(img, limit)
+    return img
 
 
 # ---------------------------------------------------------------------------
@@ -367,23 +431,14 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
 
     # Everything that can fail without a board is done before the board is touched.
     if args.only in (None, "model"):
-        img = resolve_model(args, cache, run)
-        if img.is_file():
-            size = img.stat().st_size
-            if size > model_region.limit:
-                raise FlashError(f"model image {img} is {size} bytes; the "
-                                 f"'{pins.MODEL_PARTITION}' partition holds "
-                                 f"{model_region.limit}. Nothing was written.")
-            try:  # the engine would refuse it at boot: refuse it before writing
-                verify_image(img)
-            except ImageFormatError as e:
-                raise FlashError(f"{img} is not a valid mpllm model image ({e}); convert the "
-                                 f"model with tools/convert.py. Nothing was written.") from None
+        # the engine would refuse a bad image at boot: refuse it before writing
+        img = resolve_model(model_sources(args, cache, run, None), cache, run,
+                            model_region.limit)
         writes.append((model_region.offset, img, "model image"))
     if args.only in (None, "firmware"):
         if not args.firmware:
             fw = build_firmware(args, cache, run, env)
-        elif is_url(args.firmware):
+        elif is_url(args.firmware, "--firmware"):
             fw = fetch_release_asset(args.firmware, "firmware", cache, run)
         else:
             fw = _check_local(Path(args.firmware), "--firmware")
@@ -433,21 +488,17 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
 
 
 def prepare_host(args: argparse.Namespace, run: Runner) -> None:
-    """Host board: build the CPython _llm with pip and convert the demo model."""
+    """Host board: build the CPython _llm with pip and convert the demo model.
+    The arguments (and a given image) are checked before pip runs."""
     cache = firmware_build.cache_dir(args)
+    sources = model_sources(args, cache, run,
+                            (DEMO_DIR / "model.bin", DEMO_DIR / "tokenizer.json"))
+    if isinstance(sources, Path):
+        check_image(sources)
     run.run([sys.executable, "-m", "pip", "install", "-e", str(ROOT)],
             "building the CPython _llm (pip install -e .)")
-    if args.image:
-        img = _check_local(Path(args.image), "--image")
-    else:
-        if bool(args.model) != bool(args.tokenizer):
-            raise FlashError("--model and --tokenizer go together")
-        model_bin = Path(args.model) if args.model else DEMO_DIR / "model.bin"
-        tok = Path(args.tokenizer) if args.tokenizer else DEMO_DIR / "tokenizer.json"
-        if not run.dry_run:
-            _check_local(model_bin, "model")
-            _check_local(tok, "tokenizer")
-        img = image_for(model_bin, tok, cache, run)
+    # converting needs the _llm pip just built (the drafter's stories)
+    img = sources if isinstance(sources, Path) else resolve_model(sources, cache, run)
     run.out("")
     run.out(f"Done: model image {img}. Next:")
     run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
@@ -482,7 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-psram-check", action="store_true",
                     help="flash even if esptool reports no embedded PSRAM")
     ap.add_argument("--dry-run", action="store_true",
-                    help="print every command and step without running or writing anything")
+                    help="print every command and step without running or writing anything; "
+                         "check what can be checked (local files, the MicroPython checkout, "
+                         "that --firmware/--image URLs answer)")
     return ap
 
 
@@ -490,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = Runner(args.dry_run)
     if args.dry_run:
-        run.out("dry run: nothing is downloaded, built or written")
+        run.out("dry run: nothing is downloaded, built or written, only checked (local "
+                "files, --firmware/--image URLs, the MicroPython checkout)")
     try:
         if args.board == "host":
             if args.only or args.firmware or args.port:

@@ -10,10 +10,14 @@ from collections.abc import Callable
 def open_transport(port: str) -> object:
     """mpremote's serial transport to the board at `port`."""
     try:
+        from mpremote.transport import TransportError
         from mpremote.transport_serial import SerialTransport
     except ImportError as e:  # pragma: no cover - depends on the install
         raise SystemExit("talking to a board needs mpremote: pip install 'mpllm[board]'") from e
-    return SerialTransport(port, baudrate=115200)
+    try:
+        return SerialTransport(port, baudrate=115200)
+    except TransportError as e:  # "failed to access PORT": no such port, or it is busy
+        raise RuntimeError(str(e)) from None
 
 
 def run_port_snippet(port: str, snippet: str, *, consumer: Callable[[bytes], None],

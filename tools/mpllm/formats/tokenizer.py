@@ -104,6 +104,9 @@ def parse_tokenizer_json(text: str, where: str = "tokenizer.json") -> TokenizerT
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise TokenizerFormatError(f"{where} is not valid JSON: {e}") from None
+    except RecursionError:  # json recurses once per level: a real tokenizer has a handful
+        raise TokenizerFormatError(f"{where}: JSON nested too deeply (thousands of levels); "
+                                   f"not a tokenizer") from None
     _require(isinstance(doc, dict), f"{where}: top level is not a JSON object")
 
     model = doc.get("model")

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import resource
 import signal
@@ -34,6 +35,37 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _count(text: str) -> int:
+    """A count of at least 1 (0 or less would mean nothing, or something unsaid)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def _tcp_port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (0..65535; 0: any free one)")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    if not (math.isfinite(x) and x > 0):  # nan would never end a level; 0 or less, at once
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return x
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="serve.py", description="The web chat: write a story together with the model "
@@ -47,19 +79,20 @@ def _parser() -> argparse.ArgumentParser:
                     "partition opens (the MicroPython unix port)")
     ap.add_argument("--image", help="host board: a converted model image (default: the "
                     "bundled demo model)")
-    ap.add_argument("--engines", type=int, default=None,
-                    help="host board: engine processes (default: one per core)")
+    ap.add_argument("--engines", type=_count, default=None,
+                    help="host board: engine processes, at least 1 (default: one per core)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1, this PC only; 0.0.0.0 "
                          "shares the chat on your network)")
-    ap.add_argument("--http-port", type=int, default=8000, help="TCP port (default 8000)")
-    ap.add_argument("--tokens", type=int, default=None,
+    ap.add_argument("--http-port", type=_tcp_port, default=8000,
+                    help="TCP port (default 8000; 0: any free one)")
+    ap.add_argument("--tokens", type=_count, default=None,
                     help="story tokens of one reply (default: llm_chat.TURN_TOKENS)")
-    ap.add_argument("--max-connections", type=int, default=None,
+    ap.add_argument("--max-connections", type=_count, default=None,
                     help="connections at once, each one story (default 2000 on the host "
                          f"board, {BOARD_CONNECTIONS} on a board, whose memory holds the "
                          "stories); more get a 'busy' reply")
-    ap.add_argument("--max-queue", type=int, default=None,
+    ap.add_argument("--max-queue", type=_count, default=None,
                     help="requests that may wait for an engine (default 2000); more get "
                          "a 'busy' reply")
     test = ap.add_argument_group("load test (loopback only: it starts and stops its own server)")
@@ -67,13 +100,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="concurrent WebSocket clients at each level; prints a table")
     test.add_argument("--levels", type=_levels, default=_levels(DEFAULT_LEVELS),
                       help=f"connections at each level (default {DEFAULT_LEVELS}; at most 2000)")
-    test.add_argument("--seconds", type=float, default=10.0,
+    test.add_argument("--seconds", type=_seconds, default=10.0,
                       help="each level writes turns this long (default 10; every connection "
                            "writes at least one)")
     test.add_argument("--json", help="write the load test's figures to this file")
     test.add_argument("--plot", help="the load test's latency plot (PNG; default: next to "
                       "--json, else serve-load.png)")
-    test.add_argument("--typist", type=int, metavar="LINES",
+    test.add_argument("--typist", type=_count, metavar="LINES",
                       help="a scripted typist writes LINES lines: how often the reply was "
                            "ready at Enter")
     return ap
@@ -88,6 +121,7 @@ def _raise_file_limit(want: int) -> None:
 
 def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
     from ..board import hostboard
+    from ..image_cache import check_image_file
     from .engines import Pool, board_argvs, host_argvs
     from .server import Limits
 
@@ -100,19 +134,29 @@ def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignor
                     interrupt_speculation=True), "board"
     if args.board == "n16r8":
         ap.error("--board n16r8 needs --port (the board's serial port)")
-    image = args.image or str(hostboard.ensure_image(*hostboard.demo_sources()))
-    if not Path(image).is_file():
-        ap.error(f"model image not found: {image}")
+    if args.image:  # refused here in one line, not by every engine process as it starts
+        image = str(check_image_file(args.image))
+    else:
+        image = str(hostboard.ensure_image(*hostboard.demo_sources()))
     n = args.engines or os.cpu_count() or 1
-    if n < 1:
-        ap.error("--engines must be at least 1")
     return Pool(host_argvs(image, n), max_queue), "host"
 
 
-async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+async def _started(server, host: str, port: int):  # type: ignore[no-untyped-def]
+    """server.start(), and when it fails (an engine that cannot start, a port in
+    use) the engines that did start are stopped before the error goes up, so
+    none outlives the event loop."""
     from .server import start
 
-    runner, bound = await start(server, host, port)
+    try:
+        return await start(server, host, port)
+    except BaseException:
+        await server.pool.stop()
+        raise
+
+
+async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+    runner, bound = await _started(server, host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"the web chat is at http://{shown}:{bound}/ ({server.backend}, "
           f"{len(server.pool.engines)} engine(s)); Ctrl-C stops it", file=sys.stderr, flush=True)
@@ -128,9 +172,8 @@ async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyp
 async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     from ..atomic import atomic_write_bytes
     from . import load_test
-    from .server import start
 
-    runner, port = await start(server, "127.0.0.1", 0)
+    runner, port = await _started(server, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}/ws?seed=1"
     levels = []
     unsettled = False
@@ -166,8 +209,7 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
         if args.json:
             atomic_write_bytes(args.json, json.dumps(doc, indent=1).encode())
             print(f"wrote {args.json}", file=sys.stderr)
-        png = args.plot or (str(Path(args.json).with_suffix(".png")) if args.json
-                            else "serve-load.png")
+        png = _plot_path(args)
         title = f"web chat load test: {doc['engines']} {server.backend} engine(s)"
         if load_test.plot(levels, png, title):
             print(f"wrote {png}", file=sys.stderr)
@@ -179,12 +221,32 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
     return 0
 
 
+def _plot_path(args: argparse.Namespace) -> str:
+    """Where the load test's plot goes."""
+    return args.plot or (str(Path(args.json).with_suffix(".png")) if args.json
+                         else "serve-load.png")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    from ..atomic import check_output
     from ..board import hostboard
+    from ..image_cache import ImageFileError
+
+    # every output is checked before the engines start: a bad --json fails at once
+    outputs = [args.json] if args.json else []
+    if args.load_test:
+        outputs.append(_plot_path(args))
+    try:
+        for path in outputs:
+            check_output(path)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     try:
+        from .engines import EngineFailed
         from .server import ChatServer, Limits
     except ImportError as e:  # aiohttp comes with the board extra
         print(f"error: the web chat needs aiohttp ({e}): pip install 'mpllm[board]'",
@@ -193,14 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         pool, backend = _pool(args, ap)
-    except hostboard.HostBoardError as e:
+    except (hostboard.HostBoardError, ImageFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     given = {"reply_tokens": args.tokens, "max_queue": args.max_queue,
              "max_connections": args.max_connections}
-    for flag, value in zip(("--tokens", "--max-queue", "--max-connections"), given.values()):
-        if value is not None and value < 1:
-            ap.error(f"{flag} must be at least 1")
     if backend == "board" and args.max_connections is None:
         given["max_connections"] = BOARD_CONNECTIONS
     limits = Limits(**{k: v for k, v in given.items() if v is not None})
@@ -211,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if testing:
             return asyncio.run(_load_test(server, args))
         asyncio.run(_serve(server, args.host, args.http_port))
-    except OSError as e:
+    except (OSError, EngineFailed) as e:  # a port in use; an engine that cannot start
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
