@@ -455,6 +455,23 @@ static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const
     for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
 }
 
+/* xb = rmsnorm(x) * norm, quantized as the input of the matvecs that follow,
+ * for the m positions of the pass. */
+static void norm_input(llm_engine *e, uint32_t m, const float *norm) {
+    llm_run_state *s = &e->s;
+    for (uint32_t c = 0; c < m; c++) {
+        rmsnorm(e, s->col[c].xb, s->col[c].x, norm, e->cfg.dim);
+        quantize(&s->col[c].act, s->col[c].xb, e->cfg.dim);
+    }
+}
+
+/* x += xb2: a branch's output into the residual stream. */
+static void add_branch(llm_engine *e, uint32_t m) {
+    const uint32_t D = e->cfg.dim;
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t i = 0; i < D; i++) e->s.col[c].x[i] += e->s.col[c].xb2[i];
+}
+
 /* Layer l's attention for the pass's m positions:
  *   xb = rmsnorm(x) * attn_norm
  *   q | k | v = W_qkv xb
@@ -466,10 +483,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
     llm_run_state *s = &e->s;
-    for (uint32_t c = 0; c < m; c++) {
-        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
-        quantize(&s->col[c].act, s->col[c].xb, D);
-    }
+    norm_input(e, m, ly->attn_norm);
     if (s->value_dots != NULL && !e->plain && !e->fast)
         matvec_qk_vdots(e, &ly->qkv, m);
     else
@@ -489,8 +503,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
     attention(e, l, e->pos, m, ly->qkv.w.scales + 2u * D);
     for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
-    for (uint32_t c = 0; c < m; c++)
-        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+    add_branch(e, m);
 }
 
 /* Layer l's SwiGLU feed-forward:
@@ -499,12 +512,9 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
  *   x += W_down hb */
 static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
     const llm_layer_weights *ly = &e->w.layers[l];
-    const uint32_t D = e->cfg.dim, F = e->cfg.ffn;
+    const uint32_t F = e->cfg.ffn;
     llm_run_state *s = &e->s;
-    for (uint32_t c = 0; c < m; c++) {
-        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->ffn_norm, D);
-        quantize(&s->col[c].act, s->col[c].xb, D);
-    }
+    norm_input(e, m, ly->ffn_norm);
     MATVEC(e, &ly->gate, m, hb);
     MATVEC(e, &ly->up, m, hb2);
     for (uint32_t c = 0; c < m; c++) {
@@ -512,8 +522,7 @@ static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
         quantize(&s->col[c].act, s->col[c].hb, F);
     }
     MATVEC(e, &ly->down, m, xb2);
-    for (uint32_t c = 0; c < m; c++)
-        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+    add_branch(e, m);
 }
 
 /* Layer l's per-layer-embedding (PLE) branch, on the raw residual:
