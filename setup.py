@@ -4,9 +4,12 @@
     MPLLM_KERNELS=pie-emu pip install -e .  PIE kernels run through pie.h's
                                           exact host model (slow; for testing)
 
-The engine sources are listed here explicitly (not globbed) so that a build
-never picks up a half-written file; native/micropython/micropython.cmake keeps
-the same list for the board.
+The engine's sources come from native/engine/sources.txt, the one list every
+build compiles. Build outputs stay under build/: an in-place build (`pip
+install -e .`, or `python setup.py build_ext --inplace` as tests/engine_ext.py
+runs it) puts `_llm` in build/inplace/ and the egg-info in build/, not in
+firmware/modules beside the board's Python, the folder the firmware freezes.
+pyproject.toml maps `_llm` to build/inplace/ for the editable install's finder.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 ENGINE = Path("native/engine")
@@ -29,6 +33,22 @@ PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 SELFTEST_SOURCES = [*PIE_SOURCES, "selftest.c"]
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]
+
+BUILD = ROOT / "build"
+#: where an in-place build puts `_llm` (tools/mpllm/checkout.py's ENGINE_BUILD,
+#: pyproject.toml's package-dir for `_llm`; tests/test_build_outputs.py holds
+#: the three equal)
+INPLACE = BUILD / "inplace"
+
+
+class BuildExtInBuild(build_ext):
+    """build_ext whose in-place copy goes to INPLACE instead of the folder of
+    the top-level modules (firmware/modules)."""
+
+    def _get_inplace_equivalent(self, build_py, ext):  # type: ignore[no-untyped-def]
+        inplace_file, regular_file = super()._get_inplace_equivalent(build_py, ext)
+        INPLACE.mkdir(parents=True, exist_ok=True)
+        return str(INPLACE / Path(inplace_file).name), regular_file
 
 
 def _kernels() -> tuple[list[str], list[tuple[str, str | None]]]:
@@ -46,7 +66,10 @@ def _kernels() -> tuple[list[str], list[tuple[str, str | None]]]:
 
 pie_sources, pie_defines = _kernels()
 
+BUILD.mkdir(exist_ok=True)  # egg_info's egg_base must exist
 setup(
+    cmdclass={"build_ext": BuildExtInBuild},
+    options={"egg_info": {"egg_base": str(BUILD.relative_to(ROOT))}},
     ext_modules=[
         Extension(
             "_llm",

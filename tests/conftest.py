@@ -29,8 +29,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# The tests run from a checkout whether or not `pip install -e .` was done.
-for _p in (ROOT / "tools", ROOT / "firmware" / "modules"):
+# The tests run from a checkout whether or not `pip install -e .` was done (the
+# in-place `_llm` is in build/inplace: tests/engine_ext.py).
+for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inplace"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -1,7 +1,8 @@
 """Load the CPython `_llm` the tests exercise, rebuilding it if the C changed.
 
-`pip install -e .` builds `_llm` in place (into firmware/modules, where the
-top-level modules live). A developer who edits the engine and reruns pytest
+`pip install -e .` builds `_llm` in place (into build/inplace, beside the
+build: firmware/modules holds only the board's own files). A developer who
+edits the engine and reruns pytest
 must not test the old binary, so `load()` compares the extension's mtime with
 every C source and setup.py and rebuilds in place when any is newer. Under
 pytest-xdist the workers share one build through a file lock.
@@ -10,6 +11,7 @@ pytest-xdist the workers share one build through a file lock.
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +20,10 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "firmware" / "modules"
+#: where the in-place build puts `_llm` (setup.py's INPLACE)
+EXT_DIR = ROOT / "build" / "inplace"
+#: PYTHONPATH for a subprocess that imports the board's Python and `_llm`
+PYTHONPATH = os.pathsep.join([str(MODULES), str(EXT_DIR)])
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
@@ -45,7 +51,7 @@ def _build() -> None:
 
 def load() -> ModuleType:
     """The `_llm` module, built from the current sources."""
-    ext = MODULES / f"_llm{SUFFIX}"
+    ext = EXT_DIR / f"_llm{SUFFIX}"
     if _stale(ext):
         import fcntl
 
@@ -58,8 +64,9 @@ def load() -> ModuleType:
                     _build()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-    if str(MODULES) not in sys.path:
-        sys.path.insert(0, str(MODULES))
+    for path in (MODULES, EXT_DIR):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
     module = importlib.import_module("_llm")
     loaded = Path(module.__file__ or "")
     if loaded.resolve() != ext.resolve():

@@ -21,12 +21,12 @@ REPLAY = ROOT / "tests" / "replay"
 
 @pytest.fixture(scope="module", autouse=True)
 def built_llm() -> None:
-    engine_ext.load()  # the CLI imports the in-place build from firmware/modules
+    engine_ext.load()  # the CLI imports the in-place build (engine_ext.PYTHONPATH)
 
 
 def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tools"), str(MODULES),
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tools"), engine_ext.PYTHONPATH,
                                          env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, check=False,
                           timeout=timeout, env=env)
@@ -118,7 +118,7 @@ def test_mpremote_exec_against_the_serial_peer() -> None:
 
 RECORD = """
 import sys
-sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
+sys.path[:0] = [{modules!r}, {ext!r}, {tools!r}, {replay!r}]
 import record
 record.install({out!r})
 from mpllm.board import bench, bench_runs
@@ -133,8 +133,9 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
     engine answered to the very same bench snippet (recorded by
     tests/replay/record.py)."""
     rec_dir = tmp_path / "recording"
-    code = RECORD.format(modules=str(MODULES), tools=str(ROOT / "tools"), replay=str(REPLAY),
-                         out=str(rec_dir), image=str(small_model.image), n=20)
+    code = RECORD.format(modules=str(MODULES), ext=str(engine_ext.EXT_DIR),
+                         tools=str(ROOT / "tools"), replay=str(REPLAY), out=str(rec_dir),
+                         image=str(small_model.image), n=20)
     made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
@@ -169,7 +170,7 @@ def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
                            "Once upon a time", "--tokens", "20", "--json",
                            str(tmp_path / "h.json"), "--quiet", "--no-plot"],
                           capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(MODULES)})
+                          env={**os.environ, "PYTHONPATH": engine_ext.PYTHONPATH})
     assert host.returncode == 0, host.stderr
     (hrun,) = json.loads((tmp_path / "h.json").read_text())["results"][0]["runs"]
     assert run["text"] == hrun["text"] and len(recorded) == 20

@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import engine_ext
 import llm
 import pytest
 import test_micropython_binding
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ROOT / "firmware" / "modules"
 # the fixture: the unix port built with the real binding (under MICROPY_DIR)
 micropython = test_micropython_binding.micropython
 
@@ -56,7 +56,7 @@ def test_llm_serve_on_the_real_micropython_binding(micropython, tmp_path) -> Non
     code = SERVE_SESSION.format(image=image, requests=requests)
     out = test_micropython_binding._run_mp(micropython, code, tmp_path)
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(MODULES)}, timeout=300,
+                          env={**os.environ, "PYTHONPATH": engine_ext.PYTHONPATH}, timeout=300,
                           check=False)
     assert host.returncode == 0, host.stderr
     assert out == host.stdout

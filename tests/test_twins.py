@@ -133,9 +133,9 @@ def test_an_unlisted_mirror_is_found() -> None:
     files["tools/mpllm/reference/fast_forward.py"] = (
         '"""A faster numpy mirror of native/engine/engine.c."""\n')
     found = problems(files, DOC.read_text())
-    assert found == ["tools/mpllm/reference/fast_forward.py: says it mirrors or twins "
-                     "native/engine/engine.c, but is not in the twins table of "
-                     "docs/ARCHITECTURE.md"]
+    assert found == [("tools/mpllm/reference/fast_forward.py: says it mirrors or twins "
+                      "native/engine/engine.c, but is not in the twins table of "
+                      "docs/ARCHITECTURE.md")]
 
 
 def test_a_mirror_that_stops_naming_its_twin_is_found() -> None:

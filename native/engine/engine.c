@@ -1,7 +1,7 @@
 /*
  * The engine: one forward pass, prefill/step/rewind, the head and the
  * sampler per evaluation, stats. Opening and placement: engine_open.c; the
- * structs: engine_state.h. One file on purpose (~760 lines): the forward pass
+ * structs: engine_state.h. One file on purpose (~840 lines): the forward pass
  * reads top to bottom.
  *
  * Shaped like llama2.c's run.c: the weights (what the image gives, after
@@ -270,14 +270,14 @@ typedef struct attn_job {
     const float *v_scale; /* [dim] the layer's V row scales (qkv rows 2*dim..) */
 } attn_job;
 
-static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
-    const attn_job *j = arg;
+/* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
+ * scaled) for every cached t a position sees, and their max. */
+static void attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_engine *e = j->e;
     llm_run_state *s = &e->s;
     const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
     const uint32_t m = j->m, last = pos + m - 1u;
     const float *kc = s->key_cache + (size_t)j->layer * S * D;
-    const float *vc = s->value_cache + (size_t)j->layer * S * D;
     for (uint32_t c = 0; c < m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
     for (uint32_t t = 0; t <= last; t++) {
@@ -294,9 +294,16 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
             }
         }
     }
-    /* the weights w = expf(s - max), written over the scores: independent, so
-     * four at a time (one at a time in plain mode) */
-    for (uint32_t c = 0; c < m; c++) {
+}
+
+/* Phase 2: the weights w_t = expf(s_t - max), written over the scores:
+ * independent, so four at a time (one at a time in plain mode); the output
+ * and the denominator start at 0. */
+static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
+    llm_engine *e = j->e;
+    llm_run_state *s = &e->s;
+    const uint32_t Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
+    for (uint32_t c = 0; c < j->m; c++) {
         llm_col *col = &s->col[c];
         for (uint32_t h = h0; h < h1; h++) {
             float *w = col->scores + (size_t)h * S;
@@ -311,6 +318,17 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
             col->att_den[h] = 0.0f;
         }
     }
+}
+
+/* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
+ * once for all m positions (from its dots and scale, or as floats where
+ * wide). */
+static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
+    llm_engine *e = j->e;
+    llm_run_state *s = &e->s;
+    const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
+    const uint32_t m = j->m, last = pos + m - 1u;
+    const float *vc = s->value_cache + (size_t)j->layer * S * D;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
     for (uint32_t t = 0; t <= last; t++) {
@@ -344,7 +362,17 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
             }
         }
     }
-    for (uint32_t c = 0; c < m; c++)
+}
+
+static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
+    const attn_job *j = arg;
+    llm_run_state *s = &j->e->s;
+    const uint32_t Dh = j->e->cfg.head_dim;
+    attention_scores(j, h0, h1);
+    attention_weights(j, h0, h1);
+    attention_values(j, h0, h1);
+    /* out /= denom */
+    for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++)
             for (uint32_t i = 0; i < Dh; i++) s->col[c].att[h * Dh + i] /= s->col[c].att_den[h];
 }
@@ -455,6 +483,23 @@ static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const
     for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
 }
 
+/* xb = rmsnorm(x) * norm, quantized as the input of the matvecs that follow,
+ * for the m positions of the pass. */
+static void norm_input(llm_engine *e, uint32_t m, const float *norm) {
+    llm_run_state *s = &e->s;
+    for (uint32_t c = 0; c < m; c++) {
+        rmsnorm(e, s->col[c].xb, s->col[c].x, norm, e->cfg.dim);
+        quantize(&s->col[c].act, s->col[c].xb, e->cfg.dim);
+    }
+}
+
+/* x += xb2: a branch's output into the residual stream. */
+static void add_branch(llm_engine *e, uint32_t m) {
+    const uint32_t D = e->cfg.dim;
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t i = 0; i < D; i++) e->s.col[c].x[i] += e->s.col[c].xb2[i];
+}
+
 /* Layer l's attention for the pass's m positions:
  *   xb = rmsnorm(x) * attn_norm
  *   q | k | v = W_qkv xb
@@ -466,10 +511,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
     llm_run_state *s = &e->s;
-    for (uint32_t c = 0; c < m; c++) {
-        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->attn_norm, D);
-        quantize(&s->col[c].act, s->col[c].xb, D);
-    }
+    norm_input(e, m, ly->attn_norm);
     if (s->value_dots != NULL && !e->plain && !e->fast)
         matvec_qk_vdots(e, &ly->qkv, m);
     else
@@ -489,8 +531,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
     attention(e, l, e->pos, m, ly->qkv.w.scales + 2u * D);
     for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
-    for (uint32_t c = 0; c < m; c++)
-        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+    add_branch(e, m);
 }
 
 /* Layer l's SwiGLU feed-forward:
@@ -499,12 +540,9 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
  *   x += W_down hb */
 static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
     const llm_layer_weights *ly = &e->w.layers[l];
-    const uint32_t D = e->cfg.dim, F = e->cfg.ffn;
+    const uint32_t F = e->cfg.ffn;
     llm_run_state *s = &e->s;
-    for (uint32_t c = 0; c < m; c++) {
-        rmsnorm(e, s->col[c].xb, s->col[c].x, ly->ffn_norm, D);
-        quantize(&s->col[c].act, s->col[c].xb, D);
-    }
+    norm_input(e, m, ly->ffn_norm);
     MATVEC(e, &ly->gate, m, hb);
     MATVEC(e, &ly->up, m, hb2);
     for (uint32_t c = 0; c < m; c++) {
@@ -512,8 +550,7 @@ static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
         quantize(&s->col[c].act, s->col[c].hb, F);
     }
     MATVEC(e, &ly->down, m, xb2);
-    for (uint32_t c = 0; c < m; c++)
-        for (uint32_t i = 0; i < D; i++) s->col[c].x[i] += s->col[c].xb2[i];
+    add_branch(e, m);
 }
 
 /* Layer l's per-layer-embedding (PLE) branch, on the raw residual:

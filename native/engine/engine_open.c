@@ -347,9 +347,9 @@ static void read_in_place(llm_engine *e) {
 static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_error *err) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->dim;
-    const size_t flags = (size_t)c->n_layers * c->seq_len;
+    const size_t wide_flags = (size_t)c->n_layers * c->seq_len;
     llm_run_state *s = &e->s;
-    const size_t shared = llm_align_up(flags, 16u) +
+    const size_t shared = llm_align_up(wide_flags, 16u) +
                           llm_align_up((size_t)D * sizeof(float), 16u) +
                           llm_head_scratch_bytes(&e->w.head);
     const size_t bytes = lay->bytes + shared;
@@ -362,7 +362,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
     col_init(&s->col[0], a, lay);
     uint8_t *sh = a + lay->bytes;
     s->value_wide = sh;
-    sh += llm_align_up(flags, 16u);
+    sh += llm_align_up(wide_flags, 16u);
     s->ones = (float *)(void *)sh;
     for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
     sh += llm_align_up((size_t)D * sizeof(float), 16u);

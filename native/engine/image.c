@@ -720,18 +720,11 @@ static llm_status check_header(const uint8_t *data, size_t len, llm_image_header
 /* The model's config from the header, checked, and the section count it
  * implies. */
 static llm_status config_from_header(const llm_image_header *h, llm_config *c, llm_error *err) {
-    c->flags = h->flags;
-    c->vocab_rows = h->vocab_rows;
-    c->vocab_out = h->vocab_out;
-    c->dim = h->dim;
-    c->n_layers = h->n_layers;
-    c->n_heads = h->n_heads;
-    c->ffn = h->ffn;
-    c->ple_dim = h->ple_dim;
-    c->seq_len = h->seq_len;
-    c->group = h->group;
-    c->rope_theta = h->rope_theta;
-    c->eot_id = h->eot_id;
+#define FROM_HEADER(field) c->field = h->field;
+    FROM_HEADER(flags) FROM_HEADER(vocab_rows) FROM_HEADER(vocab_out) FROM_HEADER(dim)
+    FROM_HEADER(n_layers) FROM_HEADER(n_heads) FROM_HEADER(ffn) FROM_HEADER(ple_dim)
+    FROM_HEADER(seq_len) FROM_HEADER(group) FROM_HEADER(rope_theta) FROM_HEADER(eot_id)
+#undef FROM_HEADER
     c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
     llm_status st = check_config(c, err);
     if (st != LLM_OK) return st;

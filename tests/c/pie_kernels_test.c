@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "align_up.h"
 #include "kernels.h"
 #include "pie_model.h"
 
@@ -79,7 +80,7 @@ static uint8_t pick_code(int kind, uint32_t r, uint32_t c) {
  * columns get code 8. */
 static void make_matrix(matrix *m, uint32_t rows, uint32_t cols, uint32_t group, int codes_kind,
                         int act_kind) {
-    m->cols_padded = (cols + 31u) / 32u * 32u;
+    m->cols_padded = (uint32_t)llm_align_up(cols, 32u);
     uint32_t row_bytes = m->cols_padded / 2u;
     uint32_t n_groups = (cols + group - 1u) / group;
     m->codes = xalloc((size_t)rows * row_bytes);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "align_up.h"
 #include "kernels.h"
 
 static uint64_t compared, mismatches;
@@ -73,7 +74,7 @@ int main(void) {
         if (rnd() % 4 == 0) x[rnd() % n] = amp * 0.5f; /* exact halves after scaling */
         _Alignas(16) int8_t q[224];
         float xs;
-        uint32_t np = (n + 31u) / 32u * 32u;
+        uint32_t np = (uint32_t)llm_align_up(n, 32u);
         llm_quantize_act(x, n, np, q, &xs);
         float xmax = 1e-8f;
         for (uint32_t i = 0; i < n; i++)

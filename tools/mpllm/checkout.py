@@ -1,6 +1,6 @@
 """This checkout: where the host tools find its files, and the board's own
-Python (firmware/modules: `llm`, `llm_bench`, and the engine `_llm` built
-there) imported on the PC. One definition of each path."""
+Python (firmware/modules: `llm`, `llm_bench`, ...) and the engine `_llm`
+(built into build/inplace) imported on the PC. One definition of each path."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE_MODULES = ROOT / "firmware" / "modules"
+#: where `pip install -e .` and `python setup.py build_ext --inplace` put the
+#: CPython `_llm` (setup.py's INPLACE): not firmware/modules, the folder the
+#: firmware freezes, which holds only the board's own files
+ENGINE_BUILD = ROOT / "build" / "inplace"
+#: what a checkout without an install puts on sys.path for the board's Python
+BOARD_PATHS = (FIRMWARE_MODULES, ENGINE_BUILD)
 NATIVE = ROOT / "native"
 MODELS = ROOT / "models"
 DEMO_DIR = MODELS / "demo"
@@ -20,6 +26,13 @@ class NotBuilt(ImportError):
     """A board module cannot be imported; the message says what to run."""
 
 
+def add_board_paths() -> None:
+    """The board's Python and the in-place `_llm` importable from this checkout."""
+    for path in reversed(BOARD_PATHS):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+
+
 def board_module(name: str) -> ModuleType:
     """A module of firmware/modules (`llm`, `llm_bench`, or the engine `_llm`),
     from an install or from this checkout: the board's own code, run on the PC."""
@@ -27,9 +40,8 @@ def board_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError:
         # A checkout without `pip install -e .` (or a build made with
-        # `python setup.py build_ext --inplace`) keeps them in firmware/modules.
-        if str(FIRMWARE_MODULES) not in sys.path:
-            sys.path.insert(0, str(FIRMWARE_MODULES))
+        # `python setup.py build_ext --inplace`) keeps them in BOARD_PATHS.
+        add_board_paths()
         try:
             return importlib.import_module(name)
         except ImportError as e:

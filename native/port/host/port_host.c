@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "align_up.h"
+#include "llm_error.h"
 
 /* Each block carries a 16-byte prefix with its size and region, so free can
  * keep the books without a lookup table. */
@@ -85,12 +85,8 @@ void llm_port_host_init(llm_host_port *hp) {
 static llm_status map_fail(llm_error *err, int *sys_errno, int e, const char *path,
                            const char *what) {
     if (sys_errno) *sys_errno = e;
-    if (err) {
-        err->status = LLM_E_ARG;
-        snprintf(err->message, sizeof err->message, "cannot %s '%s': %s", what, path,
-                 e ? strerror(e) : "unknown error");
-    }
-    return LLM_E_ARG;
+    return llm_fail(err, LLM_E_ARG, "cannot %s '%s': %s", what, path,
+                    e ? strerror(e) : "unknown error");
 }
 
 llm_status llm_host_map_file(const char *path, llm_host_map *map, int *sys_errno,
@@ -112,21 +108,11 @@ llm_status llm_host_map_file(const char *path, llm_host_map *map, int *sys_errno
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        if (err) {
-            err->status = LLM_E_ARG;
-            snprintf(err->message, sizeof err->message,
-                     "cannot map model image '%s': not a regular file", path);
-        }
-        return LLM_E_ARG;
+        return llm_fail(err, LLM_E_ARG, "cannot map model image '%s': not a regular file", path);
     }
     if (st.st_size == 0) {
         close(fd);
-        if (err) {
-            err->status = LLM_E_ARG;
-            snprintf(err->message, sizeof err->message,
-                     "model image '%s' is empty (0 bytes)", path);
-        }
-        return LLM_E_ARG;
+        return llm_fail(err, LLM_E_ARG, "model image '%s' is empty (0 bytes)", path);
     }
     if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
         close(fd);

@@ -27,13 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..checkout import FIRMWARE_MODULES
+from ..checkout import BOARD_PATHS, add_board_paths
 
 LINES = ("Once upon a time there was a little dog named Max",
          "Max liked to run in the big green park",
          "One day he found a red ball under a tree",
          "He took the ball home to show his friend")
-CHAT = ("import sys; sys.path.insert(0, {modules!r}); import llm; llm.load({image!r}); "
+CHAT = ("import sys; sys.path[:0] = {paths!r}; import llm; llm.load({image!r}); "
         "llm.chat(seed=7, max_tokens={max_tokens}, type_ahead={typed})")
 
 
@@ -42,7 +42,7 @@ def enter_latency_ms(image: str, cps: float | None, typed: bool, max_tokens: int
     """Enter-to-first-reply-byte times (ms), one per line, of a chat on a pty;
     cps None: each line arrives at once (pasted, faster than any prefill)."""
     m, s = pty.openpty()
-    code = CHAT.format(modules=str(FIRMWARE_MODULES), image=image, max_tokens=max_tokens,
+    code = CHAT.format(paths=[str(p) for p in BOARD_PATHS], image=image, max_tokens=max_tokens,
                        typed=typed)
     p = subprocess.Popen([sys.executable, "-c", code], stdin=s, stdout=s, stderr=s,
                          close_fds=True)
@@ -91,8 +91,7 @@ def enter_latency_ms(image: str, cps: float | None, typed: bool, max_tokens: int
 def ids_at_enter(image: str, typed: bool, max_tokens: int = 20,
                  lines: tuple[str, ...] = LINES) -> list[int]:
     """The ids Enter prefills for each line (every key typed before it)."""
-    if str(FIRMWARE_MODULES) not in sys.path:
-        sys.path.insert(0, str(FIRMWARE_MODULES))
+    add_board_paths()
     import llm
     import llm_chat
 
