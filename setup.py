@@ -6,7 +6,7 @@
 
 The engine's sources come from native/engine/sources.txt, the one list every
 build compiles. Build outputs stay under build/: an in-place build (`pip
-install -e .`, or `python setup.py build_ext --inplace` as tests/engine_ext.py
+install -e .`, or `python setup.py build_ext --inplace` as tests/helpers/engine_ext.py
 runs it) puts `_llm` in build/inplace/ and the egg-info in build/, not in
 firmware/modules beside the board's Python, the folder the firmware freezes.
 pyproject.toml maps `_llm` to build/inplace/ for the editable install's finder.

@@ -30,8 +30,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tests run from a checkout whether or not `pip install -e .` was done (the
-# in-place `_llm` is in build/inplace: tests/engine_ext.py).
-for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inplace"):
+# in-place `_llm` is in build/inplace: tests/helpers/engine_ext.py).
+# tests/helpers holds the modules the tests share (builds, the serial peer, the
+# replay double, browser and web clients), imported by name.
+for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inplace",
+           ROOT / "tests" / "helpers"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -16,7 +16,7 @@ from serial_peer import SerialPeer
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "tools" / "bench.py"
 MODULES = ROOT / "firmware" / "modules"
-REPLAY = ROOT / "tests" / "replay"
+REPLAY = ROOT / "tests" / "helpers" / "replay"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,9 +129,9 @@ record.save()
 
 def test_bench_port_against_the_serial_peer(small_model, tmp_path) -> None:
     """bench.py --port over a real pty: MicroPython unix running llm.py with
-    the replay double of `_llm` (tests/replay), replaying what the real
+    the replay double of `_llm` (tests/helpers/replay), replaying what the real
     engine answered to the very same bench snippet (recorded by
-    tests/replay/record.py)."""
+    tests/helpers/replay/record.py)."""
     rec_dir = tmp_path / "recording"
     code = RECORD.format(modules=str(MODULES), ext=str(engine_ext.EXT_DIR),
                          tools=str(ROOT / "tools"), replay=str(REPLAY), out=str(rec_dir),

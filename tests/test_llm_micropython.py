@@ -1,6 +1,6 @@
 """The unmodified firmware/modules/llm.py on the real MicroPython unix interpreter.
 
-MicroPython cannot load the C engine here, so it runs over tests/replay/_llm.py,
+MicroPython cannot load the C engine here, so it runs over tests/helpers/replay/_llm.py,
 which plays back tokens recorded (in this session, from the real engine, so
 they never go stale) while the same script ran on CPython. Both runs must
 print the same bytes: stories, stop notes, stats and error messages, and
@@ -23,7 +23,7 @@ import pytest
 _llm = engine_ext.load()
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "firmware" / "modules"
-REPLAY = ROOT / "tests" / "replay"
+REPLAY = ROOT / "tests" / "helpers" / "replay"
 SCENARIOS = REPLAY / "scenarios.py"
 # Chat input for the scenarios. The first chat co-writes: turns, /help, /undo
 # and the same line again, /new, a bad command, lines long enough that the

@@ -476,7 +476,6 @@ def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
     user's session has open is still open (in its mode) afterwards."""
     import json
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from mpllm.board import bench
     from mpllm.convert import convert
     from serial_peer import SerialPeer

@@ -1,5 +1,5 @@
 """The recorded raw-REPL transcript (tests/data/raw_repl_transcript.json,
-made by tests/record_raw_repl_transcript.py: the Web Serial chat page's
+made by tests/helpers/record_raw_repl_transcript.py: the Web Serial chat page's
 co-writing requests to the board's llm_serve) replayed to the Python side:
 mpllm.board.transport.run_port_snippet, i.e. mpremote's SerialTransport, the
 transport bench.py uses, and the event parser of the web server's board

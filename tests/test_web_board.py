@@ -20,7 +20,7 @@ from web_client import Running, connect, follow, reply_text
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ROOT / "firmware" / "modules"
-REPLAY = ROOT / "tests" / "replay"
+REPLAY = ROOT / "tests" / "helpers" / "replay"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""The web chat's page in a real browser: headless Chromium (tests/browser.py)
+"""The web chat's page in a real browser: headless Chromium (tests/helpers/browser.py)
 opens it against `serve.py --board host` on the demo model, types two lines
 as a person would, and the story it streams is chat.py's for the same seed.
 The screenshot is kept as build/test-artifacts/web-chat.png."""

@@ -7,7 +7,7 @@
  * no allocation, a few dozen flash reads per draft.
  *
  * Exact integers only, so mpllm.drafts_table.DraftsTable.draft (the converter's
- * mirror) proposes the same tokens; tests/test_drafts.py compares the two.
+ * mirror) proposes the same tokens; tests/test_ngram_drafter_engine.py compares the two.
  */
 #include "engine_state.h"
 

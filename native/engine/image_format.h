@@ -1,7 +1,7 @@
 /*
  * mpllm model image (format version: LLM_IMAGE_VERSION below): the ONE description of the file that
  * `mpllm.convert` writes and the engine's loader reads. tools/mpllm/formats/image.py
- * mirrors these constants; tests/test_image_format.py proves the two agree.
+ * mirrors these constants; tests/test_image_format_agrees.py proves the two agree.
  *
  * Why a format of our own: the esp32-ai model.bin is a packed stream with no
  * alignment, no checksums and no tokenizer. The board reads it through a flash

@@ -213,7 +213,7 @@ static void silicon_probes(ctx *c) {
 }
 
 /* Inputs and IEEE-754 binary32 round-to-nearest-even results as bit
- * patterns; tests/test_pie_selftest.py recomputes every expect with numpy. */
+ * patterns; tests/test_board_selftest.py recomputes every expect with numpy. */
 static const struct {
     char op;
     uint32_t a, b, expect;

@@ -6,7 +6,7 @@
  * prefills a fixed 4-token prompt, then steps N_STEPS times (greedy unless a
  * sampler is given; "plain" turns the speed-ups off), and
  * prints the build, the generated ids and the FNV-1a 64 hash of every logits
- * vector's raw bytes. tests/test_engine_pie.py builds it once with the
+ * vector's raw bytes. tests/test_engine_on_pie_kernels.py builds it once with the
  * reference kernels and once with the PIE kernels (through the host model of
  * the vector unit) and demands identical output; the PIE build also prints
  * the PIE instructions executed per token (prefill tokens and head included).

@@ -44,7 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-for _p in (ROOT / "tests", ROOT / "tools", ROOT / "firmware" / "modules"):
+for _p in (ROOT / "tests" / "helpers", ROOT / "tools", ROOT / "firmware" / "modules"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

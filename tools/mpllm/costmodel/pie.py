@@ -1,7 +1,7 @@
 """PIE instruction counts in closed form: our kernels (kernels_pie.c: the
 single-vector and the many-columns int4 matvecs) and esp32-ai's int4
 kernels. The host model of the vector unit counts the same (pie_counter;
-tests/test_costmodel.py and tests/test_pie_kernels.py hold them equal).
+tests/test_costmodel.py and tests/test_pie_kernels_equal_ref.py hold them equal).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = [
 def pie_matvec_instructions(rows: int, cols: int, group: int) -> int:
     """PIE instructions of one full llm_matvec_q4_pie call (kernels_pie.c).
 
-    The closed form of what the host model counts (tests/test_pie_kernels.py
+    The closed form of what the host model counts (tests/test_pie_kernels_equal_ref.py
     asserts the same): per call the two broadcasts and the activation
     prologue, per group of nb blocks 5 + 2*nb for the -8*sum(x) correction;
     per row ssai, the first block's load/split (4), 6 per further block, the

@@ -96,7 +96,7 @@ def measure_cols_pie(*, root: Path | None = None, build_dir: Path | None = None,
     """PIE instructions per row per column of llm_matvec_q4_cols_pie on a 128 x
     96 matrix (the release head's tile, and the width of every resident core
     matrix) for m = 1..8 columns, counted by the exact host model of the
-    vector unit: builds tests/c/pie_kernels_test.c as tests/test_pie_kernels.py
+    vector unit: builds tests/c/pie_kernels_test.c as tests/test_pie_kernels_equal_ref.py
     does and parses its "cols m=N 128x96: X PIE instructions per row per
     column" lines. Raises FileNotFoundError without the sources or a compiler,
     RuntimeError when the build or the run fails."""

@@ -10,7 +10,7 @@ verify pass as a fraction of a plain step (from the cost model): a guess is
 worth verifying only when the tokens it is expected to save pay for it.
 
 `DraftsTable.draft` mirrors the engine's `llm_draft` (native/engine/drafter.c)
-integer for integer; tests/test_drafts.py holds the two to the same tokens.
+integer for integer; tests/test_ngram_drafter_engine.py holds the two to the same tokens.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from .model import QMatrix
 #: Rows per tile (the release head's 25,353 rows make 199 tiles).
 TILE_ROWS = 128
 #: Per-format limits (image_format.h: LLM_IMAGE_TILES_MAX_ROWS / _MAX_COLS;
-#: tests/test_image_format.py checks they agree).
+#: tests/test_image_format_agrees.py checks they agree).
 MAX_TILE_ROWS = 1024
 MAX_COLS = 512
 #: The u16 order needs rows <= 65536.

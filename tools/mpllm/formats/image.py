@@ -6,7 +6,7 @@ read in one place.
 
 native/engine/image_format.h is the specification; this module follows it and
 keeps every constant of it in the block below, so a change of format is one
-edit here and one there (tests/test_image_format.py checks the two agree; the
+edit here and one there (tests/test_image_format_agrees.py checks the two agree; the
 engine tests prove the C loader reads what this module writes).
 
 The reader is deliberately strict: it accepts exactly the canonical layout the

@@ -2,7 +2,7 @@
 
 The MicroPython unix interpreter from PyPI cannot load our C engine, so this
 pure-Python module stands in for it. It knows no numerics: it plays back
-what the REAL engine answered, recorded by tests/replay/record.py while the
+what the REAL engine answered, recorded by tests/helpers/replay/record.py while the
 same llm.py ran on CPython. Anything llm.py asks that was not recorded (a
 sampler setting, a prompt, a token fed that differs from the recorded
 one, a story longer than the recording, logits of a context never read, a

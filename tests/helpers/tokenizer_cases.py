@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "firmware" / "modules"))

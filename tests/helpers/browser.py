@@ -23,7 +23,7 @@ from pathlib import Path
 import setup_dev
 from conftest import need_tool
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 
 
 def chromium_path() -> str:

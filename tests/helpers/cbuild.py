@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "native" / "engine"
 PORT_HOST = ROOT / "native" / "port" / "host"
 CTESTS = ROOT / "tests" / "c"

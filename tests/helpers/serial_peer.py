@@ -22,7 +22,7 @@ the peer behaves like a board where the unix port does not:
     peer holds the client's next bytes until the prompt is out.
 The unix port's raw REPL (Ctrl-A) and raw-paste mode work as they are.
 
-Run it by hand to poke at it:  python tests/serial_peer.py [--path DIR ...]
+Run it by hand to poke at it:  python tests/helpers/serial_peer.py [--path DIR ...]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from typing_extensions import Self
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def find_micropython() -> str:

@@ -2,7 +2,7 @@
 bit for bit, plus the instruction counts that feed the cost model.
 
 Drives tests/c/pie_kernels_test.c, built plain (-O2) and with ASan+UBSan.
-Run `pytest tests/test_pie_kernels.py -s` to see the instruction-count table.
+Run `pytest tests/test_pie_kernels_equal_ref.py -s` to see the instruction-count table.
 """
 
 from __future__ import annotations

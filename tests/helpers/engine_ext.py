@@ -18,7 +18,7 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = ROOT / "firmware" / "modules"
 #: where the in-place build puts `_llm` (setup.py's INPLACE)
 EXT_DIR = ROOT / "build" / "inplace"
