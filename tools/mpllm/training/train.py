@@ -281,10 +281,16 @@ def train_loop(model: torch.nn.Module, data: Data, args: argparse.Namespace,
     return Trained(first_loss, recent, history, time.time() - t_train)
 
 
-def _print_corpus(args: argparse.Namespace, data: Data) -> None:
+def _train_new(model: torch.nn.Module, data: Data, args: argparse.Namespace, t_start: float,
+               shape: str) -> Trained:
+    """Initialise `model` from the seed, say what is trained on what, and train it."""
+    model.reset_parameters(seed=args.seed)  # type: ignore[operator]
     print(f"corpus: {args.stories} train / {args.val_stories} val stories, "
           f"{data.train_tokens} train tokens, {len(data.train)} windows of {args.ctx + 1}; "
           f"tokenizer {data.vocab_out} entries", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {shape}; {n_params} parameters", flush=True)
+    return train_loop(model, data, args, t_start)
 
 
 def _report(args: argparse.Namespace, data: Data, t: Trained, t_start: float,
@@ -336,13 +342,11 @@ def run(args: argparse.Namespace) -> dict:
                  n_layers=args.layers, n_heads=args.heads, ffn=args.ffn, ple_dim=args.ple,
                  seq_len=args.ctx, group=args.group)
     model = PLEModel(cfg)
-    model.reset_parameters(seed=args.seed)
     n_params = model.n_params()
-    _print_corpus(args, data)
-    print(f"model: vocab_in {vocab_in}, vocab_out {data.vocab_out}, D {cfg.dim}, L {cfg.n_layers}, "
-          f"H {cfg.n_heads}, F {cfg.ffn}, P {cfg.ple_dim}, ctx {cfg.seq_len}; "
-          f"{n_params} parameters", flush=True)
-    t = train_loop(model, data, args, t_start)
+    t = _train_new(model, data, args, t_start,
+                   f"vocab_in {vocab_in}, vocab_out {data.vocab_out}, D {cfg.dim}, "
+                   f"L {cfg.n_layers}, H {cfg.n_heads}, F {cfg.ffn}, P {cfg.ple_dim}, "
+                   f"ctx {cfg.seq_len}")
 
     val_fp32 = evaluate(model, data.val, args.batch)
     weights = to_weights(model, group=args.group)
@@ -417,12 +421,10 @@ def run_llama2c(args: argparse.Namespace, out: Path, t_start: float) -> dict:
                                 vocab_size=data.vocab_out, seq_len=args.ctx,
                                 shared_classifier=True)
     model = LlamaModel(cfg)
-    model.reset_parameters(seed=args.seed)
-    _print_corpus(args, data)
-    print(f"model: llama2.c Llama, vocab {cfg.vocab_size}, dim {cfg.dim}, hidden {cfg.hidden_dim}, "
-          f"layers {cfg.n_layers}, heads {cfg.n_heads} (kv {cfg.n_kv_heads}), ctx {cfg.seq_len}; "
-          f"{model.n_params()} parameters", flush=True)
-    t = train_loop(model, data, args, t_start)
+    t = _train_new(model, data, args, t_start,
+                   f"llama2.c Llama, vocab {cfg.vocab_size}, dim {cfg.dim}, "
+                   f"hidden {cfg.hidden_dim}, layers {cfg.n_layers}, heads {cfg.n_heads} "
+                   f"(kv {cfg.n_kv_heads}), ctx {cfg.seq_len}")
     val_fp32 = evaluate(model, data.val, args.batch)
     print(f"final: train avg20 {np.mean(t.recent):.4f}, val {val_fp32:.4f}, "
           f"{len(data.val)} val windows", flush=True)

@@ -17,8 +17,11 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_LEVELS = "1,10,100,500,1000"
 #: stories a board keeps at once by default (each is ids and text in its RAM)
@@ -35,32 +38,31 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _parsed(text: str, parse: Callable[[str], T], what: str) -> T:
+    """parse(text), or argparse's one-line refusal naming `what` was expected."""
+    try:
+        return parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+
+
 def _count(text: str) -> int:
     """A count of at least 1 (0 or less would mean nothing, or something unsaid)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    n = _parsed(text, int, "a whole number")
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
     return n
 
 
 def _tcp_port(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    n = _parsed(text, int, "a port number")
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"{n} is not a TCP port (0..65535; 0: any free one)")
     return n
 
 
 def _seconds(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    x = _parsed(text, float, "seconds")
     if not (math.isfinite(x) and x > 0):  # nan would never end a level; 0 or less, at once
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
     return x
