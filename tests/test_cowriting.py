@@ -383,7 +383,8 @@ def typed_session(long_line: str) -> list[object]:
     return keys
 
 
-CHAT = ("import sys; sys.path.insert(0, {modules!r}); import llm; llm.load({image!r}); "
+CHAT = ("import sys; sys.path.insert(0, {ext!r}); sys.path.insert(0, {modules!r}); "
+        "import llm; llm.load({image!r}); "
         "llm.chat(seed=5, max_tokens=8, type_ahead={typed})")
 
 
@@ -393,8 +394,9 @@ def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[n
     exactly what the plain line-at-a-time session prints."""
     keys = typed_session("Once upon a time there was a little dog who liked to run")
     mods = str(ROOT / "firmware" / "modules")
-    outs = [drive([sys.executable, "-c", CHAT.format(modules=mods, image=str(tiny.image),
-                                                      typed=t)], keys) for t in (True, False)]
+    outs = [drive([sys.executable, "-c", CHAT.format(modules=mods, ext=str(engine_ext.EXT_DIR),
+                                                      image=str(tiny.image), typed=t)], keys)
+            for t in (True, False)]
     assert outs[0] == outs[1]
     shown = outs[0].decode("utf-8", "replace")
     assert "> Once upon a timx\b \be\r\n" in shown and "^C" in shown
@@ -414,8 +416,8 @@ def test_typed_chat_is_the_same_on_micropython(tiny) -> None:  # type: ignore[no
     with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
         exe = _build_unix(mp)
     keys = typed_session("Once upon a time there was a little dog who liked to run")
-    code = CHAT.format(modules=str(ROOT / "firmware" / "modules"), image=str(tiny.image),
-                       typed=True)
+    code = CHAT.format(modules=str(ROOT / "firmware" / "modules"), ext=str(engine_ext.EXT_DIR),
+                       image=str(tiny.image), typed=True)
     assert drive([str(exe), "-c", code], keys) == drive([sys.executable, "-c", code], keys)
 
 

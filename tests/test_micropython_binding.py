@@ -256,6 +256,7 @@ def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path
     demo = ROOT / "models" / "demo"
     assert (demo / "model.bin").is_file(), "the bundled demo model is missing"
     sys.path.insert(0, str(ROOT / "tools"))
+    import engine_ext
     from mpllm.convert import convert
 
     img = tmp_path / "demo.img"
@@ -274,7 +275,7 @@ llm.story("Once upon a time", seed=3, max_tokens=60)
 """
     out = _run_mp(micropython, code, tmp_path)
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "firmware" / "modules")),
+                          env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH),
                           timeout=300, check=False)
     assert host.returncode == 0, host.stdout + host.stderr
     assert out.startswith("Once upon a time"), out[:200]

@@ -165,7 +165,7 @@ def save() -> None:
 
 _SERVE_SESSION = """
 import json, sys
-sys.path[:0] = [{modules!r}, {tools!r}, {replay!r}]
+sys.path[:0] = [{modules!r}, {engine!r}, {tools!r}, {replay!r}]
 import record
 record.install({out!r})
 import llm, llm_serve
@@ -186,6 +186,7 @@ def record_serve_session(image: str | os.PathLike[str], requests: list[dict],
     here = Path(__file__).resolve().parent
     root = here.parents[2]
     code = _SERVE_SESSION.format(modules=str(root / "firmware" / "modules"),
+                                 engine=str(root / "build" / "inplace"),
                                  tools=str(root / "tools"), replay=str(here),
                                  out=str(out_dir), image=str(image),
                                  requests=json.dumps(requests))

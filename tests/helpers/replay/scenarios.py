@@ -4,7 +4,8 @@
     micropython scenarios.py MODULES EOT_SEED replay        (replay double)
     micropython scenarios.py MODULES EOT_SEED miss          (asks for an unrecorded story)
 
-MODULES is firmware/modules (llm.py, and on CPython the built `_llm`).
+MODULES is firmware/modules (llm.py; on CPython the built `_llm` is in
+build/inplace, two levels up from it).
 EOT_SEED is a seed whose high-temperature story ends in <|endoftext|>. The
 model is found the way the board finds its own: llm.load() with no argument
 ($MPLLM_REPLAY_IMAGE for the recording proxy, $MPLLM_REPLAY for the double).
@@ -20,8 +21,9 @@ EOT_SEED = int(sys.argv[2])
 MODE = sys.argv[3]
 
 if MODE == "record":
-    # The real extension in MODULES must win over the double beside this script.
-    sys.path[:] = [MODULES] + [p for p in sys.path if p not in (HERE, "")] + [HERE]
+    # The real extension (build/inplace) must win over the double beside this script.
+    ENGINE = MODULES + "/../../build/inplace"
+    sys.path[:] = [MODULES, ENGINE] + [p for p in sys.path if p not in (HERE, "")] + [HERE]
     import record
 
     record.install(sys.argv[4])
