@@ -241,7 +241,7 @@ def test_serve_http_port_in_use(tiny_model: ModelFiles) -> None:
         r = run_tool("serve.py", "--image", str(tiny_model.image), "--engines", "2",
                      "--http-port", str(port))
     assert r.returncode == 2
-    assert "address already in use" in one_line(r.stderr)
+    assert one_line(r.stderr) == f"error: cannot listen on 127.0.0.1 port {port}: address already in use"
 
 
 # ---------------------------------------------------------------------------

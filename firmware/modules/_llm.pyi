@@ -60,7 +60,7 @@ Where the MicroPython binding (native/micropython/modllm.c) differs:
 
 Determinism: for the same image, sampler settings and tokens, every call
 returns the same tokens and the same logits bytes on every host and on the
-board (DESIGN §3). reset() restarts the sampler's random stream from its seed.
+board (docs/DESIGN-FACTS.md). reset() restarts the sampler's random stream from its seed.
 """
 
 import sys

@@ -273,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_load_test(server, args))
         asyncio.run(_serve(server, args.host, args.http_port))
     except (OSError, EngineFailed) as e:  # a port in use; an engine that cannot start
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.strerror if isinstance(e, OSError) and e.strerror else e}",
+              file=sys.stderr)
         return 2
     return 0
 

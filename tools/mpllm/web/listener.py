@@ -60,7 +60,11 @@ def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(socks) > 1:
                 addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
-            s.bind(addr)
+            try:
+                s.bind(addr)
+            except OSError as e:  # say where: "Address already in use" alone names no port
+                raise OSError(e.errno, f"cannot listen on {addr[0]} port {addr[1]}: "
+                                       f"{(e.strerror or str(e)).lower()}") from None
             s.listen(backlog)
             s.setblocking(False)
     except BaseException:
