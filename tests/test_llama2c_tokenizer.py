@@ -21,38 +21,10 @@ import llm_tokenizer
 import pytest
 from mpllm.formats import llama2c
 from mpllm.formats.tokenizer import TokenizerFormatError, tokenizer_section
-from tokenizer_cases import ROOT, STRINGS
+from tokenizer_cases import ROOT, STRINGS, llama2c_encode
 
 LLAMA2_TOKENIZER = ROOT.parent / "shared" / "llama2c" / "tokenizer.bin"
 ALPHABET = "abcdefghij ABC.,!?'\"\n\t0123456789éüßçøå日本語😀🎉ğ\u2581\u00a0"
-
-
-def llama2c_encode(texts: list[bytes], scores: list[float], text: str) -> list[int]:
-    """run.c's encode(text, bos=1, eos=0), step by step."""
-    ids = {t: i for i, t in enumerate(texts)}
-    toks = [llama2c.BOS_ID]
-    if text:
-        toks.append(ids[b" "])  # the dummy prefix
-    b = text.encode()
-    i = 0
-    while i < len(b):
-        j = i + 1
-        while j < len(b) and b[j] & 0xC0 == 0x80 and j - i < 4:
-            j += 1
-        if b[i:j] in ids:
-            toks.append(ids[b[i:j]])
-        else:
-            toks.extend(x + 3 for x in b[i:j])  # byte fallback: <0xNN> is id NN + 3
-        i = j
-    while True:
-        best, at = -1e10, -1
-        for k in range(len(toks) - 1):
-            m = ids.get(texts[toks[k]] + texts[toks[k + 1]])
-            if m is not None and scores[m] > best:
-                best, at, merged = scores[m], k, m
-        if at < 0:
-            return toks
-        toks[at:at + 2] = [merged]
 
 
 def synthetic_vocab(n: int = 512, seed: int = 5) -> tuple[list[bytes], list[float]]:

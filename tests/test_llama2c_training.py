@@ -19,7 +19,7 @@ from mpllm.reference.torch_llama import LlamaModel
 from mpllm.training import corpus
 from mpllm.training.llama2c_vocab import train_vocab
 from test_llama2c_checkpoint import STORIES260K, random_checkpoint
-from test_llama2c_tokenizer import llama2c_encode
+from tokenizer_cases import llama2c_encode
 
 
 @torch.no_grad()

@@ -10,6 +10,9 @@ streaming the token bytes through Utf8Decoder gives the same text, and the
 CPython encoder must give exactly the ids of Hugging Face `tokenizers` (the
 oracle) for all of Unicode; the board's must too for text inside the blocks
 its table covers (elsewhere it may split differently, never lose text).
+The same tokenizer's sentencepiece mode (llama2.c's tokenizer.bin, on a
+vocabulary trained here) must give the ids of run.c's rule
+(tokenizer_cases.llama2c_encode) and decode back to the input.
 Inputs are arbitrary Unicode (no surrogates).
 
 Runs, the corpus and the long run: tests/fuzz/fuzzrun.py (target
@@ -32,9 +35,12 @@ with atheris.instrument_imports():
     import llm
     import llm_tokenizer
 
+from mpllm.formats import llama2c
 from mpllm.formats.tokenizer import parse_tokenizer_json, tokenizer_section
 from mpllm.training.corpus import stories
+from mpllm.training.llama2c_vocab import train_vocab
 from mpllm.training.tokenizers import train_tokenizer_json
+from tokenizer_cases import llama2c_encode
 from tokenizers import Tokenizer as HFTokenizer
 
 # A trained tokenizer has real merge structure (words, spaces, punctuation);
@@ -43,6 +49,8 @@ _TEXT = train_tokenizer_json(stories(300, 7), 700)
 _ORACLE = HFTokenizer.from_str(_TEXT)
 _ORACLE.encode_special_tokens = True  # llm.py encodes a typed "<|endoftext|>" as text
 _PLAIN = llm.Tokenizer(tokenizer_section(parse_tokenizer_json(_TEXT)))
+_SP_VOCAB = train_vocab(stories(300, 7), 400)
+_SP = llm.Tokenizer(tokenizer_section(llama2c.tokenizer_tables(*_SP_VOCAB)))
 
 
 def _covered(s: str) -> bool:
@@ -86,6 +94,12 @@ def test_one_input(data: bytes) -> None:
     if _covered(s) and board != want:
         raise AssertionError(f"board encode({s!r}) = {board}, tokenizers says {want}")
     _round_trip(s, board, board_ends, "board encoder")
+    sp = _SP.encode(s)
+    if sp != llama2c_encode(*_SP_VOCAB, s):
+        raise AssertionError(f"sentencepiece encode({s!r}) = {sp}, run.c's rule says "
+                             f"{llama2c_encode(*_SP_VOCAB, s)}")
+    if _SP.decode(sp) != s:
+        raise AssertionError(f"sentencepiece: decode(encode({s!r})) = {_SP.decode(sp)!r}")
 
 
 if __name__ == "__main__":

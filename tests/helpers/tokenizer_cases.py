@@ -1,6 +1,7 @@
 """The tokenizer tests' shared cases: the strings, the tokenizer.json files
 (trained, synthetic, the golden ones) and the two tokenizers compared, Hugging
-Face `tokenizers` (the oracle) and the board's plain-Python one."""
+Face `tokenizers` (the oracle) and the board's plain-Python one; and the
+oracle of llama2.c's encoding (run.c's rule, transcribed)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,31 @@ def tokenizer_jsons() -> dict[str, str]:
         out["golden_" + p.parent.name] = p.read_text()
     assert len(out) >= 5, "golden tokenizers missing under tests/data/golden/*/tokenizer.json"
     return out
+
+
+def llama2c_encode(texts: list[bytes], scores: list[float], text: str) -> list[int]:
+    """run.c's encode(text, bos=1, eos=0), step by step."""
+    ids = {t: i for i, t in enumerate(texts)}
+    toks = [1]
+    if text:
+        toks.append(ids[b" "])  # the dummy prefix
+    b = text.encode()
+    i = 0
+    while i < len(b):
+        j = i + 1
+        while j < len(b) and b[j] & 0xC0 == 0x80 and j - i < 4:
+            j += 1
+        if b[i:j] in ids:
+            toks.append(ids[b[i:j]])
+        else:
+            toks.extend(x + 3 for x in b[i:j])  # byte fallback: <0xNN> is id NN + 3
+        i = j
+    while True:
+        best, at = -1e10, -1
+        for k in range(len(toks) - 1):
+            m = ids.get(texts[toks[k]] + texts[toks[k + 1]])
+            if m is not None and scores[m] > best:
+                best, at, merged = scores[m], k, m
+        if at < 0:
+            return toks
+        toks[at:at + 2] = [merged]
