@@ -187,6 +187,21 @@ def release_model(test_model: Callable[[str], ModelFiles]) -> ModelFiles:
     return test_model("release")
 
 
+@pytest.fixture(scope="session")
+def demo_image(model_cache_dir: Path) -> Path:
+    """The bundled demo model converted with an n-gram drafter from 20 of its own
+    stories (converted once per run, shared by the xdist workers)."""
+    from mpllm.convert import convert
+
+    out = model_cache_dir / "demo-drafts20.img"
+    with _locked(model_cache_dir / "demo.lock"):
+        if not out.exists():
+            demo = ROOT / "models" / "demo"
+            convert(demo / "model.bin", demo / "tokenizer.json", out, progress=False,
+                    drafter_stories=20)
+    return out
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     name: str

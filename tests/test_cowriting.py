@@ -570,14 +570,6 @@ HEAL_LINES = [ISSUE_LINE, "The dog ran to the park", "She counted to 42", "Tim s
               "Once", "It was a sunny day"]
 
 
-@pytest.fixture(scope="module")
-def demo_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mpllm.convert import convert
-
-    out = tmp_path_factory.mktemp("demo") / "demo.img"
-    convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", out,
-            progress=False, drafter_stories=20)
-    return out
 
 
 @pytest.mark.parametrize("shape", ["demo", "tiny"])

@@ -12,17 +12,13 @@ import engine_ext
 import pytest
 from conftest import ROOT
 from mpllm.board import bench_cli, hostboard, quality
-from mpllm.convert import convert
 
 _llm = engine_ext.load()
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fast") / "demo.img"
-    convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", out,
-            progress=False, drafter_stories=20)
-    return out
+def demo(demo_image: Path) -> Path:
+    return demo_image
 
 
 def test_fast_mode_rules(small_model) -> None:  # type: ignore[no-untyped-def]

@@ -249,19 +249,14 @@ def test_unix_binding_matches_cpython(micropython: Path, tiny_model, tmp_path: P
     assert "port=micropython-unix" in lines["INFO"]
 
 
-def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path) -> None:
+def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path,
+                                               demo_image: Path) -> None:
     """llm.py on MicroPython unix with the demo model, end to end through the real
     binding: the same greedy and seeded stories, byte for byte, as CPython's, with
     the image's n-gram drafter guessing (the same passes) and in fast mode."""
-    demo = ROOT / "models" / "demo"
-    assert (demo / "model.bin").is_file(), "the bundled demo model is missing"
-    sys.path.insert(0, str(ROOT / "tools"))
     import engine_ext
-    from mpllm.convert import convert
 
-    img = tmp_path / "demo.img"
-    convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False,
-            drafter_stories=20)
+    img = demo_image
     code = f"""
 import llm
 llm.load({str(img)!r})
