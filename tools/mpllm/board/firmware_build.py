@@ -211,11 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def exit_status(body: Callable[[], None]) -> int:
+    """Run a command's body: 0, or 2 with one line for a ToolError, or 130 on
+    Ctrl-C (the exit statuses flash.py and this script share)."""
+    try:
+        body()
+    except ToolError as e:  # FlashError, or a build step's failure
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run = Runner(args.dry_run)
     cache = cache_dir(args)
-    try:
+
+    def body() -> None:
         mp = Path(args.micropython) if args.micropython else None
         fw = build(mp, cache, run, dict(os.environ), fetch_submodules=not args.no_submodules)
         if args.out:
@@ -226,13 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 with atomic_path(dest) as tmp:
                     shutil.copyfile(fw, tmp)
                 run.out(f"{dest}: {dest.stat().st_size} bytes")
-    except ToolError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return exit_status(body)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from ..image_cache import sha256_file
 from . import firmware_build
 from . import firmware_pins as pins
 from . import release_manifest as release
-from .firmware_build import Runner, ToolError
+from .firmware_build import Runner, ToolError, exit_status
 
 ROOT = checkout.ROOT
 BOARD_DIR = firmware_build.BOARD_DIR
@@ -545,17 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         run.out("dry run: nothing is downloaded, built or written, only checked (local "
                 "files, --firmware/--image URLs, the MicroPython checkout)")
-    try:
+
+    def body() -> None:
         if args.board == "host":
             if args.only or args.firmware or args.port:
                 raise FlashError("--only, --firmware and --port are for --board n16r8")
             prepare_host(args, run)
         else:
             flash_n16r8(args, run, dict(os.environ))
-    except ToolError as e:  # FlashError, or a build step's failure
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return exit_status(body)
