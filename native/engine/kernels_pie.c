@@ -45,16 +45,6 @@
  * The release model has one group per row, so one pass. */
 #define LLM_PIE_GROUP_CHUNK 32u
 
-
-/* ACCX[31:0] once the last MAC is done (two nops first, as Espressif's own
- * kernels do): every caller's true sum fits int32, so the low word is enough. */
-static inline uint32_t accx_read(void) {
-    NOP();
-    NOP();
-    uint32_t raw;
-    RUR_ACCX_0(raw);
-    return raw;
-}
 static const uint8_t k_low_nibbles = 0x0F;
 static const int8_t k_minus8 = -8;
 
@@ -75,7 +65,10 @@ static void group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32
         }
         EE_VMULAS_S8_ACCX_LD_IP(5, xp, 16, 4, 6);
         EE_VMULAS_S8_ACCX(5, 6);
-        const uint32_t raw = accx_read();
+        NOP();
+        NOP();
+        uint32_t raw;
+        RUR_ACCX_0(raw);
         corr[i] = (int32_t)raw;
     }
 }
@@ -140,7 +133,10 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
                         EE_VMULAS_S8_ACCX_LD_IP(4, xp, 16, 3, 5);
                     }
                 }
-                const uint32_t raw = accx_read();
+                NOP();
+                NOP();
+                uint32_t raw;
+                RUR_ACCX_0(raw);
                 /* exact: the true group sum fits int32, so wrapping adds are exact */
                 const int32_t g = (int32_t)(raw + (uint32_t)corr[gi - g0]);
                 acc += (float)g * sc[gi];
@@ -212,7 +208,10 @@ void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *const *xq, const floa
                 EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 4, 6);
                 EE_VMULAS_S8_ACCX(5, 7);
             }
-            const uint32_t raw = accx_read();
+            NOP();
+            NOP();
+            uint32_t raw;
+            RUR_ACCX_0(raw);
             /* exact: the true sum fits int32, so the wrapping add is exact */
             const int32_t g = (int32_t)(raw + (uint32_t)corr[c]);
             float acc = 0.f;
@@ -252,7 +251,10 @@ void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
         } else {
             EE_VMULAS_S8_ACCX(0, 1);
         }
-        const uint32_t raw = accx_read();
+        NOP();
+        NOP();
+        uint32_t raw;
+        RUR_ACCX_0(raw);
         out[r] = (int32_t)raw;
     }
 }
