@@ -197,3 +197,12 @@ def test_compare_plain_flags_a_changed_story() -> None:
     assert compare_plain(result("a story"), result("a story"))[1]
     line, ok = compare_plain(result("a story"), result("a storm"))
     assert not ok and "same tokens in 0/1 runs" in line
+
+
+def test_the_cost_models_plot_goes_beside_its_json(tmp_path) -> None:
+    from mpllm.board import bench_cli
+
+    args = bench_cli.build_parser().parse_args(["--model-s3", "--json", str(tmp_path / "s3.json")])
+    assert bench_cli._plot_path(args) == tmp_path / "s3.png"  # not into the working folder
+    args = bench_cli.build_parser().parse_args(["--model-s3"])
+    assert bench_cli._plot_path(args) == Path("costmodel-s3.png")

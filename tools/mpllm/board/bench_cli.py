@@ -148,10 +148,13 @@ def _bench_json(args: argparse.Namespace) -> Path:
 
 
 def _plot_path(args: argparse.Namespace) -> Path:
-    """Where the chart goes: --plot, else the cost model's fixed name or beside the JSON."""
+    """Where the chart goes: --plot, else beside the JSON (the cost model without
+    --json: costmodel-s3.png here)."""
     if args.plot:
         return args.plot
-    return Path("costmodel-s3.png") if args.model_s3 else _bench_json(args).with_suffix(".png")
+    if args.model_s3:
+        return args.json.with_suffix(".png") if args.json else Path("costmodel-s3.png")
+    return _bench_json(args).with_suffix(".png")
 
 
 def _outputs(args: argparse.Namespace) -> list[Path]:
