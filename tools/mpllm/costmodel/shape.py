@@ -60,10 +60,16 @@ class Shape:
     vocab_out: int = 25353
     seq_len: int = 256
     group: int = 128
+    n_kv_heads: int = 0  # key/value heads; 0: n_heads (llama2.c's models may have fewer)
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Floats per position of K (and of V): n_kv_heads heads of head_dim."""
+        return (self.n_kv_heads or self.n_heads) * self.head_dim
 
     @property
     def n_tiles(self) -> int:
@@ -75,7 +81,8 @@ class Shape:
         return cls(dim=int(cfg["dim"]), n_layers=int(cfg["n_layers"]),
                    n_heads=int(cfg["n_heads"]), ffn=int(cfg["ffn"]),
                    ple_dim=int(cfg["ple_dim"]), vocab_out=int(cfg["vocab_out"]),
-                   seq_len=int(cfg["seq_len"]), group=int(cfg["group"]))
+                   seq_len=int(cfg["seq_len"]), group=int(cfg["group"]),
+                   n_kv_heads=int(cfg.get("n_kv_heads", 0)))
 
 
 RELEASE = Shape()
@@ -91,11 +98,12 @@ class Mat:
 
 
 def matrices(s: Shape) -> list[Mat]:
-    """Every matvec of one token, with how often it runs and in which stage."""
+    """Every matvec of one token, with how often it runs and in which stage (the PLE
+    ones only when the model has PLE: ple_dim 0 is llama2.c's family)."""
     d, L = s.dim, s.n_layers
-    return [
+    mats = [
         Mat("ple_model_proj", L * s.ple_dim, d, 1, "embed"),
-        Mat("qkv", 3 * d, d, L, "attn"),
+        Mat("qkv", d + 2 * s.kv_dim, d, L, "attn"),
         Mat("attn_proj", d, d, L, "attn"),
         Mat("gate", s.ffn, d, L, "ffn"),
         Mat("up", s.ffn, d, L, "ffn"),
@@ -104,6 +112,7 @@ def matrices(s: Shape) -> list[Mat]:
         Mat("ple_proj", d, s.ple_dim, L, "ple"),
         Mat("head", s.vocab_out, d, 1, "head"),
     ]
+    return [m for m in mats if s.ple_dim or (m.stage != "ple" and m.name != "ple_model_proj")]
 
 
 def _cdiv(a: float, b: int) -> int:
