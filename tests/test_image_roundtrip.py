@@ -19,7 +19,7 @@ from mpllm.formats.image import (
     unpack_rows,
     write_image,
 )
-from mpllm.formats.model import Config, QMatrix
+from mpllm.formats.model import Config, QMatrix, Weights
 from mpllm.formats.rope import rope_table
 from mpllm.training.generate import make_weights
 
@@ -431,25 +431,25 @@ def test_too_many_layers_for_the_section_table(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def test_non_finite_weights_rejected_by_writer(tmp_path: Path) -> None:
-    cfg = SHAPES["tiny"]
-    w = make_weights(cfg, 1)
-    w.layers[0].ffn_norm[3] = np.nan
-    with pytest.raises(ValueError, match="L0.ffn_norm: non-finite values"):
-        write_image(tmp_path / "m.img", w, tokenizer_section=fake_tokenizer_section(280),
+def _refused_by_writer(tmp_path: Path, w: Weights, match: str) -> None:
+    cfg = w.config
+    with pytest.raises(ValueError, match=match):
+        write_image(tmp_path / "m.img", w, tokenizer_section=fake_tokenizer_section(cfg.vocab_out),
                     rope=rope_table(cfg), source_sha256=bytes(32))
     assert not list(tmp_path.iterdir())
+
+
+def test_non_finite_weights_rejected_by_writer(tmp_path: Path) -> None:
+    w = make_weights(SHAPES["tiny"], 1)
+    w.layers[0].ffn_norm[3] = np.nan
+    _refused_by_writer(tmp_path, w, "L0.ffn_norm: non-finite values")
 
 
 def test_llama2c_weights_hold_no_ple(tmp_path: Path) -> None:
-    cfg = SHAPES["llama2c_tied"]
-    w = make_weights(cfg, 1)
+    w = make_weights(SHAPES["llama2c_tied"], 1)
     assert w.ple_table is None and all(ly.ple_gate is None for ly in w.layers)
     w.ple_proj_norm = np.ones(4, np.float32)
-    with pytest.raises(ValueError, match="ple_proj_norm: a llama2c model has no PLE"):
-        write_image(tmp_path / "m.img", w, tokenizer_section=fake_tokenizer_section(512),
-                    rope=rope_table(cfg), source_sha256=bytes(32))
-    assert not list(tmp_path.iterdir())
+    _refused_by_writer(tmp_path, w, "ple_proj_norm: a llama2c model has no PLE")
 
 
 def test_llama2c_header_count_and_names(tmp_path: Path) -> None:
