@@ -413,10 +413,10 @@ def _engine_check() -> Path:
                         sanitize=True, opt="-O1", defines={"LLM_HEADERS_TAG": f"{tag}u"})
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny_untied"])
-def test_c_engine_check_under_sanitizers(test_model, name: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("name", ["tiny", "tiny_untied", "llama2c_tied"])
+def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # type: ignore[no-untyped-def]
     program = _engine_check()
-    result = cbuild.run(program, str(test_model(name).image),
+    result = cbuild.run(program, str(engine_image(name)),
                         env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
                              "UBSAN_OPTIONS": "print_stacktrace=1"})
     out = result.stdout + result.stderr

@@ -69,7 +69,9 @@ static llm_status run_script(llm_engine *e, float *out, uint32_t *n_out, llm_err
 static uint32_t split_calls;
 static void split_rows(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows) {
     (void)ctx;
-    uint32_t cut[4] = {0, rows / 3u, rows / 3u + (rows > 7u ? 7u : 0u), rows};
+    /* the middle cut stays inside [0, rows]: 8 attention heads would put it past the end */
+    uint32_t mid = rows / 3u + (rows > 7u ? 7u : 0u);
+    uint32_t cut[4] = {0, rows / 3u, mid < rows ? mid : rows, rows};
     for (int k = 2; k >= 0; k--)
         if (cut[k] < cut[k + 1]) fn(arg, cut[k], cut[k + 1]);
     split_calls++;
