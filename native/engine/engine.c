@@ -370,9 +370,11 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
     attention_weights(j, h0, h1);
     attention_values(j, h0, h1);
     /* out /= denom */
-    for (uint32_t c = 0; c < j->m; c++)
+    for (uint32_t c = 0; c < j->m; c++) {
+        llm_col *col = &j->s->col[c];
         for (uint32_t h = h0; h < h1; h++)
-            for (uint32_t i = 0; i < Dh; i++) j->s->col[c].att[h * Dh + i] /= j->s->col[c].att_den[h];
+            for (uint32_t i = 0; i < Dh; i++) col->att[h * Dh + i] /= col->att_den[h];
+    }
 }
 
 /* Store one position's k and v (kv_dim each) in the cache. With V as dots,
