@@ -636,3 +636,13 @@ def test_fast_build_and_draft_prices(report: cm.Report) -> None:
     # the same figures as the speculative build's pass ms by m
     by_m = [spec["pass_ms_by_m"][str(m)] for m in range(1, cm.VERIFY_MAX + 1)]
     assert prices[0] == pytest.approx((by_m[1] - by_m[0]) / by_m[0], rel=0.1)
+
+
+def test_shape_from_the_engine_config_is_the_release_shape(release_model) -> None:  # type: ignore[no-untyped-def]
+    """config() says n_kv_heads == n_heads for an esp32-ai image: the same Shape as one
+    that does not name them (what --model-s3 compares with the release shape)."""
+    with engine_ext.load().Model(str(release_model.image)) as m:
+        cfg = m.config()
+    assert cfg["n_kv_heads"] == cfg["n_heads"]
+    assert cm.Shape.from_config(cfg) == cm.RELEASE
+    assert cm.Shape(n_kv_heads=2).kv_dim == 48 and cm.RELEASE.kv_dim == 96

@@ -62,6 +62,11 @@ class Shape:
     group: int = 128
     n_kv_heads: int = 0  # key/value heads; 0: n_heads (llama2.c's models may have fewer)
 
+    def __post_init__(self) -> None:
+        # one spelling per shape (as mpllm's Config): as many kv heads as heads is 0
+        if self.n_kv_heads == self.n_heads:
+            object.__setattr__(self, "n_kv_heads", 0)
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
