@@ -43,6 +43,16 @@ static uint8_t *aligned_copy(const uint8_t *src, size_t len) {
     return p;
 }
 
+/* Open img on hp (already set up), expecting success: the engine, or NULL
+ * with the failure counted under `what`. */
+static llm_engine *open_ok(const uint8_t *img, size_t len, llm_host_port *hp, const char *what) {
+    llm_engine *e = NULL;
+    llm_error err;
+    llm_status st = llm_open(&e, img, len, &hp->port, &err);
+    EXPECT(st == LLM_OK, "%s: %s", what, err.message);
+    return st == LLM_OK ? e : NULL;
+}
+
 /* Run a fixed token script; write logits of every head into out (n_heads x vocab_out). */
 static llm_status run_script(llm_engine *e, float *out, uint32_t *n_out, llm_error *err) {
     const llm_config *c = llm_get_config(e);
@@ -79,16 +89,14 @@ static void check_row_split(const uint8_t *img, size_t len, const float *want, u
     llm_host_port hp;
     llm_port_host_init(&hp);
     hp.port.parallel_rows = split_rows;
-    llm_engine *e = NULL;
-    llm_error err;
-    llm_status st = llm_open(&e, img, len, &hp.port, &err);
-    EXPECT(st == LLM_OK, "open with a row-splitting port: %s", err.message);
-    if (st != LLM_OK) return;
+    llm_engine *e = open_ok(img, len, &hp, "open with a row-splitting port");
+    if (e == NULL) return;
     size_t per = llm_get_config(e)->vocab_out;
     float *got = malloc(7 * per * sizeof(float));
     uint32_t n_got = 0;
     split_calls = 0;
-    st = run_script(e, got, &n_got, &err);
+    llm_error err;
+    llm_status st = run_script(e, got, &n_got, &err);
     EXPECT(st == LLM_OK && split_calls > 0, "row-split run: %s (%u splits)", err.message,
            split_calls);
     EXPECT(n_got == n_want && memcmp(want, got, n_want * per * 4) == 0,
@@ -101,17 +109,15 @@ static void check_row_split(const uint8_t *img, size_t len, const float *want, u
 static void check_placements(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
-    llm_engine *e = NULL;
-    llm_error err;
-    llm_status st = llm_open(&e, img, len, &hp.port, &err);
-    EXPECT(st == LLM_OK, "intact image does not open: %s", err.message);
-    if (st != LLM_OK) return;
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
     const llm_config *c = llm_get_config(e);
     size_t per = (size_t)c->vocab_out;
     float *want = malloc(7 * per * sizeof(float));
     float *got = malloc(7 * per * sizeof(float));
     uint32_t n_want = 0, n_got = 0;
-    st = run_script(e, want, &n_want, &err);
+    llm_error err;
+    llm_status st = run_script(e, want, &n_want, &err);
     EXPECT(st == LLM_OK, "script failed: %s", err.message);
     llm_reset(e);
     EXPECT(llm_pos(e) == 0 && llm_logits(e) == NULL, "reset did not clear the state");
@@ -221,7 +227,8 @@ static void check_arguments(const uint8_t *img, size_t len) {
     EXPECT(llm_open(&e, NULL, 0, &hp.port, &err) == LLM_E_ARG, "NULL image accepted");
     EXPECT(llm_open(&e, img + 1, len - 1, &hp.port, &err) == LLM_E_ARG,
            "misaligned image accepted");
-    if (llm_open(&e, img, len, &hp.port, &err) != LLM_OK) return;
+    e = open_ok(img, len, &hp, "intact image does not open after the refusals");
+    if (e == NULL) return;
     const llm_config *c = llm_get_config(e);
     int32_t next;
     int32_t bad[2] = {0, (int32_t)c->vocab_rows};
