@@ -261,6 +261,36 @@ static void check_arguments(const uint8_t *img, size_t len) {
     EXPECT(hp.live_blocks == 0, "leak after context test");
 }
 
+/* The port's books (port_blocks.h): a block charges its region and its free
+ * gives it back; a pointer the port never handed out (and NULL) is ignored,
+ * books untouched. */
+static void check_port_books(void) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_region placed = LLM_REGION_COUNT;
+    void *a = hp.port.alloc(hp.port.ctx, 100, LLM_REGION_FAST, &placed);
+    void *b = hp.port.alloc(hp.port.ctx, 40, LLM_REGION_BULK, NULL);
+    EXPECT(a != NULL && b != NULL && placed == LLM_REGION_FAST, "host alloc failed");
+    EXPECT(((uintptr_t)a & 15u) == 0 && ((uintptr_t)b & 15u) == 0, "block not 16-byte aligned");
+    EXPECT(hp.in_use[LLM_REGION_FAST] == 100 && hp.in_use[LLM_REGION_BULK] == 40 &&
+               hp.live_blocks == 2,
+           "books after two allocs: fast %llu bulk %llu live %u",
+           (unsigned long long)hp.in_use[LLM_REGION_FAST],
+           (unsigned long long)hp.in_use[LLM_REGION_BULK], hp.live_blocks);
+    hp.port.free(hp.port.ctx, a);
+    uint8_t *foreign = aligned_copy((const uint8_t[32]){0}, 32);
+    hp.port.free(hp.port.ctx, foreign + 16);
+    hp.port.free(hp.port.ctx, NULL);
+    EXPECT(hp.in_use[LLM_REGION_FAST] == 0 && hp.in_use[LLM_REGION_BULK] == 40 &&
+               hp.live_blocks == 1 && hp.peak[LLM_REGION_FAST] == 100,
+           "books after freeing one block, a foreign pointer and NULL: fast %llu bulk %llu "
+           "live %u", (unsigned long long)hp.in_use[LLM_REGION_FAST],
+           (unsigned long long)hp.in_use[LLM_REGION_BULK], hp.live_blocks);
+    hp.port.free(hp.port.ctx, b);
+    EXPECT(hp.in_use[LLM_REGION_BULK] == 0 && hp.live_blocks == 0, "books after the last free");
+    free(foreign);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
@@ -283,6 +313,7 @@ int main(int argc, char **argv) {
     uint8_t *img = aligned_copy(raw, (size_t)n);
     free(raw);
     printf("%s\n", llm_build_info());
+    check_port_books();
     check_placements(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);

@@ -11,6 +11,7 @@
 #include "freertos/task.h"
 #include "freertos/idf_additions.h" /* xTaskCreatePinnedToCore: an ESP-IDF addition */
 
+#include "../port_blocks.h"
 #include "align_up.h"
 #include "image.h"
 #include "image_format.h"
@@ -18,35 +19,22 @@
 
 /* ---- placement ---------------------------------------------------------- */
 
-typedef struct block_prefix {
-    uint32_t bytes;
-    uint32_t region;
-    uint32_t magic;
-    uint32_t pad;
-} block_prefix;
-_Static_assert(sizeof(block_prefix) == 16, "prefix keeps 16-byte alignment");
 #define BLOCK_MAGIC 0x4C4C4D45u
 
 #define CAPS_FAST (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT)
 #define CAPS_BULK (MALLOC_CAP_SPIRAM | MALLOC_CAP_8BIT)
 
 static void *take(llm_esp32_port *p, size_t total, uint32_t caps, llm_region r, size_t bytes) {
-    block_prefix *pre = heap_caps_aligned_alloc(16, total, caps);
-    if (pre == NULL) return NULL;
-    pre->bytes = (uint32_t)bytes;
-    pre->region = (uint32_t)r;
-    pre->magic = BLOCK_MAGIC;
-    pre->pad = 0;
-    p->in_use[r] += bytes;
-    if (p->in_use[r] > p->peak[r]) p->peak[r] = p->in_use[r];
-    return pre + 1;
+    void *raw = heap_caps_aligned_alloc(16, total, caps);
+    if (raw == NULL) return NULL;
+    return llm_block_charge(raw, bytes, r, BLOCK_MAGIC, p->in_use, p->peak);
 }
 
 static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
     llm_esp32_port *p = ctx;
     if ((unsigned)wanted >= LLM_REGION_COUNT || bytes > UINT32_MAX - 64u) return NULL;
     p->asked[wanted] += bytes;
-    size_t total = sizeof(block_prefix) + (size_t)llm_align_up(bytes, 16u);
+    size_t total = sizeof(llm_block_prefix) + (size_t)llm_align_up(bytes, 16u);
     void *out = NULL;
     llm_region r = LLM_REGION_BULK;
     if (wanted == LLM_REGION_FAST) {
@@ -66,12 +54,8 @@ static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region 
 
 static void esp32_free(void *ctx, void *ptr) {
     llm_esp32_port *p = ctx;
-    if (ptr == NULL) return;
-    block_prefix *pre = (block_prefix *)ptr - 1;
-    if (pre->magic != BLOCK_MAGIC) return; /* not ours: leaking beats corrupting */
-    pre->magic = 0;
-    p->in_use[pre->region] -= pre->bytes;
-    heap_caps_free(pre);
+    llm_block_prefix *pre = llm_block_discharge(ptr, BLOCK_MAGIC, p->in_use);
+    if (pre != NULL) heap_caps_free(pre);
 }
 
 static uint64_t esp32_now_us(void *ctx) {

@@ -14,7 +14,7 @@
  *   BULK   PSRAM (MALLOC_CAP_SPIRAM). No fallback to internal SRAM: that
  *          would starve the buffers that need it.
  * Every block carries a 16-byte prefix (size, region) so frees keep the
- * per-region books in `in_use`/`peak` without a table.
+ * per-region books in `in_use`/`peak` without a table (../port_blocks.h).
  *
  * Two cores. MicroPython runs on core 1. llm_port_esp32_init starts a worker
  * task pinned to core 0; llm_esp32_parallel_rows hands it the upper half of a
