@@ -12,7 +12,9 @@
  *    with LLM_E_NOMEM, leaking nothing;
  * 3. one bit flipped in every header/table byte and in a stride over the
  *    rest, and truncation at a sweep of lengths: every one must fail with a
- *    status and a message, never crash.
+ *    status and a message, never crash;
+ * 4. the host port keeps its books per block (port_blocks.h): allocations
+ *    charge their region, frees give it back, a foreign pointer is ignored.
  * Prints one line per failed expectation and exits non-zero if any.
  */
 #include <stdio.h>
