@@ -30,6 +30,15 @@ static void *take(llm_esp32_port *p, size_t total, uint32_t caps, llm_region r, 
     return llm_block_charge(raw, bytes, r, BLOCK_MAGIC, p->in_use, p->peak);
 }
 
+/* Internal SRAM for `total` bytes, if the block exists and fast_reserve
+ * bytes stay free for everyone else afterwards. */
+static void *take_internal(llm_esp32_port *p, size_t total, size_t bytes) {
+    size_t free_now = heap_caps_get_free_size(CAPS_FAST);
+    if (heap_caps_get_largest_free_block(CAPS_FAST) < total || free_now < total + p->fast_reserve)
+        return NULL;
+    return take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
+}
+
 static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
     llm_esp32_port *p = ctx;
     if ((unsigned)wanted >= LLM_REGION_COUNT || bytes > UINT32_MAX - 64u) return NULL;
@@ -37,17 +46,12 @@ static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region 
     size_t total = sizeof(llm_block_prefix) + (size_t)llm_align_up(bytes, 16u);
     void *out = NULL;
     llm_region r = LLM_REGION_BULK;
-    if (wanted == LLM_REGION_FAST) {
-        /* only if the block exists and enough SRAM stays free for everyone else */
-        size_t free_now = heap_caps_get_free_size(CAPS_FAST);
-        if (heap_caps_get_largest_free_block(CAPS_FAST) >= total &&
-            free_now >= total + p->fast_reserve) {
-            out = take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
-            if (out != NULL) r = LLM_REGION_FAST;
-        }
-        if (out == NULL) p->fast_fallbacks++;
+    if (wanted == LLM_REGION_FAST || !p->has_psram) {
+        out = take_internal(p, total, bytes);
+        if (out != NULL) r = LLM_REGION_FAST;
+        else if (wanted == LLM_REGION_FAST) p->fast_fallbacks++;
     }
-    if (out == NULL) out = take(p, total, CAPS_BULK, LLM_REGION_BULK, bytes);
+    if (out == NULL && p->has_psram) out = take(p, total, CAPS_BULK, LLM_REGION_BULK, bytes);
     if (out != NULL && placed != NULL) *placed = r;
     return out;
 }
@@ -100,6 +104,7 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
     p->fast_reserve = LLM_ESP32_FAST_RESERVE;
+    p->has_psram = heap_caps_get_total_size(MALLOC_CAP_SPIRAM) > 0;
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
     if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
