@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import setup_dev
+from board_manifest import manifest_calls
 from conftest import need_tool
 from mpllm.board import firmware_pins as pins
 from mpllm.formats.partitions import (
@@ -45,7 +46,7 @@ REQUIRED_BOARD_FILES = {
     # named (absolute path) by the fragment mpconfigboard.cmake writes
     "partitions.csv": "the partition table with the model partition",
     # set as MICROPY_FROZEN_MANIFEST by mpconfigboard.cmake
-    "manifest.py": "freezes firmware/modules (llm.py, llm_tokenizer.py, llm_bench.py) on top of the port's own manifest",
+    "manifest.py": "freezes every firmware/modules/*.py (through firmware/boards/manifest.py) on top of the port's own manifest",
 }
 # board.json and pins.csv are optional: board.json only feeds MicroPython's
 # autobuild and website, pins.csv only named pins (the port checks EXISTS).
@@ -180,23 +181,10 @@ def test_sdkconfig_facts(board: pins.BoardPins) -> None:
         assert cfg.get("CONFIG_SPIRAM") == "n" and "spiram" not in defaults
 
 
-def _run_manifest(path: Path, board_dir: Path, calls: list[tuple[str, str, str]]) -> None:
-    """Run a manifest.py the way MicroPython's makemanifest.py runs it: our own
-    includes are followed ($(BOARD_DIR) expanded), the port's are recorded."""
-    def include(p: str) -> None:
-        calls.append(("include", p, ""))
-        if p.startswith("$(BOARD_DIR)"):
-            _run_manifest(Path(p.replace("$(BOARD_DIR)", str(board_dir))), board_dir, calls)
-    env = {"include": include,
-           "module": lambda name, base_path=".": calls.append(("module", name, base_path))}
-    exec(compile(path.read_text(), str(path), "exec"), env)  # noqa: S102
-
-
 @pytest.mark.parametrize("board", BOARDS, ids=BOARD_IDS)
 def test_manifest_freezes_llm(board: pins.BoardPins) -> None:
     BOARD = ROOT / board.board_dir
-    calls: list[tuple[str, str, str]] = []
-    _run_manifest(BOARD / "manifest.py", BOARD, calls)
+    calls = manifest_calls(BOARD)
     assert ("include", "$(PORT_DIR)/boards/manifest.py", "") in calls
     mods = [c for c in calls if c[0] == "module"]
     # every board module the repository has (llm.py and what it imports,
