@@ -1,0 +1,89 @@
+"""A llama2.c checkpoint as the engine's weights (the converter's llama2c path).
+
+Per tensor, which format and why:
+- every matrix (tok_embeddings, wq/wk/wv as one qkv matrix, wo, w1, w3, w2,
+  the classifier when unshared) is int4 in groups of GROUP columns with one
+  fp16 scale per group (mpllm.quantize): the engine's only matrix format, the
+  one its kernels, the certified head and the PIE model run. GROUP is 32, the
+  smallest the kernels allow (a 32-column block must not straddle groups):
+  the small models llama2.c makes lose the least that way (`--group 64`
+  halves the scales' bytes; `quality` measures both), and the scales cost
+  4 bytes per 32 weights, little beside a model this size.
+- the norms (attention_norm, ffn_norm, the final norm) stay float32: D
+  values each, and the engine applies them in float.
+- the v0 file's RoPE tables are not kept: the image bakes its own table
+  (mpllm.formats.rope) for the engine's split-half rotation.
+
+RoPE: llama2.c rotates adjacent pairs (2i, 2i+1) of each head; the engine
+rotates (i, i + half). The rotation is the same once q's and k's rows are
+permuted within each head, new row i <- old 2i and new row i + half <- old
+2i + 1 (`rope_row_order`): q.k sums the same products in another order, so
+attention scores agree to float rounding (tests/test_convert_llama2c.py
+proves it on the fp32 forward). v is not rotated and keeps its order.
+
+Stopping: llama2.c's run.c stops at BOS (a model ends a story by starting
+the next one); EOS (2) also ends a text. The image's tokenizer lists both
+(special_ids = [BOS, EOS]) and the image's eot_id is EOS: the id the header
+names as end of text, which the board's tokenizer checks against; the board
+stops at either (llm_tokenizer.Tokenizer.stop_ids).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats.llama2c import Llama2cCheckpoint
+from .formats.model import Config, LayerWeights, QMatrix, Weights
+from .quantize import quantize_int4
+
+#: int4 group of every matrix (see the module doc)
+GROUP = 32
+#: llama2.c's RMSNorm epsilon (run.c: 1e-5f)
+NORM_EPS = 1e-5
+#: llama2.c's RoPE base
+ROPE_THETA = 10000.0
+
+
+def rope_row_order(head_size: int, n_heads: int) -> np.ndarray:
+    """Row index per new row of a q or k projection: within each head, the
+    even rows (pair firsts) then the odd rows (pair seconds)."""
+    half = head_size // 2
+    within = np.concatenate([2 * np.arange(half), 2 * np.arange(half) + 1])
+    return (np.arange(n_heads)[:, None] * head_size + within[None, :]).reshape(-1)
+
+
+def split_half_checkpoint(ck: Llama2cCheckpoint) -> dict[str, np.ndarray]:
+    """wq and wk of every layer with their rows in the engine's RoPE order."""
+    c = ck.config
+    return {"wq": ck.layers["wq"][:, rope_row_order(c.head_size, c.n_heads)],
+            "wk": ck.layers["wk"][:, rope_row_order(c.head_size, c.n_kv_heads)]}
+
+
+def to_weights(ck: Llama2cCheckpoint, group: int = GROUP) -> Weights:
+    """The engine's Weights of a checkpoint: family llama2c (no PLE), every
+    matrix int4, the norms float32, q and k rows permuted for split-half RoPE."""
+    c = ck.config
+    cfg = Config(vocab_in=c.vocab_size, vocab_out=c.vocab_size, dim=c.dim,
+                 n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.hidden_dim, ple_dim=0,
+                 seq_len=c.seq_len, group=group, rope_theta=ROPE_THETA,
+                 tied_head=c.shared_classifier, family="llama2c",
+                 n_kv_heads=c.n_kv_heads, norm_eps=NORM_EPS)  # type: ignore[call-arg]
+    qk = split_half_checkpoint(ck)
+
+    def q4(w: np.ndarray) -> QMatrix:
+        return quantize_int4(w, group)
+
+    layers = []
+    for i in range(c.n_layers):
+        qkv = np.concatenate([qk["wq"][i], qk["wk"][i], ck.layers["wv"][i]])
+        layers.append(LayerWeights(
+            attn_norm=ck.attention_norm[i].astype(np.float32), qkv=q4(qkv),
+            attn_proj=q4(ck.layers["wo"][i]), ffn_norm=ck.ffn_norm[i].astype(np.float32),
+            gate=q4(ck.layers["w1"][i]), up=q4(ck.layers["w3"][i]),
+            down=q4(ck.layers["w2"][i]), ple_gate=None, ple_proj=None,  # type: ignore[arg-type]
+            ple_norm=None))  # type: ignore[arg-type]
+    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings), ple_model_proj=None,  # type: ignore[arg-type]
+                   ple_proj_norm=None, ple_table=None, layers=layers,  # type: ignore[arg-type]
+                   out_norm=ck.norm.astype(np.float32),
+                   head=None if c.shared_classifier else q4(ck.output))
+
