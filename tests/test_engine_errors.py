@@ -24,14 +24,15 @@ import pytest
 
 _llm = engine_ext.load()
 
-HEADER = struct.Struct("<8s16IfI32s16s")
+HEADER = struct.Struct("<8s16IfI32s2IfI")
 SECTION = struct.Struct("<16s4I")
 HEADER_BYTES, SECTION_BYTES = 128, 32
 # field index in HEADER.unpack() order
 F = {name: i for i, name in enumerate(
     ["magic", "version", "header_bytes", "file_bytes", "n_sections", "header_crc32", "flags",
      "vocab_rows", "vocab_out", "vocab_in_source", "dim", "n_layers", "n_heads", "ffn",
-     "ple_dim", "seq_len", "group", "rope_theta", "eot_id", "sha", "reserved"])}
+     "ple_dim", "seq_len", "group", "rope_theta", "eot_id", "sha", "arch", "n_kv_heads",
+     "norm_eps", "reserved"])}
 
 
 class Img:
@@ -245,10 +246,23 @@ CASES: list[tuple[str, Callable[[Img], None], str]] = [
      "bad image: section 'head_tiles': tile 0 column 0 has a negative half-range"),
     ("tiles box too narrow", _tiles_narrow, "bad image: head_tiles: token"),
     ("tiles count", _tiles_count, "bad image: section 'head_tiles': 2 tiles of 128 rows"),
-    ("version 2", _set("version", 2), "unsupported version: image format version 2"),
+    ("version 3", _set("version", 3),
+     "unsupported version: image format version 3; this engine reads 4: convert the model again"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
-    ("reserved byte", _set("reserved", b"\1" + bytes(15)), "bad image: header reserved"),
+    ("reserved field", _set("reserved", 1),
+     "bad image: header reserved field is 0x00000001, must be 0"),
+    ("unknown arch", _set("arch", 2), "bad config: arch 2 is unknown (0: esp32-ai, 1: llama2.c)"),
+    ("llama arch with PLE", _set("arch", 1),
+     "bad config: ple_dim = 32, a llama2.c image has no PLE (0)"),
+    ("zero kv heads", _set("n_kv_heads", 0), "bad config: n_kv_heads = 0 does not divide n_heads"),
+    ("kv heads not dividing", _set("n_kv_heads", 3),
+     "bad config: n_kv_heads = 3 does not divide n_heads 2"),
+    ("esp32-ai kv heads", _set("n_kv_heads", 1),
+     "bad config: n_kv_heads = 1, an esp32-ai image has n_heads (2)"),
+    ("nan norm_eps", _set("norm_eps", float("nan")),
+     "bad config: norm_eps must be positive and finite"),
+    ("zero norm_eps", _set("norm_eps", 0.0), "bad config: norm_eps must be positive and finite"),
     ("zero dim", _set("dim", 0), "bad config: dim = 0, must be in 1..8192"),
     ("zero layers", _set("n_layers", 0), "bad config: n_layers = 0"),
     ("zero seq_len", _set("seq_len", 0), "bad config: seq_len = 0"),

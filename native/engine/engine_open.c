@@ -173,11 +173,8 @@ static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_ma
     dst->region = got;
 }
 
-static const char *section_name(const llm_engine *e, uint32_t i) {
-    /* table names equal the expected ones (checked) and are at most 15 chars,
-     * so the NUL-padded bytes in the image are a valid C string */
-    return (const char *)(e->image.data + LLM_IMAGE_HEADER_BYTES +
-                          (size_t)i * LLM_IMAGE_SECTION_BYTES);
+static const char *section_name(const llm_engine *e, uint32_t slot) {
+    return llm_image_section_label(&e->image, slot);
 }
 
 
@@ -511,6 +508,9 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     llm_image_info info;
     llm_status st = llm_image_check(image, len, &info, err);
     if (st != LLM_OK) return st;
+    if (info.config.arch != LLM_ARCH_ESP32AI)
+        return llm_fail(err, LLM_E_CONFIG, "arch %lu (llama2.c): this engine build does not run "
+                        "it yet", (unsigned long)info.config.arch);
     llm_engine *e = engine_block(&info, port, err);
     if (e == NULL) return LLM_E_NOMEM;
     read_in_place(e);
