@@ -7,10 +7,19 @@ C engine, and against the fp32 forward of the checkpoint (the quality figure).
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+from pathlib import Path
+
 import numpy as np
+import pytest
 from conftest import ROOT
+from mpllm.convert import ConvertError, convert
+from mpllm.convert import main as convert_main
 from mpllm.formats import llama2c as fmt
-from mpllm.llama2c_weights import rope_row_order, split_half_checkpoint
+from mpllm.formats.image import read_image
+from mpllm.formats.model import Weights
+from mpllm.llama2c_weights import GROUP, rope_row_order, split_half_checkpoint, to_weights
 from mpllm.reference.llama2c import F32, Llama2c
 
 DEMO = ROOT / "models" / "llama2c-demo"
@@ -56,3 +65,130 @@ def test_split_half_rope_on_permuted_rows_is_llama2c_rope() -> None:
     got = _logits(_SplitHalf(ck), ids)
     assert np.abs(got - want).max() < 1e-4 * max(1.0, float(np.abs(want).max()))
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+
+
+# ---- the converter's llama2c path -------------------------------------------------
+
+
+def _convert(model: Path, tok: Path, out: Path, **kw: object) -> object:
+    return convert(model, tok, out, progress=False, **kw)  # type: ignore[arg-type]
+
+
+def _same(a: Weights, b: Weights) -> None:
+    assert a.config == b.config
+    pairs = [(a.tok_emb, b.tok_emb), (a.output_head(), b.output_head())]
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        pairs += [(getattr(la, f), getattr(lb, f)) for f in ("qkv", "attn_proj", "gate", "up",
+                                                              "down")]
+        for f in ("attn_norm", "ffn_norm"):
+            assert getattr(la, f).tobytes() == getattr(lb, f).tobytes()
+    for x, y in pairs:
+        assert x.group == y.group and np.array_equal(x.q, y.q)
+        assert x.scales.tobytes() == np.asarray(y.scales, np.float16).tobytes()
+
+
+@pytest.mark.skipif(not (SHARED / "stories260K.bin").is_file(),
+                    reason="../shared/llama2c/stories260K.bin is not here")
+def test_stories260k_converts(tmp_path: Path) -> None:
+    """The real llama2.c checkpoint (legacy v0) with a 512-token tokenizer.bin
+    made here (the published tok512.bin is not at hand): an image of family
+    llama2c with the checkpoint's shape, its weights what to_weights makes."""
+    src = SHARED / "stories260K.bin"
+    rep = _convert(src, DEMO / "tokenizer.bin", tmp_path / "s.img")
+    img = read_image(tmp_path / "s.img")
+    c = img.weights.config
+    assert (c.family, c.dim, c.ffn, c.n_layers, c.n_heads, c.kv_heads, c.vocab_out,
+            c.seq_len, c.ple_dim, c.group, c.tied_head) == (
+                "llama2c", 64, 172, 5, 8, 4, 512, 512, 0, GROUP, True)
+    assert c.norm_eps == float(np.float32(1e-5)) and c.rope_theta == 10000.0
+    assert img.header.eot_id == fmt.EOS_ID
+    assert rep.family == "llama2c" and rep.checkpoint_version == 0  # type: ignore[attr-defined]
+    _same(img.weights, to_weights(fmt.read_checkpoint(src.read_bytes())))
+
+
+def test_every_checkpoint_version_converts(tmp_path: Path) -> None:
+    """v0 and v1 (fp32) give the same image weights; v2 (Q8_0) gives the
+    weights of its own dequantized values."""
+    ck = _demo()
+    imgs = {}
+    for version in (0, 1, 2):
+        src = tmp_path / f"v{version}.bin"
+        src.write_bytes(fmt.checkpoint_bytes(ck, version, group_size=64))
+        rep = _convert(src, DEMO / "tokenizer.bin", tmp_path / f"v{version}.img")
+        assert rep.checkpoint_version == version  # type: ignore[attr-defined]
+        imgs[version] = read_image(tmp_path / f"v{version}.img").weights
+    _same(imgs[0], imgs[1])
+    _same(imgs[0], to_weights(ck))
+    _same(imgs[2], to_weights(fmt.read_checkpoint((tmp_path / "v2.bin").read_bytes())))
+    assert not np.array_equal(imgs[2].layers[0].gate.q, imgs[0].layers[0].gate.q)
+
+
+def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
+    ck = _demo()
+    cfg = dataclasses.replace(ck.config, shared_classifier=False)
+    rng = np.random.default_rng(3)
+    ck = dataclasses.replace(ck, config=cfg, classifier=(rng.standard_normal(
+        ck.tok_embeddings.shape) * 0.1).astype(np.float32))
+    src = tmp_path / "untied.bin"
+    src.write_bytes(fmt.checkpoint_bytes(ck, 1))
+    _convert(src, DEMO / "tokenizer.bin", tmp_path / "u.img", group=64)
+    w = read_image(tmp_path / "u.img").weights
+    assert not w.config.tied_head and w.config.group == 64
+    _same(w, to_weights(ck, 64))
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
+    ck = _demo()
+    v0 = fmt.checkpoint_bytes(ck, 0)
+    good_tok = DEMO / "tokenizer.bin"
+    files = {
+        "truncated.bin": v0[:-100],
+        "v2g48.bin": fmt.checkpoint_bytes(ck, 2, group_size=64)[:256],
+        "small_tok.bin": fmt.tokenizer_bin_bytes(*fmt.read_tokenizer_bin(
+            good_tok.read_bytes()))[:2000],
+        "v0.bin": v0,
+        "tok300.bin": fmt.tokenizer_bin_bytes(
+            *[x[:300] for x in fmt.read_tokenizer_bin(good_tok.read_bytes())]),
+        "v3.bin": struct.pack("<Ii", fmt.MAGIC, 3) + bytes(300),
+    }
+    v2 = bytearray(fmt.checkpoint_bytes(ck, 2, group_size=64))
+    struct.pack_into("<i", v2, 8 + 29, 48)  # the header's group size, after the flag
+    files["v2g48.bin"] = bytes(v2)
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    esp = ROOT / "models" / "demo"
+    return [
+        (tmp / "truncated.bin", good_tok, {}, "truncated in the RoPE tables"),
+        (tmp / "v0.bin", tmp / "tok300.bin", {}, "has 300 tokens but"),
+        (tmp / "v0.bin", tmp / "small_tok.bin", {}, "truncated in the text of token 142"),
+        (tmp / "v2g48.bin", good_tok, {}, "not a multiple of the group size 48"),
+        (tmp / "v3.bin", good_tok, {}, "llama2.c checkpoint version 3"),
+        (tmp / "v0.bin", esp / "tokenizer.json", {},
+         "is a tokenizer.json; a llama2.c checkpoint needs llama2.c's tokenizer.bin"),
+        (esp / "model.bin", good_tok, {}, "is not a tokenizer.json"),
+        (tmp / "v0.bin", good_tok, {"group": 48}, "group 48: must be a positive multiple of 32"),
+    ]
+
+
+def test_every_bad_input_has_its_own_message_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out.img"
+    for model, tok, kw, message in _bad_inputs(tmp_path):
+        with pytest.raises(ConvertError) as e:
+            _convert(model, tok, out, **kw)
+        assert message in str(e.value) and "\n" not in str(e.value), (message, str(e.value))
+        assert not out.exists()
+        assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".img") == []
+
+
+def test_command_line_says_what_it_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.img"
+    rc = convert_main([str(DEMO / "model.bin"), str(DEMO / "tokenizer.bin"), "-o", str(out),
+                       "--drafter-stories", "0", "--quality-positions", "0"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "llama2.c checkpoint v0: vocab 512 rows" in text and "KV 4" in text
+    assert "every matrix int4, 32 columns per fp16 scale" in text
+    rc = convert_main([str(DEMO / "model.bin"), str(DEMO / "tokenizer.bin"), "-o", str(out),
+                       "--group", "40"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "error: --group 40: must be a positive multiple of 32\n"

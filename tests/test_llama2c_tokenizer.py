@@ -160,7 +160,9 @@ def _bin(texts: list[bytes], scores: list[float]) -> bytes:
 @pytest.mark.parametrize(("data", "message"), [
     (b"\x01\x00", "too short for its header"),
     (struct.pack("<i", 0), "max token length 0"),
-    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab", "length 3"),
+    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab",
+     "truncated in the text of token 0"),
+    (struct.pack("<i", 2) + struct.pack("<fi", 0.0, 3) + b"abc", "length 3 .the header's max"),
     (struct.pack("<i", 8) + struct.pack("<f", 0.0), "truncated in the entry of token 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 0), "token 0 has length 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", float("nan"), 1) + b"a", "NaN score"),

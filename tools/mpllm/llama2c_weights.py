@@ -30,6 +30,10 @@ stops at either (llm_tokenizer.Tokenizer.stop_ids).
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from .formats.llama2c import Llama2cCheckpoint
@@ -87,3 +91,56 @@ def to_weights(ck: Llama2cCheckpoint, group: int = GROUP) -> Weights:
                    out_norm=ck.norm.astype(np.float32),
                    head=None if c.shared_classifier else q4(ck.output))
 
+
+
+#: positions the quality figure compares (the converter's default)
+QUALITY_POSITIONS = 256
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The quantized engine against the checkpoint's fp32 forward, teacher-forced
+    on the same ids: mean and largest |logit difference| over every position
+    and vocabulary entry, and the share of positions whose greedy choice agrees."""
+
+    positions: int
+    mean_abs: float
+    max_abs: float
+    greedy_agree: float
+
+    def line(self) -> str:
+        return (f"quality: quantized engine vs fp32 forward over {self.positions} positions: "
+                f"mean |logit diff| {self.mean_abs:.4f}, max {self.max_abs:.3f}, greedy "
+                f"agreement {100 * self.greedy_agree:.1f} %")
+
+
+def quality_ids(ck: Llama2cCheckpoint, positions: int = QUALITY_POSITIONS) -> list[int]:
+    """The ids the quality figure feeds: BOS, then the fp32 model's own greedy
+    text (past a story's end too: it starts the next one), up to `positions`."""
+    from .formats.llama2c import BOS_ID
+    from .reference.llama2c import Llama2c
+
+    n = min(positions, ck.config.seq_len)
+    story = Llama2c(ck).generate([[BOS_ID]], n - 1)[0]
+    return [BOS_ID, *story][:n]
+
+
+def quality(image: str | os.PathLike[str], ck: Llama2cCheckpoint, llm_module: Any,
+            positions: int = QUALITY_POSITIONS) -> Quality:
+    """The quality figure of `image` (converted from `ck`) run by the engine
+    `llm_module` (the host's `_llm`)."""
+    from .reference.llama2c import Llama2c
+
+    ids = quality_ids(ck, positions)
+    ref = Llama2c(ck)
+    cache = ref.new_cache(1)
+    want = np.stack([ref.step([t], p, cache)[0] for p, t in enumerate(ids)])
+    got = np.empty_like(want)
+    with llm_module.Model(os.fspath(image)) as m:
+        m.sampler(0.0, 0, 0)
+        for p, t in enumerate(ids):
+            m.prefill([t])
+            got[p] = np.frombuffer(m.logits(), "<f4")
+    diff = np.abs(got.astype(np.float64) - want)
+    agree = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+    return Quality(len(ids), float(diff.mean()), float(diff.max()), agree)
