@@ -8,8 +8,12 @@ text handling is checked without depending on what a trained model writes.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import engine_ext
 import llm
 import llm_chat
 import pytest
@@ -155,3 +159,20 @@ def test_the_last_word_is_its_ids_back_to_its_space(session) -> None:  # type: i
             continue
         assert b"".join(tok.token_bytes(i) for i in ids[len(ids) - n:]) == word
         assert extra == len(word) - n
+
+
+def _chat(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), *args],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
+
+
+def test_chat_py_model_names(tmp_path: Path) -> None:
+    r = _chat("--board", "host", "--model", "stories260k", "Once")
+    assert r.returncode == 2
+    assert r.stderr == ("error: --model stories260k is downloaded: run tools/flash.py --board "
+                        "host --model stories260k, then pass the --image it prints\n")
+    r = _chat("--board", "host", "--model", "nope", "Once")
+    assert r.returncode == 2 and r.stderr.startswith("error: --model nope: no such model (demo, ")
+    r = _chat("--board", "host", "--model", "demo", "--image", str(tmp_path / "x.img"), "Once")
+    assert r.returncode == 2 and "--model and --image exclude each other" in r.stderr
