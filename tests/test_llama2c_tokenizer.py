@@ -19,30 +19,13 @@ from pathlib import Path
 
 import llm_tokenizer
 import pytest
+from llama2c_models import synthetic_vocab
 from mpllm.formats import llama2c
 from mpllm.formats.tokenizer import TokenizerFormatError, tokenizer_section
 from tokenizer_cases import ROOT, STRINGS, llama2c_encode
 
 LLAMA2_TOKENIZER = ROOT.parent / "shared" / "llama2c" / "tokenizer.bin"
 ALPHABET = "abcdefghij ABC.,!?'\"\n\t0123456789éüßçøå日本語😀🎉ğ\u2581\u00a0"
-
-
-def synthetic_vocab(n: int = 512, seed: int = 5) -> tuple[list[bytes], list[float]]:
-    """A llama2.c-shaped vocabulary: <unk>, BOS, EOS, the 256 byte pieces, then
-    pieces built from pairs of earlier ones, with deliberately tied scores."""
-    rng = random.Random(seed)
-    texts = [b"<unk>", b"\n<s>\n", b"\n</s>\n"] + [f"<0x{b:02X}>".encode() for b in range(256)]
-    chars = [c.encode() for c in " abcdefghijklmnop.,'\néü日😀"]
-    texts += chars
-    known = set(texts)
-    while len(texts) < n:
-        t = rng.choice(texts[259:]) + rng.choice(texts[259:])
-        if t not in known and len(t) <= 16:
-            texts.append(t)
-            known.add(t)
-    scores = [0.0] * 259 + [-1e9] * len(chars) + [-float(rng.randint(0, 60))
-                                                   for _ in range(len(texts) - 259 - len(chars))]
-    return texts, scores
 
 
 def strings(n: int, seed: int) -> list[str]:

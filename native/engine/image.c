@@ -279,6 +279,13 @@ void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
 
 /* ---- config ------------------------------------------------------------ */
 
+/* Read through its bits: a fast-math build must not assume v finite. */
+static int positive_finite(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return f32_bits_finite(bits) && v > 0.0f;
+}
+
 /* The fields the architecture fixes (image_format.h), each refused with its
  * own message; checked after the dimensions they depend on. */
 static llm_status check_arch(const llm_config *c, llm_error *err) {
@@ -291,9 +298,7 @@ static llm_status check_arch(const llm_config *c, llm_error *err) {
     if (c->arch == LLM_ARCH_ESP32AI && c->n_kv_heads != c->n_heads)
         return llm_fail(err, LLM_E_CONFIG, "n_kv_heads = %lu, an esp32-ai image has n_heads (%lu)",
                         (unsigned long)c->n_kv_heads, (unsigned long)c->n_heads);
-    uint32_t ebits;
-    memcpy(&ebits, &c->norm_eps, sizeof ebits);
-    if (!f32_bits_finite(ebits) || !(c->norm_eps > 0.0f))
+    if (!positive_finite(c->norm_eps))
         return llm_fail(err, LLM_E_CONFIG, "norm_eps must be positive and finite");
     return LLM_OK;
 }
@@ -347,9 +352,7 @@ static llm_status check_config(const llm_config *c, llm_error *err) {
     if (c->eot_id >= c->vocab_out)
         return llm_fail(err, LLM_E_CONFIG, "eot_id %lu is not below vocab_out %lu",
                         (unsigned long)c->eot_id, (unsigned long)c->vocab_out);
-    uint32_t tbits;
-    memcpy(&tbits, &c->rope_theta, sizeof tbits);
-    if (!f32_bits_finite(tbits) || !(c->rope_theta > 0.0f))
+    if (!positive_finite(c->rope_theta))
         return llm_fail(err, LLM_E_CONFIG, "rope_theta must be positive and finite");
     return check_arch(c, err);
 }
@@ -532,8 +535,13 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
     if (n_vocab != c->vocab_out)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
                         (unsigned long)n_vocab, (unsigned long)c->vocab_out);
-    if (rd32(p + 12) != 0)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': reserved field is not 0", name);
+    /* flags: bit 0 = llama2.c's sentencepiece rules (a rank per merge follows
+     * the merges); image_format.h, KIND_TOKENIZER */
+    const uint32_t flags = rd32(p + 12);
+    if (flags & ~1u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': unknown flags 0x%lx", name,
+                        (unsigned long)flags);
+    const uint64_t merge_bytes = flags ? 8u : 6u;
     for (uint32_t b = 0; b < 256; b++) {
         uint16_t id = rd16(p + 16 + 2 * b);
         if (id != 0xFFFFu && id >= n_vocab)
@@ -558,10 +566,10 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
         return llm_fail(err, LLM_E_FORMAT, "section '%s': token texts run past the end", name);
     at += text;
     at = (at + 1u) / 2u * 2u;
-    if (at > size || (uint64_t)n_merges * 6u != size - at)
+    if (at > size || (uint64_t)n_merges * merge_bytes != size - at)
         return llm_fail(err, LLM_E_FORMAT,
                         "section '%s': %lu merges need %llu bytes after the texts, %llu remain",
-                        name, (unsigned long)n_merges, (unsigned long long)n_merges * 6u,
+                        name, (unsigned long)n_merges, (unsigned long long)n_merges * merge_bytes,
                         (unsigned long long)(at > size ? 0 : size - at));
     for (uint64_t k = 0; k < (uint64_t)n_merges * 3u; k++)
         if (rd16(p + at + 2 * k) >= n_vocab)
