@@ -8,6 +8,7 @@ C engine, and against the fp32 forward of the checkpoint (the quality figure).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import struct
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from mpllm.convert import main as convert_main
 from mpllm.formats import llama2c as fmt
 from mpllm.formats.image import read_image
 from mpllm.formats.model import Weights
-from mpllm.llama2c_weights import GROUP, rope_row_order, split_half_checkpoint, to_weights
+from mpllm.llama2c_weights import rope_row_order, split_half_checkpoint, to_weights
 from mpllm.reference.llama2c import F32, Llama2c
 
 DEMO = ROOT / "models" / "llama2c-demo"
@@ -99,7 +100,8 @@ def test_stories260k_converts(tmp_path: Path) -> None:
     c = img.weights.config
     assert (c.family, c.dim, c.ffn, c.n_layers, c.n_heads, c.kv_heads, c.vocab_out,
             c.seq_len, c.ple_dim, c.group, c.tied_head) == (
-                "llama2c", 64, 172, 5, 8, 4, 512, 512, 0, GROUP, True)
+                "llama2c", 64, 172, 5, 8, 4, 512, 512, 0, 64, True)
+    assert rep.certified_head and img.head_tiles.n_tiles > 0  # type: ignore[attr-defined]
     assert c.norm_eps == float(np.float32(1e-5)) and c.rope_theta == 10000.0
     assert img.header.eot_id == fmt.EOS_ID
     assert rep.family == "llama2c" and rep.checkpoint_version == 0  # type: ignore[attr-defined]
@@ -131,10 +133,11 @@ def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
         ck.tok_embeddings.shape) * 0.1).astype(np.float32))
     src = tmp_path / "untied.bin"
     src.write_bytes(fmt.checkpoint_bytes(ck, 1))
-    _convert(src, DEMO / "tokenizer.bin", tmp_path / "u.img", group=64)
+    rep = _convert(src, DEMO / "tokenizer.bin", tmp_path / "u.img", group=32)
     w = read_image(tmp_path / "u.img").weights
-    assert not w.config.tied_head and w.config.group == 64
-    _same(w, to_weights(ck, 64))
+    assert not w.config.tied_head and w.config.group == 32
+    assert not rep.certified_head  # type: ignore[attr-defined]  # two scales per head row
+    _same(w, to_weights(ck, 32))
 
 
 def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
@@ -187,8 +190,110 @@ def test_command_line_says_what_it_made(tmp_path: Path, capsys: pytest.CaptureFi
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "llama2.c checkpoint v0: vocab 512 rows" in text and "KV 4" in text
-    assert "every matrix int4, 32 columns per fp16 scale" in text
+    assert "every matrix int4, 64 columns per fp16 scale (the engine's one matrix format; the " \
+        "certified head)" in text
     rc = convert_main([str(DEMO / "model.bin"), str(DEMO / "tokenizer.bin"), "-o", str(out),
                        "--group", "40"])
     err = capsys.readouterr().err
     assert rc == 2 and err == "error: --group 40: must be a positive multiple of 32\n"
+
+
+# ---- under the C engine ------------------------------------------------------------
+
+#: 20 prompts (as text in the 512-token tokenizer) and 6 samplers: greedy and 5 seeds
+PROMPTS = ["Once upon a time", "Lily wanted", "The cat sat", "Once there was a big", "Ben and Mia",
+           "It was a sunny day", "A little bird", "The boy was sad", "Mom said",
+           "They went to the park", "Sam had a red", "One night", "The dragon",
+           "Anna liked to", "There was a tree", "The sky", "Tom found a box", "The dog ran",
+           "She was happy", "A big fish"]
+SAMPLERS = [(0.0, 0, 0)] + [(0.8, 40, s) for s in range(1, 6)]
+
+
+def _engine() -> object:
+    import engine_ext
+
+    return engine_ext.load()
+
+
+@pytest.fixture(scope="module")
+def stories260k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = SHARED / "stories260K.bin"
+    if not src.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    out = tmp_path_factory.mktemp("s260k") / "s.img"
+    convert(src, DEMO / "tokenizer.bin", out, progress=False, drafter_stories=20)
+    return out
+
+
+def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int],
+            plain: bool) -> tuple[list[int], str]:
+    """n tokens and the sha256 of every step's logits, step by step."""
+    m.reset()  # type: ignore[attr-defined]
+    m.set_plain(plain)  # type: ignore[attr-defined]
+    m.sampler(*sampler)  # type: ignore[attr-defined]
+    h = hashlib.sha256()
+    ids = [m.prefill(prompt)]  # type: ignore[attr-defined]
+    h.update(m.logits())  # type: ignore[attr-defined]
+    while len(ids) < n:
+        ids.append(m.step(ids[-1]))  # type: ignore[attr-defined]
+        h.update(m.logits())  # type: ignore[attr-defined]
+    return ids, h.hexdigest()
+
+
+def test_engine_equals_the_reference_of_the_quantized_model(stories260k: Path) -> None:
+    """The C engine's ids and logits are the numpy reference's, bit for bit
+    (mpllm.reference.forward on the image's own weights), greedy and sampled."""
+    from mpllm.reference.forward import Reference
+    from mpllm.reference.sampler import Sampler
+
+    _llm = _engine()
+    tok = _tokenizer()
+    ref = Reference.from_image(stories260k)
+    with _llm.Model(str(stories260k)) as m:  # type: ignore[attr-defined]
+        for prompt in PROMPTS[:4]:
+            ids = tok.encode(prompt)
+            for smp in SAMPLERS[:3]:
+                ref.reset()
+                want, rows = ref.generate(ids, 24, Sampler(*smp))
+                m.reset()
+                m.set_plain(True)
+                m.sampler(*smp)
+                got = [m.prefill(ids)]
+                logits = [np.frombuffer(m.logits(), "<f4")]
+                while len(got) < 24:
+                    got.append(m.step(got[-1]))
+                    logits.append(np.frombuffer(m.logits(), "<f4"))
+                assert got == want, (prompt, smp)
+                assert np.stack(logits).tobytes() == rows.tobytes(), (prompt, smp)
+
+
+def test_plain_and_default_agree_on_stories260k(stories260k: Path) -> None:
+    """20 prompts x 6 samplers: the same tokens and the same logits (sha256)
+    with every speed-up off and on, and the same tokens with the n-gram
+    drafter's verify passes (llm.decode_tokens)."""
+    import llm
+
+    _llm = _engine()
+    tok = _tokenizer()
+    with _llm.Model(str(stories260k)) as m:  # type: ignore[attr-defined]
+        assert m.config()["max_draft"] > 0
+        for prompt in PROMPTS:
+            ids = tok.encode(prompt)
+            for smp in SAMPLERS:
+                plain = _decode(m, ids, 40, smp, True)
+                assert _decode(m, ids, 40, smp, False) == plain, (prompt, smp)
+                m.reset()
+                m.set_plain(False)
+                m.sampler(*smp)
+                first = m.prefill(ids)
+                drafted = [first, *llm.decode_tokens(
+                    m, first, 39, lambda c, k: m.draft(c[-3:], k), list(ids), ())]
+                assert drafted == plain[0], (prompt, smp)
+
+
+def _tokenizer() -> object:
+    import llm_tokenizer
+    from mpllm.formats.tokenizer import tokenizer_section
+
+    return llm_tokenizer.Tokenizer(tokenizer_section(fmt.load_tokenizer_bin(
+        DEMO / "tokenizer.bin")))

@@ -176,3 +176,84 @@ def test_chat_py_model_names(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.startswith("error: --model nope: no such model (demo, ")
     r = _chat("--board", "host", "--model", "demo", "--image", str(tmp_path / "x.img"), "Once")
     assert r.returncode == 2 and "--model and --image exclude each other" in r.stderr
+
+
+# ---- the llama2.c demo writes stories (the real engine) ----------------------------
+
+STORY = """
+import llm
+llm.load({image!r})
+llm.story("Once upon a time", temperature=0)
+print("STOP", llm.stats()["stop"], llm.stats()["tokens"])
+llm.story("Once upon a time", seed=7, max_tokens=60)
+print("STOP", llm.stats()["stop"])
+w = __import__("llm_chat").CoWriter(seed=3, max_tokens=30)
+print("TURN", "".join(w.turn("Once upon a time, there was a little girl named Molly.")))
+print("TURN", "".join(w.turn("One day, her dad was making a cake")))
+print("IDS", w.tokens.count(1), w.tokens[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def llama2c_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mpllm.convert import convert
+
+    demo = ROOT / "models" / "llama2c-demo"
+    out = tmp_path_factory.mktemp("l2c") / "l2c.img"
+    convert(demo / "model.bin", demo / "tokenizer.bin", out, progress=False,
+            drafter_stories=20)
+    return out
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?\"'") for w in text.split()]
+
+
+def test_the_llama2c_demo_writes_a_story(llama2c_image: Path) -> None:
+    """llm.story() and CoWriter on CPython: readable English that ends where
+    the model starts its next story (BOS); the story has one BOS, at its start."""
+    r = subprocess.run([sys.executable, "-c", STORY.format(image=str(llama2c_image))],
+                       capture_output=True, text=True, timeout=600, check=False,
+                       env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    print(out)
+    story = out.split("STOP")[0]
+    assert story.startswith("Once upon a time")
+    stop, n = out.split("STOP ")[1].split()[:2]
+    assert stop == "eot" and 20 < int(n) < 250  # it ended itself, as llama2.c's run.c does
+    words = _words(story)
+    common = {"the", "a", "was", "and", "to", "he", "she", "it", "they", "her", "his", "said"}
+    assert len(words) > 20 and sum(w.lower() in common for w in words) > len(words) // 6
+    assert all(w.isascii() for w in words)
+    assert "IDS 1 1" in out  # co-writing: BOS once, first
+
+
+def test_chat_py_model_llama2c_demo(llama2c_image: Path) -> None:
+    r = _chat("--board", "host", "--model", "llama2c-demo", "--greedy", "--stats",
+              "Once upon a time")
+    assert r.returncode == 0, r.stderr
+    with_image = _chat("--board", "host", "--image", str(llama2c_image), "--greedy",
+                       "Once upon a time")
+    assert r.stdout == with_image.stdout and r.stdout.startswith("Once upon a time")
+    assert "stop eot" in r.stderr or "eot" in r.stderr
+
+
+def test_the_llama2c_demo_on_the_micropython_unix_port(llama2c_image: Path,
+                                                       tmp_path: Path) -> None:
+    """The same script on MicroPython's unix port prints the same bytes."""
+    from test_micropython_binding import MICROPY_DIR, _build_unix, _run_mp
+
+    if not MICROPY_DIR:
+        pytest.skip("MICROPY_DIR is not set: the unix port with _llm is built from it")
+    from conftest import _locked
+
+    mp = Path(MICROPY_DIR)
+    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
+        exe = _build_unix(mp)
+    code = STORY.format(image=str(llama2c_image))
+    host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, check=False,
+                          env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
+    assert host.returncode == 0, host.stderr
+    assert _run_mp(exe, code, tmp_path) == host.stdout

@@ -38,7 +38,7 @@ import numpy as np
 from .atomic import OutputError, atomic_path, check_output
 from .formats.esp32ai import KERNEL_BLOCK_COLS as BLOCK_COLS
 from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
-from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS
+from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS, certifiable
 from .formats.image import (
     KIND_NAMES,
     ImageFormatError,
@@ -57,7 +57,6 @@ from .formats.llama2c import (
 )
 from .formats.model import Config, QMatrix, Weights
 from .formats.tokenizer import TokenizerFormatError, TokenizerTables
-from .llama2c_weights import GROUP as LLAMA2C_GROUP
 from .llama2c_weights import QUALITY_POSITIONS
 
 #: stories the model writes for its drafter when converting from the command
@@ -82,6 +81,7 @@ class ConvertReport:
     drafts_seconds: float = 0.0
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
+    certified_head: bool = False  # the image has head tiles (formats.head_tiles)
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -183,7 +183,7 @@ def convert(
     progress: bool | Callable[[str, int, int], None] = True,
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
-    group: int = LLAMA2C_GROUP,
+    group: int | None = None,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
@@ -194,12 +194,14 @@ def convert(
     the self-distilled n-gram drafter; 0 (the default here, not on the command
     line) stores an empty table: the image decodes the same, without guesses.
     group: the int4 group a llama2.c checkpoint is quantized to (a multiple of
-    32; an esp32-ai model.bin keeps the group it was quantized with)."""
+    32; None: mpllm.llama2c_weights.default_group, one scale per row of the
+    head, which the certified head needs); an esp32-ai model.bin keeps the
+    group it was quantized with."""
     from .formats.rope import rope_table
     from .formats.tokenizer import tokenizer_section
 
     model_path, tok_path, out = Path(model_bin), Path(tokenizer_json), Path(out)
-    if group <= 0 or group % BLOCK_COLS:
+    if group is not None and (group <= 0 or group % BLOCK_COLS):
         raise ConvertError(f"group {group}: must be a positive multiple of {BLOCK_COLS}")
     for p, what in ((model_path, "model"), (tok_path, "tokenizer")):
         if not p.is_file():
@@ -311,7 +313,9 @@ def convert(
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
                          drafts_seconds=drafts_seconds,
-                         family="llama2c" if llama else "esp32ai", checkpoint_version=version)
+                         family="llama2c" if llama else "esp32ai", checkpoint_version=version,
+                         certified_head=tile_rows > 0
+                         and certifiable(trimmed.output_head()) is None)
 
 
 def _is_llama2c(model_bytes: bytes) -> bool:
@@ -399,9 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"stories the model writes on this PC for its n-gram drafter "
                          f"(speculative decoding's guesses; default {DRAFTER_STORIES}; 0 "
                          "stores none: same stories, no guesses)")
-    ap.add_argument("--group", type=int, default=LLAMA2C_GROUP, metavar="N",
+    ap.add_argument("--group", type=int, metavar="N",
                     help=f"llama2.c checkpoints: the int4 group (a multiple of {BLOCK_COLS}; "
-                         f"default {LLAMA2C_GROUP}); an esp32-ai model keeps its own")
+                         f"default: dim rounded up to {BLOCK_COLS}, one scale per head row, "
+                         "as the certified head needs; 32 quantizes finer and scores every "
+                         "head row); an esp32-ai model keeps its own")
     ap.add_argument("--quality-positions", type=int, default=QUALITY_POSITIONS, metavar="N",
                     help="llama2.c checkpoints: positions the quality figure compares (the "
                          "quantized engine against the fp32 forward; needs the host engine "
@@ -416,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConvertError(f"--drafter-stories {args.drafter_stories}: must be >= 0")
         if args.quality_positions < 0:
             raise ConvertError(f"--quality-positions {args.quality_positions}: must be >= 0")
-        if args.group <= 0 or args.group % BLOCK_COLS:
+        if args.group is not None and (args.group <= 0 or args.group % BLOCK_COLS):
             raise ConvertError(f"--group {args.group}: must be a positive multiple of "
                                f"{BLOCK_COLS}")
         rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet,
@@ -439,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'tied' if cfg.tied_head else 'untied'} head")
         print(rep.size_table())
         if rep.family == "llama2c":
+            cert = ("the certified head" if rep.certified_head else
+                    "no certified head: it needs one scale per head row")
             print(f"formats: every matrix int4, {cfg.group} columns per fp16 scale (the "
-                  "engine's one matrix format); norms f32 (D values each); q/k rows in "
-                  "split-half RoPE order")
+                  f"engine's one matrix format; {cert}); norms f32 (D values each); q/k "
+                  "rows in split-half RoPE order")
         print(f"fingerprint {rep.source_sha256.hex()}")
         if rep.drafts_records:
             print(f"n-gram drafter: {rep.drafts_records:,} contexts from "

@@ -2,13 +2,15 @@
 
 Per tensor, which format and why:
 - every matrix (tok_embeddings, wq/wk/wv as one qkv matrix, wo, w1, w3, w2,
-  the classifier when unshared) is int4 in groups of GROUP columns with one
-  fp16 scale per group (mpllm.quantize): the engine's only matrix format, the
-  one its kernels, the certified head and the PIE model run. GROUP is 32, the
-  smallest the kernels allow (a 32-column block must not straddle groups):
-  the small models llama2.c makes lose the least that way (`--group 64`
-  halves the scales' bytes; `quality` measures both), and the scales cost
-  4 bytes per 32 weights, little beside a model this size.
+  the classifier when unshared) is int4 with one fp16 scale per group of
+  columns (mpllm.quantize): the engine's only matrix format, the one its
+  kernels, the certified head and the PIE model run. One group for the whole
+  image (its header has one); by default `default_group(dim)`, dim rounded up
+  to a multiple of 32: one scale per row of every dim-column matrix, which
+  the certified head needs (formats.head_tiles.certifiable), and the finest
+  that allows it. `--group 32` (the kernels' smallest: a 32-column block must
+  not straddle groups) quantizes finer and loses the certificate, so the
+  engine then scores every head row.
 - the norms (attention_norm, ffn_norm, the final norm) stay float32: D
   values each, and the engine applies them in float.
 - the v0 file's RoPE tables are not kept: the image bakes its own table
@@ -40,8 +42,13 @@ from .formats.llama2c import Llama2cCheckpoint
 from .formats.model import Config, LayerWeights, QMatrix, Weights
 from .quantize import quantize_int4
 
-#: int4 group of every matrix (see the module doc)
-GROUP = 32
+#: the kernels' column block: a group is a multiple of it (or covers a row)
+BLOCK_COLS = 32
+
+
+def default_group(dim: int) -> int:
+    """The int4 group a checkpoint of this dim gets (see the module doc)."""
+    return -(-dim // BLOCK_COLS) * BLOCK_COLS
 #: llama2.c's RMSNorm epsilon (run.c: 1e-5f)
 NORM_EPS = 1e-5
 #: llama2.c's RoPE base
@@ -63,10 +70,13 @@ def split_half_checkpoint(ck: Llama2cCheckpoint) -> dict[str, np.ndarray]:
             "wk": ck.layers["wk"][:, rope_row_order(c.head_size, c.n_kv_heads)]}
 
 
-def to_weights(ck: Llama2cCheckpoint, group: int = GROUP) -> Weights:
+def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
     """The engine's Weights of a checkpoint: family llama2c (no PLE), every
-    matrix int4, the norms float32, q and k rows permuted for split-half RoPE."""
+    matrix int4 (group None: default_group), the norms float32, q and k rows
+    permuted for split-half RoPE."""
     c = ck.config
+    if group is None:
+        group = default_group(c.dim)
     cfg = Config(vocab_in=c.vocab_size, vocab_out=c.vocab_size, dim=c.dim,
                  n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.hidden_dim, ple_dim=0,
                  seq_len=c.seq_len, group=group, rope_theta=ROPE_THETA,
