@@ -6,6 +6,7 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n16r8 --dry-run          # print every command, touch nothing
     python tools/flash.py --board n16r8 --port COM5 --firmware URL --image URL   # no toolchain
     python tools/flash.py --board host                     # the same preparation for the PC
+    python tools/flash.py --board host --model stories260k # a model by name (mpllm.models)
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
