@@ -222,6 +222,20 @@ def llama2c_image(model_cache_dir: Path) -> Callable[[str], Path]:
     return get
 
 
+@pytest.fixture(scope="session")
+def engine_image(test_model: Callable[[str], ModelFiles],
+                 llama2c_image: Callable[[str], Path]) -> Callable[[str], Path]:
+    """engine_image(name) -> an image path by name, for tests run on both families:
+    a MODEL_SHAPES name (esp32-ai) or "llama2c_" + an LLAMA2C_SHAPES name."""
+
+    def get(name: str) -> Path:
+        if name.startswith("llama2c_"):
+            return llama2c_image(name.removeprefix("llama2c_"))
+        return test_model(name).image
+
+    return get
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     name: str

@@ -321,6 +321,57 @@ def test_untied_image_needs_its_head(test_model) -> None:  # type: ignore[no-unt
     assert "tied-head model has" in open_error(img.signed())
 
 
+def _set_name(img: Img, i: int, name: bytes) -> None:
+    img.sections[i][0] = name.ljust(16, b"\0")
+
+
+LLAMA2C_CASES = [  # (what, mutate, the C loader's message, image.py's message)
+    ("kv heads not dividing", _set("n_kv_heads", 3),
+     "bad config: n_kv_heads = 3 does not divide n_heads 8",
+     "image header: n_kv_heads = 3 does not divide n_heads 8"),
+    ("zero kv heads", _set("n_kv_heads", 0),
+     "bad config: n_kv_heads = 0 does not divide n_heads 8",
+     "image header: n_kv_heads = 0 does not divide n_heads 8"),
+    ("PLE width", _set("ple_dim", 8), "bad config: ple_dim = 8, a llama2.c image has no PLE (0)",
+     "image header: ple_dim = 8, a llama2c model has no PLE (0)"),
+    ("arch esp32-ai", _set("arch", 0), "bad config: ple_dim = 0, must be in 1..65536",
+     "image header: impossible dimension: ple_dim = 0"),
+    ("unknown arch", _set("arch", 7), "bad config: arch 7 is unknown",
+     "arch 7 is unknown (0: esp32-ai, 1: llama2.c)"),
+    ("inf eps", _set("norm_eps", float("inf")), "bad config: norm_eps must be positive and finite",
+     "image header: norm_eps inf must be positive and finite"),
+    ("reserved", _set("reserved", 0x100), "bad image: header reserved field is 0x00000100",
+     "header reserved field is 0x00000100, must be 0"),
+    # all 8 kv heads: a valid header, but qkv holds q + 2 * 4 heads' rows
+    ("kv heads vs qkv", _set("n_kv_heads", 8),
+     "bad image: section 'L0.qkv': shape [128, 64], config needs [192, 64]",
+     "section 'L0.qkv': [128, 64] group 64, the header's config needs [192, 64]"),
+    # a PLE section where a llama2.c image has its first layer
+    ("PLE section", lambda img: _set_name(img, 3, b"ple_rows"),
+     "bad image: section 3 is named 'ple_rows', expected 'L0.attn_norm'",
+     "unknown section name 'ple_rows'"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,c_msg,py_msg", LLAMA2C_CASES,
+                         ids=[c[0] for c in LLAMA2C_CASES])
+def test_llama2c_bad_fields_refused_by_both_loaders(llama2c_image, what: str,  # type: ignore[no-untyped-def]
+                                                    mutate: Callable[[Img], None], c_msg: str,
+                                                    py_msg: str) -> None:
+    from mpllm.formats.image import ImageFormatError, read_image
+
+    img = Img(llama2c_image("untied").read_bytes())
+    with _llm.Model(img.signed()) as m:  # re-signing alone is fine
+        assert m.config()["arch"] == "llama2c"
+    mutate(img)
+    data = img.signed()
+    msg = open_error(data)
+    assert msg.startswith(c_msg), f"{what}: {msg!r}"
+    with pytest.raises(ImageFormatError) as err:
+        read_image(data)
+    assert str(err.value).startswith(py_msg), f"{what}: {err.value}"
+
+
 def test_path_errors(tmp_path: Path, tiny_bytes: bytes) -> None:
     import errno
 
