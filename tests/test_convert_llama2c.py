@@ -157,6 +157,9 @@ def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
     v2 = bytearray(fmt.checkpoint_bytes(ck, 2, group_size=64))
     struct.pack_into("<i", v2, 8 + 29, 48)  # the header's group size, after the flag
     files["v2g48.bin"] = bytes(v2)
+    huge = dataclasses.replace(ck, layers={**ck.layers, "w1": ck.layers["w1"].copy()})
+    huge.layers["w1"][2, 5, 7] = 1e6  # max|w|/7 does not fit an fp16 scale
+    files["huge.bin"] = fmt.checkpoint_bytes(huge, 1)
     for name, data in files.items():
         (tmp / name).write_bytes(data)
     esp = ROOT / "models" / "demo"
@@ -166,6 +169,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
         (tmp / "v0.bin", tmp / "small_tok.bin", {}, "truncated in the text of token 142"),
         (tmp / "v2g48.bin", good_tok, {}, "not a multiple of the group size 48"),
         (tmp / "v3.bin", good_tok, {}, "llama2.c checkpoint version 3"),
+        (tmp / "huge.bin", good_tok, {},
+         "layer 2 w1: quantize: a group's max|w| (1e+06) is too large for an fp16 scale"),
         (tmp / "v0.bin", esp / "tokenizer.json", {},
          "is a tokenizer.json; a llama2.c checkpoint needs llama2.c's tokenizer.bin"),
         (esp / "model.bin", good_tok, {}, "is not a tokenizer.json"),

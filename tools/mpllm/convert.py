@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import OutputError, atomic_path, check_output
-from .formats.esp32ai import KERNEL_BLOCK_COLS as BLOCK_COLS
 from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
 from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS, certifiable
 from .formats.image import (
+    BLOCK_COLS,
     KIND_NAMES,
     ImageFormatError,
     ImageReport,

@@ -38,12 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from .formats.image import BLOCK_COLS
 from .formats.llama2c import Llama2cCheckpoint
 from .formats.model import Config, LayerWeights, QMatrix, Weights
 from .quantize import quantize_int4
-
-#: the kernels' column block: a group is a multiple of it (or covers a row)
-BLOCK_COLS = 32
 
 
 def default_group(dim: int) -> int:
@@ -84,22 +82,29 @@ def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
                  n_kv_heads=c.n_kv_heads, norm_eps=NORM_EPS)  # type: ignore[call-arg]
     qk = split_half_checkpoint(ck)
 
-    def q4(w: np.ndarray) -> QMatrix:
-        return quantize_int4(w, group)
+    def q4(w: np.ndarray, what: str) -> QMatrix:
+        try:
+            return quantize_int4(w, group)
+        except ValueError as e:  # a weight too large for an fp16 scale
+            raise ValueError(f"{what}: {e}") from None
 
     layers = []
     for i in range(c.n_layers):
+        def m(name: str, i: int = i) -> QMatrix:
+            return q4(ck.layers[name][i], f"layer {i} {name}")
+
         qkv = np.concatenate([qk["wq"][i], qk["wk"][i], ck.layers["wv"][i]])
         layers.append(LayerWeights(
-            attn_norm=ck.attention_norm[i].astype(np.float32), qkv=q4(qkv),
-            attn_proj=q4(ck.layers["wo"][i]), ffn_norm=ck.ffn_norm[i].astype(np.float32),
-            gate=q4(ck.layers["w1"][i]), up=q4(ck.layers["w3"][i]),
-            down=q4(ck.layers["w2"][i]), ple_gate=None, ple_proj=None,  # type: ignore[arg-type]
+            attn_norm=ck.attention_norm[i].astype(np.float32),
+            qkv=q4(qkv, f"layer {i} wq/wk/wv"), attn_proj=m("wo"),
+            ffn_norm=ck.ffn_norm[i].astype(np.float32), gate=m("w1"), up=m("w3"),
+            down=m("w2"), ple_gate=None, ple_proj=None,  # type: ignore[arg-type]
             ple_norm=None))  # type: ignore[arg-type]
-    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings), ple_model_proj=None,  # type: ignore[arg-type]
-                   ple_proj_norm=None, ple_table=None, layers=layers,  # type: ignore[arg-type]
+    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings, "tok_embeddings"),
+                   ple_model_proj=None, ple_proj_norm=None,  # type: ignore[arg-type]
+                   ple_table=None, layers=layers,  # type: ignore[arg-type]
                    out_norm=ck.norm.astype(np.float32),
-                   head=None if c.shared_classifier else q4(ck.output))
+                   head=None if c.shared_classifier else q4(ck.output, "the classifier"))
 
 
 
