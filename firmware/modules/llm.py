@@ -520,8 +520,8 @@ class Session:
         text, or all of it followed by a byte that is no part of a word),
         else the likeliest token that spells the next bytes (_likeliest);
         after the text, the engine's choice if it starts outside the word (or
-        ends the story: a stop id), else the likeliest that does. The tokens that
-        re-write the text are fed and appended to `healed`. Returns (the
+        ends the story: a stop id), else the likeliest that does. The tokens
+        that re-write the text are fed and appended to `healed`. Returns (the
         story's first token, not fed; how many of its bytes end the word),
         or (None, 0) when the context filled first. The engine's seeded
         choices and its logits are the same everywhere, so is the healing."""
@@ -594,7 +594,8 @@ class Session:
     def _inside_word(self):
         """A bit per token the story may not start with after a word: its
         text starts with a word byte, or it is a special token that does
-        not end a story (stop_ids: <|endoftext|>; llama2.c's BOS and EOS). Built once per model (vocab_out / 8 bytes)."""
+        not end a story (stop_ids: <|endoftext|>; llama2.c's BOS and EOS).
+        Built once per model (vocab_out / 8 bytes)."""
         bits = self._inside
         if bits is None:
             n = self.vocab_out
