@@ -161,10 +161,10 @@ def test_the_last_word_is_its_ids_back_to_its_space(session) -> None:  # type: i
         assert extra == len(word) - n
 
 
-def _chat(*args: str) -> subprocess.CompletedProcess[str]:
+def _chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), *args],
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
+                          input=stdin, capture_output=True, text=True, timeout=600,
+                          check=False, env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
 
 
 def test_chat_py_model_names(tmp_path: Path) -> None:
@@ -237,6 +237,22 @@ def test_chat_py_model_llama2c_demo(llama2c_image: Path) -> None:
                        "Once upon a time")
     assert r.stdout == with_image.stdout and r.stdout.startswith("Once upon a time")
     assert "stop eot" in r.stderr or "eot" in r.stderr
+
+
+def test_llm_chat_with_the_llama2c_demo(llama2c_image: Path) -> None:
+    """llm.chat() (chat.py without a prompt, lines piped in): each reply goes
+    on the story; a seed gives the same chat every time."""
+    lines = ("Once upon a time, there was a little girl named Molly.\n"
+             "One day, her dad was making a cake\n/undo\nOne day, her dad was making a cake\n")
+    first = _chat("--board", "host", "--image", str(llama2c_image), "--seed", "4",
+                  "--max-tokens", "30", stdin=lines)
+    assert first.returncode == 0, first.stderr
+    again = _chat("--board", "host", "--image", str(llama2c_image), "--seed", "4",
+                  "--max-tokens", "30", stdin=lines)
+    assert again.stdout == first.stdout
+    out = first.stdout
+    assert "<s>" not in out and "\ufffd" not in out
+    assert sum(w.lower() in {"the", "a", "she", "her", "and", "was"} for w in _words(out)) > 8
 
 
 def test_the_llama2c_demo_on_the_micropython_unix_port(llama2c_image: Path,
