@@ -297,11 +297,7 @@ def test_plain_and_default_agree_on_stories260k(stories260k: Path) -> None:
 
 
 def _tokenizer() -> object:
-    import llm_tokenizer
-    from mpllm.formats.tokenizer import tokenizer_section
-
-    return llm_tokenizer.Tokenizer(tokenizer_section(fmt.load_tokenizer_bin(
-        DEMO / "tokenizer.bin")))
+    return _tokenizer_of(DEMO / "tokenizer.bin")
 
 
 def test_quality_against_the_fp32_forward(tmp_path: Path) -> None:
@@ -328,3 +324,44 @@ def test_quality_of_stories260k(stories260k: Path) -> None:
     _llm = _engine()
     q = quality(stories260k, fmt.read_checkpoint((SHARED / "stories260K.bin").read_bytes()), _llm)
     assert q.mean_abs < 3.5 and q.greedy_agree > 0.15, q
+
+
+PUBLISHED_STORY = ("Once upon a time, there was a little girl named Lily. She loved to play "
+                   "outside in the park. One day, she saw a big, red ball. She wanted to play "
+                   "with it, but it was too high.\nLily")
+
+
+def test_published_stories260k_writes_its_known_story(tmp_path: Path) -> None:
+    """With llama2.c's published files at hand (their pinned sha256, beside the
+    shared copy or where flash.py --model stories260k downloaded them): the
+    fp32 forward writes run.c's quoted greedy story (-t 0 -n 64), and the
+    converted image decodes."""
+    from mpllm.board import flash
+    from mpllm.image_cache import default_cache_dir, sha256_file
+    from mpllm.reference.llama2c import Llama2c
+
+    pins = flash.load_pins(ROOT / "models" / "stories260k.json")
+    found = []
+    for pin in pins:
+        where = [SHARED / pin.name, default_cache_dir() / "models" / "stories260k" / pin.name]
+        found += [p for p in where if p.is_file() and sha256_file(p) == pin.sha256][:1]
+    if len(found) != 2:
+        pytest.skip("llama2.c's published stories260K.bin and tok512.bin (pinned sha256) are "
+                    "not here")
+    model, tok_bin = found
+    tok = _tokenizer_of(tok_bin)
+    ids = tok.encode("Once upon a time")
+    story = Llama2c(model).generate([ids], 64 - len(ids))[0]
+    assert tok.decode(ids + story) == PUBLISHED_STORY
+    out = tmp_path / "s.img"
+    convert(model, tok_bin, out, progress=False)
+    _llm = _engine()
+    with _llm.Model(str(out)) as m:  # type: ignore[attr-defined]
+        assert m.config()["arch"] == "llama2c" and m.prefill(ids) in range(512)
+
+
+def _tokenizer_of(path: Path) -> object:
+    import llm_tokenizer
+    from mpllm.formats.tokenizer import tokenizer_section
+
+    return llm_tokenizer.Tokenizer(tokenizer_section(fmt.load_tokenizer_bin(path)))
