@@ -173,7 +173,8 @@ def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
          "layer 2 w1: quantize: a group's max|w| (1e+06) is too large for an fp16 scale"),
         (tmp / "v0.bin", esp / "tokenizer.json", {},
          "is a tokenizer.json; a llama2.c checkpoint needs llama2.c's tokenizer.bin"),
-        (esp / "model.bin", good_tok, {}, "is not a tokenizer.json"),
+        (esp / "model.bin", good_tok, {},
+         "is a llama2.c tokenizer.bin; an esp32-ai model.bin needs its tokenizer.json"),
         (tmp / "v0.bin", good_tok, {"group": 48}, "group 48: must be a positive multiple of 32"),
     ]
 

@@ -335,18 +335,27 @@ def _is_llama2c(model_bytes: bytes) -> bool:
     return True
 
 
+def _is_tokenizer_bin(data: bytes) -> bool:
+    from .formats.llama2c import read_tokenizer_bin
+
+    try:
+        read_tokenizer_bin(data)
+    except TokenizerFormatError:
+        return False
+    return True
+
+
 def _read_tokenizer(path: Path, data: bytes, llama2c: bool) -> TokenizerTables:
     """The tokenizer's tables: tokenizer.bin for a llama2.c model, tokenizer.json
     for an esp32-ai one; each the wrong way round gets its own message."""
     from .formats.tokenizer import parse_tokenizer_json
 
-    looks_json = data.lstrip()[:1] == b"{"
-    if llama2c and looks_json:
+    if llama2c and data.lstrip()[:1] == b"{":
         raise ConvertError(f"{path} is a tokenizer.json; a llama2.c checkpoint needs "
                            "llama2.c's tokenizer.bin")
-    if not llama2c and not looks_json:
-        raise ConvertError(f"{path} is not a tokenizer.json (an esp32-ai model.bin needs its "
-                           "tokenizer.json; a tokenizer.bin goes with a llama2.c checkpoint)")
+    if not llama2c and _is_tokenizer_bin(data):
+        raise ConvertError(f"{path} is a llama2.c tokenizer.bin; an esp32-ai model.bin needs "
+                           "its tokenizer.json")
     try:
         if llama2c:
             return load_tokenizer_bin(path)
