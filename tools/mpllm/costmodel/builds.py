@@ -116,6 +116,11 @@ class Build:
     #: the many-positions head scan in two lanes, one per core, one hand-off
     #: per pass (llm_head_certify_many since session 3); False: on one core
     many_split: bool = False
+    #: where the KV cache and the head rows live: "psram" (engine_open.c places
+    #: both in BULK) or "sram" (a board without PSRAM: BULK is internal SRAM,
+    #: port_esp32.c; no line fills, the loads are inside the compute counts)
+    kv_tier: str = "psram"
+    head_tier: str = "psram"
     assumptions: tuple[str, ...] = field(default=())
 
 
