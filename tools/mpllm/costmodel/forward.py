@@ -499,13 +499,17 @@ def charge_spill(work: Mapping[str, Work], b: Build) -> None:
     """Core matrices placed in PSRAM stream from it once per token (or pass):
     per stage as the placement put them (`spill_stages`), or a what-if's
     `core_spill_bytes` on the PLE stage (the last layers' tail, placed last).
-    Split across the cores when the build splits its matvecs."""
+    Split across the cores when the build splits its matvecs. Core matrices
+    read in place from flash (`flash_stages`) cost their bytes at the flash
+    rate."""
     split = b.split_rows is not None
     spills = list(b.spill_stages)
     if b.core_spill_bytes:
         spills.append(("ple", b.core_spill_bytes))
     for st, nbytes in spills:
         work[st].psram(stream_lines(nbytes, b.line), b.line, nbytes, split=split)
+    for st, nbytes in b.flash_stages:
+        work[st].flash(nbytes, b.line)
 
 
 def charge_port(work: Mapping[str, Work], b: Build, loop_host_s: float, *,
