@@ -767,6 +767,9 @@ def test_bench_model_s3_shape(tmp_path, capsys) -> None:
     assert "head read in place from flash" in text and "N8 (no PSRAM): not priced" in text
     with pytest.raises(SystemExit):
         bench_cli.main(["--model-s3", "--shape", "stories1b"])
+    assert bench_cli.main(["--board", "host", "--shape", "stories260k"]) == 2
+    assert bench_cli.main(["--model-s3", "--shape", "stories260k", "--release-shaped"]) == 2
+    assert "--shape NAME is the cost model's" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])

@@ -404,6 +404,10 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         print("--greedy-only and --sampled-only exclude each other", file=sys.stderr)
         return 2
     try:
+        if args.shape != "release" and (not args.model_s3 or args.image or args.release_shaped):
+            print("--shape NAME is the cost model's (give --model-s3) and analytic: --image "
+                  "and --release-shaped do not apply to it", file=sys.stderr)
+            return 2
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
