@@ -794,3 +794,23 @@ def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \
         {n: b for n, b in want.items() if n != "engine"}
+
+
+@pytest.mark.parametrize("name", ["untied", "long"])
+def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
+    """The same on the stories260K shape (grouped-query attention, no PLE): group
+    64 with its certificate, and group 32 at a 1024 context (V as floats, the
+    head dense). Needs the engine with the llama2.c family (its test helper)."""
+    models = pytest.importorskip("llama2c_models")
+    image = tmp_path / f"{name}.img"
+    models.write_llama2c_image(image, name)
+    with llm_mod.Model(str(image)) as m:
+        memory, shape = m.memory(), cm.Shape.from_config(m.config())
+    assert shape.n_kv_heads == 4 and not shape.has_ple
+    certified = any(n == "head_tiles" for n, _, _ in memory)
+    assert certified == (name == "untied")
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    got = {n: b for n, _, b in memory if n in want}
+    assert set(got) == set(want)
+    assert {n: b for n, b in got.items() if n != "engine"} == \
+        {n: b for n, b in want.items() if n != "engine"}
