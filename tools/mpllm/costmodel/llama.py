@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from .builds import BUILDS, Build
 from .calibration import fit
-from .forward import build_work
+from .forward import predict
 from .reporting import _charges
 from .s3 import (
     ICACHE_BYTES_N8,
@@ -52,7 +52,7 @@ from .sram import (
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
 )
-from .work import Fit, stage_seconds
+from .work import Fit
 
 __all__ = [
     "PUBLIC_PORTS",
@@ -253,9 +253,10 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
 
 
 def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> dict[str, object]:
-    """Every block in internal SRAM (a board without PSRAM, as the task of
-    pricing it asks), whether or not it fits: `placement` says whether it
-    does. "short_by": bytes more than the engine may use (0 if it fits)."""
+    """Every block in internal SRAM but the optional batch (what a board
+    without PSRAM needs to hold the model), whether or not it fits:
+    "short_by" is how many bytes more than the engine may use it takes (0 if
+    it fits)."""
     blocks = [{"name": n, "bytes": b, "region": "sram", "kind": k}
               for n, b, _, k in engine_blocks(s, certified=certified) if n != "batch"]
     need = sum(int(b["bytes"]) for b in blocks)
@@ -306,7 +307,9 @@ def llama_build(s: Shape, board: Board, p: dict[str, object], *, sampled: bool,
 
     def tier(name: str) -> str:
         r = _region_of(p, name)
-        return "sram" if r == "sram" else r
+        if r not in ("sram", "psram", "flash"):
+            raise ValueError(f"{name} has no memory in this placement ({r}): nothing to price")
+        return r
 
     cert = certified and bool(p["certified"])
     kw: dict[str, object] = {
@@ -324,13 +327,6 @@ def llama_build(s: Shape, board: Board, p: dict[str, object], *, sampled: bool,
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
 
-def _price(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, float]:
-    work = build_work(b, s, positions)
-    out = {st: 1e3 * stage_seconds(work[st], f) for st in MODEL_STAGES}
-    out["total"] = sum(out[st] for st in MODEL_STAGES)
-    return out
-
-
 def _band(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, float]:
     """low / mid / high ms from the three unknowns that move a llama2.c
     figure: the head rows (certified: SMALL_HEAD_ROWS), the overlap of split
@@ -345,7 +341,7 @@ def _band(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, flo
         if key == "low" and bb.code_bytes > bb.icache_bytes:
             bb = dataclasses.replace(bb, code_bytes=bb.code_bytes - bb.icache_bytes,
                                      icache_bytes=0)
-        out[key] = _price(bb, s, dataclasses.replace(f, overlap=overlap[i]), positions)["total"]
+        out[key] = predict(bb, dataclasses.replace(f, overlap=overlap[i]), s, positions)["total"]
     return out
 
 
@@ -411,7 +407,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     continue
                 for sampled in (False, True):
                     b = llama_build(s, board, priced, sampled=sampled, certified=certified)
-                    ms = _price(b, s, f, pos)
+                    ms = predict(b, f, s, pos)
                     band = _band(b, s, f, pos)
                     rows.append({
                         "board": board.name, "board_label": board.label, "variant": vlabel,
