@@ -96,6 +96,9 @@ class Build:
     #: ... or, per stage, the core bytes a placement put in PSRAM (our builds:
     #: the emulated board's measured placement, sram.MEASURED_PLACEMENT)
     spill_stages: tuple[tuple[str, int], ...] = ()
+    #: ... and per stage, the core bytes read in place from flash (matrices
+    #: that found no room in RAM: engine_open.c stage_mat)
+    flash_stages: tuple[tuple[str, int], ...] = ()
     #: seconds of one hand-off to the second core and back: esp32-ai's task
     #: notification (s3.HANDOFF_S) or our port's semaphores
     handoff_s: float = HANDOFF_S
@@ -117,6 +120,12 @@ class Build:
     #: the many-positions head scan in two lanes, one per core, one hand-off
     #: per pass (llm_head_certify_many since session 3); False: on one core
     many_split: bool = False
+    #: where the KV cache and the head rows live: "psram" (engine_open.c places
+    #: both in BULK) or "sram" (a board without PSRAM: BULK is internal SRAM,
+    #: port_esp32.c; no line fills, the loads are inside the compute counts);
+    #: a dense head may also be "flash" (read in place: no room in RAM)
+    kv_tier: str = "psram"
+    head_tier: str = "psram"
     assumptions: tuple[str, ...] = field(default=())
 
 
