@@ -202,6 +202,40 @@ def demo_image(model_cache_dir: Path) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def llama2c_image(model_cache_dir: Path) -> Callable[[str], Path]:
+    """llama2c_image(name) -> the image of a generated llama2.c-shaped model (random
+    weights of the stories260K shape, written by mpllm.formats.image; names:
+    llama2c_models.LLAMA2C_SHAPES, "untied", "tied", "long"), built once per run."""
+    from llama2c_models import LLAMA2C_SHAPES, write_llama2c_image
+
+    def get(name: str) -> Path:
+        if name not in LLAMA2C_SHAPES:
+            raise KeyError(f"unknown llama2.c test model {name!r}; known: "
+                           f"{sorted(LLAMA2C_SHAPES)}")
+        out = model_cache_dir / f"llama2c-{name}.img"
+        with _locked(model_cache_dir / f"llama2c-{name}.lock"):
+            if not out.exists():
+                write_llama2c_image(out, name)
+        return out
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def engine_image(test_model: Callable[[str], ModelFiles],
+                 llama2c_image: Callable[[str], Path]) -> Callable[[str], Path]:
+    """engine_image(name) -> an image path by name, for tests run on both families:
+    a MODEL_SHAPES name (esp32-ai) or "llama2c_" + an LLAMA2C_SHAPES name."""
+
+    def get(name: str) -> Path:
+        if name.startswith("llama2c_"):
+            return llama2c_image(name.removeprefix("llama2c_"))
+        return test_model(name).image
+
+    return get
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     name: str

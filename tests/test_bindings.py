@@ -249,7 +249,10 @@ def test_return_values_from_the_core(tiny_model) -> None:  # type: ignore[no-unt
         m.prefill([1, 2, 3])
         c = m.config()
         assert c["tied_head"] is True and isinstance(c["rope_theta"], float)
-        assert all(type(v) is int for k, v in c.items() if k not in ("tied_head", "rope_theta"))
+        assert isinstance(c["norm_eps"], float) and c["arch"] == "esp32ai"
+        assert c["n_kv_heads"] == c["n_heads"]
+        assert all(type(v) is int for k, v in c.items()
+                   if k not in ("tied_head", "rope_theta", "norm_eps", "arch"))
         s = m.stats()
         assert s["prefill_tokens"] == 3 and s["tokens"] == 3 and s["heads"] == 1
         assert set(s["stage_ms"]) == {"embed", "attn", "ffn", "ple", "head", "sample"}

@@ -19,6 +19,7 @@ import engine_ext
 import numpy as np
 import pytest
 from mpllm.formats.image import read_image
+from mpllm.formats.model import Config
 from mpllm.reference.forward import Reference
 from mpllm.reference.sampler import Sampler
 
@@ -225,6 +226,34 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
             assert m.tokenizer() == img.tokenizer_section
 
 
+def _kv_cache_bytes(cfg: Config) -> int:
+    """The kv_cache placement: K as floats; V as int16 dots + a scale per position,
+    and float rows for the (rare) positions whose dots do not fit int16; 64-byte
+    alignment slack; the sampler stream's state per position (16 bytes, for rewind)."""
+    cells = cfg.n_layers * cfg.seq_len * cfg.kv_dim
+    rng = -(-(cfg.seq_len + 1) * 16 // 64) * 64
+    return cells * (4 + 4 + 2) + cfg.n_layers * cfg.seq_len * 4 + 3 * 64 + rng
+
+
+def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
+    """A prompt (one pass: <= 8 tokens) then steps; the stats after them."""
+    t = m.prefill(_prompt(vocab, n_prompt))
+    for _ in range(n_steps):
+        t = m.step(t)
+    return m.stats()
+
+
+def _kv_bytes_read(cfg: Config, n_prompt: int, tokens: int) -> int:
+    """KV traffic: each layer writes k and v, and reads positions 0..pos for both
+    (a V row is its int16 dots and the position's scale); the prompt's rows are
+    read once for the whole pass."""
+    kvd = cfg.kv_dim
+    v_row = 2 * kvd + 4
+    kv = cfg.n_layers * n_prompt * 2 * (4 * kvd + v_row)
+    return kv + sum(cfg.n_layers * (4 * kvd + v_row + (p + 1) * (4 * kvd + v_row))
+                    for p in range(n_prompt, tokens))
+
+
 def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-untyped-def]
     img = read_image(tiny_model.image)
     cfg = img.config
@@ -233,13 +262,7 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
-        # K as floats; V as int16 dots + a scale per position, and float rows for the
-        # (rare) positions whose dots do not fit int16; 64-byte alignment slack
-        cells = cfg.n_layers * cfg.seq_len * cfg.dim
-        # plus the sampler stream's state per position (16 bytes each, for rewind)
-        rng = -(-(cfg.seq_len + 1) * 16 // 64) * 64
-        assert where["kv_cache"] == ("bulk", cells * (4 + 4 + 2)
-                                     + cfg.n_layers * cfg.seq_len * 4 + 3 * 64 + rng)
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
         assert where["head_ids"][0] == "bulk" and where["head_tiles"][0] == "fast"
@@ -252,10 +275,7 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
             assert where[name][1] == sec[name].size
 
         n_prompt, n_steps = 5, 6
-        t = m.prefill(_prompt(cfg.vocab_out, n_prompt))
-        for _ in range(n_steps):
-            t = m.step(t)
-        s = m.stats()
+        s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
         heads = 1 + n_steps
         assert s["tokens"] == tokens and s["heads"] == heads
@@ -266,14 +286,8 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         embed_row = d // 2 + 4  # 32 columns of nibbles + one f32 scale
         ple_row = -(-((lp + 1) // 2 + 2 * -(-lp // cfg.group)) // 16) * 16
         assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
-        # KV: each layer writes k and v, and reads positions 0..pos for both; a V row
-        # is its int16 dots and the position's scale
         assert s["v_wide"] == 0
-        v_row = 2 * d + 4
-        # the prompt is one pass (<= 8 tokens): its rows are read once for all of it
-        kv = cfg.n_layers * n_prompt * 2 * (4 * d + v_row)
-        kv += sum(cfg.n_layers * (4 * d + v_row + (p + 1) * (4 * d + v_row))
-                  for p in range(n_prompt, tokens))
+        kv = _kv_bytes_read(cfg, n_prompt, tokens)
         # the head: each scored row (codes, scale, its token id), counted by the engine
         assert heads <= s["head_tiles"] and s["head_waves"] >= heads
         assert heads <= s["head_rows"] <= heads * cfg.vocab_out
@@ -374,3 +388,89 @@ def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  #
     assert wide >= 14  # every layer-0 position at least
     assert got == ids
     assert all(a == b.tobytes() for a, b in zip(logits, rows))
+
+
+# ---- llama2.c's Llama through the same forward pass ----------------------------------- #
+
+LLAMA2C_SAMPLERS = [(0.0, 0, 0), (0.8, 40, 1), (1.0, 0, 2), (0.5, 5, 3)]
+
+
+@pytest.mark.parametrize("name", ["untied", "tied"])
+def test_llama2c_logits_bit_exact_greedy_and_sampled(llama2c_image, name: str) -> None:  # type: ignore[no-untyped-def]
+    """The stories260K shape (no PLE, 4 kv heads for 8 query heads, rmsnorm epsilon
+    1e-5, untied or tied head): the raw logits bytes of the prefill and every step
+    hash alike in the engine and the numpy reference, and the ids agree, greedy and
+    sampled."""
+    image = llama2c_image(name)
+    ref = Reference.from_image(image)
+    cfg = ref.config
+    assert (cfg.family, cfg.kv_heads, cfg.ple_dim, cfg.tied_head) == (
+        "llama2c", 4, 0, name == "tied")
+    prompt = _prompt(cfg.vocab_out, 7, salt=3)
+    n = 72
+    seen = set()
+    with _llm.Model(image) as m:
+        c = m.config()
+        assert (c["arch"], c["n_kv_heads"], c["ple_dim"]) == ("llama2c", 4, 0)
+        assert c["norm_eps"] == float(np.float32(1e-5)) and c["tied_head"] is (name == "tied")
+        for sampler in LLAMA2C_SAMPLERS:
+            ref.reset()
+            want, rows = ref.generate(prompt, n, Sampler(*sampler))
+            m.reset()
+            m.sampler(*sampler)
+            got = [m.prefill(prompt)]
+            h = hashlib.sha256(m.logits())
+            for _ in range(n - 1):
+                got.append(m.step(got[-1]))
+                h.update(m.logits())
+            assert got == want, sampler
+            assert h.hexdigest() == hashlib.sha256(rows.tobytes()).hexdigest(), sampler
+            seen.add(tuple(got))
+        assert m.stats()["stage_ms"]["ple"] == 0.0  # no PLE branch ran
+    assert len(seen) >= 3, "samplers did not produce different sequences"
+
+
+def test_llama2c_context_of_1024(llama2c_image) -> None:  # type: ignore[no-untyped-def]
+    """seq_len 1024 (llama2.c's longest here) and several scale groups per row: a
+    610-token prompt, then steps past position 620 and to the last position, bit
+    for bit; one more is refused."""
+    image = llama2c_image("long")
+    ref = Reference.from_image(image)
+    cfg = ref.config
+    assert cfg.seq_len == 1024 and cfg.dim // cfg.group == 2
+    prompt = _prompt(cfg.vocab_out, 610, salt=1)
+    with _llm.Model(image) as m:
+        tok = m.prefill(prompt)
+        assert m.logits() == ref.prefill(prompt).tobytes()
+        for _ in range(12):
+            want = ref.forward(tok)
+            tok = m.step(tok)
+            assert m.logits() == want.tobytes(), m.pos()
+        while m.pos() < cfg.seq_len:
+            tok = m.step(tok)
+        with pytest.raises(_llm.Error, match="context full"):
+            m.step(tok)
+
+
+def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-untyped-def]
+    """No PLE placements; the KV cache and the bytes read are sized by kv_dim (half of
+    dim here); the untied head is the image's own head section."""
+    image = llama2c_image("untied")
+    img = read_image(image)
+    cfg = img.config
+    assert cfg.kv_dim * 2 == cfg.dim
+    with _llm.Model(image) as m:
+        where = {name: (region, size) for name, region, size in m.memory()}
+        assert not [n for n in where if "ple" in n]
+        sec = {s.name: s for s in img.sections}
+        assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
+        assert where["head"][0] == "bulk" and "head" in sec
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
+        n_prompt, n_steps = 5, 6
+        s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
+        tokens = n_prompt + n_steps
+        # per token: the embedding row and the RoPE row, no PLE row
+        assert s["bytes"]["flash"] == tokens * (cfg.dim // 2 + 4 + cfg.head_dim * 4)
+        head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4 + 2)
+        assert s["v_wide"] == 0
+        assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head

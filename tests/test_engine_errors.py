@@ -24,14 +24,15 @@ import pytest
 
 _llm = engine_ext.load()
 
-HEADER = struct.Struct("<8s16IfI32s16s")
+HEADER = struct.Struct("<8s16IfI32s2IfI")
 SECTION = struct.Struct("<16s4I")
 HEADER_BYTES, SECTION_BYTES = 128, 32
 # field index in HEADER.unpack() order
 F = {name: i for i, name in enumerate(
     ["magic", "version", "header_bytes", "file_bytes", "n_sections", "header_crc32", "flags",
      "vocab_rows", "vocab_out", "vocab_in_source", "dim", "n_layers", "n_heads", "ffn",
-     "ple_dim", "seq_len", "group", "rope_theta", "eot_id", "sha", "reserved"])}
+     "ple_dim", "seq_len", "group", "rope_theta", "eot_id", "sha", "arch", "n_kv_heads",
+     "norm_eps", "reserved"])}
 
 
 class Img:
@@ -245,10 +246,23 @@ CASES: list[tuple[str, Callable[[Img], None], str]] = [
      "bad image: section 'head_tiles': tile 0 column 0 has a negative half-range"),
     ("tiles box too narrow", _tiles_narrow, "bad image: head_tiles: token"),
     ("tiles count", _tiles_count, "bad image: section 'head_tiles': 2 tiles of 128 rows"),
-    ("version 2", _set("version", 2), "unsupported version: image format version 2"),
+    ("version 3", _set("version", 3),
+     "unsupported version: image format version 3; this engine reads 4: convert the model again"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
-    ("reserved byte", _set("reserved", b"\1" + bytes(15)), "bad image: header reserved"),
+    ("reserved field", _set("reserved", 1),
+     "bad image: header reserved field is 0x00000001, must be 0"),
+    ("unknown arch", _set("arch", 2), "bad config: arch 2 is unknown (0: esp32-ai, 1: llama2.c)"),
+    ("llama arch with PLE", _set("arch", 1),
+     "bad config: ple_dim = 32, a llama2.c image has no PLE (0)"),
+    ("zero kv heads", _set("n_kv_heads", 0), "bad config: n_kv_heads = 0 does not divide n_heads"),
+    ("kv heads not dividing", _set("n_kv_heads", 3),
+     "bad config: n_kv_heads = 3 does not divide n_heads 2"),
+    ("esp32-ai kv heads", _set("n_kv_heads", 1),
+     "bad config: n_kv_heads = 1, an esp32-ai image has n_heads (2)"),
+    ("nan norm_eps", _set("norm_eps", float("nan")),
+     "bad config: norm_eps must be positive and finite"),
+    ("zero norm_eps", _set("norm_eps", 0.0), "bad config: norm_eps must be positive and finite"),
     ("zero dim", _set("dim", 0), "bad config: dim = 0, must be in 1..8192"),
     ("zero layers", _set("n_layers", 0), "bad config: n_layers = 0"),
     ("zero seq_len", _set("seq_len", 0), "bad config: seq_len = 0"),
@@ -305,6 +319,57 @@ def test_untied_image_needs_its_head(test_model) -> None:  # type: ignore[no-unt
     img = Img(data)
     img.header[F["flags"]] = 1  # claims tied: one section too many
     assert "tied-head model has" in open_error(img.signed())
+
+
+def _set_name(img: Img, i: int, name: bytes) -> None:
+    img.sections[i][0] = name.ljust(16, b"\0")
+
+
+LLAMA2C_CASES = [  # (what, mutate, the C loader's message, image.py's message)
+    ("kv heads not dividing", _set("n_kv_heads", 3),
+     "bad config: n_kv_heads = 3 does not divide n_heads 8",
+     "image header: n_kv_heads = 3 does not divide n_heads 8"),
+    ("zero kv heads", _set("n_kv_heads", 0),
+     "bad config: n_kv_heads = 0 does not divide n_heads 8",
+     "image header: n_kv_heads = 0 does not divide n_heads 8"),
+    ("PLE width", _set("ple_dim", 8), "bad config: ple_dim = 8, a llama2.c image has no PLE (0)",
+     "image header: ple_dim = 8, a llama2c model has no PLE (0)"),
+    ("arch esp32-ai", _set("arch", 0), "bad config: ple_dim = 0, must be in 1..65536",
+     "image header: impossible dimension: ple_dim = 0"),
+    ("unknown arch", _set("arch", 7), "bad config: arch 7 is unknown",
+     "arch 7 is unknown (0: esp32-ai, 1: llama2.c)"),
+    ("inf eps", _set("norm_eps", float("inf")), "bad config: norm_eps must be positive and finite",
+     "image header: norm_eps inf must be positive and finite"),
+    ("reserved", _set("reserved", 0x100), "bad image: header reserved field is 0x00000100",
+     "header reserved field is 0x00000100, must be 0"),
+    # all 8 kv heads: a valid header, but qkv holds q + 2 * 4 heads' rows
+    ("kv heads vs qkv", _set("n_kv_heads", 8),
+     "bad image: section 'L0.qkv': shape [128, 64], config needs [192, 64]",
+     "section 'L0.qkv': [128, 64] group 64, the header's config needs [192, 64]"),
+    # a PLE section where a llama2.c image has its first layer
+    ("PLE section", lambda img: _set_name(img, 3, b"ple_rows"),
+     "bad image: section 3 is named 'ple_rows', expected 'L0.attn_norm'",
+     "unknown section name 'ple_rows'"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,c_msg,py_msg", LLAMA2C_CASES,
+                         ids=[c[0] for c in LLAMA2C_CASES])
+def test_llama2c_bad_fields_refused_by_both_loaders(llama2c_image, what: str,  # type: ignore[no-untyped-def]
+                                                    mutate: Callable[[Img], None], c_msg: str,
+                                                    py_msg: str) -> None:
+    from mpllm.formats.image import ImageFormatError, read_image
+
+    img = Img(llama2c_image("untied").read_bytes())
+    with _llm.Model(img.signed()) as m:  # re-signing alone is fine
+        assert m.config()["arch"] == "llama2c"
+    mutate(img)
+    data = img.signed()
+    msg = open_error(data)
+    assert msg.startswith(c_msg), f"{what}: {msg!r}"
+    with pytest.raises(ImageFormatError) as err:
+        read_image(data)
+    assert str(err.value).startswith(py_msg), f"{what}: {err.value}"
 
 
 def test_path_errors(tmp_path: Path, tiny_bytes: bytes) -> None:

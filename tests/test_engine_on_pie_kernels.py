@@ -5,6 +5,8 @@ do not). Also reports the PIE instructions the engine executes per token.
 
 The emulated head costs ~1 s per evaluation at the release shape, so the
 release check runs a short script; the small shapes run to 64+ positions.
+Both families: the esp32-ai shapes and llama2.c's stories260K shape (no PLE,
+grouped-query attention, untied and tied head).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def _ids_and_hash(out: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(("name", "steps"), [("tiny", 60), ("tiny_untied", 44),
-                                             ("small", 64), ("release", 3)])
-def test_pie_engine_equals_ref_engine(test_model, name: str, steps: int) -> None:  # type: ignore[no-untyped-def]
-    image = test_model(name).image
+                                             ("small", 64), ("release", 3),
+                                             ("llama2c_untied", 64), ("llama2c_tied", 64)])
+def test_pie_engine_equals_ref_engine(engine_image, name: str, steps: int) -> None:  # type: ignore[no-untyped-def]
+    image = engine_image(name)
     ref_out = _run(_build(pie=False), image, steps)
     pie_out = _run(_build(pie=True), image, steps)
     assert "kernels=ref" in ref_out and "kernels=pie-emu" in pie_out, (ref_out, pie_out)

@@ -44,12 +44,17 @@ def _logits(m: object) -> bytes:
     return m.logits()  # type: ignore[attr-defined]
 
 
+# an esp32-ai model and llama2.c's stories260K shape (4 kv heads for 8 query heads)
+MODELS = ["small", "llama2c_untied", "llama2c_tied"]
+
+
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("sampler", [(0.0, 0, 0), (0.8, 40, 11), (1.0, 0, 3)])
-def test_fast_verify_is_fast_steps(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+def test_fast_verify_is_fast_steps(engine_image, model, sampler) -> None:  # type: ignore[no-untyped-def]
     """Speculative decoding stays exact within fast mode: a verify pass gives
     the tokens and logits bits of the same steps."""
-    with _llm.Model(str(small_model.image), fast=True) as a, \
-            _llm.Model(str(small_model.image), fast=True) as b:
+    image = str(engine_image(model))
+    with _llm.Model(image, fast=True) as a, _llm.Model(image, fast=True) as b:
         for m in (a, b):
             m.sampler(*sampler)
         assert a.prefill([5, 6, 7, 8]) == b.prefill([5, 6, 7, 8])
@@ -64,9 +69,10 @@ def test_fast_verify_is_fast_steps(small_model, sampler) -> None:  # type: ignor
         assert a.step(1) == b.step(1) and _logits(a) == _logits(b)
 
 
-def test_fast_differs_from_exact_but_little(small_model) -> None:  # type: ignore[no-untyped-def]
-    with _llm.Model(str(small_model.image)) as e, \
-            _llm.Model(str(small_model.image), fast=True) as f:
+@pytest.mark.parametrize("model", MODELS)
+def test_fast_differs_from_exact_but_little(engine_image, model) -> None:  # type: ignore[no-untyped-def]
+    image = str(engine_image(model))
+    with _llm.Model(image) as e, _llm.Model(image, fast=True) as f:
         e.prefill([5, 6, 7, 8, 9, 10])
         f.prefill([5, 6, 7, 8, 9, 10])
         le = struct.unpack(f"<{len(_logits(e)) // 4}f", _logits(e))

@@ -589,3 +589,83 @@ def test_host_board_refuses_a_corrupted_image_before_pip(
     assert ran == []
     assert flash.main(["--board", "host", "--image", str(img)]) == 0
     assert ran and ran[0][-3:] == ["install", "-e", str(ROOT)]
+
+
+# ---------------------------------------------------------------------------
+# models by name (--model NAME): llama2.c's stories260K, the bundled demos
+
+
+def test_dry_run_stories260k_downloads_the_pinned_files(capfd: pytest.CaptureFixture[str],
+                                                        isolated_cache: Path) -> None:
+    """--model stories260k: the published files, each verified against its
+    pinned size and sha256 (models/stories260k.json), then converted; on the
+    host board then the chat command, on the N16R8 then the flash commands."""
+    model, tok = flash.load_pins(ROOT / "models" / "stories260k.json")
+    assert (model.name, model.size) == ("stories260K.bin", 1056540)
+    assert model.url == ("https://huggingface.co/karpathy/tinyllamas/resolve/main/stories260K/"
+                         "stories260K.bin")
+    assert tok.url.endswith("/stories260K/tok512.bin") and tok.size == 6227
+    dest = isolated_cache / "mpllm" / "models" / "stories260k"
+    for board in (["--board", "host"], ["--board", "n16r8", "--port", "/dev/ttyACM0"]):
+        rc = flash.main([*board, "--dry-run", "--model", "stories260k"])
+        out = capfd.readouterr().out
+        assert rc == 0, out
+        for pin in (model, tok):
+            assert (f"download {pin.url} -> {dest / pin.name} (verify {pin.size} bytes, "
+                    f"sha256 {pin.sha256})") in out
+        assert f"convert {dest / model.name} {dest / tok.name} -> " in out
+        assert ("tools/chat.py --board host" in out) == (board[1] == "host")
+        assert ("write-flash" in out) == (board[1] == "n16r8")
+    assert files_under(isolated_cache) == []
+
+
+def test_dry_run_llama2c_demo_by_name(capfd: pytest.CaptureFixture[str]) -> None:
+    rc = flash.main(["--board", "host", "--dry-run", "--model", "llama2c-demo"])
+    out = capfd.readouterr().out
+    demo = ROOT / "models" / "llama2c-demo"
+    assert rc == 0 and f"convert {demo / 'model.bin'} {demo / 'tokenizer.bin'} -> " in out
+    rc = flash.main(["--board", "host", "--dry-run", "--model", "no-such-model"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "--model and --tokenizer go together" in err and "stories260k" in err
+
+
+@pytest.mark.parametrize("wrong", [None, "tok512.bin"])
+def test_stories260k_download_convert_and_flash(http_dir: tuple[str, Path], tmp_path: Path,
+                                                fake_esptool: Path, wrong: str | None,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The download path of --model stories260k, served from 127.0.0.1 (a
+    llama2.c v0 checkpoint and its tokenizer.bin under the published names):
+    verified, converted into a llama2c image and written; a file that does
+    not match its pin is refused and nothing is kept or written."""
+    from mpllm.formats.image import read_image
+    from mpllm.models import NAMED_MODELS, NamedModel
+
+    base, root = http_dir
+    demo = ROOT / "models" / "llama2c-demo"
+    files = {"stories260K.bin": (demo / "model.bin").read_bytes(),
+             "tok512.bin": (demo / "tokenizer.bin").read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    pins_json = _release(tmp_path / "stories260k.json", base, files, wrong=wrong)
+    data = json.loads(pins_json.read_text())
+    pins_json.write_text(json.dumps({**data, "model": "stories260K.bin",
+                                     "tokenizer": "tok512.bin"}))
+    monkeypatch.setitem(NAMED_MODELS, "stories260k",
+                        NamedModel("stories260k", "served here", pins=pins_json))
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model",
+                     "--model", "stories260k", "--cache", str(cache)])
+    err = capfd.readouterr().err
+    if wrong:
+        assert rc == 2 and f"download of {wrong}" in err and "nothing was kept" in err
+        assert [p.name for p in files_under(cache)] == ["stories260K.bin"]  # verified
+        assert calls(fake_esptool) == []
+        return
+    assert rc == 0, err
+    images = list((cache / "images").glob("*.img"))
+    assert len(images) == 1
+    img = read_image(images[0])
+    assert img.weights.config.family == "llama2c" and img.drafts.entries > 0
+    write = next(c for c in calls(fake_esptool) if "write-flash" in c)
+    assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]

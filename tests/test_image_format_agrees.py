@@ -32,6 +32,11 @@ int main(void) {
     printf("OFF_ROPE_THETA %zu\nOFF_SHA %zu\n", offsetof(llm_image_header, rope_theta),
            offsetof(llm_image_header, source_sha256));
     printf("OFF_SECTION_KIND %zu\n", offsetof(llm_image_section, kind));
+    printf("ARCH_ESP32AI %u\nARCH_LLAMA %u\nARCH_COUNT %u\n", LLM_ARCH_ESP32AI, LLM_ARCH_LLAMA,
+           LLM_ARCH_COUNT);
+    printf("OFF_ARCH %zu\nOFF_N_KV_HEADS %zu\nOFF_NORM_EPS %zu\nOFF_RESERVED %zu\n",
+           offsetof(llm_image_header, arch), offsetof(llm_image_header, n_kv_heads),
+           offsetof(llm_image_header, norm_eps), offsetof(llm_image_header, reserved));
     return 0;
 }
 """
@@ -50,6 +55,10 @@ def test_header_constants_match_the_python_side(tmp_path) -> None:  # type: igno
     assert int(got.pop("OFF_ROPE_THETA")) == 8 + 16 * 4
     assert int(got.pop("OFF_SHA")) == 8 + 16 * 4 + 4 + 4
     assert int(got.pop("OFF_SECTION_KIND")) == image.NAME_BYTES
+    # HEADER ends "2IfI": arch, n_kv_heads, norm_eps, reserved after the fingerprint
+    assert [int(got.pop(k)) for k in ("OFF_ARCH", "OFF_N_KV_HEADS", "OFF_NORM_EPS",
+                                      "OFF_RESERVED")] == [112, 116, 120, 124]
+    assert int(got.pop("ARCH_COUNT")) == len(image.FAMILIES) == len(image.ARCHS)
     assert int(got.pop("DRAFTS_ORDER")) == drafts_table.ORDER
     assert int(got.pop("DRAFTS_MAX")) == drafts_table.MAX_DRAFT
     assert int(got.pop("DRAFTS_HEADER")) == drafts_table.HEADER.size

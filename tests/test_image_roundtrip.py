@@ -28,6 +28,11 @@ SHAPES = {
     "odd_untied": Config(300, 270, 32, 2, 2, 23, 33, 48, 128, tied_head=False),
     "group32": Config(200, 190, 64, 2, 4, 40, 48, 32, 32),
     "release": Config(25353, 25353, 96, 6, 4, 66, 128, 256, 128),
+    # llama2.c's stories260K shape: no PLE, 4 kv heads for 8 query heads
+    "llama2c_untied": Config(512, 512, 64, 5, 8, 172, 0, 512, 64, tied_head=False,
+                             family="llama2c", n_kv_heads=4, norm_eps=1e-5),
+    "llama2c_tied": Config(512, 512, 64, 5, 8, 172, 0, 512, 64, family="llama2c",
+                           n_kv_heads=4, norm_eps=1e-5),
 }
 
 # The section order of native/engine/image_format.h, written out independently.
@@ -36,8 +41,11 @@ LAYER_NAMES = ["attn_norm", "qkv", "attn_proj", "ffn_norm", "gate", "up", "down"
 
 
 def expected_names(cfg: Config) -> list[str]:
-    names = ["tokenizer", "rope", "embed", "ple_rows", "ple_model_proj", "ple_proj_norm"]
-    names += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in LAYER_NAMES]
+    ple = cfg.family == "esp32ai"
+    names = ["tokenizer", "rope", "embed"]
+    names += ["ple_rows", "ple_model_proj", "ple_proj_norm"] if ple else []
+    fields = LAYER_NAMES if ple else LAYER_NAMES[:7]
+    names += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in fields]
     names += ["out_norm"] + ([] if cfg.tied_head else ["head"]) + ["head_tiles", "drafts"]
     return names
 
@@ -103,10 +111,17 @@ def test_round_trip_exact(tmp_path: Path, shape: str) -> None:
     assert h.tied_head == cfg.tied_head and h.file_bytes == len(data)
     # the raw header, read independently of the module
     assert data[:8] == b"MPLLMIMG"
-    assert struct.unpack_from("<4I", data, 8) == (3, 128, len(data), len(expected_names(cfg)))
+    assert struct.unpack_from("<4I", data, 8) == (4, 128, len(data), len(expected_names(cfg)))
     assert struct.unpack_from("<12I", data, 28)[1:] == (
         cfg.vocab_in, cfg.vocab_out, cfg.vocab_in + 7, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.ffn,
         cfg.ple_dim, cfg.seq_len, cfg.group, struct.unpack("<I", struct.pack("<f", 1e4))[0])
+    arch, kv_heads = (0, cfg.n_heads) if cfg.family == "esp32ai" else (1, 4)
+    eps = 1e-6 if cfg.family == "esp32ai" else 1e-5
+    assert struct.unpack_from("<2IfI", data, 112) == (
+        arch, kv_heads, struct.unpack("<f", struct.pack("<f", eps))[0], 0)
+    # q rows, then kv_dim k rows and kv_dim v rows
+    kv_dim = kv_heads * (cfg.dim // cfg.n_heads)
+    assert img.weights.layers[0].qkv.rows == cfg.dim + 2 * kv_dim
     # sections: spec order, 16-aligned, tightly laid out, CRCs of exactly the payload
     entries = table(data)
     assert [e[0] for e in entries] == expected_names(cfg)
@@ -291,10 +306,25 @@ def _add_offset(b: bytearray, i: int, delta: int) -> None:
 
 HEADER_DAMAGE = {
     "magic": (lambda b: b.__setitem__(slice(0, 8), b"MPLLMIMX"), r"bad magic b'MPLLMIMX'"),
-    "version": (lambda b: struct.pack_into("<I", b, 8, 2), "unsupported image version 2"),
+    "version": (lambda b: struct.pack_into("<I", b, 8, 3),
+                "image format version 3; this reader knows version 4: convert the model again"),
     "header_bytes": (lambda b: struct.pack_into("<I", b, 12, 256), "header_bytes 256"),
     "flags": (lambda b: struct.pack_into("<I", b, 28, 3), "unknown flag bits 0x2"),
-    "reserved": (lambda b: b.__setitem__(120, 7), "reserved header bytes are not zero"),
+    "reserved": (lambda b: b.__setitem__(124, 7), "header reserved field is 0x00000007, must be 0"),
+    "arch": (lambda b: struct.pack_into("<I", b, 112, 2),
+             r"arch 2 is unknown \(0: esp32-ai, 1: llama2.c\)"),
+    "arch_llama_with_ple": (lambda b: struct.pack_into("<I", b, 112, 1),
+                            r"image header: ple_dim = 32, a llama2c model has no PLE \(0\)"),
+    "kv_heads_zero": (lambda b: struct.pack_into("<I", b, 116, 0),
+                      "image header: n_kv_heads = 0 does not divide n_heads 2"),
+    "kv_heads_not_dividing": (lambda b: struct.pack_into("<I", b, 116, 3),
+                              "image header: n_kv_heads = 3 does not divide n_heads 2"),
+    "kv_heads_esp32ai": (lambda b: struct.pack_into("<I", b, 116, 1),
+                         r"image header: n_kv_heads = 1, an esp32-ai model has n_heads \(2\)"),
+    "norm_eps_nan": (lambda b: struct.pack_into("<f", b, 120, float("nan")),
+                     "image header: norm_eps nan must be positive and finite"),
+    "norm_eps_negative": (lambda b: struct.pack_into("<f", b, 120, -0.5),
+                          "image header: norm_eps -0.5 must be positive and finite"),
     "n_sections": (lambda b: struct.pack_into("<I", b, 20, 0), "section count 0 out of range"),
     "n_sections_wrong": (lambda b: struct.pack_into("<I", b, 20, 28),
                          "28 sections, a 2-layer tied-head model has 29"),
@@ -409,3 +439,28 @@ def test_non_finite_weights_rejected_by_writer(tmp_path: Path) -> None:
         write_image(tmp_path / "m.img", w, tokenizer_section=fake_tokenizer_section(280),
                     rope=rope_table(cfg), source_sha256=bytes(32))
     assert not list(tmp_path.iterdir())
+
+
+def test_llama2c_weights_hold_no_ple(tmp_path: Path) -> None:
+    cfg = SHAPES["llama2c_tied"]
+    w = make_weights(cfg, 1)
+    assert w.ple_table is None and all(ly.ple_gate is None for ly in w.layers)
+    w.ple_proj_norm = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="ple_proj_norm: a llama2c model has no PLE"):
+        write_image(tmp_path / "m.img", w, tokenizer_section=fake_tokenizer_section(512),
+                    rope=rope_table(cfg), source_sha256=bytes(32))
+    assert not list(tmp_path.iterdir())
+
+
+def test_llama2c_header_count_and_names(tmp_path: Path) -> None:
+    """A llama2c image: 3 + 7 per layer + the tail; a PLE section name is unknown there."""
+    cfg = SHAPES["llama2c_untied"]
+    write(tmp_path / "m.img", cfg)
+    data = (tmp_path / "m.img").read_bytes()
+    assert len(table(data)) == 3 + 7 * 5 + 4
+    bad = _mutated(data, lambda b: _set_name(b, 3, b"ple_rows"))
+    with pytest.raises(ImageFormatError, match="unknown section name 'ple_rows'"):
+        read_image(bad)
+    # ple_dim must stay 0 for the llama2.c arch
+    with pytest.raises(ImageFormatError, match=r"ple_dim = 8, a llama2c model has no PLE"):
+        read_image(_mutated(data, lambda b: struct.pack_into("<I", b, 60, 8)))

@@ -19,30 +19,13 @@ from pathlib import Path
 
 import llm_tokenizer
 import pytest
+from llama2c_models import synthetic_vocab
 from mpllm.formats import llama2c
 from mpllm.formats.tokenizer import TokenizerFormatError, tokenizer_section
 from tokenizer_cases import ROOT, STRINGS, llama2c_encode
 
 LLAMA2_TOKENIZER = ROOT.parent / "shared" / "llama2c" / "tokenizer.bin"
 ALPHABET = "abcdefghij ABC.,!?'\"\n\t0123456789éüßçøå日本語😀🎉ğ\u2581\u00a0"
-
-
-def synthetic_vocab(n: int = 512, seed: int = 5) -> tuple[list[bytes], list[float]]:
-    """A llama2.c-shaped vocabulary: <unk>, BOS, EOS, the 256 byte pieces, then
-    pieces built from pairs of earlier ones, with deliberately tied scores."""
-    rng = random.Random(seed)
-    texts = [b"<unk>", b"\n<s>\n", b"\n</s>\n"] + [f"<0x{b:02X}>".encode() for b in range(256)]
-    chars = [c.encode() for c in " abcdefghijklmnop.,'\néü日😀"]
-    texts += chars
-    known = set(texts)
-    while len(texts) < n:
-        t = rng.choice(texts[259:]) + rng.choice(texts[259:])
-        if t not in known and len(t) <= 16:
-            texts.append(t)
-            known.add(t)
-    scores = [0.0] * 259 + [-1e9] * len(chars) + [-float(rng.randint(0, 60))
-                                                   for _ in range(len(texts) - 259 - len(chars))]
-    return texts, scores
 
 
 def strings(n: int, seed: int) -> list[str]:
@@ -160,7 +143,9 @@ def _bin(texts: list[bytes], scores: list[float]) -> bytes:
 @pytest.mark.parametrize(("data", "message"), [
     (b"\x01\x00", "too short for its header"),
     (struct.pack("<i", 0), "max token length 0"),
-    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab", "length 3"),
+    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab",
+     "truncated in the text of token 0"),
+    (struct.pack("<i", 2) + struct.pack("<fi", 0.0, 3) + b"abc", "length 3 .the header's max"),
     (struct.pack("<i", 8) + struct.pack("<f", 0.0), "truncated in the entry of token 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 0), "token 0 has length 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", float("nan"), 1) + b"a", "NaN score"),
@@ -196,3 +181,45 @@ def test_tokenizer_bin_round_trip(tmp_path: Path):
     tables = llama2c.load_tokenizer_bin(p)
     assert tables.vocab_size == 400 and tables.special_ids == [1, 2]
     assert tables.token_bytes[3 + 0x41] == b"A"  # a byte piece decodes to its byte
+
+
+DEMO_TOKENIZER = ROOT / "models" / "llama2c-demo" / "tokenizer.bin"
+
+
+@pytest.mark.parametrize("vocab", ["llama2", "demo", "synthetic"])
+def test_token_id_is_the_token_encode_makes_of_its_text(vocab, llama2_vocab):
+    """Token healing looks tokens up by their text (Tokenizer.token_id): with
+    sentencepiece that is the merges from characters, as encode() runs them
+    (from bytes, as byte-level BPE starts, no token longer than one
+    character would be found)."""
+    texts, scores = (llama2_vocab if vocab == "llama2" else
+                     llama2c.read_tokenizer_bin(DEMO_TOKENIZER.read_bytes()) if vocab == "demo"
+                     else synthetic_vocab())
+    tok = _board_tokenizer(texts, scores)
+    found = 0
+    ids = range(len(texts)) if vocab != "llama2" else range(0, len(texts), 7)
+    for i in ids:
+        t = tok.token_bytes(i)
+        if i in tok.special_ids or i < 3:
+            continue
+        made = tok.encode(t.decode("utf-8", "replace"), bos=False) if t.isascii() else None
+        got = tok.token_id(t)
+        if made is not None:
+            assert got == (made[0] if len(made) == 1 else -1), (i, t, made, got)
+        found += got == i and len(t) > 1
+    assert found > len(ids) // 3
+
+
+@pytest.mark.parametrize("vocab", ["llama2", "synthetic"])
+def test_encode_without_bos_goes_on_a_text(vocab, llama2_vocab):
+    """bos=False: the ids of text that continues a text (a co-writing line):
+    no BOS and no space put in front, so encode(" " + s, bos=False) is
+    encode(s) without its BOS, and decoding gives the text back."""
+    tok = _board_tokenizer(*(llama2_vocab if vocab == "llama2" else synthetic_vocab()))
+    for s in strings(150, 11):
+        if not s:
+            continue
+        assert tok.encode(" " + s, bos=False) == tok.encode(s)[1:], s
+        more = tok.encode(s, bos=False)
+        assert tok.bos_id not in more
+        assert tok.decode(more) == s, s

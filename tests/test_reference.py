@@ -46,11 +46,11 @@ def _s_matvec(m: QMatrix, x: list[np.float32]) -> list[np.float32]:
     return y
 
 
-def _s_rmsnorm(x: list[np.float32], w: np.ndarray) -> list[np.float32]:
+def _s_rmsnorm(x: list[np.float32], w: np.ndarray, eps: float) -> list[np.float32]:
     ss = F32(0.0)
     for v in x:
         ss = F32(ss + F32(v * v))
-    inv = F32(F32(1.0) / np.sqrt(F32(F32(ss / F32(len(x))) + F32(1e-6))))
+    inv = F32(F32(1.0) / np.sqrt(F32(F32(ss / F32(len(x))) + F32(eps))))
     return [F32(F32(F32(w[i]) * x[i]) * inv) for i in range(len(x))]
 
 
@@ -68,20 +68,17 @@ class _Scalar:
         self.k: list[list[list[np.float32]]] = [[] for _ in range(self.c.n_layers)]
         self.v: list[list[list[np.float32]]] = [[] for _ in range(self.c.n_layers)]
 
-    def forward(self, token: int) -> list[np.float32]:
+    def _ple(self, x: list[np.float32], token: int) -> list[list[np.float32]]:
+        """Every layer's PLE input (esp32-ai only)."""
         w, c = self.w, self.c
-        d, hd, nh, p_dim = c.dim, c.head_dim, c.n_heads, c.ple_dim
-        pos = len(self.k[0])
-        x = [F32(F32(w.tok_emb.q[token, i]) * F32(w.tok_emb.scales[token, i // w.tok_emb.group]))
-             for i in range(d)]
-        # PLE input
+        d, p_dim = c.dim, c.ple_dim
         cc = _s_matvec(w.ple_model_proj, x)
         inv_d = F32(F32(1.0) / np.sqrt(F32(d)))
         cc = [F32(v * inv_d) for v in cc]
         sqrt_p = np.sqrt(F32(p_dim))
         ple = []
         for li in range(c.n_layers):
-            sl = _s_rmsnorm(cc[li * p_dim:(li + 1) * p_dim], w.ple_proj_norm)
+            sl = _s_rmsnorm(cc[li * p_dim:(li + 1) * p_dim], w.ple_proj_norm, c.norm_eps)
             row = []
             for i in range(p_dim):
                 j = li * p_dim + i
@@ -89,13 +86,23 @@ class _Scalar:
                           * F32(w.ple_table.scales[token, j // w.ple_table.group]))
                 row.append(F32(F32(sl[i] + F32(tbl * sqrt_p)) * F32(0.70710678)))
             ple.append(row)
+        return ple
+
+    def forward(self, token: int) -> list[np.float32]:
+        w, c = self.w, self.c
+        d, hd, nh, kvd, eps = c.dim, c.head_dim, c.n_heads, c.kv_dim, c.norm_eps
+        group = nh // c.kv_heads  # query head hh reads kv head hh // group
+        pos = len(self.k[0])
+        x = [F32(F32(w.tok_emb.q[token, i]) * F32(w.tok_emb.scales[token, i // w.tok_emb.group]))
+             for i in range(d)]
+        ple = self._ple(x, token) if c.has_ple else None
         half = hd // 2
         cos = self.rope[pos, :half]
         sin = self.rope[pos, half:]
 
         def rope(vec: list[np.float32]) -> list[np.float32]:
             out = list(vec)
-            for h in range(nh):
+            for h in range(len(vec) // hd):
                 for i in range(half):
                     a, b = vec[h * hd + i], vec[h * hd + i + half]
                     out[h * hd + i] = F32(F32(a * cos[i]) - F32(b * sin[i]))
@@ -104,18 +111,19 @@ class _Scalar:
 
         inv_hd = F32(F32(1.0) / np.sqrt(F32(hd)))
         for li, lw in enumerate(w.layers):
-            h = _s_rmsnorm(x, lw.attn_norm)
+            h = _s_rmsnorm(x, lw.attn_norm, eps)
             qkv = _s_matvec(lw.qkv, h)
             q = rope(qkv[:d])
-            self.k[li].append(rope(qkv[d:2 * d]))
-            self.v[li].append(qkv[2 * d:])
+            self.k[li].append(rope(qkv[d:d + kvd]))
+            self.v[li].append(qkv[d + kvd:])
             ao = [F32(0.0)] * d
             for hh in range(nh):
+                kv = (hh // group) * hd
                 scores = []
                 for t in range(pos + 1):
                     s = F32(0.0)
                     for i in range(hd):
-                        s = F32(s + F32(q[hh * hd + i] * self.k[li][t][hh * hd + i]))
+                        s = F32(s + F32(q[hh * hd + i] * self.k[li][t][kv + i]))
                     scores.append(F32(s * inv_hd))
                 mx = F32(-1e30)
                 for s in scores:
@@ -127,22 +135,24 @@ class _Scalar:
                 for i in range(hd):
                     acc = F32(0.0)
                     for t in range(pos + 1):
-                        acc = F32(acc + F32(ws[t] * self.v[li][t][hh * hd + i]))
+                        acc = F32(acc + F32(ws[t] * self.v[li][t][kv + i]))
                     ao[hh * hd + i] = F32(acc / den)
             proj = _s_matvec(lw.attn_proj, ao)
             x = [F32(x[i] + proj[i]) for i in range(d)]
-            h = _s_rmsnorm(x, lw.ffn_norm)
+            h = _s_rmsnorm(x, lw.ffn_norm, eps)
             gt = _s_matvec(lw.gate, h)
             up = _s_matvec(lw.up, h)
             m = [F32(F32(g / F32(F32(1.0) + _s_expf(F32(-g)))) * u) for g, u in zip(gt, up)]
             dn = _s_matvec(lw.down, m)
             x = [F32(x[i] + dn[i]) for i in range(d)]
+            if ple is None:
+                continue  # llama2.c: no PLE branch
             pg = _s_matvec(lw.ple_gate, x)
             gg = [F32(F32(F32(F32(0.5) * v) * F32(F32(1.0) + _s_erff(F32(v * F32(0.70710678)))))
                       * ple[li][i]) for i, v in enumerate(pg)]
-            pp = _s_rmsnorm(_s_matvec(lw.ple_proj, gg), lw.ple_norm)
+            pp = _s_rmsnorm(_s_matvec(lw.ple_proj, gg), lw.ple_norm, eps)
             x = [F32(x[i] + pp[i]) for i in range(d)]
-        x = _s_rmsnorm(x, w.out_norm)
+        x = _s_rmsnorm(x, w.out_norm, eps)
         return _s_matvec(w.output_head(), x)
 
 
@@ -151,13 +161,17 @@ def tiny_image(tiny_model):  # type: ignore[no-untyped-def]
     return read_image(tiny_model.image)
 
 
-def test_reference_equals_scalar_forward_bit_for_bit(tiny_image) -> None:  # type: ignore[no-untyped-def]
-    ref = Reference(tiny_image.weights, tiny_image.rope)
-    sc = _Scalar(tiny_image.weights, tiny_image.rope)
+@pytest.mark.parametrize("model", ["tiny", "llama2c_untied"])
+def test_reference_equals_scalar_forward_bit_for_bit(engine_image, model) -> None:  # type: ignore[no-untyped-def]
+    """Both families: esp32-ai (PLE) and llama2.c's (no PLE, 4 kv heads for 8,
+    rmsnorm epsilon 1e-5)."""
+    img = read_image(engine_image(model))
+    ref = Reference(img.weights, img.rope)
+    sc = _Scalar(img.weights, img.rope)
     for tok in (5, 17, 200, 5, 0):
         a = ref.forward(tok)
         b = np.array(sc.forward(tok), dtype=np.float32)
-        assert a.dtype == np.float32 and a.shape == (tiny_image.config.vocab_out,)
+        assert a.dtype == np.float32 and a.shape == (img.config.vocab_out,)
         assert a.tobytes() == b.tobytes(), f"token {tok}: max diff {np.abs(a - b).max()}"
 
 

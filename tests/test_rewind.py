@@ -22,10 +22,12 @@ def decode(m, prompt: list[int], feeds: list[int]) -> tuple[list[int], list[byte
     return out, logits
 
 
+@pytest.mark.parametrize("model", ["small", "llama2c_untied", "llama2c_tied"])
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_rewind_is_as_if_never_decoded(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+def test_rewind_is_as_if_never_decoded(engine_image, model, sampler) -> None:  # type: ignore[no-untyped-def]
     prompt = [5, 17, 300, 42]
-    with _llm.Model(small_model.image) as m:
+    image = engine_image(model)
+    with _llm.Model(image) as m:
         m.sampler(*sampler)
         first, _ = decode(m, prompt, [])
         chain = [first[0]]
@@ -37,10 +39,10 @@ def test_rewind_is_as_if_never_decoded(small_model, sampler) -> None:  # type: i
         with pytest.raises(_llm.Error, match="no logits"):
             m.logits()
         # now a different continuation than the detour took
-        other = [(chain[2] + 1) % 900, 11, 12]
+        other = [(chain[2] + 1) % m.config()["vocab_out"], 11, 12]
         after = [m.step(t) for t in other]
         after_logits = m.logits()
-    with _llm.Model(small_model.image) as fresh:
+    with _llm.Model(image) as fresh:
         fresh.sampler(*sampler)
         assert fresh.prefill(prompt) == first[0]
         assert fresh.step(chain[0]) == chain[1]

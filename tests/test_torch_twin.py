@@ -10,6 +10,7 @@ rounding (summation order). With it, they agree to within the int8 error.
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
@@ -38,6 +39,10 @@ SMALL = Config(vocab_in=400, vocab_out=360, dim=64, n_layers=3, n_heads=4, ffn=4
                seq_len=64, group=128)
 UNTIED = Config(vocab_in=300, vocab_out=270, dim=32, n_layers=2, n_heads=2, ffn=23, ple_dim=33,
                 seq_len=48, group=128, tied_head=False)
+# llama2.c's stories260K shape: no PLE, 4 kv heads for 8 query heads, rmsnorm eps 1e-5
+LLAMA2C = Config(vocab_in=512, vocab_out=512, dim=64, n_layers=5, n_heads=8, ffn=172,
+                 ple_dim=0, seq_len=512, group=64, tied_head=False, family="llama2c",
+                 n_kv_heads=4, norm_eps=1e-5)
 TOKENS = [5, 17, 300, 2, 2, 119, 0, 64, 250, 31, 7, 77]
 
 # Tolerances, as a fraction of the largest |logit| of the run:
@@ -66,7 +71,7 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("cfg", [SMALL, UNTIED], ids=["tied", "untied"])
+@pytest.mark.parametrize("cfg", [SMALL, UNTIED, LLAMA2C], ids=["tied", "untied", "llama2c"])
 def test_twin_equals_reference_without_int8(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     w = make_weights(cfg, seed=7)
     toks = [t % cfg.vocab_in for t in TOKENS]
@@ -77,7 +82,7 @@ def test_twin_equals_reference_without_int8(cfg: Config, monkeypatch: pytest.Mon
     assert _rel_err(twin, ref) < FP32_TOL
 
 
-@pytest.mark.parametrize("cfg", [SMALL, UNTIED], ids=["tied", "untied"])
+@pytest.mark.parametrize("cfg", [SMALL, UNTIED, LLAMA2C], ids=["tied", "untied", "llama2c"])
 def test_twin_close_to_int8_reference(cfg: Config) -> None:
     w = make_weights(cfg, seed=11)
     toks = [t % cfg.vocab_in for t in TOKENS]
@@ -255,3 +260,26 @@ def test_to_weights_rejects_bad_vocab() -> None:
         to_weights(model, vocab_out=SMALL.vocab_in + 1)
     with pytest.raises(ValueError, match="untied"):
         to_weights(PLEModel(UNTIED), vocab_out=100)
+
+
+def test_export_round_trip_llama2c(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A llama2c-family module exports to Weights without PLE and with qkv rows for
+    4 kv heads; through an image and back, the twin computes what the module does."""
+    from mpllm.formats.image import read_image, write_image
+
+    torch.manual_seed(0)
+    model = PLEModel(LLAMA2C, fake_quant=True)
+    model.reset_parameters(seed=2)
+    assert not hasattr(model, "ple_table") and not hasattr(model.layers[0], "ple_gate")
+    w = to_weights(model)
+    assert w.config == LLAMA2C and w.ple_table is None and w.layers[0].ple_norm is None
+    assert w.layers[0].qkv.q.shape == (LLAMA2C.dim + 2 * LLAMA2C.kv_dim, LLAMA2C.dim)
+    tok = struct.pack("<4I", 512, 0, 1, 0) + bytes(64)
+    write_image(tmp_path / "m.img", w, tokenizer_section=tok, rope=rope_table(LLAMA2C),
+                source_sha256=bytes(32))
+    back = read_image(tmp_path / "m.img").weights
+    x = torch.tensor([TOKENS[:10]])
+    with torch.no_grad():
+        want = model(x)[0].numpy()
+    got = TorchTwin.from_weights(back).logits(TOKENS[:10])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))

@@ -14,17 +14,22 @@ from mpllm import drafting
 _llm = engine_ext.load()
 
 SAMPLERS = [(0.0, 0, 0), (0.8, 40, 1), (0.8, 40, 2), (0.8, 40, 3), (1.2, 0, 4), (0.8, 40, 5)]
+# an esp32-ai model and llama2.c's stories260K shape (no PLE, 4 kv heads for 8)
+MODELS = ["small", "llama2c_untied", "llama2c_tied"]
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_verify_equals_steps(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+def test_verify_equals_steps(engine_image, model, sampler) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(sampler[2])
-    with _llm.Model(small_model.image) as a, _llm.Model(small_model.image) as b:
+    image = engine_image(model)
+    with _llm.Model(image) as a, _llm.Model(image) as b:
+        vocab = a.config()["vocab_out"]
         for m in (a, b):
             m.sampler(*sampler)
         assert a.prefill([1, 2, 3]) == b.prefill([1, 2, 3])
         for _ in range(6):
-            feed = [rng.randrange(900) for _ in range(rng.randint(1, 8))]
+            feed = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
             got = a.verify(feed)
             want = [b.step(t) for t in feed]
             assert got == want
@@ -51,10 +56,13 @@ def speculative(m, prompt: list[int], n: int, drafter: drafting.Drafter) -> tupl
     return story[:n], passes
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_speculative_story_equals_plain(small_model, sampler) -> None:  # type: ignore[no-untyped-def]
+def test_speculative_story_equals_plain(engine_image, model, sampler) -> None:  # type: ignore[no-untyped-def]
     prompt = [7, 11, 13]
-    with _llm.Model(small_model.image, plain=True) as m:
+    image = engine_image(model)
+    with _llm.Model(image, plain=True) as m:
+        vocab = m.config()["vocab_out"]
         m.sampler(*sampler)
         plain = [m.prefill(prompt)]
         while len(plain) < 60:
@@ -65,10 +73,10 @@ def test_speculative_story_equals_plain(small_model, sampler) -> None:  # type: 
 
     def oracle(ctx: list[int], k: int) -> list[int]:
         i = len(ctx) - len(prompt)
-        return [t if rng.random() < 0.8 else (t + 1) % 900 for t in plain[i:i + k]]
+        return [t if rng.random() < 0.8 else (t + 1) % vocab for t in plain[i:i + k]]
 
     for drafter in (oracle, lambda ctx, k: [0] * k, drafting.prompt_lookup):
-        with _llm.Model(small_model.image) as m:
+        with _llm.Model(image) as m:
             m.sampler(*sampler)
             story, passes = speculative(m, prompt, 60, drafter)
         assert story == plain

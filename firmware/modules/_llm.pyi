@@ -111,11 +111,14 @@ class Model:
         or a bytes-like object (a read-only, 16-byte aligned one is used in
         place and kept alive until close(); any other is copied once, so later
         changes to it cannot reach the engine). MicroPython: see above."""
-    def config(self) -> dict[str, int | float | bool]:
+    def config(self) -> dict[str, int | float | bool | str]:
         """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
-        seq_len, group, eot_id, flags, max_draft (ints: max_draft is the longest
-        guess of the image's n-gram drafter, 0 without one), rope_theta (float),
-        tied_head (bool)."""
+        seq_len, group, eot_id, flags, max_draft, n_kv_heads (ints: max_draft is
+        the longest guess of the image's n-gram drafter, 0 without one;
+        n_kv_heads the K/V heads, n_heads or a divisor of it), rope_theta and
+        norm_eps (floats: the RoPE base and the rmsnorm epsilon), arch (str:
+        "esp32ai", the PLE TinyStories model, or "llama2c", llama2.c's Llama;
+        ple_dim is 0 there) and tied_head (bool)."""
     def reset(self) -> None:
         """Back to position 0: empty context, no logits, stats cleared, sampler
         stream restarted from its seed. The model stays open."""

@@ -395,12 +395,15 @@ static int config(const llm_engine *e, emitter *s) {
         {"n_layers", c->n_layers},     {"n_heads", c->n_heads},     {"head_dim", c->head_dim},
         {"ffn", c->ffn},               {"ple_dim", c->ple_dim},     {"seq_len", c->seq_len},
         {"group", c->group},           {"eot_id", c->eot_id},       {"flags", c->flags},
-        {"max_draft", llm_draft_max(e)},
+        {"max_draft", llm_draft_max(e)}, {"n_kv_heads", c->n_kv_heads},
     };
     const size_t n = sizeof f / sizeof f[0];
-    int good = open_container(s, LLM_BIND_DICT, NULL, n + 2);
+    /* the image's arch as the family names the host tools use (mpllm Config.family) */
+    const char *arch = c->arch == LLM_ARCH_LLAMA ? "llama2c" : "esp32ai";
+    int good = open_container(s, LLM_BIND_DICT, NULL, n + 4);
     for (size_t i = 0; good && i < n; i++) good = put_int(s, f[i].name, f[i].value);
     return good && put_float(s, "rope_theta", c->rope_theta) &&
+           put_float(s, "norm_eps", c->norm_eps) && put_str(s, "arch", arch) &&
            put_bool(s, "tied_head", c->flags & LLM_IMAGE_FLAG_TIED_HEAD);
 }
 

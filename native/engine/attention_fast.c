@@ -12,12 +12,13 @@
  * index, positions along it) so the weighted sum is the same kernel against
  * the int8-quantized weights; and softmax uses a cheap exp.
  *
- * Per layer l, head h, position t (Dhp = head_dim rounded up to 16, Sp =
+ * Per layer l, kv head h, position t (Dhp = head_dim rounded up to 16, Sp =
  * seq_len rounded up to 16):
  *   kq[l][h][t][Dhp], ks[l][h][t]   k_h quantized (llm_quantize_act), scale
  *   vt[l][h][i][Sp],  vs[l][h][t]   v_h quantized, value i of position t at
  *                                   vt[..][i][t]
- * For a query at position p: q_h quantized (scale sq);
+ * For query head h (reading kv head h / (n_heads / n_kv_heads), as exact
+ * attention) at position p: q_h quantized (scale sq);
  *   score_t = ((float)dot(qq, kq_t) * (sq * ks_t)) * inv_sqrt(head_dim)
  *   w_t = fast_exp(score_t - max), den = sum of w_t
  *   u_t = w_t * vs_t quantized to int8 (scale su), zero past p
@@ -36,7 +37,7 @@
 /* The fast arrays' layout in `base`; returns the bytes needed (in 64 bits:
  * on a 32-bit host a large config must not wrap to a small need). */
 static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
-    const uint64_t L = c->n_layers, H = c->n_heads, S = c->seq_len;
+    const uint64_t L = c->n_layers, H = c->n_heads, KVH = c->n_kv_heads, S = c->seq_len;
     const uint64_t dhp = llm_align_up(c->head_dim, 16u), sp = llm_align_up(c->seq_len, 16u);
     uint64_t at = 0;
 #define TAKE(field, type, count)                                         \
@@ -44,10 +45,10 @@ static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
         if (base) f->field = (type *)(void *)(base + (size_t)at);        \
         at = llm_align_up(at + (uint64_t)(count) * sizeof(type), 16u);   \
     } while (0)
-    TAKE(kq, int8_t, L * H * S * dhp);
-    TAKE(vt, int8_t, L * H * c->head_dim * sp);
-    TAKE(ks, float, L * H * S);
-    TAKE(vs, float, L * H * S);
+    TAKE(kq, int8_t, L * KVH * S * dhp);
+    TAKE(vt, int8_t, L * KVH * c->head_dim * sp);
+    TAKE(ks, float, L * KVH * S);
+    TAKE(vs, float, L * KVH * S);
     TAKE(qq, int8_t, (size_t)LLM_BATCH_MAX * H * dhp);
     TAKE(uq, int8_t, (size_t)LLM_BATCH_MAX * H * sp);
     TAKE(dots, int32_t, (size_t)LLM_BATCH_MAX * H * S);
@@ -119,7 +120,7 @@ static float fast_exp(float x) {
 void llm_fast_store_kv(llm_engine *e, uint32_t l, uint32_t p, const float *k, const float *v) {
     const llm_config *c = &e->cfg;
     llm_fast_kv *f = &e->s.fast;
-    const uint32_t H = c->n_heads, Dh = c->head_dim, S = c->seq_len;
+    const uint32_t H = c->n_kv_heads, Dh = c->head_dim, S = c->seq_len;
     int8_t vq[LLM_MAX_HEAD_DIM + 16u];
     for (uint32_t h = 0; h < H; h++) {
         const size_t lh = (size_t)l * H + h;
@@ -135,12 +136,13 @@ void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
     const llm_config *c = &e->cfg;
     llm_fast_kv *f = &e->s.fast;
     const uint32_t H = c->n_heads, Dh = c->head_dim, S = c->seq_len;
+    const uint32_t KVH = c->n_kv_heads, group = H / KVH;
     for (uint32_t col = 0; col < m; col++) {
         llm_col *cl = &e->s.col[col];
         const uint32_t n = pos + col + 1u;          /* positions this query sees */
         const uint32_t n16 = (uint32_t)llm_align_up(n, 16u);
         for (uint32_t h = h0; h < h1; h++) {
-            const size_t lh = (size_t)l * H + h;
+            const size_t lh = (size_t)l * KVH + h / group; /* its kv head's arrays */
             int8_t *qq = f->qq + ((size_t)col * H + h) * f->dhp;
             int8_t *uq = f->uq + ((size_t)col * H + h) * f->sp;
             int32_t *dots = f->dots + ((size_t)col * H + h) * S;
@@ -181,6 +183,6 @@ void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
 uint64_t llm_fast_kv_bytes(const llm_engine *e, uint32_t positions) {
     const llm_config *c = &e->cfg;
     /* per position: its K rows and scales, one value of every V row, the V scales */
-    return (uint64_t)positions * c->n_heads *
+    return (uint64_t)positions * c->n_kv_heads *
            ((uint64_t)e->s.fast.dhp + c->head_dim + 2u * sizeof(float));
 }

@@ -126,7 +126,7 @@ static llm_splitter splitter(const llm_engine *e) {
 static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, uint32_t n) {
     float ss = 0.0f;
     for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
-    float inv = 1.0f / sqrtf(ss / (float)n + 1e-6f);
+    float inv = 1.0f / sqrtf(ss / (float)n + e->cfg.norm_eps); /* the image's epsilon */
     for (uint32_t i = 0; i < n; i++) out[i] = (w[i] * x[i]) * inv;
     e->stats.bytes[e->w.norms_region] += (uint64_t)n * sizeof(float);
 }
@@ -208,17 +208,17 @@ static void charge_mat(llm_engine *e, const llm_mat *m) {
         charge_mat((e), (mat));                                   \
     } while (0)
 
-/* The qkv matvec when V is cached as dots: q and k rows as usual; the V rows
- * through the same kernel with every scale 1 and xscale 1, which makes it
- * return (0 + (float)g * 1) * 1 = (float)g, the exact integer dot (|g| <
- * 2^24). Same bytes read as one full call. */
+/* The qkv matvec when V is cached as dots: the q and k rows (dim + kv_dim)
+ * as usual; the kv_dim V rows through the same kernel with every scale 1 and
+ * xscale 1, which makes it return (0 + (float)g * 1) * 1 = (float)g, the
+ * exact integer dot (|g| < 2^24). Same bytes read as one full call. */
 static void matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
-    const uint32_t D = e->cfg.dim;
+    const uint32_t qk = e->cfg.dim + e->cfg.kv_dim;
     float *ys[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv);
-    matvec_rows(e, mat, 0, 2u * D, m, ys, 0);
-    for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + 2u * D;
-    matvec_rows(e, mat, 2u * D, D, m, ys, 1);
+    matvec_rows(e, mat, 0, qk, m, ys, 0);
+    for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + qk;
+    matvec_rows(e, mat, qk, e->cfg.kv_dim, m, ys, 1);
     charge_mat(e, mat);
 }
 
@@ -257,38 +257,40 @@ static const float *rope_row(llm_engine *e, uint32_t pos) {
 }
 
 /* Attention of heads [h0, h1) at one layer for the m positions of a pass
- * (position c at pos + c sees cache rows 0..pos + c). Rows are the outer
- * loop, so each K and V row (all heads of a position, contiguous) is fetched
- * from PSRAM once per layer for all m positions, cache line by cache line;
- * for every position and head each float sum still runs in ascending t
- * exactly as the numerics contract says: scores dot(q,k) summed in i order
- * then scaled, the max, w = expf(s - max), denom += w and ao += w*v in
- * ascending t, then ao /= denom. */
+ * (position c at pos + c sees cache rows 0..pos + c). Query head h reads kv
+ * head h / group (group = n_heads / n_kv_heads: grouped-query attention; 1
+ * for esp32-ai). Rows are the outer loop, so each K and V row (all kv heads
+ * of a position, contiguous) is fetched from PSRAM once per layer for all m
+ * positions, cache line by cache line; for every position and head each
+ * float sum still runs in ascending t exactly as the numerics contract says:
+ * scores dot(q,k) summed in i order then scaled, the max, w = expf(s - max),
+ * denom += w and ao += w*v in ascending t, then ao /= denom. The job carries
+ * the pass's constants, so each phase starts from it. */
 typedef struct attn_job {
     llm_engine *e;
-    uint32_t layer, pos, m;
-    const float *v_scale; /* [dim] the layer's V row scales (qkv rows 2*dim..) */
+    llm_run_state *s;
+    uint32_t layer, pos, m, last; /* last = pos + m - 1: the newest row read */
+    uint32_t KVD, Dh, S, group;  /* kv_dim, head_dim, seq_len, n_heads / n_kv_heads */
+    const float *v_scale; /* [kv_dim] the layer's V row scales (qkv rows dim + kv_dim..) */
 } attn_job;
 
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
  * scaled) for every cached t a position sees, and their max. */
 static void attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
-    llm_engine *e = j->e;
-    llm_run_state *s = &e->s;
-    const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
-    const uint32_t m = j->m, last = pos + m - 1u;
-    const float *kc = s->key_cache + (size_t)j->layer * S * D;
-    for (uint32_t c = 0; c < m; c++)
+    llm_run_state *s = j->s;
+    const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
+    const float *kc = s->key_cache + (size_t)j->layer * S * j->KVD;
+    for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
-    for (uint32_t t = 0; t <= last; t++) {
-        const float *krow = kc + (size_t)t * D;
-        for (uint32_t c = t > pos ? t - pos : 0u; c < m; c++) {
+    for (uint32_t t = 0; t <= j->last; t++) {
+        const float *krow = kc + (size_t)t * j->KVD;
+        for (uint32_t c = t > pos ? t - pos : 0u; c < j->m; c++) {
             llm_col *col = &s->col[c];
             for (uint32_t h = h0; h < h1; h++) {
-                const float *q = col->qkv + h * Dh, *k = krow + h * Dh;
+                const float *q = col->qkv + h * Dh, *k = krow + (h / j->group) * Dh;
                 float sc = 0.0f;
                 for (uint32_t i = 0; i < Dh; i++) sc += q[i] * k[i];
-                sc *= e->inv_sqrt_head_dim;
+                sc *= j->e->inv_sqrt_head_dim;
                 col->scores[(size_t)h * S + t] = sc;
                 if (sc > col->att_max[h]) col->att_max[h] = sc;
             }
@@ -300,16 +302,14 @@ static void attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
  * independent, so four at a time (one at a time in plain mode); the output
  * and the denominator start at 0. */
 static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
-    llm_engine *e = j->e;
-    llm_run_state *s = &e->s;
-    const uint32_t Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
+    const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     for (uint32_t c = 0; c < j->m; c++) {
-        llm_col *col = &s->col[c];
+        llm_col *col = &j->s->col[c];
         for (uint32_t h = h0; h < h1; h++) {
             float *w = col->scores + (size_t)h * S;
             const float mx = col->att_max[h];
             uint32_t t = 0;
-            for (; !e->plain && t + 4u <= pos + c + 1u; t += 4u) {
+            for (; !j->e->plain && t + 4u <= pos + c + 1u; t += 4u) {
                 float d[4] = {w[t] - mx, w[t + 1u] - mx, w[t + 2u] - mx, w[t + 3u] - mx};
                 llm_expf4(d, w + t);
             }
@@ -324,28 +324,27 @@ static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
  * once for all m positions (from its dots and scale, or as floats where
  * wide). */
 static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
-    llm_engine *e = j->e;
-    llm_run_state *s = &e->s;
-    const uint32_t D = e->cfg.dim, Dh = e->cfg.head_dim, S = e->cfg.seq_len, pos = j->pos;
-    const uint32_t m = j->m, last = pos + m - 1u;
-    const float *vc = s->value_cache + (size_t)j->layer * S * D;
+    llm_run_state *s = j->s;
+    const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
+    const float *vc = s->value_cache + (size_t)j->layer * S * KVD;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
-    for (uint32_t t = 0; t <= last; t++) {
+    for (uint32_t t = 0; t <= j->last; t++) {
         const int wide = s->value_dots == NULL || s->value_wide[row0 + t];
-        const int16_t *g = wide ? NULL : s->value_dots + (row0 + t) * D;
+        const int16_t *g = wide ? NULL : s->value_dots + (row0 + t) * KVD;
         const float xs = wide ? 0.0f : s->value_scale[row0 + t];
         const uint32_t c0 = t > pos ? t - pos : 0u;
         for (uint32_t h = h0; h < h1; h++) {
+            const uint32_t kv = (h / j->group) * Dh; /* this head's kv head */
             const float *vh;
             if (wide) {
-                vh = vc + (size_t)t * D + h * Dh;
+                vh = vc + (size_t)t * KVD + kv;
             } else {
                 /* v = (0 + (float)g * scale) * xscale: the kernel's own
                  * operations (kernels.h contract, one group), so the same
                  * float bits; computed once for all m positions */
-                const int16_t *gh = g + h * Dh;
-                const float *sc = j->v_scale + h * Dh;
+                const int16_t *gh = g + kv;
+                const float *sc = j->v_scale + kv;
                 for (uint32_t i = 0; i < Dh; i++) {
                     float acc = 0.0f;
                     acc += (float)gh[i] * sc[i];
@@ -353,7 +352,7 @@ static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
                 }
                 vh = v;
             }
-            for (uint32_t c = c0; c < m; c++) {
+            for (uint32_t c = c0; c < j->m; c++) {
                 llm_col *col = &s->col[c];
                 float w = col->scores[(size_t)h * S + t];
                 col->att_den[h] += w;
@@ -366,28 +365,28 @@ static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
 
 static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
     const attn_job *j = arg;
-    llm_run_state *s = &j->e->s;
-    const uint32_t Dh = j->e->cfg.head_dim;
+    const uint32_t Dh = j->Dh;
     attention_scores(j, h0, h1);
     attention_weights(j, h0, h1);
     attention_values(j, h0, h1);
     /* out /= denom */
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++)
-            for (uint32_t i = 0; i < Dh; i++) s->col[c].att[h * Dh + i] /= s->col[c].att_den[h];
+            for (uint32_t i = 0; i < Dh; i++) j->s->col[c].att[h * Dh + i] /= j->s->col[c].att_den[h];
 }
 
-/* Store one position's k and v in the cache. With V as dots, col->qkv[2D..3D)
- * holds the exact integer dots (matvec_qk_vdots) and `vs` the layer's V row
- * scales; v_scale is the qkv input's scale. Returns the V bytes written. */
+/* Store one position's k and v (kv_dim each) in the cache. With V as dots,
+ * col->qkv[dim + kv_dim..) holds the exact integer dots (matvec_qk_vdots) and
+ * `vs` the layer's V row scales; v_scale is the qkv input's scale. Returns
+ * the V bytes written. */
 static uint64_t store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
                          const float *vs) {
-    const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
+    const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim;
     llm_run_state *s = &e->s;
     const size_t row = (size_t)l * S + p;
-    memcpy(s->key_cache + row * D, col->qkv + D, D * sizeof(float));
+    memcpy(s->key_cache + row * D, col->qkv + Q, D * sizeof(float));
     if (s->value_dots != NULL && !e->plain) {
-        const float *g = col->qkv + 2u * D;
+        const float *g = col->qkv + Q + D;
         int fits = 1;
         for (uint32_t i = 0; i < D; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
         s->value_wide[row] = (uint8_t)!fits;
@@ -406,7 +405,7 @@ static uint64_t store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *c
         return (uint64_t)D * sizeof(float);
     }
     /* plain mode (or rows of several scale groups): V as the kernel's floats */
-    memcpy(s->value_cache + row * D, col->qkv + 2u * D, D * sizeof(float));
+    memcpy(s->value_cache + row * D, col->qkv + Q + D, D * sizeof(float));
     if (s->value_dots != NULL) s->value_wide[row] = 1;
     return (uint64_t)D * sizeof(float);
 }
@@ -430,12 +429,14 @@ static void run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uint32_t), 
 }
 
 static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
-    const uint32_t D = e->cfg.dim, S = e->cfg.seq_len;
+    const llm_config *cf = &e->cfg;
+    const uint32_t D = cf->kv_dim, S = cf->seq_len, Q = cf->dim;
     llm_run_state *s = &e->s;
+    attn_job job = {e, s, l, pos, m, pos + m - 1u, D, cf->head_dim, S,
+                    cf->n_heads / cf->n_kv_heads, vs};
     if (e->fast) {
         for (uint32_t c = 0; c < m; c++)
-            llm_fast_store_kv(e, l, pos + c, s->col[c].qkv + D, s->col[c].qkv + 2u * D);
-        attn_job job = {e, l, pos, m, vs};
+            llm_fast_store_kv(e, l, pos + c, s->col[c].qkv + Q, s->col[c].qkv + Q + D);
         run_heads(e, fast_heads, &job);
         e->stats.bytes[e->kv_region] += llm_fast_kv_bytes(e, m) + llm_fast_kv_bytes(e, pos + m);
         return;
@@ -443,7 +444,6 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
     uint64_t written = 0;
     for (uint32_t c = 0; c < m; c++) written += (uint64_t)D * sizeof(float) +
                                                 store_kv(e, l, pos + c, &s->col[c], vs);
-    attn_job job = {e, l, pos, m, vs};
     run_heads(e, attention_heads, &job);
     /* every cache row the pass reads, once: K rows as floats, V rows as dots
      * + scale, or floats where wide */
@@ -458,6 +458,7 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
 
 /* The inputs of the m positions of a pass (token t at position p):
  *   x = E[t]                                  embedding row, int4 -> float
+ * with PLE (esp32-ai; ple_dim == 0 skips these):
  *   ple = W_ple_model_proj x / sqrt(dim)      every layer's PLE input at once
  *   ple_l = rmsnorm(ple_l) * ple_proj_norm    per layer slice l (ple_dim wide)
  *   ple = (ple + T_ple[t] sqrt(ple_dim)) / sqrt(2)   plus the token's PLE row
@@ -470,6 +471,8 @@ static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const
         embed_row(e, (uint32_t)tokens[c], col->x);
         quantize(&col->act, col->x, D);
     }
+    for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
+    if (P == 0) return;
     MATVEC(e, &e->w.ple_model_proj, m, ple);
     for (uint32_t c = 0; c < m; c++) {
         llm_col *col = &s->col[c];
@@ -480,7 +483,6 @@ static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const
         for (uint32_t i = 0; i < L * P; i++)
             col->ple[i] = (col->ple[i] + col->trow[i] * e->sqrt_ple_dim) * 0.70710678f;
     }
-    for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
 }
 
 /* xb = rmsnorm(x) * norm, quantized as the input of the matvecs that follow,
@@ -500,11 +502,11 @@ static void add_branch(llm_engine *e, uint32_t m) {
         for (uint32_t i = 0; i < D; i++) e->s.col[c].x[i] += e->s.col[c].xb2[i];
 }
 
-/* Layer l's attention for the pass's m positions:
+/* Layer l's attention for the pass's m positions (g = n_heads / n_kv_heads):
  *   xb = rmsnorm(x) * attn_norm
- *   q | k | v = W_qkv xb
+ *   q | k | v = W_qkv xb          n_heads q heads, n_kv_heads k and v heads
  *   q, k rotated by RoPE, split-half: (a, b) -> (a cos - b sin, b cos + a sin)
- *   att_h = softmax(q_h . k_h[0..p] / sqrt(head_dim)) v_h[0..p]   every head h
+ *   att_h = softmax(q_h . k_{h/g}[0..p] / sqrt(head_dim)) v_{h/g}[0..p]   every head h
  *   x += W_attn_proj att */
 static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *const *rope) {
     const llm_config *cf = &e->cfg;
@@ -518,7 +520,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
         MATVEC(e, &ly->qkv, m, qkv);
     for (uint32_t c = 0; c < m; c++) {
         const float *rope_cos = rope[c], *rope_sin = rope_cos + half;
-        for (uint32_t h = 0; h < 2u * cf->n_heads; h++) { /* q heads then k heads */
+        for (uint32_t h = 0; h < cf->n_heads + cf->n_kv_heads; h++) { /* q heads then k heads */
             float *v = s->col[c].qkv + h * Dh;
             for (uint32_t i = 0; i < half; i++) {
                 float co = rope_cos[i], si = rope_sin[i];
@@ -528,7 +530,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
             }
         }
     }
-    attention(e, l, e->pos, m, ly->qkv.w.scales + 2u * D);
+    attention(e, l, e->pos, m, ly->qkv.w.scales + D + cf->kv_dim);
     for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
     add_branch(e, m);
@@ -582,7 +584,8 @@ enum { OUT_NONE, OUT_LAST, OUT_ALL };
  * e->pos + m - 1, as one pass: every weight is read once for the m
  * positions, each position computing exactly what it would alone:
  *   x, ple = embed_inputs(token)
- *   for each layer l: x = attention_block(x); x = ffn_block(x); x = ple_block(x, ple_l)
+ *   for each layer l: x = attention_block(x); x = ffn_block(x);
+ *                     x = ple_block(x, ple_l)   (with PLE: esp32-ai)
  *   head_in = quantize(rmsnorm(x) * out_norm)   for the last position or all
  * (the head itself, logits = W_head head_in, runs in select_next). Arguments
  * were checked by the caller; e->pos is not moved here. */
@@ -597,6 +600,7 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
         lap(e, LLM_STAGE_ATTN, &t);
         ffn_block(e, l, m);
         lap(e, LLM_STAGE_FFN, &t);
+        if (e->cfg.ple_dim == 0) continue; /* llama2.c: no PLE branch */
         ple_block(e, l, m);
         lap(e, LLM_STAGE_PLE, &t);
     }

@@ -84,7 +84,7 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
     X(x, D)                                    \
     X(xb, D)                                   \
     X(xb2, D)                                  \
-    X(qkv, 3u * D)                             \
+    X(qkv, D + 2u * (size_t)c->kv_dim)         \
     X(att, D)                                  \
     X(hb, widest)                              \
     X(hb2, widest)                             \
@@ -173,11 +173,8 @@ static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_ma
     dst->region = got;
 }
 
-static const char *section_name(const llm_engine *e, uint32_t i) {
-    /* table names equal the expected ones (checked) and are at most 15 chars,
-     * so the NUL-padded bytes in the image are a valid C string */
-    return (const char *)(e->image.data + LLM_IMAGE_HEADER_BYTES +
-                          (size_t)i * LLM_IMAGE_SECTION_BYTES);
+static const char *section_name(const llm_engine *e, uint32_t slot) {
+    return llm_image_section_label(&e->image, slot);
 }
 
 
@@ -325,19 +322,21 @@ static llm_engine *engine_block(const llm_image_info *info, const llm_port *port
 }
 
 /* What stays where it is, in the (mapped) image: the rows read per token
- * (embedding, PLE rows, RoPE) and the drafter's tables. */
+ * (embedding, PLE rows when the model has PLE, RoPE) and the drafter's
+ * tables. */
 static void read_in_place(llm_engine *e) {
     const llm_image_info *info = &e->image;
     const llm_config *c = &e->cfg;
     e->w.rope = (const float *)(const void *)llm_image_payload(info, LLM_SEC_ROPE, NULL);
     llm_image_q4_view(info, LLM_SEC_EMBED, &e->w.embed);
-    llm_image_rows_view(info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
     llm_image_drafts_view(info, &e->w.drafts);
     record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH,
            (size_t)c->seq_len * c->head_dim * 4u, NULL);
     uint32_t sz;
     llm_image_payload(info, LLM_SEC_EMBED, &sz);
     record(e, section_name(e, LLM_SEC_EMBED), LLM_REGION_FLASH, sz, NULL);
+    if (c->ple_dim == 0) return;
+    llm_image_rows_view(info, LLM_SEC_PLE_ROWS, &e->w.ple_rows);
     llm_image_payload(info, LLM_SEC_PLE_ROWS, &sz);
     record(e, section_name(e, LLM_SEC_PLE_ROWS), LLM_REGION_FLASH, sz, NULL);
 }
@@ -390,7 +389,7 @@ static llm_status place_logits(llm_engine *e, llm_error *err) {
  * (row sizes are multiples of 64 at the release shape). */
 static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     const llm_config *c = &e->cfg;
-    const uint32_t D = c->dim, L = c->n_layers, S = c->seq_len;
+    const uint32_t D = c->kv_dim, L = c->n_layers, S = c->seq_len;
     llm_q4 qkv0;
     llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
     e->v_dots = qkv0.n_groups == 1u;
@@ -454,22 +453,24 @@ static const float *stage_norm(const llm_engine *e, uint32_t sec, uint32_t n, fl
     return dst;
 }
 
-/* The norms: small, read every token: one FAST block, else in place. */
+/* The norms: small, read every token: one FAST block, else in place. Per
+ * layer attn_norm, ffn_norm and, with PLE, ple_norm. */
 static void stage_norms(llm_engine *e) {
     const uint32_t D = e->cfg.dim, L = e->cfg.n_layers, P = e->cfg.ple_dim;
-    const size_t bytes = ((size_t)P + (size_t)L * 3u * D + D) * sizeof(float);
+    const size_t per_layer = P != 0 ? 3u : 2u;
+    const size_t bytes = ((size_t)P + (size_t)L * per_layer * D + D) * sizeof(float);
     float *at = place(e, "norms", bytes, LLM_REGION_FAST, &e->w.norms_region);
     if (at == NULL) {
         e->w.norms_region = LLM_REGION_FLASH;
         record(e, "norms", LLM_REGION_FLASH, bytes, NULL);
     }
-    e->w.ple_proj_norm = stage_norm(e, LLM_SEC_PLE_PROJ_NORM, P, &at);
+    if (P != 0) e->w.ple_proj_norm = stage_norm(e, LLM_SEC_PLE_PROJ_NORM, P, &at);
     for (uint32_t l = 0; l < L; l++) {
         const uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
         llm_layer_weights *ly = &e->w.layers[l];
         ly->attn_norm = stage_norm(e, s0 + LLM_LSEC_ATTN_NORM, D, &at);
         ly->ffn_norm = stage_norm(e, s0 + LLM_LSEC_FFN_NORM, D, &at);
-        ly->ple_norm = stage_norm(e, s0 + LLM_LSEC_PLE_NORM, D, &at);
+        if (P != 0) ly->ple_norm = stage_norm(e, s0 + LLM_LSEC_PLE_NORM, D, &at);
     }
     e->w.out_norm = stage_norm(e, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L, D, &at);
 }
@@ -481,9 +482,10 @@ static void stage_section(llm_engine *e, uint32_t sec, llm_mat *dst) {
     stage_mat(e, section_name(e, sec), &src, dst, LLM_REGION_FAST);
 }
 
-/* The core matrices: the PLE projection, then each layer's. */
+/* The core matrices: the PLE projection (with PLE), then each layer's. */
 static void stage_core(llm_engine *e) {
-    stage_section(e, LLM_SEC_PLE_MODEL_PROJ, &e->w.ple_model_proj);
+    const int ple = e->cfg.ple_dim != 0;
+    if (ple) stage_section(e, LLM_SEC_PLE_MODEL_PROJ, &e->w.ple_model_proj);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
         const uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
         llm_layer_weights *ly = &e->w.layers[l];
@@ -492,6 +494,7 @@ static void stage_core(llm_engine *e) {
         stage_section(e, s0 + LLM_LSEC_GATE, &ly->gate);
         stage_section(e, s0 + LLM_LSEC_UP, &ly->up);
         stage_section(e, s0 + LLM_LSEC_DOWN, &ly->down);
+        if (!ple) continue;
         stage_section(e, s0 + LLM_LSEC_PLE_GATE, &ly->ple_gate);
         stage_section(e, s0 + LLM_LSEC_PLE_PROJ, &ly->ple_proj);
     }

@@ -20,19 +20,20 @@ typedef struct llm_mat {
 
 typedef struct llm_layer_weights {
     const float *attn_norm;  /* [dim] */
-    llm_mat qkv;             /* [3*dim, dim]: q rows, k rows, v rows */
+    llm_mat qkv;             /* [dim + 2*kv_dim, dim]: q rows, k rows, v rows */
     llm_mat attn_proj;       /* [dim, dim] */
     const float *ffn_norm;   /* [dim] */
     llm_mat gate, up;        /* [ffn, dim] */
     llm_mat down;            /* [dim, ffn] */
-    llm_mat ple_gate;        /* [ple_dim, dim] */
-    llm_mat ple_proj;        /* [dim, ple_dim] */
-    const float *ple_norm;   /* [dim] */
+    llm_mat ple_gate;        /* [ple_dim, dim]    (PLE only: esp32-ai) */
+    llm_mat ple_proj;        /* [dim, ple_dim]    (PLE only) */
+    const float *ple_norm;   /* [dim]             (PLE only) */
 } llm_layer_weights;
 
 typedef struct llm_weights {
     const float *rope;            /* [seq_len][head_dim]: cos[head_dim/2] | sin, in the image */
     llm_q4 embed;                 /* [vocab_rows, dim], read in place */
+    /* PLE only (esp32-ai; zeroed without it): */
     llm_rows ple_rows;            /* [vocab_rows, n_layers*ple_dim], read in place */
     llm_mat ple_model_proj;       /* [n_layers*ple_dim, dim] */
     const float *ple_proj_norm;   /* [ple_dim], shared by the n_layers slices */
@@ -58,7 +59,7 @@ typedef struct llm_col {
     float *x;        /* [dim] residual stream */
     float *xb;       /* [dim] normed input of a branch */
     float *xb2;      /* [dim] output of a branch */
-    float *qkv;      /* [3*dim] this position's q | k | v */
+    float *qkv;      /* [dim + 2*kv_dim] this position's q | k | v */
     float *att;      /* [dim] attention output, heads side by side */
     float *hb, *hb2; /* [max(dim, ffn, ple_dim)] FFN / PLE hidden */
     float *ple;      /* [n_layers*ple_dim] this token's PLE inputs */
@@ -72,9 +73,9 @@ typedef struct llm_col {
 /* Fast mode's int8 KV cache (attention_fast.c has the layout), laid over
  * the exact cache's float arrays. */
 typedef struct llm_fast_kv {
-    int8_t *kq;    /* [n_layers][n_heads][seq_len][dhp] K rows, int8 */
-    int8_t *vt;    /* [n_layers][n_heads][head_dim][sp] V, transposed, int8 */
-    float *ks, *vs; /* [n_layers][n_heads][seq_len] their scales */
+    int8_t *kq;    /* [n_layers][n_kv_heads][seq_len][dhp] K rows, int8 */
+    int8_t *vt;    /* [n_layers][n_kv_heads][head_dim][sp] V, transposed, int8 */
+    float *ks, *vs; /* [n_layers][n_kv_heads][seq_len] their scales */
     int8_t *qq;    /* [LLM_BATCH_MAX][n_heads][dhp] the quantized queries */
     int8_t *uq;    /* [LLM_BATCH_MAX][n_heads][sp] the quantized weights */
     int32_t *dots; /* [LLM_BATCH_MAX][n_heads][seq_len] integer scores */
@@ -86,10 +87,10 @@ typedef struct llm_run_state {
     llm_col col[LLM_BATCH_MAX];
     uint32_t n_cols;
     /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
-    float *key_cache;   /* [n_layers][seq_len][dim] */
-    int16_t *value_dots; /* [n_layers][seq_len][dim] V as the exact integer dots */
+    float *key_cache;   /* [n_layers][seq_len][kv_dim] */
+    int16_t *value_dots; /* [n_layers][seq_len][kv_dim] V as the exact integer dots */
     float *value_scale; /* [n_layers][seq_len] the position's activation scale */
-    float *value_cache; /* [n_layers][seq_len][dim] V as floats: wide rows only */
+    float *value_cache; /* [n_layers][seq_len][kv_dim] V as floats: wide rows only */
     uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
     /* [seq_len + 1] the sampler's stream once position p was decoded (after
      * the draws of the head evaluation there; inside a prompt, no draws) */

@@ -94,24 +94,60 @@ static const char *const layer_names[LLM_LSEC_COUNT] = {
     "up", "down", "ple_gate", "ple_proj", "ple_norm",
 };
 
-uint32_t llm_image_section_count(uint32_t n_layers, int tied_head) {
-    /* layers, out_norm, the head if untied, head_tiles, drafts */
-    return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u + (tied_head ? 0u : 1u) + 2u;
+static int has_ple(const llm_config *c) { return c->arch == LLM_ARCH_ESP32AI; }
+
+/* Sections before the layers and per layer in the config's arch. */
+static uint32_t prefix_sections(const llm_config *c) {
+    return has_ple(c) ? (uint32_t)LLM_SEC_LAYER0 : (uint32_t)LLM_SEC_PLE_ROWS;
+}
+static uint32_t layer_sections(const llm_config *c) {
+    return has_ple(c) ? (uint32_t)LLM_LSEC_COUNT : (uint32_t)LLM_LSEC_NO_PLE;
 }
 
-/* Writes the NUL-padded 16-byte name image_format.h fixes for index i. */
-void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
-                            char name[LLM_IMAGE_NAME_BYTES]) {
+uint32_t llm_image_section_count(const llm_config *c) {
+    /* layers, out_norm, the head if untied, head_tiles, drafts */
+    const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    return prefix_sections(c) + layer_sections(c) * c->n_layers + 1u + (tied ? 0u : 1u) + 2u;
+}
+
+uint32_t llm_image_slot_index(const llm_config *c, uint32_t slot) {
+    const uint32_t layers_end = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers;
+    if (has_ple(c) || slot < LLM_SEC_PLE_ROWS) return slot;
+    if (slot < LLM_SEC_LAYER0) return LLM_IMAGE_ABSENT;
+    if (slot < layers_end) {
+        const uint32_t l = (slot - LLM_SEC_LAYER0) / LLM_LSEC_COUNT;
+        const uint32_t k = (slot - LLM_SEC_LAYER0) % LLM_LSEC_COUNT;
+        if (k >= LLM_LSEC_NO_PLE) return LLM_IMAGE_ABSENT;
+        return LLM_SEC_PLE_ROWS + LLM_LSEC_NO_PLE * l + k;
+    }
+    return slot - layers_end + LLM_SEC_PLE_ROWS + LLM_LSEC_NO_PLE * c->n_layers;
+}
+
+uint32_t llm_image_index_slot(const llm_config *c, uint32_t index) {
+    const uint32_t layers_end = prefix_sections(c) + layer_sections(c) * c->n_layers;
+    if (has_ple(c) || index < LLM_SEC_PLE_ROWS) return index;
+    if (index < layers_end) {
+        const uint32_t l = (index - LLM_SEC_PLE_ROWS) / LLM_LSEC_NO_PLE;
+        const uint32_t k = (index - LLM_SEC_PLE_ROWS) % LLM_LSEC_NO_PLE;
+        return LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + k;
+    }
+    return index - layers_end + LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers;
+}
+
+/* Writes the NUL-padded 16-byte name image_format.h fixes for a slot. */
+void llm_image_section_name(const llm_config *c, uint32_t slot, char name[LLM_IMAGE_NAME_BYTES]) {
     static const char *const fixed[LLM_SEC_LAYER0] = {
         "tokenizer", "rope", "embed", "ple_rows", "ple_model_proj", "ple_proj_norm",
     };
+    const uint32_t layers_end = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers;
+    const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
     memset(name, 0, LLM_IMAGE_NAME_BYTES);
     const char *s = NULL;
-    if (i < LLM_SEC_LAYER0) {
-        s = fixed[i];
-    } else if (i < LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers) {
-        uint32_t l = (i - LLM_SEC_LAYER0) / LLM_LSEC_COUNT;
-        uint32_t k = (i - LLM_SEC_LAYER0) % LLM_LSEC_COUNT;
+    if (slot < LLM_SEC_LAYER0) {
+        s = fixed[slot];
+    } else if (slot < layers_end) {
+        uint32_t l = (slot - LLM_SEC_LAYER0) / LLM_LSEC_COUNT;
+        uint32_t k = (slot - LLM_SEC_LAYER0) % LLM_LSEC_COUNT;
         /* "L<l>." then the field; l < LLM_MAX_LAYERS keeps it within 15 chars */
         char digits[12];
         int nd = 0;
@@ -126,11 +162,11 @@ void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
         for (const char *f = layer_names[k]; *f && at < LLM_IMAGE_NAME_BYTES - 1; f++)
             name[at++] = *f;
         return;
-    } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers) {
+    } else if (slot == layers_end) {
         s = "out_norm";
-    } else if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * n_layers + 1u && !tied_head) {
+    } else if (slot == layers_end + 1u && !tied) {
         s = "head";
-    } else if (i + 1u < llm_image_section_count(n_layers, tied_head)) {
+    } else if (slot == layers_end + (tied ? 1u : 2u)) {
         s = "head_tiles";
     } else {
         s = "drafts";
@@ -139,8 +175,10 @@ void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
     memcpy(name, s, n < LLM_IMAGE_NAME_BYTES - 1 ? n : LLM_IMAGE_NAME_BYTES - 1);
 }
 
-void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_section *out) {
-    const uint8_t *p = info->data + LLM_IMAGE_HEADER_BYTES + (size_t)i * LLM_IMAGE_SECTION_BYTES;
+/* Table entry `index` (a table position, not a slot). */
+static void section_at(const llm_image_info *info, uint32_t index, llm_image_section *out) {
+    const uint8_t *p =
+        info->data + LLM_IMAGE_HEADER_BYTES + (size_t)index * LLM_IMAGE_SECTION_BYTES;
     memcpy(out->name, p, LLM_IMAGE_NAME_BYTES);
     out->kind = rd32(p + 16);
     out->offset = rd32(p + 20);
@@ -148,11 +186,23 @@ void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_sec
     out->crc32 = rd32(p + 28);
 }
 
-const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size) {
+static const uint8_t *payload_at(const llm_image_info *info, uint32_t index, uint32_t *size) {
     llm_image_section s;
-    llm_image_section_get(info, i, &s);
+    section_at(info, index, &s);
     if (size) *size = s.size;
     return info->data + s.offset;
+}
+
+const char *llm_image_section_label(const llm_image_info *info, uint32_t slot) {
+    /* table names equal the expected ones (checked) and are at most 15 chars,
+     * so the NUL-padded bytes in the image are a valid C string */
+    const uint32_t index = llm_image_slot_index(&info->config, slot);
+    return (const char *)(info->data + LLM_IMAGE_HEADER_BYTES +
+                          (size_t)index * LLM_IMAGE_SECTION_BYTES);
+}
+
+const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t slot, uint32_t *size) {
+    return payload_at(info, llm_image_slot_index(&info->config, slot), size);
 }
 
 static void q4_header(const uint8_t *p, llm_image_q4_header *h) {
@@ -194,7 +244,7 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
 }
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
-    const uint8_t *p = llm_image_payload(info, info->n_sections - 2u, NULL);
+    const uint8_t *p = payload_at(info, info->n_sections - 2u, NULL);
     memset(out, 0, sizeof *out);
     out->rows = rd32(p);
     out->tile_rows = rd32(p + 4);
@@ -214,7 +264,7 @@ static uint64_t drafts_table_bytes(uint32_t n, uint64_t records) {
 }
 
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
-    const uint8_t *p = llm_image_payload(info, info->n_sections - 1u, NULL);
+    const uint8_t *p = payload_at(info, info->n_sections - 1u, NULL);
     memset(out, 0, sizeof *out);
     out->max_draft = rd32(p + 12);
     for (uint32_t k = 0; k <= LLM_IMAGE_DRAFTS_MAX; k++)
@@ -229,7 +279,34 @@ void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
 
 /* ---- config ------------------------------------------------------------ */
 
+/* Read through its bits: a fast-math build must not assume v finite. */
+static int positive_finite(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return f32_bits_finite(bits) && v > 0.0f;
+}
+
+/* The fields the architecture fixes (image_format.h), each refused with its
+ * own message; checked after the dimensions they depend on. */
+static llm_status check_arch(const llm_config *c, llm_error *err) {
+    if (c->arch == LLM_ARCH_LLAMA && c->ple_dim != 0)
+        return llm_fail(err, LLM_E_CONFIG, "ple_dim = %lu, a llama2.c image has no PLE (0)",
+                        (unsigned long)c->ple_dim);
+    if (c->n_kv_heads == 0 || c->n_heads == 0 || c->n_heads % c->n_kv_heads != 0)
+        return llm_fail(err, LLM_E_CONFIG, "n_kv_heads = %lu does not divide n_heads %lu",
+                        (unsigned long)c->n_kv_heads, (unsigned long)c->n_heads);
+    if (c->arch == LLM_ARCH_ESP32AI && c->n_kv_heads != c->n_heads)
+        return llm_fail(err, LLM_E_CONFIG, "n_kv_heads = %lu, an esp32-ai image has n_heads (%lu)",
+                        (unsigned long)c->n_kv_heads, (unsigned long)c->n_heads);
+    if (!positive_finite(c->norm_eps))
+        return llm_fail(err, LLM_E_CONFIG, "norm_eps must be positive and finite");
+    return LLM_OK;
+}
+
 static llm_status check_config(const llm_config *c, llm_error *err) {
+    if (c->arch >= LLM_ARCH_COUNT)
+        return llm_fail(err, LLM_E_CONFIG, "arch %lu is unknown (0: esp32-ai, 1: llama2.c)",
+                        (unsigned long)c->arch);
 #define LIMIT(field, lo, hi)                                                              \
     if (c->field < (lo) || c->field > (hi))                                               \
         return llm_fail(err, LLM_E_CONFIG, #field " = %lu, must be in %lu..%lu", \
@@ -238,7 +315,7 @@ static llm_status check_config(const llm_config *c, llm_error *err) {
     LIMIT(n_layers, 1u, LLM_MAX_LAYERS)
     LIMIT(n_heads, 1u, LLM_MAX_DIM)
     LIMIT(ffn, 1u, LLM_MAX_FFN)
-    LIMIT(ple_dim, 1u, LLM_MAX_PLE_COLS)
+    if (c->arch == LLM_ARCH_ESP32AI) LIMIT(ple_dim, 1u, LLM_MAX_PLE_COLS)
     LIMIT(seq_len, 1u, LLM_MAX_SEQ_LEN)
     LIMIT(vocab_rows, 1u, LLM_MAX_VOCAB)
     LIMIT(vocab_out, 1u, LLM_MAX_VOCAB)
@@ -275,11 +352,9 @@ static llm_status check_config(const llm_config *c, llm_error *err) {
     if (c->eot_id >= c->vocab_out)
         return llm_fail(err, LLM_E_CONFIG, "eot_id %lu is not below vocab_out %lu",
                         (unsigned long)c->eot_id, (unsigned long)c->vocab_out);
-    uint32_t tbits;
-    memcpy(&tbits, &c->rope_theta, sizeof tbits);
-    if (!f32_bits_finite(tbits) || !(c->rope_theta > 0.0f))
+    if (!positive_finite(c->rope_theta))
         return llm_fail(err, LLM_E_CONFIG, "rope_theta must be positive and finite");
-    return LLM_OK;
+    return check_arch(c, err);
 }
 
 /* ---- per-section layout ------------------------------------------------ */
@@ -290,7 +365,8 @@ typedef struct expect {
     uint64_t f32_count;  /* F32 */
 } expect;
 
-static expect section_expect(const llm_config *c, uint32_t i) {
+static expect section_expect(const llm_config *c, uint32_t slot) {
+    const uint32_t i = slot;
     expect e = {0, 0, 0, c->group, 0};
     uint32_t D = c->dim, F = c->ffn, P = c->ple_dim, L = c->n_layers;
     switch (i) {
@@ -315,7 +391,7 @@ static expect section_expect(const llm_config *c, uint32_t i) {
         case LLM_LSEC_ATTN_NORM:
         case LLM_LSEC_FFN_NORM:
         case LLM_LSEC_PLE_NORM: e.kind = LLM_IMAGE_KIND_F32; e.f32_count = D; break;
-        case LLM_LSEC_QKV: e.rows = 3 * D; e.cols = D; break;
+        case LLM_LSEC_QKV: e.rows = D + 2u * c->kv_dim; e.cols = D; break;
         case LLM_LSEC_ATTN_PROJ: e.rows = D; e.cols = D; break;
         case LLM_LSEC_GATE:
         case LLM_LSEC_UP: e.rows = F; e.cols = D; break;
@@ -337,7 +413,7 @@ static expect section_expect(const llm_config *c, uint32_t i) {
         e.cols = D;
         return e;
     }
-    if (i + 1u < llm_image_section_count(L, (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0)) {
+    if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L + ((c->flags & LLM_IMAGE_FLAG_TIED_HEAD) ? 1u : 2u)) {
         e.kind = LLM_IMAGE_KIND_HEAD_TILES;
         e.rows = c->vocab_out;
         e.cols = D;
@@ -459,8 +535,13 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
     if (n_vocab != c->vocab_out)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
                         (unsigned long)n_vocab, (unsigned long)c->vocab_out);
-    if (rd32(p + 12) != 0)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': reserved field is not 0", name);
+    /* flags: bit 0 = llama2.c's sentencepiece rules (a rank per merge follows
+     * the merges); image_format.h, KIND_TOKENIZER */
+    const uint32_t flags = rd32(p + 12);
+    if (flags & ~1u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': unknown flags 0x%lx", name,
+                        (unsigned long)flags);
+    const uint64_t merge_bytes = flags ? 8u : 6u;
     for (uint32_t b = 0; b < 256; b++) {
         uint16_t id = rd16(p + 16 + 2 * b);
         if (id != 0xFFFFu && id >= n_vocab)
@@ -485,10 +566,10 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
         return llm_fail(err, LLM_E_FORMAT, "section '%s': token texts run past the end", name);
     at += text;
     at = (at + 1u) / 2u * 2u;
-    if (at > size || (uint64_t)n_merges * 6u != size - at)
+    if (at > size || (uint64_t)n_merges * merge_bytes != size - at)
         return llm_fail(err, LLM_E_FORMAT,
                         "section '%s': %lu merges need %llu bytes after the texts, %llu remain",
-                        name, (unsigned long)n_merges, (unsigned long long)n_merges * 6u,
+                        name, (unsigned long)n_merges, (unsigned long long)n_merges * merge_bytes,
                         (unsigned long long)(at > size ? 0 : size - at));
     for (uint64_t k = 0; k < (uint64_t)n_merges * 3u; k++)
         if (rd16(p + at + 2 * k) >= n_vocab)
@@ -647,7 +728,8 @@ llm_status llm_image_claimed_size(const uint8_t *head, size_t len, uint32_t *fil
         return llm_fail(err, LLM_E_FORMAT, "bad magic: not an mpllm image (convert model.bin "
                                            "with mpllm-convert first)");
     if (h.version != LLM_IMAGE_VERSION)
-        return llm_fail(err, LLM_E_VERSION, "image format version %lu, this engine reads %u",
+        return llm_fail(err, LLM_E_VERSION,
+                        "image format version %lu; this engine reads %u: convert the model again",
                         (unsigned long)h.version, (unsigned)LLM_IMAGE_VERSION);
     if (h.header_bytes != LLM_IMAGE_HEADER_BYTES)
         return llm_fail(err, LLM_E_FORMAT, "header_bytes is %lu, this format version has %u",
@@ -712,8 +794,9 @@ static llm_status check_header(const uint8_t *data, size_t len, llm_image_header
     if (h->flags & ~(uint32_t)LLM_IMAGE_FLAGS_KNOWN)
         return llm_fail(err, LLM_E_FORMAT, "unknown flag bits 0x%lx (image from a newer converter?)",
                         (unsigned long)(h->flags & ~(uint32_t)LLM_IMAGE_FLAGS_KNOWN));
-    if (!all_zero(h->reserved, sizeof h->reserved))
-        return llm_fail(err, LLM_E_FORMAT, "header reserved bytes are not zero");
+    if (h->reserved != 0)
+        return llm_fail(err, LLM_E_FORMAT, "header reserved field is 0x%08lx, must be 0",
+                        (unsigned long)h->reserved);
     return LLM_OK;
 }
 
@@ -724,15 +807,17 @@ static llm_status config_from_header(const llm_image_header *h, llm_config *c, l
     FROM_HEADER(flags) FROM_HEADER(vocab_rows) FROM_HEADER(vocab_out) FROM_HEADER(dim)
     FROM_HEADER(n_layers) FROM_HEADER(n_heads) FROM_HEADER(ffn) FROM_HEADER(ple_dim)
     FROM_HEADER(seq_len) FROM_HEADER(group) FROM_HEADER(rope_theta) FROM_HEADER(eot_id)
+    FROM_HEADER(arch) FROM_HEADER(n_kv_heads) FROM_HEADER(norm_eps)
 #undef FROM_HEADER
     c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+    c->kv_dim = c->n_kv_heads * c->head_dim; /* <= dim once checked */
     llm_status st = check_config(c, err);
     if (st != LLM_OK) return st;
     if (c->vocab_rows > h->vocab_in_source)
         return llm_fail(err, LLM_E_CONFIG, "vocab_rows %lu exceeds vocab_in_source %lu",
                         (unsigned long)c->vocab_rows, (unsigned long)h->vocab_in_source);
     const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
-    const uint32_t want_sections = llm_image_section_count(c->n_layers, tied);
+    const uint32_t want_sections = llm_image_section_count(c);
     if (h->n_sections != want_sections)
         return llm_fail(err, LLM_E_FORMAT, "%lu sections, a %lu-layer %s-head model has %lu",
                         (unsigned long)h->n_sections, (unsigned long)c->n_layers,
@@ -796,12 +881,12 @@ static llm_status check_place(const llm_image_info *info, const llm_image_sectio
 static llm_status check_section(const llm_image_info *info, uint32_t i, uint64_t *prev_end,
                                 llm_error *err) {
     const llm_config *c = &info->config;
-    const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    const uint32_t slot = llm_image_index_slot(c, i);
     llm_image_section s;
     char want[LLM_IMAGE_NAME_BYTES];
-    llm_image_section_get(info, i, &s);
-    llm_image_section_name(i, c->n_layers, tied, want);
-    const expect x = section_expect(c, i);
+    section_at(info, i, &s);
+    llm_image_section_name(c, slot, want);
+    const expect x = section_expect(c, slot);
     llm_status st = check_entry(&s, want, &x, i, err);
     if (st == LLM_OK) st = check_place(info, &s, want, *prev_end, err);
     if (st != LLM_OK) return st;

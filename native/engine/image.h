@@ -18,7 +18,11 @@
 #include "kernels.h"
 #include "llm.h"
 
-/* Fixed section indices; a layer's sections start at LLM_SEC_LAYER0 + 10*l. */
+/* Section slots: the index of each section in the full esp32-ai order of
+ * image_format.h (a layer's sections start at LLM_SEC_LAYER0 + 10*l). An arch
+ * without PLE leaves the PLE slots out of its file, so the table index of a
+ * slot depends on the config: llm_image_slot_index() maps one to the other,
+ * and every accessor below takes a slot. */
 enum {
     LLM_SEC_TOKENIZER = 0,
     LLM_SEC_ROPE = 1,
@@ -51,6 +55,7 @@ enum {
 #define LLM_MAX_SEQ_LEN 65536u
 #define LLM_MAX_VOCAB (1u << 24)
 /* sections after the layers: out_norm, head (untied), head_tiles, drafts */
+#define LLM_LSEC_NO_PLE LLM_LSEC_PLE_GATE /* a layer's sections without PLE */
 #define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 4u) / LLM_LSEC_COUNT)
 
 typedef struct llm_image_info {
@@ -95,16 +100,21 @@ llm_status llm_image_claimed_size(const uint8_t *head, size_t len, uint32_t *fil
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
                            llm_error *err);
 
-/* The n_sections the config demands, and the expected name of section i. */
-uint32_t llm_image_section_count(uint32_t n_layers, int tied_head);
-void llm_image_section_name(uint32_t i, uint32_t n_layers, int tied_head,
-                            char name[LLM_IMAGE_NAME_BYTES]);
+/* The n_sections the config demands (its arch, n_layers and head flag). */
+uint32_t llm_image_section_count(const llm_config *c);
+/* Slot <-> table index for the config's arch; LLM_IMAGE_ABSENT: the slot
+ * has no section in this arch (the PLE ones without PLE). */
+#define LLM_IMAGE_ABSENT 0xFFFFFFFFu
+uint32_t llm_image_slot_index(const llm_config *c, uint32_t slot);
+uint32_t llm_image_index_slot(const llm_config *c, uint32_t index);
+/* The NUL-padded name image_format.h fixes for slot `slot`. */
+void llm_image_section_name(const llm_config *c, uint32_t slot, char name[LLM_IMAGE_NAME_BYTES]);
 
-/* Views into a checked image. */
-void llm_image_section_get(const llm_image_info *info, uint32_t i, llm_image_section *out);
-const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t i, uint32_t *size);
-void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out);
-void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out);
+/* Views into a checked image, by slot (present in the image's arch). */
+const char *llm_image_section_label(const llm_image_info *info, uint32_t slot);
+const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t slot, uint32_t *size);
+void llm_image_q4_view(const llm_image_info *info, uint32_t slot, llm_q4 *out);
+void llm_image_rows_view(const llm_image_info *info, uint32_t slot, llm_rows *out);
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out);
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out);
 

@@ -37,19 +37,21 @@
  *                               converter so no libm runs on the board.
  *   "embed"          KIND_Q4    [vocab_rows, dim]; the tied head is its first
  *                               vocab_out rows
- *   "ple_rows"       KIND_ROWS  [vocab_rows, n_layers*ple_dim]
- *   "ple_model_proj" KIND_Q4    [n_layers*ple_dim, dim]
- *   "ple_proj_norm"  KIND_F32   [ple_dim]
+ *   "ple_rows"       KIND_ROWS  [vocab_rows, n_layers*ple_dim]      (esp32-ai only)
+ *   "ple_model_proj" KIND_Q4    [n_layers*ple_dim, dim]             (esp32-ai only)
+ *   "ple_proj_norm"  KIND_F32   [ple_dim]                           (esp32-ai only)
  *   "L<i>.attn_norm" KIND_F32   [dim]          (i = 0..n_layers-1, decimal)
- *   "L<i>.qkv"       KIND_Q4    [3*dim, dim]   q rows 0..dim-1, k, then v
+ *   "L<i>.qkv"       KIND_Q4    [dim + 2*kv_dim, dim]   q rows 0..dim-1, then
+ *                               kv_dim k rows, then kv_dim v rows
+ *                               (kv_dim = n_kv_heads*head_dim)
  *   "L<i>.attn_proj" KIND_Q4    [dim, dim]
  *   "L<i>.ffn_norm"  KIND_F32   [dim]
  *   "L<i>.gate"      KIND_Q4    [ffn, dim]
  *   "L<i>.up"        KIND_Q4    [ffn, dim]
  *   "L<i>.down"      KIND_Q4    [dim, ffn]
- *   "L<i>.ple_gate"  KIND_Q4    [ple_dim, dim]
- *   "L<i>.ple_proj"  KIND_Q4    [dim, ple_dim]
- *   "L<i>.ple_norm"  KIND_F32   [dim]
+ *   "L<i>.ple_gate"  KIND_Q4    [ple_dim, dim]                      (esp32-ai only)
+ *   "L<i>.ple_proj"  KIND_Q4    [dim, ple_dim]                      (esp32-ai only)
+ *   "L<i>.ple_norm"  KIND_F32   [dim]                               (esp32-ai only)
  *   "out_norm"       KIND_F32   [dim]
  *   "head"           KIND_Q4    [vocab_out, dim], present iff the
  *                               LLM_IMAGE_FLAG_TIED_HEAD bit is clear
@@ -60,7 +62,27 @@
  *   "drafts"         KIND_DRAFTS  the n-gram drafter for speculative
  *                               decoding (below); always present, empty
  *                               when the converter built none
- * Sections appear in the file in exactly this order.
+ * Sections appear in the file in exactly this order; a section absent for
+ * the image's arch is simply left out (no placeholder).
+ *
+ * Architectures (the header's arch):
+ *   LLM_ARCH_ESP32AI  the esp32-ai TinyStories model: PLE branch, tied head,
+ *                     n_kv_heads == n_heads, norm_eps 1e-6f.
+ *   LLM_ARCH_LLAMA    llama2.c's Llama: no PLE (ple_dim == 0 and the six
+ *                     PLE sections above are absent), n_kv_heads dividing
+ *                     n_heads (query head h reads kv head
+ *                     h / (n_heads / n_kv_heads)), the head tied or untied
+ *                     (LLM_IMAGE_FLAG_TIED_HEAD), over the whole vocabulary
+ *                     (the converter keeps every row), norm_eps 1e-5f as
+ *                     llama2.c.
+ *                     The q and k rows of L<i>.qkv are already in the
+ *                     engine's split-half RoPE order: within each head the
+ *                     converter moves llama2.c's interleaved pairs apart
+ *                     (new row j <- old row 2j, new row j + head_dim/2 <- old
+ *                     row 2j + 1, j < head_dim/2), which gives the same
+ *                     rotation and the same q.k up to the order of its sum.
+ * Both share everything else: rmsnorm (with the header's norm_eps), SiLU
+ * gated FFN, RoPE from the "rope" table, the head, the drafter.
  *
  * KIND_F32: raw f32 values, nothing else.
  *
@@ -171,7 +193,7 @@
 #include <stdint.h>
 
 #define LLM_IMAGE_MAGIC "MPLLMIMG" /* 8 bytes, no NUL */
-#define LLM_IMAGE_VERSION 3u /* 2: + head_tiles, 3: + drafts */
+#define LLM_IMAGE_VERSION 4u /* 2: + head_tiles, 3: + drafts, 4: + arch, n_kv_heads, norm_eps */
 #define LLM_IMAGE_HEADER_BYTES 128u
 #define LLM_IMAGE_SECTION_BYTES 32u
 #define LLM_IMAGE_ALIGN 16u
@@ -181,6 +203,11 @@
 
 #define LLM_IMAGE_FLAG_TIED_HEAD 1u
 #define LLM_IMAGE_FLAGS_KNOWN LLM_IMAGE_FLAG_TIED_HEAD
+
+/* llm_image_header.arch */
+#define LLM_ARCH_ESP32AI 0u /* PLE TinyStories (esp32-ai) */
+#define LLM_ARCH_LLAMA 1u   /* llama2.c's Llama, no PLE */
+#define LLM_ARCH_COUNT 2u
 
 enum llm_image_kind {
     LLM_IMAGE_KIND_F32 = 1,
@@ -223,7 +250,10 @@ typedef struct llm_image_header {
     float rope_theta;
     uint32_t eot_id;           /* <|endoftext|> */
     uint8_t source_sha256[32]; /* sha256(sha256(model.bin) || sha256(tokenizer.json)) */
-    uint8_t reserved[128 - 112];  /* zero */
+    uint32_t arch;             /* LLM_ARCH_* */
+    uint32_t n_kv_heads;       /* divides n_heads; == n_heads for esp32-ai */
+    float norm_eps;            /* rmsnorm epsilon: 1e-6f esp32-ai, 1e-5f llama2.c */
+    uint32_t reserved;         /* zero */
 } llm_image_header;
 
 typedef struct llm_image_section {

@@ -74,9 +74,11 @@ typedef struct llm_port {
 } llm_port;
 
 typedef struct llm_config {
+    uint32_t arch; /* LLM_ARCH_* of image_format.h: 0 esp32-ai (PLE), 1 llama2.c */
     uint32_t vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn;
+    uint32_t n_kv_heads, kv_dim; /* kv_dim = n_kv_heads * head_dim */
     uint32_t ple_dim, seq_len, group, eot_id, flags;
-    float rope_theta;
+    float rope_theta, norm_eps;
 } llm_config;
 
 /* Sampler. seed == 0 or temperature == 0: greedy (lowest id wins ties).

@@ -6,6 +6,7 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n16r8 --dry-run          # print every command, touch nothing
     python tools/flash.py --board n16r8 --port COM5 --firmware URL --image URL   # no toolchain
     python tools/flash.py --board host                     # the same preparation for the PC
+    python tools/flash.py --board host --model stories260k # a model by name (mpllm.models)
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
@@ -41,6 +42,7 @@ from ..formats.partitions import (
     load_partitions,
 )
 from ..image_cache import sha256_file
+from ..models import NAMED_MODELS, names_help
 from . import firmware_build
 from . import firmware_pins as pins
 from . import release_manifest as release
@@ -77,8 +79,16 @@ class PinnedFile:
 
 def load_release(path: Path) -> list[PinnedFile]:
     """The pinned files of models/release.json (the ones flash needs: model.bin and
-    tokenizer.json). Accepts `files` as a list of {name,...} or a {name: {...}} map;
-    a file without a url gets the Hugging Face resolve URL of `repo`@`revision`."""
+    tokenizer.json), sorted by name; see load_pins."""
+    return sorted(load_pins(path), key=lambda p: p.name)
+
+
+def load_pins(path: Path) -> tuple[PinnedFile, PinnedFile]:
+    """(model, tokenizer) pins of a model's JSON (models/release.json,
+    models/stories260k.json): its `model` and `tokenizer` keys name the two
+    files (default model.bin and tokenizer.json). Accepts `files` as a list of
+    {name,...} or a {name: {...}} map; a file without a url gets the Hugging
+    Face resolve URL of `repo`@`revision`."""
     try:
         data = json.loads(path.read_text())
     except OSError as e:
@@ -92,10 +102,11 @@ def load_release(path: Path) -> list[PinnedFile]:
         raise FlashError(f"{path}: no 'files' list")
     repo = data.get("repo") or data.get("hf_repo")
     revision = data.get("revision") or data.get("commit") or "main"
-    out: list[PinnedFile] = []
+    wanted = (str(data.get("model", "model.bin")), str(data.get("tokenizer", "tokenizer.json")))
+    out: dict[str, PinnedFile] = {}
     for f in files:
         name = f.get("name") or f.get("path")
-        if name not in ("model.bin", "tokenizer.json"):
+        if name not in wanted:
             continue
         url = f.get("url")
         if not url:
@@ -109,12 +120,11 @@ def load_release(path: Path) -> list[PinnedFile]:
             raise FlashError(f"{path}: {name} needs an integer size and a sha256") from None
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise FlashError(f"{path}: {name}: sha256 {sha!r} is not 64 hex digits")
-        out.append(PinnedFile(name, url, size, sha))
-    names = {p.name for p in out}
-    if names != {"model.bin", "tokenizer.json"}:
-        raise FlashError(f"{path}: needs pins for model.bin and tokenizer.json, has "
-                         f"{sorted(names)}")
-    return sorted(out, key=lambda p: p.name)
+        out[name] = PinnedFile(name, url, size, sha)
+    if set(out) != set(wanted):
+        raise FlashError(f"{path}: needs pins for {wanted[0]} and {wanted[1]}, has "
+                         f"{sorted(out)}")
+    return out[wanted[0]], out[wanted[1]]
 
 
 def _why(e: OSError) -> object:
@@ -309,17 +319,29 @@ def model_sources(args: argparse.Namespace, cache: Path, run: Runner,
         if is_url(args.image, "--image"):
             return fetch_release_asset(args.image, "model", cache, run)
         return _check_local(Path(args.image), "--image")
+    named = NAMED_MODELS.get(args.model) if args.model and not args.tokenizer else None
+    if named is not None:
+        if named.files is not None:
+            return (_check_local(named.files[0], f"--model {named.name}"),
+                    _check_local(named.files[1], f"--model {named.name}"))
+        assert named.pins is not None
+        return fetch_pins(named.pins, cache / "models" / named.name, run)
     if bool(args.model) != bool(args.tokenizer):
-        raise FlashError("--model and --tokenizer go together (a model.bin needs its "
-                         "tokenizer.json)")
+        raise FlashError(f"--model and --tokenizer go together (a model file needs its "
+                         f"tokenizer); --model alone names a model: {', '.join(NAMED_MODELS)}")
     if args.model:
         return (_check_local(Path(args.model), "--model"),
                 _check_local(Path(args.tokenizer), "--tokenizer"))
     if default is not None:
         return _check_local(default[0], "model"), _check_local(default[1], "tokenizer")
-    pinned = {p.name: p for p in load_release(Path(args.release))}
-    return (fetch_pinned(pinned["model.bin"], cache / "release", run),
-            fetch_pinned(pinned["tokenizer.json"], cache / "release", run))
+    return fetch_pins(Path(args.release), cache / "release", run)
+
+
+def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
+    """(model, tokenizer) of a pins JSON, downloaded into `dest` and verified
+    (in a dry run only shown)."""
+    model, tokenizer = load_pins(pins_json)
+    return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
 
 
 def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
@@ -518,8 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"esptool baud rate (default {DEFAULT_BAUD}; native USB ignores it)")
     ap.add_argument("--only", choices=["firmware", "model"],
                     help="write only this part (the other stays as it is on the board)")
-    ap.add_argument("--model", help="local model.bin instead of the pinned release download")
-    ap.add_argument("--tokenizer", help="local tokenizer.json (with --model)")
+    ap.add_argument("--model", metavar="NAME|FILE",
+                    help="a model by name instead of the default (host: demo, n16r8: "
+                         f"release): {names_help()}; or, with --tokenizer, a local model.bin "
+                         "(an esp32-ai model or a llama2.c checkpoint)")
+    ap.add_argument("--tokenizer", help="local tokenizer.json, or a llama2.c tokenizer.bin "
+                                        "(with --model FILE)")
     ap.add_argument("--image", help="an already converted model image (skips conversion), or "
                     f"the URL of a release's {release.MODEL_ASSET} (downloaded and checked "
                     f"against the release's {release.RELEASE_MANIFEST})")

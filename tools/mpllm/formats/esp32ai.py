@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from .model import FAMILIES, LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
 
 MAGIC_V1 = b"PLE\x00"
 MAGIC_LEGACY = b"PLE1"
@@ -82,11 +82,16 @@ def tensor_specs(cfg: Config) -> Iterator[tuple[str, str, int, int]]:
 
 def validate_config(cfg: Config) -> None:
     """Reject dimensions no forward pass (ours or upstream's) can use."""
-    for name in ("vocab_in", "vocab_out", "dim", "n_layers", "n_heads", "ffn", "ple_dim",
-                 "seq_len", "group"):
+    if cfg.family not in FAMILIES:
+        raise ModelFormatError(f"unknown model family {cfg.family!r} (known: "
+                               f"{', '.join(FAMILIES)})")
+    for name in ("vocab_in", "vocab_out", "dim", "n_layers", "n_heads", "ffn", "seq_len",
+                 "group") + (("ple_dim",) if cfg.has_ple else ()):
         v = getattr(cfg, name)
         if v <= 0:
             raise ModelFormatError(f"impossible dimension: {name} = {v} (must be positive)")
+    if not cfg.has_ple and cfg.ple_dim != 0:
+        raise ModelFormatError(f"ple_dim = {cfg.ple_dim}, a {cfg.family} model has no PLE (0)")
     if cfg.dim % cfg.n_heads:
         raise ModelFormatError(
             f"impossible dimensions: dim {cfg.dim} is not divisible by n_heads {cfg.n_heads}")
@@ -108,12 +113,22 @@ def validate_config(cfg: Config) -> None:
                     f"unsupported quantization group {cfg.group}: it is neither a multiple of "
                     f"{KERNEL_BLOCK_COLS} nor >= the {cols} columns of {name}, so a "
                     f"{KERNEL_BLOCK_COLS}-column kernel block would straddle two groups")
+    if cfg.n_kv_heads < 0 or cfg.n_heads % cfg.kv_heads:
+        raise ModelFormatError(f"n_kv_heads = {cfg.n_kv_heads} does not divide n_heads "
+                               f"{cfg.n_heads}")
+    if cfg.has_ple and cfg.kv_heads != cfg.n_heads:
+        raise ModelFormatError(f"n_kv_heads = {cfg.n_kv_heads}, an esp32-ai model has n_heads "
+                               f"({cfg.n_heads})")
+    if not np.isfinite(cfg.norm_eps) or cfg.norm_eps <= 0.0:
+        raise ModelFormatError(f"norm_eps {cfg.norm_eps} must be positive and finite")
 
 
 def _matrix_widths(cfg: Config) -> list[tuple[str, int]]:
     # Every layer has the same shapes: list layer 0 only, so a header claiming
     # 2**31 layers is rejected without iterating over them.
     d, lp = cfg.dim, cfg.n_layers * cfg.ple_dim
+    if not cfg.has_ple:
+        return [("tok_emb", d), ("layers[0].qkv", d), ("layers[0].down", cfg.ffn)]
     return [("tok_emb", d), ("ple_model_proj", d), ("ple_table", lp), ("layers[0].qkv", d),
             ("layers[0].down", cfg.ffn), ("layers[0].ple_proj", cfg.ple_dim)]
 

@@ -34,11 +34,22 @@ from ..atomic import atomic_path
 from . import drafts_table
 from . import head_tiles as tiles_mod
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
-from .model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from .model import (
+    FAMILIES,
+    LAYER_FIELDS,
+    PLE_LAYER_FIELDS,
+    Config,
+    LayerWeights,
+    QMatrix,
+    Weights,
+    layer_fields,
+)
 
 # ---- constants of native/engine/image_format.h (the spec) ------------------ #
 MAGIC = b"MPLLMIMG"
-VERSION = 3
+VERSION = 4
+ARCH_ESP32AI = 0
+ARCH_LLAMA = 1
 HEADER_BYTES = 128
 SECTION_BYTES = 32
 ALIGN = 16
@@ -56,8 +67,8 @@ KIND_DRAFTS = 6
 Q4_HEADER_BYTES = 16
 PAD_CODE = 8  # offset-binary code of the value 0
 # llm_image_header: magic, 16 x u32 (version .. group), f32 rope_theta, u32 eot_id,
-# u8 source_sha256[32], u8 reserved[16].
-HEADER = struct.Struct("<8s16IfI32s16s")
+# u8 source_sha256[32], u32 arch, u32 n_kv_heads, f32 norm_eps, u32 reserved.
+HEADER = struct.Struct("<8s16IfI32s2IfI")
 SECTION = struct.Struct(f"<{NAME_BYTES}s4I")
 Q4_HEADER = struct.Struct("<4I")
 HEADER_CRC_OFFSET = 8 + 4 * 4  # after magic, version, header_bytes, file_bytes, n_sections
@@ -65,6 +76,10 @@ HEADER_CRC_OFFSET = 8 + 4 * 4  # after magic, version, header_bytes, file_bytes,
 
 assert HEADER.size == HEADER_BYTES and SECTION.size == SECTION_BYTES
 assert Q4_HEADER.size == Q4_HEADER_BYTES
+
+# Config.family <-> the header's arch (FAMILIES is in arch order).
+ARCHS = {family: arch for arch, family in enumerate(FAMILIES)}
+assert ARCHS == {"esp32ai": ARCH_ESP32AI, "llama2c": ARCH_LLAMA}
 
 KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer",
               KIND_HEAD_TILES: "head_tiles", KIND_DRAFTS: "drafts"}
@@ -108,7 +123,7 @@ class ImageHeader:
             MAGIC, self.version, self.header_bytes, self.file_bytes, self.n_sections,
             self.header_crc32, self.flags, c.vocab_in, c.vocab_out, self.vocab_in_source,
             c.dim, c.n_layers, c.n_heads, c.ffn, c.ple_dim, c.seq_len, c.group, c.rope_theta,
-            self.eot_id, self.source_sha256, bytes(HEADER_BYTES - 112))
+            self.eot_id, self.source_sha256, ARCHS[c.family], c.kv_heads, c.norm_eps, 0)
 
 
 class Section(NamedTuple):
@@ -148,19 +163,23 @@ def align_up(n: int, a: int = ALIGN) -> int:
 
 
 def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
-    """(name, kind, (rows, cols)) in file order; F32 shapes are (1, n)."""
+    """(name, kind, (rows, cols)) in file order; F32 shapes are (1, n). A family
+    without PLE (llama2c) has no PLE sections."""
     d, lp = cfg.dim, cfg.n_layers * cfg.ple_dim
     plan: list[tuple[str, int, tuple[int, int]]] = [
         ("tokenizer", KIND_TOKENIZER, (0, 0)),
         ("rope", KIND_F32, (cfg.seq_len, cfg.head_dim)),
         ("embed", KIND_Q4, (cfg.vocab_in, d)),
-        ("ple_rows", KIND_ROWS, (cfg.vocab_in, lp)),
-        ("ple_model_proj", KIND_Q4, (lp, d)),
-        ("ple_proj_norm", KIND_F32, (1, cfg.ple_dim)),
     ]
+    if cfg.has_ple:
+        plan += [
+            ("ple_rows", KIND_ROWS, (cfg.vocab_in, lp)),
+            ("ple_model_proj", KIND_Q4, (lp, d)),
+            ("ple_proj_norm", KIND_F32, (1, cfg.ple_dim)),
+        ]
     layer = {
         "attn_norm": (KIND_F32, (1, d)),
-        "qkv": (KIND_Q4, (3 * d, d)),
+        "qkv": (KIND_Q4, (d + 2 * cfg.kv_dim, d)),
         "attn_proj": (KIND_Q4, (d, d)),
         "ffn_norm": (KIND_F32, (1, d)),
         "gate": (KIND_Q4, (cfg.ffn, d)),
@@ -171,7 +190,7 @@ def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
         "ple_norm": (KIND_F32, (1, d)),
     }
     for i in range(cfg.n_layers):
-        for f in LAYER_FIELDS:
+        for f in layer_fields(cfg):
             kind, shape = layer[f]
             plan.append((f"L{i}.{f}", kind, shape))
     plan.append(("out_norm", KIND_F32, (1, d)))
@@ -336,11 +355,15 @@ def _payloads(
     yield "tokenizer", KIND_TOKENIZER, lambda: bytes(tokenizer_section)
     yield "rope", KIND_F32, lambda: np.ascontiguousarray(rope, "<f4").tobytes()
     yield "embed", KIND_Q4, lambda: pack_q4(w.tok_emb, "embed")
-    yield "ple_rows", KIND_ROWS, lambda: pack_rows(w.ple_table, "ple_rows")
-    yield "ple_model_proj", KIND_Q4, lambda: pack_q4(w.ple_model_proj, "ple_model_proj")
-    yield "ple_proj_norm", KIND_F32, lambda: _f32(w.ple_proj_norm)
+    if w.config.has_ple:
+        assert w.ple_table is not None and w.ple_model_proj is not None
+        assert w.ple_proj_norm is not None
+        ple_table, ple_model_proj, ple_proj_norm = w.ple_table, w.ple_model_proj, w.ple_proj_norm
+        yield "ple_rows", KIND_ROWS, lambda: pack_rows(ple_table, "ple_rows")
+        yield "ple_model_proj", KIND_Q4, lambda: pack_q4(ple_model_proj, "ple_model_proj")
+        yield "ple_proj_norm", KIND_F32, lambda: _f32(ple_proj_norm)
     for i, layer in enumerate(w.layers):
-        for f in LAYER_FIELDS:
+        for f in layer_fields(w.config):
             t = getattr(layer, f)
             name = f"L{i}.{f}"
             if isinstance(t, QMatrix):
@@ -385,6 +408,13 @@ def _check_weights(weights: Weights) -> None:
     for i, layer in enumerate(weights.layers):
         for f in LAYER_FIELDS:
             got[f"L{i}.{f}"] = getattr(layer, f)
+    if not cfg.has_ple:
+        extra = [n for n in ("ple_rows", "ple_model_proj", "ple_proj_norm") if got[n] is not None]
+        extra += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in PLE_LAYER_FIELDS
+                  if got[f"L{i}.{f}"] is not None]
+        if extra:
+            raise ValueError(f"{extra[0]}: a {cfg.family} model has no PLE, the weights must "
+                             f"hold None there")
     for name, kind, (rows, cols) in section_plan(cfg)[2:]:
         if kind in (KIND_HEAD_TILES, KIND_DRAFTS):
             continue  # built from the head by write_image / given to it
@@ -505,13 +535,13 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
                                f"need {HEADER_BYTES}")
     (magic, version, header_bytes, file_bytes, n_sections, header_crc, flags, vocab_rows,
      vocab_out, vocab_in_source, dim, n_layers, n_heads, ffn, ple_dim, seq_len, group, theta,
-     eot_id, sha, reserved) = HEADER.unpack_from(data, 0)
+     eot_id, sha, arch, n_kv_heads, norm_eps, reserved) = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise ImageFormatError(f"bad magic {magic!r}: not an mpllm model image (expected "
                                f"{MAGIC!r}; a model.bin must be converted first)")
     if version != VERSION:
-        raise ImageFormatError(f"unsupported image version {version} (this reader knows "
-                               f"version {VERSION}; reconvert the model)")
+        raise ImageFormatError(f"image format version {version}; this reader knows version "
+                               f"{VERSION}: convert the model again")
     if header_bytes != HEADER_BYTES:
         raise ImageFormatError(f"header_bytes {header_bytes}, version {VERSION} has "
                                f"{HEADER_BYTES}")
@@ -531,13 +561,18 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
     if crc != header_crc:
         raise ImageFormatError(f"header CRC mismatch (stored 0x{header_crc:08x}, computed "
                                f"0x{crc:08x}): the header or section table is corrupt")
-    if any(reserved):
-        raise ImageFormatError("reserved header bytes are not zero")
+    if reserved:
+        raise ImageFormatError(f"header reserved field is 0x{reserved:08x}, must be 0")
     if flags & ~FLAGS_KNOWN:
         raise ImageFormatError(f"unknown flag bits 0x{flags & ~FLAGS_KNOWN:x} in image flags")
+    if arch >= len(FAMILIES):
+        raise ImageFormatError(f"arch {arch} is unknown (0: esp32-ai, 1: llama2.c)")
+    if n_kv_heads == 0:  # Config spells "as many as n_heads" 0: refuse it here
+        raise ImageFormatError(f"image header: n_kv_heads = 0 does not divide n_heads {n_heads}")
     config = Config(vocab_in=vocab_rows, vocab_out=vocab_out, dim=dim, n_layers=n_layers,
                     n_heads=n_heads, ffn=ffn, ple_dim=ple_dim, seq_len=seq_len, group=group,
-                    rope_theta=float(theta), tied_head=bool(flags & FLAG_TIED_HEAD))
+                    rope_theta=float(theta), tied_head=bool(flags & FLAG_TIED_HEAD),
+                    family=FAMILIES[arch], n_kv_heads=n_kv_heads, norm_eps=float(norm_eps))
     header = ImageHeader(config, file_bytes, n_sections, vocab_in_source, eot_id, bytes(sha),
                          header_crc, version, header_bytes)
     try:
@@ -550,7 +585,9 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
     if eot_id >= vocab_out:
         raise ImageFormatError(f"eot_id {eot_id} outside the vocabulary of {vocab_out}")
 
-    want = 9 + 10 * n_layers + (0 if header.tied_head else 1)
+    cfg = header.config  # the count without building a plan (n_layers may be absurd)
+    want = (len(section_plan(dataclasses.replace(cfg, n_layers=0)))
+            + len(layer_fields(cfg)) * n_layers)
     if n_sections != want:
         raise ImageFormatError(f"{n_sections} sections, a {n_layers}-layer "
                                f"{'tied' if header.tied_head else 'untied'}-head model has "
@@ -661,11 +698,11 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
                     f"section {name!r}: [{m.rows}, {m.cols}] group {m.group}, the header's "
                     f"config needs [{rows}, {cols}] group {cfg.group}")
             tensors[name] = m
-    layers = [LayerWeights(**{f: tensors[f"L{i}.{f}"] for f in LAYER_FIELDS})
+    layers = [LayerWeights(**{f: tensors.get(f"L{i}.{f}") for f in LAYER_FIELDS})
               for i in range(cfg.n_layers)]
     weights = Weights(config=cfg, tok_emb=tensors["embed"],
-                      ple_model_proj=tensors["ple_model_proj"],
-                      ple_proj_norm=tensors["ple_proj_norm"], ple_table=tensors["ple_rows"],
+                      ple_model_proj=tensors.get("ple_model_proj"),
+                      ple_proj_norm=tensors.get("ple_proj_norm"), ple_table=tensors.get("ple_rows"),
                       layers=layers, out_norm=tensors["out_norm"], head=tensors.get("head"))
     head = weights.tok_emb.take_rows(cfg.vocab_out) if cfg.tied_head else weights.head
     assert head is not None

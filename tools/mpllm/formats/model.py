@@ -1,4 +1,6 @@
-"""In-memory form of a PLE TinyStories model, shared by every host tool.
+"""In-memory form of a model the engine runs, shared by every host tool: the
+esp32-ai PLE TinyStories model (family "esp32ai") or llama2.c's Llama (family
+"llama2c": no PLE, n_kv_heads may be below n_heads, rmsnorm epsilon 1e-5).
 
 Both readers (`mpllm.formats.esp32ai` for the published model.bin, `mpllm.formats.image` for
 our flash image) produce a `Weights`; the converter, the reference numerics and
@@ -26,10 +28,37 @@ class Config:
     group: int
     rope_theta: float = 10000.0
     tied_head: bool = True
+    family: str = "esp32ai"  # "esp32ai" | "llama2c" (FAMILIES)
+    n_kv_heads: int = 0  # 0 means n_heads
+    norm_eps: float = 1e-6  # rmsnorm epsilon
+
+    def __post_init__(self) -> None:
+        # One spelling per model, so configs compare equal exactly when they
+        # describe the same model: n_kv_heads == n_heads is the default 0, and
+        # norm_eps is the float32 the engine (and the image header) holds.
+        if self.n_kv_heads == self.n_heads:
+            object.__setattr__(self, "n_kv_heads", 0)
+        object.__setattr__(self, "norm_eps", float(np.float32(self.norm_eps)))
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def has_ple(self) -> bool:
+        return self.family == "esp32ai"
+
+
+# The families a Config may name, in the order of the image header's arch field.
+FAMILIES = ("esp32ai", "llama2c")
 
 
 @dataclass
@@ -64,18 +93,19 @@ class QMatrix:
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # f32 [D]
-    qkv: QMatrix  # [3D, D]
+    qkv: QMatrix  # [D + 2*kv_dim, D]: q rows, k rows, v rows
     attn_proj: QMatrix  # [D, D]
     ffn_norm: np.ndarray  # f32 [D]
     gate: QMatrix  # [F, D]
     up: QMatrix  # [F, D]
     down: QMatrix  # [D, F]
-    ple_gate: QMatrix  # [P, D]
-    ple_proj: QMatrix  # [D, P]
-    ple_norm: np.ndarray  # f32 [D]
+    ple_gate: QMatrix | None  # [P, D]; None without PLE (llama2c)
+    ple_proj: QMatrix | None  # [D, P]; None without PLE
+    ple_norm: np.ndarray | None  # f32 [D]; None without PLE
 
 
-# Field order of LayerWeights is the file order of both formats.
+# Field order of LayerWeights is the file order of both formats; a family
+# without PLE has only the fields before PLE_LAYER_FIELDS.
 LAYER_FIELDS = (
     "attn_norm",
     "qkv",
@@ -88,15 +118,21 @@ LAYER_FIELDS = (
     "ple_proj",
     "ple_norm",
 )
+PLE_LAYER_FIELDS = ("ple_gate", "ple_proj", "ple_norm")
+
+
+def layer_fields(cfg: Config) -> tuple[str, ...]:
+    """The LayerWeights fields a layer of this config has, in file order."""
+    return LAYER_FIELDS if cfg.has_ple else LAYER_FIELDS[: -len(PLE_LAYER_FIELDS)]
 
 
 @dataclass
 class Weights:
     config: Config
     tok_emb: QMatrix  # [vocab_in, D]
-    ple_model_proj: QMatrix  # [L*P, D]
-    ple_proj_norm: np.ndarray  # f32 [P]
-    ple_table: QMatrix  # [vocab_in, L*P]
+    ple_model_proj: QMatrix | None  # [L*P, D]; None without PLE (llama2c)
+    ple_proj_norm: np.ndarray | None  # f32 [P]; None without PLE
+    ple_table: QMatrix | None  # [vocab_in, L*P]; None without PLE
     layers: list[LayerWeights] = field(default_factory=list)
     out_norm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     head: QMatrix | None = None  # None when tied: first vocab_out rows of tok_emb

@@ -11,6 +11,10 @@ not depend on order; only float reductions do. Those run sequentially through
 Per-token semantics match the engine: `forward_layers` runs one token through
 every layer at the current position (what prefill does for all but the last
 prompt token), `forward` also runs the final norm and the head.
+
+Both families run here as in the engine: esp32-ai (PLE branch, n_kv_heads ==
+n_heads) and llama2.c's Llama (no PLE; query head h reads kv head
+h // (n_heads // n_kv_heads)); rmsnorm takes the config's epsilon.
 """
 
 from __future__ import annotations
@@ -54,19 +58,21 @@ class Reference:
         if len(weights.layers) != cfg.n_layers:
             raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
         self.rope = rope
-        self.ple_model_proj = QMatvec.of(weights.ple_model_proj)
-        self.layers = [
-            {name: QMatvec.of(getattr(lw, name)) for name in
-             ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj")}
-            for lw in weights.layers
-        ]
+        self.eps = cfg.norm_eps
+        mats = ("qkv", "attn_proj", "gate", "up", "down")
+        if cfg.has_ple:
+            assert weights.ple_model_proj is not None
+            self.ple_model_proj = QMatvec.of(weights.ple_model_proj)
+            mats += ("ple_gate", "ple_proj")
+        self.layers = [{name: QMatvec.of(getattr(lw, name)) for name in mats}
+                       for lw in weights.layers]
         self.head = QMatvec.of(weights.output_head())
         # constants exactly as the engine precomputes them
         self.inv_sqrt_d = F32(1.0) / np.sqrt(F32(d))
         self.sqrt_p = np.sqrt(F32(cfg.ple_dim))
         self.inv_sqrt_hd = F32(1.0) / np.sqrt(F32(hd))
-        self.k_cache = np.zeros((cfg.n_layers, cfg.seq_len, d), dtype=np.float32)
-        self.v_cache = np.zeros((cfg.n_layers, cfg.seq_len, d), dtype=np.float32)
+        self.k_cache = np.zeros((cfg.n_layers, cfg.seq_len, cfg.kv_dim), dtype=np.float32)
+        self.v_cache = np.zeros((cfg.n_layers, cfg.seq_len, cfg.kv_dim), dtype=np.float32)
         self.pos = 0
 
     @classmethod
@@ -86,13 +92,14 @@ class Reference:
     def _ple_input(self, x: np.ndarray, token: int) -> np.ndarray:
         """ple [L, P] for this token (step 2 of the forward pass)."""
         cfg, w = self.config, self.weights
+        assert w.ple_table is not None
         c = self.ple_model_proj(x) * self.inv_sqrt_d
-        c = rmsnorm(c.reshape(cfg.n_layers, cfg.ple_dim), w.ple_proj_norm)
+        c = rmsnorm(c.reshape(cfg.n_layers, cfg.ple_dim), w.ple_proj_norm, self.eps)
         tbl = _dequant_row(w.ple_table, token).reshape(cfg.n_layers, cfg.ple_dim)
         return (c + tbl * self.sqrt_p) * F32(0.70710678)
 
     def _rope(self, v: np.ndarray, pos: int) -> np.ndarray:
-        """Split-half rotation of every head of v ([n_heads*head_dim])."""
+        """Split-half rotation of every head of v ([heads*head_dim])."""
         hd = self.config.head_dim
         half = hd // 2
         c = self.rope[pos, :half]
@@ -106,11 +113,13 @@ class Reference:
 
     def _attention(self, layer: int, q: np.ndarray, pos: int) -> np.ndarray:
         cfg = self.config
-        nh, hd = cfg.n_heads, cfg.head_dim
+        nh, nkv, hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         T = pos + 1
         qh = q.reshape(nh, 1, hd)
-        kh = self.k_cache[layer, :T].reshape(T, nh, hd).transpose(1, 0, 2)  # [nh, T, hd]
-        vh = self.v_cache[layer, :T].reshape(T, nh, hd).transpose(1, 0, 2)
+        # query head h reads kv head h // (nh // nkv): each kv head repeated
+        kh = self.k_cache[layer, :T].reshape(T, nkv, hd).transpose(1, 0, 2)  # [nkv, T, hd]
+        vh = self.v_cache[layer, :T].reshape(T, nkv, hd).transpose(1, 0, 2)
+        kh, vh = np.repeat(kh, nh // nkv, axis=0), np.repeat(vh, nh // nkv, axis=0)
         scores = _seq_sum_last(qh * kh) * self.inv_sqrt_hd  # [nh, T]
         # maxs starts at -1e30f; any order gives the same maximum
         maxs = np.maximum(F32(-1e30), scores.max(axis=1))
@@ -139,29 +148,31 @@ class Reference:
         the residual x (before the final norm) and advances the position."""
         token = self._check_token(token, pos)
         cfg, w = self.config, self.weights
-        d = cfg.dim
+        d, kvd, eps = cfg.dim, cfg.kv_dim, self.eps
         p = self.pos
         x = _dequant_row(w.tok_emb, token)
-        ple = self._ple_input(x, token)
+        ple = self._ple_input(x, token) if cfg.has_ple else None
         for li, (lw, lq) in enumerate(zip(w.layers, self.layers, strict=True)):
-            h = rmsnorm(x, lw.attn_norm)
+            h = rmsnorm(x, lw.attn_norm, eps)
             qkv = lq["qkv"](h)
             q = self._rope(qkv[:d], p)
-            self.k_cache[li, p] = self._rope(qkv[d : 2 * d], p)
-            self.v_cache[li, p] = qkv[2 * d :]
+            self.k_cache[li, p] = self._rope(qkv[d : d + kvd], p)
+            self.v_cache[li, p] = qkv[d + kvd :]
             ao = self._attention(li, q, p)
             x = x + lq["attn_proj"](ao)
-            h = rmsnorm(x, lw.ffn_norm)
+            h = rmsnorm(x, lw.ffn_norm, eps)
             m = silu(lq["gate"](h)) * lq["up"](h)
             x = x + lq["down"](m)
+            if ple is None:
+                continue  # llama2.c: no PLE branch
             g = gelu(lq["ple_gate"](x)) * ple[li]
-            x = x + rmsnorm(lq["ple_proj"](g), lw.ple_norm)
+            x = x + rmsnorm(lq["ple_proj"](g), lw.ple_norm, eps)
         self.pos = p + 1
         return x
 
     def head_logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm + head: float32 [vocab_out]."""
-        return self.head(rmsnorm(x, self.weights.out_norm))
+        return self.head(rmsnorm(x, self.weights.out_norm, self.eps))
 
     def forward(self, token: int, pos: int | None = None) -> np.ndarray:
         """One token through layers and head: logits float32 [vocab_out]."""

@@ -1,4 +1,7 @@
-"""PyTorch twin of the PLE TinyStories architecture (tools/mpllm/reference/forward.py).
+"""PyTorch twin of the PLE TinyStories architecture (tools/mpllm/reference/forward.py),
+and of the llama2.c family the same forward pass runs (Config.family "llama2c": no
+PLE, n_kv_heads key/value heads shared by groups of query heads, rmsnorm epsilon
+from the config).
 
 Two uses:
   * `PLEModel` is a trainable fp32 `nn.Module` (tools/train.py trains the demo
@@ -27,7 +30,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights, layer_fields
+from ..quantize import TINY_SCALE, quantize_int4
 
 __all__ = [
     "TINY_SCALE",
@@ -38,16 +42,8 @@ __all__ = [
     "to_weights",
 ]
 
-RMS_EPS = 1e-6
+RMS_EPS = 1e-6  # the esp32-ai model's; a Config carries its own (norm_eps)
 PLE_MIX = 0.70710678  # the literal upstream multiplies (c + tbl*sqrt(P)) by
-# An all-zero group has max|w| = 0, and max|w|/7 would be a zero scale (the
-# upstream exporter then divides by it and stores NaN). Any positive scale
-# dequantizes such a group to exact zeros because every q is 0; we use the
-# smallest *normal* fp16 (2**-14) so no reader or kernel ever meets a
-# subnormal or a zero scale. A non-zero group whose max|w|/7 underflows fp16
-# gets the same scale, which rounds its values to 0 (they are < 2**-14 * 7
-# / 2**10 anyway, i.e. already below what fp16 scales can express).
-TINY_SCALE = float(np.float16(2.0**-14))
 
 # Matrices stored as int4 in model.bin (everything except the norm vectors).
 _Q_LAYER = ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj")
@@ -81,18 +77,10 @@ def _expand(scale: torch.Tensor, group: int, cols: int) -> torch.Tensor:
 
 
 def quantize_matrix(w: torch.Tensor | np.ndarray, group: int = 128) -> QMatrix:
-    """int4 QMatrix of a float [rows, cols] matrix with the upstream exporter's rule."""
-    t = torch.as_tensor(np.asarray(w, np.float32) if isinstance(w, np.ndarray) else w)
-    t = t.detach().to(torch.float32).cpu()
-    if t.ndim != 2:
-        raise ValueError(f"quantize_matrix: expected a 2-D matrix, got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError("quantize_matrix: matrix contains NaN or Inf")
-    if group <= 0:
-        raise ValueError(f"quantize_matrix: group must be positive, got {group}")
-    scale = _group_scales(t, group)
-    q = torch.clamp(torch.round(t / _expand(scale, group, t.shape[1])), -7, 7)
-    return QMatrix(q.to(torch.int8).numpy(), scale.numpy().astype(np.float16), group)
+    """int4 QMatrix of a float [rows, cols] matrix with the upstream exporter's rule
+    (mpllm.quantize, which fake_quant's forward value equals)."""
+    a = w if isinstance(w, np.ndarray) else w.detach().to(torch.float32).cpu().numpy()
+    return quantize_int4(a, group)
 
 
 def fake_quant(w: torch.Tensor, group: int = 128) -> torch.Tensor:
@@ -109,8 +97,8 @@ def fake_quant(w: torch.Tensor, group: int = 128) -> torch.Tensor:
 # the module
 
 
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    inv = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
+    inv = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (w * x) * inv
 
 
@@ -123,15 +111,16 @@ class _Layer(nn.Module):
         super().__init__()
         d, f, p = cfg.dim, cfg.ffn, cfg.ple_dim
         self.attn_norm = nn.Parameter(torch.ones(d))
-        self.qkv = nn.Parameter(torch.empty(3 * d, d))
+        self.qkv = nn.Parameter(torch.empty(d + 2 * cfg.kv_dim, d))
         self.attn_proj = nn.Parameter(torch.empty(d, d))
         self.ffn_norm = nn.Parameter(torch.ones(d))
         self.gate = nn.Parameter(torch.empty(f, d))
         self.up = nn.Parameter(torch.empty(f, d))
         self.down = nn.Parameter(torch.empty(d, f))
-        self.ple_gate = nn.Parameter(torch.empty(p, d))
-        self.ple_proj = nn.Parameter(torch.empty(d, p))
-        self.ple_norm = nn.Parameter(torch.ones(d))
+        if cfg.has_ple:
+            self.ple_gate = nn.Parameter(torch.empty(p, d))
+            self.ple_proj = nn.Parameter(torch.empty(d, p))
+            self.ple_norm = nn.Parameter(torch.ones(d))
 
 
 class PLEModel(nn.Module):
@@ -147,9 +136,10 @@ class PLEModel(nn.Module):
         self.fake_quant = fake_quant
         d, lp = cfg.dim, cfg.n_layers * cfg.ple_dim
         self.tok_emb = nn.Parameter(torch.empty(cfg.vocab_in, d))
-        self.ple_model_proj = nn.Parameter(torch.empty(lp, d))
-        self.ple_proj_norm = nn.Parameter(torch.ones(cfg.ple_dim))
-        self.ple_table = nn.Parameter(torch.empty(cfg.vocab_in, lp))
+        if cfg.has_ple:
+            self.ple_model_proj = nn.Parameter(torch.empty(lp, d))
+            self.ple_proj_norm = nn.Parameter(torch.ones(cfg.ple_dim))
+            self.ple_table = nn.Parameter(torch.empty(cfg.vocab_in, lp))
         self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.Parameter(torch.ones(d))
         self.head = None if cfg.tied_head else nn.Parameter(torch.empty(cfg.vocab_out, d))
@@ -187,32 +177,40 @@ class PLEModel(nn.Module):
         if t > cfg.seq_len:
             raise ValueError(f"sequence of {t} tokens exceeds the context of {cfg.seq_len}")
         d, nh, hd, p, nl = cfg.dim, cfg.n_heads, cfg.head_dim, cfg.ple_dim, cfg.n_layers
+        nkv, kvd, eps = cfg.kv_heads, cfg.kv_dim, cfg.norm_eps
         emb = self._w(self.tok_emb)
         x = F.embedding(tokens, emb)
-        # Per-layer inputs, computed once per token from the embedding.
-        c = F.linear(x, self._w(self.ple_model_proj)) * (1.0 / math.sqrt(d))
-        c = _rmsnorm(c.view(bsz, t, nl, p), self.ple_proj_norm)
-        tbl = F.embedding(tokens, self._w(self.ple_table)).view(bsz, t, nl, p)
-        ple = (c + tbl * math.sqrt(p)) * PLE_MIX
+        ple = None
+        if cfg.has_ple:
+            # Per-layer inputs, computed once per token from the embedding.
+            c = F.linear(x, self._w(self.ple_model_proj)) * (1.0 / math.sqrt(d))
+            c = _rmsnorm(c.view(bsz, t, nl, p), self.ple_proj_norm, eps)
+            tbl = F.embedding(tokens, self._w(self.ple_table)).view(bsz, t, nl, p)
+            ple = (c + tbl * math.sqrt(p)) * PLE_MIX
 
         pos = torch.arange(t, dtype=torch.float32, device=tokens.device)
         ang = pos[:, None] * self.rope_freq[None, :]
         cos, sin = torch.cos(ang), torch.sin(ang)
         for li, layer in enumerate(self.layers):
-            h = _rmsnorm(x, layer.attn_norm)
-            qkv = F.linear(h, self._w(layer.qkv)).view(bsz, t, 3, nh, hd)
-            q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # [B, H, T, hd]
+            h = _rmsnorm(x, layer.attn_norm, eps)
+            qkv = F.linear(h, self._w(layer.qkv))
+            q = qkv[..., :d].view(bsz, t, nh, hd).transpose(1, 2)  # [B, H, T, hd]
+            k, v = (qkv[..., d + j * kvd:d + (j + 1) * kvd].view(bsz, t, nkv, hd)
+                    .transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # kv head h // group
+                    for j in range(2))
             q = self._rope(q, cos, sin)
             k = self._rope(k, cos, sin)
             ao = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             ao = ao.transpose(1, 2).reshape(bsz, t, d)
             x = x + F.linear(ao, self._w(layer.attn_proj))
-            h = _rmsnorm(x, layer.ffn_norm)
+            h = _rmsnorm(x, layer.ffn_norm, eps)
             ff = F.silu(F.linear(h, self._w(layer.gate))) * F.linear(h, self._w(layer.up))
             x = x + F.linear(ff, self._w(layer.down))
+            if ple is None:
+                continue  # llama2.c: no PLE branch
             g = _gelu_erf(F.linear(x, self._w(layer.ple_gate))) * ple[:, :, li]
-            x = x + _rmsnorm(F.linear(g, self._w(layer.ple_proj)), layer.ple_norm)
-        x = _rmsnorm(x, self.out_norm)
+            x = x + _rmsnorm(F.linear(g, self._w(layer.ple_proj)), layer.ple_norm, eps)
+        x = _rmsnorm(x, self.out_norm, eps)
         head = emb[: cfg.vocab_out] if self.head is None else self._w(self.head)
         return F.linear(x, head)
 
@@ -240,7 +238,8 @@ def to_weights(module: PLEModel, group: int | None = None, vocab_out: int | None
     out_cfg = Config(
         vocab_in=cfg.vocab_in, vocab_out=vout, dim=cfg.dim, n_layers=cfg.n_layers,
         n_heads=cfg.n_heads, ffn=cfg.ffn, ple_dim=cfg.ple_dim, seq_len=cfg.seq_len,
-        group=group, rope_theta=cfg.rope_theta, tied_head=cfg.tied_head)
+        group=group, rope_theta=cfg.rope_theta, tied_head=cfg.tied_head, family=cfg.family,
+        n_kv_heads=cfg.n_kv_heads, norm_eps=cfg.norm_eps)
 
     def q(t: torch.Tensor) -> QMatrix:
         return quantize_matrix(t, group)
@@ -248,17 +247,20 @@ def to_weights(module: PLEModel, group: int | None = None, vocab_out: int | None
     def f(t: torch.Tensor) -> np.ndarray:
         return t.detach().to(torch.float32).cpu().numpy().copy()
 
+    fields = layer_fields(cfg)
     layers = []
     for layer in module.layers:
-        kw = {name: q(getattr(layer, name)) for name in _Q_LAYER}
-        kw.update({name: f(getattr(layer, name)) for name in _F_LAYER})
+        kw: dict[str, object] = dict.fromkeys(LAYER_FIELDS)
+        kw.update({name: q(getattr(layer, name)) for name in _Q_LAYER if name in fields})
+        kw.update({name: f(getattr(layer, name)) for name in _F_LAYER if name in fields})
         layers.append(LayerWeights(**kw))
+    ple = cfg.has_ple
     return Weights(
         config=out_cfg,
         tok_emb=q(module.tok_emb),
-        ple_model_proj=q(module.ple_model_proj),
-        ple_proj_norm=f(module.ple_proj_norm),
-        ple_table=q(module.ple_table),
+        ple_model_proj=q(module.ple_model_proj) if ple else None,
+        ple_proj_norm=f(module.ple_proj_norm) if ple else None,
+        ple_table=q(module.ple_table) if ple else None,
         layers=layers,
         out_norm=f(module.out_norm),
         head=None if module.head is None else q(module.head),
@@ -287,11 +289,14 @@ class TorchTwin:
                              f"{cfg.n_layers}")
         m = PLEModel(cfg)
         _load(m.tok_emb, weights.tok_emb.dequantize(), "tok_emb")
-        _load(m.ple_model_proj, weights.ple_model_proj.dequantize(), "ple_model_proj")
-        _load(m.ple_proj_norm, weights.ple_proj_norm, "ple_proj_norm")
-        _load(m.ple_table, weights.ple_table.dequantize(), "ple_table")
+        if cfg.has_ple:
+            assert weights.ple_model_proj is not None and weights.ple_table is not None
+            assert weights.ple_proj_norm is not None
+            _load(m.ple_model_proj, weights.ple_model_proj.dequantize(), "ple_model_proj")
+            _load(m.ple_proj_norm, weights.ple_proj_norm, "ple_proj_norm")
+            _load(m.ple_table, weights.ple_table.dequantize(), "ple_table")
         for i, (layer, lw) in enumerate(zip(m.layers, weights.layers)):
-            for name in LAYER_FIELDS:
+            for name in layer_fields(cfg):
                 v = getattr(lw, name)
                 v = v.dequantize() if isinstance(v, QMatrix) else v
                 _load(getattr(layer, name), v, f"layers[{i}].{name}")

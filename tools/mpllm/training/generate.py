@@ -21,7 +21,7 @@ import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..formats.esp32ai import validate_config, write_model_bin
-from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights
+from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights, layer_fields
 
 SCALE_LOW, SCALE_HIGH = 0.002, 0.05
 NORM_LOW, NORM_HIGH = 0.5, 1.5
@@ -45,15 +45,19 @@ def make_weights(config: Config, seed: int) -> Weights:
     c, g = config, config.group
     d, lp = c.dim, c.n_layers * c.ple_dim
     tok_emb = _qmatrix(rng, c.vocab_in, d, g)
-    ple_model_proj = _qmatrix(rng, lp, d, g)
-    ple_proj_norm = _norm(rng, c.ple_dim)
-    ple_table = _qmatrix(rng, c.vocab_in, lp, g)
-    shapes = {"qkv": (3 * d, d), "attn_proj": (d, d), "gate": (c.ffn, d), "up": (c.ffn, d),
-              "down": (d, c.ffn), "ple_gate": (c.ple_dim, d), "ple_proj": (d, c.ple_dim)}
+    if c.has_ple:
+        ple_model_proj = _qmatrix(rng, lp, d, g)
+        ple_proj_norm = _norm(rng, c.ple_dim)
+        ple_table = _qmatrix(rng, c.vocab_in, lp, g)
+    else:
+        ple_model_proj = ple_proj_norm = ple_table = None
+    shapes = {"qkv": (d + 2 * c.kv_dim, d), "attn_proj": (d, d), "gate": (c.ffn, d),
+              "up": (c.ffn, d), "down": (d, c.ffn), "ple_gate": (c.ple_dim, d),
+              "ple_proj": (d, c.ple_dim)}
     layers = []
     for _ in range(c.n_layers):
-        parts: dict[str, object] = {}
-        for f in LAYER_FIELDS:
+        parts: dict[str, object] = dict.fromkeys(LAYER_FIELDS)
+        for f in layer_fields(c):
             if f in shapes:
                 parts[f] = _qmatrix(rng, *shapes[f], g)
             else:
