@@ -210,7 +210,7 @@ def test_flash_writes_and_verifies_at_partition_offsets(
     (REPORT_S3.replace("ESP32-S3 (QFN56) (revision v0.2)", "ESP32-D0WD-V3 (revision v3.1)"),
      "is a ESP32-D0WD-V3 (revision v3.1), not an ESP32-S3"),
     (REPORT_S3.replace("Detected flash size: 16MB", "Detected flash size: 8MB"),
-     "has 8 MB of flash; mpllm needs 16 MB"),
+     "has 8 MB of flash; --board n16r8 needs 16 MB (an N16R8)"),
     (REPORT_S3.replace(", Embedded PSRAM 8MB (AP_3v3)", ""), "reports no embedded PSRAM"),
     ("Chip is ESP32 (revision v1.0)\nDetected flash size: 4MB\n", "not an ESP32-S3"),
     ("A fatal error occurred: Failed to connect\n", "did not report a chip type"),
@@ -239,6 +239,37 @@ def test_esptool_4_report_is_understood() -> None:
     flash.check_chip(info, skip_psram=False)
     assert flash.esptool_cmd(4)("write-flash") == "write_flash"
     assert flash.esptool_cmd(5)("write-flash") == "write-flash"
+
+
+def test_the_board_without_psram_takes_any_s3_with_8_mb() -> None:
+    n8 = pins.BOARDS["n8"]
+    no_psram = flash.parse_chip_report("Chip is ESP32-S3 (QFN56) (revision v0.2)\n"
+                                       "Features: WiFi, BLE\nDetected flash size: 8MB\n")
+    flash.check_chip(no_psram, skip_psram=False, board=n8)  # no PSRAM asked for
+    with pytest.raises(flash.FlashError, match="no embedded PSRAM.*takes --board n8"):
+        flash.check_chip(flash.ChipInfo(no_psram.chip, 16 * 2**20, None), skip_psram=False)
+    small = flash.ChipInfo(no_psram.chip, 4 * 2**20, None)
+    with pytest.raises(flash.FlashError, match="has 4 MB of flash; --board n8 needs 8 MB"):
+        flash.check_chip(small, skip_psram=False, board=n8)
+
+
+def test_dry_run_n8_builds_its_board_and_writes_stories260k(
+        capfd: pytest.CaptureFixture[str], isolated_cache: Path) -> None:
+    """--board n8 (no PSRAM): its own board folder and build, its own
+    partition table (5 MiB model partition), and by default llama2.c's
+    stories260K (the release model would not fit)."""
+    n8 = pins.BOARDS["n8"]
+    rc = flash.main(["--board", "n8", "--dry-run", "--port", "/dev/ttyUSB0"])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    mp = isolated_cache / "mpllm" / f"micropython-{pins.MICROPYTHON_TAG}"
+    assert f"BOARD_DIR={ROOT / n8.board_dir} USER_C_MODULES=" in out
+    assert f"model at {MODEL_OFFSET:#x} ({n8.model_bytes} bytes)" in out
+    assert f"{mp}/ports/esp32/build-MPLLM_N8/firmware.bin" in out
+    model, tok = flash.load_pins(ROOT / "models" / "stories260k.json")
+    assert f"download {model.url} " in out and f"download {tok.url} " in out
+    assert "(check: chip is an ESP32-S3, flash >= 8 MB)" in out
+    assert files_under(isolated_cache) == []
 
 
 def test_failed_verification_is_an_error(fake_esptool: Path, local_parts: tuple[Path, Path],

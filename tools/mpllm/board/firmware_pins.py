@@ -33,15 +33,21 @@ class BoardPins:
     flash_bytes: int
     psram_bytes: int  # 0: the board has none (the engine lives in internal SRAM)
     model_bytes: int  # the model partition
+    default_model: str  # what flash.py writes without --model/--image (mpllm.models)
     what: str  # for help texts and the README
+
+    @property
+    def label(self) -> str:
+        """N16R8, N8: how the module is sold."""
+        return self.board.removeprefix("MPLLM_")
 
 
 MiB = 1024 * 1024
 BOARDS = {b.name: b for b in (
     BoardPins("n16r8", "MPLLM_N16R8", "firmware/boards/MPLLM_N16R8", 16 * MiB, 8 * MiB, 13 * MiB,
-              "ESP32-S3 N16R8: 16 MB flash, 8 MB octal PSRAM (the release model)"),
+              "release", "ESP32-S3 N16R8: 16 MB flash, 8 MB octal PSRAM (the release model)"),
     BoardPins("n8", "MPLLM_N8", "firmware/boards/MPLLM_N8", 8 * MiB, 0, 5 * MiB,
-              "ESP32-S3 N8 without PSRAM, e.g. ESP32-S3-DevKitC-1-N8: 8 MB flash "
+              "stories260k", "ESP32-S3 N8 without PSRAM, e.g. ESP32-S3-DevKitC-1-N8: 8 MB flash "
               "(small models: llama2.c's stories260K, the demos)"),
 )}
 # The default board, the one the release is built for.
