@@ -79,7 +79,8 @@ setup(
                "native/python/mod_llm.c", "native/python/mod_llm_call.c"],
             include_dirs=[str(ENGINE), str(PORT_HOST), str(BINDING), "native/python"],
             define_macros=[("LLM_PORT_NAME", '"host"'), *pie_defines],
-            depends=[str(p.relative_to(ROOT)) for d in (ENGINE, BINDING, Path("native/python"))
+            depends=[str(p.relative_to(ROOT))
+                     for d in (ENGINE, BINDING, PORT_HOST, PORT_HOST.parent, Path("native/python"))
                      for p in sorted((ROOT / d).glob("*.h"))],
             extra_compile_args=FLAGS,
         )

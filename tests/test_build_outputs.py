@@ -17,7 +17,9 @@ from pathlib import Path
 
 import engine_ext
 import pytest
+from board_manifest import frozen_modules
 from mpllm import checkout
+from mpllm.board import firmware_pins as pins
 
 ROOT = Path(__file__).resolve().parent.parent
 # what an editable build needs of the checkout (no models, no tests)
@@ -51,17 +53,6 @@ def tracked(*paths: str) -> list[str]:
     return r.stdout.split()
 
 
-def frozen_modules(board_dir: Path) -> list[str]:
-    """The module names the board's manifest.py freezes from firmware/modules."""
-    calls: list[tuple[str, str]] = []
-    env = {"include": lambda path: None,
-           "module": lambda name, base_path=".": calls.append((name, base_path))}
-    exec(compile((board_dir / "manifest.py").read_text(), "manifest.py", "exec"), env)  # noqa: S102
-    modules = board_dir.parent.parent / "modules"
-    return sorted(name for name, base in calls
-                  if Path(base.replace("$(BOARD_DIR)", str(board_dir))).resolve() == modules)
-
-
 @pytest.fixture(scope="module")
 def editable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A copy of the checkout after `pip install -e .`'s build, and the wheel."""
@@ -89,7 +80,8 @@ def test_the_manifest_still_freezes_every_board_module(editable) -> None:  # typ
     repo, _wheel = editable
     want = sorted(Path(p).name for p in tracked("firmware/modules") if p.endswith(".py"))
     assert "llm.py" in want
-    assert frozen_modules(repo / "firmware" / "boards" / "MPLLM_N16R8") == want
+    for board in pins.BOARDS.values():
+        assert frozen_modules(repo / board.board_dir) == want, board.name
 
 
 def test_the_editable_install_imports_the_engine_from_build(editable, tmp_path) -> None:  # type: ignore[no-untyped-def]

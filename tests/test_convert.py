@@ -62,7 +62,7 @@ def test_cli_converts_and_prints_size_table(tiny_model: ModelFiles, tmp_path: Pa
 
 def test_cli_help_and_module_entry() -> None:
     r = run_cli("--help")
-    assert r.returncode == 0 and "tokenizer_json" in r.stdout and "-o OUT" in r.stdout
+    assert r.returncode == 0 and "tokenizer.bin" in r.stdout and "-o OUT" in r.stdout
     r = subprocess.run([sys.executable, "-m", "mpllm.convert", "--help"], capture_output=True,
                        text=True, cwd=ROOT / "tools", timeout=60, check=False)
     assert r.returncode == 0 and "model_bin" in r.stdout

@@ -646,3 +646,191 @@ def test_shape_from_the_engine_config_is_the_release_shape(release_model) -> Non
     assert cfg["n_kv_heads"] == cfg["n_heads"]
     assert cm.Shape.from_config(cfg) == cm.RELEASE
     assert cm.Shape(n_kv_heads=2).kv_dim == 48 and cm.RELEASE.kv_dim == 96
+
+
+# ---- llama2.c shapes (costmodel.llama) ----------------------------------------
+
+#: what the release shape's figures were before Shape learned n_kv_heads and
+#: shapes without PLE (analytic report; the engine's stages, not llm.py's loop,
+#: whose constants are re-measured on their own)
+_RELEASE_UPSTREAM_TOTALS = {
+    "stock": 95.01877776023207, "pie_int4": 44.13935997586713,
+    "research_line32": 32.167791025498786, "research_line64": 25.80359257742393,
+    "research_cert": 16.811939894228995, "research_qact": 15.544589894228995,
+    "research_final": 12.99766032330515,
+}
+_RELEASE_EXACT_STAGES = {
+    "mpllm-exact-greedy": {"embed": 0.2176351427448204, "attn": 7.079595364007055,
+                           "ffn": 0.9714129184630489, "ple": 1.1805503837795717,
+                           "head": 5.967288986752104, "sample": 5.6259094282727694e-05},
+    "mpllm-exact-sampled": {"embed": 0.2176351427448204, "attn": 7.079595364007055,
+                            "ffn": 0.9714129184630489, "ple": 1.1805503837795717,
+                            "head": 5.98356327969394, "sample": 0.03169278684735236},
+}
+_RELEASE_SPEC_PASS = {"embed": 0.8362729743454076, "attn": 13.033183484063906,
+                      "ffn": 2.0053012832190156, "ple": 2.282113634959483,
+                      "head": 6.543628509994958, "sample": 0.09084019042284379}
+
+
+def test_release_figures_unchanged_by_the_llama_shapes(report: cm.Report) -> None:
+    assert cm.Shape(n_kv_heads=cm.RELEASE.n_heads) == cm.RELEASE
+    assert cm.RELEASE.kv_dim == cm.RELEASE.dim and cm.RELEASE.has_ple
+    for name, total in _RELEASE_UPSTREAM_TOTALS.items():
+        assert report.builds[name]["total_ms"] == pytest.approx(total, rel=1e-12), name
+    for name, stages in _RELEASE_EXACT_STAGES.items():
+        for st, ms in stages.items():
+            assert report.builds[name]["stages"][st] == pytest.approx(ms, rel=1e-12), (name, st)
+    got = report.builds["mpllm-spec-sampled"]["pass_stages"]
+    for st, ms in _RELEASE_SPEC_PASS.items():
+        assert got[st] == pytest.approx(ms, rel=1e-12), st
+    assert report.sram["need_bytes"] == 386588
+
+
+@pytest.fixture(scope="module")
+def s260() -> dict:
+    return cm.shape_report("stories260k")
+
+
+def test_llama_shapes_have_no_ple_and_ordered_bands(s260) -> None:
+    s = cm.SHAPES["stories260k"]
+    assert not s.has_ple and s.kv_dim == 32
+    assert not {"ple_model_proj", "ple_gate", "ple_proj"} & {m.name for m in cm.matrices(s)}
+    assert next(m for m in cm.matrices(s) if m.name == "qkv").rows == 64 + 2 * 32
+    for name in cm.SHAPES:
+        rep = s260 if name == "stories260k" else cm.shape_report(name)
+        for r in rep["rows"]:
+            assert r["total_ms"] > 0 and r["stages"]["ple"] == 0.0, (name, r["board"])
+            bd = r["band"]
+            assert 0 < bd["low"] <= bd["mid"] <= bd["high"], (name, r["board"], r["head"])
+            assert bd["mid"] == pytest.approx(r["total_ms"])
+    # every board, both heads (the certified one needs one scale group a row), both modes
+    combos = {(r["board"], r["head"], r["mode"][:6]) for r in s260["rows"]}
+    assert combos == {(b, h, m) for b in ("n8", "n16r8") for h in ("dense", "certified")
+                      for m in ("greedy", "sample")}
+    assert all(r["group"] == 64 for r in s260["rows"] if r["head"] == "certified")
+
+
+def test_gqa_halves_the_kv_bytes() -> None:
+    s = cm.SHAPES["stories260k"]
+    full = dataclasses.replace(s, n_kv_heads=s.n_heads)
+    board = cm.S3_BOARDS["n16r8"]
+
+    def kv_bytes(shape: cm.Shape) -> float:
+        b = cm.llama_build(shape, board, cm.placement(shape, board), sampled=False,
+                           certified=False)
+        assert b.v_bytes == 4 and not b.spill_stages  # V as floats, the core in SRAM
+        return cm.build_work(b, shape)["attn"].bytes["psram"]
+
+    assert kv_bytes(s) == pytest.approx(0.5 * kv_bytes(full))
+    blocks = {n: b for n, b, _, _ in cm.engine_blocks(s, certified=False)}
+    assert blocks["kv_cache"] < 0.51 * {n: b for n, b, _, _ in
+                                        cm.engine_blocks(full, certified=False)}["kv_cache"]
+
+
+def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
+    s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
+    assert n8.psram_bytes == 0 and n8.icache_bytes == cm.ICACHE_BYTES_N8 == 32 * 1024
+    assert n8.internal_free == (cm.SRAM_FREE_AT_BOOT - cm.MP_GC_INITIAL_HEAP_BYTES
+                                - (cm.ICACHE_BYTES_N8 - cm.ICACHE_BYTES_OURS))
+    for certified in (False, True):
+        p = cm.placement(dataclasses.replace(s, group=64), n8, certified=certified)
+        assert all(b["region"] != "psram" for b in p["blocks"])
+        assert p["psram_left"] is None
+    priced = cm.internal_placement(s, n8)
+    need = sum(b["bytes"] for b in priced["blocks"])
+    assert priced["short_by"] == max(0, need - (n8.internal_free - cm.FAST_RESERVE_BYTES))
+    b = cm.llama_build(s, n8, priced, sampled=True, certified=False)
+    assert (b.kv_tier, b.head_tier, b.spill_stages, b.flash_stages) == ("sram", "sram", (), ())
+    work = cm.build_work(b, s)
+    assert all(not w.lines and not w.lines_split for w in work.values())
+    for r in s260["rows"]:
+        if r["board"] == "n8":
+            assert (r["kv"], r["head_rows_in"], r["core_psram_bytes"]) == ("sram", "sram", 0)
+            assert r["priced_opens"] == (priced["short_by"] == 0)
+    # the same shape on the N16R8 keeps its core in SRAM and the KV cache in PSRAM
+    p = cm.placement(s, cm.S3_BOARDS["n16r8"])
+    regions = {b["name"]: b["region"] for b in p["blocks"]}
+    assert p["opens"] and regions["kv_cache"] == "psram" and regions["L4.down"] == "sram"
+    assert p["internal_left"] > 0
+
+
+def test_llama_rows_charge_the_python_loop_and_the_board_icache(s260) -> None:
+    loop_ms = cm.PY_LOOP_HOST_STEP_S * cm.PY_S3_PER_HOST * 1e3
+    code = cm.BUILDS["mpllm-exact-greedy"].code_bytes
+    assert code > cm.ICACHE_BYTES_N8  # the path outgrows even the N8's 32 KB
+    refill_ms = -(-code // cm.ICACHE_LINE) * cm.ICACHE_MISS_S * 1e3
+    for r in s260["rows"]:
+        assert r["stages"]["python"] == pytest.approx(loop_ms)
+        assert r["stages"]["icache"] == pytest.approx(refill_ms)
+        assert r["charges"][-1]["total_ms"] == pytest.approx(r["total_ms"])
+        assert r["band"]["low"] < r["total_ms"]  # the band's fast end: only the excess refetched
+    s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
+    big = dataclasses.replace(n8, icache_bytes=64 * 1024)
+    b = cm.llama_build(s, big, cm.internal_placement(s, big), sampled=False, certified=False)
+    assert cm.build_work(b, s)["icache"].serial == {}
+
+
+def test_bench_model_s3_shape(tmp_path, capsys) -> None:
+    out = tmp_path / "s260.json"
+    assert bench_cli.main(["--model-s3", "--shape", "stories260k", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("stories260k", "N8 (no PSRAM)", "N16R8 (8 MB PSRAM)", "python", "icache",
+                   "band ms", "tok/s", "certified, greedy", "DaveBben/esp32-llm 19.1 tok/s",
+                   "held out", "context that fits"):
+        assert needle in text, needle
+    data = json.loads(out.read_text())
+    assert data["shape"] == "stories260k" and data["fitted_on"] == []
+    assert data["public_range_tok_s"] == [17.0, 33.0]
+    assert not list(tmp_path.glob("*.png"))  # no plot for a llama2.c shape
+    assert bench_cli.main(["--model-s3", "--shape", "stories15m"]) == 0
+    text = capsys.readouterr().out
+    assert "head read in place from flash" in text and "N8 (no PSRAM): not priced" in text
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--model-s3", "--shape", "stories1b"])
+    assert bench_cli.main(["--board", "host", "--shape", "stories260k"]) == 2
+    assert bench_cli.main(["--model-s3", "--shape", "stories260k", "--release-shaped"]) == 2
+    assert "--shape NAME is the cost model's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
+def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
+                                                  name: str) -> None:
+    """engine_blocks (the llama2.c placement's input) against the host engine's
+    placement report: every block's bytes but the engine's own struct; with a
+    certificate and without (the dense head: stored with tile_rows 0)."""
+    image = test_model(name.removesuffix("-dense")).image
+    if name.endswith("-dense"):
+        from mpllm.convert import convert
+
+        files = test_model("small")
+        image = tmp_path / "dense.img"
+        convert(files.model_bin, files.tokenizer_json, image, progress=False, tile_rows=0)
+    with llm_mod.Model(str(image)) as m:
+        memory, shape = m.memory(), cm.Shape.from_config(m.config())
+    certified = any(n == "head_tiles" for n, _, _ in memory)
+    assert certified != name.endswith("-dense")
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    got = {n: b for n, _, b in memory if n in want}
+    assert set(got) == set(want)
+    assert {n: b for n, b in got.items() if n != "engine"} == \
+        {n: b for n, b in want.items() if n != "engine"}
+
+
+@pytest.mark.parametrize("name", ["untied", "long"])
+def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
+    """The same on the stories260K shape (grouped-query attention, no PLE): group
+    64 with its certificate, and group 32 at a 1024 context (V as floats, the
+    head dense). Needs the engine with the llama2.c family (its test helper)."""
+    models = pytest.importorskip("llama2c_models")
+    image = tmp_path / f"{name}.img"
+    models.write_llama2c_image(image, name)
+    with llm_mod.Model(str(image)) as m:
+        memory, shape = m.memory(), cm.Shape.from_config(m.config())
+    assert shape.n_kv_heads == 4 and not shape.has_ple
+    certified = any(n == "head_tiles" for n, _, _ in memory)
+    assert certified == (name == "untied")
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    got = {n: b for n, _, b in memory if n in want}
+    assert set(got) == set(want)
+    assert {n: b for n, b in got.items() if n != "engine"} == \
+        {n: b for n, b in want.items() if n != "engine"}

@@ -86,6 +86,13 @@ def backed_off(before: list[int], line: str) -> tuple[list[int], bytes]:
     m = re.search(r" ?[A-Za-z]+$| ?[0-9]+$", line)
     if not m:
         return before + tok.encode(line), b""
+    if tok.sentencepiece:  # one piece per line: the word is the ids that spell " word"
+        ids = tok.encode(line, None, not before)
+        word = (m.group() if m.start() or m.group()[:1] == " " else " " + m.group()).encode()
+        k = 1
+        while not b"".join(tok.token_bytes(i) for i in ids[-k:]).endswith(word):
+            k += 1
+        return before + ids[:-k], b"".join(tok.token_bytes(i) for i in ids[-k:])
     context = before + tok.encode(line[:m.start()]) if m.start() else list(before)
     word = tok.encode(m.group())
     if not context:
@@ -104,8 +111,9 @@ def healed_reply(image: Path, context: list[int], word: bytes, n: int, temperatu
     starts outside a word (or is <|endoftext|>); then up to n reply ids as the
     engine chooses them."""
     tok = llm.tokenizer()
+    stops = set(tok.stop_ids)  # <|endoftext|>; llama2.c's BOS and EOS
     with _llm.Model(str(image)) as m:
-        eot, vocab = m.config()["eot_id"], m.config()["vocab_out"]
+        vocab = m.config()["vocab_out"]
         texts = [tok.token_bytes(i) for i in range(vocab)]
         specials = set(tok.special_ids)
 
@@ -118,7 +126,7 @@ def healed_reply(image: Path, context: list[int], word: bytes, n: int, temperatu
             return b.startswith(left) and not WORD.match(b[len(left):])
 
         def outside(i: int) -> bool:
-            return i == eot or (i not in specials and not WORD.match(texts[i]))
+            return i in stops or (i not in specials and not WORD.match(texts[i]))
 
         def likeliest(fits) -> int:  # type: ignore[no-untyped-def]
             logits = np.frombuffer(m.logits(), "<f4")
@@ -142,7 +150,7 @@ def healed_reply(image: Path, context: list[int], word: bytes, n: int, temperatu
         if not skip and not outside(t):
             t = likeliest(outside)
         reply: list[int] = []
-        while t != eot and len(reply) < n:
+        while t not in stops and len(reply) < n:
             reply.append(t)
             if len(reply) < n:
                 t = m.step(t)
@@ -572,14 +580,25 @@ HEAL_LINES = [ISSUE_LINE, "The dog ran to the park", "She counted to 42", "Tim s
 
 
 
-@pytest.mark.parametrize("shape", ["demo", "tiny"])
-def test_a_reply_never_starts_inside_the_last_word(shape, demo_image, tiny_model) -> None:  # type: ignore[no-untyped-def]
-    """Both tokenizers (the demo's trained BPE and the tiny model's synthetic
-    one): after a line that ends in a word, the reply starts outside it, the
+@pytest.fixture(scope="module")
+def llama2c_demo_image(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    from mpllm.convert import convert
+
+    demo = ROOT / "models" / "llama2c-demo"
+    out = tmp_path_factory.mktemp("l2c") / "l2c.img"
+    convert(demo / "model.bin", demo / "tokenizer.bin", out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("shape", ["demo", "tiny", "llama2c"])
+def test_a_reply_never_starts_inside_the_last_word(shape, request, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Each tokenizer (the demo's trained BPE, the tiny model's synthetic
+    one, the llama2.c demo's sentencepiece): after a line that ends in a word, the reply starts outside it, the
     line is in the story once, the story's ids spell its text, and the reply
     is exactly the rule's (healed_reply, a fresh model). The issue's line
     and seed: the model alone goes on inside "robot"."""
-    image = demo_image if shape == "demo" else tiny_model.image
+    image = tiny_model.image if shape == "tiny" else request.getfixturevalue(
+        {"demo": "demo_image", "llama2c": "llama2c_demo_image"}[shape])
     llm.load(str(image))
     try:
         tok = llm.tokenizer()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import setup_dev
+from board_manifest import manifest_calls
 from conftest import need_tool
 from mpllm.board import firmware_pins as pins
 from mpllm.formats.partitions import (
@@ -31,6 +32,8 @@ from mpllm.formats.partitions import (
 ROOT = Path(__file__).resolve().parent.parent
 BOARD = ROOT / pins.BOARD_DIR
 MiB = 1024 * 1024
+BOARDS = list(pins.BOARDS.values())
+BOARD_IDS = [b.name for b in BOARDS]
 
 # What MicroPython v1.28.0's esp32 port needs from a board directory, and why:
 REQUIRED_BOARD_FILES = {
@@ -43,28 +46,32 @@ REQUIRED_BOARD_FILES = {
     # named (absolute path) by the fragment mpconfigboard.cmake writes
     "partitions.csv": "the partition table with the model partition",
     # set as MICROPY_FROZEN_MANIFEST by mpconfigboard.cmake
-    "manifest.py": "freezes firmware/modules (llm.py, llm_tokenizer.py, llm_bench.py) on top of the port's own manifest",
+    "manifest.py": "freezes every firmware/modules/*.py (through firmware/boards/manifest.py) on top of the port's own manifest",
 }
 # board.json and pins.csv are optional: board.json only feeds MicroPython's
 # autobuild and website, pins.csv only named pins (the port checks EXISTS).
 
-# Port-provided sdkconfig fragments our board includes (present in v1.28.0's
+# Port-provided sdkconfig fragments each board includes (present in v1.28.0's
 # ports/esp32/boards/; the MICROPY_DIR test re-checks them in a checkout).
-PORT_FRAGMENTS = ["sdkconfig.base", "sdkconfig.ble", "sdkconfig.240mhz",
-                  "sdkconfig.spiram_sx", "sdkconfig.spiram_oct"]
+# None is sdkconfig.ble: mpllm uses no Bluetooth.
+PORT_FRAGMENTS = {
+    "n16r8": ["sdkconfig.base", "sdkconfig.240mhz", "sdkconfig.spiram_sx", "sdkconfig.spiram_oct"],
+    "n8": ["sdkconfig.base", "sdkconfig.240mhz"],
+}
 
 
-def table():
-    return load_partitions(BOARD / "partitions.csv")
+def table(board: pins.BoardPins = pins.DEFAULT_BOARD):
+    return load_partitions(ROOT / board.board_dir / "partitions.csv")
 
 
 # ---------------------------------------------------------------------------
 # partition table
 
 
-def test_partition_table_layout() -> None:
-    parts = table()
-    check_layout(parts, pins.FLASH_BYTES)
+@pytest.mark.parametrize("board", BOARDS, ids=BOARD_IDS)
+def test_partition_table_layout(board: pins.BoardPins) -> None:
+    parts = table(board)
+    check_layout(parts, board.flash_bytes)
     assert [p.name for p in parts] == ["nvs", "phy_init", "factory", "model"]
     app = find(parts, "factory")
     assert app.type == 0x00 and app.offset == 0x10000
@@ -72,11 +79,11 @@ def test_partition_table_layout() -> None:
     model = find(parts, pins.MODEL_PARTITION)
     assert (model.type, model.subtype) == (0x01, pins.MODEL_SUBTYPE)
     assert model.offset == 0x200000 and model.offset % 0x10000 == 0
-    assert model.size == 13 * MiB
+    assert model.size == board.model_bytes
     # MicroPython v1.28.0 ports/esp32/main.c (boardctrl_startup): with no "vfs" or
     # "ffat" entry, it registers "vfs" from the end of the last partition to the
     # end of flash. That tail is the user's filesystem.
-    assert free_tail(parts, pins.FLASH_BYTES) == (0xF00000, 1 * MiB)
+    assert free_tail(parts, board.flash_bytes) == (board.flash_bytes - MiB, 1 * MiB)
 
 
 def test_release_image_fits_the_model_partition(release_model) -> None:
@@ -111,7 +118,9 @@ def test_parse_errors_name_the_line() -> None:
 # board directory
 
 
-def test_board_dir_has_what_the_port_needs() -> None:
+@pytest.mark.parametrize("board", BOARDS, ids=BOARD_IDS)
+def test_board_dir_has_what_the_port_needs(board: pins.BoardPins) -> None:
+    BOARD = ROOT / board.board_dir
     missing = [f"{name} ({why})" for name, why in REQUIRED_BOARD_FILES.items()
                if not (BOARD / name).is_file()]
     assert not missing, f"{BOARD} lacks: {missing}"
@@ -120,7 +129,7 @@ def test_board_dir_has_what_the_port_needs() -> None:
     defaults = re.search(r"set\(SDKCONFIG_DEFAULTS(.*?)\)", cmake, re.DOTALL).group(1).split()
     port_files = [d for d in defaults if d.startswith("boards/")]
     board_files = [d for d in defaults if d.startswith("${MICROPY_BOARD_DIR}/")]
-    assert [Path(d).name for d in port_files] == PORT_FRAGMENTS
+    assert [Path(d).name for d in port_files] == PORT_FRAGMENTS[board.name]
     for d in board_files:
         assert (BOARD / d.split("/", 1)[1]).is_file(), d
     # ESP-IDF resolves a relative table name against the port directory, so the
@@ -141,34 +150,41 @@ def _sdkconfig(path: Path) -> dict[str, str]:
     return out
 
 
-def test_sdkconfig_facts() -> None:
+@pytest.mark.parametrize("board", BOARDS, ids=BOARD_IDS)
+def test_sdkconfig_facts(board: pins.BoardPins) -> None:
+    BOARD = ROOT / board.board_dir
     cfg = _sdkconfig(BOARD / "sdkconfig.board")
     want = {
         "CONFIG_ESPTOOLPY_FLASHMODE_QIO": "y",
         "CONFIG_ESPTOOLPY_FLASHFREQ_80M": "y",
-        "CONFIG_ESPTOOLPY_FLASHSIZE_16MB": "y",
+        f"CONFIG_ESPTOOLPY_FLASHSIZE_{board.flash_bytes // MiB}MB": "y",
         "CONFIG_PARTITION_TABLE_CUSTOM": "y",
-        "CONFIG_SPIRAM_SPEED_80M": "y",
         "CONFIG_ESP32S3_DATA_CACHE_32KB": "y",
         "CONFIG_ESP32S3_DATA_CACHE_LINE_64B": "y",
     }
     assert {k: cfg.get(k) for k in want} == want
-    # 240 MHz and octal PSRAM come from the port's fragments, in this order
-    # (later files override earlier ones: spiram_oct switches spiram_sx's quad
-    # mode to octal).
     cmake = (BOARD / "mpconfigboard.cmake").read_text()
-    assert cmake.index("sdkconfig.spiram_sx") < cmake.index("sdkconfig.spiram_oct")
-    assert "sdkconfig.240mhz" in cmake
+    defaults = re.search(r"set\(SDKCONFIG_DEFAULTS(.*?)\)", cmake, re.DOTALL).group(1)
+    assert "sdkconfig.240mhz" in defaults
+    # no Bluetooth: neither its sdkconfig fragment nor MicroPython's module
+    assert "sdkconfig.ble" not in defaults
+    assert re.search(r"#define MICROPY_PY_BLUETOOTH\s+\(0\)",
+                     (BOARD / "mpconfigboard.h").read_text())
+    if board.psram_bytes:
+        assert cfg.get("CONFIG_SPIRAM_SPEED_80M") == "y"
+        # octal PSRAM comes from the port's fragments, in this order (later
+        # files override earlier ones: spiram_oct switches spiram_sx's quad
+        # mode to octal)
+        assert defaults.index("sdkconfig.spiram_sx") < defaults.index("sdkconfig.spiram_oct")
+    else:
+        # a board without PSRAM must not include a fragment that enables it
+        assert cfg.get("CONFIG_SPIRAM") == "n" and "spiram" not in defaults
 
 
-def test_manifest_freezes_llm() -> None:
-    calls: list[tuple[str, str, str]] = []
-    env = {
-        "include": lambda path: calls.append(("include", path, "")),
-        "module": lambda name, base_path=".": calls.append(("module", name, base_path)),
-    }
-    # our own file, run the way MicroPython's makemanifest.py runs it
-    exec(compile((BOARD / "manifest.py").read_text(), "manifest.py", "exec"), env)  # noqa: S102
+@pytest.mark.parametrize("board", BOARDS, ids=BOARD_IDS)
+def test_manifest_freezes_llm(board: pins.BoardPins) -> None:
+    BOARD = ROOT / board.board_dir
+    calls = manifest_calls(BOARD)
     assert ("include", "$(PORT_DIR)/boards/manifest.py", "") in calls
     mods = [c for c in calls if c[0] == "module"]
     # every board module the repository has (llm.py and what it imports,
@@ -231,7 +247,7 @@ MICROPY_DIR = os.environ.get("MICROPY_DIR")
 def test_board_against_checkout() -> None:
     mp = Path(MICROPY_DIR)
     esp32 = mp / "ports" / "esp32"
-    for name in PORT_FRAGMENTS:
+    for name in sorted({f for fs in PORT_FRAGMENTS.values() for f in fs}):
         assert (esp32 / "boards" / name).is_file(), f"{name} not in {esp32 / 'boards'}"
     main_c = (esp32 / "main.c").read_text()
     # the filesystem-from-free-tail behaviour test_partition_table_layout relies on

@@ -210,7 +210,7 @@ def test_flash_writes_and_verifies_at_partition_offsets(
     (REPORT_S3.replace("ESP32-S3 (QFN56) (revision v0.2)", "ESP32-D0WD-V3 (revision v3.1)"),
      "is a ESP32-D0WD-V3 (revision v3.1), not an ESP32-S3"),
     (REPORT_S3.replace("Detected flash size: 16MB", "Detected flash size: 8MB"),
-     "has 8 MB of flash; mpllm needs 16 MB"),
+     "has 8 MB of flash; --board n16r8 needs 16 MB (an N16R8)"),
     (REPORT_S3.replace(", Embedded PSRAM 8MB (AP_3v3)", ""), "reports no embedded PSRAM"),
     ("Chip is ESP32 (revision v1.0)\nDetected flash size: 4MB\n", "not an ESP32-S3"),
     ("A fatal error occurred: Failed to connect\n", "did not report a chip type"),
@@ -239,6 +239,37 @@ def test_esptool_4_report_is_understood() -> None:
     flash.check_chip(info, skip_psram=False)
     assert flash.esptool_cmd(4)("write-flash") == "write_flash"
     assert flash.esptool_cmd(5)("write-flash") == "write-flash"
+
+
+def test_the_board_without_psram_takes_any_s3_with_8_mb() -> None:
+    n8 = pins.BOARDS["n8"]
+    no_psram = flash.parse_chip_report("Chip is ESP32-S3 (QFN56) (revision v0.2)\n"
+                                       "Features: WiFi, BLE\nDetected flash size: 8MB\n")
+    flash.check_chip(no_psram, skip_psram=False, board=n8)  # no PSRAM asked for
+    with pytest.raises(flash.FlashError, match="no embedded PSRAM.*takes --board n8"):
+        flash.check_chip(flash.ChipInfo(no_psram.chip, 16 * 2**20, None), skip_psram=False)
+    small = flash.ChipInfo(no_psram.chip, 4 * 2**20, None)
+    with pytest.raises(flash.FlashError, match="has 4 MB of flash; --board n8 needs 8 MB"):
+        flash.check_chip(small, skip_psram=False, board=n8)
+
+
+def test_dry_run_n8_builds_its_board_and_writes_stories260k(
+        capfd: pytest.CaptureFixture[str], isolated_cache: Path) -> None:
+    """--board n8 (no PSRAM): its own board folder and build, its own
+    partition table (5 MiB model partition), and by default llama2.c's
+    stories260K (the release model would not fit)."""
+    n8 = pins.BOARDS["n8"]
+    rc = flash.main(["--board", "n8", "--dry-run", "--port", "/dev/ttyUSB0"])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    mp = isolated_cache / "mpllm" / f"micropython-{pins.MICROPYTHON_TAG}"
+    assert f"BOARD_DIR={ROOT / n8.board_dir} USER_C_MODULES=" in out
+    assert f"model at {MODEL_OFFSET:#x} ({n8.model_bytes} bytes)" in out
+    assert f"{mp}/ports/esp32/build-MPLLM_N8/firmware.bin" in out
+    model, tok = flash.load_pins(ROOT / "models" / "stories260k.json")
+    assert f"download {model.url} " in out and f"download {tok.url} " in out
+    assert "(check: chip is an ESP32-S3, flash >= 8 MB)" in out
+    assert files_under(isolated_cache) == []
 
 
 def test_failed_verification_is_an_error(fake_esptool: Path, local_parts: tuple[Path, Path],
@@ -589,3 +620,83 @@ def test_host_board_refuses_a_corrupted_image_before_pip(
     assert ran == []
     assert flash.main(["--board", "host", "--image", str(img)]) == 0
     assert ran and ran[0][-3:] == ["install", "-e", str(ROOT)]
+
+
+# ---------------------------------------------------------------------------
+# models by name (--model NAME): llama2.c's stories260K, the bundled demos
+
+
+def test_dry_run_stories260k_downloads_the_pinned_files(capfd: pytest.CaptureFixture[str],
+                                                        isolated_cache: Path) -> None:
+    """--model stories260k: the published files, each verified against its
+    pinned size and sha256 (models/stories260k.json), then converted; on the
+    host board then the chat command, on the N16R8 then the flash commands."""
+    model, tok = flash.load_pins(ROOT / "models" / "stories260k.json")
+    assert (model.name, model.size) == ("stories260K.bin", 1056540)
+    assert model.url == ("https://huggingface.co/karpathy/tinyllamas/resolve/main/stories260K/"
+                         "stories260K.bin")
+    assert tok.url.endswith("/stories260K/tok512.bin") and tok.size == 6227
+    dest = isolated_cache / "mpllm" / "models" / "stories260k"
+    for board in (["--board", "host"], ["--board", "n16r8", "--port", "/dev/ttyACM0"]):
+        rc = flash.main([*board, "--dry-run", "--model", "stories260k"])
+        out = capfd.readouterr().out
+        assert rc == 0, out
+        for pin in (model, tok):
+            assert (f"download {pin.url} -> {dest / pin.name} (verify {pin.size} bytes, "
+                    f"sha256 {pin.sha256})") in out
+        assert f"convert {dest / model.name} {dest / tok.name} -> " in out
+        assert ("tools/chat.py --board host" in out) == (board[1] == "host")
+        assert ("write-flash" in out) == (board[1] == "n16r8")
+    assert files_under(isolated_cache) == []
+
+
+def test_dry_run_llama2c_demo_by_name(capfd: pytest.CaptureFixture[str]) -> None:
+    rc = flash.main(["--board", "host", "--dry-run", "--model", "llama2c-demo"])
+    out = capfd.readouterr().out
+    demo = ROOT / "models" / "llama2c-demo"
+    assert rc == 0 and f"convert {demo / 'model.bin'} {demo / 'tokenizer.bin'} -> " in out
+    rc = flash.main(["--board", "host", "--dry-run", "--model", "no-such-model"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "--model and --tokenizer go together" in err and "stories260k" in err
+
+
+@pytest.mark.parametrize("wrong", [None, "tok512.bin"])
+def test_stories260k_download_convert_and_flash(http_dir: tuple[str, Path], tmp_path: Path,
+                                                fake_esptool: Path, wrong: str | None,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The download path of --model stories260k, served from 127.0.0.1 (a
+    llama2.c v0 checkpoint and its tokenizer.bin under the published names):
+    verified, converted into a llama2c image and written; a file that does
+    not match its pin is refused and nothing is kept or written."""
+    from mpllm.formats.image import read_image
+    from mpllm.models import NAMED_MODELS, NamedModel
+
+    base, root = http_dir
+    demo = ROOT / "models" / "llama2c-demo"
+    files = {"stories260K.bin": (demo / "model.bin").read_bytes(),
+             "tok512.bin": (demo / "tokenizer.bin").read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    pins_json = _release(tmp_path / "stories260k.json", base, files, wrong=wrong)
+    data = json.loads(pins_json.read_text())
+    pins_json.write_text(json.dumps({**data, "model": "stories260K.bin",
+                                     "tokenizer": "tok512.bin"}))
+    monkeypatch.setitem(NAMED_MODELS, "stories260k",
+                        NamedModel("stories260k", "served here", pins=pins_json))
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model",
+                     "--model", "stories260k", "--cache", str(cache)])
+    err = capfd.readouterr().err
+    if wrong:
+        assert rc == 2 and f"download of {wrong}" in err and "nothing was kept" in err
+        assert [p.name for p in files_under(cache)] == ["stories260K.bin"]  # verified
+        assert calls(fake_esptool) == []
+        return
+    assert rc == 0, err
+    images = list((cache / "images").glob("*.img"))
+    assert len(images) == 1
+    img = read_image(images[0])
+    assert img.weights.config.family == "llama2c" and img.drafts.entries > 0
+    write = next(c for c in calls(fake_esptool) if "write-flash" in c)
+    assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]

@@ -143,7 +143,9 @@ def _bin(texts: list[bytes], scores: list[float]) -> bytes:
 @pytest.mark.parametrize(("data", "message"), [
     (b"\x01\x00", "too short for its header"),
     (struct.pack("<i", 0), "max token length 0"),
-    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab", "length 3"),
+    (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 3) + b"ab",
+     "truncated in the text of token 0"),
+    (struct.pack("<i", 2) + struct.pack("<fi", 0.0, 3) + b"abc", "length 3 .the header's max"),
     (struct.pack("<i", 8) + struct.pack("<f", 0.0), "truncated in the entry of token 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", 0.0, 0), "token 0 has length 0"),
     (struct.pack("<i", 8) + struct.pack("<fi", float("nan"), 1) + b"a", "NaN score"),
@@ -179,3 +181,45 @@ def test_tokenizer_bin_round_trip(tmp_path: Path):
     tables = llama2c.load_tokenizer_bin(p)
     assert tables.vocab_size == 400 and tables.special_ids == [1, 2]
     assert tables.token_bytes[3 + 0x41] == b"A"  # a byte piece decodes to its byte
+
+
+DEMO_TOKENIZER = ROOT / "models" / "llama2c-demo" / "tokenizer.bin"
+
+
+@pytest.mark.parametrize("vocab", ["llama2", "demo", "synthetic"])
+def test_token_id_is_the_token_encode_makes_of_its_text(vocab, llama2_vocab):
+    """Token healing looks tokens up by their text (Tokenizer.token_id): with
+    sentencepiece that is the merges from characters, as encode() runs them
+    (from bytes, as byte-level BPE starts, no token longer than one
+    character would be found)."""
+    texts, scores = (llama2_vocab if vocab == "llama2" else
+                     llama2c.read_tokenizer_bin(DEMO_TOKENIZER.read_bytes()) if vocab == "demo"
+                     else synthetic_vocab())
+    tok = _board_tokenizer(texts, scores)
+    found = 0
+    ids = range(len(texts)) if vocab != "llama2" else range(0, len(texts), 7)
+    for i in ids:
+        t = tok.token_bytes(i)
+        if i in tok.special_ids or i < 3:
+            continue
+        made = tok.encode(t.decode("utf-8", "replace"), bos=False) if t.isascii() else None
+        got = tok.token_id(t)
+        if made is not None:
+            assert got == (made[0] if len(made) == 1 else -1), (i, t, made, got)
+        found += got == i and len(t) > 1
+    assert found > len(ids) // 3
+
+
+@pytest.mark.parametrize("vocab", ["llama2", "synthetic"])
+def test_encode_without_bos_goes_on_a_text(vocab, llama2_vocab):
+    """bos=False: the ids of text that continues a text (a co-writing line):
+    no BOS and no space put in front, so encode(" " + s, bos=False) is
+    encode(s) without its BOS, and decoding gives the text back."""
+    tok = _board_tokenizer(*(llama2_vocab if vocab == "llama2" else synthetic_vocab()))
+    for s in strings(150, 11):
+        if not s:
+            continue
+        assert tok.encode(" " + s, bos=False) == tok.encode(s)[1:], s
+        more = tok.encode(s, bos=False)
+        assert tok.bos_id not in more
+        assert tok.decode(more) == s, s

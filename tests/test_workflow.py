@@ -85,8 +85,9 @@ def test_the_workflow_and_flash_py_build_through_one_builder(
     assert "python3 -m mpllm.board.firmware_build" in runs and '. "$IDF_PATH/export.sh"' in runs
     called = []
 
-    def fake_build(mp, cache, run, env):  # type: ignore[no-untyped-def]
+    def fake_build(mp, cache, run, env, *, board):  # type: ignore[no-untyped-def]
         called.append(mp)
+        assert board is pins.DEFAULT_BOARD
         raise firmware_build.IdfMissing("ESP-IDF not found: (stub)")
 
     monkeypatch.setattr(firmware_build, "build", fake_build)

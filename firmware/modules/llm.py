@@ -77,7 +77,7 @@ def prompt_lookup(context, max_len, max_ngram=3):
         n -= 1
     return []
 
-STOP_EOT = "eot"  # the model wrote <|endoftext|>
+STOP_EOT = "eot"  # the model wrote <|endoftext|> (llama2.c: BOS or EOS)
 STOP_BUDGET = "budget"  # max_tokens story tokens were written
 STOP_CONTEXT = "context"  # prompt + story filled the context
 STOP_INTERRUPTED = "interrupted"  # Ctrl-C, or the caller stopped iterating
@@ -152,18 +152,21 @@ def drafter(model, draft="auto"):
     return draft
 
 
-def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=None):
+def decode_tokens(model, token, n, draft=None, context=None, stops=(), counts=None):
     """The n tokens plain decoding writes after `token` (the engine's last
     choice, not yet fed), one at a time: model.step, or with a drafter
     (function (context ids, n) -> guesses; `context` the ids fed so far)
     verify passes that feed the token and up to MAX_DRAFT guesses at once
     and keep what plain decoding would have chosen, so the tokens are the
-    same. No guess is kept past `eot`. `counts` (a dict) gets produced
+    same. No guess is kept past a stop id (`stops`: the tokenizer's
+    stop_ids, or None). `counts` (a dict) gets produced
     (tokens the engine chose), passes, drafted and accepted added to it."""
     if counts is None:
         counts = {}
     for key in ("produced", "passes", "drafted", "accepted"):
         counts.setdefault(key, 0)
+    if stops is None:
+        stops = ()
     cfg = model.config()
     seq_len = cfg["seq_len"]
     vocab = cfg["vocab_out"]
@@ -185,7 +188,7 @@ def decode_tokens(model, token, n, draft=None, context=None, eot=None, counts=No
             at = model.pos()
             got = model.verify([token] + guess)
             a = 0  # guesses kept
-            while a < len(guess) and guess[a] == got[a] and got[a] != eot:
+            while a < len(guess) and guess[a] == got[a] and got[a] not in stops:
                 a += 1
             model.rewind(at + a + 1)
             context.extend(guess[:a])
@@ -280,6 +283,7 @@ class Session:
         # a board's heap)
         self.seq_len = 0
         self.eot_id = 0
+        self.stop_ids = ()  # the tokenizer's: where a story ends
         self.vocab_out = 0
         self._inside = None  # _inside_word()'s bitmap, once it is needed
         self.last = {}  # stats of the last (or running) generation
@@ -332,6 +336,7 @@ class Session:
         self.tokenizer = tok
         self.seq_len = cfg["seq_len"]
         self.eot_id = cfg["eot_id"]
+        self.stop_ids = tok.stop_ids
         self.vocab_out = cfg["vocab_out"]
         self._inside = None
         try:  # the tokenizer built its merge table: give the garbage back now
@@ -451,7 +456,7 @@ class Session:
             model = self.load()
             seq_len = self.seq_len
             token_bytes = self.tokenizer.token_bytes
-            eot = self.eot_id
+            stops = self.stop_ids
             decoder = Utf8Decoder()
             if kept:
                 model.rewind(kept)
@@ -474,9 +479,9 @@ class Session:
             at_prefill = model.stats()
             n_prompt = len(context) + len(healed)
             budget = min(max_tokens, seq_len - n_prompt)
-            following = decode_tokens(model, token, budget - 1, draft, context + healed, eot,
+            following = decode_tokens(model, token, budget - 1, draft, context + healed, stops,
                                       stats)
-            while token is not None and token != eot:
+            while token is not None and token not in stops:
                 story.append(token)
                 out.append(token)
                 stats["tokens"] = len(story)
@@ -487,7 +492,7 @@ class Session:
                 if len(story) >= budget:
                     break
                 token = next(following)
-            if token == eot:
+            if token in stops:
                 stop = STOP_EOT
             elif len(story) >= max_tokens:
                 stop = STOP_BUDGET
@@ -515,15 +520,15 @@ class Session:
         text, or all of it followed by a byte that is no part of a word),
         else the likeliest token that spells the next bytes (_likeliest);
         after the text, the engine's choice if it starts outside the word (or
-        is <|endoftext|>), else the likeliest that does. The tokens that
-        re-write the text are fed and appended to `healed`. Returns (the
+        ends the story: a stop id), else the likeliest that does. The tokens
+        that re-write the text are fed and appended to `healed`. Returns (the
         story's first token, not fed; how many of its bytes end the word),
         or (None, 0) when the context filled first. The engine's seeded
         choices and its logits are the same everywhere, so is the healing."""
         token_bytes = self.tokenizer.token_bytes
         left = b"".join([token_bytes(i) for i in backed])
         while left:
-            if token == self.eot_id or not _spells(token_bytes(token), left):
+            if token in self.stop_ids or not _spells(token_bytes(token), left):
                 token = self._likeliest(model, left)
             b = token_bytes(token)
             if len(b) > len(left):
@@ -533,7 +538,7 @@ class Session:
             left = left[len(b):]
             healed.append(token)
             token = model.step(token)
-        if token != self.eot_id and word_byte(token_bytes(token)[0]):
+        if token not in self.stop_ids and word_byte(token_bytes(token)[0]):
             token = self._likeliest(model, b"")
         return token, 0
 
@@ -541,7 +546,7 @@ class Session:
         """The token with the highest logit (the lowest id on a tie) among
         those whose text is a beginning of `left` (looked up by their bytes:
         a few, whatever the vocabulary), or with left empty among those that
-        start outside a word, <|endoftext|> included (one pass over the
+        start outside a word, the stop ids included (one pass over the
         logits, the text read from a bitmap)."""
         import struct
 
@@ -588,8 +593,9 @@ class Session:
 
     def _inside_word(self):
         """A bit per token the story may not start with after a word: its
-        text starts with a word byte, or it is a special token other than
-        <|endoftext|>. Built once per model (vocab_out / 8 bytes)."""
+        text starts with a word byte, or it is a special token that does
+        not end a story (stop_ids: <|endoftext|>; llama2.c's BOS and EOS).
+        Built once per model (vocab_out / 8 bytes)."""
         bits = self._inside
         if bits is None:
             n = self.vocab_out
@@ -599,7 +605,7 @@ class Session:
                 if word_byte(first[i]):
                     bits[i >> 3] |= 1 << (i & 7)
             for i in self.tokenizer.special_ids:
-                if i != self.eot_id and i < n:
+                if i not in self.stop_ids and i < n:
                     bits[i >> 3] |= 1 << (i & 7)
             self._inside = bits
         return bits

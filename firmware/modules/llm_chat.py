@@ -95,12 +95,14 @@ class CoWriter:
 
     def _line(self, line, ends=None):
         """(text, ids) of a typed line as it joins the story: one space
-        between the story and the line unless either side has one."""
+        between the story and the line unless either side has one. A
+        llama2.c tokenizer starts only the story with BOS: a later line goes
+        on the same text (encode's bos=False)."""
         if self.text and not self.text[-1:].isspace() and not line[:1].isspace():
             line = " " + line
         session = self.session
         session.load()
-        ids = session.tokenizer.encode(line, ends)
+        ids = session.tokenizer.encode(line, ends, not self.text)
         if session.tokenizer.decode(ids) != line:
             raise ValueError("this line has characters the model's tokenizer cannot represent")
         seq_len = session.seq_len
@@ -171,10 +173,21 @@ class CoWriter:
         re-writes itself before the reply (token healing: Session.run's
         heal), and how many more positions that may take at most; else
         (None, 0)."""
-        token_bytes = self.session.tokenizer.token_bytes
-        if not llm.word_byte(token_bytes(ids[-1])[-1]):
+        tok = self.session.tokenizer
+        token_bytes = tok.token_bytes
+        if ids[-1] == tok.bos_id or not llm.word_byte(token_bytes(ids[-1])[-1]):
             return None, 0
-        n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
+        if tok.sentencepiece:
+            # one piece for the whole line (its merges cross words): the word
+            # is the last ids back to the one that starts after a non-word
+            # byte (sentencepiece puts the space in front of a word's token)
+            n = 0
+            while n < len(ids) and ids[-1 - n] != tok.bos_id:
+                n += 1
+                if not llm.word_byte(token_bytes(ids[-n])[0]):
+                    break
+        else:
+            n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
         spelled = 0
         for i in ids[len(ids) - n:]:
             spelled += len(token_bytes(i))

@@ -359,9 +359,14 @@ class Tokenizer:
 
     def token_id(self, data):
         """The id of the token whose text is the bytes `data`, as the merges
-        build it (what encode() makes of them as one piece), else -1."""
+        build it (what encode() makes of them as one piece), else -1.
+        sentencepiece: the merges start from characters, not bytes (see
+        encode), and no space is put in front."""
         out = []
-        self._bpe(data, 0, len(data), out)
+        if self.sentencepiece:
+            self._merge(self._sp_symbols(data), out)
+        else:
+            self._bpe(data, 0, len(data), out)
         if len(out) == 1 and self.token_bytes(out[0]) == data:
             return out[0]
         return -1
@@ -397,7 +402,7 @@ class Tokenizer:
         parts.append(d.flush())
         return "".join(parts)
 
-    def encode(self, text, ends=None):
+    def encode(self, text, ends=None, bos=True):
         """Token ids of `text` (a str); see the module notes for non-ASCII text.
 
         ends (a list): gets the number of ids after each pre-tokenizer piece.
@@ -410,9 +415,12 @@ class Tokenizer:
         in front, as single characters (a character the vocabulary lacks as
         its UTF-8 bytes, one byte-fallback token each), merged pair by pair,
         always the pair whose merged token scores best, the leftmost among
-        equals. Merges cross the whole text, so `ends` gets one entry."""
+        equals. Merges cross the whole text, so `ends` gets one entry.
+        bos=False (sentencepiece only): `text` goes on a text already begun
+        (a co-writing line after the story so far): no BOS and no space put
+        in front."""
         if self.sentencepiece:
-            return self._encode_sentencepiece(text, ends)
+            return self._encode_sentencepiece(text, ends, bos)
         b = text.encode("utf-8")
         n = len(b)
         # Class of the character starting at each byte; 0 on continuation bytes.
@@ -486,30 +494,35 @@ class Tokenizer:
             self._bpe(b, start, i, out, ends)
         return out
 
-    def _encode_sentencepiece(self, text, ends):
-        out = [self.bos_id]
+    def _encode_sentencepiece(self, text, ends, bos):
+        out = [self.bos_id] if bos else []
         if text:
-            b = (" " + text).encode("utf-8")
-            syms = []
-            ids = self._codepoint_ids
-            byte_ids = self._byte_ids
-            i = 0
-            n = len(b)
-            while i < n:
-                c = b[i]
-                w = 1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4
-                t = ids.get(b[i : i + w], -1)
-                if t >= 0:
-                    syms.append(t)
-                else:
-                    for k in range(i, min(i + w, n)):
-                        if byte_ids[b[k]] != _TOK_NO_ID:
-                            syms.append(byte_ids[b[k]])
-                i += w
-            self._merge(syms, out)
+            self._merge(self._sp_symbols((" " + text if bos else text).encode("utf-8")), out)
         if ends is not None:
             ends.append(len(out))
         return out
+
+    def _sp_symbols(self, b):
+        """sentencepiece's starting symbols of the UTF-8 bytes b: one per
+        character, or the byte-fallback tokens of its bytes when the
+        vocabulary lacks it."""
+        syms = []
+        ids = self._codepoint_ids
+        byte_ids = self._byte_ids
+        i = 0
+        n = len(b)
+        while i < n:
+            c = b[i]
+            w = 1 if c < 0x80 else 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            t = ids.get(b[i : i + w], -1)
+            if t >= 0:
+                syms.append(t)
+            else:
+                for k in range(i, min(i + w, n)):
+                    if byte_ids[b[k]] != _TOK_NO_ID:
+                        syms.append(byte_ids[b[k]])
+            i += w
+        return syms
 
     def _bpe(self, b, start, end, out, ends=None):
         byte_ids = self._byte_ids

@@ -112,8 +112,12 @@ static void *advance(const void *as, intptr_t inc) {
     return (void *)((uintptr_t)as + (uintptr_t)inc);
 }
 
-static void check_sar_modelled(llm_pie_op op, uint32_t sar) {
-    if (sar > 31) fail(op, "SAR >= 32 is not modelled (silicon behaviour unverified)", sar);
+/* An instruction that shifts by SAR, begun: SAR >= 32 is not modelled. */
+static llm_pie_state *begin_sar(llm_pie_op op) {
+    llm_pie_state *st = begin(op);
+    if (st->sar > 31)
+        fail(op, "SAR >= 32 is not modelled (silicon behaviour unverified)", st->sar);
+    return st;
 }
 
 /* ---- loads and stores ---- */
@@ -260,8 +264,7 @@ void llm_pie_m_bitwise(llm_pie_op op, int qa, int qx, int qy) {
  * SAR[5:0]; left fills zeros, right is arithmetic (sign fill). [QEMU] reads
  * the core SAR (not SAR_BYTE). */
 void llm_pie_m_vshift_32(llm_pie_op op, int qa, int qs) {
-    llm_pie_state *st = begin(op);
-    check_sar_modelled(op, st->sar);
+    llm_pie_state *st = begin_sar(op);
     uint8_t r[16];
     for (int k = 0; k < 4; k++) {
         uint32_t v = u32lane(st->q[qs], k);
@@ -277,8 +280,7 @@ void llm_pie_m_vshift_32(llm_pie_op op, int qa, int qs) {
  * product signed 16-bit, the shift arithmetic, the low 8 bits kept (no
  * saturation in the TRM text; unverified on silicon). */
 void llm_pie_m_vmul_s8(int qz, int qx, int qy) {
-    llm_pie_state *st = begin(LLM_PIE_OP_EE_VMUL_S8);
-    check_sar_modelled(LLM_PIE_OP_EE_VMUL_S8, st->sar);
+    llm_pie_state *st = begin_sar(LLM_PIE_OP_EE_VMUL_S8);
     uint8_t r[16];
     for (int k = 0; k < 16; k++) {
         int64_t p = (int64_t)s8(st->q[qx], k) * s8(st->q[qy], k);

@@ -12,7 +12,9 @@
  *    with LLM_E_NOMEM, leaking nothing;
  * 3. one bit flipped in every header/table byte and in a stride over the
  *    rest, and truncation at a sweep of lengths: every one must fail with a
- *    status and a message, never crash.
+ *    status and a message, never crash;
+ * 4. the host port keeps its books per block (port_blocks.h): allocations
+ *    charge their region, frees give it back, a foreign pointer is ignored.
  * Prints one line per failed expectation and exits non-zero if any.
  */
 #include <stdio.h>
@@ -41,6 +43,16 @@ static uint8_t *aligned_copy(const uint8_t *src, size_t len) {
     if (posix_memalign((void **)&p, 16, len ? len : 16) != 0) return NULL;
     memcpy(p, src, len);
     return p;
+}
+
+/* Open img on hp (already set up), expecting success: the engine, or NULL
+ * with the failure counted under `what`. */
+static llm_engine *open_ok(const uint8_t *img, size_t len, llm_host_port *hp, const char *what) {
+    llm_engine *e = NULL;
+    llm_error err;
+    llm_status st = llm_open(&e, img, len, &hp->port, &err);
+    EXPECT(st == LLM_OK, "%s: %s", what, err.message);
+    return st == LLM_OK ? e : NULL;
 }
 
 /* Run a fixed token script; write logits of every head into out (n_heads x vocab_out). */
@@ -81,16 +93,14 @@ static void check_row_split(const uint8_t *img, size_t len, const float *want, u
     llm_host_port hp;
     llm_port_host_init(&hp);
     hp.port.parallel_rows = split_rows;
-    llm_engine *e = NULL;
-    llm_error err;
-    llm_status st = llm_open(&e, img, len, &hp.port, &err);
-    EXPECT(st == LLM_OK, "open with a row-splitting port: %s", err.message);
-    if (st != LLM_OK) return;
+    llm_engine *e = open_ok(img, len, &hp, "open with a row-splitting port");
+    if (e == NULL) return;
     size_t per = llm_get_config(e)->vocab_out;
     float *got = malloc(7 * per * sizeof(float));
     uint32_t n_got = 0;
     split_calls = 0;
-    st = run_script(e, got, &n_got, &err);
+    llm_error err;
+    llm_status st = run_script(e, got, &n_got, &err);
     EXPECT(st == LLM_OK && split_calls > 0, "row-split run: %s (%u splits)", err.message,
            split_calls);
     EXPECT(n_got == n_want && memcmp(want, got, n_want * per * 4) == 0,
@@ -103,17 +113,15 @@ static void check_row_split(const uint8_t *img, size_t len, const float *want, u
 static void check_placements(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
-    llm_engine *e = NULL;
-    llm_error err;
-    llm_status st = llm_open(&e, img, len, &hp.port, &err);
-    EXPECT(st == LLM_OK, "intact image does not open: %s", err.message);
-    if (st != LLM_OK) return;
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
     const llm_config *c = llm_get_config(e);
     size_t per = (size_t)c->vocab_out;
     float *want = malloc(7 * per * sizeof(float));
     float *got = malloc(7 * per * sizeof(float));
     uint32_t n_want = 0, n_got = 0;
-    st = run_script(e, want, &n_want, &err);
+    llm_error err;
+    llm_status st = run_script(e, want, &n_want, &err);
     EXPECT(st == LLM_OK, "script failed: %s", err.message);
     llm_reset(e);
     EXPECT(llm_pos(e) == 0 && llm_logits(e) == NULL, "reset did not clear the state");
@@ -223,7 +231,8 @@ static void check_arguments(const uint8_t *img, size_t len) {
     EXPECT(llm_open(&e, NULL, 0, &hp.port, &err) == LLM_E_ARG, "NULL image accepted");
     EXPECT(llm_open(&e, img + 1, len - 1, &hp.port, &err) == LLM_E_ARG,
            "misaligned image accepted");
-    if (llm_open(&e, img, len, &hp.port, &err) != LLM_OK) return;
+    e = open_ok(img, len, &hp, "intact image does not open after the refusals");
+    if (e == NULL) return;
     const llm_config *c = llm_get_config(e);
     int32_t next;
     int32_t bad[2] = {0, (int32_t)c->vocab_rows};
@@ -256,6 +265,36 @@ static void check_arguments(const uint8_t *img, size_t len) {
     EXPECT(hp.live_blocks == 0, "leak after context test");
 }
 
+/* The port's books (port_blocks.h): a block charges its region and its free
+ * gives it back; a pointer the port never handed out (and NULL) is ignored,
+ * books untouched. */
+static void check_port_books(void) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_region placed = LLM_REGION_COUNT;
+    void *a = hp.port.alloc(hp.port.ctx, 100, LLM_REGION_FAST, &placed);
+    void *b = hp.port.alloc(hp.port.ctx, 40, LLM_REGION_BULK, NULL);
+    EXPECT(a != NULL && b != NULL && placed == LLM_REGION_FAST, "host alloc failed");
+    EXPECT(((uintptr_t)a & 15u) == 0 && ((uintptr_t)b & 15u) == 0, "block not 16-byte aligned");
+    EXPECT(hp.in_use[LLM_REGION_FAST] == 100 && hp.in_use[LLM_REGION_BULK] == 40 &&
+               hp.live_blocks == 2,
+           "books after two allocs: fast %llu bulk %llu live %u",
+           (unsigned long long)hp.in_use[LLM_REGION_FAST],
+           (unsigned long long)hp.in_use[LLM_REGION_BULK], hp.live_blocks);
+    hp.port.free(hp.port.ctx, a);
+    uint8_t *foreign = aligned_copy((const uint8_t[32]){0}, 32);
+    hp.port.free(hp.port.ctx, foreign + 16);
+    hp.port.free(hp.port.ctx, NULL);
+    EXPECT(hp.in_use[LLM_REGION_FAST] == 0 && hp.in_use[LLM_REGION_BULK] == 40 &&
+               hp.live_blocks == 1 && hp.peak[LLM_REGION_FAST] == 100,
+           "books after freeing one block, a foreign pointer and NULL: fast %llu bulk %llu "
+           "live %u", (unsigned long long)hp.in_use[LLM_REGION_FAST],
+           (unsigned long long)hp.in_use[LLM_REGION_BULK], hp.live_blocks);
+    hp.port.free(hp.port.ctx, b);
+    EXPECT(hp.in_use[LLM_REGION_BULK] == 0 && hp.live_blocks == 0, "books after the last free");
+    free(foreign);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
@@ -278,6 +317,7 @@ int main(int argc, char **argv) {
     uint8_t *img = aligned_copy(raw, (size_t)n);
     free(raw);
     printf("%s\n", llm_build_info());
+    check_port_books();
     check_placements(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);

@@ -65,7 +65,8 @@ def build(
     cmd = [compiler, *flags, *map(str, sources), "-o", str(out), "-lm"]
     digest = hashlib.sha256(" ".join(cmd).encode())
     # Headers change kernels too: hash every header the build can include.
-    headers = sorted({*ENGINE.glob("*.h"), *PORT_HOST.glob("*.h"), *CTESTS.glob("*.h")})
+    headers = sorted({*ENGINE.glob("*.h"), *PORT_HOST.glob("*.h"), *PORT_HOST.parent.glob("*.h"),
+                      *CTESTS.glob("*.h")})
     for src in [*sources, *headers]:
         digest.update(Path(src).read_bytes())
     stamp = out.with_suffix(out.suffix + ".stamp")

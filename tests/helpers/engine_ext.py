@@ -30,7 +30,7 @@ SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 def _sources() -> list[Path]:
     native = ROOT / "native"
     files = [ROOT / "setup.py"]
-    for sub in ("engine", "binding", "port/host", "python"):
+    for sub in ("engine", "binding", "port", "port/host", "python"):
         files += sorted((native / sub).glob("*.[ch]"))
     return files
 

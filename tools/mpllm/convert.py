@@ -1,14 +1,23 @@
-"""Convert an esp32-ai model.bin + tokenizer.json into one mpllm model image.
+"""Convert a model and its tokenizer into one mpllm model image.
 
     python tools/convert.py MODEL.bin TOKENIZER.json -o OUT.img     (or: mpllm-convert)
+    python tools/convert.py MODEL.bin TOKENIZER.bin -o OUT.img      (a llama2.c checkpoint)
 
-Steps: validate the tokenizer, read model.bin (its output vocab must equal the
+Two families: the esp32-ai model.bin (magic "PLE") with its tokenizer.json,
+and llama2.c checkpoints (legacy v0, v1 fp32, v2 Q8_0; mpllm.formats.llama2c)
+with llama2.c's tokenizer.bin, quantized as mpllm.llama2c_weights says (every
+matrix int4 in groups of --group, the norms float32, q/k rows permuted for
+the engine's RoPE).
+
+Steps: validate the tokenizer, read the model (its output vocab must equal the
 tokenizer size), drop embedding/PLE rows the tokenizer can never produce, bake
 the RoPE table, fingerprint the sources, write the image (atomically), then,
 unless --drafter-stories 0, let the model write stories on this PC and store
 what it wrote as the image's n-gram drafter (speculative decoding's guesses;
 needs the host engine `_llm`), read the image back and check it equals what
-was meant to be written. Bad input exits with
+was meant to be written. A llama2.c model's quality figure (the quantized
+engine against the checkpoint's fp32 forward, mpllm.llama2c_weights.quality)
+is printed when the host engine is there. Bad input exits with
 status 2 and a one-line message, and leaves no output file behind.
 """
 
@@ -18,6 +27,7 @@ import argparse
 import dataclasses
 import hashlib
 import os
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +37,9 @@ import numpy as np
 
 from .atomic import OutputError, atomic_path, check_output
 from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
-from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS
+from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS, certifiable
 from .formats.image import (
+    BLOCK_COLS,
     KIND_NAMES,
     ImageFormatError,
     ImageReport,
@@ -36,7 +47,17 @@ from .formats.image import (
     read_image,
     write_image,
 )
+from .formats.llama2c import MAGIC as LLAMA2C_MAGIC
+from .formats.llama2c import (
+    CheckpointError,
+    Llama2cConfig,
+    check_config,
+    load_tokenizer_bin,
+    read_checkpoint,
+)
 from .formats.model import Config, QMatrix, Weights
+from .formats.tokenizer import TokenizerFormatError, TokenizerTables
+from .llama2c_weights import QUALITY_POSITIONS
 
 #: stories the model writes for its drafter when converting from the command
 #: line or flash.py (a few seconds for the demo model)
@@ -58,6 +79,9 @@ class ConvertReport:
     sections: list[Section]
     drafts_records: int = 0  # contexts in the n-gram drafter (0: none built)
     drafts_seconds: float = 0.0
+    family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
+    checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
+    certified_head: bool = False  # the image has head tiles (formats.head_tiles)
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -80,6 +104,8 @@ def rows_to_keep(vocab_in: int, tokenizer_size: int) -> int:
 def trim_vocab_rows(weights: Weights, n_rows: int) -> Weights:
     """A copy of `weights` with only the first n_rows embedding and PLE rows."""
     cfg = weights.config
+    if n_rows == cfg.vocab_in:
+        return weights  # (a llama2.c model has no PLE table to take rows of)
     if not cfg.vocab_out <= n_rows <= cfg.vocab_in:
         raise ValueError(f"cannot keep {n_rows} rows: need vocab_out {cfg.vocab_out} <= rows "
                          f"<= vocab_in {cfg.vocab_in}")
@@ -157,6 +183,7 @@ def convert(
     progress: bool | Callable[[str, int, int], None] = True,
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
+    group: int | None = None,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
@@ -165,11 +192,17 @@ def convert(
     head (native/engine/head.c); 0 stores no certificate (every row is scored).
     drafter_stories: stories the model writes (on this PC, through `_llm`) for
     the self-distilled n-gram drafter; 0 (the default here, not on the command
-    line) stores an empty table: the image decodes the same, without guesses."""
+    line) stores an empty table: the image decodes the same, without guesses.
+    group: the int4 group a llama2.c checkpoint is quantized to (a multiple of
+    32; None: mpllm.llama2c_weights.default_group, one scale per row of the
+    head, which the certified head needs); an esp32-ai model.bin keeps the
+    group it was quantized with."""
     from .formats.rope import rope_table
-    from .formats.tokenizer import load_tokenizer, tokenizer_section
+    from .formats.tokenizer import tokenizer_section
 
     model_path, tok_path, out = Path(model_bin), Path(tokenizer_json), Path(out)
+    if group is not None and (group <= 0 or group % BLOCK_COLS):
+        raise ConvertError(f"group {group}: must be a positive multiple of {BLOCK_COLS}")
     for p, what in ((model_path, "model"), (tok_path, "tokenizer")):
         if not p.is_file():
             raise ConvertError(f"{what} file not found: {p}")
@@ -181,20 +214,34 @@ def convert(
         raise ConvertError(f"output {out} would overwrite an input file")
 
     tok_bytes = tok_path.read_bytes()
-    try:
-        tables = load_tokenizer(str(tok_path))
-    except (ValueError, KeyError, TypeError) as e:
-        msg = str(e)
-        raise ConvertError(msg if str(tok_path) in msg else f"{tok_path}: {msg}") from None
-    n_tok = int(tables.vocab_size)
-
     model_bytes = model_path.read_bytes()
-    try:
-        # A v1 header states its output vocab: compare it ourselves for a clearer message.
-        expect = None if model_bytes[:4] == MAGIC_V1 else n_tok
-        weights = read_model_bin(model_bytes, vocab_out=expect)
-    except ModelFormatError as e:
-        raise ConvertError(f"{model_path}: {e}") from None
+    llama = _is_llama2c(model_bytes)
+    tables = _read_tokenizer(tok_path, tok_bytes, llama)
+    n_tok = int(tables.vocab_size)
+    version = -1
+    if llama:
+        try:
+            ck = read_checkpoint(model_bytes, str(model_path))
+        except CheckpointError as e:
+            raise ConvertError(str(e)) from None
+        if ck.config.vocab_size != n_tok:
+            raise ConvertError(
+                f"tokenizer size mismatch: {tok_path} has {n_tok} tokens but {model_path}'s "
+                f"vocabulary is {ck.config.vocab_size}; they are not from the same model")
+        from .llama2c_weights import to_weights
+
+        version = ck.version
+        try:
+            weights = to_weights(ck, group)
+        except ValueError as e:  # a weight too large for an fp16 scale
+            raise ConvertError(f"{model_path}: {e}") from None
+    else:
+        try:
+            # A v1 header states its output vocab: compare it ourselves for a clearer message.
+            expect = None if model_bytes[:4] == MAGIC_V1 else n_tok
+            weights = read_model_bin(model_bytes, vocab_out=expect)
+        except ModelFormatError as e:
+            raise ConvertError(f"{model_path}: {e}") from None
     cfg = weights.config
     if cfg.vocab_out != n_tok:
         raise ConvertError(
@@ -265,7 +312,61 @@ def convert(
                          vocab_in_source=cfg.vocab_in, rows_dropped=cfg.vocab_in - keep,
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
-                         drafts_seconds=drafts_seconds)
+                         drafts_seconds=drafts_seconds,
+                         family="llama2c" if llama else "esp32ai", checkpoint_version=version,
+                         certified_head=tile_rows > 0
+                         and certifiable(trimmed.output_head()) is None)
+
+
+def _is_llama2c(model_bytes: bytes) -> bool:
+    """Whether the model file is a llama2.c checkpoint: "ak42" (v1, v2), or no
+    magic and a legacy v0 header of seven sizes a llama2.c model can have.
+    Every esp32-ai model.bin starts with a "PLE" magic; any other file goes
+    to the esp32-ai reader, which names the magic it found."""
+    if model_bytes[:4] == struct.pack("<I", LLAMA2C_MAGIC):
+        return True
+    if model_bytes[:3] == MAGIC_V1[:3] or len(model_bytes) < 28:
+        return False
+    dims = list(struct.unpack_from("<7i", model_bytes))
+    try:
+        check_config(Llama2cConfig(*dims[:5], abs(dims[5]), dims[6], dims[5] > 0), "")
+    except CheckpointError:
+        return False
+    return True
+
+
+def _is_tokenizer_bin(data: bytes) -> bool:
+    from .formats.llama2c import read_tokenizer_bin
+
+    try:
+        read_tokenizer_bin(data)
+    except TokenizerFormatError:
+        return False
+    return True
+
+
+def _read_tokenizer(path: Path, data: bytes, llama2c: bool) -> TokenizerTables:
+    """The tokenizer's tables: tokenizer.bin for a llama2.c model, tokenizer.json
+    for an esp32-ai one; each the wrong way round gets its own message."""
+    from .formats.tokenizer import parse_tokenizer_json
+
+    if llama2c and data.lstrip()[:1] == b"{":
+        raise ConvertError(f"{path} is a tokenizer.json; a llama2.c checkpoint needs "
+                           "llama2.c's tokenizer.bin")
+    if not llama2c and _is_tokenizer_bin(data):
+        raise ConvertError(f"{path} is a llama2.c tokenizer.bin; an esp32-ai model.bin needs "
+                           "its tokenizer.json")
+    try:
+        if llama2c:
+            return load_tokenizer_bin(path)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TokenizerFormatError(f"{path} is not UTF-8: {e}") from None
+        return parse_tokenizer_json(text, where=str(path))
+    except (ValueError, KeyError, TypeError) as e:
+        msg = str(e)
+        raise ConvertError(msg if str(path) in msg else f"{path}: {msg}") from None
 
 
 def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, float]:
@@ -296,10 +397,13 @@ def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, flo
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="convert",
-        description="Convert an esp32-ai model.bin and its tokenizer.json into an mpllm model "
+        description="Convert an esp32-ai model.bin and its tokenizer.json, or a llama2.c "
+                    "checkpoint (v0, v1 or v2) and its tokenizer.bin, into an mpllm model "
                     "image (the file the engine loads and the flasher writes).")
-    ap.add_argument("model_bin", type=Path, help="esp32-ai model.bin")
-    ap.add_argument("tokenizer_json", type=Path, help="matching tokenizer.json")
+    ap.add_argument("model_bin", type=Path,
+                    help="esp32-ai model.bin, or a llama2.c checkpoint (model.bin)")
+    ap.add_argument("tokenizer_json", type=Path, metavar="tokenizer",
+                    help="the model's tokenizer.json (esp32-ai) or tokenizer.bin (llama2.c)")
     ap.add_argument("-o", "--out", type=Path, required=True, help="output image file")
     ap.add_argument("--tile-rows", type=int, default=TILE_ROWS, metavar="N",
                     help=f"head rows per certified tile (default {TILE_ROWS}; 0 stores no "
@@ -308,16 +412,31 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"stories the model writes on this PC for its n-gram drafter "
                          f"(speculative decoding's guesses; default {DRAFTER_STORIES}; 0 "
                          "stores none: same stories, no guesses)")
+    ap.add_argument("--group", type=int, metavar="N",
+                    help=f"llama2.c checkpoints: the int4 group (a multiple of {BLOCK_COLS}; "
+                         f"default: dim rounded up to {BLOCK_COLS}, one scale per head row, "
+                         "as the certified head needs; 32 quantizes finer and scores every "
+                         "head row); an esp32-ai model keeps its own")
+    ap.add_argument("--quality-positions", type=int, default=QUALITY_POSITIONS, metavar="N",
+                    help="llama2.c checkpoints: positions the quality figure compares (the "
+                         "quantized engine against the fp32 forward; needs the host engine "
+                         f"_llm; default {QUALITY_POSITIONS}, 0: none)")
     ap.add_argument("-q", "--quiet", action="store_true",
-                    help="no progress bar and no size table")
+                    help="no progress bar, no size table and no quality figure")
     args = ap.parse_args(argv)
     try:
         if not (args.tile_rows == 0 or 1 <= args.tile_rows <= MAX_TILE_ROWS):
             raise ConvertError(f"--tile-rows {args.tile_rows}: must be 0 or 1..{MAX_TILE_ROWS}")
         if args.drafter_stories < 0:
             raise ConvertError(f"--drafter-stories {args.drafter_stories}: must be >= 0")
+        if args.quality_positions < 0:
+            raise ConvertError(f"--quality-positions {args.quality_positions}: must be >= 0")
+        if args.group is not None and (args.group <= 0 or args.group % BLOCK_COLS):
+            raise ConvertError(f"--group {args.group}: must be a positive multiple of "
+                               f"{BLOCK_COLS}")
         rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet,
-                      tile_rows=args.tile_rows, drafter_stories=args.drafter_stories)
+                      tile_rows=args.tile_rows, drafter_stories=args.drafter_stories,
+                      group=args.group)
     except (ConvertError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -326,18 +445,44 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if not args.quiet:
         cfg = rep.config
-        print(f"model: vocab {rep.vocab_in_source} rows -> {cfg.vocab_in} kept "
+        source = ("esp32-ai model" if rep.family == "esp32ai"
+                  else f"llama2.c checkpoint v{rep.checkpoint_version}")
+        print(f"{source}: vocab {rep.vocab_in_source} rows -> {cfg.vocab_in} kept "
               f"({rep.rows_dropped} dropped), vocab_out {cfg.vocab_out}, D {cfg.dim}, "
-              f"L {cfg.n_layers}, H {cfg.n_heads}, F {cfg.ffn}, P {cfg.ple_dim}, "
-              f"S {cfg.seq_len}, group {cfg.group}, "
+              f"L {cfg.n_layers}, H {cfg.n_heads}, KV {cfg.kv_heads}, F {cfg.ffn}, "
+              f"P {cfg.ple_dim}, S {cfg.seq_len}, group {cfg.group}, "
               f"{'tied' if cfg.tied_head else 'untied'} head")
         print(rep.size_table())
+        if rep.family == "llama2c":
+            cert = ("the certified head" if rep.certified_head else
+                    "no certified head: it needs one scale per head row")
+            print(f"formats: every matrix int4, {cfg.group} columns per fp16 scale (the "
+                  f"engine's one matrix format; {cert}); norms f32 (D values each); q/k "
+                  "rows in split-half RoPE order")
         print(f"fingerprint {rep.source_sha256.hex()}")
         if rep.drafts_records:
             print(f"n-gram drafter: {rep.drafts_records:,} contexts from "
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
+    if rep.family == "llama2c" and args.quality_positions and not args.quiet:
+        _print_quality(args.model_bin, rep.out, args.quality_positions)
     return 0
+
+
+def _print_quality(model_bin: Path, image: Path, positions: int) -> None:
+    """The llama2.c model's quality figure, or why there is none."""
+    from .llama2c_weights import quality
+
+    try:
+        import _llm
+    except ImportError:
+        print("quality: not measured (needs the host engine _llm: pip install -e .)")
+        return
+    ck = read_checkpoint(model_bin.read_bytes(), str(model_bin))
+    try:
+        print(quality(image, ck, _llm, positions).line())
+    except _llm.Error as e:  # an engine older than the image it was given
+        print(f"quality: not measured (the host engine _llm cannot run this image: {e})")
 
 
 if __name__ == "__main__":

@@ -173,7 +173,7 @@ TABLE_FIRST_SEED = 1000
 
 
 def self_distilled(model: object, prompts: Sequence[Sequence[int]], n_stories: int,
-                   n_tokens: int, eot: int, *, first_seed: int = TABLE_FIRST_SEED,
+                   n_tokens: int, eot: int | Sequence[int], *, first_seed: int = TABLE_FIRST_SEED,
                    progress: Callable[[int], None] | None = None) -> NgramTable:
     """An n-gram table of what the open model writes: one greedy story per
     prompt, then n_stories sampled ones (T 0.8, top-k 40, seeds first_seed..),
@@ -214,7 +214,8 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         cfg = m.config()
         tok = llm.Tokenizer(m.tokenizer())
         prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
-        counts = self_distilled(m, prompts, n_stories, n_tokens, int(cfg["eot_id"]),
+        # (a llama2.c model's story ends at BOS or EOS: the tokenizer's stop ids)
+        counts = self_distilled(m, prompts, n_stories, n_tokens, tok.stop_ids,
                                 progress=progress)
     return counts.table(draft_prices(Shape.from_config(cfg)))
 
@@ -300,9 +301,11 @@ def simulate(stories: Iterable[tuple[Sequence[int], Sequence[int]]], drafter: Dr
 
 
 def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: Sampler,
-                   n_tokens: int, eot: int) -> list[tuple[list[int], list[int]]]:
+                   n_tokens: int, eot: int | Sequence[int]) -> list[tuple[list[int], list[int]]]:
     """Plain decoding with an open `_llm.Model`: (prompt, story) per prompt,
-    each story stopping at <|endoftext|> (not included) or after n_tokens."""
+    each story stopping at <|endoftext|> (not included; `eot` may list several
+    stop ids: llama2.c's BOS and EOS) or after n_tokens."""
+    stops = {eot} if isinstance(eot, int) else set(eot)
     out = []
     for prompt in prompts:
         model.reset()  # type: ignore[attr-defined]
@@ -310,7 +313,7 @@ def decode_stories(model: object, prompts: Sequence[Sequence[int]], sampler: Sam
         tok = model.prefill(list(prompt))  # type: ignore[attr-defined]
         story: list[int] = []
         limit = min(n_tokens, model.config()["seq_len"] - len(prompt))  # type: ignore[attr-defined]
-        while tok != eot and len(story) < limit:
+        while tok not in stops and len(story) < limit:
             story.append(tok)
             if len(story) < limit:
                 tok = model.step(tok)  # type: ignore[attr-defined]
@@ -339,7 +342,8 @@ class StoryWriter:
 class ImageStories(StoryWriter):
     """An open `_llm.Model`: each job decoded by the engine (decode_stories)."""
 
-    def __init__(self, model: object, eot: int, prompts: Sequence[Sequence[int]] = (),
+    def __init__(self, model: object, eot: int | Sequence[int],
+                 prompts: Sequence[Sequence[int]] = (),
                  name: str = "image") -> None:
         self.model, self.eot, self.name = model, eot, name
         self.prompts = [list(p) for p in prompts]

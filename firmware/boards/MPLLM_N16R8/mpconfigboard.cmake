@@ -11,9 +11,10 @@ set(MPLLM_PARTITIONS_FRAGMENT ${CMAKE_BINARY_DIR}/sdkconfig.mpllm_partitions)
 file(WRITE ${MPLLM_PARTITIONS_FRAGMENT}
     "CONFIG_PARTITION_TABLE_CUSTOM_FILENAME=\"${MICROPY_BOARD_DIR}/partitions.csv\"\n")
 
+# No sdkconfig.ble: mpllm uses no Bluetooth (MICROPY_PY_BLUETOOTH 0 in
+# mpconfigboard.h), which leaves NimBLE's internal RAM to the engine.
 set(SDKCONFIG_DEFAULTS
     boards/sdkconfig.base
-    boards/sdkconfig.ble
     boards/sdkconfig.240mhz
     boards/sdkconfig.spiram_sx
     boards/sdkconfig.spiram_oct

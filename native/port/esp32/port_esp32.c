@@ -11,6 +11,7 @@
 #include "freertos/task.h"
 #include "freertos/idf_additions.h" /* xTaskCreatePinnedToCore: an ESP-IDF addition */
 
+#include "../port_blocks.h"
 #include "align_up.h"
 #include "image.h"
 #include "image_format.h"
@@ -18,60 +19,47 @@
 
 /* ---- placement ---------------------------------------------------------- */
 
-typedef struct block_prefix {
-    uint32_t bytes;
-    uint32_t region;
-    uint32_t magic;
-    uint32_t pad;
-} block_prefix;
-_Static_assert(sizeof(block_prefix) == 16, "prefix keeps 16-byte alignment");
 #define BLOCK_MAGIC 0x4C4C4D45u
 
 #define CAPS_FAST (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT)
 #define CAPS_BULK (MALLOC_CAP_SPIRAM | MALLOC_CAP_8BIT)
 
 static void *take(llm_esp32_port *p, size_t total, uint32_t caps, llm_region r, size_t bytes) {
-    block_prefix *pre = heap_caps_aligned_alloc(16, total, caps);
-    if (pre == NULL) return NULL;
-    pre->bytes = (uint32_t)bytes;
-    pre->region = (uint32_t)r;
-    pre->magic = BLOCK_MAGIC;
-    pre->pad = 0;
-    p->in_use[r] += bytes;
-    if (p->in_use[r] > p->peak[r]) p->peak[r] = p->in_use[r];
-    return pre + 1;
+    void *raw = heap_caps_aligned_alloc(16, total, caps);
+    if (raw == NULL) return NULL;
+    return llm_block_charge(raw, bytes, r, BLOCK_MAGIC, p->in_use, p->peak);
+}
+
+/* Internal SRAM for `total` bytes, if the block exists and fast_reserve
+ * bytes stay free for everyone else afterwards. */
+static void *take_internal(llm_esp32_port *p, size_t total, size_t bytes) {
+    size_t free_now = heap_caps_get_free_size(CAPS_FAST);
+    if (heap_caps_get_largest_free_block(CAPS_FAST) < total || free_now < total + p->fast_reserve)
+        return NULL;
+    return take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
 }
 
 static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
     llm_esp32_port *p = ctx;
     if ((unsigned)wanted >= LLM_REGION_COUNT || bytes > UINT32_MAX - 64u) return NULL;
     p->asked[wanted] += bytes;
-    size_t total = sizeof(block_prefix) + (size_t)llm_align_up(bytes, 16u);
+    size_t total = sizeof(llm_block_prefix) + (size_t)llm_align_up(bytes, 16u);
     void *out = NULL;
     llm_region r = LLM_REGION_BULK;
-    if (wanted == LLM_REGION_FAST) {
-        /* only if the block exists and enough SRAM stays free for everyone else */
-        size_t free_now = heap_caps_get_free_size(CAPS_FAST);
-        if (heap_caps_get_largest_free_block(CAPS_FAST) >= total &&
-            free_now >= total + p->fast_reserve) {
-            out = take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
-            if (out != NULL) r = LLM_REGION_FAST;
-        }
-        if (out == NULL) p->fast_fallbacks++;
+    if (wanted == LLM_REGION_FAST || !p->has_psram) {
+        out = take_internal(p, total, bytes);
+        if (out != NULL) r = LLM_REGION_FAST;
+        else if (wanted == LLM_REGION_FAST) p->fast_fallbacks++;
     }
-    if (out == NULL) out = take(p, total, CAPS_BULK, LLM_REGION_BULK, bytes);
+    if (out == NULL && p->has_psram) out = take(p, total, CAPS_BULK, LLM_REGION_BULK, bytes);
     if (out != NULL && placed != NULL) *placed = r;
     return out;
 }
 
 static void esp32_free(void *ctx, void *ptr) {
     llm_esp32_port *p = ctx;
-    if (ptr == NULL) return;
-    block_prefix *pre = (block_prefix *)ptr - 1;
-    if (pre->magic != BLOCK_MAGIC) return; /* not ours: leaking beats corrupting */
-    pre->magic = 0;
-    p->in_use[pre->region] -= pre->bytes;
-    heap_caps_free(pre);
+    llm_block_prefix *pre = llm_block_discharge(ptr, BLOCK_MAGIC, p->in_use);
+    if (pre != NULL) heap_caps_free(pre);
 }
 
 static uint64_t esp32_now_us(void *ctx) {
@@ -116,6 +104,7 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
     p->fast_reserve = LLM_ESP32_FAST_RESERVE;
+    p->has_psram = heap_caps_get_total_size(MALLOC_CAP_SPIRAM) > 0;
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
     if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");

@@ -12,9 +12,12 @@
  *          to PSRAM and the engine is told so (*placed = BULK), which is what
  *          Model.memory() then reports.
  *   BULK   PSRAM (MALLOC_CAP_SPIRAM). No fallback to internal SRAM: that
- *          would starve the buffers that need it.
+ *          would starve the buffers that need it. On a board without PSRAM
+ *          (has_psram == 0) there is nowhere else: BULK buffers go to internal
+ *          SRAM under the same reserve, and a model too large for that fails
+ *          to open (LLM_E_NOMEM) instead of starving ESP-IDF or MicroPython.
  * Every block carries a 16-byte prefix (size, region) so frees keep the
- * per-region books in `in_use`/`peak` without a table.
+ * per-region books in `in_use`/`peak` without a table (../port_blocks.h).
  *
  * Two cores. MicroPython runs on core 1. llm_port_esp32_init starts a worker
  * task pinned to core 0; llm_esp32_parallel_rows hands it the upper half of a
@@ -52,6 +55,7 @@ typedef struct llm_esp32_port {
     uint64_t peak[LLM_REGION_COUNT];
     uint64_t asked[LLM_REGION_COUNT];    /* bytes requested, per region wanted */
     uint32_t fast_fallbacks;             /* FAST requests that went to PSRAM */
+    int has_psram;                       /* the board has PSRAM mapped into the heap */
     llm_esp32_worker *worker;            /* NULL: single core */
 } llm_esp32_port;
 

@@ -12,17 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../port_blocks.h"
 #include "align_up.h"
 #include "llm_error.h"
 
-/* Each block carries a 16-byte prefix with its size and region, so free can
- * keep the books without a lookup table. */
-typedef struct block_prefix {
-    uint64_t bytes;
-    uint32_t region;
-    uint32_t magic;
-} block_prefix;
-_Static_assert(sizeof(block_prefix) == 16, "prefix keeps 16-byte alignment");
 #define BLOCK_MAGIC 0x4C4C4D48u
 
 static int fits(const llm_host_port *hp, llm_region r, uint64_t bytes) {
@@ -41,28 +34,19 @@ static void *host_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *
             return NULL;
     }
     const uint64_t rounded = llm_align_up(bytes, 16u);
-    if (rounded < bytes || rounded > SIZE_MAX - sizeof(block_prefix)) return NULL;
+    if (rounded < bytes || rounded > SIZE_MAX - sizeof(llm_block_prefix)) return NULL;
     void *raw = NULL;
-    if (posix_memalign(&raw, 16, sizeof(block_prefix) + (size_t)(rounded ? rounded : 16u)) != 0)
+    if (posix_memalign(&raw, 16, sizeof(llm_block_prefix) + (size_t)(rounded ? rounded : 16u)) != 0)
         return NULL;
-    block_prefix *pre = raw;
-    pre->bytes = bytes;
-    pre->region = (uint32_t)r;
-    pre->magic = BLOCK_MAGIC;
-    hp->in_use[r] += bytes;
-    if (hp->in_use[r] > hp->peak[r]) hp->peak[r] = hp->in_use[r];
     hp->live_blocks++;
     if (placed) *placed = r;
-    return pre + 1;
+    return llm_block_charge(raw, bytes, r, BLOCK_MAGIC, hp->in_use, hp->peak);
 }
 
 static void host_free(void *ctx, void *ptr) {
     llm_host_port *hp = ctx;
-    if (ptr == NULL) return;
-    block_prefix *pre = (block_prefix *)ptr - 1;
-    if (pre->magic != BLOCK_MAGIC) return; /* not ours: leaking beats corrupting */
-    pre->magic = 0;
-    hp->in_use[pre->region] -= pre->bytes;
+    llm_block_prefix *pre = llm_block_discharge(ptr, BLOCK_MAGIC, hp->in_use);
+    if (pre == NULL) return;
     hp->live_blocks--;
     free(pre);
 }

@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-s3", action="store_true",
                    help="print the ESP32-S3 cost model, every figure as a low/mid/high band "
                         "(uses --image/--release-shaped if given)")
+    p.add_argument("--shape", choices=["release", *costmodel.SHAPES], default="release",
+                   help="with --model-s3: the model shape (default release: the esp32-ai "
+                        "model); a llama2.c shape prints its placement on the N16R8 and the "
+                        "N8 (no PSRAM) and its ms/token bands, dense and certified head, "
+                        "greedy and sampled (no plot)")
     p.add_argument("--rows-fraction", type=float, default=costmodel.RELEASE_GREEDY_FRACTION,
                    help="with --model-s3: share of the release head's rows the certified head "
                         "scores for greedy (default %(default)s, published 0.332-0.345)")
@@ -161,8 +166,8 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
     """Every file this run will write, known before it runs (so all are checked
     before any work is done or any file written)."""
     if args.model_s3:
-        return ([_plot_path(args)] if _plotting(args) else []) + ([args.json] if args.json
-                                                                   else [])
+        plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []
+        return plots + ([args.json] if args.json else [])
     if args.report:
         return [args.report]
     if args.gate:
@@ -290,6 +295,8 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     head's rows fractions measured on the demo model (its top-40/greedy ratio
     scales the published greedy fraction for our sampled figure) and on the
     release-shaped random model."""
+    if args.shape != "release":
+        return _model_s3_shape(args)
     if not 0.0 < args.rows_fraction <= 1.0:
         print(f"--rows-fraction {args.rows_fraction}: expected a share in (0, 1]",
               file=sys.stderr)
@@ -380,12 +387,27 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     return 0
 
 
+def _model_s3_shape(args: argparse.Namespace) -> int:
+    """--model-s3 --shape NAME: a llama2.c shape on the S3's boards (costmodel.llama):
+    analytic (no engine run), every figure a band."""
+    rep = costmodel.shape_report(args.shape)
+    print(costmodel.shape_table(rep))
+    if args.json:
+        write_json(rep, args.json)
+        print(f"json: {args.json}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.greedy_only and args.sampled_only:
         print("--greedy-only and --sampled-only exclude each other", file=sys.stderr)
         return 2
     try:
+        if args.shape != "release" and (not args.model_s3 or args.image or args.release_shaped):
+            print("--shape NAME is the cost model's (give --model-s3) and analytic: --image "
+                  "and --release-shaped do not apply to it", file=sys.stderr)
+            return 2
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2

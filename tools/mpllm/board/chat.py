@@ -6,8 +6,9 @@
                                           # prints the mpremote command for the board
 
 The host board runs the board's own llm.py over the CPython engine, with the
-bundled demo model (converted once into the cache, see mpllm.board.hostboard) or
-the image given with --image.
+bundled demo model (converted once into the cache, see mpllm.board.hostboard),
+another bundled model named with --model (llama2c-demo) or the image given
+with --image.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def _main(argv: list[str] | None) -> int:
                     help="host: run on this PC (default); n16r8: show the command for a board")
     ap.add_argument("--port", help="the board's serial port (with --board n16r8)")
     ap.add_argument("--image", help="a converted model image (default: the bundled demo model)")
+    ap.add_argument("--model", metavar="NAME",
+                    help="a bundled model by name instead of --image: demo (the default) or "
+                         "llama2c-demo (llama2.c's format; converted once, then cached)")
     ap.add_argument("--max-tokens", type=int,
                     help=f"story tokens at most ({llm.MAX_TOKENS})")
     ap.add_argument("--temperature", type=float,
@@ -113,9 +117,10 @@ def _main(argv: list[str] | None) -> int:
         ap.error("--fast and --plain exclude each other (plain is the exact reference)")
 
     if args.board == "n16r8":
-        if args.image:
-            ap.error("--image is for the host board; the board reads its flashed model "
-                     "(tools/flash.py --board n16r8 --image ... writes one)")
+        if args.image or args.model:
+            ap.error("--image and --model are for the host board; the board reads its "
+                     "flashed model (tools/flash.py --board n16r8 --image ... or --model "
+                     "NAME writes one)")
         if args.plain or args.fast:
             ap.error("--plain and --fast are for the host board (on a board: "
                      "llm.load(plain=True) / llm.load(fast=True))")
@@ -127,12 +132,17 @@ def _main(argv: list[str] | None) -> int:
         return 0
     if args.port:
         ap.error("--port is for --board n16r8")
+    if args.model and args.image:
+        ap.error("--model and --image exclude each other (an image is a converted model)")
     if args.prompt is not None and not _is_utf8(args.prompt):
         ap.error("the prompt is not UTF-8 text (as this system passed it to the command)")
 
     try:
-        image = (check_image_file(args.image) if args.image
-                 else hostboard.ensure_image(*hostboard.demo_sources()))
+        if args.image:
+            image = check_image_file(args.image)
+        else:
+            image = hostboard.ensure_image(*(hostboard.named_sources(args.model) if args.model
+                                             else hostboard.demo_sources()))
         llm = hostboard.open_image(image)
         llm.load(plain=args.plain, fast=args.fast)
         if args.plain:  # plain mode: every speed-up off, drafting too

@@ -30,9 +30,17 @@ from ..atomic import atomic_path
 from . import firmware_pins as pins
 
 ROOT = checkout.ROOT
-BOARD_DIR = ROOT / pins.BOARD_DIR
 USER_C_MODULES = ROOT / pins.USER_C_MODULES
-BUILD_SUBDIR = f"ports/esp32/build-{pins.BOARD}"
+
+
+def board_dir(board: pins.BoardPins) -> Path:
+    """The board's definition folder (absolute: the port resolves it from its own folder)."""
+    return ROOT / board.board_dir
+
+
+def build_subdir(board: pins.BoardPins) -> str:
+    """Where the esp32 port builds the board, inside the MicroPython checkout."""
+    return f"ports/esp32/build-{board.board}"
 
 
 class ToolError(RuntimeError):
@@ -125,8 +133,8 @@ def default_checkout(cache: Path) -> Path:
 
 
 def build(micropython: Path | None, cache: Path, run: Runner, env: dict[str, str], *,
-          fetch_submodules: bool = True) -> Path:
-    """Build MicroPython with our board and module; return the merged firmware.bin.
+          fetch_submodules: bool = True, board: pins.BoardPins = pins.DEFAULT_BOARD) -> Path:
+    """Build MicroPython with `board` and our module; return the merged firmware.bin.
 
     micropython: a checkout to build in, or None for a clone of the pinned tag
     under `cache` (made on first use). fetch_submodules=False skips `make
@@ -167,17 +175,29 @@ def build(micropython: Path | None, cache: Path, run: Runner, env: dict[str, str
     port = mp_dir / "ports" / "esp32"
     # The port resolves BOARD_DIR and USER_C_MODULES from its own directory:
     # both must be absolute (they are: ROOT is resolved).
-    board = f"BOARD_DIR={BOARD_DIR}"
+    board_arg = f"BOARD_DIR={board_dir(board)}"
     mods = f"USER_C_MODULES={USER_C_MODULES}"
     run.run(["make", "-C", mp_dir / "mpy-cross"], "building mpy-cross", env=env)
     if fetch_submodules:
-        run.run(["make", "-C", port, board, "submodules"],
+        run.run(["make", "-C", port, board_arg, "submodules"],
                 "fetching the esp32 port's submodules", env=env)
-    run.run(["make", "-C", port, board, mods], "building the firmware", env=env)
-    fw = mp_dir / BUILD_SUBDIR / "firmware.bin"
+    run.run(["make", "-C", port, board_arg, mods], f"building the firmware ({board.board})",
+            env=env)
+    fw = mp_dir / build_subdir(board) / "firmware.bin"
     if not run.dry_run and not fw.is_file():
         raise ToolError(f"the build finished but {fw} is missing")
     return fw
+
+
+def add_board_argument(ap: argparse.ArgumentParser, *, extra: Sequence[str] = (),
+                       required: bool = False) -> None:
+    """--board: one of firmware_pins.BOARDS (and `extra` names, e.g. host)."""
+    names = [*pins.BOARDS, *extra]
+    what = "; ".join(f"{b.name}: {b.what}" for b in pins.BOARDS.values())
+    ap.add_argument("--board", choices=names, required=required,
+                    default=None if required else pins.DEFAULT_BOARD.name,
+                    help=f"{what}" + ("" if required else
+                                      f" (default {pins.DEFAULT_BOARD.name})"))
 
 
 def add_checkout_arguments(ap: argparse.ArgumentParser) -> None:
@@ -199,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mpllm.board.firmware_build",
         description=f"Build the mpllm firmware (MicroPython {pins.MICROPYTHON_TAG}, ESP-IDF "
-                    f"{pins.ESP_IDF_VERSION}, board {pins.BOARD}, the native module _llm). "
+                    f"{pins.ESP_IDF_VERSION}, one of our boards, the native module _llm). "
                     f"ESP-IDF must be set up in this shell. tools/flash.py and the release "
                     f"workflow both build through this.")
+    add_board_argument(ap)
     add_checkout_arguments(ap)
     ap.add_argument("--out", help="copy the built firmware.bin into this directory")
     ap.add_argument("--no-submodules", action="store_true",
@@ -232,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         mp = Path(args.micropython) if args.micropython else None
-        fw = build(mp, cache, run, dict(os.environ), fetch_submodules=not args.no_submodules)
+        fw = build(mp, cache, run, dict(os.environ), fetch_submodules=not args.no_submodules,
+                   board=pins.BOARDS[args.board])
         if args.out:
             dest = Path(args.out) / "firmware.bin"
             run.out(f"copy {fw} -> {dest}")

@@ -5,7 +5,9 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n16r8 --port COM5 --only model --model m.bin --tokenizer t.json
     python tools/flash.py --board n16r8 --dry-run          # print every command, touch nothing
     python tools/flash.py --board n16r8 --port COM5 --firmware URL --image URL   # no toolchain
+    python tools/flash.py --board n8 --port /dev/ttyUSB0  # no PSRAM: llama2.c's stories260K
     python tools/flash.py --board host                     # the same preparation for the PC
+    python tools/flash.py --board host --model stories260k # a model by name (mpllm.models)
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
@@ -41,13 +43,13 @@ from ..formats.partitions import (
     load_partitions,
 )
 from ..image_cache import sha256_file
+from ..models import NAMED_MODELS, names_help
 from . import firmware_build
 from . import firmware_pins as pins
 from . import release_manifest as release
 from .firmware_build import Runner, ToolError, exit_status
 
 ROOT = checkout.ROOT
-BOARD_DIR = firmware_build.BOARD_DIR
 RELEASE_JSON = ROOT / "models" / "release.json"
 DEMO_DIR = checkout.DEMO_DIR
 DEFAULT_BAUD = 460800
@@ -77,8 +79,16 @@ class PinnedFile:
 
 def load_release(path: Path) -> list[PinnedFile]:
     """The pinned files of models/release.json (the ones flash needs: model.bin and
-    tokenizer.json). Accepts `files` as a list of {name,...} or a {name: {...}} map;
-    a file without a url gets the Hugging Face resolve URL of `repo`@`revision`."""
+    tokenizer.json), sorted by name; see load_pins."""
+    return sorted(load_pins(path), key=lambda p: p.name)
+
+
+def load_pins(path: Path) -> tuple[PinnedFile, PinnedFile]:
+    """(model, tokenizer) pins of a model's JSON (models/release.json,
+    models/stories260k.json): its `model` and `tokenizer` keys name the two
+    files (default model.bin and tokenizer.json). Accepts `files` as a list of
+    {name,...} or a {name: {...}} map; a file without a url gets the Hugging
+    Face resolve URL of `repo`@`revision`."""
     try:
         data = json.loads(path.read_text())
     except OSError as e:
@@ -92,10 +102,11 @@ def load_release(path: Path) -> list[PinnedFile]:
         raise FlashError(f"{path}: no 'files' list")
     repo = data.get("repo") or data.get("hf_repo")
     revision = data.get("revision") or data.get("commit") or "main"
-    out: list[PinnedFile] = []
+    wanted = (str(data.get("model", "model.bin")), str(data.get("tokenizer", "tokenizer.json")))
+    out: dict[str, PinnedFile] = {}
     for f in files:
         name = f.get("name") or f.get("path")
-        if name not in ("model.bin", "tokenizer.json"):
+        if name not in wanted:
             continue
         url = f.get("url")
         if not url:
@@ -109,12 +120,11 @@ def load_release(path: Path) -> list[PinnedFile]:
             raise FlashError(f"{path}: {name} needs an integer size and a sha256") from None
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise FlashError(f"{path}: {name}: sha256 {sha!r} is not 64 hex digits")
-        out.append(PinnedFile(name, url, size, sha))
-    names = {p.name for p in out}
-    if names != {"model.bin", "tokenizer.json"}:
-        raise FlashError(f"{path}: needs pins for model.bin and tokenizer.json, has "
-                         f"{sorted(names)}")
-    return sorted(out, key=lambda p: p.name)
+        out[name] = PinnedFile(name, url, size, sha)
+    if set(out) != set(wanted):
+        raise FlashError(f"{path}: needs pins for {wanted[0]} and {wanted[1]}, has "
+                         f"{sorted(out)}")
+    return out[wanted[0]], out[wanted[1]]
 
 
 def _why(e: OSError) -> object:
@@ -300,26 +310,42 @@ def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Pat
 
 
 def model_sources(args: argparse.Namespace, cache: Path, run: Runner,
-                  default: tuple[Path, Path] | None) -> Path | tuple[Path, Path]:
+                  default: tuple[Path, Path] | None,
+                  board: pins.BoardPins = pins.DEFAULT_BOARD) -> Path | tuple[Path, Path]:
     """What the model image comes from, checked (in a dry run too): --image (a
     file, or a release URL: downloaded and verified), else (model.bin,
-    tokenizer.json) from --model/--tokenizer, `default`, or the release pins
-    (downloaded and verified; in a dry run only shown)."""
+    tokenizer.json) from --model/--tokenizer, `default`, or the board's
+    default model (pinned ones downloaded and verified; in a dry run only
+    shown)."""
     if args.image:
         if is_url(args.image, "--image"):
             return fetch_release_asset(args.image, "model", cache, run)
         return _check_local(Path(args.image), "--image")
+    named = NAMED_MODELS.get(args.model) if args.model and not args.tokenizer else None
+    if not args.model and default is None and board.default_model != "release":
+        named = NAMED_MODELS[board.default_model]
+    if named is not None:
+        if named.files is not None:
+            return (_check_local(named.files[0], f"--model {named.name}"),
+                    _check_local(named.files[1], f"--model {named.name}"))
+        assert named.pins is not None
+        return fetch_pins(named.pins, cache / "models" / named.name, run)
     if bool(args.model) != bool(args.tokenizer):
-        raise FlashError("--model and --tokenizer go together (a model.bin needs its "
-                         "tokenizer.json)")
+        raise FlashError(f"--model and --tokenizer go together (a model file needs its "
+                         f"tokenizer); --model alone names a model: {', '.join(NAMED_MODELS)}")
     if args.model:
         return (_check_local(Path(args.model), "--model"),
                 _check_local(Path(args.tokenizer), "--tokenizer"))
     if default is not None:
         return _check_local(default[0], "model"), _check_local(default[1], "tokenizer")
-    pinned = {p.name: p for p in load_release(Path(args.release))}
-    return (fetch_pinned(pinned["model.bin"], cache / "release", run),
-            fetch_pinned(pinned["tokenizer.json"], cache / "release", run))
+    return fetch_pins(Path(args.release), cache / "release", run)
+
+
+def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
+    """(model, tokenizer) of a pins JSON, downloaded into `dest` and verified
+    (in a dry run only shown)."""
+    model, tokenizer = load_pins(pins_json)
+    return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
 
 
 def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
@@ -337,11 +363,11 @@ def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
 
 
 def build_firmware(args: argparse.Namespace, cache: Path, run: Runner,
-                   env: dict[str, str]) -> Path:
-    """Build MicroPython with our board and module (firmware_build); return firmware.bin."""
+                   env: dict[str, str], board: pins.BoardPins) -> Path:
+    """Build MicroPython with `board` and our module (firmware_build); return firmware.bin."""
     mp = Path(args.micropython) if args.micropython else None
     try:
-        return firmware_build.build(mp, cache, run, env)
+        return firmware_build.build(mp, cache, run, env, board=board)
     except firmware_build.IdfMissing as e:  # no toolchain: say where a built firmware is
         raise FlashError(f"{e} {RELEASES_HINT}") from None
 
@@ -387,20 +413,23 @@ def parse_chip_report(text: str) -> ChipInfo:
     return ChipInfo(chip, flash, pm.group(0).strip() if pm else None)
 
 
-def check_chip(info: ChipInfo, skip_psram: bool) -> None:
+def check_chip(info: ChipInfo, skip_psram: bool,
+               board: pins.BoardPins = pins.DEFAULT_BOARD) -> None:
     if not info.chip.upper().startswith(pins.CHIP):
         raise FlashError(f"the board on this port is a {info.chip}, not an {pins.CHIP}: this "
                          f"firmware would not run on it. Nothing was written.")
     if info.flash_bytes is None:
         raise FlashError("esptool could not detect the flash size; nothing was written")
-    if info.flash_bytes < pins.FLASH_BYTES:
+    if info.flash_bytes < board.flash_bytes:
         raise FlashError(f"the board has {info.flash_bytes // (1024 * 1024)} MB of flash; "
-                         f"mpllm needs {pins.FLASH_BYTES // (1024 * 1024)} MB (an N16R8). "
+                         f"--board {board.name} needs {board.flash_bytes // (1024 * 1024)} MB "
+                         f"(an {board.label}). Nothing was written.")
+    if board.psram_bytes and info.psram is None and not skip_psram:
+        raise FlashError(f"esptool reports no embedded PSRAM; --board {board.name} needs "
+                         f"{board.psram_bytes // (1024 * 1024)} MB of octal PSRAM (an "
+                         f"{board.label}). A board without PSRAM takes --board n8; if your "
+                         f"module has PSRAM that esptool cannot see, pass --skip-psram-check. "
                          f"Nothing was written.")
-    if info.psram is None and not skip_psram:
-        raise FlashError("esptool reports no embedded PSRAM; mpllm needs 8 MB of octal PSRAM "
-                         "(an N16R8). If your module has PSRAM that esptool cannot see, pass "
-                         "--skip-psram-check. Nothing was written.")
 
 
 # ---------------------------------------------------------------------------
@@ -409,11 +438,12 @@ def check_chip(info: ChipInfo, skip_psram: bool) -> None:
 
 
 
-def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> None:
-    table_path = BOARD_DIR / "partitions.csv"
+def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
+                board: pins.BoardPins) -> None:
+    table_path = firmware_build.board_dir(board) / "partitions.csv"
     try:
         parts = load_partitions(table_path)
-        check_layout(parts, pins.FLASH_BYTES)
+        check_layout(parts, board.flash_bytes)
         fw_region, model_region = flash_regions(parts, pins.MODEL_PARTITION)
         app = app_partition(parts)
     except PartitionError as e:
@@ -432,12 +462,12 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
     # Everything that can fail without a board is done before the board is touched.
     if args.only in (None, "model"):
         # the engine would refuse a bad image at boot: refuse it before writing
-        img = resolve_model(model_sources(args, cache, run, None), cache, run,
+        img = resolve_model(model_sources(args, cache, run, None, board), cache, run,
                             model_region.limit)
         writes.append((model_region.offset, img, "model image"))
     if args.only in (None, "firmware"):
         if not args.firmware:
-            fw = build_firmware(args, cache, run, env)
+            fw = build_firmware(args, cache, run, env, board)
         elif is_url(args.firmware, "--firmware"):
             fw = fetch_release_asset(args.firmware, "firmware", cache, run)
         else:
@@ -446,8 +476,8 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
             with open(fw, "rb") as f:
                 if f.read(1) != b"\xe9":  # every ESP32 boot image starts with 0xE9
                     raise FlashError(f"{fw} is not an ESP32 firmware image (no 0xE9 magic "
-                                     f"byte); use build-MPLLM_N16R8/firmware.bin. Nothing "
-                                     f"was written.")
+                                     f"byte); use {firmware_build.build_subdir(board)}/"
+                                     f"firmware.bin. Nothing was written.")
             if fw.stat().st_size > fw_region.limit:
                 raise FlashError(f"firmware {fw} is {fw.stat().st_size} bytes and would run "
                                  f"into the model partition at {model_region.offset:#x}. "
@@ -462,13 +492,13 @@ def flash_n16r8(args: argparse.Namespace, run: Runner, env: dict[str, str]) -> N
     esptool = [sys.executable, "-m", "esptool"]
     if run.dry_run:
         run.show([*esptool, "--port", port, cmd("flash-id")])
-        run.out(f"(check: chip is an {pins.CHIP}, flash >= {pins.FLASH_BYTES // 2**20} MB, "
-                f"embedded PSRAM)")
+        run.out(f"(check: chip is an {pins.CHIP}, flash >= {board.flash_bytes // 2**20} MB"
+                + (", embedded PSRAM)" if board.psram_bytes else ")"))
     else:
         report = run.capture([*esptool, "--port", port, cmd("flash-id")],
                              "reading the chip with esptool")
         info = parse_chip_report(report)
-        check_chip(info, args.skip_psram_check)
+        check_chip(info, args.skip_psram_check, board)
         mb = (info.flash_bytes or 0) // 2**20
         run.out(f"board: {info.chip}, {mb} MB flash, {info.psram or 'PSRAM not reported'}")
 
@@ -511,15 +541,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="flash",
         description="Flash mpllm (MicroPython firmware + model image) onto an ESP32-S3 "
-                    "N16R8, or prepare the host board.")
-    ap.add_argument("--board", required=True, choices=["n16r8", "host"])
+                    "board, or prepare the host board.")
+    firmware_build.add_board_argument(ap, extra=["host"], required=True)
     ap.add_argument("--port", help="serial port of the board (e.g. /dev/ttyACM0, COM5)")
     ap.add_argument("--baud", type=int, default=DEFAULT_BAUD,
                     help=f"esptool baud rate (default {DEFAULT_BAUD}; native USB ignores it)")
     ap.add_argument("--only", choices=["firmware", "model"],
                     help="write only this part (the other stays as it is on the board)")
-    ap.add_argument("--model", help="local model.bin instead of the pinned release download")
-    ap.add_argument("--tokenizer", help="local tokenizer.json (with --model)")
+    ap.add_argument("--model", metavar="NAME|FILE",
+                    help="a model by name instead of the board's default (host: demo, "
+                         + ", ".join(f"{b.name}: {b.default_model}" for b in pins.BOARDS.values())
+                         + f"): {names_help()}; or, with --tokenizer, a local model.bin "
+                         "(an esp32-ai model or a llama2.c checkpoint)")
+    ap.add_argument("--tokenizer", help="local tokenizer.json, or a llama2.c tokenizer.bin "
+                                        "(with --model FILE)")
     ap.add_argument("--image", help="an already converted model image (skips conversion), or "
                     f"the URL of a release's {release.MODEL_ASSET} (downloaded and checked "
                     f"against the release's {release.RELEASE_MANIFEST})")
@@ -549,9 +584,10 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         if args.board == "host":
             if args.only or args.firmware or args.port:
-                raise FlashError("--only, --firmware and --port are for --board n16r8")
+                raise FlashError("--only, --firmware and --port are for a board, not --board "
+                                 "host")
             prepare_host(args, run)
         else:
-            flash_n16r8(args, run, dict(os.environ))
+            flash_board(args, run, dict(os.environ), pins.BOARDS[args.board])
 
     return exit_status(body)

@@ -51,6 +51,23 @@ def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
     return model_bin, tok
 
 
+def named_sources(name: str) -> tuple[Path, Path]:
+    """(model, tokenizer) of a bundled model named as mpllm.models names it."""
+    from ..models import NAMED_MODELS
+
+    named = NAMED_MODELS.get(name)
+    if named is None:
+        raise HostBoardError(f"--model {name}: no such model ({', '.join(NAMED_MODELS)})")
+    if named.files is None:
+        raise HostBoardError(f"--model {name} is downloaded: run tools/flash.py --board host "
+                             f"--model {name}, then pass the --image it prints")
+    for p in named.files:
+        if not p.is_file():
+            raise HostBoardError(f"--model {name}: file missing: {p} (run from a checkout "
+                                 "of mpllm)")
+    return named.files
+
+
 def say(text: str) -> None:
     # Progress goes to stderr, so that stdout carries only the story.
     print(text, file=sys.stderr, flush=True)

@@ -99,6 +99,8 @@ The package, one idea a module (each imports only modules listed above it):
   spec_measure  measuring the speculative inputs (`measure_spec`; uses drafting)
   spec_report   the report's speculative builds and their what-ifs
   reporting     `report`, `Report` (table and JSON), the what-ifs, `plot`
+  llama         llama2.c's shapes on the N16R8 and the N8 (no PSRAM): placement
+                and bands (`shape_report`, `bench.py --model-s3 --shape NAME`)
 
 mpllm.drafting imports `Shape` (shape) and `draft_prices` (prices), whose
 modules import nothing that imports drafting; spec_measure imports drafting
@@ -116,6 +118,7 @@ from .code_size import *
 from .engine_bytes import *
 from .forward import *
 from .host import *
+from .llama import *
 from .passes import *
 from .passes import _Passes
 from .pie import *

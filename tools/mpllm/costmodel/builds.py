@@ -19,6 +19,7 @@ from .s3 import (
     ICACHE_BYTES_OURS,
     ICACHE_BYTES_UPSTREAM,
     RELEASE_GREEDY_FRACTION,
+    RELEASE_GREEDY_RANGE,
 )
 from .sram import measured_core_regions, spill_by_stage
 
@@ -95,6 +96,9 @@ class Build:
     #: ... or, per stage, the core bytes a placement put in PSRAM (our builds:
     #: the emulated board's measured placement, sram.MEASURED_PLACEMENT)
     spill_stages: tuple[tuple[str, int], ...] = ()
+    #: ... and per stage, the core bytes read in place from flash (matrices
+    #: that found no room in RAM: engine_open.c stage_mat)
+    flash_stages: tuple[tuple[str, int], ...] = ()
     #: seconds of one hand-off to the second core and back: esp32-ai's task
     #: notification (s3.HANDOFF_S) or our port's semaphores
     handoff_s: float = HANDOFF_S
@@ -116,9 +120,21 @@ class Build:
     #: the many-positions head scan in two lanes, one per core, one hand-off
     #: per pass (llm_head_certify_many since session 3); False: on one core
     many_split: bool = False
+    #: where the KV cache and the head rows live: "psram" (engine_open.c places
+    #: both in BULK) or "sram" (a board without PSRAM: BULK is internal SRAM,
+    #: port_esp32.c; no line fills, the loads are inside the compute counts);
+    #: a dense head may also be "flash" (read in place: no room in RAM)
+    kv_tier: str = "psram"
+    head_tier: str = "psram"
     assumptions: tuple[str, ...] = field(default=())
 
 
+#: what esp32-ai's stock firmware runs and its PIE + int4 build kept: 32-byte
+#: PSRAM lines, fp32 KV, newlib exp, lrintf, matvecs of >= 128 rows split, argmax
+_STOCK_BASE = {
+    "line": 32, "kv": "fp32-heads", "softmax_exp": "newlib", "act_exp": "newlib",
+    "quant": "lrintf", "split_rows": 128, "sampler": "argmax",
+}
 _RESEARCH_BASE = {
     "kernels": "pie-upstream", "core": ("int4", "sram"), "head_fmt": "int4", "line": 64,
     "logits": "fused", "kv": "int8-rows", "score": "scalar", "softmax_exp": "fast-floorf",
@@ -126,6 +142,10 @@ _RESEARCH_BASE = {
     "split_rows": 128, "attn_split": "score+vacc", "attn_split_min_pos": 32, "sampler": "fused",
     "wave_tiles": 32,
 }
+#: the certified head as esp32-ai first ran it (the research_cert and
+#: research_qact builds): scalar interval bounds, qsort, 8,427 rows scored
+_RESEARCH_CERT_HEAD = {"head": "certified", "rows_fraction": RELEASE_GREEDY_RANGE[0],
+                       "bound": "scalar", "order": "qsort"}
 _RESEARCH_NOTES = (
     ("core int4 staged in internal SRAM (stage_core_int4, 'nearly all of it fits'); head int4 "
      "in PSRAM; logits never written (FUSE_ARGMAX)"),
@@ -153,9 +173,7 @@ _OUR_PORT_NOTE = ("our port: llm.py's loop on MicroPython (measured on the unix 
 BUILDS: dict[str, Build] = {
     "stock": Build(
         "stock", "stock esp32-ai", "scalar",
-        core=("int8", "psram"), head_fmt="int8", line=32, logits="psram",
-        kv="fp32-heads", softmax_exp="newlib", act_exp="newlib", quant="lrintf",
-        split_rows=128, sampler="argmax",
+        core=("int8", "psram"), head_fmt="int8", logits="psram", **_STOCK_BASE,
         assumptions=(
             ("every matrix staged int8 (unpacked nibbles, fp32 scales) in PSRAM with 32-byte "
              "lines (esp32_tinystories.ino: 'PSRAM staged int8 core + head, KV'; llm.h "
@@ -167,9 +185,7 @@ BUILDS: dict[str, Build] = {
         )),
     "pie_int4": Build(
         "pie_int4", "esp32-ai PIE + int4", "pie-upstream",
-        core=("int4", "psram"), head_fmt="int4", line=32, logits="sram",
-        kv="fp32-heads", softmax_exp="newlib", act_exp="newlib", quant="lrintf",
-        split_rows=128, sampler="argmax",
+        core=("int4", "psram"), head_fmt="int4", logits="sram", **_STOCK_BASE,
         assumptions=(
             "core and head staged int4 (32-column blocks, fp32 scales) in PSRAM, 32-byte lines",
             ("upstream int4 PIE kernel, 8 PIE instructions per 32 weights; matvecs >= 128 rows "
@@ -185,22 +201,19 @@ BUILDS: dict[str, Build] = {
         "research_line64", "esp32-ai core SRAM, 64-B lines", head="dense",
         **_RESEARCH_BASE, assumptions=_RESEARCH_NOTES),
     "research_cert": Build(
-        "research_cert", "esp32-ai + certified head", head="certified",
-        rows_fraction=8427 / 25353, bound="scalar", order="qsort",
-        **_RESEARCH_BASE,
+        "research_cert", "esp32-ai + certified head", **_RESEARCH_CERT_HEAD, **_RESEARCH_BASE,
         assumptions=(*_RESEARCH_NOTES,
                      ("CertiHead: 199 tiles, scalar interval bound (1.074 ms measured), qsort "
                       "(52 cycles per compare), waves of 32 tiles, 8,427 rows (33.2 %)"))),
     "research_qact": Build(
-        "research_qact", "esp32-ai + no lrintf", head="certified",
-        rows_fraction=8427 / 25353, bound="scalar", order="qsort",
+        "research_qact", "esp32-ai + no lrintf", **_RESEARCH_CERT_HEAD,
         **{**_RESEARCH_BASE, "quant": "round"},
         assumptions=(*_RESEARCH_NOTES,
                      ("as the certified build, quantize_act without lrintf (QACT=1); the "
                       "softmax-weight rounding and floorf still call libm"))),
     "research_final": Build(
         "research_final", "esp32-ai final (lossy)", head="certified",
-        rows_fraction=8749 / 25353, bound="pie-upstream", order="radix",
+        rows_fraction=RELEASE_GREEDY_RANGE[1], bound="pie-upstream", order="radix",
         **{**_RESEARCH_BASE, "quant": "round", "wquant": "round", "softmax_exp": "fast",
            "kv": "int8-rows-pad", "score": "pie", "attn_split": "score+soft+vacc"},
         assumptions=(*_RESEARCH_NOTES[:3],

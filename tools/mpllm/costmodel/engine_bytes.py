@@ -57,14 +57,14 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
     # K rows as floats, V rows as int16 dots + the position's scale (engine.c
     # attention(); rows that do not fit int16 stay floats: none in a checked
-    # run), or as floats in plain mode (v_dots False); kv_dim floats each
+    # run), or as floats in plain mode (v_dots False); kv_dim wide (GQA)
     kvd = s.kv_dim
     v_row = 2 * kvd + 4 if v_dots else 4 * kvd
     rows_read = pos + 1 if kv_rows_read is None else kv_rows_read
     out["attn"][pl["kv"]] += L * (4 * kvd + v_row + rows_read * (4 * kvd + v_row))
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
-    for st in ("attn", "ffn", "ple") if s.ple_dim else ("attn", "ffn"):
+    for st in ("attn", "ffn", "ple"):
         out[st][pl["norms"]] += L * d * 4
     if head:
         out["head"][pl["norms"]] += d * 4

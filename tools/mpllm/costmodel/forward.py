@@ -104,7 +104,7 @@ def _exp(w: Work, b: Build, kind: str, count: float, *, split: bool = False) -> 
 
 def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | None) -> None:
     """One call of a matvec (the caller multiplies by per_token)."""
-    fmt, tier = (b.head_fmt, "psram") if m.name == "head" else b.core
+    fmt, tier = (b.head_fmt, b.head_tier) if m.name == "head" else b.core
     rows, cols = m.rows, m.cols
     ng = n_groups(cols, s.group)
     split = b.split_rows is not None and rows >= b.split_rows
@@ -148,6 +148,15 @@ def _kv_offsets(b: Build) -> list[int]:
     return list(range(0, b.line, 16)) if b.kv_offset is None else [b.kv_offset]
 
 
+def _kv_mem(w: Work, b: Build, nlines: float, nbytes: float, *, split: bool = False) -> None:
+    """The KV cache's traffic where the build keeps it: PSRAM line fills, or
+    internal SRAM (a board without PSRAM: loads inside the compute counts)."""
+    if b.kv_tier == "sram":
+        w.sram(nbytes)
+    else:
+        w.psram(nlines, b.line, nbytes, split=split)
+
+
 def _kv_read(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
     """Attention's reads of the cached K and V rows 0..pos of one layer,
     averaged over the possible alignments of the cache."""
@@ -159,19 +168,22 @@ def _kv_read(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
 
 
 def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
-    d, t, h, dh = s.dim, pos + 1, s.n_heads, s.head_dim
+    # the cache holds kv heads (n_kv_heads x head_dim = kv_dim a row); query
+    # head j reads kv head j // group
+    kvd, t, kvh, dh = s.kv_dim, pos + 1, s.n_kv_heads, s.head_dim
+    h, group = s.n_heads, s.n_heads // s.n_kv_heads
     line = b.line
     if b.kv == "int8-fast":
-        # per head: K rows contiguous (t x dhp), dh transposed V rows of the
+        # per kv head: K rows contiguous (t x dhp), dh transposed V rows of the
         # t positions rounded up to 16 (rows seq_len apart), two scale arrays
         dhp, t16 = _cdiv(dh, 16) * 16, _cdiv(t, 16) * 16
-        nl = h * (lines_touched(0, t * dhp, line) + dh * lines_touched(0, t16, line)
-                  + 2 * lines_touched(0, 4 * t, line))
-        w.psram(nl, line, h * (t * dhp + dh * t16 + 8 * t), split=split)
+        nl = kvh * (lines_touched(0, t * dhp, line) + dh * lines_touched(0, t16, line)
+                    + 2 * lines_touched(0, 4 * t, line))
+        _kv_mem(w, b, nl, kvh * (t * dhp + dh * t16 + 8 * t), split=split)
         return
     if b.kv.startswith("fp32"):
-        row = 4 * d
-        v_row = _v_row(b, d)
+        row = 4 * kvd
+        v_row = _v_row(b, kvd)
         total = (lines_touched(b.kv_offset, t * row, line)
                  + lines_touched(b.kv_offset, t * v_row, line))
         if b.kv == "fp32-heads" and t * (row + v_row) > DCACHE_BYTES:
@@ -179,16 +191,17 @@ def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
             # h*4*dh), overfetching at line edges; rows cycle through
             # line/gcd(row, line) alignments
             phases = line // math.gcd(row, line)
-            per_row = sum(lines_touched((b.kv_offset + r * row + j * 4 * dh) % line, 4 * dh, line)
+            per_row = sum(lines_touched((b.kv_offset + r * row + (j // group) * 4 * dh) % line,
+                                        4 * dh, line)
                           for r in range(phases) for j in range(h)) / phases
             total = 2 * t * per_row
-        w.psram(total, line, t * (row + v_row), split=split)
+        _kv_mem(w, b, total, t * (row + v_row), split=split)
     else:
-        krow = h * _cdiv(dh, 16) * 16 if b.kv == "int8-rows-pad" else d
-        nbytes = t * (krow + d) + 2 * 4 * t  # K rows, V rows, two per-row scale arrays
-        nl = (lines_touched(b.kv_offset, t * krow, line) + lines_touched(b.kv_offset, t * d, line)
-              + 2 * lines_touched(0, 4 * t, line))
-        w.psram(nl, line, nbytes, split=split)
+        krow = kvh * _cdiv(dh, 16) * 16 if b.kv == "int8-rows-pad" else kvd
+        nbytes = t * (krow + kvd) + 2 * 4 * t  # K rows, V rows, two per-row scale arrays
+        nl = (lines_touched(b.kv_offset, t * krow, line)
+              + lines_touched(b.kv_offset, t * kvd, line) + 2 * lines_touched(0, 4 * t, line))
+        _kv_mem(w, b, nl, nbytes, split=split)
 
 
 #: llm_matvec_s8_pie per row of n 16-byte blocks: row setup and readout, and
@@ -267,32 +280,32 @@ def _kv_store(w: Work, b: Build, s: Shape) -> None:
     """This position's K and V rows written to the cache (one layer): the
     written lines are fetched first (write-allocate) and written back later,
     counted as one transfer each way the way esp32-ai counts its logits
-    round trip."""
-    d = s.dim
+    round trip. K and V rows are kv_dim wide (grouped-query attention)."""
+    kvd, d = s.kv_dim, s.dim
     if b.kv == "int8-fast":
-        # K and V quantized per head; a K row (h x 16-byte lines of dhp) and
-        # one byte in each of the dim transposed V rows: every line it lands
-        # in is fetched and written back (write-allocate)
-        h, dh = s.n_heads, s.head_dim
-        _quantize(w, b, 2 * d)
-        w.compute(ops=2 * d)
-        nl = h * lines_touched(0, _cdiv(dh, 16) * 16, b.line) + d + 2 * h
-        w.psram(2 * nl, b.line, h * _cdiv(dh, 16) * 16 + d + 8 * h)
+        # K and V quantized per kv head; a K row (kvh x 16-byte lines of dhp)
+        # and one byte in each of the kv_dim transposed V rows: every line it
+        # lands in is fetched and written back (write-allocate)
+        kvh, dh = s.n_kv_heads, s.head_dim
+        _quantize(w, b, 2 * kvd)
+        w.compute(ops=2 * kvd)
+        nl = kvh * lines_touched(0, _cdiv(dh, 16) * 16, b.line) + kvd + 2 * kvh
+        _kv_mem(w, b, 2 * nl, kvh * _cdiv(dh, 16) * 16 + kvd + 8 * kvh)
         return
     if b.kv.startswith("fp32"):
         offs = _kv_offsets(b)
-        nl = sum(lines_touched(o, 4 * d, b.line) + lines_touched(o, _v_row(b, d), b.line)
+        nl = sum(lines_touched(o, 4 * kvd, b.line) + lines_touched(o, _v_row(b, kvd), b.line)
                  for o in offs) / len(offs)
-        w.psram(nl, b.line, 4 * d + _v_row(b, d))
-        w.compute(ops=2 * 2 * d)  # memcpy: load + store per float
+        _kv_mem(w, b, nl, 4 * kvd + _v_row(b, kvd))
+        w.compute(ops=2 * 2 * kvd)  # memcpy: load + store per float
         return
-    dh, h = s.head_dim, s.n_heads
-    pad = h * (_cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0
-    _quantize(w, b, d, pad=pad)  # K
-    _quantize(w, b, d)  # V
-    _quantize(w, b, d, pad=pad)  # q, for the integer scores
-    nl = lines_touched(0, d + pad, b.line) + lines_touched(0, d, b.line) + 2
-    w.psram(nl, b.line, 2 * d + pad + 8)
+    dh, kvh, h = s.head_dim, s.n_kv_heads, s.n_heads
+    pad = kvh * (_cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0
+    _quantize(w, b, kvd, pad=pad)  # K
+    _quantize(w, b, kvd)  # V
+    _quantize(w, b, d, pad=h * (_cdiv(dh, 16) * 16 - dh) if pad else 0)  # q, for the scores
+    nl = lines_touched(0, kvd + pad, b.line) + lines_touched(0, kvd, b.line) + 2
+    _kv_mem(w, b, nl, 2 * kvd + pad + 8)
 
 
 def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
@@ -354,9 +367,13 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
                   + stream_lines(TILE_ROWS * ids_b, b.line))
     inline_tiles = min(c.tiles, float(b.first_wave_tiles))
-    w.psram(inline_tiles * tile_lines, b.line, inline_tiles / c.tiles * rows * (row_bytes + 4 + ids_b))
-    w.psram((c.tiles - inline_tiles) * tile_lines, b.line,
-            (1 - inline_tiles / c.tiles) * rows * (row_bytes + 4 + ids_b), split=True)
+    inline_b = inline_tiles / c.tiles * rows * (row_bytes + 4 + ids_b)
+    rest_b = (1 - inline_tiles / c.tiles) * rows * (row_bytes + 4 + ids_b)
+    if b.head_tier == "sram":  # a board without PSRAM: the rows are loads in the kernel
+        w.sram(inline_b + rest_b)
+        return
+    w.psram(inline_tiles * tile_lines, b.line, inline_b)
+    w.psram((c.tiles - inline_tiles) * tile_lines, b.line, rest_b, split=True)
 
 
 def _sample(w: Work, b: Build, s: Shape) -> None:
@@ -390,17 +407,21 @@ def _draws(w: Work, b: Build, k: int) -> None:
 
 def _embed_position(e: Work, b: Build, s: Shape) -> None:
     """One position's embed stage but the PLE projection: embedding and PLE
-    rows from flash, the PLE input, the RoPE row."""
+    rows from flash, the PLE input, the RoPE row (no PLE row, input or norms
+    without PLE: llama2.c)."""
     d, L, p, dh = s.dim, s.n_layers, s.ple_dim, s.head_dim
     lp = L * p
+    ng = n_groups(d, s.group)
     if b.rows_from == "image":
-        e.flash(q4_row_bytes(d) + 4, b.line)
-        e.flash(ple_record_bytes(s), b.line)
+        e.flash(q4_row_bytes(d) + 4 * ng, b.line)
+        if s.has_ple:
+            e.flash(ple_record_bytes(s), b.line)
     else:  # model.bin in place: packed nibbles + fp16 scales
-        e.flash(_cdiv(d, 2) + 2, b.line)
-        e.flash(_cdiv(lp, 2) + 2 * n_groups(lp, s.group), b.line)
-    e.compute(ops=3 * d + lp * 4 + L * HALF2FLOAT_OPS + lp + lp * 3)
-    for _ in range(L):
+        e.flash(_cdiv(d, 2) + 2 * ng, b.line)
+        if s.has_ple:
+            e.flash(_cdiv(lp, 2) + 2 * n_groups(lp, s.group), b.line)
+    e.compute(ops=3 * d + (lp * 4 + L * HALF2FLOAT_OPS + lp + lp * 3 if s.has_ple else 0))
+    for _ in range(L if s.has_ple else 0):
         _rmsnorm(e, p)
     _quantize(e, b, d)
     if b.rope == "libm":
@@ -422,7 +443,8 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
     e = work["embed"]
     _embed_position(e, b, s)
-    _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
+    if s.has_ple:
+        _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
 
     charge_spill(work, b)
     one = {st: Work() for st in ("attn", "ffn", "ple")}
@@ -430,7 +452,7 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     _rmsnorm(a, d)
     _quantize(a, b, d)
     _matvec(a, b, s, mats["qkv"], pie_calls)
-    a.compute(ops=2 * h * (dh // 2) * 6)  # RoPE on q and k
+    a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
     _kv_store(a, b, s)
     _attention_core(a, b, s, pos)
     _quantize(a, b, d)
@@ -451,18 +473,19 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     _matvec(fw, b, s, mats["down"], pie_calls)
     fw.compute(ops=3 * d)
 
-    pw = one["ple"]
-    _quantize(pw, b, d)
-    _matvec(pw, b, s, mats["ple_gate"], pie_calls)
-    if b.act_exp == "newlib":
-        pw.compute(erff=p)  # priced by Fit.erff_cycles
-    else:
-        _chain(pw, b, p * ERFF_OPS)
-    pw.compute(ops=p * 5)  # 0.5*v*(1+erf(v*c)) * ple
-    _quantize(pw, b, p)
-    _matvec(pw, b, s, mats["ple_proj"], pie_calls)
-    _rmsnorm(pw, d)
-    pw.compute(ops=3 * d)
+    if s.has_ple:  # llama2.c has no PLE branch: its stage stays empty
+        pw = one["ple"]
+        _quantize(pw, b, d)
+        _matvec(pw, b, s, mats["ple_gate"], pie_calls)
+        if b.act_exp == "newlib":
+            pw.compute(erff=p)  # priced by Fit.erff_cycles
+        else:
+            _chain(pw, b, p * ERFF_OPS)
+        pw.compute(ops=p * 5)  # 0.5*v*(1+erf(v*c)) * ple
+        _quantize(pw, b, p)
+        _matvec(pw, b, s, mats["ple_proj"], pie_calls)
+        _rmsnorm(pw, d)
+        pw.compute(ops=3 * d)
     for st, wk in one.items():
         work[st].add(wk.scaled(L))
 
@@ -476,13 +499,17 @@ def charge_spill(work: Mapping[str, Work], b: Build) -> None:
     """Core matrices placed in PSRAM stream from it once per token (or pass):
     per stage as the placement put them (`spill_stages`), or a what-if's
     `core_spill_bytes` on the PLE stage (the last layers' tail, placed last).
-    Split across the cores when the build splits its matvecs."""
+    Split across the cores when the build splits its matvecs. Core matrices
+    read in place from flash (`flash_stages`) cost their bytes at the flash
+    rate."""
     split = b.split_rows is not None
     spills = list(b.spill_stages)
     if b.core_spill_bytes:
         spills.append(("ple", b.core_spill_bytes))
     for st, nbytes in spills:
         work[st].psram(stream_lines(nbytes, b.line), b.line, nbytes, split=split)
+    for st, nbytes in b.flash_stages:
+        work[st].flash(nbytes, b.line)
 
 
 def charge_port(work: Mapping[str, Work], b: Build, loop_host_s: float, *,

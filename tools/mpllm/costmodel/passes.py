@@ -267,7 +267,8 @@ def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: in
         # embed: x, its quantized copy, the PLE inputs and table row (written)
         charge("embed", BATCH_VECTOR_TRANSFERS * (lines(4 * d) + act + 2 * lines(4 * L * p)))
         # per layer: x, xb, xb2, att, qkv, the quantized input, max/den
-        charge("attn", L * BATCH_VECTOR_TRANSFERS * (4 * lines(4 * d) + lines(12 * d) + act + 1))
+        charge("attn", L * BATCH_VECTOR_TRANSFERS * (4 * lines(4 * d) + lines(4 * (d + 2 * s.kv_dim))
+                                                     + act + 1))
         charge("attn", L * SCORE_LINE_TRANSFERS * h * lines_touched(0, 4 * (pos + c + 1), line),
                split=att_split)
         charge("ffn", L * BATCH_VECTOR_TRANSFERS * 2 * lines(4 * widest))  # hb, hb2
@@ -307,7 +308,8 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     e = work["embed"]
     for _ in range(m):
         _embed_position(e, b, s)
-    _matvec_pass(e, b, s, mats["ple_model_proj"], m, pie_calls, cols_pie)
+    if s.has_ple:
+        _matvec_pass(e, b, s, mats["ple_model_proj"], m, pie_calls, cols_pie)
     charge_spill(work, b)  # the core in PSRAM streams once per pass
 
     one = {st: Work() for st in ("attn", "ffn", "ple")}
@@ -315,7 +317,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     for _ in range(m):
         _rmsnorm(a, d)
         _quantize(a, b, d)
-        a.compute(ops=2 * h * (dh // 2) * 6)  # RoPE on q and k
+        a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
         _kv_store(a, b, s)
         _quantize(a, b, d)
         a.compute(ops=3 * d)
@@ -338,7 +340,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
         _matvec_pass(fw, b, s, mats[name], m, pie_calls, cols_pie)
 
     pw = one["ple"]
-    for _ in range(m):
+    for _ in range(m if s.has_ple else 0):  # llama2.c: no PLE stage
         _quantize(pw, b, d)
         if b.act_exp == "newlib":
             pw.compute(erff=p)
@@ -348,7 +350,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
         _quantize(pw, b, p)
         _rmsnorm(pw, d)
         pw.compute(ops=3 * d)
-    for name in ("ple_gate", "ple_proj"):
+    for name in ("ple_gate", "ple_proj") if s.has_ple else ():
         _matvec_pass(pw, b, s, mats[name], m, pie_calls, cols_pie)
     for st, wk in one.items():
         work[st].add(wk.scaled(L))

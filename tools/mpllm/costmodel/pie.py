@@ -28,6 +28,8 @@ def pie_matvec_instructions(rows: int, cols: int, group: int) -> int:
     last block's 2 MACs, and per group zero.accx + 2 nops + rur.
     """
     n_blocks = _cdiv(cols, 32)
+    if n_blocks == 0:
+        return 0  # a matrix without columns (a model without PLE) runs no kernel
     per_group = n_blocks if group >= cols else group // 32
     groups = [min(per_group, n_blocks - b) for b in range(0, n_blocks, per_group)]
     per_call = 3 + sum(5 + 2 * nb for nb in groups)

@@ -52,6 +52,10 @@ S_LINE32 = 32 / PSRAM_BUS_LINE32_BPS
 #: idf_tinystories/sdkconfig.defaults CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB).
 ICACHE_BYTES_OURS = 16 * 1024
 ICACHE_BYTES_UPSTREAM = 32 * 1024
+#: The board without PSRAM (firmware/boards/MPLLM_N8/sdkconfig.board) sets
+#: CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB: 16 KB more of internal SRAM taken
+#: by the cache than on the N16R8.
+ICACHE_BYTES_N8 = 32 * 1024
 ICACHE_LINE = 32
 #: One instruction-cache line from flash (QIO, 80 MHz; the board's
 #: sdkconfig.board): a quad I/O read (EBh) is 8 instruction clocks, 6 address
@@ -99,6 +103,13 @@ PY_LOOP_HOST_PASS_S = 3.47e-6
 PY_PYSTONES_HOST = 220104.0
 PY_PYSTONES_S3 = 1075.0
 PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
+#: MicroPython's first GC heap area on the ESP32-S3: 64 KiB, taken by malloc at
+#: boot (micropython v1.28 ports/esp32/mpconfigport.h MICROPY_GC_INITIAL_HEAP_SIZE;
+#: main.c MP_PLAT_ALLOC_HEAP). With PSRAM that malloc lands there; without it the
+#: heap is internal SRAM, and it grows there on demand (MICROPY_GC_SPLIT_HEAP_AUTO).
+MP_GC_INITIAL_HEAP_BYTES = 64 * 1024
+#: The N16R8's PSRAM: 8 MB octal (firmware/README.md, the board table).
+PSRAM_BYTES_N16R8 = 8 * 1024 * 1024
 #: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
 #: applied as 512 B / 20 us to the bytes of the lines read from flash.
 FLASH_ROW_BYTES = 512

@@ -50,7 +50,11 @@ REGIONS = ("flash", "fast", "bulk")
 
 @dataclass(frozen=True)
 class Shape:
-    """The dimensions the cost depends on."""
+    """The dimensions the cost depends on. Two families share it: the
+    esp32-ai model (PLE, n_kv_heads == n_heads) and llama2.c's Llama
+    (ple_dim 0: no PLE stage; n_kv_heads < n_heads: grouped-query attention,
+    query head h reading kv head h // (n_heads / n_kv_heads)). n_kv_heads 0
+    means n_heads (set so at construction)."""
 
     dim: int = 96
     n_layers: int = 6
@@ -60,12 +64,13 @@ class Shape:
     vocab_out: int = 25353
     seq_len: int = 256
     group: int = 128
-    n_kv_heads: int = 0  # key/value heads; 0: n_heads (llama2.c's models may have fewer)
+    n_kv_heads: int = 0
 
     def __post_init__(self) -> None:
-        # one spelling per shape (as mpllm's Config): as many kv heads as heads is 0
-        if self.n_kv_heads == self.n_heads:
-            object.__setattr__(self, "n_kv_heads", 0)
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads {self.n_kv_heads} must divide n_heads {self.n_heads}")
 
     @property
     def head_dim(self) -> int:
@@ -73,8 +78,12 @@ class Shape:
 
     @property
     def kv_dim(self) -> int:
-        """Floats per position of K (and of V): n_kv_heads heads of head_dim."""
-        return (self.n_kv_heads or self.n_heads) * self.head_dim
+        """Width of one position's K (and V) row in the cache: n_kv_heads x head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def has_ple(self) -> bool:
+        return self.ple_dim > 0
 
     @property
     def n_tiles(self) -> int:
@@ -103,21 +112,21 @@ class Mat:
 
 
 def matrices(s: Shape) -> list[Mat]:
-    """Every matvec of one token, with how often it runs and in which stage (the PLE
-    ones only when the model has PLE: ple_dim 0 is llama2.c's family)."""
+    """Every matvec of one token, with how often it runs and in which stage
+    (the engine's order; without PLE its three matrices are absent)."""
     d, L = s.dim, s.n_layers
-    mats = [
-        Mat("ple_model_proj", L * s.ple_dim, d, 1, "embed"),
+    ple = s.has_ple
+    return [
+        *([Mat("ple_model_proj", L * s.ple_dim, d, 1, "embed")] if ple else []),
         Mat("qkv", d + 2 * s.kv_dim, d, L, "attn"),
         Mat("attn_proj", d, d, L, "attn"),
         Mat("gate", s.ffn, d, L, "ffn"),
         Mat("up", s.ffn, d, L, "ffn"),
         Mat("down", d, s.ffn, L, "ffn"),
-        Mat("ple_gate", s.ple_dim, d, L, "ple"),
-        Mat("ple_proj", d, s.ple_dim, L, "ple"),
+        *([Mat("ple_gate", s.ple_dim, d, L, "ple"),
+           Mat("ple_proj", d, s.ple_dim, L, "ple")] if ple else []),
         Mat("head", s.vocab_out, d, 1, "head"),
     ]
-    return [m for m in mats if s.ple_dim or (m.stage != "ple" and m.name != "ple_model_proj")]
 
 
 def _cdiv(a: float, b: int) -> int:

@@ -85,6 +85,14 @@ class DraftFigures:
                    rate, passes, story)
 
 
+def _study_row(story_tokens: int, passes: int, drafted: int) -> dict[str, float]:
+    """A drafting.study() row from its three counts: each pass emits its own
+    token and the drafts it accepted, so accepted = story tokens - passes."""
+    return {"tokens_per_pass": story_tokens / passes,
+            "accept_rate": (story_tokens - passes) / drafted,
+            "passes": passes, "drafted": drafted, "story_tokens": story_tokens}
+
+
 #: mpllm.drafting.study on the demo model (n_tokens 200, table_stories 200,
 #: seeds 1-5, the drafts table priced by draft_prices() for the release
 #: shape, its shares calibrated, as convert builds it): the figures used
@@ -92,20 +100,14 @@ class DraftFigures:
 #: (bench.py --model-s3 re-runs it whenever the engine and demo are here).
 DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
     "greedy": {
-        "lookup": {"tokens_per_pass": 484 / 457, "accept_rate": 27 / 1081,
-                   "passes": 457, "drafted": 1081, "story_tokens": 484},
-        "ngram": {"tokens_per_pass": 484 / 154, "accept_rate": 330 / 363,
-                  "passes": 154, "drafted": 363, "story_tokens": 484},
-        "both": {"tokens_per_pass": 484 / 184, "accept_rate": 300 / 706,
-                 "passes": 184, "drafted": 706, "story_tokens": 484},
+        "lookup": _study_row(story_tokens=484, passes=457, drafted=1081),
+        "ngram": _study_row(story_tokens=484, passes=154, drafted=363),
+        "both": _study_row(story_tokens=484, passes=184, drafted=706),
     },
     "sampled": {
-        "lookup": {"tokens_per_pass": 2395 / 2278, "accept_rate": 117 / 5288,
-                   "passes": 2278, "drafted": 5288, "story_tokens": 2395},
-        "ngram": {"tokens_per_pass": 2395 / 1017, "accept_rate": 1378 / 1898,
-                  "passes": 1017, "drafted": 1898, "story_tokens": 2395},
-        "both": {"tokens_per_pass": 2395 / 1100, "accept_rate": 1295 / 3991,
-                 "passes": 1100, "drafted": 3991, "story_tokens": 2395},
+        "lookup": _study_row(story_tokens=2395, passes=2278, drafted=5288),
+        "ngram": _study_row(story_tokens=2395, passes=1017, drafted=1898),
+        "both": _study_row(story_tokens=2395, passes=1100, drafted=3991),
     },
 }
 
@@ -120,12 +122,10 @@ DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
 #: DEFAULT_STUDY's demo figures.
 REAL_MODEL_STUDY: dict[str, dict[str, dict[str, float]]] = {
     "greedy": {
-        "ngram": {"tokens_per_pass": 6987 / 5436, "accept_rate": 1551 / 2384,
-                  "passes": 5436, "drafted": 2384, "story_tokens": 6987},
+        "ngram": _study_row(story_tokens=6987, passes=5436, drafted=2384),
     },
     "sampled": {
-        "ngram": {"tokens_per_pass": 27676 / 25092, "accept_rate": 2584 / 5649,
-                  "passes": 25092, "drafted": 5649, "story_tokens": 27676},
+        "ngram": _study_row(story_tokens=27676, passes=25092, drafted=5649),
     },
 }
 

@@ -152,13 +152,12 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         nt, cp = s.n_tiles, _cdiv(d, 32) * 32
         items["core matrices (int4 + fp32 scales)"] = sum(
             b for _, b in core_matrix_bytes(s).values())
-        items["norm weights"] = ((3 if p else 2) * L * d + p + d) * 4
+        items["norm weights"] = ((3 if s.has_ple else 2) * L * d + p + d) * 4
         items["head tile index (boxes + scales)"] = nt * (2 * cp + 4)
-        # x, xb, xb2, qkv (q | k | v: dim + 2 kv_dim), att, hb, hb2 (max(F, P)), ple,
-        # trow, scores [H][S], two quantized inputs; the head's [xq | |xq|], bounds,
-        # heap, wave and values; the V cache's per-position "wide" flags and the dots'
-        # unit scales
-        act = (3 * d + d + 2 * s.kv_dim + d + 2 * max(s.ffn, p) + 2 * L * p
+        # x, xb, xb2, qkv, att, hb, hb2 (max(F, P)), ple, trow, scores [H][S], two
+        # quantized inputs; the head's [xq | |xq|], bounds, heap, wave and values;
+        # the V cache's per-position "wide" flags and the dots' unit scales
+        act = (3 * d + (d + 2 * s.kv_dim) + d + 2 * max(s.ffn, p) + 2 * L * p
                + s.n_heads * s.seq_len) * 4
         act += 2 * _r16(4 * s.n_heads) + _r16(L * s.seq_len) + _r16(4 * d)
         scratch = (_r16(2 * cp) + 2 * _r16(4 * nt) + _r16(2 * nt) + _r16(2 * wave_tiles)

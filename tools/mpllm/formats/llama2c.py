@@ -66,9 +66,12 @@ def read_tokenizer_bin(data: bytes, where: str = "tokenizer.bin") -> tuple[list[
             raise TokenizerFormatError(f"{where}: truncated in the entry of token {len(texts)}")
         score, n = struct.unpack_from("<fi", data, at)
         at += 8
-        if not 0 < n <= max_len or at + n > len(data):
+        if not 0 < n <= max_len:
             raise TokenizerFormatError(f"{where}: token {len(texts)} has length {n} "
-                                       f"(max {max_len}, {len(data) - at} bytes left)")
+                                       f"(the header's max is {max_len})")
+        if at + n > len(data):
+            raise TokenizerFormatError(f"{where}: truncated in the text of token {len(texts)} "
+                                       f"({n} bytes, {len(data) - at} left)")
         if math.isnan(score):
             raise TokenizerFormatError(f"{where}: token {len(texts)} has a NaN score")
         texts.append(data[at:at + n])

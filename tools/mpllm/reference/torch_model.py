@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..formats.model import LAYER_FIELDS, Config, LayerWeights, QMatrix, Weights, layer_fields
+from ..quantize import TINY_SCALE, quantize_int4
 
 __all__ = [
     "TINY_SCALE",
@@ -43,14 +44,6 @@ __all__ = [
 
 RMS_EPS = 1e-6  # the esp32-ai model's; a Config carries its own (norm_eps)
 PLE_MIX = 0.70710678  # the literal upstream multiplies (c + tbl*sqrt(P)) by
-# An all-zero group has max|w| = 0, and max|w|/7 would be a zero scale (the
-# upstream exporter then divides by it and stores NaN). Any positive scale
-# dequantizes such a group to exact zeros because every q is 0; we use the
-# smallest *normal* fp16 (2**-14) so no reader or kernel ever meets a
-# subnormal or a zero scale. A non-zero group whose max|w|/7 underflows fp16
-# gets the same scale, which rounds its values to 0 (they are < 2**-14 * 7
-# / 2**10 anyway, i.e. already below what fp16 scales can express).
-TINY_SCALE = float(np.float16(2.0**-14))
 
 # Matrices stored as int4 in model.bin (everything except the norm vectors).
 _Q_LAYER = ("qkv", "attn_proj", "gate", "up", "down", "ple_gate", "ple_proj")
@@ -84,18 +77,10 @@ def _expand(scale: torch.Tensor, group: int, cols: int) -> torch.Tensor:
 
 
 def quantize_matrix(w: torch.Tensor | np.ndarray, group: int = 128) -> QMatrix:
-    """int4 QMatrix of a float [rows, cols] matrix with the upstream exporter's rule."""
-    t = torch.as_tensor(np.asarray(w, np.float32) if isinstance(w, np.ndarray) else w)
-    t = t.detach().to(torch.float32).cpu()
-    if t.ndim != 2:
-        raise ValueError(f"quantize_matrix: expected a 2-D matrix, got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError("quantize_matrix: matrix contains NaN or Inf")
-    if group <= 0:
-        raise ValueError(f"quantize_matrix: group must be positive, got {group}")
-    scale = _group_scales(t, group)
-    q = torch.clamp(torch.round(t / _expand(scale, group, t.shape[1])), -7, 7)
-    return QMatrix(q.to(torch.int8).numpy(), scale.numpy().astype(np.float16), group)
+    """int4 QMatrix of a float [rows, cols] matrix with the upstream exporter's rule
+    (mpllm.quantize, which fake_quant's forward value equals)."""
+    a = w if isinstance(w, np.ndarray) else w.detach().to(torch.float32).cpu().numpy()
+    return quantize_int4(a, group)
 
 
 def fake_quant(w: torch.Tensor, group: int = 128) -> torch.Tensor:

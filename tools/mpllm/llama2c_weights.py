@@ -1,0 +1,161 @@
+"""A llama2.c checkpoint as the engine's weights (the converter's llama2c path).
+
+Per tensor, which format and why:
+- every matrix (tok_embeddings, wq/wk/wv as one qkv matrix, wo, w1, w3, w2,
+  the classifier when unshared) is int4 with one fp16 scale per group of
+  columns (mpllm.quantize): the engine's only matrix format, the one its
+  kernels, the certified head and the PIE model run. One group for the whole
+  image (its header has one); by default `default_group(dim)`, dim rounded up
+  to a multiple of 32: one scale per row of every dim-column matrix, which
+  the certified head needs (formats.head_tiles.certifiable), and the finest
+  that allows it. `--group 32` (the kernels' smallest: a 32-column block must
+  not straddle groups) quantizes finer and loses the certificate, so the
+  engine then scores every head row.
+- the norms (attention_norm, ffn_norm, the final norm) stay float32: D
+  values each, and the engine applies them in float.
+- the v0 file's RoPE tables are not kept: the image bakes its own table
+  (mpllm.formats.rope) for the engine's split-half rotation.
+
+RoPE: llama2.c rotates adjacent pairs (2i, 2i+1) of each head; the engine
+rotates (i, i + half). The rotation is the same once q's and k's rows are
+permuted within each head, new row i <- old 2i and new row i + half <- old
+2i + 1 (`rope_row_order`): q.k sums the same products in another order, so
+attention scores agree to float rounding (tests/test_convert_llama2c.py
+proves it on the fp32 forward). v is not rotated and keeps its order.
+
+Stopping: llama2.c's run.c stops at BOS (a model ends a story by starting
+the next one); EOS (2) also ends a text. The image's tokenizer lists both
+(special_ids = [BOS, EOS]) and the image's eot_id is EOS: the id the header
+names as end of text, which the board's tokenizer checks against; the board
+stops at either (llm_tokenizer.Tokenizer.stop_ids).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .formats.image import BLOCK_COLS
+from .formats.llama2c import Llama2cCheckpoint
+from .formats.model import Config, LayerWeights, QMatrix, Weights
+from .quantize import quantize_int4
+
+
+def default_group(dim: int) -> int:
+    """The int4 group a checkpoint of this dim gets (see the module doc)."""
+    return -(-dim // BLOCK_COLS) * BLOCK_COLS
+#: llama2.c's RMSNorm epsilon (run.c: 1e-5f)
+NORM_EPS = 1e-5
+#: llama2.c's RoPE base
+ROPE_THETA = 10000.0
+
+
+def rope_row_order(head_size: int, n_heads: int) -> np.ndarray:
+    """Row index per new row of a q or k projection: within each head, the
+    even rows (pair firsts) then the odd rows (pair seconds)."""
+    half = head_size // 2
+    within = np.concatenate([2 * np.arange(half), 2 * np.arange(half) + 1])
+    return (np.arange(n_heads)[:, None] * head_size + within[None, :]).reshape(-1)
+
+
+def split_half_checkpoint(ck: Llama2cCheckpoint) -> dict[str, np.ndarray]:
+    """wq and wk of every layer with their rows in the engine's RoPE order."""
+    c = ck.config
+    return {"wq": ck.layers["wq"][:, rope_row_order(c.head_size, c.n_heads)],
+            "wk": ck.layers["wk"][:, rope_row_order(c.head_size, c.n_kv_heads)]}
+
+
+def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
+    """The engine's Weights of a checkpoint: family llama2c (no PLE), every
+    matrix int4 (group None: default_group), the norms float32, q and k rows
+    permuted for split-half RoPE."""
+    c = ck.config
+    if group is None:
+        group = default_group(c.dim)
+    cfg = Config(vocab_in=c.vocab_size, vocab_out=c.vocab_size, dim=c.dim,
+                 n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.hidden_dim, ple_dim=0,
+                 seq_len=c.seq_len, group=group, rope_theta=ROPE_THETA,
+                 tied_head=c.shared_classifier, family="llama2c",
+                 n_kv_heads=c.n_kv_heads, norm_eps=NORM_EPS)  # type: ignore[call-arg]
+    qk = split_half_checkpoint(ck)
+
+    def q4(w: np.ndarray, what: str) -> QMatrix:
+        try:
+            return quantize_int4(w, group)
+        except ValueError as e:  # a weight too large for an fp16 scale
+            raise ValueError(f"{what}: {e}") from None
+
+    layers = []
+    for i in range(c.n_layers):
+        def m(name: str, i: int = i) -> QMatrix:
+            return q4(ck.layers[name][i], f"layer {i} {name}")
+
+        qkv = np.concatenate([qk["wq"][i], qk["wk"][i], ck.layers["wv"][i]])
+        layers.append(LayerWeights(
+            attn_norm=ck.attention_norm[i].astype(np.float32),
+            qkv=q4(qkv, f"layer {i} wq/wk/wv"), attn_proj=m("wo"),
+            ffn_norm=ck.ffn_norm[i].astype(np.float32), gate=m("w1"), up=m("w3"),
+            down=m("w2"), ple_gate=None, ple_proj=None,  # type: ignore[arg-type]
+            ple_norm=None))  # type: ignore[arg-type]
+    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings, "tok_embeddings"),
+                   ple_model_proj=None, ple_proj_norm=None,  # type: ignore[arg-type]
+                   ple_table=None, layers=layers,  # type: ignore[arg-type]
+                   out_norm=ck.norm.astype(np.float32),
+                   head=None if c.shared_classifier else q4(ck.output, "the classifier"))
+
+
+
+#: positions the quality figure compares (the converter's default)
+QUALITY_POSITIONS = 256
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The quantized engine against the checkpoint's fp32 forward, teacher-forced
+    on the same ids: mean and largest |logit difference| over every position
+    and vocabulary entry, and the share of positions whose greedy choice agrees."""
+
+    positions: int
+    mean_abs: float
+    max_abs: float
+    greedy_agree: float
+
+    def line(self) -> str:
+        return (f"quality: quantized engine vs fp32 forward over {self.positions} positions: "
+                f"mean |logit diff| {self.mean_abs:.4f}, max {self.max_abs:.3f}, greedy "
+                f"agreement {100 * self.greedy_agree:.1f} %")
+
+
+def quality_ids(ck: Llama2cCheckpoint, positions: int = QUALITY_POSITIONS) -> list[int]:
+    """The ids the quality figure feeds: BOS, then the fp32 model's own greedy
+    text (past a story's end too: it starts the next one), up to `positions`."""
+    from .formats.llama2c import BOS_ID
+    from .reference.llama2c import Llama2c
+
+    n = min(positions, ck.config.seq_len)
+    story = Llama2c(ck).generate([[BOS_ID]], n - 1)[0]
+    return [BOS_ID, *story][:n]
+
+
+def quality(image: str | os.PathLike[str], ck: Llama2cCheckpoint, llm_module: Any,
+            positions: int = QUALITY_POSITIONS) -> Quality:
+    """The quality figure of `image` (converted from `ck`) run by the engine
+    `llm_module` (the host's `_llm`)."""
+    from .reference.llama2c import Llama2c
+
+    ids = quality_ids(ck, positions)
+    ref = Llama2c(ck)
+    cache = ref.new_cache(1)
+    want = np.stack([ref.step([t], p, cache)[0] for p, t in enumerate(ids)])
+    got = np.empty_like(want)
+    with llm_module.Model(os.fspath(image)) as m:
+        m.sampler(0.0, 0, 0)
+        for p, t in enumerate(ids):
+            m.prefill([t])
+            got[p] = np.frombuffer(m.logits(), "<f4")
+    diff = np.abs(got.astype(np.float64) - want)
+    agree = float((got.argmax(axis=1) == want.argmax(axis=1)).mean())
+    return Quality(len(ids), float(diff.mean()), float(diff.max()), agree)

@@ -1,0 +1,57 @@
+"""int4 group quantization of float matrices: the engine's weight format.
+
+One rule for every float source (a model trained here, a llama2.c
+checkpoint): per row, per group of `group` consecutive columns, the scale is
+max|w| / 7 rounded to fp16 (the image stores it as that fp16 value, so the
+scale the engine multiplies by is exactly the one the codes were made with),
+and each code is round-half-even(w / scale) clamped to -7..7 (the esp32-ai
+exporter's rule, which leaves -8 unused so the range is symmetric).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats.model import QMatrix
+
+# An all-zero group has max|w| = 0, and max|w|/7 would be a zero scale (the
+# upstream exporter then divides by it and stores NaN). Any positive scale
+# dequantizes such a group to exact zeros because every q is 0; we use the
+# smallest *normal* fp16 (2**-14) so no reader or kernel ever meets a
+# subnormal or a zero scale. A non-zero group whose max|w|/7 underflows fp16
+# gets the same scale, which rounds its values to 0 (they are < 2**-14 * 7
+# / 2**10 anyway, i.e. already below what fp16 scales can express).
+TINY_SCALE = float(np.float16(2.0**-14))
+
+
+def group_scales(w: np.ndarray, group: int) -> np.ndarray:
+    """float32 [rows, n_groups] of fp16 values: max|w| / 7 per group (TINY_SCALE
+    for a group whose scale would be 0). ValueError when a scale overflows fp16."""
+    rows, cols = w.shape
+    ng = -(-cols // group)
+    a = np.zeros((rows, ng * group), np.float32)
+    a[:, :cols] = np.abs(w)
+    amax = a.reshape(rows, ng, group).max(axis=2)
+    with np.errstate(over="ignore"):
+        scale = (amax / np.float32(7.0)).astype(np.float16)
+    if np.isinf(scale).any():
+        raise ValueError(
+            f"quantize: a group's max|w| ({float(amax.max()):.6g}) is too large for an "
+            "fp16 scale (max|w|/7 must stay below 65504)")
+    scale = scale.astype(np.float32)
+    return np.where(scale > 0, scale, np.float32(TINY_SCALE)).astype(np.float32)
+
+
+def quantize_int4(w: np.ndarray, group: int) -> QMatrix:
+    """The int4 QMatrix of a float [rows, cols] matrix (see the module doc)."""
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_matrix: expected a 2-D matrix, got shape {w.shape}")
+    if not np.isfinite(w).all():
+        raise ValueError("quantize_matrix: matrix contains NaN or Inf")
+    if group <= 0:
+        raise ValueError(f"quantize_matrix: group must be positive, got {group}")
+    scale = group_scales(w, group)
+    wide = np.repeat(scale, group, axis=1)[:, : w.shape[1]]
+    q = np.clip(np.rint(w / wide), -7, 7)
+    return QMatrix(q.astype(np.int8), scale.astype(np.float16), group)
