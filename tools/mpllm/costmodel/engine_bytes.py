@@ -62,9 +62,10 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     v_row = 2 * kvd + 4 if v_dots else 4 * kvd
     rows_read = pos + 1 if kv_rows_read is None else kv_rows_read
     out["attn"][pl["kv"]] += L * (4 * kvd + v_row + rows_read * (4 * kvd + v_row))
-    # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice
+    # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice;
+    # each layer's attn_norm, ffn_norm and (with PLE) ple_norm
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
-    for st in ("attn", "ffn", "ple"):
+    for st in ("attn", "ffn", "ple") if s.has_ple else ("attn", "ffn"):
         out[st][pl["norms"]] += L * d * 4
     if head:
         out["head"][pl["norms"]] += d * 4
