@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-adaptive", action="store_true",
                    help="with --model-s3: skip the n-gram threshold x draft cap sweep "
                         "(the adaptive draft length)")
+    p.add_argument("--vs-runc", type=Path, metavar="RUN",
+                   help="with --board host and --llama2c: time llama2.c's run.c (your own "
+                        "build, e.g. `make run` in a llama2.c checkout) beside our engine on "
+                        "the same checkpoint, prompt and positions, and print the ratio")
+    p.add_argument("--llama2c", type=Path, nargs=2, metavar=("MODEL.bin", "TOKENIZER.bin"),
+                   help="with --vs-runc: the llama2.c checkpoint and its tokenizer.bin "
+                        "(converted into an image once, cached)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -398,6 +405,44 @@ def _model_s3_shape(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vs_runc_main(args: argparse.Namespace) -> int:
+    """--vs-runc RUN --llama2c MODEL TOKENIZER: run.c and our host engine side by side."""
+    from ..image_cache import converted, default_cache_dir
+    from . import runc
+
+    if not (args.vs_runc and args.llama2c and args.board == "host"):
+        print("--vs-runc RUN, --llama2c MODEL.bin TOKENIZER.bin and --board host go together",
+              file=sys.stderr)
+        return 2
+    for path in (args.vs_runc, *args.llama2c):
+        if not path.is_file():
+            print(f"bench.py: {path}: no such file", file=sys.stderr)
+            return 2
+    model_bin, tokenizer_bin = args.llama2c
+    image = converted(model_bin, tokenizer_bin, default_cache_dir())
+    from ..checkout import board_module
+
+    m = board_module("_llm").Model(str(image))
+    try:
+        steps = min(args.tokens if args.tokens != 100 else 256, int(m.config()["seq_len"]))
+        prompt, ids = runc.long_prompt(board_module("llm_tokenizer").Tokenizer(
+            m.tokenizer()).encode, steps)
+    finally:
+        m.close()
+    try:
+        a, b = runc.compare(args.vs_runc, model_bin, tokenizer_bin, image, ids, prompt, steps)
+    except runc.RuncError as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 1
+    print(runc.format_comparison(a, b, steps, 3))
+    if args.json:
+        write_json({"steps": steps, "prompt_ids": ids[:steps],
+                    "runc_ms_per_token": a.ms_per_token, "mpllm_ms_per_token": b.ms_per_token,
+                    "ratio": a.ms_per_token / b.ms_per_token}, args.json)
+        print(f"json: {args.json}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.greedy_only and args.sampled_only:
@@ -408,6 +453,10 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             print("--shape NAME is the cost model's (give --model-s3) and analytic: --image "
                   "and --release-shaped do not apply to it", file=sys.stderr)
             return 2
+        if args.vs_runc or args.llama2c:
+            if args.json:
+                check_output(args.json)
+            return _vs_runc_main(args)
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
