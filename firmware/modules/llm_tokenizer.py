@@ -353,8 +353,8 @@ class Tokenizer:
         lo = self._lengths_off
         first = i - i % _TOK_STRIDE
         pos = self._starts[first // _TOK_STRIDE]
-        for k in range(first, i):
-            pos += buf[lo + k]
+        if i > first:  # the lengths before it, summed in one call (it is per story token)
+            pos += sum(buf[lo + first : lo + i])
         return bytes(buf[pos : pos + buf[lo + i]])
 
     def token_id(self, data):
@@ -593,6 +593,17 @@ class Utf8Decoder:
         self._pending = b""
 
     def feed(self, data):
+        if not self._pending:
+            # The usual piece, plain ASCII with nothing pending, is its own
+            # text: decoded once, no scan here. The lengths agree only for
+            # ASCII (MicroPython's decode lets some ill-formed bytes through,
+            # e.g. surrogates and overlong forms, so it is not trusted beyond).
+            try:
+                text = str(data, "utf-8")
+                if len(text) == len(data):
+                    return text
+            except ValueError:  # UnicodeError: not well-formed, scanned below
+                pass
         buf = self._pending + bytes(data)
         n = len(buf)
         parts = []
