@@ -296,6 +296,7 @@ class Session:
         self.eot_id = 0
         self.vocab_out = 0
         self._inside = None  # _inside_word()'s bitmap, once it is needed
+        self._texts = None  # run()'s text per token id, once it is needed
         self.last = {}  # stats of the last (or running) generation
         # The ids the model's context holds, in order, as far as this session
         # knows (a prefix of them at least). One list for the model, not one
@@ -348,6 +349,7 @@ class Session:
         self.eot_id = cfg["eot_id"]
         self.vocab_out = cfg["vocab_out"]
         self._inside = None
+        self._texts = None
         try:  # the tokenizer built its merge table: give the garbage back now
             import gc
 
@@ -380,6 +382,7 @@ class Session:
         self.source = None
         self.tokenizer = None
         self._inside = None
+        self._texts = None
         self.forget_context()
         if model is not None:
             model.close()
@@ -493,6 +496,13 @@ class Session:
             # a verify pass chose beyond the first taken from its list.
             step = model.step
             feed = decoder.feed
+            # A token's text, once seen, whenever the decoder holds nothing
+            # pending: then the text depends on the token's bytes alone (a
+            # list over the ids the engine can choose, 4 B an id on the
+            # board; no bytes sliced or decoded for a token seen before).
+            texts = self._texts
+            if texts is None:
+                texts = self._texts = [None] * self.vocab_out
             story_append = story.append
             out_append = out.append
             if draft is not None:
@@ -510,7 +520,14 @@ class Session:
                     piece = feed(token_bytes(token)[skip:])
                     skip = 0
                 else:
-                    piece = feed(token_bytes(token))
+                    piece = texts[token]
+                    if piece is None or decoder.pending:
+                        b = token_bytes(token)
+                        clean = not decoder.pending
+                        piece = feed(b)
+                        # a char per byte: nothing kept back, nothing joined to what was
+                        if clean and len(piece) == len(b):
+                            texts[token] = piece
                 if piece:
                     yield piece
                 if n >= budget:
