@@ -233,6 +233,19 @@ def test_pieces_are_the_streams_text_whatever_came_before(tiny, monkeypatch):
     assert llm.stats()["tokens"] == len(script)
 
 
+def test_remembered_texts_are_capped_and_change_nothing(tiny, monkeypatch):
+    """The session remembers at most llm._TEXTS_MAX token texts; the story is
+    the same with any cap (none remembered, a few, the default)."""
+    stories, held = [], []
+    for cap in (0, 3, llm._TEXTS_MAX):
+        monkeypatch.setattr(llm, "_TEXTS_MAX", cap)
+        llm.default_session._texts = None
+        stories.append("".join(llm.generate(PROMPT, seed=4, max_tokens=40, draft=None)))
+        held.append(len(llm.default_session._texts))
+    assert stories[0] == stories[1] == stories[2] and stories[0]
+    assert held[0] == 0 and held[1] == 3 and 3 < held[2] <= 40
+
+
 def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
     err = _llm.Error("bad state: simulated")
     monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 2, err))

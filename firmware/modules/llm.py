@@ -55,6 +55,9 @@ MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
 _OPTIONS = ("max_tokens", "temperature", "top_k", "seed", "draft")
+#: token texts a session remembers at most (Session.run): the words a story
+#: uses again and again (~50 KB of the heap when full)
+_TEXTS_MAX = 1024
 #: drafted tokens one verify pass checks at most (the engine takes 8 positions:
 #: the last token and up to 7 drafts)
 MAX_DRAFT = 7
@@ -296,7 +299,7 @@ class Session:
         self.eot_id = 0
         self.vocab_out = 0
         self._inside = None  # _inside_word()'s bitmap, once it is needed
-        self._texts = None  # run()'s text per token id, once it is needed
+        self._texts = None  # run()'s remembered token texts, by id, once it is needed
         self.last = {}  # stats of the last (or running) generation
         # The ids the model's context holds, in order, as far as this session
         # knows (a prefix of them at least). One list for the model, not one
@@ -497,12 +500,14 @@ class Session:
             step = model.step
             feed = decoder.feed
             # A token's text, once seen, whenever the decoder holds nothing
-            # pending: then the text depends on the token's bytes alone (a
-            # list over the ids the engine can choose, 4 B an id on the
-            # board; no bytes sliced or decoded for a token seen before).
+            # pending: then the text depends on the token's bytes alone (no
+            # bytes sliced or decoded for a token seen before). A dict of the
+            # ids seen, at most _TEXTS_MAX of them: a list over a release
+            # vocabulary would hold 100 KB of the board's heap.
             texts = self._texts
             if texts is None:
-                texts = self._texts = [None] * self.vocab_out
+                texts = self._texts = {}
+            remembered = texts.get
             story_append = story.append
             out_append = out.append
             if draft is not None:
@@ -520,13 +525,13 @@ class Session:
                     piece = feed(token_bytes(token)[skip:])
                     skip = 0
                 else:
-                    piece = texts[token]
+                    piece = remembered(token)
                     if piece is None or decoder.pending:
                         b = token_bytes(token)
                         clean = not decoder.pending
                         piece = feed(b)
                         # a char per byte: nothing kept back, nothing joined to what was
-                        if clean and len(piece) == len(b):
+                        if clean and len(piece) == len(b) and len(texts) < _TEXTS_MAX:
                             texts[token] = piece
                 if piece:
                     yield piece
