@@ -85,28 +85,30 @@ CODE_BYTES_BINDING = 1024
 #: mpllm.costmodel.python_loop --micropython PATH` (the demo model,
 #: llm.generate at T 0.8 top-40, at most 200 tokens x seeds 1,2,3: 403 story
 #: tokens; the loop's wall time minus the engine's own total_ms; each story's
-#: least of 12 rounds, the least of 9 such runs on a machine other jobs
-#: loaded: noise only adds): 4.21 us a story token decoding step by step;
-#: with verify passes 6.34 us a story token + 3.26 us a pass (solved from a
-#: drafter that never guesses, 9.63 us at 0.993 tokens a pass, and the
-#: n-gram drafter, 7.65 us at 2.484). Before the loop was cut (a nested
-#: generator, the decoder scanning every byte, a str made per token): 9.26,
-#: and 10.85 + 3.47 a pass (measured by hand, the least of 15 runs; the
-#: command, interleaved with the runs above: 11.43, 11.78 + 5.88). Of the
-#: 4.21 us, 2.76 are the floor under any loop (model.step in a bare loop:
-#: the binding and the engine outside its stage timers, C scaled here as if
-#: it were bytecode). The same unix binary ran the pystone of MicroPython's
-#: tests/perf_bench at 220,104 pystones/s (best of 5; the command's best
-#: under load, 224,356), and MicroPython on an ESP32 runs pystone
+#: least of 12 rounds, the least of 7 such runs on a machine other jobs
+#: loaded: noise only adds): 3.66 us a story token decoding step by step;
+#: with verify passes 5.23 us a story token + 3.30 us a pass (solved from a
+#: drafter that never guesses, 8.56 us at 0.993 tokens a pass, and the
+#: n-gram drafter, 6.56 us at 2.484). Before the loop was cut (a nested
+#: generator, the decoder scanning every byte, a str made per token, and the
+#: binding returning every int as a heap long int): 9.26, and 10.85 + 3.47 a
+#: pass, with the pystone below at 220,104 pystones/s (measured by hand, the
+#: least of 15 runs; the command, interleaved with runs of the loop's first
+#: cut on that binary: 11.43 against 4.21). Of the 3.66 us, 1.77 are the
+#: floor under any loop (model.step in a bare loop: the binding and the
+#: engine outside its stage timers, C scaled here as if it were bytecode).
+#: The same runs ran the pystone of MicroPython's tests/perf_bench on the
+#: same binary at 276,985 pystones/s (the best of 42: the same quiet moments
+#: the least loop figures come from), and MicroPython on an ESP32 runs pystone
 #: 1.2 (pystone_lowmem, 500 passes) at 1,075 pystones/s (micropython-ulab
 #: issue #296, the ESP32 port at its default 240 MHz; micropython issue #5673
 #: reports 1,661 and 499 at 240 MHz for two other builds): the loop is scaled
-#: by that ratio, 204.7. The GC heap and the loop's objects are in PSRAM on
+#: by that ratio, 257.7. The GC heap and the loop's objects are in PSRAM on
 #: the board; the ESP32's figure is taken as covering that, not measured.
-PY_LOOP_HOST_STEP_S = 4.21e-6
-PY_LOOP_HOST_TOKEN_S = 6.34e-6
-PY_LOOP_HOST_PASS_S = 3.26e-6
-PY_PYSTONES_HOST = 220104.0
+PY_LOOP_HOST_STEP_S = 3.66e-6
+PY_LOOP_HOST_TOKEN_S = 5.23e-6
+PY_LOOP_HOST_PASS_S = 3.30e-6
+PY_PYSTONES_HOST = 276985.0
 PY_PYSTONES_S3 = 1075.0
 PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
 #: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
