@@ -198,6 +198,54 @@ class _InterruptingModel:
         return self._real.step(token)
 
 
+class _ScriptedModel:
+    """The real model (fed as usual), but the tokens it chooses are `script`'s."""
+
+    def __init__(self, real: object, script: list[int]) -> None:
+        self._real, self._script = real, iter(script)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def prefill(self, ids: list[int]) -> int:
+        self._real.prefill(ids)
+        return next(self._script)
+
+    def step(self, token: int) -> int:
+        self._real.step(token)
+        return next(self._script)
+
+
+def test_pieces_are_the_streams_text_whatever_came_before(tiny, monkeypatch):
+    """A token's text is remembered the first time it is decoded with nothing
+    pending, and used only then: a lone continuation byte (U+FFFD alone) ends
+    a character when a lead byte came before it, plain ASCII after a cut
+    character completes nothing. The pieces are the whole stream's text."""
+    tok = llm.tokenizer()
+    byte_id = {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    lead, cont, ascii_a = byte_id[b"\xc3"], byte_id[b"\xa9"], byte_id[b"a"]
+    script = [cont, ascii_a, lead, cont, cont, lead, ascii_a, cont, lead, lead, ascii_a, cont]
+    monkeypatch.setattr(llm.default_session, "model",
+                        _ScriptedModel(llm.load(), [*script, llm.default_session.eot_id]))
+    pieces = list(llm.generate(PROMPT, temperature=0, draft=None))
+    want = b"".join(tok.token_bytes(i) for i in script).decode("utf-8", "replace")
+    assert "".join(pieces) == want == "\ufffda\u00e9\ufffd\ufffda\ufffd\ufffd\ufffda\ufffd"
+    assert llm.stats()["tokens"] == len(script)
+
+
+def test_remembered_texts_are_capped_and_change_nothing(tiny, monkeypatch):
+    """The session remembers at most llm._TEXTS_MAX token texts; the story is
+    the same with any cap (none remembered, a few, the default)."""
+    stories, held = [], []
+    for cap in (0, 3, llm._TEXTS_MAX):
+        monkeypatch.setattr(llm, "_TEXTS_MAX", cap)
+        llm.default_session._texts = None
+        stories.append("".join(llm.generate(PROMPT, seed=4, max_tokens=40, draft=None)))
+        held.append(len(llm.default_session._texts))
+    assert stories[0] == stories[1] == stories[2] and stories[0]
+    assert held[0] == 0 and held[1] == 3 and 3 < held[2] <= 40
+
+
 def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
     err = _llm.Error("bad state: simulated")
     monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 2, err))

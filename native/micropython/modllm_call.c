@@ -5,6 +5,7 @@
 #include "py/objstr.h"
 #include "py/objtuple.h"
 #include "py/runtime.h"
+#include "py/smallint.h"
 
 #include "modllm_call.h"
 
@@ -102,7 +103,14 @@ static int llm_put(void *ctx, const llm_bind_value *v) {
     llm_builder *b = ctx;
     mp_obj_t o = mp_const_none;
     switch (v->type) {
-        case LLM_BIND_INT: o = mp_obj_new_int_from_ll(v->i); break;
+        /* a small int when it fits (token ids, positions): mp_obj_new_int_from_ll
+         * always makes a heap long int, one per token, slow in every later
+         * comparison, subscript and dict lookup */
+        case LLM_BIND_INT:
+            o = v->i >= MP_SMALL_INT_MIN && v->i <= MP_SMALL_INT_MAX
+                    ? MP_OBJ_NEW_SMALL_INT((mp_int_t)v->i)
+                    : mp_obj_new_int_from_ll(v->i);
+            break;
         case LLM_BIND_FLOAT: o = mp_obj_new_float((mp_float_t)v->f); break;
         case LLM_BIND_BOOL: o = mp_obj_new_bool(v->i); break;
         case LLM_BIND_STR: o = mp_obj_new_str(v->p, v->n); break;

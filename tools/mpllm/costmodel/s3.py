@@ -82,25 +82,37 @@ CODE_BYTES_MICROPYTHON = 13897
 CODE_BYTES_FREERTOS = 4096
 CODE_BYTES_BINDING = 1024
 
-#: llm.py's per-token loop around the engine (decode_tokens and _run: the
-#: generator, the tokenizer's bytes, the UTF-8 decoder, the counters), measured
-#: on the MicroPython v1.28 unix port built with our module (the demo model,
-#: llm.generate, 200 tokens x 3 seeds x 5 runs, the loop's wall time minus the
-#: engine's own total_ms, the least of the 15 runs: noise only adds): 9.26 us a
-#: token decoding step by step; with verify passes 10.85 us a story token +
-#: 3.47 us a pass (solved from a drafter that never guesses, 14.32 us at one
-#: token a pass, and the n-gram drafter, 12.49 us at 2.119 tokens a pass). The
-#: same unix binary ran the pystone of MicroPython's tests/perf_bench at
-#: 220,104 pystones/s (best of 5), and MicroPython on an ESP32 runs pystone
+#: llm.py's per-token loop around the engine (Session.run's loop: a token's
+#: remembered text, or the tokenizer's bytes through the UTF-8 decoder the
+#: first time; the counters; verify_pass for verify passes), measured on the
+#: MicroPython v1.28 unix port built with our module by `python -m
+#: mpllm.costmodel.python_loop --micropython PATH` (the demo model,
+#: llm.generate at T 0.8 top-40, at most 200 tokens x seeds 1,2,3: 403 story
+#: tokens; the loop's wall time minus the engine's own total_ms; each story's
+#: least of 12 rounds, the least of 7 such runs on a machine other jobs
+#: loaded: noise only adds): 3.66 us a story token decoding step by step;
+#: with verify passes 5.23 us a story token + 3.30 us a pass (solved from a
+#: drafter that never guesses, 8.56 us at 0.993 tokens a pass, and the
+#: n-gram drafter, 6.56 us at 2.484). Before the loop was cut (a nested
+#: generator, the decoder scanning every byte, a str made per token, and the
+#: binding returning every int as a heap long int): 9.26, and 10.85 + 3.47 a
+#: pass, with the pystone below at 220,104 pystones/s (measured by hand, the
+#: least of 15 runs; the command, interleaved with runs of the loop's first
+#: cut on that binary: 11.43 against 4.21). Of the 3.66 us, 1.77 are the
+#: floor under any loop (model.step in a bare loop: the binding and the
+#: engine outside its stage timers, C scaled here as if it were bytecode).
+#: The same runs ran the pystone of MicroPython's tests/perf_bench on the
+#: same binary at 276,985 pystones/s (the best of 42: the same quiet moments
+#: the least loop figures come from), and MicroPython on an ESP32 runs pystone
 #: 1.2 (pystone_lowmem, 500 passes) at 1,075 pystones/s (micropython-ulab
 #: issue #296, the ESP32 port at its default 240 MHz; micropython issue #5673
 #: reports 1,661 and 499 at 240 MHz for two other builds): the loop is scaled
-#: by that ratio, 204.7. The GC heap and the loop's objects are in PSRAM on
+#: by that ratio, 257.7. The GC heap and the loop's objects are in PSRAM on
 #: the board; the ESP32's figure is taken as covering that, not measured.
-PY_LOOP_HOST_STEP_S = 9.26e-6
-PY_LOOP_HOST_TOKEN_S = 10.85e-6
-PY_LOOP_HOST_PASS_S = 3.47e-6
-PY_PYSTONES_HOST = 220104.0
+PY_LOOP_HOST_STEP_S = 3.66e-6
+PY_LOOP_HOST_TOKEN_S = 5.23e-6
+PY_LOOP_HOST_PASS_S = 3.30e-6
+PY_PYSTONES_HOST = 276985.0
 PY_PYSTONES_S3 = 1075.0
 PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
 #: MicroPython's first GC heap area on the ESP32-S3: 64 KiB, taken by malloc at
