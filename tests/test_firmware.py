@@ -45,7 +45,7 @@ REQUIRED_BOARD_FILES = {
     "sdkconfig.board": "flash, PSRAM and cache settings",
     # named (absolute path) by the fragment mpconfigboard.cmake writes
     "partitions.csv": "the partition table with the model partition",
-    # set as MICROPY_FROZEN_MANIFEST by mpconfigboard.cmake
+    # set as MICROPY_FROZEN_MANIFEST (firmware/boards/mpllm_board.cmake)
     "manifest.py": "freezes every firmware/modules/*.py (through firmware/boards/manifest.py) on top of the port's own manifest",
 }
 # board.json and pins.csv are optional: board.json only feeds MicroPython's
@@ -124,7 +124,12 @@ def test_board_dir_has_what_the_port_needs(board: pins.BoardPins) -> None:
     missing = [f"{name} ({why})" for name, why in REQUIRED_BOARD_FILES.items()
                if not (BOARD / name).is_file()]
     assert not missing, f"{BOARD} lacks: {missing}"
-    cmake = (BOARD / "mpconfigboard.cmake").read_text()
+    own = (BOARD / "mpconfigboard.cmake").read_text()
+    # the facts every board shares come from firmware/boards/mpllm_board.cmake,
+    # included first (by the board file's own folder, so a wrapper board works)
+    include = "include(${CMAKE_CURRENT_LIST_DIR}/../mpllm_board.cmake)"
+    assert own.index(include) < own.index("set(SDKCONFIG_DEFAULTS")
+    cmake = (BOARD.parent / "mpllm_board.cmake").read_text() + own
     assert re.search(r"set\(IDF_TARGET esp32s3\)", cmake)
     defaults = re.search(r"set\(SDKCONFIG_DEFAULTS(.*?)\)", cmake, re.DOTALL).group(1).split()
     port_files = [d for d in defaults if d.startswith("boards/")]

@@ -2,12 +2,7 @@
 # such as llama2.c's stories260K. Built out of tree like MPLLM_N16R8:
 #   make -C ports/esp32 BOARD_DIR=<repo>/firmware/boards/MPLLM_N8 \
 #        USER_C_MODULES=<repo>/native/micropython/micropython.cmake
-set(IDF_TARGET esp32s3)
-
-# (why a generated fragment: see MPLLM_N16R8/mpconfigboard.cmake)
-set(MPLLM_PARTITIONS_FRAGMENT ${CMAKE_BINARY_DIR}/sdkconfig.mpllm_partitions)
-file(WRITE ${MPLLM_PARTITIONS_FRAGMENT}
-    "CONFIG_PARTITION_TABLE_CUSTOM_FILENAME=\"${MICROPY_BOARD_DIR}/partitions.csv\"\n")
+include(${CMAKE_CURRENT_LIST_DIR}/../mpllm_board.cmake)
 
 # No sdkconfig.ble (no Bluetooth) and no sdkconfig.spiram_* (no PSRAM).
 set(SDKCONFIG_DEFAULTS
@@ -16,5 +11,3 @@ set(SDKCONFIG_DEFAULTS
     ${MICROPY_BOARD_DIR}/sdkconfig.board
     ${MPLLM_PARTITIONS_FRAGMENT}
 )
-
-set(MICROPY_FROZEN_MANIFEST ${MICROPY_BOARD_DIR}/manifest.py)
