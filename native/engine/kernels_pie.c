@@ -45,6 +45,16 @@
  * The release model has one group per row, so one pass. */
 #define LLM_PIE_GROUP_CHUNK 32u
 
+/* ACCX's low 32 bits once the last MAC has landed: read after two NOPs
+ * (pie.h: the accumulate of a MAC is not visible to RUR before then).
+ * Always inlined: the row loops must make no calls (SAR, above). */
+static inline __attribute__((always_inline)) uint32_t accx_low32(void) {
+    NOP();
+    NOP();
+    uint32_t raw;
+    RUR_ACCX_0(raw);
+    return raw;
+}
 static const uint8_t k_low_nibbles = 0x0F;
 static const int8_t k_minus8 = -8;
 
@@ -65,10 +75,7 @@ static void group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32
         }
         EE_VMULAS_S8_ACCX_LD_IP(5, xp, 16, 4, 6);
         EE_VMULAS_S8_ACCX(5, 6);
-        NOP();
-        NOP();
-        uint32_t raw;
-        RUR_ACCX_0(raw);
+        uint32_t raw = accx_low32();
         corr[i] = (int32_t)raw;
     }
 }
@@ -133,10 +140,7 @@ void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y
                         EE_VMULAS_S8_ACCX_LD_IP(4, xp, 16, 3, 5);
                     }
                 }
-                NOP();
-                NOP();
-                uint32_t raw;
-                RUR_ACCX_0(raw);
+                uint32_t raw = accx_low32();
                 /* exact: the true group sum fits int32, so wrapping adds are exact */
                 const int32_t g = (int32_t)(raw + (uint32_t)corr[gi - g0]);
                 acc += (float)g * sc[gi];
@@ -208,10 +212,7 @@ void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *const *xq, const floa
                 EE_VMULAS_S8_ACCX_LD_IP(7, xp, 16, 4, 6);
                 EE_VMULAS_S8_ACCX(5, 7);
             }
-            NOP();
-            NOP();
-            uint32_t raw;
-            RUR_ACCX_0(raw);
+            uint32_t raw = accx_low32();
             /* exact: the true sum fits int32, so the wrapping add is exact */
             const int32_t g = (int32_t)(raw + (uint32_t)corr[c]);
             float acc = 0.f;
@@ -251,10 +252,7 @@ void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
         } else {
             EE_VMULAS_S8_ACCX(0, 1);
         }
-        NOP();
-        NOP();
-        uint32_t raw;
-        RUR_ACCX_0(raw);
+        uint32_t raw = accx_low32();
         out[r] = (int32_t)raw;
     }
 }
