@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import engine_ext
 import pytest
@@ -792,6 +793,14 @@ def test_bench_model_s3_shape(tmp_path, capsys) -> None:
     assert "--shape NAME is the cost model's" in capsys.readouterr().err
 
 
+def _can_widen(image: Path) -> bool:
+    from mpllm.formats.image import read_image
+
+    img = read_image(image)
+    return cm.v_rows_can_widen(img.config.dim, img.config.kv_dim,
+                               [ly.qkv.q for ly in img.weights.layers])
+
+
 @pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
 def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
                                                   name: str) -> None:
@@ -809,7 +818,8 @@ def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
         memory, shape = m.memory(), cm.Shape.from_config(m.config())
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified != name.endswith("-dense")
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                     v_can_widen=_can_widen(image))}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \
@@ -829,7 +839,8 @@ def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
     assert shape.n_kv_heads == 4 and not shape.has_ple
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified == (name == "untied")
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                     v_can_widen=_can_widen(image))}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \

@@ -126,18 +126,23 @@ def test_prefill_equals_stepping(small_model) -> None:  # type: ignore[no-untype
         c.close()
 
 
-def test_context_full(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    with _llm.Model(tiny_model.image) as m:
+@pytest.mark.parametrize("context", [None, 64, 20])
+def test_context_full(tiny_model, context) -> None:  # type: ignore[no-untyped-def]
+    # the image's seq_len is 64; context=N holds N positions and refuses the
+    # one past them as the image's seq_len does
+    kw = {} if context is None else {"context": context}
+    with _llm.Model(tiny_model.image, **kw) as m:
         seq = m.config()["seq_len"]
-        with pytest.raises(_llm.Error, match=r"^context full: 65 tokens at position 0 exceed "
-                                             r"seq_len 64$"):
+        assert seq == (context or 64)
+        with pytest.raises(_llm.Error, match=rf"^context full: {seq + 1} tokens at position 0 "
+                                             rf"exceed the context of {seq} positions$"):
             m.prefill([1] * (seq + 1))
         assert m.pos() == 0
         t = m.prefill([1] * (seq - 1))
         t = m.step(t)
         assert m.pos() == seq
         logits = m.logits()
-        with pytest.raises(_llm.Error, match=r"^context full: all 64 positions used"):
+        with pytest.raises(_llm.Error, match=rf"^context full: all {seq} positions used"):
             m.step(t)
         with pytest.raises(_llm.Error, match=r"^context full:"):
             m.prefill([t])
@@ -226,13 +231,27 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
             assert m.tokenizer() == img.tokenizer_section
 
 
-def _kv_cache_bytes(cfg: Config) -> int:
-    """The kv_cache placement: K as floats; V as int16 dots + a scale per position,
-    and float rows for the (rare) positions whose dots do not fit int16; 64-byte
-    alignment slack; the sampler stream's state per position (16 bytes, for rewind)."""
-    cells = cfg.n_layers * cfg.seq_len * cfg.kv_dim
-    rng = -(-(cfg.seq_len + 1) * 16 // 64) * 64
-    return cells * (4 + 4 + 2) + cfg.n_layers * cfg.seq_len * 4 + 3 * 64 + rng
+def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None = None) -> int:
+    """The kv_cache placement for `context` positions (None: seq_len), each array
+    on a 64-byte line: K as floats; V as int16 dots + a scale per position (the
+    test images' V rows are one scale group) and, when some V row could give dots
+    wider than int16 (`v_floats`), V as floats too; the sampler stream's state per
+    position and one more (16 bytes each, for rewind)."""
+    s = context or cfg.seq_len
+    cells = cfg.n_layers * s * cfg.kv_dim
+
+    def a64(n: int) -> int:
+        return -(-n // 64) * 64
+    return (a64(4 * cells) * (2 if v_floats else 1) + a64(2 * cells)
+            + a64(4 * cfg.n_layers * s) + a64(16 * (s + 1)))
+
+
+def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
+    """engine_open.c v_can_widen on a read image (the cost model's twin)."""
+    from mpllm.costmodel.llama import v_rows_can_widen
+
+    return v_rows_can_widen(img.config.dim, img.config.kv_dim,
+                            [ly.qkv.q for ly in img.weights.layers])
 
 
 def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
@@ -262,6 +281,7 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
+        assert not _v_can_widen(img)  # dim 32: |dot| <= 127 * 8 * 32 fits int16
         assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
@@ -465,7 +485,9 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         sec = {s.name: s for s in img.sections}
         assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
         assert where["head"][0] == "bulk" and "head" in sec
-        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
+        # random weights: some V row could outgrow int16 dots, so V floats too
+        assert _v_can_widen(img)
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg, v_floats=True))
         n_prompt, n_steps = 5, 6
         s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
