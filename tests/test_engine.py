@@ -233,16 +233,18 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
 
 def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None = None) -> int:
     """The kv_cache placement for `context` positions (None: seq_len), each array
-    on a 64-byte line: K as floats; V as int16 dots + a scale per position (the
-    test images' V rows are one scale group) and, when some V row could give dots
-    wider than int16 (`v_floats`), V as floats too; the sampler stream's state per
-    position and one more (16 bytes each, for rewind)."""
+    on a 64-byte line: K as floats; V as int16 dots when its rows are one scale
+    group, + a scale per position; V as floats when they are not or when some V
+    row could give dots wider than int16 (`v_floats`); the sampler stream's state
+    per position and one more (16 bytes each, for rewind)."""
     s = context or cfg.seq_len
     cells = cfg.n_layers * s * cfg.kv_dim
+    v_dots = -(-cfg.dim // cfg.group) == 1
 
     def a64(n: int) -> int:
         return -(-n // 64) * 64
-    return (a64(4 * cells) * (2 if v_floats else 1) + a64(2 * cells)
+    return (a64(4 * cells) * (2 if v_floats or not v_dots else 1)
+            + (a64(2 * cells) if v_dots else 0)
             + a64(4 * cfg.n_layers * s) + a64(16 * (s + 1)))
 
 
@@ -496,3 +498,95 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4 + 2)
         assert s["v_wide"] == 0
         assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head
+
+
+# ---- a context cap (Model(context=N)) and the float V only plain mode needs ------------ #
+
+def _run_capped(m, prompt: list[int], total: int, plain_after_prefill: bool = False  # type: ignore[no-untyped-def]
+                ) -> tuple[list[int], list[str]]:
+    """ids and the sha256 of every evaluation's logits until `total` positions hold."""
+    m.sampler(temperature=0.9, top_k=0, seed=5)
+    ids = [m.prefill(prompt)]
+    sums = [hashlib.sha256(m.logits()).hexdigest()]
+    if plain_after_prefill:
+        m.set_plain(True)
+    while m.pos() < total:
+        ids.append(m.step(ids[-1]))
+        sums.append(hashlib.sha256(m.logits()).hexdigest())
+    return ids, sums
+
+
+@pytest.mark.parametrize("name,context", [("tiny", 40), ("small", 33),
+                                          ("llama2c_untied", 100), ("llama2c_long", 70)])
+def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
+                                                       context: int) -> None:
+    """With a cap, default mode, plain mode (from the start, or switched on after the
+    prompt: V rows then in both forms) and the uncapped engine decode the same ids and
+    logits bits for every position the cap holds; the cap refuses the next one."""
+    image = engine_image(name)
+    prompt = _prompt(read_image(image).config.vocab_out, 6)
+    with _llm.Model(image) as m:
+        assert m.config()["seq_len"] > context
+        want = _run_capped(m, prompt, context)
+    runs = [({}, False), ({"plain": True}, False), ({}, True)]
+    for kw, switch in runs:
+        with _llm.Model(image, context=context, **kw) as m:
+            assert m.config()["seq_len"] == context
+            assert _run_capped(m, prompt, context, switch) == want, (kw, switch)
+            with pytest.raises(_llm.Error, match=rf"^context full: all {context} positions"):
+                m.step(0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama2c_untied", "llama2c_long"])
+def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
+    """Every block sized by seq_len is sized by the context: the KV cache as the
+    formula says, every block as the cost model's engine_blocks at that context; the
+    float V that no V row can need in default mode is placed by set_plain(True)."""
+    from mpllm import costmodel as cm
+
+    image = engine_image(name)
+    img = read_image(image)
+    cfg, widen = img.config, _v_can_widen(img)
+    v_dots = -(-cfg.dim // cfg.group) == 1
+    for context in (cfg.seq_len, cfg.seq_len // 4, 17):
+        with _llm.Model(image, context=context) as m:
+            mem = {n: b for n, _r, b in m.memory()}
+            shape = cm.Shape.from_config(m.config())
+            assert shape.seq_len == context
+            certified = "head_tiles" in mem
+            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                             v_can_widen=widen)}
+            assert {n: mem[n] for n in want if n != "engine"} == \
+                {n: b for n, b in want.items() if n != "engine"}
+            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, v_floats=widen)
+            assert "kv_values" not in mem
+            m.set_plain(True)
+            later = {n: b for n, _r, b in m.memory()}
+            if v_dots and not widen:
+                cells = cfg.n_layers * context * cfg.kv_dim
+                assert later["kv_values"] == -(-4 * cells // 64) * 64
+            else:
+                assert later == mem  # the float V was there from the start
+            m.set_plain(False)
+            m.set_plain(True)
+            assert {n: b for n, _r, b in m.memory()} == later  # placed once
+
+
+def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(_llm.Error, match=r"^bad argument: context 65 exceeds the image's "
+                                         r"seq_len 64$"):
+        _llm.Model(tiny_model.image, context=65)
+    for bad in (0, -1, 2**40, 2**70):
+        with pytest.raises(ValueError, match=r"^context must be a number of positions from 1 "
+                                             r"to the image's seq_len, not "):
+            _llm.Model(tiny_model.image, context=bad)
+    for bad in (True, 3.0, "8"):
+        with pytest.raises(TypeError, match=r"^context must be an int, not "):
+            _llm.Model(tiny_model.image, context=bad)
+    with _llm.Model(tiny_model.image, context=None) as m:
+        assert m.config()["seq_len"] == 64
+    with _llm.Model(tiny_model.image, context=1) as m:
+        assert m.config()["seq_len"] == 1
+        m.prefill([1])
+        with pytest.raises(_llm.Error, match="context full"):
+            m.step(1)
