@@ -286,10 +286,27 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     return LLM_OK;
 }
 
-llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
+/* What llm_open_with checks before it allocates: the bytes, then the options
+ * against them. */
+static llm_status check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                             llm_image_info *info, llm_error *err) {
+    llm_status st = llm_image_check(image, len, info, err);
+    if (st != LLM_OK) return st;
+    const uint32_t context = options != NULL ? options->context : 0u;
+    if (context > info->config.seq_len)
+        return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
+                        (unsigned long)context, (unsigned long)info->config.seq_len);
+    return llm_engine_ok(err);
+}
+
+llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                          llm_error *err) {
     llm_image_info info;
-    llm_status st = llm_image_check(image, len, &info, err);
-    return st == LLM_OK ? llm_engine_ok(err) : st;
+    return check_open(image, len, options, &info, err);
+}
+
+llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
+    return llm_check_open(image, len, NULL, err);
 }
 
 /* The engine struct, its layer table and its placement list: one FAST
@@ -567,12 +584,9 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
     if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
         return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
     llm_image_info info;
-    llm_status st = llm_image_check(image, len, &info, err);
+    llm_status st = check_open(image, len, options, &info, err);
     if (st != LLM_OK) return st;
     const uint32_t context = options != NULL ? options->context : 0u;
-    if (context > info.config.seq_len)
-        return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
-                        (unsigned long)context, (unsigned long)info.config.seq_len);
     llm_engine *e = engine_block(&info, port, err);
     if (e == NULL) return LLM_E_NOMEM;
     /* every buffer sized by seq_len is sized by the context; the RoPE table

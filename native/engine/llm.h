@@ -146,6 +146,9 @@ void llm_close(llm_engine *e);
  * without allocating: a binding can refuse a bad image before it gives up
  * the model it has open. */
 llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err);
+/* The same, and the options against the image (llm_open_with's LLM_E_ARG). */
+llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                          llm_error *err);
 void llm_reset(llm_engine *e);
 
 const llm_config *llm_get_config(const llm_engine *e);

@@ -94,7 +94,8 @@ static llm_bind_kind llm_model_open(llm_model_obj_t *self, llm_model_obj_t *open
         return e->kind;
     }
     if (open != NULL) {
-        if (llm_check_image(data, len, &err) != LLM_OK) {
+        const llm_open_options options = {context};
+        if (llm_check_open(data, len, &options, &err) != LLM_OK) {
             return llm_bind_status(&err, e);
         }
         llm_release(open);

@@ -71,8 +71,8 @@ __all__ = [
     "engine_blocks",
     "fitting_context",
     "internal_placement",
-    "opening_context",
     "llama_build",
+    "opening_context",
     "placement",
     "shape_report",
     "shape_table",
@@ -529,8 +529,8 @@ def shape_table(rep: dict[str, object]) -> str:
                      f"flash): {p['opening_context']}")
         if p["internal_needs"]:
             lines.append(
-                f"  wholly in internal SRAM (all but the optional batch; Model(context=N)) "
-                f"needs " + ", ".join(f"{b:,} B at context {n}"
+                "  wholly in internal SRAM (all but the optional batch; Model(context=N)) "
+                "needs " + ", ".join(f"{b:,} B at context {n}"
                                       for n, b in p["internal_needs"].items())
                 + f" against ~{p['internal_for_engine']:,} B the engine may use (an estimate "
                 "of the board's free RAM, not a measurement)")
