@@ -366,3 +366,37 @@ def _tokenizer_of(path: Path) -> object:
     from mpllm.formats.tokenizer import tokenizer_section
 
     return llm_tokenizer.Tokenizer(tokenizer_section(fmt.load_tokenizer_bin(path)))
+
+
+@pytest.fixture(scope="module")
+def demo_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "demo.img"
+    convert(DEMO / "model.bin", DEMO / "tokenizer.bin", out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("which", ["demo", "stories260k"])
+def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequest,
+                                                     which: str) -> None:
+    """Model(context=128) on the llama2.c demo and stories260K (V rows one scale
+    group: V as int16 dots, no float V until plain mode asks): plain and default
+    decode the same tokens and logits (sha256) as the uncapped engine, to the cap;
+    the cap refuses the position past it; the float V appears with plain mode."""
+    image = request.getfixturevalue("demo_image" if which == "demo" else "stories260k")
+    _llm = _engine()
+    ids = _tokenizer().encode(PROMPTS[0])  # type: ignore[attr-defined]
+    cap = 128
+    with _llm.Model(str(image)) as m:  # type: ignore[attr-defined]
+        full = {smp: _decode(m, ids, cap - len(ids) + 1, smp, False) for smp in SAMPLERS[:3]}
+    with _llm.Model(str(image), context=cap) as m:  # type: ignore[attr-defined]
+        cfg = m.config()
+        assert cfg["seq_len"] == cap and cfg["group"] == 64 and cfg["dim"] == 64
+        assert "kv_values" not in {n for n, _r, _b in m.memory()}
+        for smp, want in full.items():
+            assert _decode(m, ids, cap - len(ids) + 1, smp, False) == want, smp
+            assert m.pos() == cap
+            with pytest.raises(_llm.Error, match=rf"^context full: all {cap} positions used"):  # type: ignore[attr-defined]
+                m.step(0)
+            assert _decode(m, ids, cap - len(ids) + 1, smp, True) == want, smp
+        values = {n: b for n, _r, b in m.memory()}["kv_values"]
+        assert values == cfg["n_layers"] * cap * cfg["n_kv_heads"] * cfg["head_dim"] * 4

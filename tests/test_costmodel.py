@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import engine_ext
 import pytest
@@ -792,6 +793,14 @@ def test_bench_model_s3_shape(tmp_path, capsys) -> None:
     assert "--shape NAME is the cost model's" in capsys.readouterr().err
 
 
+def _can_widen(image: Path) -> bool:
+    from mpllm.formats.image import read_image
+
+    img = read_image(image)
+    return cm.v_rows_can_widen(img.config.dim, img.config.kv_dim,
+                               [ly.qkv.q for ly in img.weights.layers])
+
+
 @pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
 def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
                                                   name: str) -> None:
@@ -809,7 +818,8 @@ def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
         memory, shape = m.memory(), cm.Shape.from_config(m.config())
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified != name.endswith("-dense")
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                     v_can_widen=_can_widen(image))}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \
@@ -829,8 +839,51 @@ def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
     assert shape.n_kv_heads == 4 and not shape.has_ple
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified == (name == "untied")
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                     v_can_widen=_can_widen(image))}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \
         {n: b for n, b in want.items() if n != "engine"}
+
+
+SHARED_260K = Path(__file__).resolve().parent.parent.parent / "shared" / "llama2c" / "stories260K.bin"
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: int) -> None:
+    """The N8 lines of `bench.py --model-s3 --shape stories260k`: what stories260K
+    needs wholly in internal SRAM at contexts 128 / 256 / 512 is what the host engine
+    places at Model(context=N) (every block but the optional batch; the engine's own
+    struct priced at sram.ENGINE_STRUCT_BYTES); the opening context is the longest
+    that opens on the N8 estimate."""
+    if not SHARED_260K.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    from mpllm.convert import convert
+
+    image = tmp_path / "s.img"
+    convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
+            / "tokenizer.bin", image, progress=False, group=group)
+    assert not _can_widen(image)
+    n8 = cm.S3_BOARDS["n8"]
+    with llm_mod.Model(str(image)) as m:
+        certified = any(n == "head_tiles" for n, _, _ in m.memory())
+    assert certified == (group == 64)  # the head's rows one scale group: a certificate
+    places = [p for p in s260["placements"] if p["board"] == "n8"
+              and p["certified"] == certified and p["variant"].startswith(f"group {group} ")]
+    assert len(places) == 1
+    needs = places[0]["internal_needs"]
+    assert list(needs) == [128, 256, 512]
+    for context, need in needs.items():
+        with llm_mod.Model(str(image), context=context) as m:
+            mem = m.memory()
+        placed = sum(b for n, r, b in mem if r != "flash" and n not in ("batch", "engine"))
+        assert placed + cm.ENGINE_STRUCT_BYTES == need, context
+        assert need > n8.internal_free - cm.FAST_RESERVE_BYTES  # not wholly, on the estimate
+    shape = dataclasses.replace(cm.SHAPES["stories260k"], group=group)
+    n = places[0]["opening_context"]
+    assert 0 < n < 512
+    assert cm.placement(dataclasses.replace(shape, seq_len=n), n8, certified=certified)["opens"]
+    assert not cm.placement(dataclasses.replace(shape, seq_len=n + 1), n8,
+                            certified=certified)["opens"]
+    assert places[0]["fitting_context"] == 0

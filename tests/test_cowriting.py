@@ -280,9 +280,9 @@ class _Afresh(llm.Session):
     """A session that never reuses its model's context: every turn resets
     it and prefills the whole story."""
 
-    def __init__(self, image: str) -> None:
+    def __init__(self, image: str, context: int | None = None) -> None:
         super().__init__()
-        self.load(image)
+        self.load(image, context=context)
 
     def context_match(self, want: list[int]) -> int:
         return 0
@@ -302,6 +302,26 @@ def test_reuse_rollover_undo_and_typing_never_change_the_text(tiny) -> None:  # 
     assert kept == typed == fresh
     assert any(not r.endswith("|0") for r in kept), "the session never rolled over"
     assert len(kept) == 8
+
+
+def test_a_capped_context_rolls_over_at_the_cap(tiny) -> None:  # type: ignore[no-untyped-def]
+    """llm.load(context=N): co-writing rolls the story over at N positions (sooner
+    than at the image's 64), with the text of a capped model reading it afresh."""
+    def rolled(replies: list[str]) -> int:
+        return max(int(r.rsplit("|", 1)[1]) for r in replies)
+
+    uncapped = _session(llm_chat.CoWriter(seed=11, max_tokens=10), LINES, typed=False)
+    capped, afresh = llm.Session(), _Afresh(str(tiny.image), context=52)
+    capped.load(str(tiny.image), context=52)
+    try:
+        assert capped.seq_len == 52 and capped.model.config()["seq_len"] == 52
+        kept = _session(llm_chat.CoWriter(capped, seed=11, max_tokens=10), LINES, typed=False)
+        fresh = _session(llm_chat.CoWriter(afresh, seed=11, max_tokens=10), LINES, typed=False)
+    finally:
+        capped.unload()
+        afresh.unload()
+    assert kept == fresh
+    assert rolled(kept) > rolled(uncapped)
 
 
 def test_typing_prefills_the_stable_part(tiny) -> None:  # type: ignore[no-untyped-def]

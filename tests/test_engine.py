@@ -126,18 +126,23 @@ def test_prefill_equals_stepping(small_model) -> None:  # type: ignore[no-untype
         c.close()
 
 
-def test_context_full(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    with _llm.Model(tiny_model.image) as m:
+@pytest.mark.parametrize("context", [None, 64, 20])
+def test_context_full(tiny_model, context) -> None:  # type: ignore[no-untyped-def]
+    # the image's seq_len is 64; context=N holds N positions and refuses the
+    # one past them as the image's seq_len does
+    kw = {} if context is None else {"context": context}
+    with _llm.Model(tiny_model.image, **kw) as m:
         seq = m.config()["seq_len"]
-        with pytest.raises(_llm.Error, match=r"^context full: 65 tokens at position 0 exceed "
-                                             r"seq_len 64$"):
+        assert seq == (context or 64)
+        with pytest.raises(_llm.Error, match=rf"^context full: {seq + 1} tokens at position 0 "
+                                             rf"exceed the context of {seq} positions$"):
             m.prefill([1] * (seq + 1))
         assert m.pos() == 0
         t = m.prefill([1] * (seq - 1))
         t = m.step(t)
         assert m.pos() == seq
         logits = m.logits()
-        with pytest.raises(_llm.Error, match=r"^context full: all 64 positions used"):
+        with pytest.raises(_llm.Error, match=rf"^context full: all {seq} positions used"):
             m.step(t)
         with pytest.raises(_llm.Error, match=r"^context full:"):
             m.prefill([t])
@@ -226,13 +231,29 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
             assert m.tokenizer() == img.tokenizer_section
 
 
-def _kv_cache_bytes(cfg: Config) -> int:
-    """The kv_cache placement: K as floats; V as int16 dots + a scale per position,
-    and float rows for the (rare) positions whose dots do not fit int16; 64-byte
-    alignment slack; the sampler stream's state per position (16 bytes, for rewind)."""
-    cells = cfg.n_layers * cfg.seq_len * cfg.kv_dim
-    rng = -(-(cfg.seq_len + 1) * 16 // 64) * 64
-    return cells * (4 + 4 + 2) + cfg.n_layers * cfg.seq_len * 4 + 3 * 64 + rng
+def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None = None) -> int:
+    """The kv_cache placement for `context` positions (None: seq_len), each array
+    on a 64-byte line: K as floats; V as int16 dots when its rows are one scale
+    group, + a scale per position; V as floats when they are not or when some V
+    row could give dots wider than int16 (`v_floats`); the sampler stream's state
+    per position and one more (16 bytes each, for rewind)."""
+    s = context or cfg.seq_len
+    cells = cfg.n_layers * s * cfg.kv_dim
+    v_dots = -(-cfg.dim // cfg.group) == 1
+
+    def a64(n: int) -> int:
+        return -(-n // 64) * 64
+    return (a64(4 * cells) * (2 if v_floats or not v_dots else 1)
+            + (a64(2 * cells) if v_dots else 0)
+            + a64(4 * cfg.n_layers * s) + a64(16 * (s + 1)))
+
+
+def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
+    """engine_open.c v_can_widen on a read image (the cost model's twin)."""
+    from mpllm.costmodel.llama import v_rows_can_widen
+
+    return v_rows_can_widen(img.config.dim, img.config.kv_dim,
+                            [ly.qkv.q for ly in img.weights.layers])
 
 
 def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
@@ -262,6 +283,7 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
+        assert not _v_can_widen(img)  # dim 32: |dot| <= 127 * 8 * 32 fits int16
         assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
@@ -465,7 +487,9 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         sec = {s.name: s for s in img.sections}
         assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
         assert where["head"][0] == "bulk" and "head" in sec
-        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
+        # random weights: some V row could outgrow int16 dots, so V floats too
+        assert _v_can_widen(img)
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg, v_floats=True))
         n_prompt, n_steps = 5, 6
         s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
@@ -474,3 +498,95 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4 + 2)
         assert s["v_wide"] == 0
         assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head
+
+
+# ---- a context cap (Model(context=N)) and the float V only plain mode needs ------------ #
+
+def _run_capped(m, prompt: list[int], total: int, plain_after_prefill: bool = False  # type: ignore[no-untyped-def]
+                ) -> tuple[list[int], list[str]]:
+    """ids and the sha256 of every evaluation's logits until `total` positions hold."""
+    m.sampler(temperature=0.9, top_k=0, seed=5)
+    ids = [m.prefill(prompt)]
+    sums = [hashlib.sha256(m.logits()).hexdigest()]
+    if plain_after_prefill:
+        m.set_plain(True)
+    while m.pos() < total:
+        ids.append(m.step(ids[-1]))
+        sums.append(hashlib.sha256(m.logits()).hexdigest())
+    return ids, sums
+
+
+@pytest.mark.parametrize("name,context", [("tiny", 40), ("small", 33),
+                                          ("llama2c_untied", 100), ("llama2c_long", 70)])
+def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
+                                                       context: int) -> None:
+    """With a cap, default mode, plain mode (from the start, or switched on after the
+    prompt: V rows then in both forms) and the uncapped engine decode the same ids and
+    logits bits for every position the cap holds; the cap refuses the next one."""
+    image = engine_image(name)
+    prompt = _prompt(read_image(image).config.vocab_out, 6)
+    with _llm.Model(image) as m:
+        assert m.config()["seq_len"] > context
+        want = _run_capped(m, prompt, context)
+    runs = [({}, False), ({"plain": True}, False), ({}, True)]
+    for kw, switch in runs:
+        with _llm.Model(image, context=context, **kw) as m:
+            assert m.config()["seq_len"] == context
+            assert _run_capped(m, prompt, context, switch) == want, (kw, switch)
+            with pytest.raises(_llm.Error, match=rf"^context full: all {context} positions"):
+                m.step(0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama2c_untied", "llama2c_long"])
+def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
+    """Every block sized by seq_len is sized by the context: the KV cache as the
+    formula says, every block as the cost model's engine_blocks at that context; the
+    float V that no V row can need in default mode is placed by set_plain(True)."""
+    from mpllm import costmodel as cm
+
+    image = engine_image(name)
+    img = read_image(image)
+    cfg, widen = img.config, _v_can_widen(img)
+    v_dots = -(-cfg.dim // cfg.group) == 1
+    for context in (cfg.seq_len, cfg.seq_len // 4, 17):
+        with _llm.Model(image, context=context) as m:
+            mem = {n: b for n, _r, b in m.memory()}
+            shape = cm.Shape.from_config(m.config())
+            assert shape.seq_len == context
+            certified = "head_tiles" in mem
+            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                             v_can_widen=widen)}
+            assert {n: mem[n] for n in want if n != "engine"} == \
+                {n: b for n, b in want.items() if n != "engine"}
+            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, v_floats=widen)
+            assert "kv_values" not in mem
+            m.set_plain(True)
+            later = {n: b for n, _r, b in m.memory()}
+            if v_dots and not widen:
+                cells = cfg.n_layers * context * cfg.kv_dim
+                assert later["kv_values"] == -(-4 * cells // 64) * 64
+            else:
+                assert later == mem  # the float V was there from the start
+            m.set_plain(False)
+            m.set_plain(True)
+            assert {n: b for n, _r, b in m.memory()} == later  # placed once
+
+
+def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(_llm.Error, match=r"^bad argument: context 65 exceeds the image's "
+                                         r"seq_len 64$"):
+        _llm.Model(tiny_model.image, context=65)
+    for bad in (0, -1, 2**40, 2**70):
+        with pytest.raises(ValueError, match=r"^context must be a number of positions from 1 "
+                                             r"to the image's seq_len, not "):
+            _llm.Model(tiny_model.image, context=bad)
+    for bad in (True, 3.0, "8"):
+        with pytest.raises(TypeError, match=r"^context must be an int, not "):
+            _llm.Model(tiny_model.image, context=bad)
+    with _llm.Model(tiny_model.image, context=None) as m:
+        assert m.config()["seq_len"] == 64
+    with _llm.Model(tiny_model.image, context=1) as m:
+        assert m.config()["seq_len"] == 1
+        m.prefill([1])
+        with pytest.raises(_llm.Error, match="context full"):
+            m.step(1)

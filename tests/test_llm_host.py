@@ -86,6 +86,27 @@ def test_context_stop(tiny, capsys):
     assert s["prompt_tokens"] + s["tokens"] == tiny.config.seq_len
 
 
+def test_context_cap_stops_the_story_where_the_engine_holds_no_more(tiny, capsys):
+    """llm.load(context=N): the story gets the room N leaves, with the same tokens as
+    the uncapped engine; config and stats say N; load() without context keeps it,
+    another context or None after it opens the image again."""
+    ids = llm.tokenizer().encode(PROMPT)
+    cap = 30
+    want = engine_tokens(tiny.image, ids, cap - len(ids))
+    m = llm.load(str(tiny.image), context=cap)
+    assert m.config()["seq_len"] == cap and llm.load() is m
+    assert llm.load(context=cap) is m and llm.load(str(tiny.image), context=cap) is m
+    llm.story(PROMPT, temperature=0, max_tokens=500)
+    out = capsys.readouterr().out
+    assert out == PROMPT + text_of(want) + f"\n[stopped: context full ({cap} tokens)]\n"
+    s = llm.stats()
+    assert (s["stop"], s["tokens"], s["seq_len"]) == ("context", cap - len(ids), cap)
+    m2 = llm.load(context=40)
+    assert m2 is not m and m2.config()["seq_len"] == 40
+    with pytest.raises(_llm.Error, match="bad argument: context 65 exceeds"):
+        llm.load(str(tiny.image), context=65)
+
+
 def test_budget_wins_when_it_equals_the_room(tiny):
     ids = llm.tokenizer().encode(PROMPT)
     room = tiny.config.seq_len - len(ids)

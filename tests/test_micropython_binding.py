@@ -388,6 +388,11 @@ SAME_OUTCOME = [
     "m.tokenizer()[10**20]", "m.tokenizer()[-10**20]", "m.tokenizer()[2**40]",
     "m.tokenizer()[-1 - len(m.tokenizer())]", "print('BOOL', m.tokenizer()[True])",
     "print('TOK', m.tokenizer()[-1], bytes(m.tokenizer()[3:40:7]), bytes(m.tokenizer()[9:2:-3]))",
+    # a context cap: checked alike, refused past the image's seq_len (the open model
+    # kept on MicroPython), and held (last: MicroPython's Model(IMAGE) then keeps it)
+    "_llm.Model(IMAGE, context=0)", "_llm.Model(IMAGE, context=2**70)",
+    "_llm.Model(IMAGE, context=True)", "_llm.Model(IMAGE, context=65)",
+    "print('CTX', m.pos(), _llm.Model(IMAGE, context=20).config()['seq_len'])",
 ]
 
 OUTCOMES = """

@@ -94,7 +94,8 @@ def build_info() -> str:
     (the PIE kernels run through the exact host model of the vector unit)."""
 
 class Model:
-    def __init__(self, image: object, *, plain: bool = False, fast: bool = False) -> None:
+    def __init__(self, image: object, *, plain: bool = False, fast: bool = False,
+                 context: int | None = None) -> None:
         """Open and validate a model image (every checksum is verified, and every
         head weight against its certificate tile's box).
 
@@ -107,13 +108,24 @@ class Model:
         fast=True (opt-in, LOSSY; not with plain): attention over an int8 KV
         cache, scored by the int8 kernel, with a cheap exp (see set_fast()).
 
+        context=N (1..the image's seq_len; None: all of it) sizes the KV cache
+        and the attention scores for N positions, so a board with little RAM
+        can hold the model: config()["seq_len"] is then N, and a token past it
+        is refused (Error "context full") as at the image's seq_len. The
+        tokens and logits of every position are the same bits as without a
+        cap. A context past the image's seq_len is Error "bad argument".
+        MicroPython: Model(the open model's path) without context keeps the
+        open model's; with another one the model is opened again.
+
         CPython: `image` is a path (str or os.PathLike; memory-mapped read-only)
         or a bytes-like object (a read-only, 16-byte aligned one is used in
         place and kept alive until close(); any other is copied once, so later
         changes to it cannot reach the engine). MicroPython: see above."""
     def config(self) -> dict[str, int | float | bool | str]:
         """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
-        seq_len, group, eot_id, flags, max_draft, n_kv_heads (ints: max_draft is
+        seq_len, group, eot_id, flags, max_draft, n_kv_heads (ints: seq_len is
+        the positions the engine holds: the image's, or Model(context=N)'s N;
+        max_draft is
         the longest guess of the image's n-gram drafter, 0 without one;
         n_kv_heads the K/V heads, n_heads or a divisor of it), rope_theta and
         norm_eps (floats: the RoPE base and the rmsnorm epsilon), arch (str:
@@ -153,7 +165,11 @@ class Model:
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
     def set_plain(self, on: bool) -> None:
-        """Plain mode on or off from the next token on (see __init__)."""
+        """Plain mode on or off from the next token on (see __init__). When V is
+        cached as int16 dots that no row can outgrow, the float V cache only
+        plain mode writes is placed by the first set_plain(True) (memory()'s
+        "kv_values"): Error "out of memory", plain mode left off, if it finds
+        no room."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
     def set_fast(self, on: bool) -> None:

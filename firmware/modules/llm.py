@@ -315,19 +315,26 @@ class Session:
         # (forget_context() says so outright; llm_bench calls it)
         self._held_mark = None
 
-    def load(self, image=None, plain=None, fast=None):
-        """llm.load(): open the model once and return it; later calls reuse it."""
+    def load(self, image=None, plain=None, fast=None, context=None):
+        """llm.load(): open the model once and return it; later calls reuse it
+        (another context opens it again)."""
         if plain and fast:
             raise ValueError("plain (the exact reference) and fast (lossy) exclude each other")
         model = self.model
-        if model is not None and (image is None or image is self.source or image == self.source):
+        same = model is not None and (image is None or image is self.source or
+                                      image == self.source)
+        if same and (context is None or context == self.seq_len):
             self._set_modes(model, plain, fast)
             return model
+        if same:
+            image = self.source  # the open image, held for another context
         self.unload()
         import _llm
 
+        # context only when asked: the engine's default is the image's seq_len
+        kw = {} if context is None else {"context": context}
         try:
-            model = _llm.Model() if image is None else _llm.Model(image)
+            model = _llm.Model(**kw) if image is None else _llm.Model(image, **kw)
         except TypeError as e:
             if image is not None:
                 raise
@@ -708,7 +715,7 @@ class Session:
 default_session = Session()
 
 
-def load(image=None, plain=None, fast=None):
+def load(image=None, plain=None, fast=None, context=None):
     """Open the model once and return it (an `_llm.Model`); later calls reuse it.
 
     image=None: on the board, the flash `model` partition (the binding's
@@ -721,8 +728,13 @@ def load(image=None, plain=None, fast=None):
     fast=True (opt-in, LOSSY): attention over an int8 KV cache with a cheap
     exp; stories differ from exact mode's (bench.py --fast --quality
     measures by how much). Not together with plain=True.
+    context=N holds N positions (prompt + story; at most the image's
+    seq_len): the KV cache is sized for them, so a board with little RAM
+    can hold the model. Stories get the room the context leaves; every
+    token is the same as without a cap. None keeps the open model's (the
+    image's seq_len when opening); another N opens the model again.
     """
-    return default_session.load(image, plain, fast)
+    return default_session.load(image, plain, fast, context)
 
 
 def mode():

@@ -132,16 +132,29 @@ llm_bind_kind llm_bind_modes(int plain, int fast, llm_bind_error *err) {
     return ok(err);
 }
 
+llm_bind_kind llm_bind_context(llm_bind_int context, uint32_t *out, llm_bind_error *err) {
+    char buf[24];
+    if (context.overflow || context.value < 1 || context.value > (int64_t)UINT32_MAX)
+        return fail(err, LLM_BIND_VALUE_ERROR, "context must be a number of positions from 1 "
+                    "to the image's seq_len, not %s", shown(context, buf));
+    *out = (uint32_t)context.value;
+    return ok(err);
+}
+
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
-                            int fast, int (*poll)(void *ctx), llm_bind_error *err) {
+                            int fast, uint32_t context, int (*poll)(void *ctx),
+                            llm_bind_error *err) {
     llm_error e;
     llm_engine *opened = NULL;
+    const llm_open_options options = {context};
     if (llm_bind_modes(plain, fast, err) == LLM_BIND_OK &&
-        engine(llm_open(&opened, data, len, m->port, &e), &e, err) == LLM_BIND_OK) {
-        llm_set_plain(opened, plain);
-        llm_set_interrupt(opened, poll, NULL);
+        engine(llm_open_with(&opened, data, len, m->port, &options, &e), &e, err) ==
+            LLM_BIND_OK) {
         m->engine = opened;
-        if (engine(llm_set_fast(opened, fast, &e), &e, err) == LLM_BIND_OK) return LLM_BIND_OK;
+        llm_set_interrupt(opened, poll, NULL);
+        if (engine(llm_set_plain(opened, plain, &e), &e, err) == LLM_BIND_OK &&
+            engine(llm_set_fast(opened, fast, &e), &e, err) == LLM_BIND_OK)
+            return LLM_BIND_OK;
     }
     llm_bind_close(m);
     return err->kind;
@@ -151,8 +164,8 @@ static llm_bind_kind set_plain(llm_engine *e, int on, llm_bind_error *err) {
     if (on && llm_fast(e))
         return fail(err, LLM_BIND_VALUE_ERROR, "a fast model cannot be plain (the exact "
                     "reference): set_fast(False) first");
-    llm_set_plain(e, on);
-    return ok(err);
+    llm_error le;
+    return engine(llm_set_plain(e, on, &le), &le, err);
 }
 
 llm_bind_kind llm_bind_remode(llm_bind_model *m, int plain_given, int plain, int fast_given,
@@ -164,7 +177,7 @@ llm_bind_kind llm_bind_remode(llm_bind_model *m, int plain_given, int plain, int
         if (fast && engine(llm_fast_fits(e, &le), &le, err) != LLM_BIND_OK)
             return err->kind; /* refused before anything changed */
         llm_reset(e);
-        if (fast) llm_set_plain(e, 0);
+        if (fast) llm_set_plain(e, 0, NULL);
         if (engine(llm_set_fast(e, fast, &le), &le, err) != LLM_BIND_OK) return err->kind;
     }
     return plain_given ? set_plain(e, plain, err) : ok(err);

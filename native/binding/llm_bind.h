@@ -95,10 +95,12 @@ llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err);
 llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len, int immutable,
                              const uint8_t **placed, llm_bind_error *err);
 /* Open the engine on the placed bytes in the modes asked for (plain and fast
- * exclude each other), polling `poll` between a long prefill's passes. On a
- * failure m is closed (its copy freed). */
+ * exclude each other) holding `context` positions (0: the image's seq_len),
+ * polling `poll` between a long prefill's passes. On a failure m is closed
+ * (its copy freed). */
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
-                            int fast, int (*poll)(void *ctx), llm_bind_error *err);
+                            int fast, uint32_t context, int (*poll)(void *ctx),
+                            llm_bind_error *err);
 /* plain (the exact reference) and fast (lossy) exclude each other: checked
  * before a binding gives anything up */
 llm_bind_kind llm_bind_modes(int plain, int fast, llm_bind_error *err);
@@ -196,6 +198,10 @@ typedef struct llm_bind_int {
     int64_t value;
     int overflow; /* 0, +1 above the range, -1 below it */
 } llm_bind_int;
+
+/* Model(context=N): ValueError unless N >= 1 (and fits 32 bits: the engine
+ * then refuses one past the image's seq_len); *out = N. */
+llm_bind_kind llm_bind_context(llm_bind_int context, uint32_t *out, llm_bind_error *err);
 
 /* tokenizer()[i] on a section of len bytes: *at, the byte's offset (i < 0
  * counts from the end), or the IndexError CPython's memoryview gives

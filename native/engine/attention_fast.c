@@ -23,8 +23,9 @@
  *   w_t = fast_exp(score_t - max), den = sum of w_t
  *   u_t = w_t * vs_t quantized to int8 (scale su), zero past p
  *   att_i = ((float)dot(u, vt_i) * su) / den
- * All of it lives in the exact cache's float arrays (fast mode is chosen at
- * position 0, so nothing there is live), which hold 8 bytes per cell.
+ * All of it lives in the exact cache's arrays before the sampler's stream
+ * states (fast mode is chosen at position 0, so nothing there is live): K
+ * and V as floats, or K as floats and V as int16 dots, and the V scales.
  */
 #include <string.h>
 
@@ -60,7 +61,7 @@ static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
 
 llm_status llm_fast_fits(const llm_engine *e, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_fast_fits: NULL engine");
-    const size_t have = (size_t)((const uint8_t *)(const void *)e->s.value_scale -
+    const size_t have = (size_t)((const uint8_t *)(const void *)e->s.rng_at -
                                  (const uint8_t *)(const void *)e->s.key_cache);
     llm_fast_kv f;
     const uint64_t need = layout(&e->cfg, &f, NULL);

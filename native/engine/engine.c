@@ -69,10 +69,6 @@ void llm_set_interrupt(llm_engine *e, int (*poll)(void *ctx), void *ctx) {
     e->interrupt_ctx = ctx;
 }
 
-void llm_set_plain(llm_engine *e, int plain) {
-    if (e) e->plain = plain != 0;
-}
-
 int llm_plain(const llm_engine *e) { return e ? e->plain : 0; }
 
 void llm_get_stats(const llm_engine *e, llm_stats *out) {
@@ -326,7 +322,8 @@ static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
 static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
-    const float *vc = s->value_cache + (size_t)j->layer * S * KVD;
+    /* NULL when V is only ever dots (llm_set_plain places the floats) */
+    const float *vc = s->value_cache != NULL ? s->value_cache + (size_t)j->layer * S * KVD : NULL;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
     for (uint32_t t = 0; t <= j->last; t++) {
@@ -737,8 +734,9 @@ static llm_status check_tokens(const llm_engine *e, const int32_t *tokens, uint3
 
 static llm_status check_room(const llm_engine *e, uint32_t n, llm_error *err) {
     if ((uint64_t)e->pos + n > e->cfg.seq_len)
-        return llm_fail(err, LLM_E_CONTEXT, "%lu tokens at position %lu exceed seq_len %lu",
-                        (unsigned long)n, (unsigned long)e->pos, (unsigned long)e->cfg.seq_len);
+        return llm_fail(err, LLM_E_CONTEXT, "%lu tokens at position %lu exceed the context "
+                        "of %lu positions", (unsigned long)n, (unsigned long)e->pos,
+                        (unsigned long)e->cfg.seq_len);
     return LLM_OK;
 }
 

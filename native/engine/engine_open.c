@@ -286,10 +286,27 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     return LLM_OK;
 }
 
-llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
+/* What llm_open_with checks before it allocates: the bytes, then the options
+ * against them. */
+static llm_status check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                             llm_image_info *info, llm_error *err) {
+    llm_status st = llm_image_check(image, len, info, err);
+    if (st != LLM_OK) return st;
+    const uint32_t context = options != NULL ? options->context : 0u;
+    if (context > info->config.seq_len)
+        return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
+                        (unsigned long)context, (unsigned long)info->config.seq_len);
+    return llm_engine_ok(err);
+}
+
+llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                          llm_error *err) {
     llm_image_info info;
-    llm_status st = llm_image_check(image, len, &info, err);
-    return st == LLM_OK ? llm_engine_ok(err) : st;
+    return check_open(image, len, options, &info, err);
+}
+
+llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
+    return llm_check_open(image, len, NULL, err);
 }
 
 /* The engine struct, its layer table and its placement list: one FAST
@@ -331,7 +348,7 @@ static void read_in_place(llm_engine *e) {
     llm_image_q4_view(info, LLM_SEC_EMBED, &e->w.embed);
     llm_image_drafts_view(info, &e->w.drafts);
     record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH,
-           (size_t)c->seq_len * c->head_dim * 4u, NULL);
+           (size_t)info->config.seq_len * c->head_dim * 4u, NULL);
     uint32_t sz;
     llm_image_payload(info, LLM_SEC_EMBED, &sz);
     record(e, section_name(e, LLM_SEC_EMBED), LLM_REGION_FLASH, sz, NULL);
@@ -380,27 +397,81 @@ static llm_status place_logits(llm_engine *e, llm_error *err) {
     return LLM_OK;
 }
 
+/* Whether a V row of some layer could give int16 dots a value they cannot
+ * hold: |dot| <= 127 * sum |code - 8| over the row's columns (llm_quantize_act
+ * clamps to [-127, 127]; padded columns meet zero activations). */
+static int v_can_widen(const llm_engine *e) {
+    const llm_config *c = &e->cfg;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        llm_q4 w;
+        llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &w);
+        for (uint32_t r = c->dim + c->kv_dim; r < c->dim + 2u * c->kv_dim; r++) {
+            const uint8_t *row = w.codes + (size_t)r * w.row_bytes;
+            uint32_t sum = 0;
+            for (uint32_t j = 0; j < w.cols; j++) {
+                uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
+                int code = ((j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4)) - 8;
+                sum += (uint32_t)(code < 0 ? -code : code);
+            }
+            if (127u * (uint64_t)sum > 32767u) return 1;
+        }
+    }
+    return 0;
+}
+
+/* V as floats, [n_layers][seq_len][kv_dim] (64-byte aligned rows). */
+static uint64_t value_floats_bytes(const llm_config *c) {
+    return llm_align_up((uint64_t)c->n_layers * c->seq_len * c->kv_dim * sizeof(float), 64u);
+}
+
+/* The float V array placed after open (llm_set_plain): its own BULK block. */
+static llm_status place_value_floats(llm_engine *e, llm_error *err) {
+    const uint64_t bytes = value_floats_bytes(&e->cfg);
+    float *v = place64(e, "kv_values", (size_t)bytes, LLM_REGION_BULK, NULL);
+    if (v == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float V cache (%lu bytes)",
+                        (unsigned long)bytes);
+    memset(v, 0, (size_t)bytes);
+    e->s.value_cache = v;
+    return LLM_OK;
+}
+
+llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
+    if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_plain: NULL engine");
+    if (plain && e->s.value_cache == NULL) {
+        llm_status st = place_value_floats(e, err);
+        if (st != LLM_OK) return st;
+    }
+    e->plain = plain != 0;
+    return llm_engine_ok(err);
+}
+
 /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
  * qkv rows plus the position's activation scale when those rows are one
  * scale group: attention recomputes each value with the kernel's own two
  * roundings, so the floats (and every result) are the same bits at half
  * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
- * row as floats instead (value_wide). Each array starts on a cache line
- * (row sizes are multiples of 64 at the release shape). */
+ * row as floats instead (value_wide); when no row can (v_can_widen), the
+ * float V array only plain mode writes is left to llm_set_plain. Each array
+ * starts on a cache line (row sizes are multiples of 64 at the release
+ * shape); the sampler's stream states come last: fast mode lays its cache
+ * over everything before them (attention_fast.c). */
 static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->kv_dim, L = c->n_layers, S = c->seq_len;
     llm_q4 qkv0;
     llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
     e->v_dots = qkv0.n_groups == 1u;
+    const int v_floats = !e->v_dots || v_can_widen(e);
     /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
      * config could wrap it to a tiny allocation */
     const uint64_t cells = (uint64_t)L * S * D;
-    const uint64_t floats_bytes = llm_align_up(cells * sizeof(float), 64u);
+    const uint64_t floats_bytes = value_floats_bytes(c);
+    const uint64_t dots_bytes = llm_align_up(e->v_dots ? cells * 2u : 0u, 64u);
     const uint64_t scale_bytes = llm_align_up((uint64_t)L * S * sizeof(float), 64u);
     const uint64_t rng_bytes = llm_align_up((uint64_t)(S + 1u) * sizeof(llm_rng), 64u);
-    const uint64_t kv64 = cells * sizeof(float) * 2u + (e->v_dots ? cells * 2u : 0u) +
-                          (uint64_t)L * S * sizeof(float) + 3u * 64u + rng_bytes;
+    const uint64_t kv64 = floats_bytes * (v_floats ? 2u : 1u) + dots_bytes + scale_bytes +
+                          rng_bytes;
     if (kv64 > (uint64_t)SIZE_MAX / 2u)
         return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this machine's "
                         "address space", (unsigned long long)kv64);
@@ -412,13 +483,13 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     size_t at = 0;
     e->s.key_cache = (float *)(void *)(kv + at);
     at += (size_t)floats_bytes;
-    e->s.value_cache = (float *)(void *)(kv + at);
-    at += (size_t)floats_bytes;
+    e->s.value_cache = v_floats ? (float *)(void *)(kv + at) : NULL;
+    at += v_floats ? (size_t)floats_bytes : 0u;
+    e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
+    at += (size_t)dots_bytes;
     e->s.value_scale = (float *)(void *)(kv + at);
     at += (size_t)scale_bytes;
     e->s.rng_at = (llm_rng *)(void *)(kv + at);
-    at += (size_t)rng_bytes;
-    e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
     return LLM_OK;
 }
 
@@ -505,17 +576,22 @@ static void stage_core(llm_engine *e) {
  * (activations, logits, KV cache), then what is optional (the batch, staged
  * norms and matrices), so required buffers get memory first and weights
  * that find none are read in place instead. */
-llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
-                    llm_error *err) {
+llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                         const llm_port *port, const llm_open_options *options,
+                         llm_error *err) {
     if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
     *out = NULL;
     if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
         return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
     llm_image_info info;
-    llm_status st = llm_image_check(image, len, &info, err);
+    llm_status st = check_open(image, len, options, &info, err);
     if (st != LLM_OK) return st;
+    const uint32_t context = options != NULL ? options->context : 0u;
     llm_engine *e = engine_block(&info, port, err);
     if (e == NULL) return LLM_E_NOMEM;
+    /* every buffer sized by seq_len is sized by the context; the RoPE table
+     * (in the image) keeps the image's */
+    if (context != 0u) e->cfg.seq_len = context;
     read_in_place(e);
     st = stage_head(e, err);
     col_layout lay;
@@ -535,3 +611,10 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     *out = e;
     return llm_engine_ok(err);
 }
+
+llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
+                    llm_error *err) {
+    return llm_open_with(out, image, len, port, NULL, err);
+}
+
+uint32_t llm_image_seq_len(const llm_engine *e) { return e ? e->image.config.seq_len : 0u; }

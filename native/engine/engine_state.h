@@ -90,7 +90,10 @@ typedef struct llm_run_state {
     float *key_cache;   /* [n_layers][seq_len][kv_dim] */
     int16_t *value_dots; /* [n_layers][seq_len][kv_dim] V as the exact integer dots */
     float *value_scale; /* [n_layers][seq_len] the position's activation scale */
-    float *value_cache; /* [n_layers][seq_len][kv_dim] V as floats: wide rows only */
+    /* [n_layers][seq_len][kv_dim] V as floats: every row without dots; with
+     * dots, wide rows and plain mode's (NULL until plain mode is first on
+     * when no row can be wide: llm_open's v_can_widen) */
+    float *value_cache;
     uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
     /* [seq_len + 1] the sampler's stream once position p was decoded (after
      * the draws of the head evaluation there; inside a prompt, no draws) */

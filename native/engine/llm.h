@@ -124,11 +124,31 @@ typedef struct llm_engine llm_engine;
  * place its sections through `port` and return a ready engine at position 0. */
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len,
                     const llm_port *port, llm_error *err);
+/* What llm_open_with may choose beyond llm_open (zeroed: llm_open's choice). */
+typedef struct llm_open_options {
+    /* Positions the engine holds (its KV cache, scores and wide flags are
+     * sized for them): 1..the image's seq_len; 0 = the image's seq_len. The
+     * engine's config then says seq_len = context, and a call past it is
+     * refused with LLM_E_CONTEXT as at the image's seq_len. The tokens and
+     * logits of every position below it are the same bits as without a cap. */
+    uint32_t context;
+} llm_open_options;
+/* llm_open with options (NULL: llm_open). LLM_E_ARG for a context past the
+ * image's seq_len. */
+llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                         const llm_port *port, const llm_open_options *options,
+                         llm_error *err);
+/* The image's own seq_len (its RoPE table's positions), whatever context
+ * the engine was opened with. */
+uint32_t llm_image_seq_len(const llm_engine *e);
 void llm_close(llm_engine *e);
 /* What llm_open checks of the bytes (header, sections, checksums, layout),
  * without allocating: a binding can refuse a bad image before it gives up
  * the model it has open. */
 llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err);
+/* The same, and the options against the image (llm_open_with's LLM_E_ARG). */
+llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                          llm_error *err);
 void llm_reset(llm_engine *e);
 
 const llm_config *llm_get_config(const llm_engine *e);
@@ -193,8 +213,12 @@ const float *llm_logits(llm_engine *e);
  * nothing split across cores, V rows cached as floats, exp/erf one element
  * at a time. Same tokens and logits, slower: the reference the speed-ups are
  * tested against. Takes effect from the next token on (V rows cached before
- * keep the form they were stored in: both read back as the same floats). */
-void llm_set_plain(llm_engine *e, int plain);
+ * keep the form they were stored in: both read back as the same floats).
+ * When V is cached as int16 dots and no V row can outgrow them, llm_open
+ * leaves out the float V array default mode never writes; the first switch
+ * to plain mode places it through the port (LLM_E_NOMEM, plain mode left
+ * off, when it finds no memory). */
+llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err);
 int llm_plain(const llm_engine *e);
 
 /* Fast mode (opt-in, LOSSY): attention over an int8 KV cache with PIE

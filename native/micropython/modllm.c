@@ -73,7 +73,7 @@ static void llm_release(llm_model_obj_t *self) {
  * bad one leaves it as it was; the board has memory for one model). */
 static llm_bind_kind llm_model_open(llm_model_obj_t *self, llm_model_obj_t *open,
     const char *name, const mp_buffer_info_t *buf, int in_place, int plain, int fast,
-    llm_bind_error *e) {
+    uint32_t context, llm_bind_error *e) {
     llm_error err;
     if (mpllm_port_init(&self->port, &err) != LLM_OK) {
         return llm_bind_status(&err, e);
@@ -94,12 +94,13 @@ static llm_bind_kind llm_model_open(llm_model_obj_t *self, llm_model_obj_t *open
         return e->kind;
     }
     if (open != NULL) {
-        if (llm_check_image(data, len, &err) != LLM_OK) {
+        const llm_open_options options = {context};
+        if (llm_check_open(data, len, &options, &err) != LLM_OK) {
             return llm_bind_status(&err, e);
         }
         llm_release(open);
     }
-    return llm_bind_open(&self->m, data, len, plain, fast, llm_poll, e);
+    return llm_bind_open(&self->m, data, len, plain, fast, context, llm_poll, e);
 }
 
 static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw,
@@ -108,6 +109,7 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
         { MP_QSTR_image, MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
         { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
         { MP_QSTR_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
+        { MP_QSTR_context, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_rom_obj = MP_ROM_NONE} },
     };
     mp_arg_val_t args[MP_ARRAY_SIZE(allowed)];
     mp_arg_parse_all_kw_array(n_args, n_kw, all_args, MP_ARRAY_SIZE(allowed), allowed, args);
@@ -118,6 +120,10 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     const int fast = fast_given && mp_obj_is_true(args[2].u_obj);
     llm_bind_error e;
     llm_check(llm_bind_modes(plain, fast, &e), &e);
+    uint32_t context = 0; /* the image's seq_len */
+    if (args[3].u_obj != mp_const_none) {
+        llm_check(llm_bind_context(llm_int(args[3].u_obj, "context", 63), &context, &e), &e);
+    }
     if (image == mp_const_none) {
         #ifdef MPLLM_DEFAULT_SOURCE
         image = mp_obj_new_str(MPLLM_DEFAULT_SOURCE, strlen(MPLLM_DEFAULT_SOURCE));
@@ -136,7 +142,12 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     }
     llm_model_obj_t *open = MP_STATE_VM(llm_open_model);
     const bool shared = open != NULL && open->m.engine != NULL;
-    if (shared && name != NULL && mp_obj_is_str(open->source) && mp_obj_equal(open->source, image)) {
+    /* the same path: the open model in the modes asked for, unless another
+     * context is asked (the KV cache is sized at open: opened again) */
+    const bool same_context = context == 0 ||
+        (shared && llm_get_config(open->m.engine)->seq_len == context);
+    if (shared && same_context && name != NULL && mp_obj_is_str(open->source) &&
+        mp_obj_equal(open->source, image)) {
         const int held = mpllm_interrupts_hold();
         llm_bind_kind kind = llm_bind_remode(&open->m, plain_given, plain, fast_given, fast, &e);
         llm_interrupts_allow(held);
@@ -150,7 +161,7 @@ static mp_obj_t llm_model_make_new(const mp_obj_type_t *type, size_t n_args, siz
     self->source = mp_const_none;
     const int held = mpllm_interrupts_hold();
     llm_bind_kind kind = llm_model_open(self, shared ? open : NULL, name, &buf,
-        mp_obj_is_type(image, &mp_type_bytes), plain, fast, &e);
+        mp_obj_is_type(image, &mp_type_bytes), plain, fast, context, &e);
     if (kind == LLM_BIND_OK) {
         /* a path (for the next Model() call) or the buffer used in place; not
          * a buffer that was copied: the image is then held once, in the copy */

@@ -94,13 +94,21 @@ static int open_path(ModelObject *self, PyObject *image, llm_bind_error *e) {
 }
 
 static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"image", "plain", "fast", NULL};
-    PyObject *image;
+    static char *kwlist[] = {"image", "plain", "fast", "context", NULL};
+    PyObject *image, *context_obj = Py_None;
     int plain = 0, fast = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$pp:Model", kwlist, &image, &plain, &fast))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$ppO:Model", kwlist, &image, &plain, &fast,
+                                     &context_obj))
         return -1;
     llm_bind_error e;
     if (llm_bind_modes(plain, fast, &e) != LLM_BIND_OK) return raise_bind(self->error, &e), -1;
+    uint32_t context = 0; /* the image's seq_len */
+    if (context_obj != Py_None) {
+        llm_bind_int c;
+        if (!int_arg(context_obj, "context", 0, &c)) return -1;
+        if (llm_bind_context(c, &context, &e) != LLM_BIND_OK)
+            return raise_bind(self->error, &e), -1;
+    }
     if (self->m.engine != NULL || self->m.busy || self->exports > 0 || self->map.data != NULL) {
         PyErr_SetString(PyExc_TypeError, "Model.__init__ called twice");
         return -1;
@@ -127,7 +135,7 @@ static int Model_init(ModelObject *self, PyObject *args, PyObject *kwds) {
     llm_bind_kind kind;
     self->m.busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    kind = llm_bind_open(&self->m, data, len, plain, fast, poll_signals, &e);
+    kind = llm_bind_open(&self->m, data, len, plain, fast, context, poll_signals, &e);
     Py_END_ALLOW_THREADS
     self->m.busy = 0;
     if (kind != LLM_BIND_OK) return release(self), raise_bind(self->error, &e), -1;
@@ -175,8 +183,9 @@ static PyType_Slot Model_slots[] = {
     {Py_tp_methods, Model_methods},
     {Py_bf_getbuffer, Model_getbuffer},
     {Py_bf_releasebuffer, Model_releasebuffer},
-    {Py_tp_doc, "Model(image, *, plain=False, fast=False): an mpllm model image, from a path "
-                "(memory-mapped) or a bytes-like object (kept alive until close)."},
+    {Py_tp_doc, "Model(image, *, plain=False, fast=False, context=None): an mpllm model image, "
+                "from a path (memory-mapped) or a bytes-like object (kept alive until close), "
+                "holding context positions (None: the image's seq_len)."},
     {0, NULL},
 };
 

@@ -48,7 +48,7 @@ int ready(ModelObject *self) {
 }
 
 /* An int as the core reads it (bool refused); a U64 as its 64 bits. */
-static int int_arg(PyObject *obj, const char *what, int u64, llm_bind_int *out) {
+int int_arg(PyObject *obj, const char *what, int u64, llm_bind_int *out) {
     llm_bind_error e;
     if (!PyLong_Check(obj) || PyBool_Check(obj)) {
         llm_bind_not_int(what, Py_TYPE(obj)->tp_name, &e);

@@ -36,6 +36,9 @@ int ready(ModelObject *self);
 PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObject *kwds);
 /* Polled by long prefills with the GIL released (llm_bind_open's poll). */
 int poll_signals(void *ctx);
+/* An int as the core reads it (bool refused; u64: its 64 bits); 0 with the
+ * exception set when it is not one. */
+int int_arg(PyObject *obj, const char *what, int u64, llm_bind_int *out);
 /* selftest()'s dict: the core's summary (NULL with an exception on failure). */
 PyObject *selftest_dict(const llm_bind_selftest *t);
 

@@ -65,8 +65,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fast: %s\n", err.message);
             return 1;
         }
-    } else {
-        llm_set_plain(e, argc == 7);
+    } else if (llm_set_plain(e, argc == 7, &err) != LLM_OK) {
+        fprintf(stderr, "plain: %s\n", err.message);
+        return 1;
     }
     int32_t prompt[4];
     for (int i = 0; i < 4; i++) prompt[i] = (int32_t)((11u * (uint32_t)i + 5u) % c->vocab_out);

@@ -277,7 +277,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                         (how >> 3) & 1, &placed, &err);
     check_error(kind, &err);
     if (kind != LLM_BIND_OK || ((uintptr_t)placed & 15u) != 0) abort();
-    kind = llm_bind_open(&m, placed, image_len, plain, fast, NULL, &err);
+    kind = llm_bind_open(&m, placed, image_len, plain, fast, 0, NULL, &err);
     check_error(kind, &err);
     if (kind != LLM_BIND_OK) {
         if (!(plain && fast)) abort(); /* the image opened at start */

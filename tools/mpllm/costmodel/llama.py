@@ -19,9 +19,14 @@ engine.c on the llama branch), and so what the builds here assume:
     64-wide model has two groups a row, so V is cached as floats and the head
     is dense. A converter run with --group equal to the padded width (64 for
     stories260K) makes both possible: the "one group a row" rows below.
-  * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer;
-    the engine allocates K floats, V floats (for rows too wide for int16, all
-    rows when V is not cached as dots), the dots and a scale per position.
+  * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer,
+    for the context the engine was opened with (llm_open_with, Model(...,
+    context=N); a Shape's seq_len here): the engine allocates K floats, the
+    V dots and a scale per position, and V floats when V is not cached as
+    dots or when some V row could give dots too wide for int16
+    (engine_open.c v_can_widen; `v_rows_can_widen` here). The shapes here
+    assume none can (true of the published stories260K at group 64); plain
+    mode then places the float V later (llm_set_plain: "kv_values").
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .builds import BUILDS, Build
 from .calibration import fit
@@ -65,9 +72,11 @@ __all__ = [
     "fitting_context",
     "internal_placement",
     "llama_build",
+    "opening_context",
     "placement",
     "shape_report",
     "shape_table",
+    "v_rows_can_widen",
 ]
 
 #: llama2.c's TinyStories checkpoints (karpathy/llama2.c README, model.py
@@ -148,14 +157,26 @@ def _one_group_a_row(s: Shape) -> bool:
     return n_groups(s.dim, s.group) == 1
 
 
-def engine_blocks(s: Shape, *, certified: bool) -> list[tuple[str, int, str, str]]:
+def v_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
+    """Whether some layer's V rows (qkv rows dim + kv_dim ..) could give int16
+    dots a value they cannot hold: |dot| <= 127 * sum |code| over the row
+    (engine_open.c v_can_widen); then the engine places V floats at open.
+    `qkv_codes`: each layer's signed int4 codes [rows, cols]."""
+    return any(int(np.abs(q[dim + kv_dim: dim + 2 * kv_dim].astype(np.int64)).sum(axis=1).max())
+               * 127 > 32767 for q in qkv_codes)
+
+
+def engine_blocks(s: Shape, *, certified: bool,
+                  v_can_widen: bool = False) -> list[tuple[str, int, str, str]]:
     """The blocks llm_open asks for, in its order (engine_open.c; equal to
     the host engine's Model.memory() on a release-shaped image but for the
     engine's own block, priced at sram.ENGINE_STRUCT_BYTES): (name,
     bytes, region wanted, kind) with kind "required" (open fails without it),
     "optional" (skipped) or "matrix" (FAST, else BULK, else read in place
     from flash). The head is staged in tile order with its ids and tile index
-    when `certified` (and the rows are one scale group), else staged dense."""
+    when `certified` (and the rows are one scale group), else staged dense.
+    `v_can_widen`: the image's V rows could outgrow int16 dots (see
+    v_rows_can_widen), so V floats are placed at open beside the dots."""
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
     rb = q4_row_bytes(d)
@@ -181,8 +202,10 @@ def engine_blocks(s: Shape, *, certified: bool) -> list[tuple[str, int, str, str
     out.append(("logits", 4 * V, "bulk", "required"))
     cells = L * S * kvd
     v_dots = _one_group_a_row(s)
-    kv = (2 * 4 * cells + (2 * cells if v_dots else 0) + 4 * L * S + 3 * 64
-          + _a64(16 * (S + 1)))
+    v_floats = not v_dots or v_can_widen
+    # each array on a 64-byte line: K floats, V floats, V dots, scales, streams
+    kv = (_a64(4 * cells) * (2 if v_floats else 1) + (_a64(2 * cells) if v_dots else 0)
+          + _a64(4 * L * S) + _a64(16 * (S + 1)))
     out.append(("kv_cache", kv, "bulk", "required"))
     # the other positions of a pass, their candidate lists and the
     # many-positions scan's scratch (head.h LLM_HEAD_MANY_SCRATCH): without
@@ -282,6 +305,23 @@ def fitting_context(s: Shape, board: Board, *, certified: bool = False) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def opening_context(s: Shape, board: Board, *, certified: bool = False) -> int:
+    """The longest context at which the model opens on `board` at all (core
+    matrices that find no RAM read in place from flash); 0 if none does."""
+    lo, hi = 0, s.seq_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if placement(dataclasses.replace(s, seq_len=mid), board, certified=certified)["opens"]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+#: the contexts whose internal-SRAM needs a report lists for a board without PSRAM
+NEED_CONTEXTS = (128, 256, 512)
 
 
 def _region_of(p: dict[str, object], name: str) -> str:
@@ -390,9 +430,16 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     what_if = "head read in place from flash (what-if: the engine stages it first)"
                 else:
                     priced = p
+                needs = {} if board.psram_bytes else {
+                    n: sum(int(b["bytes"]) for b in internal_placement(
+                        dataclasses.replace(s, seq_len=n), board,
+                        certified=certified)["blocks"])  # type: ignore[attr-defined]
+                    for n in NEED_CONTEXTS if n <= s.seq_len}
                 places.append({"board": board.name, "variant": vlabel, "certified": certified,
                                "what_if": what_if,
                                "fitting_context": fitting_context(s, board, certified=certified),
+                               "opening_context": opening_context(s, board, certified=certified),
+                               "internal_needs": needs,
                                "priced_opens": priced["opens"],
                                "short_by": priced.get("short_by"),
                                **{k: v for k, v in p.items() if k != "blocks"},
@@ -478,7 +525,15 @@ def shape_table(rep: dict[str, object]) -> str:
         lines.append(f"placement {p['board']}, {p['variant']}, "
                      f"{'certified' if p['certified'] else 'dense'} head: {state}; {where}; "
                      f"{left}{short}; context that fits with the core in RAM: "
-                     f"{p['fitting_context']}")
+                     f"{p['fitting_context']}; that opens (the core's overflow read from "
+                     f"flash): {p['opening_context']}")
+        if p["internal_needs"]:
+            lines.append(
+                "  wholly in internal SRAM (all but the optional batch; Model(context=N)) "
+                "needs " + ", ".join(f"{b:,} B at context {n}"
+                                      for n, b in p["internal_needs"].items())
+                + f" against ~{p['internal_for_engine']:,} B the engine may use (an estimate "
+                "of the board's free RAM, not a measurement)")
         big = sorted((blk for blk in p["blocks"]), key=lambda x: -x["bytes"])[:4]
         lines.append("  largest: " + ", ".join(f"{x['name']} {x['bytes']:,} B ({x['region']})"
                                                 for x in big))
