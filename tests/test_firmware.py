@@ -173,8 +173,9 @@ def test_sdkconfig_facts(board: pins.BoardPins) -> None:
     assert "sdkconfig.240mhz" in defaults
     # no Bluetooth: neither its sdkconfig fragment nor MicroPython's module
     assert "sdkconfig.ble" not in defaults
-    assert re.search(r"#define MICROPY_PY_BLUETOOTH\s+\(0\)",
-                     (BOARD / "mpconfigboard.h").read_text())
+    header = (BOARD / "mpconfigboard.h").read_text()
+    for radio in ("BLUETOOTH", "NETWORK_WLAN", "ESPNOW"):  # no radio at all
+        assert re.search(rf"#define MICROPY_PY_{radio}\s+\(0\)", header), radio
     if board.psram_bytes:
         assert cfg.get("CONFIG_SPIRAM_SPEED_80M") == "y"
         # octal PSRAM comes from the port's fragments, in this order (later

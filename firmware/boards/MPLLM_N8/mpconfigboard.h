@@ -2,8 +2,12 @@
 #define MICROPY_HW_BOARD_NAME               "mpllm ESP32-S3 N8 (no PSRAM)"
 #define MICROPY_HW_MCU_NAME                 "ESP32S3"
 
-// mpllm uses no Bluetooth: without it NimBLE's RAM and code stay free.
+// mpllm uses no radio (the chat, the web page and the bench reach the board
+// over its serial port): without Bluetooth and Wi-Fi their RAM and code stay
+// free for the engine, where every KiB of internal SRAM holds weights.
 #define MICROPY_PY_BLUETOOTH                (0)
+#define MICROPY_PY_NETWORK_WLAN             (0)
+#define MICROPY_PY_ESPNOW                   (0)
 
 // The DevKitC has both a USB-UART bridge and the native USB port; keep the
 // UART REPL so either connector reaches it.
