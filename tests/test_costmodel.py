@@ -158,7 +158,7 @@ def test_each_band_unknown_moves_the_figure() -> None:
     assert hi == pytest.approx(8749 / 25353 * max(cm.bands.SAMPLED_RATIOS_DEFAULT))
     assert ends.overlap[0] == 1.0 and ends.overlap[1] == f.overlap
     spill = [sum(n for _, n in s) for s in ends.sram]
-    assert spill[0] == 0 and spill[1] == 176600 and spill[2] >= 176600 + 64 * 1024
+    assert spill[0] == 0 and spill[1] == 123168 and spill[2] >= 123168 + 64 * 1024
 
     def ms(bb: cm.Build, ff: cm.Fit = f) -> dict[str, float]:
         return cm.predict(bb, ff)
@@ -309,25 +309,25 @@ def test_charges_add_up_to_the_build(report: cm.Report) -> None:
 def test_sram_plan_counts_the_reserve() -> None:
     plan = cm.sram_plan()
     assert plan["need_bytes"] == sum(plan["items"].values())
-    assert cm.SRAM_FREE_AT_BOOT == 280463 and plan["reserve_bytes"] == 64 * 1024
-    assert plan["left_free_bytes"] == 280463 - 64 * 1024 - plan["need_bytes"]
+    assert cm.SRAM_FREE_AT_BOOT == 334623 and plan["reserve_bytes"] == 64 * 1024
+    assert plan["left_free_bytes"] == 334623 - 64 * 1024 - plan["need_bytes"]
     assert plan["core_spill_bytes"] == -plan["left_free_bytes"] > 0
     assert plan["items"]["core matrices (int4 + fp32 scales)"] == 309984
     assert plan["items"]["head tile index (boxes + scales)"] == 199 * (2 * 96 + 4)
-    assert plan["measured"]["core_bulk_bytes"] == 176600
+    assert plan["measured"]["core_bulk_bytes"] == 123168
 
 
 def test_placement_is_the_measured_one(report: cm.Report) -> None:
     regions = cm.sram.measured_core_regions()
     assert sum(b for n, (_, b) in cm.sram.core_matrix_bytes().items()
-               if regions[n] == "fast") == 133384
+               if regions[n] == "fast") == 186816
     spill = cm.sram.spill_by_stage(regions)
-    assert sum(spill.values()) == 176600 and set(spill) == {"attn", "ffn", "ple"}
+    assert sum(spill.values()) == 123168 and set(spill) == {"attn", "ffn", "ple"}
     # in the engine's placement order (engine_open.c: layer by layer): the band's
-    # "more in PSRAM" takes the last FAST matrices first, L2.gate, then L1's tail
+    # "more in PSRAM" takes the last FAST matrices first, L3.up, then L3.gate
     assert list(cm.sram.core_matrix_bytes())[:3] == ["ple_model_proj", "L0.qkv", "L0.attn_proj"]
     one_more = cm.sram.more_in_psram(regions, 1)
-    assert [n for n in regions if regions[n] != one_more[n]] == ["L2.gate"]
+    assert [n for n in regions if regions[n] != one_more[n]] == ["L3.up"]
     for name in (*cm.OURS, "mpllm-spec-sampled"):
         assert dict(cm.BUILDS[name].spill_stages) == spill, name
     # the model charges it: the whole plan in SRAM would be faster
@@ -660,16 +660,16 @@ _RELEASE_UPSTREAM_TOTALS = {
     "research_cert": 16.811939894228995, "research_qact": 15.544589894228995,
     "research_final": 12.99766032330515,
 }
-_RELEASE_EXACT_STAGES = {
-    "mpllm-exact-greedy": {"embed": 0.2176351427448204, "attn": 7.079595364007055,
-                           "ffn": 0.9714129184630489, "ple": 1.1805503837795717,
+_RELEASE_EXACT_STAGES = {  # (re-pinned when the emulated board measured the radio-less placement)
+    "mpllm-exact-greedy": {"embed": 0.2176351427448204, "attn": 6.800536619136012,
+                           "ffn": 0.8003999953241275, "ple": 1.0331501236682001,
                            "head": 5.967288986752104, "sample": 5.6259094282727694e-05},
-    "mpllm-exact-sampled": {"embed": 0.2176351427448204, "attn": 7.079595364007055,
-                            "ffn": 0.9714129184630489, "ple": 1.1805503837795717,
+    "mpllm-exact-sampled": {"embed": 0.2176351427448204, "attn": 6.800536619136012,
+                            "ffn": 0.8003999953241275, "ple": 1.0331501236682001,
                             "head": 5.98356327969394, "sample": 0.03169278684735236},
 }
-_RELEASE_SPEC_PASS = {"embed": 0.8362729743454076, "attn": 13.033183484063906,
-                      "ffn": 2.0053012832190156, "ple": 2.282113634959483,
+_RELEASE_SPEC_PASS = {"embed": 0.8362729743454076, "attn": 12.754124739192862,
+                      "ffn": 1.8342883600800939, "ple": 2.1347133748481113,
                       "head": 6.543628509994958, "sample": 0.09084019042284379}
 
 
@@ -731,8 +731,7 @@ def test_gqa_halves_the_kv_bytes() -> None:
 def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
     s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
     assert n8.psram_bytes == 0 and n8.icache_bytes == cm.ICACHE_BYTES_N8 == 32 * 1024
-    assert n8.internal_free == (cm.SRAM_FREE_AT_BOOT - cm.MP_GC_INITIAL_HEAP_BYTES
-                                - (cm.ICACHE_BYTES_N8 - cm.ICACHE_BYTES_OURS))
+    assert n8.internal_free == cm.sram.N8_FREE_AT_REPL == 258612  # the emulated N8
     for certified in (False, True):
         p = cm.placement(dataclasses.replace(s, group=64), n8, certified=certified)
         assert all(b["region"] != "psram" for b in p["blocks"])

@@ -55,6 +55,7 @@ from .shape import MODEL_STAGES, Shape, _cdiv, n_groups, q4_row_bytes, story_pos
 from .sram import (
     ENGINE_STRUCT_BYTES,
     FAST_RESERVE_BYTES,
+    N8_FREE_AT_REPL,
     SRAM_FREE_AT_BOOT,
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
@@ -127,14 +128,12 @@ S3_BOARDS: dict[str, Board] = {
     "n16r8": Board(
         "n16r8", "N16R8 (8 MB PSRAM)", PSRAM_BYTES_N16R8 - MP_GC_INITIAL_HEAP_BYTES,
         ICACHE_BYTES_OURS, SRAM_FREE_AT_BOOT,
-        "measured on the emulated board (sram.SRAM_FREE_AT_BOOT, Bluetooth still on); PSRAM: "
+        "measured on the emulated board (sram.SRAM_FREE_AT_BOOT, no radio); PSRAM: "
         "8 MB less MicroPython's first 64 KiB heap area"),
     "n8": Board(
-        "n8", "N8 (no PSRAM)", 0, ICACHE_BYTES_N8,
-        SRAM_FREE_AT_BOOT - MP_GC_INITIAL_HEAP_BYTES - (ICACHE_BYTES_N8 - ICACHE_BYTES_OURS),
-        "estimated, not measured: the N16R8's 280,463 B less MicroPython's first heap area "
-        "(64 KiB, internal without PSRAM) and the 16 KB more instruction cache; Bluetooth off "
-        "frees more (not credited)"),
+        "n8", "N8 (no PSRAM)", 0, ICACHE_BYTES_N8, N8_FREE_AT_REPL,
+        "measured on the emulated board (the N8 firmware without PSRAM: "
+        "esp32.idf_heap_info at the REPL, MicroPython's heap already in it)"),
 }
 
 
@@ -532,8 +531,8 @@ def shape_table(rep: dict[str, object]) -> str:
                 "  wholly in internal SRAM (all but the optional batch; Model(context=N)) "
                 "needs " + ", ".join(f"{b:,} B at context {n}"
                                       for n, b in p["internal_needs"].items())
-                + f" against ~{p['internal_for_engine']:,} B the engine may use (an estimate "
-                "of the board's free RAM, not a measurement)")
+                + f" against {p['internal_for_engine']:,} B the engine may use (the board's "
+                "free RAM at the REPL as above, less the reserve)")
         big = sorted((blk for blk in p["blocks"]), key=lambda x: -x["bytes"])[:4]
         lines.append("  largest: " + ", ".join(f"{x['name']} {x['bytes']:,} B ({x['region']})"
                                                 for x in big))

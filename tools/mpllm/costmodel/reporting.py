@@ -53,7 +53,7 @@ from .s3 import (
 from .shape import MODEL_STAGES, RELEASE, STAGES, Shape, story_positions
 from .spec_inputs import SpecInputs
 from .spec_report import _spec_builds, _spec_variants
-from .sram import MEASURED_PLACEMENT, sram_plan
+from .sram import MEASURED_CORE_BULK_KIB, MEASURED_PLACEMENT, sram_plan
 from .work import Fit, HeadCounts, Work, _scale_memory, stage_breakdown, stage_seconds
 
 __all__ = ["EXACT_TARGETS_MS", "Report", "anchor_reuse", "plot", "report"]
@@ -478,9 +478,9 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
     # the placement: the model uses the emulated board's measured one; the
     # whole plan in SRAM is what the plan asks for
     add("greedy, the whole plan in SRAM", dataclasses.replace(g, spill_stages=()),
-        "no core in PSRAM (the measured placement has 172 KiB there)")
+        f"no core in PSRAM (the measured placement has {MEASURED_CORE_BULK_KIB} KiB there)")
     add("sampled, the whole plan in SRAM", dataclasses.replace(t, spill_stages=()),
-        "no core in PSRAM (the measured placement has 172 KiB there)")
+        f"no core in PSRAM (the measured placement has {MEASURED_CORE_BULK_KIB} KiB there)")
     # what each exact change of the after-build is worth: the build without it
     add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
         "V rows as floats: twice the V traffic, no recompute")

@@ -24,6 +24,7 @@ def story_token_loop_ms(b: Build) -> float:
     per-pass share is in the pass: passes.pass_work), ms on the S3."""
     return 1e3 * PY_LOOP_HOST_TOKEN_S * PY_S3_PER_HOST if b.python_loop else 0.0
 from .spec_inputs import DraftFigures, SpecInputs, UnionRatios
+from .sram import MEASURED_CORE_BULK_KIB
 from .work import HeadCounts, stage_breakdown, stage_seconds
 
 
@@ -163,7 +164,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
         best = spec.drafts[mode][str(entries[name]["drafter"])]
         short = ("fast " if b.kv == "int8-fast" else "") + "spec " + mode
         add(f"{short}, the whole plan in SRAM", dataclasses.replace(b, spill_stages=()), best,
-            union, "no core in PSRAM (the measured placement streams 172 KiB once per pass)")
+            union, f"no core in PSRAM (the measured placement streams {MEASURED_CORE_BULK_KIB} KiB once per pass)")
         if mode != "sampled":
             continue
         for other, d in spec.drafts[mode].items():

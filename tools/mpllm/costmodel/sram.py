@@ -12,7 +12,9 @@ from .shape import RELEASE, Mat, Shape, _cdiv, matrices, n_groups, q4_row_bytes
 __all__ = [
     "ENGINE_STRUCT_BYTES",
     "FAST_RESERVE_BYTES",
+    "MEASURED_CORE_BULK_KIB",
     "MEASURED_PLACEMENT",
+    "N8_FREE_AT_REPL",
     "SRAM_CACHE_BYTES",
     "SRAM_FREE_AT_BOOT",
     "SRAM_LARGEST_BLOCK",
@@ -30,11 +32,19 @@ __all__ = [
 SRAM_TOTAL_BYTES = 512 * 1024
 SRAM_CACHE_BYTES = (16 + 32) * 1024
 #: Internal RAM free at the REPL, measured on the emulated board: our firmware
-#: (MicroPython v1.28.0, IDF 5.5.3) under Espressif's esp32s3 system model with
-#: 8 MB octal PSRAM (DESIGN.md section 7; issue 21): 280,463 B, the largest
-#: block 204,800 B. (It replaced a v1.20 figure from micropython#12075.)
-SRAM_FREE_AT_BOOT = 280463
-SRAM_LARGEST_BLOCK = 204800
+#: (MicroPython v1.28.0, IDF 5.5.3, the N16R8 board with no radio: Bluetooth,
+#: Wi-Fi and ESP-NOW off) under Espressif's esp32s3 system model with 8 MB
+#: octal PSRAM, esp32.idf_heap_info(esp32.HEAP_DATA) summed over the internal
+#: regions: 334,623 B, the largest block 258,048 B. (Before: 280,463 B with
+#: Bluetooth and Wi-Fi linked in, the audit of issue 21.) The emulated firmware
+#: was built offline with stand-ins for some IDF submodules (lwip, mbedtls,
+#: nimble): a real build's figure may differ by a few KiB.
+SRAM_FREE_AT_BOOT = 334623
+SRAM_LARGEST_BLOCK = 258048
+#: The same on the board without PSRAM (MPLLM_N8: no radio, 32 KB instruction
+#: cache; the emulated machine with no PSRAM device): 258,612 B free at the
+#: REPL, MicroPython's first 64 KiB heap area already taken from it.
+N8_FREE_AT_REPL = 258612
 #: Internal RAM the port keeps back from the engine's FAST placements
 #: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE).
 FAST_RESERVE_BYTES = 64 * 1024
@@ -42,21 +52,24 @@ FAST_RESERVE_BYTES = 64 * 1024
 #: release-shaped image (Model.memory(); DESIGN.md section 7, issue 21): the
 #: engine's internal region, the core matrices in it and in PSRAM, and what
 #: was left free. The FAST core matrices are named; every other core matrix
-#: went to PSRAM (the rest of L2, L3-L5). The cost model takes its placement
-#: from this, not from the plan.
+#: went to PSRAM (L3's qkv, down and PLE matrices, L4, L5). The cost model
+#: takes its placement from this, not from the plan. (Before the radios went:
+#: 208,780 B FAST, 133,384 B of core in it, 176,600 B of core in PSRAM.)
 MEASURED_PLACEMENT: dict[str, object] = {
-    "engine_fast_bytes": 208780,
-    "core_fast_bytes": 133384,
-    "core_bulk_bytes": 176600,
+    "engine_fast_bytes": 262244,
+    "core_fast_bytes": 186816,
+    "core_bulk_bytes": 123168,
     "head_tiles_fast_bytes": 39008,
-    "left_free_bytes": 66483,
+    "left_free_bytes": 66975,
     "free_at_repl_bytes": SRAM_FREE_AT_BOOT,
     "largest_block_bytes": SRAM_LARGEST_BLOCK,
-    "fast_core": ("ple_model_proj", "L0.*", "L1.*", "L2.gate"),
-    "source": ("emulated board (our firmware under Espressif's esp32s3 system model, IDF "
-               "5.5.3, 8 MB octal PSRAM): Model.memory() after llm.load() of a "
-               "release-shaped image (DESIGN.md section 7, issue 21)"),
+    "fast_core": ("ple_model_proj", "L0.*", "L1.*", "L2.*", "L3.attn_proj", "L3.gate", "L3.up"),
+    "source": ("emulated board (our firmware without radios under Espressif's esp32s3 system "
+               "model, IDF 5.5.3, 8 MB octal PSRAM): Model.memory() after llm.load() of a "
+               "release-shaped image"),
 }
+#: The core in PSRAM as the report words it.
+MEASURED_CORE_BULK_KIB = round(int(MEASURED_PLACEMENT["core_bulk_bytes"]) / 1024)  # type: ignore[call-overload]
 #: The engine's own state struct in FAST, as the host port reports it
 #: (`_llm.Model.memory()` "engine", certified-head engine).
 ENGINE_STRUCT_BYTES = 7072
