@@ -173,7 +173,9 @@ def test_sdkconfig_facts(board: pins.BoardPins) -> None:
     assert "sdkconfig.240mhz" in defaults
     # no Bluetooth: neither its sdkconfig fragment nor MicroPython's module
     assert "sdkconfig.ble" not in defaults
-    header = (BOARD / "mpconfigboard.h").read_text()
+    own = (BOARD / "mpconfigboard.h").read_text()
+    assert '#include "../mpllm_board.h"' in own  # what the boards share
+    header = own + (BOARD.parent / "mpllm_board.h").read_text()
     for radio in ("BLUETOOTH", "NETWORK_WLAN", "ESPNOW"):  # no radio at all
         assert re.search(rf"#define MICROPY_PY_{radio}\s+\(0\)", header), radio
     if board.psram_bytes:
