@@ -614,7 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prices", choices=("image", "release"), default="image",
                     help="price guesses for the image's own shape (what convert stores) or for "
                          "the release shape (the README's figures); a llama2.c model is always "
-                         "priced at the release shape (the cost model has no shape for it)")
+                         "priced at the release shape (its acceptance stands in for the release "
+                         "model's on real text)")
     ap.add_argument("--tokens", type=int, default=200, help="story tokens per run (default 200)")
     ap.add_argument("--table-stories", type=int, default=200,
                     help="stories the model writes to build the n-gram table (default 200, as "
