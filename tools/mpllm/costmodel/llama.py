@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, Build
 from .calibration import fit
 from .forward import predict
@@ -46,7 +47,6 @@ from .s3 import (
     ICACHE_BYTES_OURS,
     ICACHE_LINE,
     MP_GC_INITIAL_HEAP_BYTES,
-    PSRAM_BYTES_N16R8,
     PY_LOOP_HOST_STEP_S,
     PY_S3_PER_HOST,
     TILE_ROWS,
@@ -126,12 +126,12 @@ class Board:
 
 S3_BOARDS: dict[str, Board] = {
     "n16r8": Board(
-        "n16r8", "N16R8 (8 MB PSRAM)", PSRAM_BYTES_N16R8 - MP_GC_INITIAL_HEAP_BYTES,
+        "n16r8", "N16R8 (8 MB PSRAM)", BOARDS["n16r8"].psram_bytes - MP_GC_INITIAL_HEAP_BYTES,
         ICACHE_BYTES_OURS, SRAM_FREE_AT_BOOT,
         "measured on the emulated board (sram.SRAM_FREE_AT_BOOT, no radio); PSRAM: "
         "8 MB less MicroPython's first 64 KiB heap area"),
     "n8": Board(
-        "n8", "N8 (no PSRAM)", 0, ICACHE_BYTES_N8, N8_FREE_AT_REPL,
+        "n8", "N8 (no PSRAM)", BOARDS["n8"].psram_bytes, ICACHE_BYTES_N8, N8_FREE_AT_REPL,
         "measured on the emulated board (the N8 firmware without PSRAM: "
         "esp32.idf_heap_info at the REPL, MicroPython's heap already in it)"),
 }

@@ -120,8 +120,6 @@ PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
 #: main.c MP_PLAT_ALLOC_HEAP). With PSRAM that malloc lands there; without it the
 #: heap is internal SRAM, and it grows there on demand (MICROPY_GC_SPLIT_HEAP_AUTO).
 MP_GC_INITIAL_HEAP_BYTES = 64 * 1024
-#: The N16R8's PSRAM: 8 MB octal (firmware/README.md, the board table).
-PSRAM_BYTES_N16R8 = 8 * 1024 * 1024
 #: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
 #: applied as 512 B / 20 us to the bytes of the lines read from flash.
 FLASH_ROW_BYTES = 512
