@@ -32,7 +32,7 @@ class _SplitHalf(Llama2c):
 
     def _rope(self, v: np.ndarray, pos: int) -> np.ndarray:
         b, n = v.shape
-        hs = self.cfg.head_size
+        hs = self.cfg.head_dim
         half = hs // 2
         h = v.reshape(b, n // hs, hs)
         ang = F32(pos) * self._freq

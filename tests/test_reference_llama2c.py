@@ -40,7 +40,7 @@ def _run_c(m: L.Llama2c, tokens: list[int]) -> list[np.ndarray]:
     """run.c's forward(), loop for loop, in float64 (only the order of
     operations is run.c's; the sums are exact enough to compare)."""
     c, w = m.cfg, m.w
-    hs, kv_mul = c.head_size, c.n_heads // c.n_kv_heads
+    hs, kv_mul = c.head_dim, c.n_heads // c.n_kv_heads
     kcache = np.zeros((c.n_layers, c.seq_len, c.kv_dim))
     vcache = np.zeros((c.n_layers, c.seq_len, c.kv_dim))
 

@@ -64,8 +64,8 @@ def rope_row_order(head_size: int, n_heads: int) -> np.ndarray:
 def split_half_checkpoint(ck: Llama2cCheckpoint) -> dict[str, np.ndarray]:
     """wq and wk of every layer with their rows in the engine's RoPE order."""
     c = ck.config
-    return {"wq": ck.layers["wq"][:, rope_row_order(c.head_size, c.n_heads)],
-            "wk": ck.layers["wk"][:, rope_row_order(c.head_size, c.n_kv_heads)]}
+    return {"wq": ck.layers["wq"][:, rope_row_order(c.head_dim, c.n_heads)],
+            "wk": ck.layers["wk"][:, rope_row_order(c.head_dim, c.n_kv_heads)]}
 
 
 def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:

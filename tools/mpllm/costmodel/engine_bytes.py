@@ -14,7 +14,7 @@ from .shape import (
     REGIONS,
     STAGES,
     Shape,
-    _cdiv,
+    cdiv,
     matrices,
     n_groups,
     ple_record_bytes,
@@ -92,7 +92,7 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
     elif mode == "certified":
         if rows is None:
             raise ValueError("a certified head evaluation needs the rows it scored")
-        cp = _cdiv(s.dim, 32) * 32
+        cp = cdiv(s.dim, 32) * 32
         out[pl["tiles"]] += s.n_tiles * (2 * cp + 4)
     else:
         raise ValueError(f"unknown head mode {mode!r}: dense or certified")

@@ -54,7 +54,7 @@ from .shape import (
     RELEASE,
     Mat,
     Shape,
-    _cdiv,
+    cdiv,
     lines_touched,
     matrices,
     n_groups,
@@ -77,27 +77,27 @@ __all__ = [
 ]
 
 
-def _quantize(w: Work, b: Build, n: int, *, split: bool = False, pad: int = 0) -> None:
+def quantize_work(w: Work, b: Build, n: int, *, split: bool = False, pad: int = 0) -> None:
     """Activation quantization of an n-vector (plus zeroing a pad)."""
     cyc = n * (QUANT_CYCLES + (LRINTF_CYCLES if b.quant == "lrintf" else 0.0))
     w.compute(split=split, cycles=cyc, ops=pad)
 
 
-def _rmsnorm(w: Work, n: int) -> None:
+def rmsnorm_work(w: Work, n: int) -> None:
     # ss += x*x (load, mul, add), ss/n + eps (2), sqrt, 1/., (w*x)*inv (2 loads, 2 mul, store)
     w.compute(ops=3 * n + 2 + 5 * n, chain=SQRT_OPS + DIV_OPS)
 
 
-def _chain(w: Work, b: Build, ops: float, *, split: bool = False) -> None:
+def chain_work(w: Work, b: Build, ops: float, *, split: bool = False) -> None:
     """Element-wise dependent float chains (independent across elements)."""
     w.compute(split=split, chain=ops / b.chain_interleave)
 
 
-def _exp(w: Work, b: Build, kind: str, count: float, *, split: bool = False) -> None:
+def exp_work(w: Work, b: Build, kind: str, count: float, *, split: bool = False) -> None:
     if kind == "newlib":
         w.compute(split=split, cycles=count * NEWLIB_EXPF_CYCLES)
     elif kind == "llm":
-        _chain(w, b, count * EXPF_OPS, split=split)
+        chain_work(w, b, count * EXPF_OPS, split=split)
     else:
         raise ValueError(f"unknown exp {kind!r}")
 
@@ -113,7 +113,7 @@ def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | 
     if fmt == "int8":
         code_b, scale_b = rows * cols, rows * ng * 4
     elif fmt == "int4-flash":
-        code_b, scale_b = rows * _cdiv(cols, 2), rows * ng * 2
+        code_b, scale_b = rows * cdiv(cols, 2), rows * ng * 2
     else:
         code_b, scale_b = rows * q4_row_bytes(cols), rows * ng * 4
     if tier == "psram":
@@ -129,7 +129,7 @@ def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | 
             ops += rows * cols * Q4_UNPACK_OPS + rows * ng * HALF2FLOAT_OPS
         w.compute(split=split, mac=rows * cols, ops=ops)
     elif b.kernels == "pie-upstream":
-        nblk = _cdiv(cols, 32)
+        nblk = cdiv(cols, 32)
         w.compute(split=split, pie=upstream_pie_instructions(rows, cols),
                   ops=rows * (ROW_OPS_PIE + UPSTREAM_BLOCK_OPS * nblk))
         w.compute(ops=2 * cols + (nblk * 32 - cols))  # 8*sum(xq) and the zeroed tail
@@ -157,7 +157,7 @@ def _kv_mem(w: Work, b: Build, nlines: float, nbytes: float, *, split: bool = Fa
         w.psram(nlines, b.line, nbytes, split=split)
 
 
-def _kv_read(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
+def kv_read_work(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
     """Attention's reads of the cached K and V rows 0..pos of one layer,
     averaged over the possible alignments of the cache."""
     offs = _kv_offsets(b)
@@ -176,7 +176,7 @@ def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
     if b.kv == "int8-fast":
         # per kv head: K rows contiguous (t x dhp), dh transposed V rows of the
         # t positions rounded up to 16 (rows seq_len apart), two scale arrays
-        dhp, t16 = _cdiv(dh, 16) * 16, _cdiv(t, 16) * 16
+        dhp, t16 = cdiv(dh, 16) * 16, cdiv(t, 16) * 16
         nl = kvh * (lines_touched(0, t * dhp, line) + dh * lines_touched(0, t16, line)
                     + 2 * lines_touched(0, 4 * t, line))
         _kv_mem(w, b, nl, kvh * (t * dhp + dh * t16 + 8 * t), split=split)
@@ -197,7 +197,7 @@ def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
             total = 2 * t * per_row
         _kv_mem(w, b, total, t * (row + v_row), split=split)
     else:
-        krow = kvh * _cdiv(dh, 16) * 16 if b.kv == "int8-rows-pad" else kvd
+        krow = kvh * cdiv(dh, 16) * 16 if b.kv == "int8-rows-pad" else kvd
         nbytes = t * (krow + kvd) + 2 * 4 * t  # K rows, V rows, two per-row scale arrays
         nl = (lines_touched(b.kv_offset, t * krow, line)
               + lines_touched(b.kv_offset, t * kvd, line) + 2 * lines_touched(0, 4 * t, line))
@@ -213,22 +213,22 @@ FAST_EXP_OPS = 17
 
 
 def _s8_pie(rows: float, n: int) -> float:
-    return rows * (S8_ROW_PIE_FIXED + S8_BLOCK_PIE * _cdiv(n, 16))
+    return rows * (S8_ROW_PIE_FIXED + S8_BLOCK_PIE * cdiv(n, 16))
 
 
-def _fast_query(w: Work, b: Build, s: Shape, t: int, *, split: bool) -> None:
+def fast_query_work(w: Work, b: Build, s: Shape, t: int, *, split: bool) -> None:
     """Fast mode's attention for one query over t cached positions (all
     heads): quantized q, integer scores by the s8 kernel, softmax with the
     cheap exp, quantized weights, transposed V rows by the s8 kernel."""
     h, dh = s.n_heads, s.head_dim
-    dhp, t16 = _cdiv(dh, 16) * 16, _cdiv(t, 16) * 16
-    _quantize(w, b, h * dh, split=split)
+    dhp, t16 = cdiv(dh, 16) * 16, cdiv(t, 16) * 16
+    quantize_work(w, b, h * dh, split=split)
     w.compute(split=split, pie=h * _s8_pie(t, dhp), ops=h * t * 6)  # scores, scale, max
-    _chain(w, b, h * t * FAST_EXP_OPS, split=split)
+    chain_work(w, b, h * t * FAST_EXP_OPS, split=split)
     w.compute(split=split, ops=h * t * 4)  # s - max, den +=, * vscale, store
-    _quantize(w, b, h * t, split=split, pad=h * (t16 - t))
+    quantize_work(w, b, h * t, split=split, pad=h * (t16 - t))
     w.compute(split=split, pie=h * _s8_pie(dh, t16), ops=h * dh * 3)
-    _chain(w, b, h * dh * DIV_OPS, split=split)
+    chain_work(w, b, h * dh * DIV_OPS, split=split)
 
 
 def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
@@ -237,8 +237,8 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     if b.kv == "int8-fast":
         sp = b.attn_split == "heads"
         w.handoff(sp, b.handoff_s)
-        _kv_read(w, b, s, pos, split=sp)
-        _fast_query(w, b, s, t, split=sp)
+        kv_read_work(w, b, s, pos, split=sp)
+        fast_query_work(w, b, s, t, split=sp)
         return
     n = t * h  # (position, head) pairs
     split_on = pos >= b.attn_split_min_pos
@@ -249,23 +249,23 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     if split_on and b.attn_split != "none":
         w.handoff({"heads": 1, "score+vacc": 2, "score+soft+vacc": 3}[b.attn_split],
                   b.handoff_s)
-    _kv_read(w, b, s, pos, split=sp_score)
+    kv_read_work(w, b, s, pos, split=sp_score)
     if b.kv.startswith("fp32"):
         # scores: dot, * 1/sqrt(dh), store, max; softmax: s - max, exp, denom +=;
         # V: ao += w * v; finish: zero ao, ao /= denom
         w.compute(split=sp_score, ops=n * (FDOT_OPS * dh + 4))
         w.compute(split=sp_soft, ops=n * 4)
-        _exp(w, b, b.softmax_exp, n, split=sp_soft)
+        exp_work(w, b, b.softmax_exp, n, split=sp_soft)
         w.compute(split=sp_vacc, ops=n * FAXPY_OPS * dh)
         if b.v_bytes != 4:  # recompute (float)g * scale_i * xscale per element read
             w.compute(split=sp_vacc, ops=n * 4 * dh)
         w.compute(split=sp_all, ops=h * dh * 2)
-        _chain(w, b, h * dh * DIV_OPS, split=sp_all)
+        chain_work(w, b, h * dh * DIV_OPS, split=sp_all)
         return
     # esp32-ai int8 KV: integer scores (scalar or PIE), softmax with
     # llm_fast_expf folding the V scale, weights quantized to int8, integer V
     if b.score == "pie":
-        blocks = _cdiv(dh, 16)
+        blocks = cdiv(dh, 16)
         w.compute(split=sp_score, pie=n * (2 + 3 * blocks), ops=n * 5 + t * 3)
     else:
         w.compute(split=sp_score, mac=n * dh, ops=n * 5 + t * 3)
@@ -276,7 +276,7 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     w.compute(ops=h * dh * 3, chain=h * DIV_OPS)
 
 
-def _kv_store(w: Work, b: Build, s: Shape) -> None:
+def kv_store_work(w: Work, b: Build, s: Shape) -> None:
     """This position's K and V rows written to the cache (one layer): the
     written lines are fetched first (write-allocate) and written back later,
     counted as one transfer each way the way esp32-ai counts its logits
@@ -287,10 +287,10 @@ def _kv_store(w: Work, b: Build, s: Shape) -> None:
         # and one byte in each of the kv_dim transposed V rows: every line it
         # lands in is fetched and written back (write-allocate)
         kvh, dh = s.n_kv_heads, s.head_dim
-        _quantize(w, b, 2 * kvd)
+        quantize_work(w, b, 2 * kvd)
         w.compute(ops=2 * kvd)
-        nl = kvh * lines_touched(0, _cdiv(dh, 16) * 16, b.line) + kvd + 2 * kvh
-        _kv_mem(w, b, 2 * nl, kvh * _cdiv(dh, 16) * 16 + kvd + 8 * kvh)
+        nl = kvh * lines_touched(0, cdiv(dh, 16) * 16, b.line) + kvd + 2 * kvh
+        _kv_mem(w, b, 2 * nl, kvh * cdiv(dh, 16) * 16 + kvd + 8 * kvh)
         return
     if b.kv.startswith("fp32"):
         offs = _kv_offsets(b)
@@ -300,10 +300,10 @@ def _kv_store(w: Work, b: Build, s: Shape) -> None:
         w.compute(ops=2 * 2 * kvd)  # memcpy: load + store per float
         return
     dh, kvh, h = s.head_dim, s.n_kv_heads, s.n_heads
-    pad = kvh * (_cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0
-    _quantize(w, b, kvd, pad=pad)  # K
-    _quantize(w, b, kvd)  # V
-    _quantize(w, b, d, pad=h * (_cdiv(dh, 16) * 16 - dh) if pad else 0)  # q, for the scores
+    pad = kvh * (cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0
+    quantize_work(w, b, kvd, pad=pad)  # K
+    quantize_work(w, b, kvd)  # V
+    quantize_work(w, b, d, pad=h * (cdiv(dh, 16) * 16 - dh) if pad else 0)  # q, for the scores
     nl = lines_touched(0, kvd + pad, b.line) + lines_touched(0, kvd, b.line) + 2
     _kv_mem(w, b, nl, 2 * kvd + pad + 8)
 
@@ -311,8 +311,8 @@ def _kv_store(w: Work, b: Build, s: Shape) -> None:
 def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
           counts: HeadCounts | None, bound_pie: float | None) -> None:
     d = s.dim
-    _rmsnorm(w, d)
-    _quantize(w, b, d)
+    rmsnorm_work(w, d)
+    quantize_work(w, b, d)
     head = next(m for m in matrices(s) if m.name == "head")
     if b.head == "dense":
         _matvec(w, b, s, head, pie_calls)
@@ -335,7 +335,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     else:
         w.compute(pie=nt * (bound_pie if bound_pie is not None else BOUND_PIE_PER_TILE),
                   ops=nt * BOUND_OPS_PER_TILE + 2 * d)  # + |xq| once
-    w.sram(nt * (2 * _cdiv(d, 16) * 16 + 4))
+    w.sram(nt * (2 * cdiv(d, 16) * 16 + 4))
     log_n = math.log2(max(nt, 2))
     if b.order == "qsort":
         w.compute(cycles=nt * log_n * QSORT_CMP_CYCLES)
@@ -354,7 +354,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
         per_row_pie = upstream_pie_instructions(1, d) - upstream_pie_instructions(0, d)
         call_pie = 1
     per_row_ops = ROW_OPS_PIE + CAND_OPS_PER_ROW + (
-        UPSTREAM_BLOCK_OPS * _cdiv(d, 32) if b.kernels != "pie" else 0)
+        UPSTREAM_BLOCK_OPS * cdiv(d, 32) if b.kernels != "pie" else 0)
     for part_rows, sp in ((inline_rows, False), (rows - inline_rows, True)):
         w.compute(split=sp, pie=part_rows * per_row_pie, ops=part_rows * per_row_ops)
     w.compute(pie=c.tiles * call_pie)  # one kernel call per tile
@@ -376,7 +376,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     w.psram((c.tiles - inline_tiles) * tile_lines, b.line, rest_b, split=True)
 
 
-def _sample(w: Work, b: Build, s: Shape) -> None:
+def sample_work(w: Work, b: Build, s: Shape) -> None:
     v, k = s.vocab_out, b.top_k
     if b.sampler == "argmax":
         w.compute(ops=2 * v)  # load + compare per logit
@@ -402,10 +402,10 @@ def _draws(w: Work, b: Build, k: int) -> None:
     """Gumbel-max over k candidates: sort the ids (insertion, ~k^2/4 moves),
     then per id x/T, a Gumbel draw (2 logf + PCG32) and the compare."""
     w.compute(ops=k * k / 4 * 3 + k * (PCG32_OPS + 4))
-    _chain(w, b, k * (2 * LOGF_OPS + DIV_OPS))
+    chain_work(w, b, k * (2 * LOGF_OPS + DIV_OPS))
 
 
-def _embed_position(e: Work, b: Build, s: Shape) -> None:
+def embed_position_work(e: Work, b: Build, s: Shape) -> None:
     """One position's embed stage but the PLE projection: embedding and PLE
     rows from flash, the PLE input, the RoPE row (no PLE row, input or norms
     without PLE: llama2.c)."""
@@ -417,13 +417,13 @@ def _embed_position(e: Work, b: Build, s: Shape) -> None:
         if s.has_ple:
             e.flash(ple_record_bytes(s), b.line)
     else:  # model.bin in place: packed nibbles + fp16 scales
-        e.flash(_cdiv(d, 2) + 2 * ng, b.line)
+        e.flash(cdiv(d, 2) + 2 * ng, b.line)
         if s.has_ple:
-            e.flash(_cdiv(lp, 2) + 2 * n_groups(lp, s.group), b.line)
+            e.flash(cdiv(lp, 2) + 2 * n_groups(lp, s.group), b.line)
     e.compute(ops=3 * d + (lp * 4 + L * HALF2FLOAT_OPS + lp + lp * 3 if s.has_ple else 0))
     for _ in range(L if s.has_ple else 0):
-        _rmsnorm(e, p)
-    _quantize(e, b, d)
+        rmsnorm_work(e, p)
+    quantize_work(e, b, d)
     if b.rope == "libm":
         e.compute(cycles=3 * (dh // 2) * NEWLIB_TRIG_CYCLES, ops=dh * 3)
     else:
@@ -442,55 +442,55 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
 
     # embed: embedding and PLE rows from flash, the PLE input, the RoPE row
     e = work["embed"]
-    _embed_position(e, b, s)
+    embed_position_work(e, b, s)
     if s.has_ple:
         _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
 
     charge_spill(work, b)
     one = {st: Work() for st in ("attn", "ffn", "ple")}
     a = one["attn"]
-    _rmsnorm(a, d)
-    _quantize(a, b, d)
+    rmsnorm_work(a, d)
+    quantize_work(a, b, d)
     _matvec(a, b, s, mats["qkv"], pie_calls)
     a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
-    _kv_store(a, b, s)
+    kv_store_work(a, b, s)
     _attention_core(a, b, s, pos)
-    _quantize(a, b, d)
+    quantize_work(a, b, d)
     _matvec(a, b, s, mats["attn_proj"], pie_calls)
     a.compute(ops=3 * d)
 
     fw = one["ffn"]
-    _rmsnorm(fw, d)
-    _quantize(fw, b, d)
+    rmsnorm_work(fw, d)
+    quantize_work(fw, b, d)
     if b.quant_per_matvec:
-        _quantize(fw, b, d)  # gate and up each quantize their (same) input
+        quantize_work(fw, b, d)  # gate and up each quantize their (same) input
     _matvec(fw, b, s, mats["gate"], pie_calls)
     _matvec(fw, b, s, mats["up"], pie_calls)
     fw.compute(ops=f * 4)  # silu's 1 + e, * up
-    _chain(fw, b, f * DIV_OPS)  # x / (1 + e)
-    _exp(fw, b, b.act_exp, f)
-    _quantize(fw, b, f)
+    chain_work(fw, b, f * DIV_OPS)  # x / (1 + e)
+    exp_work(fw, b, b.act_exp, f)
+    quantize_work(fw, b, f)
     _matvec(fw, b, s, mats["down"], pie_calls)
     fw.compute(ops=3 * d)
 
     if s.has_ple:  # llama2.c has no PLE branch: its stage stays empty
         pw = one["ple"]
-        _quantize(pw, b, d)
+        quantize_work(pw, b, d)
         _matvec(pw, b, s, mats["ple_gate"], pie_calls)
         if b.act_exp == "newlib":
             pw.compute(erff=p)  # priced by Fit.erff_cycles
         else:
-            _chain(pw, b, p * ERFF_OPS)
+            chain_work(pw, b, p * ERFF_OPS)
         pw.compute(ops=p * 5)  # 0.5*v*(1+erf(v*c)) * ple
-        _quantize(pw, b, p)
+        quantize_work(pw, b, p)
         _matvec(pw, b, s, mats["ple_proj"], pie_calls)
-        _rmsnorm(pw, d)
+        rmsnorm_work(pw, d)
         pw.compute(ops=3 * d)
     for st, wk in one.items():
         work[st].add(wk.scaled(L))
 
     _head(work["head"], b, s, pie_calls, counts, bound_pie)
-    _sample(work["sample"], b, s)
+    sample_work(work["sample"], b, s)
     charge_port(work, b, PY_LOOP_HOST_STEP_S)
     return work
 
@@ -520,7 +520,7 @@ def charge_port(work: Mapping[str, Work], b: Build, loop_host_s: float, *,
     of it), and llm.py's MicroPython loop (loop_host_s measured on the unix
     port, scaled to the S3 by pystones)."""
     if icache and b.code_bytes > b.icache_bytes:
-        misses = _cdiv(b.code_bytes, ICACHE_LINE)
+        misses = cdiv(b.code_bytes, ICACHE_LINE)
         work["icache"].compute(cycles=misses * ICACHE_MISS_S * CPU_HZ)
     if b.python_loop:
         work["python"].compute(cycles=loop_host_s * PY_S3_PER_HOST * CPU_HZ)

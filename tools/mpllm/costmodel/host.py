@@ -15,7 +15,7 @@ from .engine_bytes import _prompt_pass, check_bytes, engine_stage_bytes, placeme
 from .pie import pie_row_instructions
 from .pie_counter import measure_pie_counts
 from .s3 import RELEASE_GREEDY_FRACTION, RELEASE_GREEDY_RANGE
-from .shape import REGIONS, Shape, _cdiv, matrices
+from .shape import REGIONS, Shape, cdiv, matrices
 from .work import HeadCounts
 
 __all__ = [
@@ -118,7 +118,7 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     bound_pie = None
     if pie:
         shapes = {mat.name: (mat.rows, mat.cols, s.group) for mat in matrices(s)}
-        cp = _cdiv(s.dim, 32) * 32
+        cp = cdiv(s.dim, 32) * 32
         counts = measure_pie_counts(set(shapes.values()), bound_shapes=[(s.n_tiles, 2 * cp)])
         pie_calls = {name: counts[shape] for name, shape in shapes.items()}
         pie_calls["head_row"] = pie_row_instructions(s.dim, s.group)

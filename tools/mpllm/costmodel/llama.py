@@ -51,7 +51,7 @@ from .s3 import (
     PY_S3_PER_HOST,
     TILE_ROWS,
 )
-from .shape import MODEL_STAGES, Shape, _cdiv, n_groups, q4_row_bytes, story_positions
+from .shape import MODEL_STAGES, Shape, cdiv, n_groups, q4_row_bytes, story_positions
 from .sram import (
     ENGINE_STRUCT_BYTES,
     FAST_RESERVE_BYTES,
@@ -145,11 +145,11 @@ CANDIDATES_BYTES = 8 + 256 * 4 * 2
 
 
 def _a16(n: int) -> int:
-    return _cdiv(n, 16) * 16
+    return cdiv(n, 16) * 16
 
 
 def _a64(n: int) -> int:
-    return _cdiv(n, 64) * 64
+    return cdiv(n, 64) * 64
 
 
 def _one_group_a_row(s: Shape) -> bool:
@@ -179,7 +179,7 @@ def engine_blocks(s: Shape, *, certified: bool,
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
     rb = q4_row_bytes(d)
-    cp = _cdiv(d, 32) * 32
+    cp = cdiv(d, 32) * 32
     cert = certified and _one_group_a_row(s)
     out: list[tuple[str, int, str, str]] = [("engine", ENGINE_STRUCT_BYTES, "fast", "required")]
     out.append(("head", V * (rb + 4 * n_groups(d, s.group)), "bulk", "matrix"))
@@ -191,7 +191,7 @@ def engine_blocks(s: Shape, *, certified: bool,
     widest = max(d, s.ffn, s.ple_dim)
     floats = (4 * _a16(d) + _a16(d + 2 * kvd) + 2 * _a16(widest) + 2 * _a16(L * s.ple_dim)
               + _a16(s.n_heads * S) + 2 * _a16(s.n_heads))
-    col = 4 * floats + _cdiv(widest, 32) * 32 + _a16(cp)
+    col = 4 * floats + cdiv(widest, 32) * 32 + _a16(cp)
     # the head's scratch (head.c llm_head_scratch_bytes): input, bounds, keys,
     # heap, a wave's ids and values (a dense head: no tiles, chunks of 128 rows)
     nt, tile_rows = (s.n_tiles, TILE_ROWS) if cert else (0, 0)
@@ -388,7 +388,7 @@ def _variants(s: Shape) -> list[tuple[str, Shape]]:
     """The shape as convert.py writes it by default, and with one scale group
     a row (--group the padded width) where that differs."""
     out = [(f"group {s.group} (convert.py's default)", s)]
-    wide = _cdiv(s.dim, 32) * 32
+    wide = cdiv(s.dim, 32) * 32
     if not _one_group_a_row(s):
         out.append((f"group {wide} (one group a row: V as int16 dots, certified head possible)",
                     dataclasses.replace(s, group=wide)))
@@ -566,7 +566,7 @@ def shape_table(rep: dict[str, object]) -> str:
     if any(r["head"] == "certified" for r in rep["rows"]):  # type: ignore[attr-defined]
         lines.append("certified head rows: " + "/".join(f"{100 * x:.0f}" for x in SMALL_HEAD_ROWS)
                      + f" % (low/mid/high; not measured: {d['vocab_out']:,} rows are "  # type: ignore[index]
-                     f"{_cdiv(d['vocab_out'], TILE_ROWS)} tiles of {TILE_ROWS})")  # type: ignore[index]
+                     f"{cdiv(d['vocab_out'], TILE_ROWS)} tiles of {TILE_ROWS})")  # type: ignore[index]
     lo, hi = PUBLIC_PORTS_TOK_S
     lines.append(f"public llama2.c ports, stories260K fp32 ({lo:.0f}-{hi:.0f} tok/s, as issue 22 "
                  "gives them): " + "; ".join(f"{n} {t:g} tok/s ({w})" for n, w, t in PUBLIC_PORTS))

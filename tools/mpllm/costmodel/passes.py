@@ -13,19 +13,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from . import shape
 from .builds import Build
 from .forward import (
-    _chain,
-    _embed_position,
-    _exp,
-    _fast_query,
-    _kv_read,
-    _kv_store,
-    _quantize,
-    _rmsnorm,
-    _sample,
+    chain_work,
     charge_port,
     charge_spill,
+    embed_position_work,
+    exp_work,
+    fast_query_work,
+    kv_read_work,
+    kv_store_work,
+    quantize_work,
+    rmsnorm_work,
+    sample_work,
     token_work,
 )
 from .pie import cols_resident, pie_cols_instructions, pie_matvec_instructions, pie_row_instructions
@@ -42,20 +43,9 @@ from .s3 import (
     ROW_OPS_PIE,
     TILE_ROWS,
 )
-from .shape import (
-    MODEL_STAGES,
-    VERIFY_MAX,
-    Mat,
-    Shape,
-    _cdiv,
-    lines_touched,
-    matrices,
-    n_groups,
-    q4_row_bytes,
-    stream_lines,
-)
+from .shape import MODEL_STAGES, VERIFY_MAX, Shape, cdiv, q4_row_bytes, stream_lines
 from .spec_inputs import UnionRatios
-from .work import Fit, HeadCounts, Work, _scale_memory, stage_seconds
+from .work import Fit, HeadCounts, Work, scale_memory, stage_seconds
 
 __all__ = [
     "BATCH_VECTOR_TRANSFERS",
@@ -117,7 +107,7 @@ def _cols_scale(m: int, cols_pie: Mapping[int, float] | None) -> float:
     return cols_pie[m] / (pie_cols_instructions(TILE_ROWS, 96, 128, m) / (TILE_ROWS * m))
 
 
-def _matvec_pass(w: Work, b: Build, s: Shape, mat: Mat, m: int,
+def _matvec_pass(w: Work, b: Build, s: Shape, mat: shape.Mat, m: int,
                  pie_calls: Mapping[str, int] | None,
                  cols_pie: Mapping[int, float] | None) -> None:
     """One matrix for the m positions of a pass (engine.c matvec_rows): the
@@ -126,7 +116,7 @@ def _matvec_pass(w: Work, b: Build, s: Shape, mat: Mat, m: int,
     if b.kernels != "pie" or b.core[0] != "int4":
         raise ValueError(f"{b.name}: passes are modelled for our int4 PIE kernels")
     rows, cols = mat.rows, mat.cols
-    ng = n_groups(cols, s.group)
+    ng = shape.n_groups(cols, s.group)
     nbytes = rows * q4_row_bytes(cols) + rows * ng * 4
     split = b.split_rows is not None and rows >= b.split_rows
     if split:
@@ -163,23 +153,23 @@ def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
     if b.kv == "int8-fast":
         sp = b.attn_split == "heads"
         w.handoff(sp, b.handoff_s)
-        _kv_read(w, b, s, last, split=sp)  # once: the lines stay cached for the m queries
+        kv_read_work(w, b, s, last, split=sp)  # once: the lines stay cached for the m queries
         for c in range(m):
-            _fast_query(w, b, s, pos + c + 1, split=sp)
+            fast_query_work(w, b, s, pos + c + 1, split=sp)
         return
     pairs = h * sum(pos + c + 1 for c in range(m))
     sp = b.attn_split == "heads" and pos >= b.attn_split_min_pos
     if sp:
         w.handoff(1, b.handoff_s)
-    _kv_read(w, b, s, last, split=sp)
+    kv_read_work(w, b, s, last, split=sp)
     w.compute(split=sp, ops=pairs * (FDOT_OPS * dh + 4))
     w.compute(split=sp, ops=pairs * 4)
-    _exp(w, b, b.softmax_exp, pairs, split=sp)
+    exp_work(w, b, b.softmax_exp, pairs, split=sp)
     w.compute(split=sp, ops=pairs * FAXPY_OPS * dh)
     if b.v_bytes != 4:
         w.compute(split=sp, ops=(last + 1) * h * dh * 4)
     w.compute(split=sp, ops=m * h * dh * 2)
-    _chain(w, b, m * h * dh * DIV_OPS, split=sp)
+    chain_work(w, b, m * h * dh * DIV_OPS, split=sp)
 
 
 def _scored_row_pie(n: float, s: Shape, cols_pie: Mapping[int, float] | None) -> float:
@@ -191,7 +181,7 @@ def _scored_row_pie(n: float, s: Shape, cols_pie: Mapping[int, float] | None) ->
     def at(k: int) -> float:
         if k <= 1:
             return float(pie_row_instructions(d, g))
-        nb = _cdiv(d, 32)
+        nb = cdiv(d, 32)
         return (2 + 4 * nb + k * (5 + 2 * nb)) * _cols_scale(k, cols_pie)
 
     n = min(max(n, 1.0), float(VERIFY_MAX))
@@ -212,19 +202,19 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
         raise ValueError(f"{b.name}: passes are modelled for our certified head")
     d, nt = s.dim, s.n_tiles
     for _ in range(m):
-        _rmsnorm(w, d)
-        _quantize(w, b, d)
+        rmsnorm_work(w, d)
+        quantize_work(w, b, d)
     bp = bound_pie if bound_pie is not None else BOUND_PIE_PER_TILE
     # bounds per position, the key (largest bound) kept beside them
     w.compute(pie=m * nt * bp, ops=m * (nt * BOUND_OPS_PER_TILE + 2 * d + 2 * nt))
-    w.sram(m * nt * (2 * _cdiv(d, 16) * 16 + 4))
+    w.sram(m * nt * (2 * cdiv(d, 16) * 16 + 4))
     log_n = math.log2(max(nt, 2))
     pops = nt if b.many_split else ph.tiles + 1  # the lanes need every tile in order
     w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + pops * 2 * log_n)
               + pops * m * 3 + ph.tiles * m * 3)  # lowest floor, then each position's test
     rows_read = ph.tiles * TILE_ROWS
     n_bar = ph.rows / rows_read if rows_read else 1.0
-    nb = _cdiv(d, 32)
+    nb = cdiv(d, 32)
     split = b.many_split
     w.compute(split=split, pie=rows_read * _scored_row_pie(n_bar, s, cols_pie)
               + ph.tiles * n_bar * (6 + 2 * nb),
@@ -260,8 +250,8 @@ def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: in
     def charge(st: str, transfers: float, *, split: bool = False) -> None:
         work[st].psram(transfers, line, transfers * line, split=split)
 
-    act = lines(_cdiv(widest, 32) * 32)
-    cp = _cdiv(d, 32) * 32
+    act = lines(cdiv(widest, 32) * 32)
+    cp = cdiv(d, 32) * 32
     att_split = b.attn_split == "heads"
     for c in range(1, m):
         # embed: x, its quantized copy, the PLE inputs and table row (written)
@@ -269,7 +259,7 @@ def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: in
         # per layer: x, xb, xb2, att, qkv, the quantized input, max/den
         charge("attn", L * BATCH_VECTOR_TRANSFERS * (4 * lines(4 * d) + lines(4 * (d + 2 * s.kv_dim))
                                                      + act + 1))
-        charge("attn", L * SCORE_LINE_TRANSFERS * h * lines_touched(0, 4 * (pos + c + 1), line),
+        charge("attn", L * SCORE_LINE_TRANSFERS * h * shape.lines_touched(0, 4 * (pos + c + 1), line),
                split=att_split)
         charge("ffn", L * BATCH_VECTOR_TRANSFERS * 2 * lines(4 * widest))  # hb, hb2
         charge("ple", L * lines(4 * p))  # the layer's PLE input, read
@@ -302,12 +292,12 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
         return work
     ph = head or PassHead.from_union(b, s, b.rows_fraction, m, 1.0, 1.0)
     d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
-    mats = {mt.name: mt for mt in matrices(s)}
+    mats = {mt.name: mt for mt in shape.matrices(s)}
     work = {st: Work() for st in MODEL_STAGES}
 
     e = work["embed"]
     for _ in range(m):
-        _embed_position(e, b, s)
+        embed_position_work(e, b, s)
     if s.has_ple:
         _matvec_pass(e, b, s, mats["ple_model_proj"], m, pie_calls, cols_pie)
     charge_spill(work, b)  # the core in PSRAM streams once per pass
@@ -315,11 +305,11 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     one = {st: Work() for st in ("attn", "ffn", "ple")}
     a = one["attn"]
     for _ in range(m):
-        _rmsnorm(a, d)
-        _quantize(a, b, d)
+        rmsnorm_work(a, d)
+        quantize_work(a, b, d)
         a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
-        _kv_store(a, b, s)
-        _quantize(a, b, d)
+        kv_store_work(a, b, s)
+        quantize_work(a, b, d)
         a.compute(ops=3 * d)
     _matvec_pass(a, b, s, mats["qkv"], m, pie_calls, cols_pie)
     _attention_pass(a, b, s, pos, m)
@@ -327,28 +317,28 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
 
     fw = one["ffn"]
     for _ in range(m):
-        _rmsnorm(fw, d)
-        _quantize(fw, b, d)
+        rmsnorm_work(fw, d)
+        quantize_work(fw, b, d)
         if b.quant_per_matvec:
-            _quantize(fw, b, d)
+            quantize_work(fw, b, d)
         fw.compute(ops=f * 4)
-        _chain(fw, b, f * DIV_OPS)
-        _exp(fw, b, b.act_exp, f)
-        _quantize(fw, b, f)
+        chain_work(fw, b, f * DIV_OPS)
+        exp_work(fw, b, b.act_exp, f)
+        quantize_work(fw, b, f)
         fw.compute(ops=3 * d)
     for name in ("gate", "up", "down"):
         _matvec_pass(fw, b, s, mats[name], m, pie_calls, cols_pie)
 
     pw = one["ple"]
     for _ in range(m if s.has_ple else 0):  # llama2.c: no PLE stage
-        _quantize(pw, b, d)
+        quantize_work(pw, b, d)
         if b.act_exp == "newlib":
             pw.compute(erff=p)
         else:
-            _chain(pw, b, p * ERFF_OPS)
+            chain_work(pw, b, p * ERFF_OPS)
         pw.compute(ops=p * 5)
-        _quantize(pw, b, p)
-        _rmsnorm(pw, d)
+        quantize_work(pw, b, p)
+        rmsnorm_work(pw, d)
         pw.compute(ops=3 * d)
     for name in ("ple_gate", "ple_proj") if s.has_ple else ():
         _matvec_pass(pw, b, s, mats[name], m, pie_calls, cols_pie)
@@ -357,7 +347,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
 
     _head_many(work["head"], b, s, m, ph, cols_pie, bound_pie)
     for _ in range(m):
-        _sample(work["sample"], b, s)
+        sample_work(work["sample"], b, s)
     _batch_buffers(work, b, s, pos, m, ph)
     charge_port(work, b, PY_LOOP_HOST_PASS_S)  # per pass; per story token: _spec_entry
     return work
@@ -418,7 +408,7 @@ class _Passes:
                 self._memo.clear()
             w = pass_build_work(b, self.s, starts, m, head=head, pie_calls=self.pie_calls,
                                 bound_pie=self.bound_pie, cols_pie=self.cols_pie)
-            self._memo[key] = _scale_memory(w, *self.scale) if self.scale != (1.0, 1.0) else w
+            self._memo[key] = scale_memory(w, *self.scale) if self.scale != (1.0, 1.0) else w
         return self._memo[key]
 
     def ms(self, b: Build, m: int, union: UnionRatios, starts: Sequence[int]) -> float:

@@ -7,7 +7,7 @@ tests/test_costmodel.py and tests/test_pie_kernels_equal_ref.py hold them equal)
 from __future__ import annotations
 
 from .s3 import COLS_RESIDENT_BLOCKS
-from .shape import _cdiv, n_groups
+from .shape import cdiv, n_groups
 
 __all__ = [
     "cols_resident",
@@ -27,7 +27,7 @@ def pie_matvec_instructions(rows: int, cols: int, group: int) -> int:
     per row ssai, the first block's load/split (4), 6 per further block, the
     last block's 2 MACs, and per group zero.accx + 2 nops + rur.
     """
-    n_blocks = _cdiv(cols, 32)
+    n_blocks = cdiv(cols, 32)
     if n_blocks == 0:
         return 0  # a matrix without columns (a model without PLE) runs no kernel
     per_group = n_blocks if group >= cols else group // 32
@@ -45,7 +45,7 @@ def pie_row_instructions(cols: int, group: int) -> int:
 
 def cols_resident(cols: int, group: int) -> bool:
     """Rows the many-columns kernel keeps in registers (one group, <= 3 blocks)."""
-    return n_groups(cols, group) == 1 and 1 <= _cdiv(cols, 32) <= COLS_RESIDENT_BLOCKS
+    return n_groups(cols, group) == 1 and 1 <= cdiv(cols, 32) <= COLS_RESIDENT_BLOCKS
 
 
 def pie_cols_instructions(rows: int, cols: int, group: int, m: int) -> int:
@@ -61,7 +61,7 @@ def pie_cols_instructions(rows: int, cols: int, group: int, m: int) -> int:
         raise ValueError(f"{m} columns")
     if not cols_resident(cols, group):
         return m * pie_matvec_instructions(rows, cols, group)
-    nb = _cdiv(cols, 32)
+    nb = cdiv(cols, 32)
     return m * (6 + 2 * nb) + rows * (2 + 4 * nb + m * (5 + 2 * nb))
 
 
@@ -70,4 +70,4 @@ def upstream_pie_instructions(rows: int, cols: int) -> int:
     i4_range): per row zero.accx, the mask load, 8 PIE instructions per
     32-column block (weight load, andq, vsr.32, andq, two activation loads,
     two MACs) and rur.accx_0; ssai once per call."""
-    return 1 + rows * (3 + 8 * _cdiv(cols, 32))
+    return 1 + rows * (3 + 8 * cdiv(cols, 32))

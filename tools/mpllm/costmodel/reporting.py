@@ -54,7 +54,7 @@ from .shape import MODEL_STAGES, RELEASE, STAGES, Shape, story_positions
 from .spec_inputs import SpecInputs
 from .spec_report import _spec_builds, _spec_variants
 from .sram import MEASURED_CORE_BULK_KIB, MEASURED_PLACEMENT, sram_plan
-from .work import Fit, HeadCounts, Work, _scale_memory, stage_breakdown, stage_seconds
+from .work import Fit, HeadCounts, Work, scale_memory, stage_breakdown, stage_seconds
 
 __all__ = ["EXACT_TARGETS_MS", "Report", "anchor_reuse", "plot", "report"]
 
@@ -296,7 +296,7 @@ def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
         key = (bb, tuple(pos))
         if key not in works:
             w = build_work(bb, s, pos, pie_calls=pie_calls, counts=counts, bound_pie=bound_pie)
-            works[key] = _scale_memory(w, *scale) if scale != (1.0, 1.0) else w
+            works[key] = scale_memory(w, *scale) if scale != (1.0, 1.0) else w
         return works[key]
 
     def one(bb: Build, ff: Fit, pos: Sequence[int]) -> dict[str, float]:
@@ -439,7 +439,7 @@ def _charges(b: Build, f: Fit, s: Shape, pos: Sequence[int], pie_calls: Mapping[
     for label, bb in steps:
         w = build_work(bb, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
         if scale != (1.0, 1.0):
-            w = _scale_memory(w, *scale)
+            w = scale_memory(w, *scale)
         out.append({"charge": label,
                     "total_ms": sum(1e3 * stage_seconds(w[st], f) for st in MODEL_STAGES)})
     return out

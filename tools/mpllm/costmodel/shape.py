@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..formats.drafts_table import MAX_DRAFT
 from ..formats.image import q4_row_bytes  # re-exported: the image layout's one definition
+from ..formats.model import AttentionGeometry
 from .s3 import TILE_ROWS
 
 __all__ = [
@@ -49,7 +50,7 @@ REGIONS = ("flash", "fast", "bulk")
 
 
 @dataclass(frozen=True)
-class Shape:
+class Shape(AttentionGeometry):
     """The dimensions the cost depends on. Two families share it: the
     esp32-ai model (PLE, n_kv_heads == n_heads) and llama2.c's Llama
     (ple_dim 0: no PLE stage; n_kv_heads < n_heads: grouped-query attention,
@@ -73,21 +74,12 @@ class Shape:
             raise ValueError(f"n_kv_heads {self.n_kv_heads} must divide n_heads {self.n_heads}")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of one position's K (and V) row in the cache: n_kv_heads x head_dim."""
-        return self.n_kv_heads * self.head_dim
-
-    @property
     def has_ple(self) -> bool:
         return self.ple_dim > 0
 
     @property
     def n_tiles(self) -> int:
-        return _cdiv(self.vocab_out, TILE_ROWS)
+        return cdiv(self.vocab_out, TILE_ROWS)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, object]) -> Shape:
@@ -129,19 +121,19 @@ def matrices(s: Shape) -> list[Mat]:
     ]
 
 
-def _cdiv(a: float, b: int) -> int:
+def cdiv(a: float, b: int) -> int:
     return -(-math.ceil(a) // b)
 
 
 def n_groups(cols: int, group: int) -> int:
-    return _cdiv(cols, group)
+    return cdiv(cols, group)
 
 
 def ple_record_bytes(s: Shape) -> int:
     """One KIND_ROWS record: codes, fp16 scales, padding to 16."""
     lp = s.n_layers * s.ple_dim
-    raw = _cdiv(lp, 2) + 2 * n_groups(lp, s.group)
-    return _cdiv(raw, 16) * 16
+    raw = cdiv(lp, 2) + 2 * n_groups(lp, s.group)
+    return cdiv(raw, 16) * 16
 
 
 def lines_touched(offset: int, nbytes: int, line: int) -> int:

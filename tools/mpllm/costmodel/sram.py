@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .s3 import TILE_ROWS
-from .shape import RELEASE, Mat, Shape, _cdiv, matrices, n_groups, q4_row_bytes
+from .shape import RELEASE, Mat, Shape, cdiv, matrices, n_groups, q4_row_bytes
 
 __all__ = [
     "ENGINE_STRUCT_BYTES",
@@ -76,7 +76,7 @@ ENGINE_STRUCT_BYTES = 7072
 
 
 def _r16(n: int) -> int:
-    return _cdiv(n, 16) * 16
+    return cdiv(n, 16) * 16
 
 
 def core_matrix_bytes(s: Shape = RELEASE) -> dict[str, tuple[str, int]]:
@@ -162,7 +162,7 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         source = "the engine's placement report (FAST entries)"
     else:
         d, L, p = s.dim, s.n_layers, s.ple_dim
-        nt, cp = s.n_tiles, _cdiv(d, 32) * 32
+        nt, cp = s.n_tiles, cdiv(d, 32) * 32
         items["core matrices (int4 + fp32 scales)"] = sum(
             b for _, b in core_matrix_bytes(s).values())
         items["norm weights"] = ((3 if s.has_ple else 2) * L * d + p + d) * 4

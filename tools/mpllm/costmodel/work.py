@@ -166,7 +166,7 @@ def stage_seconds(w: Work, fit: Fit) -> float:
     return sum(stage_breakdown(w, fit).values())
 
 
-def _scale_memory(work: Mapping[str, Work], bulk: float, flash: float) -> dict[str, Work]:
+def scale_memory(work: Mapping[str, Work], bulk: float, flash: float) -> dict[str, Work]:
     """Our build with its PSRAM line fills scaled by measured/formula bulk bytes
     and flash bytes by measured/formula flash bytes (1.0 once check_bytes
     passed: the engine's counters drive the prediction)."""

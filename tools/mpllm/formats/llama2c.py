@@ -8,7 +8,7 @@ layer 0, then layer 1, ...
   vocab_size (negative: an unshared classifier follows), seq_len; then f32
   tok_embeddings [vocab, dim], attention_norm per layer, wq, wk, wv, wo per
   layer, ffn_norm per layer, w1, w2, w3 per layer, the final norm, the RoPE
-  tables freq_cos and freq_sin [seq_len, head_size/2] (skipped: the
+  tables freq_cos and freq_sin [seq_len, head_dim/2] (skipped: the
   converter stores its own), and the classifier [vocab, dim] if unshared.
 - v1: u32 magic 0x616b3432 ("ak42"), i32 version 1, the 7 i32 above (vocab
   positive), u8 shared_classifier, zeros to 256 bytes; then f32
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .model import AttentionGeometry
 from .tokenizer import MAX_IDS, MAX_TOKEN_BYTES, TokenizerFormatError, TokenizerTables
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -145,7 +146,7 @@ class CheckpointError(ValueError):
 
 
 @dataclass(frozen=True)
-class Llama2cConfig:
+class Llama2cConfig(AttentionGeometry):
     dim: int
     hidden_dim: int
     n_layers: int
@@ -154,14 +155,6 @@ class Llama2cConfig:
     vocab_size: int
     seq_len: int
     shared_classifier: bool
-
-    @property
-    def head_size(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_size
 
     def matrix_shape(self, name: str) -> tuple[int, int]:
         """[out, in] of a per-layer matrix."""
@@ -296,7 +289,7 @@ def read_checkpoint(data: bytes, where: str = "model.bin") -> Llama2cCheckpoint:
     for name in ("w1", "w2", "w3"):
         layers[name] = r.f32((L, *cfg.matrix_shape(name)), name)
     norm = r.f32((d,), "the final norm")
-    r.f32((2, cfg.seq_len, cfg.head_size // 2), "the RoPE tables")
+    r.f32((2, cfg.seq_len, cfg.head_dim // 2), "the RoPE tables")
     cls = None if shared else r.f32((cfg.vocab_size, d), "the classifier")
     r.end()
     return Llama2cCheckpoint(0, cfg, emb, attention_norm, ffn_norm, norm,
@@ -317,7 +310,7 @@ def is_checkpoint(data: bytes) -> bool:
 
 def _rope_tables(cfg: Llama2cConfig) -> np.ndarray:
     """The freq_cos / freq_sin tables a v0 file carries (what export.py wrote)."""
-    hs = cfg.head_size
+    hs = cfg.head_dim
     freqs = 1.0 / (10000.0 ** (np.arange(0, hs, 2, dtype=np.float64)[: hs // 2] / hs))
     ang = np.outer(np.arange(cfg.seq_len, dtype=np.float64), freqs)
     return np.stack([np.cos(ang), np.sin(ang)]).astype(np.float32)

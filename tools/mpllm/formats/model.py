@@ -15,8 +15,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class AttentionGeometry:
+    """head_dim and kv_dim from a config's dim, n_heads and n_kv_heads (0 means
+    n_heads), defined once for every config that has them (`Config`, llama2.c's
+    `Llama2cConfig`, the cost model's `Shape`): query head h reads key/value
+    head h // (n_heads / kv_heads), and a cached K or V row is kv_dim wide."""
+
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class Config:
+class Config(AttentionGeometry):
     vocab_in: int  # embedding / PLE rows
     vocab_out: int  # logits per step (tokenizer size)
     dim: int
@@ -39,18 +62,6 @@ class Config:
         if self.n_kv_heads == self.n_heads:
             object.__setattr__(self, "n_kv_heads", 0)
         object.__setattr__(self, "norm_eps", float(np.float32(self.norm_eps)))
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
 
     @property
     def has_ple(self) -> bool:

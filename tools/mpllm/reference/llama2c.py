@@ -45,7 +45,7 @@ class Llama2c:
                   "rms_ffn": ck.ffn_norm, "rms_final": ck.norm, **ck.layers}
         self.wcls = ck.output
         # run.c: freq = 1 / theta^((i % head_size) / head_size) for even i
-        hs = c.head_size
+        hs = c.head_dim
         pair = np.arange(0, hs, 2, dtype=F32)
         self._freq = (1.0 / np.power(F32(ROPE_THETA), pair / F32(hs))).astype(F32)
 
@@ -53,7 +53,7 @@ class Llama2c:
         """K and V per layer, sequence, position and kv head (positions are
         contiguous per sequence, so attention reads views, not copies)."""
         c = self.cfg
-        shape = (c.n_layers, batch, c.seq_len, c.n_kv_heads, c.head_size)
+        shape = (c.n_layers, batch, c.seq_len, c.n_kv_heads, c.head_dim)
         return np.zeros(shape, F32), np.zeros(shape, F32)
 
     @staticmethod
@@ -64,7 +64,7 @@ class Llama2c:
     def _rope(self, v: np.ndarray, pos: int) -> np.ndarray:
         """Rotate pairs (2i, 2i+1) of every head by pos * freq[i]."""
         b, n = v.shape
-        pairs = v.reshape(b, n // self.cfg.head_size, self.cfg.head_size // 2, 2)
+        pairs = v.reshape(b, n // self.cfg.head_dim, self.cfg.head_dim // 2, 2)
         ang = F32(pos) * self._freq
         cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
         v0, v1 = pairs[..., 0], pairs[..., 1]
@@ -76,7 +76,7 @@ class Llama2c:
         """Logits (batch, vocab) after feeding tokens[b] at position pos of
         sequence b; the caches gain that position."""
         c, w = self.cfg, self.w
-        hs, kv_mul = c.head_size, c.n_heads // c.n_kv_heads
+        hs, kv_mul = c.head_dim, c.n_heads // c.n_kv_heads
         kc, vc = cache
         x = w["emb"][np.asarray(tokens)].astype(F32)
         b = x.shape[0]

@@ -42,7 +42,7 @@ class LlamaModel(nn.Module):
                                       for name in LAYER_MATRICES})
         self.classifier = (None if cfg.shared_classifier
                            else nn.Parameter(torch.empty(cfg.vocab_size, d)))
-        hs = cfg.head_size
+        hs = cfg.head_dim
         freqs = 1.0 / ROPE_THETA ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)
         ang = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float64), freqs)
         self.register_buffer("cos", ang.cos().float(), persistent=False)  # [seq_len, hs/2]
@@ -75,7 +75,7 @@ class LlamaModel(nn.Module):
         """ids [B, T] -> logits [B, T, vocab]."""
         cfg = self.cfg
         B, T = ids.shape
-        hs, nh, nkv = cfg.head_size, cfg.n_heads, cfg.n_kv_heads
+        hs, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         x = self.tok_embeddings[ids]
         m = self.mats
         for layer in range(cfg.n_layers):
