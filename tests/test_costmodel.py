@@ -239,28 +239,30 @@ def test_handoffs_are_charged(report: cm.Report) -> None:
     assert after["handoffs_per_token"] == pytest.approx(cm.RELEASE.n_layers + waves - 1)
     f = report.fit
     b = cm.BUILDS["mpllm-before-sampled"]
-    # our port hands off through semaphores; esp32-ai's builds by task notification
-    assert b.handoff_s == cm.HANDOFF_SEMAPHORE_S == pytest.approx(34e-6 * 1.35)
+    # our port hands off by spinning; esp32-ai's builds by task notification
+    assert b.handoff_s == cm.HANDOFF_SPIN_S == pytest.approx(2e-6)
     assert cm.BUILDS["research_final"].handoff_s == cm.HANDOFF_S == 34e-6
     free = cm.predict(dataclasses.replace(b, handoff_s=0.0), f)["total"]
-    assert cm.predict(b, f)["total"] - free == pytest.approx(44 * 34e-3 * 1.35)
+    assert cm.predict(b, f)["total"] - free == pytest.approx(44 * 2e-3)
 
 
 def test_port_charges_python_loop_and_icache() -> None:
     """Ours pay llm.py's loop (unix-port microseconds x the pystone ratio) and
-    a refetch of the code a token runs when it outgrows the 16 KB cache;
-    esp32-ai's builds (a C loop, 32 KB instruction cache) pay neither."""
+    a refetch of the code a token runs through the instruction cache when it
+    outgrows the 16 KB cache; with the engine's token code in IRAM (LLM_HOT)
+    what is left fits. esp32-ai's builds (a C loop, 32 KB cache) pay neither."""
     f = cm.fit()
-    ours = cm.predict(cm.BUILDS["mpllm-exact-greedy"], f)
+    b = cm.BUILDS["mpllm-exact-greedy"]
+    ours = cm.predict(b, f)
     assert ours["python"] == pytest.approx(3.66e-3 * 276985 / 1075)
-    code = (cm.CODE_BYTES_ENGINE + cm.CODE_BYTES_MICROPYTHON + cm.CODE_BYTES_FREERTOS
-            + cm.CODE_BYTES_BINDING)
-    assert code > cm.ICACHE_BYTES_OURS == 16 * 1024
-    assert ours["icache"] == pytest.approx(-(-code // 32) * 84 / 80e6 * 1e3)
+    cached = cm.CODE_BYTES_MICROPYTHON - cm.CODE_BYTES_MICROPYTHON_IRAM + cm.CODE_BYTES_BINDING
+    assert b.code_bytes == cached < cm.ICACHE_BYTES_OURS == 16 * 1024
+    assert ours["icache"] == 0.0
+    flash = dataclasses.replace(b, code_bytes=cached + cm.CODE_BYTES_ENGINE)
+    assert flash.code_bytes > cm.ICACHE_BYTES_OURS
+    assert cm.predict(flash, f)["icache"] == pytest.approx(-(-flash.code_bytes // 32) * 84 / 80e6 * 1e3)
     up = cm.predict(cm.BUILDS["research_final"], f)
     assert up["python"] == up["icache"] == 0.0
-    bigger = dataclasses.replace(cm.BUILDS["mpllm-exact-greedy"], icache_bytes=64 * 1024)
-    assert cm.predict(bigger, f)["icache"] == 0.0  # a working set that fits is fetched once
 
 
 def test_sampled_costs_more_than_greedy_at_the_same_rows() -> None:
@@ -292,7 +294,16 @@ def test_engine_code_bytes_are_the_measured_ones() -> None:
         sizes = cm.measure_engine_code_bytes()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    assert set(sizes) == {n for names in cm.ENGINE_TOKEN_FUNCTIONS.values() for n in names}
+    hot = cm.hot_functions()
+    # every engine source a token runs marks its functions; the PIE kernels
+    # are measured by their stand-ins
+    assert set(hot) == {"engine.c", "head.c", "kernels_pie.c", "kernels_ref.c", "mathf.c",
+                        "sampler.c"}
+    assert set(cm.PIE_STAND_INS) <= set(hot["kernels_pie.c"])
+    assert {"forward", "attention_heads", "llm_step", "llm_head_certify"} <= {
+        n for names in hot.values() for n in names}
+    assert set(sizes) == {s for s in hot if s != "kernels_pie.c"} | {
+        f"kernels_pie.c:{k}" for k in cm.PIE_STAND_INS}
     # the recorded figure is this measurement (another compiler: within a fifth)
     assert sum(sizes.values()) == pytest.approx(cm.CODE_BYTES_ENGINE, rel=0.2)
 
@@ -301,7 +312,8 @@ def test_charges_add_up_to_the_build(report: cm.Report) -> None:
     for name, steps in report.charges.items():
         totals = [s["total_ms"] for s in steps]
         assert steps[0]["charge"] == "engine alone"
-        assert totals == sorted(totals) and len(set(totals)) == len(totals), name
+        assert totals == sorted(totals), name  # each charge adds (the cache may add 0)
+        assert totals[-1] > totals[0], name
         assert totals[-1] == pytest.approx(report.builds[name]["total_ms"]), name
     assert json.loads(json.dumps(report.to_json()))["charges"].keys() == report.charges.keys()
 
@@ -661,16 +673,16 @@ _RELEASE_UPSTREAM_TOTALS = {
     "research_final": 12.99766032330515,
 }
 _RELEASE_EXACT_STAGES = {  # (re-pinned when the emulated board measured the radio-less placement)
-    "mpllm-exact-greedy": {"embed": 0.2176351427448204, "attn": 6.800536619136012,
+    "mpllm-exact-greedy": {"embed": 0.2176351427448204, "attn": 6.1616409202553735,
                            "ffn": 0.8003999953241275, "ple": 1.0331501236682001,
-                           "head": 5.967288986752104, "sample": 5.6259094282727694e-05},
-    "mpllm-exact-sampled": {"embed": 0.2176351427448204, "attn": 6.800536619136012,
+                           "head": 5.572188986752104, "sample": 5.6259094282727694e-05},
+    "mpllm-exact-sampled": {"embed": 0.2176351427448204, "attn": 6.1616409202553735,
                             "ffn": 0.8003999953241275, "ple": 1.0331501236682001,
-                            "head": 5.98356327969394, "sample": 0.03169278684735236},
+                            "head": 5.58846327969394, "sample": 0.03169278684735236},
 }
-_RELEASE_SPEC_PASS = {"embed": 0.8362729743454076, "attn": 12.754124739192862,
+_RELEASE_SPEC_PASS = {"embed": 0.8362729743454076, "attn": 12.490724739192862,
                       "ffn": 1.8342883600800939, "ple": 2.1347133748481113,
-                      "head": 6.543628509994958, "sample": 0.09084019042284379}
+                      "head": 6.499728509994958, "sample": 0.09084019042284379}
 
 
 def test_release_figures_unchanged_by_the_llama_shapes(report: cm.Report) -> None:
@@ -757,17 +769,20 @@ def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
 def test_llama_rows_charge_the_python_loop_and_the_board_icache(s260) -> None:
     loop_ms = cm.PY_LOOP_HOST_STEP_S * cm.PY_S3_PER_HOST * 1e3
     code = cm.BUILDS["mpllm-exact-greedy"].code_bytes
-    assert code > cm.ICACHE_BYTES_N8  # the path outgrows even the N8's 32 KB
-    refill_ms = -(-code // cm.ICACHE_LINE) * cm.ICACHE_MISS_S * 1e3
+    # the engine's token code is in IRAM: what runs through the cache fits both boards'
+    assert code < cm.ICACHE_BYTES_OURS < cm.ICACHE_BYTES_N8
     for r in s260["rows"]:
         assert r["stages"]["python"] == pytest.approx(loop_ms)
-        assert r["stages"]["icache"] == pytest.approx(refill_ms)
+        assert r["stages"]["icache"] == 0.0
         assert r["charges"][-1]["total_ms"] == pytest.approx(r["total_ms"])
-        assert r["band"]["low"] < r["total_ms"]  # the band's fast end: only the excess refetched
+        assert r["band"]["low"] <= r["total_ms"] <= r["band"]["high"]
+    # a path that outgrows the cache is refetched every token
     s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
-    big = dataclasses.replace(n8, icache_bytes=64 * 1024)
-    b = cm.llama_build(s, big, cm.internal_placement(s, big), sampled=False, certified=False)
-    assert cm.build_work(b, s)["icache"].serial == {}
+    small = dataclasses.replace(n8, icache_bytes=4 * 1024)
+    b = cm.llama_build(s, small, cm.internal_placement(s, small), sampled=False, certified=False)
+    refill_ms = -(-b.code_bytes // cm.ICACHE_LINE) * cm.ICACHE_MISS_S * 1e3
+    assert 1e3 * cm.stage_seconds(cm.build_work(b, s)["icache"], cm.fit()) == pytest.approx(
+        refill_ms)
 
 
 def test_bench_model_s3_shape(tmp_path, capsys) -> None:

@@ -3,6 +3,10 @@
 # SDKCONFIG_DEFAULTS ending in ${MPLLM_PARTITIONS_FRAGMENT}.
 set(IDF_TARGET esp32s3)
 
+# The sdkconfig settings every mpllm board shares (ESP-IDF code no token runs
+# moved out of internal RAM); each board lists it before its own sdkconfig.board.
+set(MPLLM_SDKCONFIG ${CMAKE_CURRENT_LIST_DIR}/sdkconfig.mpllm)
+
 # The esp32 port concatenates the sdkconfig files verbatim, so a path inside
 # them cannot be made absolute with a CMake variable; the partition table path
 # is written to a generated fragment instead (ESP-IDF accepts an absolute path).

@@ -22,6 +22,7 @@
 
 #include "align_up.h"
 #include "engine_state.h"
+#include "hot.h"
 #include "llm_error.h"
 #include "llm_names.h"
 #include "mathf.h"
@@ -103,14 +104,14 @@ llm_status llm_set_sampler(llm_engine *e, const llm_sampler_options *opt, llm_er
 static uint64_t now(const llm_engine *e) { return e->port.now_us(e->port.ctx); }
 
 /* Charge the time since *t to a stage and restart the clock. */
-static void lap(llm_engine *e, llm_stage stage, uint64_t *t) {
+static void LLM_HOT lap(llm_engine *e, llm_stage stage, uint64_t *t) {
     uint64_t n = now(e);
     e->stats.stage_us[stage] += n - *t;
     *t = n;
 }
 
 /* The core split plain mode turns off. */
-static llm_splitter splitter(const llm_engine *e) {
+static llm_splitter LLM_HOT splitter(const llm_engine *e) {
     llm_splitter sp = {NULL, NULL};
     if (!e->plain && e->port.parallel_rows != NULL) {
         sp.split = e->port.parallel_rows;
@@ -119,7 +120,7 @@ static llm_splitter splitter(const llm_engine *e) {
     return sp;
 }
 
-static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, uint32_t n) {
+static void LLM_HOT rmsnorm(llm_engine *e, float *out, const float *x, const float *w, uint32_t n) {
     float ss = 0.0f;
     for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
     float inv = 1.0f / sqrtf(ss / (float)n + e->cfg.norm_eps); /* the image's epsilon */
@@ -131,7 +132,7 @@ static void rmsnorm(llm_engine *e, float *out, const float *x, const float *w, u
  * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
  * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
  * at a time; independent chains let the S3's FPU overlap its latencies). */
-static void silu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
+static void LLM_HOT silu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
     for (; !one_at_a_time && i + 4u <= n; i += 4u) {
         float e[4] = {-a[i], -a[i + 1u], -a[i + 2u], -a[i + 3u]};
@@ -142,7 +143,7 @@ static void silu_mul(float *out, const float *a, const float *b, uint32_t n, int
     for (; i < n; i++) out[i] = (a[i] / (1.0f + llm_expf(-a[i]))) * b[i];
 }
 
-static void gelu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
+static void LLM_HOT gelu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
     for (; !one_at_a_time && i + 4u <= n; i += 4u) {
         float r[4];
@@ -155,7 +156,7 @@ static void gelu_mul(float *out, const float *a, const float *b, uint32_t n, int
 }
 
 /* Quantize x[0..n) as the input of the matvecs that follow. */
-static void quantize(llm_act *a, const float *x, uint32_t n) {
+static void LLM_HOT quantize(llm_act *a, const float *x, uint32_t n) {
     llm_quantize_act(x, n, (uint32_t)llm_align_up(n, LLM_IMAGE_BLOCK_COLS), a->q, &a->scale);
 }
 
@@ -170,7 +171,7 @@ static void quantize(llm_act *a, const float *x, uint32_t n) {
  * values are the single-vector kernel's either way. `rows` limits the call to
  * the first rows of the matrix, `unit` runs it with every scale and xscale 1
  * (below). Bytes are charged once: the weights are read once per pass. */
-static void matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint32_t rows,
+static void LLM_HOT matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint32_t rows,
                         uint32_t m, float *const *y, int unit) {
     llm_q4 w = mat->w;
     w.codes += (size_t)first * w.row_bytes;
@@ -190,7 +191,7 @@ static void matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint3
         llm_matvec_q4_cols(&w, xq, xs, m, out, 0, rows);
 }
 
-static void charge_mat(llm_engine *e, const llm_mat *m) {
+static void LLM_HOT charge_mat(llm_engine *e, const llm_mat *m) {
     e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
                                  (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
 }
@@ -208,7 +209,7 @@ static void charge_mat(llm_engine *e, const llm_mat *m) {
  * as usual; the kv_dim V rows through the same kernel with every scale 1 and
  * xscale 1, which makes it return (0 + (float)g * 1) * 1 = (float)g, the
  * exact integer dot (|g| < 2^24). Same bytes read as one full call. */
-static void matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
+static void LLM_HOT matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
     const uint32_t qk = e->cfg.dim + e->cfg.kv_dim;
     float *ys[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv);
@@ -219,7 +220,7 @@ static void matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
 }
 
 /* Embedding row: kernel layout, 32-column blocks of nibbles. */
-static void embed_row(llm_engine *e, uint32_t token, float *out) {
+static void LLM_HOT embed_row(llm_engine *e, uint32_t token, float *out) {
     const llm_q4 *w = &e->w.embed;
     const uint8_t *row = w->codes + (size_t)token * w->row_bytes;
     const float *sc = w->scales + (size_t)token * w->n_groups;
@@ -232,7 +233,7 @@ static void embed_row(llm_engine *e, uint32_t token, float *out) {
 }
 
 /* PLE row: source nibble order, fp16 scales beside the codes. */
-static void ple_row(llm_engine *e, uint32_t token, float *out) {
+static void LLM_HOT ple_row(llm_engine *e, uint32_t token, float *out) {
     const llm_rows *t = &e->w.ple_rows;
     const uint8_t *rec = t->records + (size_t)token * t->row_bytes;
     const uint8_t *sc = rec + (t->cols + 1u) / 2u;
@@ -247,7 +248,7 @@ static void ple_row(llm_engine *e, uint32_t token, float *out) {
 }
 
 /* This position's RoPE row: cos[head_dim/2] then sin[head_dim/2]. */
-static const float *rope_row(llm_engine *e, uint32_t pos) {
+static LLM_HOT const float *rope_row(llm_engine *e, uint32_t pos) {
     e->stats.bytes[LLM_REGION_FLASH] += (uint64_t)e->cfg.head_dim * sizeof(float);
     return e->w.rope + (size_t)pos * e->cfg.head_dim;
 }
@@ -272,7 +273,7 @@ typedef struct attn_job {
 
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
  * scaled) for every cached t a position sees, and their max. */
-static void attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
+static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     const float *kc = s->key_cache + (size_t)j->layer * S * j->KVD;
@@ -297,7 +298,7 @@ static void attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
 /* Phase 2: the weights w_t = expf(s_t - max), written over the scores:
  * independent, so four at a time (one at a time in plain mode); the output
  * and the denominator start at 0. */
-static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
+static void LLM_HOT attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     for (uint32_t c = 0; c < j->m; c++) {
         llm_col *col = &j->s->col[c];
@@ -316,10 +317,56 @@ static void attention_weights(const attn_job *j, uint32_t h0, uint32_t h1) {
     }
 }
 
+/* Phase 3 for one position over four rows t..t+3 held as dots (no position
+ * of the pass is newer than t+3): for each head and element, ao stays in a
+ * register across the four rows and v is recomputed where it is used, in
+ * the same operations and the same ascending t as the row-at-a-time loop
+ * below, so the same bits. (The loop's acc = 0 + g * scale is dropped here:
+ * it only turns -0 into +0, and w * -0 added to ao changes nothing, since ao
+ * starts at +0 and a sum that reaches 0 is +0.) */
+static void LLM_HOT values_rows4(const attn_job *j, uint32_t t, uint32_t h0, uint32_t h1) {
+    llm_run_state *s = j->s;
+    const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S;
+    const size_t row = (size_t)j->layer * S + t;
+    const int16_t *g0 = s->value_dots + row * KVD, *g1 = g0 + KVD, *g2 = g1 + KVD,
+                  *g3 = g2 + KVD;
+    const float x0 = s->value_scale[row], x1 = s->value_scale[row + 1u],
+                x2 = s->value_scale[row + 2u], x3 = s->value_scale[row + 3u];
+    llm_col *col = &s->col[0];
+    for (uint32_t h = h0; h < h1; h++) {
+        const uint32_t kv = (h / j->group) * Dh;
+        const float *sc = j->v_scale + kv, *w = col->scores + (size_t)h * S + t;
+        float den = col->att_den[h];
+        den += w[0];
+        den += w[1];
+        den += w[2];
+        den += w[3];
+        col->att_den[h] = den;
+        float *ao = col->att + h * Dh;
+        for (uint32_t i = 0; i < Dh; i++) {
+            const float si = sc[i];
+            float a = ao[i];
+            a += w[0] * (((float)g0[kv + i] * si) * x0);
+            a += w[1] * (((float)g1[kv + i] * si) * x1);
+            a += w[2] * (((float)g2[kv + i] * si) * x2);
+            a += w[3] * (((float)g3[kv + i] * si) * x3);
+            ao[i] = a;
+        }
+    }
+}
+
+/* Rows t..t+3 all held as dots, and seen by every position of a one-position pass. */
+static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
+    const llm_run_state *s = j->s;
+    if (j->m != 1u || s->value_dots == NULL || t + 3u > j->last) return 0;
+    const uint8_t *wide = s->value_wide + (size_t)j->layer * j->S + t;
+    return !(wide[0] | wide[1] | wide[2] | wide[3]);
+}
+
 /* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
  * once for all m positions (from its dots and scale, or as floats where
- * wide). */
-static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
+ * wide); one position's rows four at a time where they are dots. */
+static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
     /* NULL when V is only ever dots (llm_set_plain places the floats) */
@@ -327,6 +374,11 @@ static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
     for (uint32_t t = 0; t <= j->last; t++) {
+        if (rows4_as_dots(j, t)) {
+            values_rows4(j, t, h0, h1);
+            t += 3u;
+            continue;
+        }
         const int wide = s->value_dots == NULL || s->value_wide[row0 + t];
         const int16_t *g = wide ? NULL : s->value_dots + (row0 + t) * KVD;
         const float xs = wide ? 0.0f : s->value_scale[row0 + t];
@@ -360,7 +412,7 @@ static void attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
     }
 }
 
-static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
+static void LLM_HOT attention_heads(void *arg, uint32_t h0, uint32_t h1) {
     const attn_job *j = arg;
     const uint32_t Dh = j->Dh;
     attention_scores(j, h0, h1);
@@ -378,7 +430,7 @@ static void attention_heads(void *arg, uint32_t h0, uint32_t h1) {
  * col->qkv[dim + kv_dim..) holds the exact integer dots (matvec_qk_vdots) and
  * `vs` the layer's V row scales; v_scale is the qkv input's scale. Returns
  * the V bytes written. */
-static uint64_t store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
+static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
                          const float *vs) {
     const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim;
     llm_run_state *s = &e->s;
@@ -417,7 +469,7 @@ static void fast_heads(void *arg, uint32_t h0, uint32_t h1) {
 }
 
 /* Attention's heads across the two cores (one hand-off), or on this one. */
-static void run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uint32_t), attn_job *job) {
+static void LLM_HOT run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uint32_t), attn_job *job) {
     llm_splitter sp = splitter(e);
     if (sp.split != NULL && e->cfg.n_heads > 1u) {
         sp.split(sp.ctx, heads, job, e->cfg.n_heads);
@@ -427,7 +479,7 @@ static void run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uint32_t), 
     }
 }
 
-static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
+static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
     const llm_config *cf = &e->cfg;
     const uint32_t D = cf->kv_dim, S = cf->seq_len, Q = cf->dim;
     llm_run_state *s = &e->s;
@@ -462,7 +514,7 @@ static void attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const
  *   ple_l = rmsnorm(ple_l) * ple_proj_norm    per layer slice l (ple_dim wide)
  *   ple = (ple + T_ple[t] sqrt(ple_dim)) / sqrt(2)   plus the token's PLE row
  * and each position's RoPE row (cos then sin) into rope[]. */
-static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const float **rope) {
+static void LLM_HOT embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const float **rope) {
     const uint32_t D = e->cfg.dim, L = e->cfg.n_layers, P = e->cfg.ple_dim;
     llm_run_state *s = &e->s;
     for (uint32_t c = 0; c < m; c++) {
@@ -486,7 +538,7 @@ static void embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t m, const
 
 /* xb = rmsnorm(x) * norm, quantized as the input of the matvecs that follow,
  * for the m positions of the pass. */
-static void norm_input(llm_engine *e, uint32_t m, const float *norm) {
+static void LLM_HOT norm_input(llm_engine *e, uint32_t m, const float *norm) {
     llm_run_state *s = &e->s;
     for (uint32_t c = 0; c < m; c++) {
         rmsnorm(e, s->col[c].xb, s->col[c].x, norm, e->cfg.dim);
@@ -495,7 +547,7 @@ static void norm_input(llm_engine *e, uint32_t m, const float *norm) {
 }
 
 /* x += xb2: a branch's output into the residual stream. */
-static void add_branch(llm_engine *e, uint32_t m) {
+static void LLM_HOT add_branch(llm_engine *e, uint32_t m) {
     const uint32_t D = e->cfg.dim;
     for (uint32_t c = 0; c < m; c++)
         for (uint32_t i = 0; i < D; i++) e->s.col[c].x[i] += e->s.col[c].xb2[i];
@@ -507,7 +559,7 @@ static void add_branch(llm_engine *e, uint32_t m) {
  *   q, k rotated by RoPE, split-half: (a, b) -> (a cos - b sin, b cos + a sin)
  *   att_h = softmax(q_h . k_{h/g}[0..p] / sqrt(head_dim)) v_{h/g}[0..p]   every head h
  *   x += W_attn_proj att */
-static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *const *rope) {
+static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *const *rope) {
     const llm_config *cf = &e->cfg;
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
@@ -539,7 +591,7 @@ static void attention_block(llm_engine *e, uint32_t l, uint32_t m, const float *
  *   xb = rmsnorm(x) * ffn_norm
  *   hb = silu(W_gate xb) * (W_up xb)
  *   x += W_down hb */
-static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
+static void LLM_HOT ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t F = e->cfg.ffn;
     llm_run_state *s = &e->s;
@@ -557,7 +609,7 @@ static void ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
 /* Layer l's per-layer-embedding (PLE) branch, on the raw residual:
  *   hb = gelu(W_ple_gate x) * ple_l
  *   x += rmsnorm(W_ple_proj hb) * ple_norm */
-static void ple_block(llm_engine *e, uint32_t l, uint32_t m) {
+static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t D = e->cfg.dim, P = e->cfg.ple_dim;
     llm_run_state *s = &e->s;
@@ -588,7 +640,7 @@ enum { OUT_NONE, OUT_LAST, OUT_ALL };
  *   head_in = quantize(rmsnorm(x) * out_norm)   for the last position or all
  * (the head itself, logits = W_head head_in, runs in select_next). Arguments
  * were checked by the caller; e->pos is not moved here. */
-static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
+static void LLM_HOT forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
     llm_run_state *s = &e->s;
     uint64_t t = now(e);
     const float *rope[LLM_BATCH_MAX];
@@ -617,7 +669,7 @@ static void forward(llm_engine *e, const int32_t *tokens, uint32_t m, int out) {
 
 /* `evals` head evaluations whose rows were fetched once (work->rows_read)
  * and their tile boxes read once per evaluation. */
-static void charge_head(llm_engine *e, const llm_head_work *work, int dense, uint32_t evals) {
+static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int dense, uint32_t evals) {
     const llm_head *h = &e->w.head;
     e->stats.heads += evals;
     e->stats.head_rows += work->rows;
@@ -636,7 +688,7 @@ static void charge_head(llm_engine *e, const llm_head_work *work, int dense, uin
 
 /* Column c's head input is the last evaluation (what llm_logits() reads);
  * its logits are not computed yet. */
-static void note_evaluation(llm_engine *e, uint32_t c) {
+static void LLM_HOT note_evaluation(llm_engine *e, uint32_t c) {
     e->have_head = 1;
     e->head_col = c;
     e->have_logits = 0;
@@ -656,7 +708,7 @@ static void note_pass(llm_engine *e, uint32_t pos0, uint32_t col0, uint32_t n) {
  * (head.c), else the dense route; both choose the same token (head.c's
  * proof). The sampler only fails on NaN logits (a broken model): the token
  * that produced them has been consumed, so the position has moved on. */
-static llm_status select_next(llm_engine *e, uint32_t c, int32_t *next, llm_error *err) {
+static llm_status LLM_HOT select_next(llm_engine *e, uint32_t c, int32_t *next, llm_error *err) {
     const llm_head *h = &e->w.head;
     llm_run_state *s = &e->s;
     const llm_act *in = &s->col[c].head_in;
@@ -785,7 +837,7 @@ llm_status llm_prefill(llm_engine *e, const int32_t *tokens, uint32_t n, int32_t
     return st == LLM_OK ? llm_engine_ok(err) : st;
 }
 
-llm_status llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err) {
+llm_status LLM_HOT llm_step(llm_engine *e, int32_t token, int32_t *next, llm_error *err) {
     if (e == NULL || next == NULL) return llm_fail(err, LLM_E_ARG, "llm_step: NULL argument");
     if (e->pos >= e->cfg.seq_len)
         return llm_fail(err, LLM_E_CONTEXT, "all %lu positions used (reset first)",

@@ -79,6 +79,7 @@
 #include <string.h>
 
 #include "align_up.h"
+#include "hot.h"
 #include "llm_error.h"
 
 static uint32_t tile_rows_or_chunk(const llm_head *h) {
@@ -109,7 +110,7 @@ void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem) {
     s->wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
 }
 
-int llm_head_certifiable(const llm_head *h, float xscale) {
+int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
     /* xscale - xscale is 0 for finite values, NaN for inf and NaN */
     return h->n_tiles > 0 && h->w.n_groups == 1u && xscale - xscale == 0.0f;
 }
@@ -126,7 +127,7 @@ typedef struct wave_job {
     const uint32_t *count;
 } wave_job;
 
-static void wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
+static void LLM_HOT wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     const wave_job *j = arg;
     for (uint32_t k = k0; k < k1; k++) {
         /* a view of the range's rows: the kernel writes y[0..count) */
@@ -138,7 +139,7 @@ static void wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     }
 }
 
-static void run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, llm_head_work *work) {
+static void LLM_HOT run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, llm_head_work *work) {
     if (sp != NULL && sp->split != NULL && n > 1u) {
         sp->split(sp->ctx, wave_ranges, job, n);
         work->handoffs++;
@@ -148,7 +149,7 @@ static void run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, llm_head
     work->waves++;
 }
 
-static uint32_t id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
+static uint32_t LLM_HOT id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
 
 void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
                     float *logits, const llm_splitter *sp, llm_head_work *work) {
@@ -176,7 +177,7 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, fl
 
 /* Max-heap of tile ids on bound[]; ties keep whatever order the sift gives,
  * which only changes the visiting order, never the result (claim 3). */
-static void sift_down(uint16_t *heap, uint32_t n, uint32_t i, const float *bound) {
+static void LLM_HOT sift_down(uint16_t *heap, uint32_t n, uint32_t i, const float *bound) {
     for (;;) {
         uint32_t l = 2u * i + 1u, best = i;
         if (l < n && bound[heap[l]] > bound[heap[best]]) best = l;
@@ -189,14 +190,14 @@ static void sift_down(uint16_t *heap, uint32_t n, uint32_t i, const float *bound
     }
 }
 
-static uint16_t heap_pop(uint16_t *heap, uint32_t *n, const float *bound) {
+static uint16_t LLM_HOT heap_pop(uint16_t *heap, uint32_t *n, const float *bound) {
     uint16_t top = heap[0];
     heap[0] = heap[--*n];
     sift_down(heap, *n, 0, bound);
     return top;
 }
 
-llm_status llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t *xq,
+llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, const int8_t *xq,
                             float xscale, llm_candidates *cand, const llm_splitter *sp,
                             llm_head_work *work, llm_error *err) {
     const uint32_t cp = h->cols_padded, T = h->n_tiles;

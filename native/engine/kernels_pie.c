@@ -36,6 +36,7 @@
  * Keep the row loop free of variable shifts, 64-bit shifts and calls (they
  * would let the compiler overwrite SAR; see pie.h).
  */
+#include "hot.h"
 #include "kernels.h"
 #include "pie.h"
 
@@ -59,7 +60,7 @@ static const uint8_t k_low_nibbles = 0x0F;
 static const int8_t k_minus8 = -8;
 
 /* corr[i] = -8 * sum of xq over group i's columns, i = 0..n-1 of this pass. */
-static void group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32_t b0,
+static void LLM_HOT group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32_t b0,
                               uint32_t b_end, int32_t *corr) {
     const int8_t *m8 = &k_minus8;
     const int8_t *xp = xq + 32u * b0;
@@ -80,7 +81,7 @@ static void group_corrections(const int8_t *xq, uint32_t n, uint32_t bpg, uint32
     }
 }
 
-void llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
+void LLM_HOT llm_matvec_q4_pie(const llm_q4 *w, const int8_t *xq, float xscale, float *y,
                        uint32_t row_begin, uint32_t row_end) {
     const uint32_t n_blocks = w->row_bytes / 16u;
     uint32_t bpg = w->group >= w->cols ? n_blocks : w->group / 32u;
@@ -225,7 +226,7 @@ void llm_matvec_q4_cols_pie(const llm_q4 *w, const int8_t *const *xq, const floa
 /* Contract in kernels.h (n a multiple of 16, a and x 16-byte aligned). Each
  * row is one ACCX sum; loads alternate q0/q1 and q2/q3 so a MAC's fused load
  * fetches the next pair while it multiplies the current one. */
-void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
+void LLM_HOT llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t *x,
                        int32_t *out) {
     const uint32_t m = n / 16u;
     for (uint32_t r = 0; r < rows; r++) {

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "hot.h"
 #include "kernels.h"
 
 #include <float.h>
@@ -33,7 +34,7 @@ static inline float round_half_even(float v) {
  * *xscale = xmax/127.f. Clamping before rounding gives the same integers as
  * clamping after (127 and -127 are integers), and keeps the rounding trick
  * inside its range. */
-void llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
+void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
                       float *xscale) {
     float xmax = 1e-8f;
     for (uint32_t i = 0; i < n; i++) {

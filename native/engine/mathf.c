@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "f32_bits.h"
+#include "hot.h"
 
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "llm mathf needs FLT_EVAL_METHOD == 0 (plain float32 arithmetic)"
@@ -40,7 +41,7 @@ static inline float expf_core(float x, int32_t *n_out) {
     return 1.0f + (r + (r * r) * q);
 }
 
-float llm_expf(float x) {
+float LLM_HOT llm_expf(float x) {
     if (x != x) {
         return x + x;
     }
@@ -67,7 +68,7 @@ float llm_expf(float x) {
  * goes through llm_expf itself. The four lanes are independent chains with
  * no branch between them, so an in-order core can overlap their float
  * latencies; each lane runs llm_expf's exact operations. */
-void llm_expf4(const float x[4], float y[4]) {
+void LLM_HOT llm_expf4(const float x[4], float y[4]) {
     float v[4];
     int32_t n[4];
     int normal[4];
@@ -82,7 +83,7 @@ void llm_expf4(const float x[4], float y[4]) {
         y[i] = normal[i] ? v[i] * llm_f32_from_bits((uint32_t)(n[i] + 127) << 23) : llm_expf(x[i]);
 }
 
-float llm_logf(float x) {
+float LLM_HOT llm_logf(float x) {
     uint32_t ix = llm_f32_bits(x);
     if (x != x) {
         return x + x;
@@ -162,7 +163,7 @@ static inline float erff_small(float ax) {
     return ax + ax * p;
 }
 
-float llm_erff(float x) {
+float LLM_HOT llm_erff(float x) {
     if (x != x) {
         return x + x;
     }
@@ -191,7 +192,7 @@ float llm_erff(float x) {
 /* Lanes with |x| < 1 (where GELU's inputs mostly are) run the small-argument
  * polynomial side by side, the others llm_erff itself: the same operations
  * lane by lane, so the same bits. */
-void llm_erff4(const float x[4], float y[4]) {
+void LLM_HOT llm_erff4(const float x[4], float y[4]) {
     float a[4];
     int small[4];
     for (int i = 0; i < 4; i++) {

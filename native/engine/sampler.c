@@ -1,7 +1,7 @@
 /* Sampler; the recipe (constants, draw order, tie rules) is in sampler.h. */
 #include "sampler.h"
 
-
+#include "hot.h"
 #include "llm_error.h"
 #include "mathf.h"
 
@@ -16,7 +16,7 @@ void llm_rng_seed(llm_rng *rng, uint64_t seed) {
     (void)llm_rng_next(rng);
 }
 
-uint32_t llm_rng_next(llm_rng *rng) {
+uint32_t LLM_HOT llm_rng_next(llm_rng *rng) {
     uint64_t old = rng->state;
     rng->state = old * LLM_PCG_MULT + rng->inc;
     uint32_t x = (uint32_t)(((old >> 18) ^ old) >> 27);
@@ -24,12 +24,12 @@ uint32_t llm_rng_next(llm_rng *rng) {
     return (x >> rot) | (x << ((32u - rot) & 31u));
 }
 
-float llm_rng_uniform(llm_rng *rng) {
+float LLM_HOT llm_rng_uniform(llm_rng *rng) {
     uint32_t r = llm_rng_next(rng);
     return (float)(((r >> 9) << 1) | 1u) * 0x1p-24f;
 }
 
-float llm_rng_gumbel(llm_rng *rng) {
+float LLM_HOT llm_rng_gumbel(llm_rng *rng) {
     float u = llm_rng_uniform(rng);
     return -llm_logf(-llm_logf(u));
 }
@@ -70,11 +70,11 @@ void llm_candidates_init(llm_candidates *c, uint32_t k) {
 }
 
 /* (va, ia) comes before (vb, ib): larger value, then lower id. */
-static int precedes(float va, uint32_t ia, float vb, uint32_t ib) {
+static int LLM_HOT precedes(float va, uint32_t ia, float vb, uint32_t ib) {
     return va > vb || (va == vb && ia < ib);
 }
 
-void llm_candidates_offer(llm_candidates *c, float value, uint32_t id) {
+void LLM_HOT llm_candidates_offer(llm_candidates *c, float value, uint32_t id) {
     uint32_t j;
     if (c->count < c->k) {
         j = c->count++;
@@ -92,11 +92,11 @@ void llm_candidates_offer(llm_candidates *c, float value, uint32_t id) {
     c->id[j] = id;
 }
 
-float llm_candidates_floor(const llm_candidates *c) {
+float LLM_HOT llm_candidates_floor(const llm_candidates *c) {
     return c->count < c->k ? -__builtin_inff() : c->value[c->k - 1];
 }
 
-llm_status llm_sample_candidates(llm_candidates *c, const llm_sampler_options *opt,
+llm_status LLM_HOT llm_sample_candidates(llm_candidates *c, const llm_sampler_options *opt,
                                  llm_rng *rng, int32_t *out, llm_error *err) {
     if (!c || !opt || !out || c->count == 0) {
         return llm_fail(err, LLM_E_ARG, "llm_sample_candidates: no candidates or no output");

@@ -40,8 +40,9 @@ target_include_directories(usermod_llm INTERFACE
 )
 
 # The engine's float order is its bit-exact contract (no fused multiply-add,
-# which the S3 FPU has), the PIE kernels are emitted natively, and
-# build_info() names the port. These go on the interface, not on the source
+# which the S3 FPU has), the PIE kernels are emitted natively, the functions a
+# token runs go to internal instruction RAM (native/engine/hot.h: ESP-IDF's
+# linker script places `.iram1.*` there), and build_info() names the port. These go on the interface, not on the source
 # files: the esp32 port compiles user-module sources twice (in the `main`
 # component and again for micropython.elf, whose objects are the ones linked),
 # and source-file properties are directory-scoped, so they missed the second
@@ -52,6 +53,7 @@ target_compile_options(usermod_llm INTERFACE -ffp-contract=off)
 target_compile_definitions(usermod_llm INTERFACE
     LLM_KERNELS_PIE
     LLM_PIE_NATIVE
+    LLM_HOT_SECTION=".iram1.llm"
     LLM_PORT_NAME="esp32"
 )
 

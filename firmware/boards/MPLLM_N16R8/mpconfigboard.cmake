@@ -11,6 +11,7 @@ set(SDKCONFIG_DEFAULTS
     boards/sdkconfig.240mhz
     boards/sdkconfig.spiram_sx
     boards/sdkconfig.spiram_oct
+    ${MPLLM_SDKCONFIG}
     ${MICROPY_BOARD_DIR}/sdkconfig.board
     ${MPLLM_PARTITIONS_FRAGMENT}
 )

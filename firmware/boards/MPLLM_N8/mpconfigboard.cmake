@@ -8,6 +8,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/../mpllm_board.cmake)
 set(SDKCONFIG_DEFAULTS
     boards/sdkconfig.base
     boards/sdkconfig.240mhz
+    ${MPLLM_SDKCONFIG}
     ${MICROPY_BOARD_DIR}/sdkconfig.board
     ${MPLLM_PARTITIONS_FRAGMENT}
 )

@@ -14,8 +14,9 @@ from .s3 import (
     CODE_BYTES_ENGINE,
     CODE_BYTES_FREERTOS,
     CODE_BYTES_MICROPYTHON,
+    CODE_BYTES_MICROPYTHON_IRAM,
     HANDOFF_S,
-    HANDOFF_SEMAPHORE_S,
+    HANDOFF_SPIN_S,
     ICACHE_BYTES_OURS,
     ICACHE_BYTES_UPSTREAM,
     RELEASE_GREEDY_FRACTION,
@@ -90,6 +91,10 @@ class Build:
     #: bytes per cached V element: 4 (fp32) or 2 (the exact int16 integer dot,
     #: recomputed to the same float when read: engine.c attention())
     v_bytes: int = 4
+    #: one position's V rows held as dots taken four at a time, ao kept in a
+    #: register across them and each value recomputed where it is used
+    #: (engine.c values_rows4; s3.V_ROWS4_OPS)
+    v_rows4: bool = False
     #: core bytes that did not fit internal SRAM and live in PSRAM instead
     #: (a what-if: charged to the PLE stage, the last placed)...
     core_spill_bytes: int = 0
@@ -100,7 +105,7 @@ class Build:
     #: that found no room in RAM: engine_open.c stage_mat)
     flash_stages: tuple[tuple[str, int], ...] = ()
     #: seconds of one hand-off to the second core and back: esp32-ai's task
-    #: notification (s3.HANDOFF_S) or our port's semaphores
+    #: notification (s3.HANDOFF_S) or our port's spin (s3.HANDOFF_SPIN_S)
     handoff_s: float = HANDOFF_S
     #: instruction cache and the code one token runs through it (bytes): a
     #: working set larger than the cache is refetched from flash every token
@@ -158,17 +163,21 @@ _RESEARCH_NOTES = (
      "newlib expf/erff in SiLU/GELU (FASTACT 0)"),
 )
 
-#: what every build of ours runs on: MicroPython's loop, our port's semaphore
+#: what every build of ours runs on: MicroPython's loop, our port's spinning
 #: hand-off, the 16 KB instruction cache, the measured placement of the core
 _MEASURED_SPILL = tuple(sorted(spill_by_stage(measured_core_regions()).items()))
-_OUR_PORT = {"handoff_s": HANDOFF_SEMAPHORE_S, "icache_bytes": ICACHE_BYTES_OURS,
-             "code_bytes": (CODE_BYTES_ENGINE + CODE_BYTES_MICROPYTHON + CODE_BYTES_FREERTOS
+_OUR_PORT = {"handoff_s": HANDOFF_SPIN_S, "icache_bytes": ICACHE_BYTES_OURS,
+             # through the instruction cache: the engine's token code is in IRAM
+             # (LLM_HOT), and so are FreeRTOS and MicroPython's hottest VM functions
+             "code_bytes": (CODE_BYTES_MICROPYTHON - CODE_BYTES_MICROPYTHON_IRAM
                             + CODE_BYTES_BINDING),
              "python_loop": True, "spill_stages": _MEASURED_SPILL}
 _OUR_PORT_NOTE = ("our port: llm.py's loop on MicroPython (measured on the unix port, scaled by "
-                  "pystones), the hand-off through two binary semaphores, engine code from "
-                  "flash through a 16 KB instruction cache, the core placed as the emulated "
-                  "board measured (176,600 B of it in PSRAM: the rest of L2, L3-L5)")
+                  "pystones), the hand-off by spinning on two counters in internal SRAM (no "
+                  "scheduler), the engine's token code in IRAM (LLM_HOT) and the rest through a 16 KB "
+                  "instruction cache, the "
+                  f"core placed as the emulated board measured ({sum(b for _, b in _MEASURED_SPILL):,} B "
+                  "of it in PSRAM)")
 
 BUILDS: dict[str, Build] = {
     "stock": Build(
@@ -242,8 +251,8 @@ BUILDS: dict[str, Build] = {
         rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=8,
         first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
-        sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, chain_interleave=4,
-        **_OUR_PORT,
+        sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, v_rows4=True,
+        chain_interleave=4, **_OUR_PORT,
         assumptions=(
             _OUR_PORT_NOTE,
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
@@ -252,8 +261,9 @@ BUILDS: dict[str, Build] = {
              "2-byte id from PSRAM"),
             ("no logits buffer; attention positions outer over 64-byte aligned rows: K as fp32, "
              "V as the exact int16 dots + one scale per position, each value recomputed with "
-             "the kernel's two roundings when read (4 ops); split by heads (one hand-off per "
-             "layer); no other matvec split"),
+             "the kernel's two roundings when read (4 ops), one position's rows four at a "
+             "time with the output in a register; split by heads (one hand-off per layer); no "
+             "other matvec split"),
             ("softmax weights, SiLU and GELU four elements at a time (llm_expf4 / llm_erff4, "
              "unrolled: four independent chains for the in-order FPU; same bits)"),
             "quantization by the magic-number round half to even (no lrintf)",

@@ -48,6 +48,7 @@ from .s3 import (
     UPSTREAM_BLOCK_OPS,
     UPSTREAM_BOUND_PIE_CYCLES_PER_TILE,
     UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
+    V_ROWS4_OPS,
 )
 from .shape import (
     MODEL_STAGES,
@@ -256,9 +257,12 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
         w.compute(split=sp_score, ops=n * (FDOT_OPS * dh + 4))
         w.compute(split=sp_soft, ops=n * 4)
         exp_work(w, b, b.softmax_exp, n, split=sp_soft)
-        w.compute(split=sp_vacc, ops=n * FAXPY_OPS * dh)
+        # one position's dots four rows at a time (values_rows4), the rest row by row
+        n4 = (t // 4) * 4 * h if b.v_rows4 and b.v_bytes != 4 else 0
+        w.compute(split=sp_vacc, ops=n4 * V_ROWS4_OPS * dh)
+        w.compute(split=sp_vacc, ops=(n - n4) * FAXPY_OPS * dh)
         if b.v_bytes != 4:  # recompute (float)g * scale_i * xscale per element read
-            w.compute(split=sp_vacc, ops=n * 4 * dh)
+            w.compute(split=sp_vacc, ops=(n - n4) * 4 * dh)
         w.compute(split=sp_all, ops=h * dh * 2)
         chain_work(w, b, h * dh * DIV_OPS, split=sp_all)
         return

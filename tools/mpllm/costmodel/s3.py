@@ -18,14 +18,26 @@ CORES = 2
 #: CERT_WAVE: "the ~34 us task-notify round trip", swept on the board). It
 #: prices esp32-ai's builds, which hand off by task notification.
 HANDOFF_S = 34e-6
-#: Our port hands off through two FreeRTOS binary semaphores instead
-#: (native/port/esp32/port_esp32.c: xSemaphoreGive(go) ... xSemaphoreTake(done),
-#: the worker blocking in xSemaphoreTake(go)). FreeRTOS documents unblocking a
-#: task by a direct notification as 45 % faster than by a binary semaphore, 35 %
-#: with the semaphore implementation of V8.2.0 and later (freertos.org, "RTOS
-#: task notifications", performance benefits); the whole round trip is priced
-#: at that ratio: 34 us x 1.35. Nothing here has been measured on our port.
+#: What our port's earlier hand-off cost: two FreeRTOS binary semaphores
+#: (xSemaphoreGive(go) ... xSemaphoreTake(done), the worker blocking in
+#: xSemaphoreTake(go)). FreeRTOS documents unblocking a task by a direct
+#: notification as 45 % faster than by a binary semaphore, 35 % with the
+#: semaphore implementation of V8.2.0 and later (freertos.org, "RTOS task
+#: notifications", performance benefits); the round trip was priced at that
+#: ratio: 34 us x 1.35. Kept to show what the spin hand-off is worth.
 HANDOFF_SEMAPHORE_S = HANDOFF_S * 1.35
+#: Our port's hand-off (native/port/esp32/port_esp32.c): no scheduler. The
+#: caller bumps a counter in internal SRAM and runs its half; the worker,
+#: spinning on that counter, runs the other half and bumps a second counter
+#: the caller polls. What remains is two memw-fenced stores seen by a
+#: polling load (tens of cycles each, no cache between the cores for
+#: internal SRAM), the worker's first loads of the job, and the wait for the
+#: slower half: estimated at 2 us a round trip, not measured (nothing here
+#: ran on silicon). At 15 hand-offs a token, 1 to 5 us moves a token by
+#: 0.06 ms, so the estimate is not one of the band's unknowns. While decoding
+#: the worker never parks (it spins up to LLM_ESP32_SPIN_US = 5 ms between
+#: jobs, longer than any gap within or between tokens).
+HANDOFF_SPIN_S = 2e-6
 #: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
 DCACHE_BYTES = 32 * 1024
@@ -43,12 +55,12 @@ PSRAM_BUS_LINE32_BPS = 60.7 * 2**20
 S_LINE64 = 64 / PSRAM_BUS_LINE64_BPS
 S_LINE32 = 32 / PSRAM_BUS_LINE32_BPS
 
-#: Instruction cache. Engine code runs from flash through it: no function in
-#: native/ is IRAM_ATTR. Our board's sdkconfig.board sets only the data cache,
-#: and neither MicroPython's sdkconfig.base nor its 240 MHz / octal-PSRAM
-#: fragments set the instruction cache, so it is ESP-IDF's default for the
-#: ESP32-S3: 16 KB (CONFIG_ESP32S3_INSTRUCTION_CACHE_16KB) with 32-byte lines.
-#: Both cores share it. esp32-ai's measured builds set 32 KB (9965f5ec
+#: Instruction cache. Code in flash runs through it; code in internal
+#: instruction RAM (IRAM) does not. Our board's sdkconfig.board sets only the
+#: data cache, and neither MicroPython's sdkconfig.base nor its 240 MHz /
+#: octal-PSRAM fragments set the instruction cache, so it is ESP-IDF's default
+#: for the ESP32-S3: 16 KB (CONFIG_ESP32S3_INSTRUCTION_CACHE_16KB) with 32-byte
+#: lines. Both cores share it. esp32-ai's measured builds set 32 KB (9965f5ec
 #: idf_tinystories/sdkconfig.defaults CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB).
 ICACHE_BYTES_OURS = 16 * 1024
 ICACHE_BYTES_UPSTREAM = 32 * 1024
@@ -62,23 +74,29 @@ ICACHE_LINE = 32
 #: clocks (24 bits over 4 lines), 2 mode and 4 dummy clocks, then 2 clocks a
 #: byte: 84 clocks for 32 bytes = 1.05 us, bus arbitration not counted.
 ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
-#: Code one generated token runs, in bytes: x86-64 gcc -O2 .text sizes (nm -S)
-#: of the functions on the path, taken as the Xtensa sizes (an assumption; the
-#: LX7's 16/24-bit encodings are, if anything, denser). The engine
-#: (code_size.measure_engine_code_bytes, held equal by a test: engine.c
-#: forward 7,274, attention_heads 2,253, select_next 644, llm_step 319,
-#: matvec_rows 312, rmsnorm 252; head.c llm_head_certify 991, wave_ranges 209,
-#: sift_down 129, run_wave 77; kernels 1,084 (kernels_ref.c's q4, quantize and
-#: s8 kernels standing for the PIE ones); mathf.c erff4 414, expf4 348, logf
-#: 308; sampler.c sample_candidates 419, candidates_offer 184, PCG32 221):
-#: 15,438. MicroPython's VM on the loop's path (py/*.o of the unix port built
-#: with _llm: mp_execute_bytecode 7,189, mp_binary_op 1,145, mp_map_lookup 821,
-#: gc_alloc 728, generator resume, calls, attribute, subscript, list and dict
-#: helpers): 13,897. FreeRTOS's semaphore give/take, the scheduler's switch and
-#: the cross-core yield: 4,096, an estimate (not measured). The binding's
-#: step/verify glue: 1,024, an estimate.
-CODE_BYTES_ENGINE = 15438
+#: Code one generated token runs, in bytes: x86-64 gcc -O2 sizes taken as
+#: the Xtensa sizes (an assumption; the LX7's 16/24-bit encodings are, if
+#: anything, denser). The engine: the functions marked LLM_HOT
+#: (native/engine/hot.h), measured by code_size.measure_engine_code_bytes
+#: (held equal by a test: engine.c 10,911, head.c 1,487, mathf.c 1,631,
+#: sampler.c 883, llm_quantize_act 283, the q4 and s8 kernels 801 (the
+#: reference kernels standing for the PIE ones)): 15,996. The esp32 build
+#: places them in IRAM (LLM_HOT_SECTION), so none of it goes through the
+#: instruction cache. MicroPython's VM on the loop's path (py/*.o of the unix
+#: port built with _llm: mp_execute_bytecode 7,189, mp_binary_op 1,145,
+#: mp_map_lookup 821, gc_alloc 728, generator resume, calls, attribute,
+#: subscript, list and dict helpers): 13,897, of which the esp32 port puts
+#: the first three in IRAM itself (ports/esp32/mpconfigport.h,
+#: MICROPY_WRAP_MP_EXECUTE_BYTECODE / _BINARY_OP / _MAP_LOOKUP = IRAM_ATTR):
+#: 9,155. FreeRTOS: ESP-IDF keeps it in IRAM unless
+#: CONFIG_FREERTOS_PLACE_FUNCTIONS_INTO_FLASH, and with that option only the
+#: functions ISRs never call move to flash; the spin hand-off calls none of
+#: them while decoding: 0 through the cache either way (4,096, an estimate of
+#: the semaphore path, stands for upstream's task-notify builds). The
+#: binding's step/verify glue: 1,024, an estimate.
+CODE_BYTES_ENGINE = 15996
 CODE_BYTES_MICROPYTHON = 13897
+CODE_BYTES_MICROPYTHON_IRAM = 7189 + 1145 + 821
 CODE_BYTES_FREERTOS = 4096
 CODE_BYTES_BINDING = 1024
 
@@ -195,6 +213,12 @@ PCG32_OPS = 20
 FDOT_OPS = 4
 #: fp32 axpy inner loop (ao[i] += w*v[i]): load v, load ao, mul, add, store.
 FAXPY_OPS = 5
+#: The same for one position over four V rows held as int16 dots (engine.c
+#: values_rows4), per element and row: the int16 load and convert, * scale,
+#: * xscale, * w, + (6); ao's load and store once per four rows (0.5) and the
+#: scale's load once per four rows (0.25). Row at a time it is FAXPY_OPS
+#: plus the recompute's 4 (load, convert, two multiplies), with v stored.
+V_ROWS4_OPS = 6 + 2 / 4 + 1 / 4
 #: A scalar kernel reading int4 weights in place (core "int4-flash": llm.h
 #: matvec_q, esp32-ai before it staged weights) unpacks each one in the inner
 #: loop: byte load, parity test, shift or mask, -8, int->float, beside the MAC.
