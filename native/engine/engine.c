@@ -271,16 +271,52 @@ typedef struct attn_job {
     const float *v_scale; /* [kv_dim] the layer's V row scales (qkv rows dim + kv_dim..) */
 } attn_job;
 
+/* Phase 1 for one position over four rows t..t+3: four independent sums,
+ * each still in i order (so the same bits), which also keeps the in-order
+ * FPU from waiting on one chain. */
+static void LLM_HOT scores_rows4(const attn_job *j, const float *krow, uint32_t t, uint32_t h0,
+                                 uint32_t h1) {
+    llm_col *col = &j->s->col[0];
+    const uint32_t Dh = j->Dh, KVD = j->KVD;
+    const float inv = j->e->inv_sqrt_head_dim;
+    for (uint32_t h = h0; h < h1; h++) {
+        const float *q = col->qkv + h * Dh, *k0 = krow + (h / j->group) * Dh;
+        const float *k1 = k0 + KVD, *k2 = k1 + KVD, *k3 = k2 + KVD;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (uint32_t i = 0; i < Dh; i++) {
+            const float qi = q[i];
+            s0 += qi * k0[i];
+            s1 += qi * k1[i];
+            s2 += qi * k2[i];
+            s3 += qi * k3[i];
+        }
+        float *sc = col->scores + (size_t)h * j->S + t;
+        sc[0] = s0 * inv;
+        sc[1] = s1 * inv;
+        sc[2] = s2 * inv;
+        sc[3] = s3 * inv;
+        for (uint32_t r = 0; r < 4u; r++)
+            if (sc[r] > col->att_max[h]) col->att_max[h] = sc[r];
+    }
+}
+
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
- * scaled) for every cached t a position sees, and their max. */
+ * scaled) for every cached t a position sees, and their max; one position's
+ * rows four at a time (not in plain mode). */
 static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     const float *kc = s->key_cache + (size_t)j->layer * S * j->KVD;
+    const int rows4 = j->m == 1u && !j->e->plain;
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
     for (uint32_t t = 0; t <= j->last; t++) {
         const float *krow = kc + (size_t)t * j->KVD;
+        if (rows4 && t + 3u <= j->last) {
+            scores_rows4(j, krow, t, h0, h1);
+            t += 3u;
+            continue;
+        }
         for (uint32_t c = t > pos ? t - pos : 0u; c < j->m; c++) {
             llm_col *col = &s->col[c];
             for (uint32_t h = h0; h < h1; h++) {

@@ -91,10 +91,11 @@ class Build:
     #: bytes per cached V element: 4 (fp32) or 2 (the exact int16 integer dot,
     #: recomputed to the same float when read: engine.c attention())
     v_bytes: int = 4
-    #: one position's V rows held as dots taken four at a time, ao kept in a
-    #: register across them and each value recomputed where it is used
-    #: (engine.c values_rows4; s3.V_ROWS4_OPS)
-    v_rows4: bool = False
+    #: attention reads one position's cache rows four at a time: four score
+    #: sums at once (engine.c scores_rows4; s3.FDOT_ROWS4_OPS) and, for V rows
+    #: held as dots, ao kept in a register across them with each value
+    #: recomputed where it is used (values_rows4; s3.V_ROWS4_OPS)
+    attn_rows4: bool = False
     #: core bytes that did not fit internal SRAM and live in PSRAM instead
     #: (a what-if: charged to the PLE stage, the last placed)...
     core_spill_bytes: int = 0
@@ -251,7 +252,7 @@ BUILDS: dict[str, Build] = {
         rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=8,
         first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
-        sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, v_rows4=True,
+        sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, attn_rows4=True,
         chain_interleave=4, **_OUR_PORT,
         assumptions=(
             _OUR_PORT_NOTE,

@@ -24,6 +24,7 @@ from .s3 import (
     FAST_EXPF_CHAIN_OPS,
     FAXPY_OPS,
     FDOT_OPS,
+    FDOT_ROWS4_OPS,
     HALF2FLOAT_OPS,
     HEAP_OPS_PER_CMP,
     ICACHE_LINE,
@@ -253,16 +254,18 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
     kv_read_work(w, b, s, pos, split=sp_score)
     if b.kv.startswith("fp32"):
         # scores: dot, * 1/sqrt(dh), store, max; softmax: s - max, exp, denom +=;
-        # V: ao += w * v; finish: zero ao, ao /= denom
-        w.compute(split=sp_score, ops=n * (FDOT_OPS * dh + 4))
+        # V: ao += w * v; finish: zero ao, ao /= denom. One position reads its
+        # rows four at a time (scores_rows4, and values_rows4 for V dots), the
+        # rest (the last t % 4) row by row.
+        n4 = (t // 4) * 4 * h if b.attn_rows4 else 0
+        w.compute(split=sp_score, ops=n4 * (FDOT_ROWS4_OPS * dh + 4)
+                  + (n - n4) * (FDOT_OPS * dh + 4))
         w.compute(split=sp_soft, ops=n * 4)
         exp_work(w, b, b.softmax_exp, n, split=sp_soft)
-        # one position's dots four rows at a time (values_rows4), the rest row by row
-        n4 = (t // 4) * 4 * h if b.v_rows4 and b.v_bytes != 4 else 0
-        w.compute(split=sp_vacc, ops=n4 * V_ROWS4_OPS * dh)
-        w.compute(split=sp_vacc, ops=(n - n4) * FAXPY_OPS * dh)
+        v4 = n4 if b.v_bytes != 4 else 0
+        w.compute(split=sp_vacc, ops=v4 * V_ROWS4_OPS * dh + (n - v4) * FAXPY_OPS * dh)
         if b.v_bytes != 4:  # recompute (float)g * scale_i * xscale per element read
-            w.compute(split=sp_vacc, ops=(n - n4) * 4 * dh)
+            w.compute(split=sp_vacc, ops=(n - v4) * 4 * dh)
         w.compute(split=sp_all, ops=h * dh * 2)
         chain_work(w, b, h * dh * DIV_OPS, split=sp_all)
         return

@@ -211,6 +211,9 @@ PCG32_OPS = 20
 #: fp32 dot product inner loop: load q, load k, mul, add (no FMA:
 #: -ffp-contract=off).
 FDOT_OPS = 4
+#: The same over four rows for one position (engine.c scores_rows4): q[i]
+#: loaded once for the four sums.
+FDOT_ROWS4_OPS = 3 + 1 / 4
 #: fp32 axpy inner loop (ao[i] += w*v[i]): load v, load ao, mul, add, store.
 FAXPY_OPS = 5
 #: The same for one position over four V rows held as int16 dots (engine.c
