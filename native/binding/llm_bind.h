@@ -130,7 +130,10 @@ void llm_bind_close(llm_bind_model *m);
  *      fails while the list and the .pyi differ:
  *      tests/test_micropython_binding.py::test_method_list_matches_the_pyi);
  *   6. its bad calls in SAME_OUTCOME (tests/test_micropython_binding.py):
- *      both bindings must raise alike. */
+ *      both bindings must raise alike.
+ * MicroPython finds the new name's qstr (MP_QSTR_name) by preprocessing
+ * modllm.c, and an incremental build re-scans only changed .c files: rebuild
+ * the unix port clean (or touch modllm.c) after adding a method. */
 #define LLM_BIND_METHODS(X)                                                                     \
     X(config, "config() -> dict: the model's dimensions.")                                      \
     X(reset, "reset(): back to position 0, same model (stats cleared).")                        \
