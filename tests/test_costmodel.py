@@ -755,10 +755,26 @@ def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
     assert (b.kv_tier, b.head_tier, b.spill_stages, b.flash_stages) == ("sram", "sram", (), ())
     work = cm.build_work(b, s)
     assert all(not w.lines and not w.lines_split for w in work.values())
+    as_placed = 0
     for r in s260["rows"]:
         if r["board"] == "n8":
             assert (r["kv"], r["head_rows_in"], r["core_psram_bytes"]) == ("sram", "sram", 0)
-            assert r["priced_opens"] == (priced["short_by"] == 0)
+            if r["what_if"] == "everything in internal SRAM":
+                assert r["priced_opens"] == (priced["short_by"] == 0)
+            else:
+                # the engine's own placement at the longest context that opens:
+                # it opens, the core that finds no RAM read in place from flash
+                as_placed += 1
+                assert r["what_if"].startswith("as the engine places it at context ")
+                assert r["priced_opens"] and r["opens"]
+                ctx = r["seq_len"]
+                assert r["positions"] == [4, ctx - 1] and r["core_flash_bytes"] > 0
+                assert ctx == cm.opening_context(dataclasses.replace(s, group=r["group"]), n8,
+                                                 certified=r["head"] == "certified")
+                assert r["total_ms"] > next(x["total_ms"] for x in s260["rows"] if x["board"] == "n8"
+                                            and x["group"] == r["group"] and x["head"] == r["head"]
+                                            and x["mode"] == r["mode"] and x["seq_len"] > ctx)
+    assert as_placed == 6  # group 32 dense, group 64 dense and certified; greedy and sampled
     # the same shape on the N16R8 keeps its core in SRAM and the KV cache in PSRAM
     p = cm.placement(s, cm.S3_BOARDS["n16r8"])
     regions = {b["name"]: b["region"] for b in p["blocks"]}

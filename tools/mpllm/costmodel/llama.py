@@ -451,30 +451,23 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                         f"not priced: it does not open even with the head read from flash "
                         f"(KV cache {kv:,} B)")
                     continue
-                for sampled in (False, True):
-                    b = llama_build(s, board, priced, sampled=sampled, certified=certified)
-                    ms = predict(b, f, s, pos)
-                    band = _band(b, s, f, pos)
-                    rows.append({
-                        "board": board.name, "board_label": board.label, "variant": vlabel,
-                        "group": s.group, "head": "certified" if certified else "dense",
-                        "mode": "sampled (T 0.8, top-40)" if sampled else "greedy",
-                        "opens": p["opens"], "fails_at": p["fails_at"], "what_if": what_if,
-                        "priced_opens": priced["opens"],
-                        "charges": [{"charge": str(c["charge"]).replace("measured placement",
-                                                                         "placement"),
-                                     "total_ms": c["total_ms"]}
-                                    for c in _charges(b, f, s, pos, None, None, (1.0, 1.0))],
-                        "stages": {st: ms[st] for st in MODEL_STAGES}, "total_ms": ms["total"],
-                        "band": band, "tok_s": 1e3 / ms["total"],
-                        "tok_s_band": {"low": 1e3 / band["high"], "mid": 1e3 / band["mid"],
-                                       "high": 1e3 / band["low"]},
-                        "rows_fraction": (list(SMALL_HEAD_ROWS) if certified else None),
-                        "kv": b.kv_tier, "head_rows_in": b.head_tier,
-                        "core_psram_bytes": sum(n for _, n in b.spill_stages),
-                        "core_flash_bytes": sum(n for _, n in b.flash_stages),
-                        "v_cached_as": "int16 dots" if b.v_bytes == 2 else "floats",
-                    })
+                # (placement priced, what-if label, shape, positions); a board
+                # without PSRAM is also priced as the engine really places the
+                # model: at the longest context that opens (Model(context=N)),
+                # the core that finds no RAM read in place from flash
+                pricings = [(priced, what_if, s, pos)]
+                ctx = opening_context(s, board, certified=certified)
+                if not board.psram_bytes and pos[0] < ctx < s.seq_len:
+                    s_ctx = dataclasses.replace(s, seq_len=ctx)
+                    at = [x for x in pos if x < ctx]
+                    label = f"as the engine places it at context {ctx} (positions {at[0]}..{at[-1]})"
+                    pricings.append((placement(s_ctx, board, certified=certified), label, s_ctx, at))
+                for priced, what_if, s_p, pos_p in pricings:
+                    for sampled in (False, True):
+                        rows.append(_row(s_p, board, vlabel, priced, what_if, pos_p, f,
+                                         sampled=sampled, certified=certified,
+                                         opens=bool(p["opens"] or s_p is not s),
+                                         fails_at=str(p["fails_at"]) if s_p is s else ""))
     return {
         "shape": name, "dims": dataclasses.asdict(s0), "positions": [pos[0], pos[-1]],
         "fit": f.as_dict(), "fitted": False,
@@ -490,6 +483,35 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
         "small_head_rows": list(SMALL_HEAD_ROWS),
         "weights_bytes": weights,
         "not_priced": not_priced,
+    }
+
+
+def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if: str,
+         pos: Sequence[int], f: Fit, *, sampled: bool, certified: bool, opens: bool,
+         fails_at: str) -> dict[str, object]:
+    """One priced row of shape_report: a board, variant, head and mode."""
+    b = llama_build(s, board, priced, sampled=sampled, certified=certified)
+    ms = predict(b, f, s, pos)
+    band = _band(b, s, f, pos)
+    return {
+        "board": board.name, "board_label": board.label, "variant": vlabel,
+        "group": s.group, "head": "certified" if certified else "dense",
+        "mode": "sampled (T 0.8, top-40)" if sampled else "greedy",
+        "opens": opens, "fails_at": fails_at, "what_if": what_if,
+        "priced_opens": priced["opens"], "seq_len": s.seq_len,
+        "positions": [pos[0], pos[-1]],
+        "charges": [{"charge": str(c["charge"]).replace("measured placement", "placement"),
+                     "total_ms": c["total_ms"]}
+                    for c in _charges(b, f, s, pos, None, None, (1.0, 1.0))],
+        "stages": {st: ms[st] for st in MODEL_STAGES}, "total_ms": ms["total"],
+        "band": band, "tok_s": 1e3 / ms["total"],
+        "tok_s_band": {"low": 1e3 / band["high"], "mid": 1e3 / band["mid"],
+                       "high": 1e3 / band["low"]},
+        "rows_fraction": (list(SMALL_HEAD_ROWS) if certified else None),
+        "kv": b.kv_tier, "head_rows_in": b.head_tier,
+        "core_psram_bytes": sum(n for _, n in b.spill_stages),
+        "core_flash_bytes": sum(n for _, n in b.flash_stages),
+        "v_cached_as": "int16 dots" if b.v_bytes == 2 else "floats",
     }
 
 
