@@ -64,10 +64,9 @@ S_LINE32 = 32 / PSRAM_BUS_LINE32_BPS
 #: idf_tinystories/sdkconfig.defaults CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB).
 ICACHE_BYTES_OURS = 16 * 1024
 ICACHE_BYTES_UPSTREAM = 32 * 1024
-#: The board without PSRAM (firmware/boards/MPLLM_N8/sdkconfig.board) sets
-#: CONFIG_ESP32S3_INSTRUCTION_CACHE_32KB: 16 KB more of internal SRAM taken
-#: by the cache than on the N16R8.
-ICACHE_BYTES_N8 = 32 * 1024
+#: The board without PSRAM (firmware/boards/MPLLM_N8/sdkconfig.board) keeps
+#: the same 16 KB: with the engine's token code in IRAM the rest fits.
+ICACHE_BYTES_N8 = 16 * 1024
 ICACHE_LINE = 32
 #: One instruction-cache line from flash (QIO, 80 MHz; the board's
 #: sdkconfig.board): a quad I/O read (EBh) is 8 instruction clocks, 6 address
