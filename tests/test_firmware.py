@@ -156,7 +156,6 @@ def test_shared_sdkconfig_moves_idf_code_no_token_runs_out_of_iram() -> None:
     assert cfg == {"CONFIG_FREERTOS_PLACE_FUNCTIONS_INTO_FLASH": "y",
                    "CONFIG_HEAP_PLACE_FUNCTION_INTO_FLASH": "y",
                    "CONFIG_RINGBUF_PLACE_FUNCTIONS_INTO_FLASH": "y",
-                   "CONFIG_SPI_FLASH_ROM_IMPL": "y",
                    "CONFIG_LIBC_LOCKS_PLACE_IN_IRAM": "n"}
     port = (ROOT / "native" / "port" / "esp32" / "port_esp32.c").read_text()
     assert "xSemaphoreTake(w->wake" in port and "atomic_load(&w->finished)" in port
