@@ -33,37 +33,43 @@ SRAM_TOTAL_BYTES = 512 * 1024
 SRAM_CACHE_BYTES = (16 + 32) * 1024
 #: Internal RAM free at the REPL, measured on the emulated board: our firmware
 #: (MicroPython v1.28.0, IDF 5.5.3, the N16R8 board with no radio: Bluetooth,
-#: Wi-Fi and ESP-NOW off) under Espressif's esp32s3 system model with 8 MB
-#: octal PSRAM, esp32.idf_heap_info(esp32.HEAP_DATA) summed over the internal
-#: regions: 334,623 B, the largest block 258,048 B. (Before: 280,463 B with
-#: Bluetooth and Wi-Fi linked in, the audit of issue 21.) The emulated firmware
-#: was built offline with stand-ins for some IDF submodules (lwip, mbedtls,
-#: nimble): a real build's figure may differ by a few KiB.
-SRAM_FREE_AT_BOOT = 334623
+#: Wi-Fi and ESP-NOW off; the engine's token code in IRAM and the ESP-IDF code
+#: of firmware/boards/sdkconfig.mpllm out of it) under Espressif's esp32s3
+#: system model with 8 MB octal PSRAM, esp32.idf_heap_info(esp32.HEAP_DATA)
+#: summed over the internal regions: 334,031 B, the largest block 258,048 B.
+#: (Before: 280,463 B with Bluetooth and Wi-Fi linked in, the audit of issue
+#: 21; 334,623 B without the radios, before the IRAM moves, which about
+#: cancel.) The emulated firmware was built offline with stand-ins for some
+#: IDF submodules (lwip, mbedtls, nimble): a real build's figure may differ by
+#: a few KiB.
+SRAM_FREE_AT_BOOT = 334031
 SRAM_LARGEST_BLOCK = 258048
 #: The same on the board without PSRAM (MPLLM_N8: no radio, 32 KB instruction
 #: cache; the emulated machine with no PSRAM device): 258,612 B free at the
 #: REPL, MicroPython's first 64 KiB heap area already taken from it.
 N8_FREE_AT_REPL = 258612
 #: Internal RAM the port keeps back from the engine's FAST placements
-#: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE).
-FAST_RESERVE_BYTES = 64 * 1024
+#: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE: ESP-IDF's own
+#: internal reserve on a board with PSRAM, CONFIG_SPIRAM_MALLOC_RESERVE_INTERNAL).
+FAST_RESERVE_BYTES = 32 * 1024
 #: What the engine placed on that emulated board after llm.load() of a
-#: release-shaped image (Model.memory(); DESIGN.md section 7, issue 21): the
-#: engine's internal region, the core matrices in it and in PSRAM, and what
-#: was left free. The FAST core matrices are named; every other core matrix
-#: went to PSRAM (L3's qkv, down and PLE matrices, L4, L5). The cost model
-#: takes its placement from this, not from the plan. (Before the radios went:
-#: 208,780 B FAST, 133,384 B of core in it, 176,600 B of core in PSRAM.)
+#: release-shaped image (Model.memory(); issue 21): the engine's internal
+#: region, the core matrices in it and in PSRAM, and what was left free (the
+#: lowest internal free seen afterwards, through a story, the chat, a file
+#: write and soft resets: 33,003 B). The FAST core matrices are named; every
+#: other core matrix went to PSRAM (L4, L5). The cost model takes its
+#: placement from this, not from the plan. (Before: 208,780 B FAST with
+#: 176,600 B of core in PSRAM with the radios; 262,244 B and 123,168 B
+#: without them, under a 64 KiB reserve.)
 MEASURED_PLACEMENT: dict[str, object] = {
-    "engine_fast_bytes": 262244,
-    "core_fast_bytes": 186816,
-    "core_bulk_bytes": 123168,
+    "engine_fast_bytes": 295396,
+    "core_fast_bytes": 219968,
+    "core_bulk_bytes": 90016,
     "head_tiles_fast_bytes": 39008,
-    "left_free_bytes": 66975,
+    "left_free_bytes": 33135,
     "free_at_repl_bytes": SRAM_FREE_AT_BOOT,
     "largest_block_bytes": SRAM_LARGEST_BLOCK,
-    "fast_core": ("ple_model_proj", "L0.*", "L1.*", "L2.*", "L3.attn_proj", "L3.gate", "L3.up"),
+    "fast_core": ("ple_model_proj", "L0.*", "L1.*", "L2.*", "L3.*"),
     "source": ("emulated board (our firmware without radios under Espressif's esp32s3 system "
                "model, IDF 5.5.3, 8 MB octal PSRAM): Model.memory() after llm.load() of a "
                "release-shaped image"),
@@ -189,4 +195,4 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
             "sources": ("ESP32-S3 datasheet: 512 KB internal SRAM; 16 KB I + 32 KB D cache "
                         "taken from it (sdkconfig); free at the REPL and the engine's "
                         "placement: " + str(MEASURED_PLACEMENT["source"]) + "; the port "
-                        "keeps LLM_ESP32_FAST_RESERVE (64 KiB) back")}
+                        f"keeps LLM_ESP32_FAST_RESERVE ({FAST_RESERVE_BYTES // 1024} KiB) back")}
