@@ -743,7 +743,7 @@ def test_gqa_halves_the_kv_bytes() -> None:
 def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
     s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
     assert n8.psram_bytes == 0 and n8.icache_bytes == cm.ICACHE_BYTES_N8 == 16 * 1024
-    assert n8.internal_free == cm.sram.N8_FREE_AT_REPL == 258612  # the emulated N8
+    assert n8.internal_free == cm.sram.N8_FREE_AT_REPL == 274388  # the emulated N8
     for certified in (False, True):
         p = cm.placement(dataclasses.replace(s, group=64), n8, certified=certified)
         assert all(b["region"] != "psram" for b in p["blocks"])
@@ -917,4 +917,4 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     assert cm.placement(dataclasses.replace(shape, seq_len=n), n8, certified=certified)["opens"]
     assert not cm.placement(dataclasses.replace(shape, seq_len=n + 1), n8,
                             certified=certified)["opens"]
-    assert places[0]["fitting_context"] == 0
+    assert places[0]["fitting_context"] < 16  # wholly in RAM at a toy context at most

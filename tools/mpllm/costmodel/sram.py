@@ -44,10 +44,12 @@ SRAM_CACHE_BYTES = (16 + 32) * 1024
 #: a few KiB.
 SRAM_FREE_AT_BOOT = 334031
 SRAM_LARGEST_BLOCK = 258048
-#: The same on the board without PSRAM (MPLLM_N8: no radio, 32 KB instruction
-#: cache; the emulated machine with no PSRAM device): 258,612 B free at the
-#: REPL, MicroPython's first 64 KiB heap area already taken from it.
-N8_FREE_AT_REPL = 258612
+#: The same on the board without PSRAM (MPLLM_N8: no radio, the same 16 KB
+#: instruction cache and IRAM moves as the N16R8; the emulated machine with
+#: no PSRAM device): 274,388 B free at the REPL, MicroPython's heap already
+#: taken from it (258,612 B with a 32 KB instruction cache and the engine's
+#: code in flash).
+N8_FREE_AT_REPL = 274388
 #: Internal RAM the port keeps back from the engine's FAST placements
 #: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE: ESP-IDF's own
 #: internal reserve on a board with PSRAM, CONFIG_SPIRAM_MALLOC_RESERVE_INTERNAL).
