@@ -1,10 +1,8 @@
 /* ESP32-S3 port layer: see port_esp32.h. */
 #include "port_esp32.h"
 
-#include <stdatomic.h>
 #include <string.h>
 
-#include "esp_cpu.h" /* esp_cpu_get_cycle_count: the spin's clock */
 #include "esp_err.h"
 #include "esp_heap_caps.h"
 #include "esp_timer.h"
@@ -71,78 +69,31 @@ static uint64_t esp32_now_us(void *ctx) {
 
 /* ---- the core-0 worker -------------------------------------------------- */
 
-/*
- * The hand-off spins instead of going through the scheduler: the caller posts
- * a job by bumping `posted` and waits by polling `finished`; the worker polls
- * `posted` between jobs. Both counters live in internal SRAM (no cache
- * between the cores) and are C11 sequentially consistent atomics, which GCC
- * gives as memw-fenced loads and stores on the S3, so the job's fields
- * written before `posted` are seen by the worker after it.
- *
- * A worker that has seen no job for LLM_ESP32_SPIN_US parks on the `wake`
- * semaphore, so an open model whose decoding has stopped leaves core 0 idle.
- * Parking is a Dekker pair: the worker stores parked = 1, then reads posted;
- * the caller stores posted, then reads parked. Sequential consistency lets
- * at most one of them miss the other's store, so either the worker sees the
- * job and does not sleep, or the caller sees it parked and gives `wake`. A
- * give the worker did not need leaves `wake` set: its next park then returns
- * at once, finds no job and spins again, which costs one spin period.
- *
- * Nothing is ever lost or run twice: only the caller writes `posted` (one job
- * at a time: it waits for `finished` before the next), only the worker
- * writes `finished`. The idle task of core 0 does not run while the worker
- * spins; MicroPython's sdkconfig leaves the task watchdog's idle checks off
- * (CONFIG_ESP_TASK_WDT_CHECK_IDLE_TASK_CPU0/1=n), and the spin is bounded.
- */
 struct llm_esp32_worker {
     TaskHandle_t task;
-    SemaphoreHandle_t wake;   /* caller -> parked worker: a job is posted */
-    SemaphoreHandle_t exited; /* worker -> deinit: the task has left its loop */
-    llm_rows_fn fn;           /* the job; written before `posted` is bumped */
+    SemaphoreHandle_t go;    /* caller -> worker: a job (or quit) is posted */
+    SemaphoreHandle_t done;  /* worker -> caller: the job is finished */
+    llm_rows_fn fn;          /* the job; written before `go`, read after it */
     void *arg;
     uint32_t begin, end;
     int quit;
-    atomic_uint posted;       /* jobs posted (caller only) */
-    atomic_uint finished;     /* jobs finished (worker only) */
-    atomic_int parked;        /* 1 while the worker sleeps on `wake` */
 };
-
-/* Wait for job number `seen + 1`: spin, park after LLM_ESP32_SPIN_US idle. */
-static void worker_wait(llm_esp32_worker *w, unsigned seen) {
-    const uint32_t spin_cycles = LLM_ESP32_SPIN_US * (uint32_t)CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ;
-    uint32_t since = esp_cpu_get_cycle_count();
-    while (atomic_load(&w->posted) == seen) {
-        if (esp_cpu_get_cycle_count() - since < spin_cycles) continue;
-        atomic_store(&w->parked, 1);
-        if (atomic_load(&w->posted) == seen) xSemaphoreTake(w->wake, portMAX_DELAY);
-        atomic_store(&w->parked, 0);
-        since = esp_cpu_get_cycle_count();
-    }
-}
 
 static void worker_main(void *param) {
     llm_esp32_worker *w = param;
-    for (unsigned seen = 0;; seen++) {
-        worker_wait(w, seen);
+    for (;;) {
+        xSemaphoreTake(w->go, portMAX_DELAY);
         if (w->quit) break;
         w->fn(w->arg, w->begin, w->end);
-        atomic_store(&w->finished, seen + 1u);
+        xSemaphoreGive(w->done);
     }
-    xSemaphoreGive(w->exited);
+    xSemaphoreGive(w->done);
     vTaskDelete(NULL);
 }
 
-/* Post the job whose fields are set; wake the worker if it has parked. */
-static unsigned worker_post(llm_esp32_worker *w) {
-    const unsigned n = atomic_load(&w->posted) + 1u;
-    atomic_store(&w->posted, n);
-    if (atomic_load(&w->parked)) xSemaphoreGive(w->wake);
-    return n;
-}
-
 static void worker_free(llm_esp32_worker *w) {
-    if (w->wake != NULL) vSemaphoreDelete(w->wake);
-    if (w->exited != NULL) vSemaphoreDelete(w->exited);
+    if (w->go != NULL) vSemaphoreDelete(w->go);
+    if (w->done != NULL) vSemaphoreDelete(w->done);
     heap_caps_free(w);
 }
 
@@ -157,12 +108,9 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
     if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");
-    atomic_init(&w->posted, 0u);
-    atomic_init(&w->finished, 0u);
-    atomic_init(&w->parked, 0);
-    w->wake = xSemaphoreCreateBinary();
-    w->exited = xSemaphoreCreateBinary();
-    if (w->wake == NULL || w->exited == NULL) {
+    w->go = xSemaphoreCreateBinary();
+    w->done = xSemaphoreCreateBinary();
+    if (w->go == NULL || w->done == NULL) {
         worker_free(w);
         return llm_fail(err, LLM_E_NOMEM, "no memory for the worker's semaphores");
     }
@@ -189,8 +137,8 @@ void llm_port_esp32_deinit(llm_esp32_port *p) {
     llm_esp32_worker *w = p->worker;
     if (w == NULL) return;
     w->quit = 1;
-    worker_post(w);
-    xSemaphoreTake(w->exited, portMAX_DELAY); /* the task has left its loop */
+    xSemaphoreGive(w->go);
+    xSemaphoreTake(w->done, portMAX_DELAY); /* the task has left its loop */
     p->worker = NULL;
     worker_free(w);
 }
@@ -209,11 +157,9 @@ void llm_esp32_parallel_rows(void *port_ctx, llm_rows_fn fn, void *arg, uint32_t
     w->arg = arg;
     w->begin = half;
     w->end = rows;
-    const unsigned job = worker_post(w);
+    xSemaphoreGive(w->go);      /* a full barrier: the job fields are visible */
     fn(arg, 0, half);
-    while (atomic_load(&w->finished) != job) {
-        /* the halves are even: the worker's is done within a few microseconds */
-    }
+    xSemaphoreTake(w->done, portMAX_DELAY);
 }
 
 /* ---- the model partition ------------------------------------------------ */

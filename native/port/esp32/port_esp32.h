@@ -21,9 +21,7 @@
  *
  * Two cores. MicroPython runs on core 1. llm_port_esp32_init starts a worker
  * task pinned to core 0; llm_esp32_parallel_rows hands it the upper half of a
- * row range and runs the lower half on the calling task, then waits. The
- * hand-off spins on two counters in internal SRAM instead of going through
- * the scheduler; the worker parks when decoding stops (port_esp32.c). Each row
+ * row range and runs the lower half on the calling task, then waits. Each row
  * is computed by the same kernel call as in a single-core run and no float
  * reduction crosses rows, so the results are bit-identical. PIE instructions
  * are executed only by these two tasks (the caller and the worker), both
@@ -52,11 +50,6 @@
 /* The worker's core, unless the caller is on it (then the other one). */
 #define LLM_ESP32_WORKER_CORE 0
 #define LLM_ESP32_WORKER_STACK 4096u
-/* How long the worker spins for the next job before it parks (port_esp32.c):
- * longer than any gap between two hand-offs while decoding (a token's serial
- * stretches and llm.py's loop take about a millisecond each), short enough
- * that a stopped model leaves core 0 idle at once. */
-#define LLM_ESP32_SPIN_US 5000u
 
 typedef struct llm_esp32_worker llm_esp32_worker;
 

@@ -7,7 +7,7 @@ There is no board here, so speed is modeled from what a token costs:
                 + (cycles on one core + cycles split over both cores / 2) / 240 MHz
                 - the memory of split work hidden behind the other core's compute
                 + hand-offs to the second core (esp32-ai: task notify, 34 us;
-                  ours: a spin on two counters in internal SRAM, ~2 us)
+                  ours: two binary semaphores, 45.9 us)
     and, for our builds on MicroPython, two stages the engine's timers do not
     see: "python" (llm.py's loop per token, measured on the unix port and
     scaled by pystones) and "icache" (the code a token runs, larger than the

@@ -16,7 +16,7 @@ from .s3 import (
     CODE_BYTES_MICROPYTHON,
     CODE_BYTES_MICROPYTHON_IRAM,
     HANDOFF_S,
-    HANDOFF_SPIN_S,
+    HANDOFF_SEMAPHORE_S,
     ICACHE_BYTES_OURS,
     ICACHE_BYTES_UPSTREAM,
     RELEASE_GREEDY_FRACTION,
@@ -106,7 +106,7 @@ class Build:
     #: that found no room in RAM: engine_open.c stage_mat)
     flash_stages: tuple[tuple[str, int], ...] = ()
     #: seconds of one hand-off to the second core and back: esp32-ai's task
-    #: notification (s3.HANDOFF_S) or our port's spin (s3.HANDOFF_SPIN_S)
+    #: notification (s3.HANDOFF_S) or our port's semaphores
     handoff_s: float = HANDOFF_S
     #: instruction cache and the code one token runs through it (bytes): a
     #: working set larger than the cache is refetched from flash every token
@@ -164,18 +164,19 @@ _RESEARCH_NOTES = (
      "newlib expf/erff in SiLU/GELU (FASTACT 0)"),
 )
 
-#: what every build of ours runs on: MicroPython's loop, our port's spinning
+#: what every build of ours runs on: MicroPython's loop, our port's semaphore
 #: hand-off, the 16 KB instruction cache, the measured placement of the core
 _MEASURED_SPILL = tuple(sorted(spill_by_stage(measured_core_regions()).items()))
-_OUR_PORT = {"handoff_s": HANDOFF_SPIN_S, "icache_bytes": ICACHE_BYTES_OURS,
+_OUR_PORT = {"handoff_s": HANDOFF_SEMAPHORE_S, "icache_bytes": ICACHE_BYTES_OURS,
              # through the instruction cache: the engine's token code is in IRAM
-             # (LLM_HOT), and so are FreeRTOS and MicroPython's hottest VM functions
+             # (LLM_HOT), and so are MicroPython's hottest VM functions; the
+             # semaphore hand-off's FreeRTOS code is in flash (sdkconfig.mpllm)
              "code_bytes": (CODE_BYTES_MICROPYTHON - CODE_BYTES_MICROPYTHON_IRAM
-                            + CODE_BYTES_BINDING),
+                            + CODE_BYTES_FREERTOS + CODE_BYTES_BINDING),
              "python_loop": True, "spill_stages": _MEASURED_SPILL}
 _OUR_PORT_NOTE = ("our port: llm.py's loop on MicroPython (measured on the unix port, scaled by "
-                  "pystones), the hand-off by spinning on two counters in internal SRAM (no "
-                  "scheduler), the engine's token code in IRAM (LLM_HOT) and the rest through a 16 KB "
+                  "pystones), the hand-off through two binary semaphores, the engine's token code in "
+                  "IRAM (LLM_HOT) and the rest through a 16 KB "
                   "instruction cache, the "
                   f"core placed as the emulated board measured ({sum(b for _, b in _MEASURED_SPILL):,} B "
                   "of it in PSRAM)")

@@ -18,25 +18,19 @@ CORES = 2
 #: CERT_WAVE: "the ~34 us task-notify round trip", swept on the board). It
 #: prices esp32-ai's builds, which hand off by task notification.
 HANDOFF_S = 34e-6
-#: What our port's earlier hand-off cost: two FreeRTOS binary semaphores
-#: (xSemaphoreGive(go) ... xSemaphoreTake(done), the worker blocking in
-#: xSemaphoreTake(go)). FreeRTOS documents unblocking a task by a direct
-#: notification as 45 % faster than by a binary semaphore, 35 % with the
-#: semaphore implementation of V8.2.0 and later (freertos.org, "RTOS task
-#: notifications", performance benefits); the round trip was priced at that
-#: ratio: 34 us x 1.35. Kept to show what the spin hand-off is worth.
+#: Our port hands off through two FreeRTOS binary semaphores instead
+#: (native/port/esp32/port_esp32.c: xSemaphoreGive(go) ... xSemaphoreTake(done),
+#: the worker blocking in xSemaphoreTake(go)). FreeRTOS documents unblocking a
+#: task by a direct notification as 45 % faster than by a binary semaphore, 35 %
+#: with the semaphore implementation of V8.2.0 and later (freertos.org, "RTOS
+#: task notifications", performance benefits); the whole round trip is priced
+#: at that ratio: 34 us x 1.35. Nothing here has been measured on our port.
 HANDOFF_SEMAPHORE_S = HANDOFF_S * 1.35
-#: Our port's hand-off (native/port/esp32/port_esp32.c): no scheduler. The
-#: caller bumps a counter in internal SRAM and runs its half; the worker,
-#: spinning on that counter, runs the other half and bumps a second counter
-#: the caller polls. What remains is two memw-fenced stores seen by a
-#: polling load (tens of cycles each, no cache between the cores for
-#: internal SRAM), the worker's first loads of the job, and the wait for the
-#: slower half: estimated at 2 us a round trip, not measured (nothing here
-#: ran on silicon). At 15 hand-offs a token, 1 to 5 us moves a token by
-#: 0.06 ms, so the estimate is not one of the band's unknowns. While decoding
-#: the worker never parks (it spins up to LLM_ESP32_SPIN_US = 5 ms between
-#: jobs, longer than any gap within or between tokens).
+#: A what-if, not our port: a hand-off that spins on two counters in internal
+#: SRAM (no scheduler), estimated at 2 us a round trip. Built and tried: on the
+#: emulated N16R8 it crashed core 0 in the FreeRTOS tick interrupt about once
+#: in 30 load-decode-soft-reset cycles (the semaphore port: 0 in 120), so it
+#: is not the port until that is understood.
 HANDOFF_SPIN_S = 2e-6
 #: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
@@ -87,12 +81,11 @@ ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
 #: subscript, list and dict helpers): 13,897, of which the esp32 port puts
 #: the first three in IRAM itself (ports/esp32/mpconfigport.h,
 #: MICROPY_WRAP_MP_EXECUTE_BYTECODE / _BINARY_OP / _MAP_LOOKUP = IRAM_ATTR):
-#: 9,155. FreeRTOS: ESP-IDF keeps it in IRAM unless
-#: CONFIG_FREERTOS_PLACE_FUNCTIONS_INTO_FLASH, and with that option only the
-#: functions ISRs never call move to flash; the spin hand-off calls none of
-#: them while decoding: 0 through the cache either way (4,096, an estimate of
-#: the semaphore path, stands for upstream's task-notify builds). The
-#: binding's step/verify glue: 1,024, an estimate.
+#: 9,155. FreeRTOS's semaphore give/take, the scheduler's switch and the
+#: cross-core yield: 4,096, an estimate (not measured); in flash on our boards
+#: (firmware/boards/sdkconfig.mpllm: CONFIG_FREERTOS_PLACE_FUNCTIONS_INTO_FLASH
+#: moves the functions no ISR calls). The binding's step/verify glue: 1,024,
+#: an estimate.
 CODE_BYTES_ENGINE = 15996
 CODE_BYTES_MICROPYTHON = 13897
 CODE_BYTES_MICROPYTHON_IRAM = 7189 + 1145 + 821
