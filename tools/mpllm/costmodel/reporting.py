@@ -489,7 +489,7 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
         "no LLM_HOT placement: a token's engine code through the 16 KB instruction cache "
         "(the IRAM it takes, left to the core, not counted)")
     add("sampled with a spinning hand-off", dataclasses.replace(t, handoff_s=HANDOFF_SPIN_S),
-        "two counters in internal SRAM, no scheduler (tried; it crashed the emulated board)")
+        "two counters in internal SRAM, no scheduler (tried; not the port: firmware/README.md)")
     add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
         "V rows as floats: twice the V traffic, no recompute")
     add("fast (lossy) sampled, no drafting", dataclasses.replace(t, kv="int8-fast", v_bytes=1),

@@ -28,9 +28,10 @@ HANDOFF_S = 34e-6
 HANDOFF_SEMAPHORE_S = HANDOFF_S * 1.35
 #: A what-if, not our port: a hand-off that spins on two counters in internal
 #: SRAM (no scheduler), estimated at 2 us a round trip. Built and tried: on the
-#: emulated N16R8 it crashed core 0 in the FreeRTOS tick interrupt about once
-#: in 30 load-decode-soft-reset cycles (the semaphore port: 0 in 120), so it
-#: is not the port until that is understood.
+#: emulated N16R8 its firmware faulted on core 0 in the FreeRTOS tick
+#: interrupt in 4 of 59 load-decode-soft-reset cycles, against 2 of 129 with
+#: the semaphores (firmware/README.md), so it is not the port until the fault
+#: is understood.
 HANDOFF_SPIN_S = 2e-6
 #: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
