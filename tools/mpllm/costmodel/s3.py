@@ -29,9 +29,9 @@ HANDOFF_SEMAPHORE_S = HANDOFF_S * 1.35
 #: A what-if, not our port: a hand-off that spins on two counters in internal
 #: SRAM (no scheduler), estimated at 2 us a round trip. Built and tried: on the
 #: emulated N16R8 its firmware faulted on core 0 in the FreeRTOS tick
-#: interrupt in 4 of 59 load-decode-soft-reset cycles, against 2 of 129 with
-#: the semaphores (firmware/README.md), so it is not the port until the fault
-#: is understood.
+#: interrupt in 4 of 59 load-decode-soft-reset cycles, against 2 of 229 with
+#: the semaphores (the older firmware: 1 of 113; firmware/README.md), so it is
+#: not the port until the fault is understood.
 HANDOFF_SPIN_S = 2e-6
 #: Data cache: 32 KB (the board's sdkconfig; esp32-ai sdkconfig.defaults
 #: CONFIG_ESP32S3_DATA_CACHE_32KB). A working set that fits is fetched once.
