@@ -391,10 +391,11 @@ static void LLM_HOT values_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
     }
 }
 
-/* Rows t..t+3 all held as dots, and seen by every position of a one-position pass. */
+/* Rows t..t+3 all held as dots, and seen by every position of a one-position
+ * pass; not in plain mode (the same rule as scores_rows4). */
 static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
     const llm_run_state *s = j->s;
-    if (j->m != 1u || s->value_dots == NULL || t + 3u > j->last) return 0;
+    if (j->m != 1u || j->e->plain || s->value_dots == NULL || t + 3u > j->last) return 0;
     const uint8_t *wide = s->value_wide + (size_t)j->layer * j->S + t;
     return !(wide[0] | wide[1] | wide[2] | wide[3]);
 }
