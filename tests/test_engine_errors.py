@@ -427,3 +427,4 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     placed_by_plain = "plain memory: the float V (" in result.stdout
     assert placed_by_plain == name.startswith("tiny"), out
     assert "logits identical" in result.stdout, out
+    assert "sampled split: 24 top-40 tokens identical" in result.stdout, out

@@ -70,9 +70,15 @@
  *
  * Order of visits (speed only): tiles by descending b_t from a binary max-heap,
  * so the first tile scored is the one most likely to hold the winner and F
- * rises fast; the scan stops at the first tile whose bound is below F (every
- * remaining one is lower still). Tiles are scored in waves; F is re-read
- * between waves.
+ * rises fast. That tile is scored inline; its floor F0 drops every tile whose
+ * bound is below it, and the rest, by descending bound, go to two lanes with
+ * one hand-off (one lane per core; alternate ranks): each lane keeps its own
+ * candidate list and skips by its own floor or F0, whichever is higher, and
+ * stops at its first tile below that (every later one is lower still). F0 is
+ * the k-th best of rows in the main list, so claim 3 holds for it in either
+ * lane; merging the lanes' lists gives the k best of all (the order is total).
+ * A lane never reads the other's floor while it runs, so the rows scored do
+ * not depend on timing: every port scores the same rows.
  */
 #include "head.h"
 
@@ -87,11 +93,21 @@ static uint32_t tile_rows_or_chunk(const llm_head *h) {
     return h->n_tiles ? h->tile_rows : 128u;
 }
 
+/* The values buffer: the dense route's chunks of a wave; the certified
+ * route's two lanes use its start (a tile's values each), the second lane's
+ * candidate list and the tile order after that, so it is sized for both. */
+static uint32_t values_bytes(const llm_head *h) {
+    const uint32_t wave = llm_align_up(4u * LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h), 16u);
+    const uint32_t lanes = llm_align_up(4u * 2u * tile_rows_or_chunk(h), 16u) +
+                           llm_align_up(sizeof(llm_candidates), 16u) +
+                           llm_align_up(2u * h->n_tiles, 16u);
+    return wave > lanes ? wave : lanes;
+}
+
 uint32_t llm_head_scratch_bytes(const llm_head *h) {
-    uint32_t wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
     return (uint32_t)(llm_align_up(2u * h->cols_padded, 16u) +
                       llm_align_up(4u * h->n_tiles, 16u) * 2u + llm_align_up(2u * h->n_tiles, 16u) +
-                      llm_align_up(2u * LLM_HEAD_WAVE_TILES, 16u) + llm_align_up(4u * wave_rows, 16u));
+                      values_bytes(h));
 }
 
 void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem) {
@@ -104,10 +120,12 @@ void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem) {
     p += llm_align_up(4u * h->n_tiles, 16u);
     s->heap = (uint16_t *)(void *)p;
     p += llm_align_up(2u * h->n_tiles, 16u);
-    s->wave = (uint16_t *)(void *)p;
-    p += llm_align_up(2u * LLM_HEAD_WAVE_TILES, 16u);
     s->wave_y = (float *)(void *)p;
     s->wave_rows = LLM_HEAD_WAVE_TILES * tile_rows_or_chunk(h);
+    p += llm_align_up(4u * 2u * tile_rows_or_chunk(h), 16u);
+    s->lane1 = (llm_candidates *)(void *)p;
+    p += llm_align_up(sizeof(llm_candidates), 16u);
+    s->order = (uint16_t *)(void *)p;
 }
 
 int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
@@ -173,6 +191,94 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, fl
     work->rows = work->rows_read = h->w.rows;
 }
 
+/* ---- tiles in two lanes: several positions in one scan, or one position's
+ * tiles after its first ---------------------------------------------------- */
+
+/* The many-positions scan runs in two lanes, one per core: the tiles in
+ * the order of their key (the largest of their m bounds), lane 0 taking
+ * ranks 0, 2, 4, ... and lane 1 ranks 1, 3, 5, ..., each with its own
+ * candidate lists and its own floors. A lane skips a tile only when its
+ * bound for c is strictly below that lane's k-th best for c, so whatever a
+ * lane skips is beaten by k rows it kept (claim 3 again); merging the two
+ * lanes' lists (the candidates' order is total: value, then lowest id)
+ * gives exactly the k best of every position. Two lanes everywhere, not
+ * only where there is a second core, so every port scores the same rows. */
+typedef struct many_job {
+    const llm_head *h;
+    const int8_t *const *xq;
+    const float *xscale;
+    uint32_t m, T;
+    const float *bound;   /* [m][stride] */
+    size_t stride;
+    const float *key;     /* [tiles] */
+    const uint16_t *order; /* [T] the tiles to visit, by key, largest first */
+    const float *seed;    /* [m] a floor both lanes start from, or NULL (-inf) */
+    llm_candidates *const *cand[2];
+    float *ys[2];         /* [m][tile_rows] per lane */
+    llm_head_work work[2];
+    int32_t nan_id[2];    /* a NaN logit's id, -1: none */
+} many_job;
+
+/* Position c's floor in a lane: its list's, or the seed when that is higher. */
+static float LLM_HOT lane_floor(const many_job *j, llm_candidates *const *cand, uint32_t c) {
+    const float f = llm_candidates_floor(cand[c]);
+    return j->seed != NULL && j->seed[c] > f ? j->seed[c] : f;
+}
+
+static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
+    many_job *j = arg;
+    const llm_head *h = j->h;
+    for (uint32_t lane = l0; lane < l1; lane++) {
+        llm_candidates *const *cand = j->cand[lane];
+        llm_head_work *work = &j->work[lane];
+        for (uint32_t r = lane; r < j->T; r += 2u) {
+            const uint16_t t = j->order[r];
+            float lowest = lane_floor(j, cand, 0);
+            for (uint32_t c = 1; c < j->m; c++) {
+                float f = lane_floor(j, cand, c);
+                if (f < lowest) lowest = f;
+            }
+            if (j->key[t] < lowest) break; /* keys only fall from here on */
+            const int8_t *xs[LLM_HEAD_MANY_MAX];
+            float sc[LLM_HEAD_MANY_MAX], *ys[LLM_HEAD_MANY_MAX];
+            uint32_t who[LLM_HEAD_MANY_MAX], n = 0;
+            for (uint32_t c = 0; c < j->m; c++) {
+                if (j->bound[(size_t)c * j->stride + t] < lane_floor(j, cand, c)) continue;
+                xs[n] = j->xq[c];
+                sc[n] = j->xscale[c];
+                ys[n] = j->ys[lane] + (size_t)n * h->tile_rows;
+                who[n++] = c;
+            }
+            if (n == 0) continue;
+            /* the tile's rows, read once, scored for every position that needs them */
+            const uint32_t first = (uint32_t)t * h->tile_rows;
+            const uint32_t count =
+                h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
+            llm_q4 part = h->w;
+            part.codes += (size_t)first * part.row_bytes;
+            part.scales += (size_t)first * part.n_groups;
+            part.rows = count;
+            if (n == 1u)
+                llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
+            else
+                llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
+            for (uint32_t k = 0; k < n; k++) {
+                for (uint32_t i = 0; i < count; i++) {
+                    const float v = ys[k][i];
+                    if (v != v) { /* unreachable by claim 2; kept as the dense route's check */
+                        j->nan_id[lane] = (int32_t)id_of(h, first + i);
+                        return;
+                    }
+                    llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
+                }
+                work->rows += count; /* rows scored, counted per position */
+            }
+            work->tiles++;
+            work->rows_read += count;
+        }
+    }
+}
+
 /* ---- the certified route ------------------------------------------------ */
 
 /* Max-heap of tile ids on bound[]; ties keep whatever order the sift gives,
@@ -214,117 +320,48 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     uint32_t n_heap = T;
     for (uint32_t i = n_heap / 2u; i-- > 0;) sift_down(s->heap, n_heap, i, s->bound);
 
-    uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
-    wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, first, count};
-    uint32_t wave_cap = 1u; /* the first wave is one tile: it sets the floor */
-    while (n_heap > 0) {
-        /* claim 3: the floor only rises, so the first tile below it ends the scan */
-        const float floor = llm_candidates_floor(cand);
-        uint32_t n = 0;
-        while (n < wave_cap && n_heap > 0 && !(s->bound[s->heap[0]] < floor)) {
-            uint16_t t = heap_pop(s->heap, &n_heap, s->bound);
-            first[n] = (uint32_t)t * h->tile_rows;
-            count[n] = h->w.rows - first[n] < h->tile_rows ? h->w.rows - first[n] : h->tile_rows;
-            n++;
-        }
-        if (n == 0) break;
-        run_wave(sp, &job, n, work);
-        for (uint32_t k = 0; k < n; k++) {
-            const float *y = s->wave_y + (size_t)k * h->tile_rows;
-            for (uint32_t i = 0; i < count[k]; i++) {
-                const uint32_t row = first[k] + i;
-                if (y[i] != y[i]) /* unreachable by claim 2; kept as the dense route's check */
-                    return llm_fail(err, LLM_E_ARG, "logit %lu is NaN",
-                                    (unsigned long)id_of(h, row));
-                llm_candidates_offer(cand, y[i], id_of(h, row));
-            }
-            work->rows += count[k];
-            work->rows_read += count[k];
-        }
-        work->tiles += n;
-        wave_cap = LLM_HEAD_WAVE_TILES;
+    /* the first tile, inline: the k best of its rows set the floor F0 */
+    const uint16_t t0 = heap_pop(s->heap, &n_heap, s->bound);
+    uint32_t first = (uint32_t)t0 * h->tile_rows;
+    uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
+    wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, &first, &count};
+    run_wave(NULL, &job, 1u, work);
+    for (uint32_t i = 0; i < count; i++) {
+        if (s->wave_y[i] != s->wave_y[i]) /* unreachable by claim 2; the dense route's check */
+            return llm_fail(err, LLM_E_ARG, "logit %lu is NaN", (unsigned long)id_of(h, first + i));
+        llm_candidates_offer(cand, s->wave_y[i], id_of(h, first + i));
     }
+    work->rows = work->rows_read = count;
+    work->tiles = 1;
+
+    /* claim 3: the tiles still at or above F0, largest bound first, in two lanes */
+    const float f0 = llm_candidates_floor(cand);
+    uint32_t n = 0;
+    while (n_heap > 0 && !(s->bound[s->heap[0]] < f0))
+        s->order[n++] = heap_pop(s->heap, &n_heap, s->bound);
+    if (n == 0) return LLM_OK;
+    llm_candidates_init(s->lane1, cand->k);
+    llm_candidates *c0[1] = {cand}, *c1[1] = {s->lane1};
+    const int8_t *xqs[1] = {xq};
+    many_job lanes = {h, xqs, &xscale, 1u, n, s->bound, 0u, s->bound, s->order, &f0, {c0, c1},
+                      {s->wave_y, s->wave_y + h->tile_rows}, {{0}, {0}}, {-1, -1}};
+    if (sp != NULL && sp->split != NULL && n > 1u) { /* one tile: lane 1 has none */
+        sp->split(sp->ctx, many_lane, &lanes, 2u);
+        work->handoffs++;
+    } else {
+        many_lane(&lanes, 0, 2u);
+    }
+    work->waves++;
+    for (uint32_t lane = 0; lane < 2u; lane++) {
+        if (lanes.nan_id[lane] >= 0)
+            return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)lanes.nan_id[lane]);
+        work->rows += lanes.work[lane].rows;
+        work->tiles += lanes.work[lane].tiles;
+        work->rows_read += lanes.work[lane].rows_read;
+    }
+    for (uint32_t i = 0; i < s->lane1->count; i++)
+        llm_candidates_offer(cand, s->lane1->value[i], s->lane1->id[i]);
     return LLM_OK;
-}
-
-/* ---- several positions in one scan ---------------------------------------- */
-
-/* The many-positions scan runs in two lanes, one per core: the tiles in
- * the order of their key (the largest of their m bounds), lane 0 taking
- * ranks 0, 2, 4, ... and lane 1 ranks 1, 3, 5, ..., each with its own
- * candidate lists and its own floors. A lane skips a tile only when its
- * bound for c is strictly below that lane's k-th best for c, so whatever a
- * lane skips is beaten by k rows it kept (claim 3 again); merging the two
- * lanes' lists (the candidates' order is total: value, then lowest id)
- * gives exactly the k best of every position. Two lanes everywhere, not
- * only where there is a second core, so every port scores the same rows. */
-typedef struct many_job {
-    const llm_head *h;
-    const int8_t *const *xq;
-    const float *xscale;
-    uint32_t m, T;
-    const float *bound;   /* [m][stride] */
-    size_t stride;
-    const float *key;     /* [T] */
-    const uint16_t *order; /* [T] tiles by key, largest first */
-    llm_candidates *const *cand[2];
-    float *ys[2];         /* [m][tile_rows] per lane */
-    llm_head_work work[2];
-    int32_t nan_id[2];    /* a NaN logit's id, -1: none */
-} many_job;
-
-static void many_lane(void *arg, uint32_t l0, uint32_t l1) {
-    many_job *j = arg;
-    const llm_head *h = j->h;
-    for (uint32_t lane = l0; lane < l1; lane++) {
-        llm_candidates *const *cand = j->cand[lane];
-        llm_head_work *work = &j->work[lane];
-        for (uint32_t r = lane; r < j->T; r += 2u) {
-            const uint16_t t = j->order[r];
-            float lowest = llm_candidates_floor(cand[0]);
-            for (uint32_t c = 1; c < j->m; c++) {
-                float f = llm_candidates_floor(cand[c]);
-                if (f < lowest) lowest = f;
-            }
-            if (j->key[t] < lowest) break; /* keys only fall from here on */
-            const int8_t *xs[LLM_HEAD_MANY_MAX];
-            float sc[LLM_HEAD_MANY_MAX], *ys[LLM_HEAD_MANY_MAX];
-            uint32_t who[LLM_HEAD_MANY_MAX], n = 0;
-            for (uint32_t c = 0; c < j->m; c++) {
-                if (j->bound[(size_t)c * j->stride + t] < llm_candidates_floor(cand[c])) continue;
-                xs[n] = j->xq[c];
-                sc[n] = j->xscale[c];
-                ys[n] = j->ys[lane] + (size_t)n * h->tile_rows;
-                who[n++] = c;
-            }
-            if (n == 0) continue;
-            /* the tile's rows, read once, scored for every position that needs them */
-            const uint32_t first = (uint32_t)t * h->tile_rows;
-            const uint32_t count =
-                h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-            llm_q4 part = h->w;
-            part.codes += (size_t)first * part.row_bytes;
-            part.scales += (size_t)first * part.n_groups;
-            part.rows = count;
-            if (n == 1u)
-                llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
-            else
-                llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
-            for (uint32_t k = 0; k < n; k++) {
-                for (uint32_t i = 0; i < count; i++) {
-                    const float v = ys[k][i];
-                    if (v != v) { /* unreachable by claim 2; kept as the dense route's check */
-                        j->nan_id[lane] = (int32_t)id_of(h, first + i);
-                        return;
-                    }
-                    llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
-                }
-                work->rows += count; /* rows scored, counted per position */
-            }
-            work->tiles++;
-            work->rows_read += count;
-        }
-    }
 }
 
 llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
@@ -379,7 +416,7 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
         cand1[c] = &lane1[c];
         llm_candidates_init(cand1[c], cand[c]->k);
     }
-    many_job job = {h, xq, xscale, m, T, bound, stride, key, order, {cand, cand1},
+    many_job job = {h, xq, xscale, m, T, bound, stride, key, order, NULL, {cand, cand1},
                     {s->wave_y, ys1}, {{0}, {0}}, {-1, -1}};
     if (sp != NULL && sp->split != NULL) {
         sp->split(sp->ctx, many_lane, &job, 2u);

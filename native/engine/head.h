@@ -23,11 +23,11 @@
 #include "llm.h"
 #include "sampler.h"
 
-/* Tiles scored per hand-off to the second core once the first tile has set a
- * floor. The first wave is always one tile: it usually sets the floor that
- * prunes most of the rest. Pruning only happens between waves, so a larger
- * wave scores more rows and pays fewer hand-offs: the cost model
- * (tools/mpllm/costmodel/) weighs the two. */
+/* Chunks of rows per hand-off on the dense route (plain mode, or a sampler
+ * that needs every logit). The certified route scores its first tile inline
+ * (it usually sets the floor that prunes most of the rest), then every tile
+ * still above that floor in two lanes, one per core, with one hand-off
+ * (head.c: "Order of visits"). */
 #define LLM_HEAD_WAVE_TILES 8u
 
 /* The head as staged: rows in tile order (row i is token ids[i]). */
@@ -47,8 +47,11 @@ typedef struct llm_head_scratch {
     int32_t *ibound;  /* [n_tiles] integer tile bounds */
     float *bound;     /* [n_tiles] logit bounds */
     uint16_t *heap;   /* [n_tiles] tiles not yet scored, max-heap on bound */
-    uint16_t *wave;   /* [LLM_HEAD_WAVE_TILES] tiles of the current wave */
-    float *wave_y;    /* [LLM_HEAD_WAVE_TILES * max(tile_rows, 1)] their values */
+    float *wave_y;    /* [LLM_HEAD_WAVE_TILES * max(tile_rows, 1)] the dense route's
+                       * values; the certified route's two lanes use its first
+                       * 2 * tile_rows, and lane1 and order lie in the rest */
+    llm_candidates *lane1; /* the second lane's candidate list */
+    uint16_t *order;  /* [n_tiles] tiles left after the first, by bound, largest first */
     uint32_t wave_rows; /* rows wave_y holds */
 } llm_head_scratch;
 

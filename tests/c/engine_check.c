@@ -81,6 +81,12 @@ static llm_status run_script(llm_engine *e, float *out, uint32_t *n_out, llm_err
 static uint32_t split_calls;
 static void split_rows(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows) {
     (void)ctx;
+    if (rows == 2u) { /* the head's two lanes: the second one first */
+        fn(arg, 1, 2);
+        fn(arg, 0, 1);
+        split_calls++;
+        return;
+    }
     /* the middle cut stays inside [0, rows]: 8 attention heads would put it past the end */
     uint32_t mid = rows / 3u + (rows > 7u ? 7u : 0u);
     uint32_t cut[4] = {0, rows / 3u, mid < rows ? mid : rows, rows};
@@ -110,6 +116,39 @@ static void check_row_split(const uint8_t *img, size_t len, const float *want, u
     llm_close(e);
 }
 
+/* 24 tokens sampled at T 0.8, top-40 after run_script's prompt (split or not). */
+static llm_status sampled_ids(llm_engine *e, int32_t *ids, llm_error *err) {
+    const llm_config *c = llm_get_config(e);
+    llm_sampler_options opt = {0.8f, 40, 7};
+    llm_status st = llm_set_sampler(e, &opt, err);
+    if (st != LLM_OK) return st;
+    int32_t prompt[5];
+    for (int i = 0; i < 5; i++) prompt[i] = (int32_t)((7u * (uint32_t)i + 3u) % c->vocab_out);
+    uint32_t n = c->seq_len < 5 ? c->seq_len : 5;
+    st = llm_prefill(e, prompt, n, &ids[0], err);
+    for (uint32_t k = 1; st == LLM_OK && k < 24 && llm_pos(e) < c->seq_len; k++)
+        st = llm_step(e, ids[k - 1], &ids[k], err);
+    return st;
+}
+
+/* The head's second lane too: top-40 tokens split (lanes run last first) equal unsplit. */
+static void check_sampled_split(const uint8_t *img, size_t len) {
+    int32_t want[24] = {0}, got[24] = {0};
+    llm_error err;
+    for (int split = 0; split < 2; split++) {
+        llm_host_port hp;
+        llm_port_host_init(&hp);
+        if (split) hp.port.parallel_rows = split_rows;
+        llm_engine *e = open_ok(img, len, &hp, "open for the sampled split check");
+        if (e == NULL) return;
+        llm_status st = sampled_ids(e, split ? got : want, &err);
+        EXPECT(st == LLM_OK, "sampled run (split %d): %s", split, err.message);
+        llm_close(e);
+    }
+    EXPECT(memcmp(want, got, sizeof want) == 0, "top-40 tokens differ when the port splits");
+    printf("sampled split: 24 top-40 tokens identical\n");
+}
+
 static void check_placements(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
@@ -131,6 +170,7 @@ static void check_placements(const uint8_t *img, size_t len) {
     llm_close(e);
     EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
     check_row_split(img, len, want, n_want);
+    check_sampled_split(img, len);
 
     /* Sweep region capacities: FAST exhausted early spills to BULK, BULK
      * exhausted makes weights read in place and required buffers fail.

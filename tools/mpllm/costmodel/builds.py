@@ -62,7 +62,9 @@ class Build:
     rows_fraction: float = 1.0
     bound: str = "pie"  # "scalar" | "pie-upstream" | "pie"
     order: str = "heap"  # "qsort" | "radix" | "heap"
-    wave_tiles: int = 32  # tiles per hand-off wave
+    #: tiles per hand-off wave; None: every tile after the inline ones in one
+    #: hand-off, two lanes with their own floors (head.c "Order of visits")
+    wave_tiles: int | None = 32
     first_wave_tiles: int = 0  # tiles scored inline before the first wave
     #: KV cache: "fp32-heads" (head-outer walks), "fp32-rows" (positions
     #: outer, all heads of a row together), "int8-rows", "int8-rows-pad"
@@ -250,7 +252,7 @@ BUILDS: dict[str, Build] = {
     "mpllm-exact-greedy": Build(
         "mpllm-exact-greedy", "exact, greedy", "pie",
         core=("int4", "sram"), head_fmt="int4", line=64, head="certified", logits="fused",
-        rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=8,
+        rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=None,
         first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
         sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, attn_rows4=True,
@@ -258,8 +260,9 @@ BUILDS: dict[str, Build] = {
         assumptions=(
             _OUR_PORT_NOTE,
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
-             "boxes + tile scale in SRAM, max-heap order, first tile inline then waves of "
-             "LLM_HEAD_WAVE_TILES (8) tiles, one hand-off each; scored rows + 4-byte scale + "
+             "boxes + tile scale in SRAM, max-heap order, first tile inline, then every tile "
+             "still above its floor in two lanes (one per core, each with its own floor), "
+             "one hand-off; scored rows + 4-byte scale + "
              "2-byte id from PSRAM"),
             ("no logits buffer; attention positions outer over 64-byte aligned rows: K as fp32, "
              "V as the exact int16 dots + one scale per position, each value recomputed with "

@@ -49,8 +49,8 @@ class Measured:
         """The measured head work at this image's own rows fraction."""
         if self.head_rows_fraction is None or self.head_tiles is None:
             return None
-        waves = self.head_waves if self.head_waves is not None else math.ceil(
-            self.head_tiles / b.wave_tiles)
+        waves = (self.head_waves if self.head_waves is not None
+                 else 2.0 if b.wave_tiles is None else math.ceil(self.head_tiles / b.wave_tiles))
         return HeadCounts(self.head_rows_fraction * s.vocab_out, self.head_tiles, waves,
                           max(0.0, waves - (1.0 if b.first_wave_tiles else 0.0)),
                           source="engine")

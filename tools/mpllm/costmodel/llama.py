@@ -53,12 +53,14 @@ from .s3 import (
 )
 from .shape import MODEL_STAGES, Shape, cdiv, n_groups, q4_row_bytes, story_positions
 from .sram import (
+    CANDIDATES_BYTES,
     ENGINE_STRUCT_BYTES,
     FAST_RESERVE_BYTES,
     N8_FREE_AT_REPL,
     SRAM_FREE_AT_BOOT,
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
+    head_scratch_bytes,
 )
 from .work import Fit
 
@@ -137,13 +139,6 @@ S3_BOARDS: dict[str, Board] = {
 }
 
 
-#: head.h LLM_HEAD_WAVE_TILES: tiles a wave of the certified head scores
-HEAD_WAVE_TILES = 8
-#: sizeof(llm_candidates) (sampler.h): two counts, LLM_SAMPLER_MAX_TOP_K (256)
-#: floats and ids
-CANDIDATES_BYTES = 8 + 256 * 4 * 2
-
-
 def _a16(n: int) -> int:
     return cdiv(n, 16) * 16
 
@@ -192,11 +187,8 @@ def engine_blocks(s: Shape, *, certified: bool,
     floats = (4 * _a16(d) + _a16(d + 2 * kvd) + 2 * _a16(widest) + 2 * _a16(L * s.ple_dim)
               + _a16(s.n_heads * S) + 2 * _a16(s.n_heads))
     col = 4 * floats + cdiv(widest, 32) * 32 + _a16(cp)
-    # the head's scratch (head.c llm_head_scratch_bytes): input, bounds, keys,
-    # heap, a wave's ids and values (a dense head: no tiles, chunks of 128 rows)
     nt, tile_rows = (s.n_tiles, TILE_ROWS) if cert else (0, 0)
-    scratch = (_a16(2 * cp) + 2 * _a16(4 * nt) + _a16(2 * nt) + _a16(2 * HEAD_WAVE_TILES)
-               + _a16(4 * HEAD_WAVE_TILES * (tile_rows or 128)))
+    scratch = head_scratch_bytes(s, certified=cert)
     out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
     out.append(("logits", 4 * V, "bulk", "required"))
     cells = L * S * kvd

@@ -148,8 +148,27 @@ def spill_by_stage(regions: Mapping[str, str], s: Shape = RELEASE) -> dict[str, 
     return out
 
 
-def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | None = None,
-              wave_tiles: int = 8) -> dict[str, object]:
+#: head.h LLM_HEAD_WAVE_TILES: row chunks a wave of the dense head scores
+HEAD_WAVE_TILES = 8
+#: sizeof(llm_candidates) (sampler.h): two counts, LLM_SAMPLER_MAX_TOP_K (256)
+#: floats and ids
+CANDIDATES_BYTES = 8 + 256 * 4 * 2
+
+
+def head_scratch_bytes(s: Shape, *, certified: bool) -> int:
+    """head.c llm_head_scratch_bytes: [xq | |xq|], tile bounds (int and float),
+    the heap, and the values buffer: a dense wave's chunks, or, when larger,
+    the certified route's two lanes (a tile's values each, the second lane's
+    candidate list, the tile order). Without tiles: chunks of 128 rows."""
+    cp = cdiv(s.dim, 32) * 32
+    nt, rows = (s.n_tiles, TILE_ROWS) if certified else (0, 128)
+    values = max(_r16(4 * HEAD_WAVE_TILES * rows),
+                 _r16(4 * 2 * rows) + _r16(CANDIDATES_BYTES) + _r16(2 * nt))
+    return _r16(2 * cp) + 2 * _r16(4 * nt) + _r16(2 * nt) + values
+
+
+def sram_plan(s: Shape = RELEASE, *,
+              memory: Iterable[tuple[str, str, int]] | None = None) -> dict[str, object]:
     """Internal SRAM the placement plan asks for against what is free at the
     REPL (`SRAM_FREE_AT_BOOT`, measured on the emulated board) less the port's
     reserve (`FAST_RESERVE_BYTES`). With `memory` (the engine's placement
@@ -181,8 +200,7 @@ def sram_plan(s: Shape = RELEASE, *, memory: Iterable[tuple[str, str, int]] | No
         act = (3 * d + (d + 2 * s.kv_dim) + d + 2 * max(s.ffn, p) + 2 * L * p
                + s.n_heads * s.seq_len) * 4
         act += 2 * _r16(4 * s.n_heads) + _r16(L * s.seq_len) + _r16(4 * d)
-        scratch = (_r16(2 * cp) + 2 * _r16(4 * nt) + _r16(2 * nt) + _r16(2 * wave_tiles)
-                   + _r16(4 * wave_tiles * TILE_ROWS) + 40 * 8)
+        scratch = head_scratch_bytes(s, certified=True) + 40 * 8
         items["activations + head scratch"] = _r16(act) + 2 * _r16(cp) + scratch
         items["engine"] = ENGINE_STRUCT_BYTES
         source = "computed from the shape (no placement report given)"

@@ -134,8 +134,9 @@ class HeadCounts:
         rows = fraction * s.vocab_out
         tiles = min(float(s.n_tiles), max(1.0, rows / TILE_ROWS))
         rest = max(0.0, tiles - b.first_wave_tiles)
-        waves = (1.0 if b.first_wave_tiles else 0.0) + math.ceil(rest / b.wave_tiles)
-        handoffs = math.ceil(rest / b.wave_tiles)
+        handoffs = (float(rest > 0) if b.wave_tiles is None
+                    else float(math.ceil(rest / b.wave_tiles)))
+        waves = (1.0 if b.first_wave_tiles else 0.0) + handoffs
         return cls(rows, tiles, waves, handoffs)
 
 
