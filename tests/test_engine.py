@@ -310,10 +310,12 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
         assert s["v_wide"] == 0
         kv = _kv_bytes_read(cfg, n_prompt, tokens)
-        # the head: each scored row (codes, scale, its token id), counted by the engine
+        # the head: each scored row (codes, scale) and each token id read (only rows
+        # that could enter the candidate list), counted by the engine
         assert heads <= s["head_tiles"] and s["head_waves"] >= heads
         assert heads <= s["head_rows"] <= heads * cfg.vocab_out
-        head = s["head_rows"] * (-(-d // 32) * 16 + 4 + 2)
+        assert heads <= s["head_ids"] < s["head_rows"]
+        head = s["head_rows"] * (-(-d // 32) * 16 + 4) + s["head_ids"] * 2
         assert s["bytes"]["bulk"] == kv + head
         assert s["bytes"]["fast"] > 0
         m.reset()
@@ -495,7 +497,8 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         tokens = n_prompt + n_steps
         # per token: the embedding row and the RoPE row, no PLE row
         assert s["bytes"]["flash"] == tokens * (cfg.dim // 2 + 4 + cfg.head_dim * 4)
-        head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4 + 2)
+        assert 0 < s["head_ids"] < s["head_rows"]  # ids read only for possible entrants
+        head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4) + s["head_ids"] * 2
         assert s["v_wide"] == 0
         assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head
 

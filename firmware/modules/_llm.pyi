@@ -206,11 +206,13 @@ class Model:
         head, sample -> float ms, summed), total_ms (float: sum of stage_ms),
         bytes (dict: flash, fast, bulk -> int bytes read: weights, norms, RoPE
         rows, embedding/PLE rows, KV cache reads and writes, head rows scored
-        with their token ids, the head's tile boxes; activations are not
+        and the token ids read (head_ids), the head's tile boxes; activations are not
         counted), head_rows (int: head rows scored, summed over evaluations;
         head_rows / (heads * vocab_out) is the share the certificate kept),
         head_tiles, head_waves (int: tiles scored, and the waves they were
-        scored in), handoffs (int: pieces of work sent to the second core),
+        scored in), head_ids (int: head rows whose token id was read: every row
+        on the dense route, on the certified one only the rows that could
+        enter the candidate list), handoffs (int: pieces of work sent to the second core),
         v_wide (int: cached V rows kept as floats because their integer dots
         did not fit int16; the others are kept as dots, the same values)."""
     def memory(self) -> list[tuple[str, str, int]]:

@@ -715,7 +715,8 @@ static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int de
     e->stats.handoffs += work->handoffs;
     e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read *
                                       (h->w.row_bytes + (uint64_t)h->w.n_groups * sizeof(float));
-    if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->rows_read * 2u;
+    e->stats.head_ids += work->ids;
+    if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->ids * 2u;
     if (!dense)
         e->stats.bytes[h->boxes_region] += (uint64_t)evals * h->n_tiles *
                                            (2u * h->cols_padded + sizeof(float));

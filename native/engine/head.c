@@ -188,7 +188,7 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, fl
                 logits[id_of(h, first[k] + i)] = s->wave_y[(size_t)k * chunk + i];
         r0 = r;
     }
-    work->rows = work->rows_read = h->w.rows;
+    work->rows = work->rows_read = work->ids = h->w.rows;
 }
 
 /* ---- tiles in two lanes: several positions in one scan, or one position's
@@ -262,17 +262,25 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
                 llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
             else
                 llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
-            for (uint32_t k = 0; k < n; k++) {
-                for (uint32_t i = 0; i < count; i++) {
+            /* row by row, every position: a value below the lane's floor cannot
+             * enter (claim 3 per row), so its id is never read */
+            for (uint32_t i = 0; i < count; i++) {
+                uint32_t id = UINT32_MAX; /* not read yet (ids are 16-bit) */
+                for (uint32_t k = 0; k < n; k++) {
                     const float v = ys[k][i];
                     if (v != v) { /* unreachable by claim 2; kept as the dense route's check */
                         j->nan_id[lane] = (int32_t)id_of(h, first + i);
                         return;
                     }
-                    llm_candidates_offer(cand[who[k]], v, id_of(h, first + i));
+                    if (v < lane_floor(j, cand, who[k])) continue;
+                    if (id == UINT32_MAX) {
+                        id = id_of(h, first + i);
+                        work->ids++;
+                    }
+                    llm_candidates_offer(cand[who[k]], v, id);
                 }
-                work->rows += count; /* rows scored, counted per position */
             }
+            work->rows += count * n; /* rows scored, counted per position */
             work->tiles++;
             work->rows_read += count;
         }
@@ -326,10 +334,15 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
     wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, &first, &count};
     run_wave(NULL, &job, 1u, work);
+    float floor = llm_candidates_floor(cand);
     for (uint32_t i = 0; i < count; i++) {
-        if (s->wave_y[i] != s->wave_y[i]) /* unreachable by claim 2; the dense route's check */
+        const float v = s->wave_y[i];
+        if (v != v) /* unreachable by claim 2; the dense route's check */
             return llm_fail(err, LLM_E_ARG, "logit %lu is NaN", (unsigned long)id_of(h, first + i));
-        llm_candidates_offer(cand, s->wave_y[i], id_of(h, first + i));
+        if (v < floor) continue; /* cannot enter (claim 3 per row): its id is never read */
+        llm_candidates_offer(cand, v, id_of(h, first + i));
+        work->ids++;
+        floor = llm_candidates_floor(cand);
     }
     work->rows = work->rows_read = count;
     work->tiles = 1;
@@ -358,6 +371,7 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
         work->rows += lanes.work[lane].rows;
         work->tiles += lanes.work[lane].tiles;
         work->rows_read += lanes.work[lane].rows_read;
+        work->ids += lanes.work[lane].ids;
     }
     for (uint32_t i = 0; i < s->lane1->count; i++)
         llm_candidates_offer(cand, s->lane1->value[i], s->lane1->id[i]);
@@ -434,6 +448,7 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
         work->rows += job.work[lane].rows;
         work->tiles += job.work[lane].tiles;
         work->rows_read += job.work[lane].rows_read;
+        work->ids += job.work[lane].ids;
     }
     return LLM_OK;
 }

@@ -59,6 +59,8 @@ typedef struct llm_head_scratch {
 typedef struct llm_head_work {
     uint32_t rows;      /* rows scored, summed over the positions evaluated */
     uint32_t rows_read; /* rows fetched from memory (once per tile for all positions) */
+    uint32_t ids;       /* token ids read: every row on the dense route; on the
+                         * certified one only rows that could enter a list */
     uint32_t tiles, waves, handoffs;
 } llm_head_work;
 

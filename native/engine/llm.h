@@ -114,6 +114,7 @@ typedef struct llm_stats {
      * rows / (heads * vocab_out) is the fraction the certificate kept */
     uint64_t head_rows;
     uint32_t head_tiles, head_waves;
+    uint64_t head_ids;          /* token ids read: rows that could enter a candidate list */
     uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
     uint32_t v_wide;            /* V rows cached as floats: their dots did not fit int16 */
 } llm_stats;

@@ -65,6 +65,9 @@ class Build:
     #: tiles per hand-off wave; None: every tile after the inline ones in one
     #: hand-off, two lanes with their own floors (head.c "Order of visits")
     wave_tiles: int | None = 32
+    #: the head reads a row's token id only when the row could enter the
+    #: candidate list (s3.HEAD_ID_READS), not for every row scored
+    ids_for_entrants: bool = False
     first_wave_tiles: int = 0  # tiles scored inline before the first wave
     #: KV cache: "fp32-heads" (head-outer walks), "fp32-rows" (positions
     #: outer, all heads of a row together), "int8-rows", "int8-rows-pad"
@@ -253,7 +256,7 @@ BUILDS: dict[str, Build] = {
         "mpllm-exact-greedy", "exact, greedy", "pie",
         core=("int4", "sram"), head_fmt="int4", line=64, head="certified", logits="fused",
         rows_fraction=RELEASE_GREEDY_FRACTION, bound="pie", order="heap", wave_tiles=None,
-        first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
+        ids_for_entrants=True, first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
         sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, attn_rows4=True,
         chain_interleave=4, **_OUR_PORT,
@@ -262,8 +265,8 @@ BUILDS: dict[str, Build] = {
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
              "boxes + tile scale in SRAM, max-heap order, first tile inline, then every tile "
              "still above its floor in two lanes (one per core, each with its own floor), "
-             "one hand-off; scored rows + 4-byte scale + "
-             "2-byte id from PSRAM"),
+             "one hand-off; scored rows + 4-byte scale from PSRAM, and the 2-byte id only of "
+             "rows that could enter the candidate list"),
             ("no logits buffer; attention positions outer over 64-byte aligned rows: K as fp32, "
              "V as the exact int16 dots + one scale per position, each value recomputed with "
              "the kernel's two roundings when read (4 ops), one position's rows four at a "

@@ -34,6 +34,7 @@ __all__ = [
 def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None = None,
                        *, head: bool = False, head_mode: str = "dense",
                        head_rows: float | None = None, head_ids: bool = True,
+                       head_id_reads: float | None = None,
                        v_dots: bool = True, weights: bool = True,
                        kv_rows_read: int | None = None) -> dict[str, dict[str, float]]:
     """Bytes the engine (native/engine/engine.c) charges per stage and region
@@ -70,18 +71,22 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     if head:
         out["head"][pl["norms"]] += d * 4
         for r, v in head_eval_bytes(s, pl, mode=head_mode, rows=head_rows,
-                                    ids=head_ids).items():
+                                    ids=head_ids, id_reads=head_id_reads).items():
             out["head"][r] += v
     return out
 
 
 def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mode: str,
-                    rows: float | None = None, ids: bool = True) -> dict[str, float]:
+                    rows: float | None = None, ids: bool = True,
+                    id_reads: float | None = None) -> dict[str, float]:
     """Bytes one head evaluation charges, per region (engine.c charge_head):
-    the scored rows with their fp32 scales and 2-byte ids; a certified
-    evaluation adds the whole tile index (int8 box mid+half over the padded
-    columns + an f32 tile scale per tile), a dense one (plain mode, top_k 0)
-    the logits buffer written by the head and read by the sampler."""
+    the scored rows with their fp32 scales, and 2 bytes per token id read
+    (`id_reads`, the engine's head_ids; default one per row, as the dense
+    head reads them: the certified head reads only the ids of rows that could
+    enter its candidate list); a certified evaluation adds the whole tile
+    index (int8 box mid+half over the padded columns + an f32 tile scale per
+    tile), a dense one (plain mode, top_k 0) the logits buffer written by the
+    head and read by the sampler."""
     pl = {"head": "bulk", "ids": "bulk", "tiles": "fast", "logits": "bulk"}
     pl.update(placement or {})
     out = dict.fromkeys(REGIONS, 0.0)
@@ -98,7 +103,7 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
         raise ValueError(f"unknown head mode {mode!r}: dense or certified")
     out[pl["head"]] += rows * rb
     if ids:
-        out[pl["ids"]] += rows * 2
+        out[pl["ids"]] += (rows if id_reads is None else id_reads) * 2
     return out
 
 
@@ -116,11 +121,13 @@ def _prompt_pass(pos: int, n_prompt: int) -> dict[str, object]:
 def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
                      placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
                      head_rows: float | None = None, head_ids: bool = True,
+                     head_id_reads: float | None = None,
                      v_dots: bool = True) -> dict[str, int]:
     """Region totals the engine reports after prefill(n_prompt tokens) and
     n_steps step() calls from position 0 (one head evaluation per call).
     `head_rows` is the engine's total of head rows scored (default: all rows
-    of every evaluation, the dense head)."""
+    of every evaluation, the dense head), `head_id_reads` its total of token
+    ids read (stats()["head_ids"]; default one per row scored)."""
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in range(n_prompt + n_steps):
         for st in engine_stage_bytes(s, pos, placement, v_dots=v_dots,
@@ -132,7 +139,8 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
     pl = {"norms": "fast", **(placement or {})}
     tot[pl["norms"]] += heads * s.dim * 4
     per_eval = head_eval_bytes(s, placement, mode=head_mode, rows=0.0, ids=head_ids)
-    with_rows = head_eval_bytes(s, placement, mode=head_mode, rows=rows, ids=head_ids)
+    with_rows = head_eval_bytes(s, placement, mode=head_mode, rows=rows, ids=head_ids,
+                                id_reads=head_id_reads)
     for r in REGIONS:
         tot[r] += heads * per_eval[r] + (with_rows[r] - per_eval[r])
     return {r: round(v) for r, v in tot.items()}
@@ -141,11 +149,13 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
 def check_bytes(measured_totals: Mapping[str, int], s: Shape, n_prompt: int, n_steps: int,
                 placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
                 head_rows: float | None = None, head_ids: bool = True,
+                head_id_reads: float | None = None,
                 v_dots: bool = True) -> dict[str, int]:
     """Analytic region totals for the same run; raises ValueError naming the
     regions where the engine's counters disagree with the formulas."""
     expect = run_region_bytes(s, n_prompt, n_steps, placement, head_mode=head_mode,
-                              head_rows=head_rows, head_ids=head_ids, v_dots=v_dots)
+                              head_rows=head_rows, head_ids=head_ids,
+                              head_id_reads=head_id_reads, v_dots=v_dots)
     bad = {r: (int(measured_totals.get(r, 0)), expect[r]) for r in REGIONS
            if int(measured_totals.get(r, 0)) != expect[r]}
     if bad:
@@ -175,12 +185,12 @@ def placement_from_memory(memory: Iterable[tuple[str, str, int]]) -> dict[str, s
 
 def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] | None = None,
                       *, rows_read: float = 0.0, head_ids: bool = True,
-                      v_dots: bool = True) -> dict[str, float]:
+                      id_reads: float | None = None, v_dots: bool = True) -> dict[str, float]:
     """Bytes the engine charges per region for one llm_verify pass of m
     positions at pos (m >= 2, the many-positions head scan): the weights and
     the cache rows 0..pos+m-1 once, each position's flash rows, norms, cache
     row written and tile boxes, and `rows_read` head rows (with their scales
-    and ids) once."""
+    and `id_reads` token ids, default one per row) once."""
     tot = dict.fromkeys(REGIONS, 0.0)
     for c in range(m):
         kw: dict[str, object] = ({"kv_rows_read": pos + m} if c == 0
@@ -192,19 +202,21 @@ def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] |
     pl = {"norms": "fast", **(placement or {})}
     tot[pl["norms"]] += m * s.dim * 4
     per_eval = head_eval_bytes(s, placement, mode="certified", rows=0.0, ids=head_ids)
-    rows = head_eval_bytes(s, placement, mode="certified", rows=rows_read, ids=head_ids)
+    rows = head_eval_bytes(s, placement, mode="certified", rows=rows_read, ids=head_ids,
+                           id_reads=id_reads)
     for r in REGIONS:
         tot[r] += m * per_eval[r] + (rows[r] - per_eval[r])
     return tot
 
 
 def _check_pass_bytes(delta: Mapping[str, int], s: Shape, pos: int, m: int, tiles: int,
-                      placement: Mapping[str, str], head_ids: bool) -> None:
+                      placement: Mapping[str, str], head_ids: bool, id_reads: int) -> None:
     """The engine's bytes for one pass equal pass_region_bytes with the head
-    rows it read: a whole number of rows, within the tiles it fetched."""
-    base = pass_region_bytes(s, pos, m, placement, head_ids=head_ids)
-    per_row = head_eval_bytes(s, placement, mode="certified", rows=1.0, ids=head_ids)
-    empty = head_eval_bytes(s, placement, mode="certified", rows=0.0, ids=head_ids)
+    rows it read and the `id_reads` token ids (its head_ids): a whole number
+    of rows, within the tiles it fetched."""
+    base = pass_region_bytes(s, pos, m, placement, head_ids=head_ids, id_reads=id_reads)
+    per_row = head_eval_bytes(s, placement, mode="certified", rows=1.0, ids=head_ids, id_reads=0)
+    empty = head_eval_bytes(s, placement, mode="certified", rows=0.0, ids=head_ids, id_reads=0)
     row_b = {r: per_row[r] - empty[r] for r in REGIONS}
     head_region = max(row_b, key=row_b.get)  # type: ignore[arg-type]
     rows = (delta[head_region] - base[head_region]) / row_b[head_region]

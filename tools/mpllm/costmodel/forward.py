@@ -26,6 +26,7 @@ from .s3 import (
     FDOT_OPS,
     FDOT_ROWS4_OPS,
     HALF2FLOAT_OPS,
+    HEAD_ID_READS,
     HEAP_OPS_PER_CMP,
     ICACHE_LINE,
     ICACHE_MISS_S,
@@ -349,7 +350,10 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     elif b.order == "radix":
         w.compute(ops=nt * RADIX_OPS_PER_KEY)
     else:  # max-heap: build, then one pop per tile scanned (+ the one that stops)
-        w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + (c.tiles + 1) * 2 * log_n))
+        # the lanes' order: every tile above the first tile's floor popped
+        # (charged as all of them); waves pop one per tile scanned (+ the stop)
+        pops = nt if b.wave_tiles is None else c.tiles + 1
+        w.compute(ops=HEAP_OPS_PER_CMP * (2 * nt + pops * 2 * log_n))
     rows = c.rows
     inline_rows = min(rows, b.first_wave_tiles * TILE_ROWS)
     row_bytes = q4_row_bytes(d)
@@ -369,18 +373,23 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
         k = b.top_k
         inserts = k * (1.0 + math.log(max(rows / k, 1.0)))
         w.compute(split=True, ops=inserts * (k / 2) * 3)
+        if b.wave_tiles is None:
+            w.compute(ops=k * (k / 2) * 3)  # lane 1's list offered into lane 0's
     w.handoff(c.handoffs, b.handoff_s)
     ids_b = 2 if b.kernels == "pie" else 0  # esp32-ai reads head4_tok only on ties
-    tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
-                  + stream_lines(TILE_ROWS * ids_b, b.line))
-    inline_tiles = min(c.tiles, float(b.first_wave_tiles))
-    inline_b = inline_tiles / c.tiles * rows * (row_bytes + 4 + ids_b)
-    rest_b = (1 - inline_tiles / c.tiles) * rows * (row_bytes + 4 + ids_b)
+    lines = c.tiles * (stream_lines(TILE_ROWS * row_bytes, b.line)
+                       + stream_lines(TILE_ROWS * 4, b.line))
+    id_lines, id_reads = c.tiles * stream_lines(TILE_ROWS * ids_b, b.line), rows
+    if ids_b and b.ids_for_entrants:  # each read a line, at most the rows' id lines
+        id_reads = min(rows, HEAD_ID_READS["top40" if b.sampler == "cand-topk" else "greedy"])
+        id_lines = min(id_lines, id_reads)
+    inline = min(c.tiles, float(b.first_wave_tiles)) / c.tiles  # share scored inline
+    total_b = rows * (row_bytes + 4) + id_reads * ids_b
     if b.head_tier == "sram":  # a board without PSRAM: the rows are loads in the kernel
-        w.sram(inline_b + rest_b)
+        w.sram(total_b)
         return
-    w.psram(inline_tiles * tile_lines, b.line, inline_b)
-    w.psram((c.tiles - inline_tiles) * tile_lines, b.line, rest_b, split=True)
+    w.psram(inline * (lines + id_lines), b.line, inline * total_b)
+    w.psram((1 - inline) * (lines + id_lines), b.line, (1 - inline) * total_b, split=True)
 
 
 def sample_work(w: Work, b: Build, s: Shape) -> None:

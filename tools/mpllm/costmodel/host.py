@@ -44,6 +44,8 @@ class Measured:
     memory: list[tuple[str, str, int]] = field(default_factory=list)
     head_mode: str = "dense"  # how the engine evaluated the head ("certified" | "dense")
     head_ids: bool = True  # the image stores a head row order (ids charged per row)
+    #: token ids the head read per evaluation (stats()["head_ids"]); None: one per row
+    head_id_reads: float | None = None
 
     def head_counts(self, b: Build, s: Shape) -> HeadCounts | None:
         """The measured head work at this image's own rows fraction."""
@@ -96,9 +98,9 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     mode = "certified" if certified else "dense"
     has_ids = any(name == "head_ids" for name, _, _ in memory)
     head_rows = float(st.get("head_rows", heads * s.vocab_out))
+    head_id_reads = float(st["head_ids"]) if "head_ids" in st else None
     check_bytes(totals, s, len(ids), n_steps, placement, head_mode=mode, head_rows=head_rows,
-                v_dots=not plain,
-                head_ids=has_ids)
+                v_dots=not plain, head_ids=has_ids, head_id_reads=head_id_reads)
     # per generated token: subtract the prompt's layer passes but one token's
     # (a story's steady state does not pay them per token)
     prompt_only = dict.fromkeys(REGIONS, 0.0)
@@ -128,6 +130,8 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
         sources["pie"] = "kernels_pie.c through pie_model.c's instruction counters"
     out = Measured(per_token, pie_calls, positions, sources, memory=memory,
                    bound_pie_per_tile=bound_pie, head_mode=mode, head_ids=has_ids)
+    if head_id_reads is not None and heads:
+        out.head_id_reads = head_id_reads / heads
     if "head_rows" in st and heads:
         out.head_rows_fraction = head_rows / heads / s.vocab_out
         out.head_tiles = float(st.get("head_tiles", 0)) / heads

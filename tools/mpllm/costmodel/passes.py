@@ -38,6 +38,7 @@ from .s3 import (
     ERFF_OPS,
     FAXPY_OPS,
     FDOT_OPS,
+    HEAD_ID_READS,
     HEAP_OPS_PER_CMP,
     PY_LOOP_HOST_PASS_S,
     ROW_OPS_PIE,
@@ -228,9 +229,16 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
         k = b.top_k if b.sampler == "cand-topk" else 1
         w.compute(ops=m * k * (k / 2) * 3)  # lane 1's lists offered into lane 0's
     row_bytes = q4_row_bytes(d)
-    tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
-                  + stream_lines(TILE_ROWS * 2, b.line))
-    w.psram(ph.tiles * tile_lines, b.line, rows_read * (row_bytes + 4 + 2), split=split)
+    tile_lines = stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
+    # a row's id is read once for the positions it could enter (s3.HEAD_ID_READS
+    # per position, each read a line, at most the rows' id lines)
+    id_lines, id_reads = ph.tiles * stream_lines(TILE_ROWS * 2, b.line), float(rows_read)
+    if b.ids_for_entrants:
+        id_reads = min(id_reads, m * HEAD_ID_READS["top40" if b.sampler == "cand-topk"
+                                                   else "greedy"])
+        id_lines = min(id_lines, id_reads)
+    w.psram(ph.tiles * tile_lines + id_lines, b.line, rows_read * (row_bytes + 4) + id_reads * 2,
+            split=split)
 
 
 def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: int,

@@ -392,7 +392,8 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
         rows = (measured.head_rows_fraction or 1.0) * s.vocab_out
         formula = _formula_per_token(s, measured.positions, placement,
                                      head_mode=measured.head_mode, head_rows=rows,
-                                     head_ids=measured.head_ids)
+                                     head_ids=measured.head_ids,
+                                     head_id_reads=measured.head_id_reads)
         scale = (measured.region_bytes["bulk"] / formula["bulk"] if formula["bulk"] else 1.0,
                  measured.region_bytes["flash"] / formula["flash"] if formula["flash"] else 1.0)
     sampled_fraction = fr.sampled if fr.sampled is not None else fr.greedy
@@ -498,6 +499,8 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
         "one element at a time: every dependent float op waits for the previous one")
     add("greedy with 16-byte-aligned KV rows", dataclasses.replace(g, kv_offset=None),
         "KV rows not on line boundaries: a 384-byte row touches 7 lines 3 times in 4")
+    add("greedy, every scored row's token id read", dataclasses.replace(g, ids_for_entrants=False),
+        "the head before it read ids only for rows that could enter the candidate list")
     add("sampled, the head in waves of 8 tiles", dataclasses.replace(t, wave_tiles=8),
         "the head before its two lanes: a hand-off per wave of 8 tiles after the first; the "
         "same rows assumed (the lanes scored 0.97x the rows on the demo model at top-40, "

@@ -255,6 +255,13 @@ BOUND_OPS_PER_TILE = 12
 HEAP_OPS_PER_CMP = 3
 #: Candidate update per scored row: compare with the floor, branch, count.
 CAND_OPS_PER_ROW = 3
+#: Token ids the certified head reads per evaluation: only rows that could
+#: enter the candidate list read theirs (head.c). Measured by the host engine
+#: (stats()["head_ids"] / heads) on a random release-shaped head, 20 prompts x
+#: 41 steps: greedy 8.9, T 0.8 top-40 342.4. Each read is charged a whole PSRAM
+#: line (an upper bound: a numpy replay of the same scans touched 0.63 lines a
+#: read greedy and 0.31 at top-40), never more lines than the rows' ids fill.
+HEAD_ID_READS = {"greedy": 8.9, "top40": 342.4}
 #: esp32-ai's scalar tile bound (max of two products per dimension): 1.074 ms
 #: for 199 tiles x 96 dims (EXP-134, runtime of the build before it moved to
 #: PIE) = 13.5 cycles per tile dimension.

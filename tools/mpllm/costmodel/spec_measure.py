@@ -121,7 +121,8 @@ def measure_union(image: object, *, llm_module: object | None = None,
                                                  "assume none")
                             pt = z["head_tiles"] - a["head_tiles"]
                             _check_pass_bytes({r: z["bytes"][r] - a["bytes"][r] for r in REGIONS},
-                                              s, pos, k, pt, placement, has_ids)
+                                              s, pos, k, pt, placement, has_ids,
+                                              z["head_ids"] - a["head_ids"])
                             acc = sums[k]
                             acc[0] += pt
                             acc[1] += sum(tiles[i:i + k])
