@@ -501,6 +501,9 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
         "KV rows not on line boundaries: a 384-byte row touches 7 lines 3 times in 4")
     add("greedy, every scored row's token id read", dataclasses.replace(g, ids_for_entrants=False),
         "the head before it read ids only for rows that could enter the candidate list")
+    add("greedy, waves of 16 tiles", dataclasses.replace(g, wave_tiles=16),
+        "the head in waves of 16 tiles after the first instead of its two lanes; same rows "
+        "assumed (pruning between waves lost is not modelled)")
     add("sampled, the head in waves of 8 tiles", dataclasses.replace(t, wave_tiles=8),
         "the head before its two lanes: a hand-off per wave of 8 tiles after the first; the "
         "same rows assumed (the lanes scored 0.97x the rows on the demo model at top-40, "
