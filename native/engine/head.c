@@ -263,7 +263,10 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
             else
                 llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
             /* row by row, every position: a value below the lane's floor cannot
-             * enter (claim 3 per row), so its id is never read */
+             * enter (claim 3 per row), so its id is never read; a floor only
+             * changes when its list takes a row */
+            float fl[LLM_HEAD_MANY_MAX];
+            for (uint32_t k = 0; k < n; k++) fl[k] = lane_floor(j, cand, who[k]);
             for (uint32_t i = 0; i < count; i++) {
                 uint32_t id = UINT32_MAX; /* not read yet (ids are 16-bit) */
                 for (uint32_t k = 0; k < n; k++) {
@@ -272,12 +275,13 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
                         j->nan_id[lane] = (int32_t)id_of(h, first + i);
                         return;
                     }
-                    if (v < lane_floor(j, cand, who[k])) continue;
+                    if (v < fl[k]) continue;
                     if (id == UINT32_MAX) {
                         id = id_of(h, first + i);
                         work->ids++;
                     }
                     llm_candidates_offer(cand[who[k]], v, id);
+                    fl[k] = lane_floor(j, cand, who[k]);
                 }
             }
             work->rows += count * n; /* rows scored, counted per position */
@@ -285,6 +289,32 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
             work->rows_read += count;
         }
     }
+}
+
+/* Both lanes (on two cores when `split`, else one after the other), then
+ * their work summed and lane 1's lists offered into lane 0's. */
+static llm_status LLM_HOT run_lanes(const llm_splitter *sp, int split, many_job *job,
+                                    llm_head_work *work, llm_error *err) {
+    if (split && sp != NULL && sp->split != NULL) {
+        sp->split(sp->ctx, many_lane, job, 2u);
+        work->handoffs++;
+    } else {
+        many_lane(job, 0, 2u);
+    }
+    for (uint32_t lane = 0; lane < 2u; lane++) {
+        if (job->nan_id[lane] >= 0)
+            return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)job->nan_id[lane]);
+        work->rows += job->work[lane].rows;
+        work->tiles += job->work[lane].tiles;
+        work->rows_read += job->work[lane].rows_read;
+        work->ids += job->work[lane].ids;
+    }
+    for (uint32_t c = 0; c < job->m; c++) {
+        const llm_candidates *from = job->cand[1][c];
+        for (uint32_t i = 0; i < from->count; i++)
+            llm_candidates_offer(job->cand[0][c], from->value[i], from->id[i]);
+    }
+    return LLM_OK;
 }
 
 /* ---- the certified route ------------------------------------------------ */
@@ -358,24 +388,8 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     const int8_t *xqs[1] = {xq};
     many_job lanes = {h, xqs, &xscale, 1u, n, s->bound, 0u, s->bound, s->order, &f0, {c0, c1},
                       {s->wave_y, s->wave_y + h->tile_rows}, {{0}, {0}}, {-1, -1}};
-    if (sp != NULL && sp->split != NULL && n > 1u) { /* one tile: lane 1 has none */
-        sp->split(sp->ctx, many_lane, &lanes, 2u);
-        work->handoffs++;
-    } else {
-        many_lane(&lanes, 0, 2u);
-    }
     work->waves++;
-    for (uint32_t lane = 0; lane < 2u; lane++) {
-        if (lanes.nan_id[lane] >= 0)
-            return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)lanes.nan_id[lane]);
-        work->rows += lanes.work[lane].rows;
-        work->tiles += lanes.work[lane].tiles;
-        work->rows_read += lanes.work[lane].rows_read;
-        work->ids += lanes.work[lane].ids;
-    }
-    for (uint32_t i = 0; i < s->lane1->count; i++)
-        llm_candidates_offer(cand, s->lane1->value[i], s->lane1->id[i]);
-    return LLM_OK;
+    return run_lanes(sp, n > 1u /* one tile: lane 1 has none */, &lanes, work, err);
 }
 
 llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *mem,
@@ -432,25 +446,7 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
     }
     many_job job = {h, xq, xscale, m, T, bound, stride, key, order, NULL, {cand, cand1},
                     {s->wave_y, ys1}, {{0}, {0}}, {-1, -1}};
-    if (sp != NULL && sp->split != NULL) {
-        sp->split(sp->ctx, many_lane, &job, 2u);
-        work->handoffs = 1;
-    } else {
-        many_lane(&job, 0, 2u);
-    }
-    for (uint32_t lane = 0; lane < 2u; lane++)
-        if (job.nan_id[lane] >= 0)
-            return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)job.nan_id[lane]);
-    for (uint32_t c = 0; c < m; c++)
-        for (uint32_t i = 0; i < cand1[c]->count; i++)
-            llm_candidates_offer(cand[c], cand1[c]->value[i], cand1[c]->id[i]);
-    for (uint32_t lane = 0; lane < 2u; lane++) {
-        work->rows += job.work[lane].rows;
-        work->tiles += job.work[lane].tiles;
-        work->rows_read += job.work[lane].rows_read;
-        work->ids += job.work[lane].ids;
-    }
-    return LLM_OK;
+    return run_lanes(sp, 1, &job, work, err);
 }
 
 /* ---- checks at open ------------------------------------------------------ */

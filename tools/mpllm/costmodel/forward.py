@@ -381,7 +381,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
                        + stream_lines(TILE_ROWS * 4, b.line))
     id_lines, id_reads = c.tiles * stream_lines(TILE_ROWS * ids_b, b.line), rows
     if ids_b and b.ids_for_entrants:  # each read a line, at most the rows' id lines
-        id_reads = min(rows, HEAD_ID_READS["top40" if b.sampler == "cand-topk" else "greedy"])
+        id_reads = min(rows, head_id_reads(b))
         id_lines = min(id_lines, id_reads)
     inline = min(c.tiles, float(b.first_wave_tiles)) / c.tiles  # share scored inline
     total_b = rows * (row_bytes + 4) + id_reads * ids_b
@@ -390,6 +390,12 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
         return
     w.psram(inline * (lines + id_lines), b.line, inline * total_b)
     w.psram((1 - inline) * (lines + id_lines), b.line, (1 - inline) * total_b, split=True)
+
+
+def head_id_reads(b: Build) -> float:
+    """Token ids one certified head evaluation reads (s3.HEAD_ID_READS) for this
+    build's sampler."""
+    return HEAD_ID_READS["top40" if b.sampler == "cand-topk" else "greedy"]
 
 
 def sample_work(w: Work, b: Build, s: Shape) -> None:

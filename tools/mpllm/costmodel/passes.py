@@ -22,6 +22,7 @@ from .forward import (
     embed_position_work,
     exp_work,
     fast_query_work,
+    head_id_reads,
     kv_read_work,
     kv_store_work,
     quantize_work,
@@ -38,7 +39,6 @@ from .s3 import (
     ERFF_OPS,
     FAXPY_OPS,
     FDOT_OPS,
-    HEAD_ID_READS,
     HEAP_OPS_PER_CMP,
     PY_LOOP_HOST_PASS_S,
     ROW_OPS_PIE,
@@ -234,8 +234,7 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
     # per position, each read a line, at most the rows' id lines)
     id_lines, id_reads = ph.tiles * stream_lines(TILE_ROWS * 2, b.line), float(rows_read)
     if b.ids_for_entrants:
-        id_reads = min(id_reads, m * HEAD_ID_READS["top40" if b.sampler == "cand-topk"
-                                                   else "greedy"])
+        id_reads = min(id_reads, m * head_id_reads(b))
         id_lines = min(id_lines, id_reads)
     w.psram(ph.tiles * tile_lines + id_lines, b.line, rows_read * (row_bytes + 4) + id_reads * 2,
             split=split)
