@@ -115,7 +115,8 @@ BUILDS = {**VARIANTS, "coverage": ["VARIANT=coverage"]}
 def _build_unix(mp: Path, variant: str = "default") -> Path:
     """Build (incrementally) the unix port with our module; returns the binary.
     Options avoid the submodules a bare checkout lacks (berkeley-db, mbedtls)
-    and the frozen micropython-lib manifest."""
+    and the frozen micropython-lib manifest; STRIP= keeps the symbols and
+    debug information that python_loop --count tells the engine by."""
     port = mp / "ports" / "unix"
     # one build directory per checkout: make keeps objects newer than their
     # sources, so another checkout with older files would silently reuse them
@@ -124,7 +125,8 @@ def _build_unix(mp: Path, variant: str = "default") -> Path:
         build += "-" + variant
     # MPLLM_TEST_HOOKS: SIGINT forced at named points of the binding (MPLLM_TEST_SIGINT)
     base = ["make", "-C", str(port), f"BUILD={build}", "FROZEN_MANIFEST=",
-            "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", f"USER_C_MODULES={ROOT / 'native'}",
+            "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", "STRIP=",
+            f"USER_C_MODULES={ROOT / 'native'}",
             "MPLLM_TEST_HOOKS=1", *BUILDS[variant]]
     mpy_cross = mp / "mpy-cross"
     if not (mpy_cross / "build" / "mpy-cross").exists():

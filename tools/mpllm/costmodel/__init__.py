@@ -184,6 +184,7 @@ __all__ = [
     "pie_matvec_instructions",
     "plot",
     "predict",
+    "python_loop_s",
     "report",
     "run_region_bytes",
     "sram_plan",

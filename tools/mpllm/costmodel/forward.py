@@ -35,8 +35,6 @@ from .s3 import (
     NEWLIB_EXPF_CYCLES,
     NEWLIB_TRIG_CYCLES,
     PCG32_OPS,
-    PY_LOOP_HOST_STEP_S,
-    PY_S3_PER_HOST,
     Q4_UNPACK_OPS,
     QSORT_CMP_CYCLES,
     QUANT_CYCLES,
@@ -51,6 +49,7 @@ from .s3 import (
     UPSTREAM_BOUND_PIE_CYCLES_PER_TILE,
     UPSTREAM_BOUND_SCALAR_CYCLES_PER_DIM,
     V_ROWS4_OPS,
+    python_loop_s,
 )
 from .shape import (
     MODEL_STAGES,
@@ -513,7 +512,7 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
 
     _head(work["head"], b, s, pie_calls, counts, bound_pie)
     sample_work(work["sample"], b, s)
-    charge_port(work, b, PY_LOOP_HOST_STEP_S)
+    charge_port(work, b, "step")
     return work
 
 
@@ -534,18 +533,18 @@ def charge_spill(work: Mapping[str, Work], b: Build) -> None:
         work[st].flash(nbytes, b.line)
 
 
-def charge_port(work: Mapping[str, Work], b: Build, loop_host_s: float, *,
+def charge_port(work: Mapping[str, Work], b: Build, loop: str, *,
                 icache: bool = True) -> None:
     """What a token (or a verify pass) costs around the engine on our port:
     instruction-cache refills when the code it runs outgrows the cache (each
     line once: the working set is cycled through in order, so LRU keeps none
-    of it), and llm.py's MicroPython loop (loop_host_s measured on the unix
-    port, scaled to the S3 by pystones)."""
+    of it), and llm.py's MicroPython loop (s3.python_loop_s(loop): "step" or
+    "pass", counted on the unix port and priced for the S3)."""
     if icache and b.code_bytes > b.icache_bytes:
         misses = cdiv(b.code_bytes, ICACHE_LINE)
         work["icache"].compute(cycles=misses * ICACHE_MISS_S * CPU_HZ)
     if b.python_loop:
-        work["python"].compute(cycles=loop_host_s * PY_S3_PER_HOST * CPU_HZ)
+        work["python"].compute(cycles=python_loop_s(loop) * CPU_HZ)
 
 
 def build_work(b: Build, s: Shape = RELEASE, positions: Sequence[int] | None = None,

@@ -47,9 +47,8 @@ from .s3 import (
     ICACHE_BYTES_OURS,
     ICACHE_LINE,
     MP_GC_INITIAL_HEAP_BYTES,
-    PY_LOOP_HOST_STEP_S,
-    PY_S3_PER_HOST,
     TILE_ROWS,
+    python_loop_s,
 )
 from .shape import MODEL_STAGES, Shape, cdiv, n_groups, q4_row_bytes, story_positions
 from .sram import (
@@ -466,7 +465,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
         "fitted_on": [],
         "held_out": ("every figure: the constants were fitted on esp32-ai's stock build "
                      "(calibration.FITTED_CONSTANTS) and nothing on a llama2.c model"),
-        "python_loop_ms": PY_LOOP_HOST_STEP_S * PY_S3_PER_HOST * 1e3,
+        "python_loop_ms": python_loop_s("step") * 1e3,
         "icache_line": ICACHE_LINE,
         "placements": places, "rows": rows,
         "public_ports": [{"port": n, "where": w, "tok_s": t} for n, w, t in PUBLIC_PORTS],

@@ -40,7 +40,6 @@ from .s3 import (
     FAXPY_OPS,
     FDOT_OPS,
     HEAP_OPS_PER_CMP,
-    PY_LOOP_HOST_PASS_S,
     ROW_OPS_PIE,
     TILE_ROWS,
 )
@@ -295,7 +294,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
         work = token_work(b, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
         # llm.py's loop: a pass's share instead of a step's (per token: _spec_entry)
         work["python"] = Work()
-        charge_port(work, b, PY_LOOP_HOST_PASS_S, icache=False)
+        charge_port(work, b, "pass", icache=False)
         return work
     ph = head or PassHead.from_union(b, s, b.rows_fraction, m, 1.0, 1.0)
     d, L, f, p, h, dh = s.dim, s.n_layers, s.ffn, s.ple_dim, s.n_heads, s.head_dim
@@ -356,7 +355,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     for _ in range(m):
         sample_work(work["sample"], b, s)
     _batch_buffers(work, b, s, pos, m, ph)
-    charge_port(work, b, PY_LOOP_HOST_PASS_S)  # per pass; per story token: _spec_entry
+    charge_port(work, b, "pass")  # per pass; per story token: _spec_entry
     return work
 
 

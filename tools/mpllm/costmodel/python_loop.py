@@ -1,9 +1,11 @@
 """The MicroPython loop per token, measured: what llm.py's loop around the
-engine costs on the MicroPython unix port built with our module (the figures
-s3.py's PY_LOOP_HOST_* constants hold), and the pystone of that binary.
+engine costs on the MicroPython unix port built with our module, timed or
+counted (--count: the figures s3.PY_LOOP_COUNTS holds), and the pystone of
+that binary.
 
     python -m mpllm.costmodel.python_loop --micropython PATH [--image IMG]
         [--tokens 200] [--seeds 1,2,3] [--runs 5] [--micropy-dir DIR] [--json FILE]
+        [--count]
 
 PATH is the unix port built with USER_C_MODULES=native (the tests build one
 when MICROPY_DIR is set: tests/test_micropython_binding.py's _build_unix).
@@ -32,9 +34,21 @@ the binding and the engine spend outside the engine's stage timers).
 With --micropy-dir (default $MICROPY_DIR) holding MicroPython's
 tests/perf_bench, the same binary also runs its pystone (misc_pystone.py
 with benchrun.py, 20,000 loops as run-perfbench.py's largest parameters),
-best of --pystone-runs: the ratio to an ESP32's pystones scales the loop to
-the board (s3.PY_S3_PER_HOST). And gc.mem_free() of the binary's heap before
+best of --pystone-runs. And gc.mem_free() of the binary's heap before
 `import llm`, after it and after llm.load().
+
+--count counts instead of timing (what s3.PY_LOOP_* hold): each way runs
+under valgrind's callgrind, once at --count-lengths' first story length and
+once at its second, and the difference per story token is the loop's: host
+instructions outside native/engine/ (MicroPython's runtime, the libc under
+it, our binding and port layer) and the misses they take in a simulated
+data cache with the board's geometry (32 KB, 8 ways, 64-byte lines: the
+engine's token streams more than that through the cache in between, as it
+does on the board). Pystone is counted the same way (two loop counts), so
+that the S3 price of a counted instruction is one ESP32 pystone over the
+host instructions of one pystone (s3.PY_S3_S_PER_IR). Counts do not depend
+on what else the machine is doing; the binary must keep its symbols and
+debug information (the unix port built with STRIP= ; the tests' build).
 """
 
 from __future__ import annotations
@@ -220,6 +234,243 @@ def measure_pystone(exe: str, micropy_dir: Path, runs: int = 5) -> float:
     return best
 
 
+#: the board's data cache, as callgrind simulates it for the loop's misses
+#: (the N16R8's 32 KB, 64-byte-line DCache, firmware/README.md; 8 ways)
+DCACHE_SIM = "--D1=32768,8,64"
+#: the story lengths (tokens at most) of a way's two counted runs
+COUNT_LENGTHS = (40, 160)
+#: pystone's two counted runs: misc_pystone.py's (N, M) keys for 300 and 4,000 loops
+PYSTONE_COUNT_NM = ((100, 10), (1000, 10))
+#: source files whose instructions are the engine's (priced by the cost model
+#: stage by stage, not as the loop)
+ENGINE_SOURCES = "/native/engine/"
+
+#: what the unix binary runs under callgrind for one way and one length
+COUNT_SCRIPT = """
+import llm
+llm.load({image!r})
+
+
+def never(context, n):
+    return []
+
+
+draft = {{"step": None, "never": never, "ngram": "ngram"}}[{way!r}]
+tokens = passes = 0
+text = []
+for seed in {seeds!r}:
+    for piece in llm.generate({prompt!r}, max_tokens={tokens}, seed=seed, draft=draft):
+        text.append(piece)
+    s = llm.stats()
+    tokens += s["tokens"]
+    passes += s.get("passes") or 0
+print("COUNT", tokens, passes)
+print("TEXT", repr("".join(text)))
+"""
+
+
+def callgrind_costs(path: Path) -> dict[str, dict[str, int]]:
+    """Cost per event in a callgrind output file, split into "engine" and
+    "loop": the engine's is the code of source files under native/engine/
+    and what it calls outside native/ (libm's sqrtf, memcpy: the engine's
+    work, priced by the cost model); the loop's is every other file's own
+    code (MicroPython, the libc under it, our binding and port layer, and
+    code with no debug information)."""
+    events: list[str] = []
+    names: dict[str, str] = {}  # id -> file name (callgrind's name compression)
+    totals: dict[str, list[int]] = {"engine": [], "loop": []}
+    fn_file = cur_file = ""
+    callee_file: str | None = None  # cfi=/cfl= of the next calls= line
+    call_moves = False  # the cost line after calls= is the call's inclusive cost:
+    after_call = False  # moved from the loop to the engine when the engine calls out
+
+    def file_name(rest: str) -> str:
+        rest = rest.strip()
+        if rest.startswith("("):
+            ident, _, nm = rest[1:].partition(")")
+            if nm.strip():
+                names[ident] = nm.strip()
+            return names.get(ident, "")
+        return rest
+
+    def add(t: list[int], fields: list[str], sign: int) -> None:
+        if len(t) < len(fields):
+            t.extend([0] * (len(fields) - len(t)))
+        for i, v in enumerate(fields):
+            t[i] += sign * int(v)
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            c = line[:1]
+            if c.isdigit() or c in "+-*":
+                fields = line.split()[1:]  # after the line position ("positions: line")
+                if after_call:
+                    after_call = False
+                    if call_moves:
+                        add(totals["engine"], fields, 1)
+                        add(totals["loop"], fields, -1)
+                    continue
+                add(totals["engine" if ENGINE_SOURCES in cur_file else "loop"], fields, 1)
+            elif line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("positions:") and line.split()[1:] != ["line"]:
+                raise LoopError(f"{path}: callgrind positions {line.split()[1:]} (expected line)")
+            elif line.startswith("fl="):
+                fn_file = cur_file = file_name(line[3:])
+            elif line.startswith(("fi=", "fe=")):
+                cur_file = file_name(line[3:])
+            elif line.startswith("fn="):
+                cur_file = fn_file
+            elif line.startswith(("cfi=", "cfl=")):
+                callee_file = file_name(line[4:])
+            elif line.startswith("calls="):
+                callee = cur_file if callee_file is None else callee_file
+                call_moves = ENGINE_SOURCES in cur_file and "/native/" not in callee
+                after_call, callee_file = True, None
+    if not events:
+        raise LoopError(f"{path} is not a callgrind output file (no events: line)")
+    return {k: {e: (t[i] if i < len(t) else 0) for i, e in enumerate(events)}
+            for k, t in totals.items()}
+
+
+def _callgrind(exe: str, code: str, what: str, out: Path, *, engine: bool = True
+               ) -> tuple[str, dict[str, dict[str, int]]]:
+    env = dict(os.environ, MICROPYPATH=f"{FIRMWARE_MODULES}:.frozen")
+    cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", DCACHE_SIM,
+           f"--callgrind-out-file={out}", exe, "-c", code]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600,
+                           check=False)
+    except FileNotFoundError:
+        raise LoopError("--count needs valgrind on the PATH (Debian: apt install valgrind)") \
+            from None
+    if r.returncode != 0:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
+        raise LoopError(f"{what} under callgrind failed (exit {r.returncode}): " + " | ".join(tail))
+    costs = callgrind_costs(out)
+    if engine and costs["engine"].get("Ir", 0) == 0:
+        raise LoopError(f"{exe} has no debug information for native/engine/ (build the unix "
+                        "port with STRIP= and its default -g): the engine cannot be told "
+                        "from the loop")
+    return r.stdout, costs
+
+
+@dataclass
+class LoopCounts:
+    """The loop counted on the unix port: host instructions ("ir") and
+    simulated data-cache misses ("d1_misses") outside the engine."""
+
+    micropython: str
+    image: str
+    seeds: list[int]
+    lengths: list[int]
+    per_token: dict[str, dict[str, float]]  # per way: per story token
+    tokens_per_pass: dict[str, float]  # never, ngram
+    token: dict[str, float]  # solved: per story token with verify passes
+    per_pass: dict[str, float]  # solved: per verify pass
+    stories_sha256: str
+    pystone_ir: float | None = None  # host instructions of one pystone loop
+
+
+def count_loop(exe: str, image: str, *, seeds: tuple[int, ...] = (1, 2, 3),
+               lengths: tuple[int, int] = COUNT_LENGTHS, workdir: Path) -> LoopCounts:
+    """The loop per story token on the unix binary `exe`, counted (see the module's doc)."""
+    runs: dict[tuple[str, int], tuple[int, int, dict[str, dict[str, int]]]] = {}
+    texts: dict[tuple[str, int], str] = {}
+    for way in WAYS:
+        for n in lengths:
+            code = COUNT_SCRIPT.format(image=image, way=way, seeds=tuple(seeds), prompt=PROMPT,
+                                       tokens=n)
+            print(f"  callgrind: {way}, stories of at most {n} tokens ...", file=sys.stderr,
+                  flush=True)
+            out, costs = _callgrind(exe, code, f"the {way} loop", workdir / f"{way}-{n}.out")
+            counted = [ln.split() for ln in out.splitlines() if ln.startswith("COUNT ")]
+            if len(counted) != 1:
+                raise LoopError(f"the {way} loop printed no COUNT line: " + out[-300:])
+            runs[way, n] = int(counted[0][1]), int(counted[0][2]), costs
+            texts[way, n] = out.split("TEXT ", 1)[-1]
+    short, long_ = lengths
+    for way in WAYS[1:]:
+        if texts[way, long_] != texts["step", long_]:
+            raise LoopError(f"decoding with draft {way!r} wrote another story than step by "
+                            "step (verify passes must keep plain decoding's)")
+    per_token: dict[str, dict[str, float]] = {}
+    per_pass: dict[str, float] = {}
+    for way in WAYS:
+        (n0, p0, c0), (n1, p1, c1) = runs[way, short], runs[way, long_]
+        if n1 <= n0:
+            raise LoopError(f"the {way} stories were no longer at {long_} tokens than at "
+                            f"{short}: nothing to count (stories end early?)")
+        loop0, loop1 = c0["loop"], c1["loop"]
+        misses = sum(loop1.get(e, 0) - loop0.get(e, 0) for e in ("D1mr", "D1mw"))
+        per_token[way] = {"ir": (loop1["Ir"] - loop0["Ir"]) / (n1 - n0),
+                          "d1_misses": misses / (n1 - n0)}
+        if way != "step":
+            per_pass[way] = (n1 - n0) / (p1 - p0)
+    p_never, p_ngram = 1 / per_pass["never"], 1 / per_pass["ngram"]
+    if p_never == p_ngram:
+        raise LoopError("the n-gram drafter kept no guess: the per-pass cost cannot be solved")
+    solved_pass = {k: (per_token["never"][k] - per_token["ngram"][k]) / (p_never - p_ngram)
+                   for k in ("ir", "d1_misses")}
+    solved_token = {k: per_token["never"][k] - solved_pass[k] * p_never
+                    for k in ("ir", "d1_misses")}
+    digest = hashlib.sha256(texts["step", long_].encode()).hexdigest()
+    return LoopCounts(micropython=exe, image=image, seeds=list(seeds), lengths=list(lengths),
+                      per_token=per_token, tokens_per_pass=per_pass, token=solved_token,
+                      per_pass=solved_pass, stories_sha256=digest)
+
+
+def count_pystone(exe: str, micropy_dir: Path, workdir: Path) -> float:
+    """Host instructions of one pystone loop: MicroPython's pystone counted at
+    two loop counts, the difference over the loops between them."""
+    bench = micropy_dir / "tests" / "perf_bench"
+    src = (bench / "misc_pystone.py").read_text() + "\n" + (bench / "benchrun.py").read_text()
+    counted = []
+    for n, m in PYSTONE_COUNT_NM:
+        out, costs = _callgrind(exe, src + f"\nbm_run({n}, {m})\n", "pystone",
+                                workdir / f"pystone-{n}.out", engine=False)
+        _time_us, loops, _result = out.split(None, 2)
+        counted.append((int(loops), costs["loop"]["Ir"] + costs["engine"].get("Ir", 0)))
+    (l0, i0), (l1, i1) = counted
+    if l1 <= l0:
+        raise LoopError(f"pystone ran {l0} then {l1} loops: nothing to count")
+    return (i1 - i0) / (l1 - l0)
+
+
+def count_report(c: LoopCounts) -> str:
+    """The counts as the command prints them, with what s3 makes of them."""
+    from .s3 import python_loop_s_from_counts
+
+    def s3_ms(ir: float, misses: float) -> str:
+        if c.pystone_ir is None:
+            return ""
+        return f"  -> {1e3 * python_loop_s_from_counts(ir, misses, c.pystone_ir):.3f} ms on the S3"
+
+    lines = [
+        f"llm.py's loop on {c.micropython}, counted (callgrind; outside native/engine/)",
+        (f"  {c.image}: stories of at most {c.lengths[1]} minus {c.lengths[0]} tokens, seeds "
+         f"{','.join(map(str, c.seeds))}, T 0.8 top-40; per story token:"),
+    ]
+    for way, label in (("step", "step by step          "), ("never", "verify, never guesses "),
+                       ("ngram", "verify, n-gram drafter")):
+        t = c.per_token[way]
+        extra = (f" ({c.tokens_per_pass[way]:.3f} tokens a pass)" if way in c.tokens_per_pass
+                 else s3_ms(t["ir"], t["d1_misses"]))
+        lines.append(f"  {label} {t['ir']:9,.0f} instructions, {t['d1_misses']:6.1f} data-cache "
+                     f"misses{extra}")
+    lines += [
+        (f"  with verify passes:    {c.token['ir']:9,.0f} instructions, {c.token['d1_misses']:6.1f}"
+         f" misses a story token{s3_ms(c.token['ir'], c.token['d1_misses'])}"),
+        (f"                       + {c.per_pass['ir']:,.0f} instructions, "
+         f"{c.per_pass['d1_misses']:.1f} misses a pass"
+         f"{s3_ms(c.per_pass['ir'], c.per_pass['d1_misses'])}"),
+        f"  stories: sha256 {c.stories_sha256[:16]} (every way wrote the same text)",
+    ]
+    if c.pystone_ir is not None:
+        lines.append(f"pystone: {c.pystone_ir:,.0f} instructions a loop")
+    return "\n".join(lines)
+
+
 def report(f: LoopFigures) -> str:
     """The figures as the command prints them."""
     lines = [
@@ -258,11 +509,26 @@ def main(argv: list[str] | None = None) -> int:
                          "(default $MICROPY_DIR; none: no pystone)")
     ap.add_argument("--pystone-runs", type=int, default=5, help="pystone runs (default 5)")
     ap.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    ap.add_argument("--count", action="store_true",
+                    help="count instructions and data-cache misses under valgrind's callgrind "
+                         "instead of timing (the figures s3.PY_LOOP_* hold; needs valgrind and "
+                         "a binary with debug information)")
+    ap.add_argument("--count-lengths", default=",".join(map(str, COUNT_LENGTHS)),
+                    metavar="SHORT,LONG",
+                    help="--count: the two story lengths (tokens at most) whose difference is "
+                         f"counted (default {','.join(map(str, COUNT_LENGTHS))})")
     args = ap.parse_args(argv)
     try:
         seeds = tuple(int(s) for s in args.seeds.split(","))
     except ValueError:
         ap.error(f"--seeds {args.seeds!r}: give comma-separated integers")
+    try:
+        lengths = tuple(int(n) for n in args.count_lengths.split(","))
+    except ValueError:
+        lengths = ()
+    if len(lengths) != 2 or not 1 <= lengths[0] < lengths[1]:
+        ap.error(f"--count-lengths {args.count_lengths!r}: give two lengths, the shorter first")
+    args.count_lengths = lengths
     if args.tokens < 2 or args.runs < 1 or args.pystone_runs < 1:
         ap.error("--tokens must be at least 2, --runs and --pystone-runs at least 1")
     if not Path(args.micropython).is_file():
@@ -282,20 +548,43 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             pystone_dir = None
     try:
-        print(f"measuring the loop: {args.runs} rounds x {len(WAYS)} ways x {len(seeds)} "
-              f"stories ...", file=sys.stderr, flush=True)
-        figures = measure_loop(args.micropython, image, tokens=args.tokens, seeds=seeds,
-                               runs=args.runs)
-        if pystone_dir is not None:
-            print(f"pystone x {args.pystone_runs} ...", file=sys.stderr, flush=True)
-            figures.pystones = measure_pystone(args.micropython, pystone_dir, args.pystone_runs)
+        figures: LoopFigures | LoopCounts = (
+            _count(args, image, seeds, pystone_dir) if args.count
+            else _time(args, image, seeds, pystone_dir))
     except LoopError as e:
         print(f"python_loop: {e}", file=sys.stderr)
         return 1
-    print(report(figures))
+    print(count_report(figures) if isinstance(figures, LoopCounts) else report(figures))
     if args.json:
         args.json.write_text(json.dumps(asdict(figures), indent=2) + "\n")
     return 0
+
+
+def _time(args: argparse.Namespace, image: str, seeds: tuple[int, ...],
+          pystone_dir: Path | None) -> LoopFigures:
+    print(f"measuring the loop: {args.runs} rounds x {len(WAYS)} ways x {len(seeds)} "
+          f"stories ...", file=sys.stderr, flush=True)
+    figures = measure_loop(args.micropython, image, tokens=args.tokens, seeds=seeds,
+                           runs=args.runs)
+    if pystone_dir is not None:
+        print(f"pystone x {args.pystone_runs} ...", file=sys.stderr, flush=True)
+        figures.pystones = measure_pystone(args.micropython, pystone_dir, args.pystone_runs)
+    return figures
+
+
+def _count(args: argparse.Namespace, image: str, seeds: tuple[int, ...],
+           pystone_dir: Path | None) -> LoopCounts:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mpllm-loop-count-") as tmp:
+        print(f"counting the loop: {len(WAYS)} ways x 2 lengths under callgrind (a few "
+              "minutes) ...", file=sys.stderr, flush=True)
+        counts = count_loop(args.micropython, image, seeds=seeds, lengths=args.count_lengths,
+                            workdir=Path(tmp))
+        if pystone_dir is not None:
+            print("  callgrind: pystone ...", file=sys.stderr, flush=True)
+            counts.pystone_ir = count_pystone(args.micropython, pystone_dir, Path(tmp))
+    return counts
 
 
 if __name__ == "__main__":

@@ -49,8 +49,9 @@ from .s3 import (
     HANDOFF_SEMAPHORE_S,
     HANDOFF_SPIN_S,
     ICACHE_BYTES_OURS,
-    PY_LOOP_HOST_STEP_S,
-    PY_S3_PER_HOST,
+    PY_LOOP_COUNTS,
+    PY_LOOP_WALL_STEP_S,
+    python_loop_s,
 )
 from .shape import MODEL_STAGES, RELEASE, STAGES, Shape, story_positions
 from .spec_inputs import SpecInputs
@@ -99,8 +100,10 @@ class Report:
              f"float op {f.chain_cycles:.2f} cycles (softmax 1.93 ms); hand-off "
              f"{HANDOFF_S * 1e6:.0f} us (esp32-ai, task notify), "
              f"{HANDOFF_SEMAPHORE_S * 1e6:.1f} us (ours, semaphores)"),
-            (f"ours on the board: llm.py loop {PY_LOOP_HOST_STEP_S * 1e6:.2f} us/token on the unix "
-             f"port x {PY_S3_PER_HOST:.0f} (pystones), code through a "
+            (f"ours on the board: llm.py loop {python_loop_s('step') * 1e3:.2f} ms/token "
+             f"({PY_LOOP_COUNTS['step'][0]:,} instructions and {PY_LOOP_COUNTS['step'][1]:.0f} "
+             f"data-cache misses counted on the unix port; its wall clock scaled by pystones: "
+             f"{PY_LOOP_WALL_STEP_S * 1e3:.2f} ms), code through a "
              f"{ICACHE_BYTES_OURS // 1024} KB instruction cache, core placed as the emulated "
              f"board measured ({MEASURED_PLACEMENT['core_bulk_bytes']:,} B of it in PSRAM)"),
             "",

@@ -95,37 +95,66 @@ CODE_BYTES_BINDING = 1024
 
 #: llm.py's per-token loop around the engine (Session.run's loop: a token's
 #: remembered text, or the tokenizer's bytes through the UTF-8 decoder the
-#: first time; the counters; verify_pass for verify passes), measured on the
-#: MicroPython v1.28 unix port built with our module by `python -m
-#: mpllm.costmodel.python_loop --micropython PATH` (the demo model,
-#: llm.generate at T 0.8 top-40, at most 200 tokens x seeds 1,2,3: 403 story
-#: tokens; the loop's wall time minus the engine's own total_ms; each story's
-#: least of 12 rounds, the least of 7 such runs on a machine other jobs
-#: loaded: noise only adds): 3.66 us a story token decoding step by step;
-#: with verify passes 5.23 us a story token + 3.30 us a pass (solved from a
-#: drafter that never guesses, 8.56 us at 0.993 tokens a pass, and the
-#: n-gram drafter, 6.56 us at 2.484). Before the loop was cut (a nested
-#: generator, the decoder scanning every byte, a str made per token, and the
-#: binding returning every int as a heap long int): 9.26, and 10.85 + 3.47 a
-#: pass, with the pystone below at 220,104 pystones/s (measured by hand, the
-#: least of 15 runs; the command, interleaved with runs of the loop's first
-#: cut on that binary: 11.43 against 4.21). Of the 3.66 us, 1.77 are the
-#: floor under any loop (model.step in a bare loop: the binding and the
-#: engine outside its stage timers, C scaled here as if it were bytecode).
-#: The same runs ran the pystone of MicroPython's tests/perf_bench on the
-#: same binary at 276,985 pystones/s (the best of 42: the same quiet moments
-#: the least loop figures come from), and MicroPython on an ESP32 runs pystone
-#: 1.2 (pystone_lowmem, 500 passes) at 1,075 pystones/s (micropython-ulab
-#: issue #296, the ESP32 port at its default 240 MHz; micropython issue #5673
-#: reports 1,661 and 499 at 240 MHz for two other builds): the loop is scaled
-#: by that ratio, 257.7. The GC heap and the loop's objects are in PSRAM on
-#: the board; the ESP32's figure is taken as covering that, not measured.
-PY_LOOP_HOST_STEP_S = 3.66e-6
-PY_LOOP_HOST_TOKEN_S = 5.23e-6
-PY_LOOP_HOST_PASS_S = 3.30e-6
-PY_PYSTONES_HOST = 276985.0
+#: first time; the counters; verify_pass for verify passes), counted on the
+#: MicroPython v1.28 unix port built with our module (kept unstripped) by
+#: `python -m mpllm.costmodel.python_loop --count --micropython PATH
+#: --micropy-dir DIR`: the demo model, llm.generate at T 0.8 top-40, seeds
+#: 1,2,3, stories of at most 160 tokens minus stories of at most 40 (283
+#: story tokens). Per story token: (the host instructions outside
+#: native/engine/, i.e. MicroPython's runtime, the libc under it, our binding
+#: and port layer; their misses in a simulated 32 KB, 8-way, 64-byte-line
+#: data cache, the board's DCache, through which the engine's token streams
+#: more than 32 KB in between, as on the board). "token" and "pass" are solved from a
+#: drafter that never guesses and the n-gram drafter, as the timed loop was.
+#: The stories' text goes to a list (story() writes it to the serial port
+#: instead: that is not charged, as it was not when the loop was timed).
+PY_LOOP_COUNTS = {
+    "step": (16619, 200.9),
+    "token": (25726, 24.9),
+    "pass": (13833, 269.5),
+}
+#: MicroPython's own pystone (tests/perf_bench misc_pystone.py) counted the
+#: same way on the same binary: host instructions of one pystone loop.
+PY_PYSTONE_IR = 41271
+#: MicroPython on an ESP32 runs pystone 1.2 (pystone_lowmem, 500 passes) at
+#: 1,075 pystones/s (micropython-ulab issue #296, the ESP32 port at its
+#: default 240 MHz; micropython issue #5673 reports 1,661 and 499 at 240 MHz
+#: for two other builds). So a counted host instruction of the loop costs
+#: the board 1 / (PY_PYSTONE_IR x PY_PYSTONES_S3) s, and each of its
+#: data-cache misses a 64-byte PSRAM line fill (the GC heap and the loop's
+#: objects are in PSRAM on the N16R8; the misses on stack and static data,
+#: internal SRAM on the board, are charged too, and the same price is kept
+#: for the N8, whose heap is internal: both are upper bounds). The loop's
+#: code is not charged misses: MicroPython puts its VM, binary ops and map
+#: lookups in IRAM and the rest fits the instruction cache (CODE_BYTES_*
+#: above), whereas on the host the engine's own code evicts it every token.
 PY_PYSTONES_S3 = 1075.0
-PY_S3_PER_HOST = PY_PYSTONES_HOST / PY_PYSTONES_S3
+PY_S3_S_PER_IR = 1 / (PY_PYSTONE_IR * PY_PYSTONES_S3)
+#: The same loop timed by the host's clock (the loop's wall time minus the
+#: engine's total_ms, each story's least of 12 rounds: 3.66 us a story token
+#: step by step) and scaled by the pystones of the same binary (276,985/s)
+#: gives 1.8 times the counted figure (other machines' clocks gave 0.9 to
+#: 1.8 times): between two tokens the engine has evicted the loop's code and
+#: data from the host's caches, which the counts charge only for data (the
+#: board keeps the code). `bench.py --model-s3` prints it beside the counted
+#: figure.
+PY_LOOP_WALL_STEP_S = 3.66e-6 * 276985.0 / PY_PYSTONES_S3
+
+
+def python_loop_s_from_counts(ir: float, misses: float, pystone_ir: float = PY_PYSTONE_IR
+                              ) -> float:
+    """S3 seconds of `ir` counted loop instructions and `misses` data-cache
+    misses (see PY_LOOP_COUNTS)."""
+    return ir / (pystone_ir * PY_PYSTONES_S3) + misses * S_LINE64
+
+
+def python_loop_s(kind: str) -> float:
+    """llm.py's loop on the S3, seconds: per story token step by step
+    ("step"), or with verify passes per story token ("token") and per pass
+    ("pass")."""
+    return python_loop_s_from_counts(*PY_LOOP_COUNTS[kind])
+
+
 #: MicroPython's first GC heap area on the ESP32-S3: 64 KiB, taken by malloc at
 #: boot (micropython v1.28 ports/esp32/mpconfigport.h MICROPY_GC_INITIAL_HEAP_SIZE;
 #: main.c MP_PLAT_ALLOC_HEAP). With PSRAM that malloc lands there; without it the
@@ -280,5 +309,7 @@ RELEASE_GREEDY_FRACTION = 0.34
 RELEASE_GREEDY_RANGE = (8427 / 25353, 8749 / 25353)
 
 #: Every constant here is public (the package hands them all on, TILE_ROWS
-#: included): the list is computed, not written out a second time.
-__all__ = [name for name in globals() if name.isupper()]
+#: included): the list is computed, not written out a second time; and the
+#: loop's price.
+__all__ = [name for name in globals() if name.isupper()] + ["python_loop_s",
+                                                            "python_loop_s_from_counts"]

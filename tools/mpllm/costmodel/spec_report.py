@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from .bands import SAMPLED_RATIOS_DEFAULT, band
 from .builds import BUILDS, SPEC, SPEC_BUILD_MODE, Build
 from .passes import _Passes
-from .s3 import PY_LOOP_HOST_TOKEN_S, PY_S3_PER_HOST
+from .s3 import python_loop_s
 from .shape import MODEL_STAGES, VERIFY_MAX
 
 __all__ = ["story_token_loop_ms"]
@@ -22,7 +22,7 @@ __all__ = ["story_token_loop_ms"]
 def story_token_loop_ms(b: Build) -> float:
     """llm.py's loop per story token when decoding in verify passes (its
     per-pass share is in the pass: passes.pass_work), ms on the S3."""
-    return 1e3 * PY_LOOP_HOST_TOKEN_S * PY_S3_PER_HOST if b.python_loop else 0.0
+    return 1e3 * python_loop_s("token") if b.python_loop else 0.0
 from .spec_inputs import DraftFigures, SpecInputs, UnionRatios
 from .sram import MEASURED_CORE_BULK_KIB
 from .work import HeadCounts, stage_breakdown, stage_seconds
