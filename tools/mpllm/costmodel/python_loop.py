@@ -37,18 +37,19 @@ with benchrun.py, 20,000 loops as run-perfbench.py's largest parameters),
 best of --pystone-runs. And gc.mem_free() of the binary's heap before
 `import llm`, after it and after llm.load().
 
---count counts instead of timing (what s3.PY_LOOP_* hold): each way runs
-under valgrind's callgrind, once at --count-lengths' first story length and
-once at its second, and the difference per story token is the loop's: host
-instructions outside native/engine/ (MicroPython's runtime, the libc under
-it, our binding and port layer) and the misses they take in a simulated
-data cache with the board's geometry (32 KB, 8 ways, 64-byte lines: the
-engine's token streams more than that through the cache in between, as it
-does on the board). Pystone is counted the same way (two loop counts), so
-that the S3 price of a counted instruction is one ESP32 pystone over the
-host instructions of one pystone (s3.PY_S3_S_PER_IR). Counts do not depend
-on what else the machine is doing; the binary must keep its symbols and
-debug information (the unix port built with STRIP= ; the tests' build).
+--count counts instead of timing (what s3.PY_LOOP_COUNTS holds): each way
+runs under valgrind's callgrind, once at --count-lengths' first story length
+and once at its second, and the difference per story token is the loop's:
+host instructions outside the engine (MicroPython's runtime, the libc under
+it, our binding and port layer; what native/engine/ calls in libc is the
+engine's) and the misses they take in a simulated data cache with the
+board's geometry (32 KB, 8 ways, 64-byte lines: the engine's token streams
+more than that through the cache in between, as it does on the board).
+Pystone is counted the same way (two loop counts), so that the S3 price of
+a counted instruction is one ESP32 pystone over the host instructions of
+one pystone (s3.python_loop_s_from_counts). Counts do not depend on what
+else the machine is doing; the binary must keep its symbols and debug
+information (the unix port built with STRIP=, as the tests build it).
 """
 
 from __future__ import annotations
@@ -406,6 +407,8 @@ def count_loop(exe: str, image: str, *, seeds: tuple[int, ...] = (1, 2, 3),
         per_token[way] = {"ir": (loop1["Ir"] - loop0["Ir"]) / (n1 - n0),
                           "d1_misses": misses / (n1 - n0)}
         if way != "step":
+            if p1 <= p0:
+                raise LoopError(f"the {way} loop counted no verify passes (passes {p0}, {p1})")
             per_pass[way] = (n1 - n0) / (p1 - p0)
     p_never, p_ngram = 1 / per_pass["never"], 1 / per_pass["ngram"]
     if p_never == p_ngram:

@@ -129,12 +129,11 @@ PY_PYSTONE_IR = 41271
 #: lookups in IRAM and the rest fits the instruction cache (CODE_BYTES_*
 #: above), whereas on the host the engine's own code evicts it every token.
 PY_PYSTONES_S3 = 1075.0
-PY_S3_S_PER_IR = 1 / (PY_PYSTONE_IR * PY_PYSTONES_S3)
 #: The same loop timed by the host's clock (the loop's wall time minus the
 #: engine's total_ms, each story's least of 12 rounds: 3.66 us a story token
 #: step by step) and scaled by the pystones of the same binary (276,985/s)
-#: gives 1.8 times the counted figure (other machines' clocks gave 0.9 to
-#: 1.8 times): between two tokens the engine has evicted the loop's code and
+#: gives 1.8 times the counted figure (other machines' clocks gave 0.8 to
+#: 1.7 times): between two tokens the engine has evicted the loop's code and
 #: data from the host's caches, which the counts charge only for data (the
 #: board keeps the code). `bench.py --model-s3` prints it beside the counted
 #: figure.
