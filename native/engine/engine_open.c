@@ -573,9 +573,13 @@ static void stage_core(llm_engine *e) {
 
 /* Placement order: the engine block, then the head first among the large
  * BULK blocks (its layout decides the scratch sizes), the required buffers
- * (activations, logits, KV cache), then what is optional (the batch, staged
- * norms and matrices), so required buffers get memory first and weights
- * that find none are read in place instead. */
+ * (activations, logits, KV cache), then what is optional: the staged norms
+ * and matrices (weights that find no memory are read in place instead), and
+ * last the batch. Every token reads the weights; only verify passes use the
+ * batch. With PSRAM the two never compete (FAST and BULK); without it both
+ * come from internal SRAM, and the batch must not take what the weights would
+ * otherwise get (the emulated N8 read 76 KB of the core from flash at context
+ * 64 while the batch took 75 KB of internal SRAM). */
 llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
                          const llm_port *port, const llm_open_options *options,
                          llm_error *err) {
@@ -600,9 +604,9 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
     if (st == LLM_OK) st = place_logits(e, err);
     if (st == LLM_OK) st = place_kv_cache(e, err);
     if (st != LLM_OK) return open_fail(e, st);
-    place_batch(e, &lay);
     stage_norms(e);
     stage_core(e);
+    place_batch(e, &lay);
 
     e->inv_sqrt_dim = 1.0f / sqrtf((float)e->cfg.dim);
     e->sqrt_ple_dim = sqrtf((float)e->cfg.ple_dim);

@@ -197,17 +197,17 @@ def engine_blocks(s: Shape, *, certified: bool,
     kv = (_a64(4 * cells) * (2 if v_floats else 1) + (_a64(2 * cells) if v_dots else 0)
           + _a64(4 * L * S) + _a64(16 * (S + 1)))
     out.append(("kv_cache", kv, "bulk", "required"))
-    # the other positions of a pass, their candidate lists and the
-    # many-positions scan's scratch (head.h LLM_HEAD_MANY_SCRATCH): without
-    # it, no verify passes
-    cand = CANDIDATES_BYTES
-    many = (8 * _a16(4 * nt) * 2 + _a16(4 * nt) + _a16(2 * nt) * 2 + 8 * _a16(cand)
-            + 8 * max(tile_rows, 1) * 4)
-    out.append(("batch", 7 * col + _a16(8 * cand) + many, "bulk", "optional"))
     per_layer = 3 if s.has_ple else 2  # attn, ffn (and PLE) norms
     out.append(("norms", (s.ple_dim + per_layer * L * d + d) * 4, "fast", "matrix"))
     for name, (_, nbytes) in core_matrix_bytes(s).items():
         out.append((name, nbytes, "fast", "matrix"))
+    # last, after the weights every token reads (engine_open.c's order): the
+    # other positions of a pass, their candidate lists and the many-positions
+    # scan's scratch (head.h LLM_HEAD_MANY_SCRATCH): without it, no verify passes
+    cand = CANDIDATES_BYTES
+    many = (8 * _a16(4 * nt) * 2 + _a16(4 * nt) + _a16(2 * nt) * 2 + 8 * _a16(cand)
+            + 8 * max(tile_rows, 1) * 4)
+    out.append(("batch", 7 * col + _a16(8 * cand) + many, "bulk", "optional"))
     return out
 
 
