@@ -152,8 +152,20 @@ class LoopFigures:
     pystones: float | None = None  # pystones/s, best of the pystone runs
 
 
+def _env() -> dict[str, str]:
+    """The binary's environment: llm.py and the modules it imports from the checkout."""
+    return dict(os.environ, MICROPYPATH=f"{FIRMWARE_MODULES}:.frozen")
+
+
+def _pystone(micropy_dir: Path, n: int, m: int) -> str:
+    """MicroPython's pystone with bm_run(n, m), composed as run-perfbench.py composes it."""
+    bench = micropy_dir / "tests" / "perf_bench"
+    return ((bench / "misc_pystone.py").read_text() + "\n" + (bench / "benchrun.py").read_text()
+            + f"\nbm_run({n}, {m})\n")
+
+
 def _run(exe: str, code: str, what: str, timeout: float = 3600) -> str:
-    env = dict(os.environ, MICROPYPATH=f"{FIRMWARE_MODULES}:.frozen")
+    env = _env()
     try:
         r = subprocess.run([exe, "-c", code], capture_output=True, text=True, env=env,
                            timeout=timeout, check=False)
@@ -223,9 +235,7 @@ def measure_loop(exe: str, image: str, *, tokens: int = 200, seeds: tuple[int, .
 def measure_pystone(exe: str, micropy_dir: Path, runs: int = 5) -> float:
     """Pystones/s of MicroPython's own pystone benchmark on `exe`, best of `runs`
     (the script composed as run-perfbench.py composes it, read from the checkout)."""
-    bench = micropy_dir / "tests" / "perf_bench"
-    code = ((bench / "misc_pystone.py").read_text() + "\n" + (bench / "benchrun.py").read_text()
-            + f"\nbm_run({PYSTONE_NM[0]}, {PYSTONE_NM[1]})\n")
+    code = _pystone(micropy_dir, *PYSTONE_NM)
     best = 0.0
     for _ in range(runs):
         time_us, norm, _result = _run(exe, code, "pystone").split(None, 2)
@@ -336,7 +346,7 @@ def callgrind_costs(path: Path) -> dict[str, dict[str, int]]:
 
 def _callgrind(exe: str, code: str, what: str, out: Path, *, engine: bool = True
                ) -> tuple[str, dict[str, dict[str, int]]]:
-    env = dict(os.environ, MICROPYPATH=f"{FIRMWARE_MODULES}:.frozen")
+    env = _env()
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", DCACHE_SIM,
            f"--callgrind-out-file={out}", exe, "-c", code]
     try:
@@ -426,11 +436,9 @@ def count_loop(exe: str, image: str, *, seeds: tuple[int, ...] = (1, 2, 3),
 def count_pystone(exe: str, micropy_dir: Path, workdir: Path) -> float:
     """Host instructions of one pystone loop: MicroPython's pystone counted at
     two loop counts, the difference over the loops between them."""
-    bench = micropy_dir / "tests" / "perf_bench"
-    src = (bench / "misc_pystone.py").read_text() + "\n" + (bench / "benchrun.py").read_text()
     counted = []
     for n, m in PYSTONE_COUNT_NM:
-        out, costs = _callgrind(exe, src + f"\nbm_run({n}, {m})\n", "pystone",
+        out, costs = _callgrind(exe, _pystone(micropy_dir, n, m), "pystone",
                                 workdir / f"pystone-{n}.out", engine=False)
         _time_us, loops, _result = out.split(None, 2)
         counted.append((int(loops), costs["loop"]["Ir"] + costs["engine"].get("Ir", 0)))
