@@ -213,6 +213,33 @@ def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -
     assert out.endswith("[reply stopped]\n" + text(reply, skip) + "\n")
 
 
+class _EndingAtOnce:
+    """The real model, but it ends every story at once: its first choice
+    after a prompt is <|endoftext|>."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def prefill(self, ids: list[int]) -> int:
+        self._real.prefill(ids)  # type: ignore[attr-defined]
+        return int(self._real.config()["eot_id"])  # type: ignore[attr-defined]
+
+
+def test_a_story_the_model_ends_at_once_is_said_so(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A reply of no tokens (the model wrote <|endoftext|> first) says why,
+    instead of answering the line with an empty one; the chat goes on."""
+    monkeypatch.setattr(llm.default_session, "model", _EndingAtOnce(llm.load()))
+    feed(monkeypatch, ["The end. ", "/undo", ""])
+    llm.chat(seed=1, max_tokens=5, draft=None)
+    out = capsys.readouterr().out
+    assert llm.stats()["tokens"] == 0 and llm.stats()["stop"] == llm.STOP_EOT
+    assert out.startswith(llm_chat.HELP + llm_chat.ENDED_AT_ONCE + "\n")
+    assert out.count(llm_chat.ENDED_AT_ONCE) == 1
+
+
 def test_ctrl_c_while_the_word_is_re_written_keeps_the_line(tiny) -> None:  # type: ignore[no-untyped-def]
     """A reply stopped before the model has re-written the line's last word
     leaves the story as the line (its own ids), and the next turn goes on

@@ -106,3 +106,27 @@ def test_the_page_streams_chat_pys_story(demo_served) -> None:  # type: ignore[n
     assert float(total[1]) == pytest.approx(sum(stage_ms.values()), abs=0.01)
     assert (int(total[2]), int(total[3])) == (second["stats"]["prefilled"],
                                               second["stats"]["tokens"])
+
+
+def test_a_story_the_model_ends_at_once_says_so(demo_served) -> None:  # type: ignore[no-untyped-def]
+    """A line after which the model writes <|endoftext|> first gets no reply
+    text: the page says why (as chat.py does), instead of nothing."""
+    served, image = demo_served
+    line = "The cat sat on a mat."
+    # the demo model ends its story right after this line at seed 2 (chat.py too)
+    assert chat_py_replies(image, [line], 2) == [llm_chat.ENDED_AT_ONCE]
+    with chromium() as browser:
+        page = browser.new_page()
+        errors = console_errors(page)
+        page.goto(f"{served.url}/?seed=2")
+        page.wait_for_selector("body[data-state=idle]", timeout=30_000)
+        page.fill("#line", line)
+        page.press("#line", "Enter")
+        page.wait_for_selector("body[data-state=idle]", timeout=60_000)
+        done = page.evaluate("window.mpllm.stats")
+        replies = page.eval_on_selector_all("#story .model", "els => els.map(e => e.textContent)")
+        status = page.inner_text("#status")
+    assert errors == [], errors
+    assert (done["stop"], done["tokens"]) == ("eot", 0)
+    assert replies == [""]
+    assert status.startswith("The model ends the story here")

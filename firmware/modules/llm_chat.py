@@ -350,6 +350,12 @@ def _chat_command(writer, line):
     return True
 
 
+#: What the chat says when the model ends the story right after a line (it
+#: wrote <|endoftext|> first); the line stays in the story.
+ENDED_AT_ONCE = ("[the model ends the story here: /undo takes your line back, "
+                 "/new starts another]")
+
+
 def chat(**options):
     """Write a story together, line by line, until told to stop (CoWriter).
 
@@ -390,7 +396,11 @@ def chat(**options):
                 llm.write(llm.shown(piece))
             s = writer.session.stats()
             note = llm.stop_message(s) if s["stop"] not in (llm.STOP_EOT, llm.STOP_BUDGET) else ""
-            llm.write("\n" + note + "\n" if note else "\n")
+            if s["stop"] == llm.STOP_EOT and not s["tokens"]:
+                # nothing written: else the line would be answered with an empty one
+                llm.write(ENDED_AT_ONCE + "\n")
+            else:
+                llm.write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:
             llm.write("\n[reply stopped]\n")
         except ValueError as e:

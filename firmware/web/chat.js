@@ -35,6 +35,7 @@ if (!("serial" in navigator)) {
 }
 
 function say(text) { status.textContent = text; }
+const ENDED_AT_ONCE = "The model ends the story here: Undo takes your line back, New story starts another.";
 
 function setBusy(value) {
   busy = value;
@@ -89,8 +90,14 @@ function showDone(op, done) {
     const ms = done.engine_ms_per_token;
     $("engine-speed").textContent = ms === null || ms === undefined ? "–" : ms.toFixed(2);
     $("tokens").textContent = String(done.tokens);
-    say(done.rolled ? `The story outgrew the model's memory: its middle (${done.rolled} tokens) ` +
-                      "is forgotten." : "connected");
+    if (done.rolled) {
+      say(`The story outgrew the model's memory: its middle (${done.rolled} tokens) is forgotten.`);
+    } else if (done.stop === "eot" && done.tokens === 0) {
+      // the model wrote <|endoftext|> first: else the line would get an empty reply
+      say(ENDED_AT_ONCE);
+    } else {
+      say("connected");
+    }
   } else if (op === "undo") {
     const last = done.ok ? turns.pop() : null;
     if (last) last.forEach((el) => el.remove());

@@ -22,6 +22,7 @@ window.mpllm = { stats: null, ttfcMs: null, roundTripTokPerS: null, hello: null,
 
 function setState(state) { document.body.dataset.state = state; }
 function say(text) { status.textContent = text; }
+const ENDED_AT_ONCE = "The model ends the story here: Undo takes your line back, New story starts another.";
 function send(message) { ws.send(JSON.stringify(message)); }
 
 function connect() {
@@ -100,6 +101,8 @@ function finish(m) {
     $("queue").textContent = "–";
     drawStages(s);
     if (s.rolled) say(`The story outgrew the model's memory: its middle (${s.rolled} tokens) is forgotten.`);
+    // the model wrote <|endoftext|> first: else the line would get an empty reply
+    else if (s.stop === "eot" && s.tokens === 0) say(ENDED_AT_ONCE);
   } else if (m.op === "undo") {
     const last = m.stats.ok ? turns.pop() : null;
     if (last) last.forEach((el) => el.remove());
