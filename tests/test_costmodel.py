@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import engine_ext
@@ -746,41 +747,73 @@ def test_gqa_halves_the_kv_bytes() -> None:
                                         cm.engine_blocks(full, certified=False)}["kv_cache"]
 
 
+def test_the_reserves_are_the_ports() -> None:
+    """The cost model keeps back what the ESP32 port keeps back, per board:
+    the constants of native/port/esp32/port_esp32.h, read from the header."""
+    header = (Path(__file__).resolve().parent.parent / "native" / "port" / "esp32"
+              / "port_esp32.h").read_text()
+
+    def kib(name: str) -> int:
+        m = re.search(rf"#define {name} \((\d+)u \* 1024u\)", header)
+        assert m, name
+        return int(m.group(1)) * 1024
+
+    assert kib("LLM_ESP32_FAST_RESERVE") == cm.FAST_RESERVE_BYTES
+    assert kib("LLM_ESP32_FAST_RESERVE_NO_PSRAM") == cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
+    assert cm.S3_BOARDS["n16r8"].fast_reserve == cm.FAST_RESERVE_BYTES
+    assert cm.S3_BOARDS["n8"].fast_reserve == cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
+    assert cm.FAST_RESERVE_BYTES != cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
+
+
 def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
     s, n8 = cm.SHAPES["stories260k"], cm.S3_BOARDS["n8"]
     assert n8.psram_bytes == 0 and n8.icache_bytes == cm.ICACHE_BYTES_N8 == 16 * 1024
-    assert n8.internal_free == cm.sram.N8_FREE_AT_REPL == 274388  # the emulated N8
+    assert n8.internal_free == cm.sram.N8_FREE_AT_REPL == 297932  # the emulated N8
+    assert n8.engine_room == 263252  # what the engine placed there at its default context
     for certified in (False, True):
         p = cm.placement(dataclasses.replace(s, group=64), n8, certified=certified)
         assert all(b["region"] != "psram" for b in p["blocks"])
         assert p["psram_left"] is None
     priced = cm.internal_placement(s, n8)
     need = sum(b["bytes"] for b in priced["blocks"])
-    assert priced["short_by"] == max(0, need - (n8.internal_free - cm.FAST_RESERVE_BYTES))
+    assert priced["short_by"] == max(0, need - n8.engine_room)
     b = cm.llama_build(s, n8, priced, sampled=True, certified=False)
     assert (b.kv_tier, b.head_tier, b.spill_stages, b.flash_stages) == ("sram", "sram", (), ())
     work = cm.build_work(b, s)
     assert all(not w.lines and not w.lines_split for w in work.values())
-    as_placed = 0
+    as_placed = defaults = 0
     for r in s260["rows"]:
         if r["board"] == "n8":
             assert (r["kv"], r["head_rows_in"], r["core_psram_bytes"]) == ("sram", "sram", 0)
             if r["what_if"] == "everything in internal SRAM":
                 assert r["priced_opens"] == (priced["short_by"] == 0)
             else:
-                # the engine's own placement at the longest context that opens:
-                # it opens, the core that finds no RAM read in place from flash
+                # the engine's own placement: by default (Model() where the
+                # seq_len finds no memory) the longest context with every
+                # weight in internal SRAM, none from flash; asked for, the
+                # longest that opens, the core that finds no RAM read in place
                 as_placed += 1
                 assert r["what_if"].startswith("as the engine places it at context ")
                 assert r["priced_opens"] and r["opens"]
                 ctx = r["seq_len"]
-                assert r["positions"] == [4, ctx - 1] and r["core_flash_bytes"] > 0
-                assert ctx == cm.opening_context(dataclasses.replace(s, group=r["group"]), n8,
-                                                 certified=r["head"] == "certified")
-                assert r["total_ms"] > next(x["total_ms"] for x in s260["rows"] if x["board"] == "n8"
-                                            and x["group"] == r["group"] and x["head"] == r["head"]
-                                            and x["mode"] == r["mode"] and x["seq_len"] > ctx)
-    assert as_placed == 6  # group 32 dense, group 64 dense and certified; greedy and sampled
+                assert r["positions"] == [4, min(ctx - 1, 203)]
+                shape = dataclasses.replace(s, group=r["group"])
+                certified = r["head"] == "certified"
+                if ", by default " in r["what_if"]:
+                    defaults += 1
+                    assert ctx == cm.fitting_context(shape, n8, certified=certified) > 4
+                    assert r["core_flash_bytes"] == 0
+                else:
+                    assert ", asked for " in r["what_if"]
+                    assert ctx == cm.opening_context(shape, n8, certified=certified)
+                    assert r["core_flash_bytes"] > 0
+                    assert r["total_ms"] > next(
+                        x["total_ms"] for x in s260["rows"] if x["board"] == "n8"
+                        and x["group"] == r["group"] and x["head"] == r["head"]
+                        and x["mode"] == r["mode"] and x["seq_len"] > ctx)
+    # group 32 dense, group 64 dense and certified; greedy and sampled; by
+    # default and asked for
+    assert (as_placed, defaults) == (12, 6)
     # the same shape on the N16R8 keeps its core in SRAM and the KV cache in PSRAM
     p = cm.placement(s, cm.S3_BOARDS["n16r8"])
     regions = {b["name"]: b["region"] for b in p["blocks"]}
@@ -916,7 +949,7 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
             mem = m.memory()
         placed = sum(b for n, r, b in mem if r != "flash" and n not in ("batch", "engine"))
         assert placed + cm.ENGINE_STRUCT_BYTES == need, context
-        assert need > n8.internal_free - cm.FAST_RESERVE_BYTES  # not wholly, on the estimate
+        assert need > n8.engine_room  # not wholly, on the estimate
     shape = dataclasses.replace(cm.SHAPES["stories260k"], group=group)
     n = places[0]["opening_context"]
     assert 0 < n < 512

@@ -404,13 +404,16 @@ def test_misaligned_buffer_is_copied(tiny_bytes: bytes) -> None:
 
 def _engine_check() -> Path:
     eng, port = cbuild.ENGINE, cbuild.PORT_HOST
-    sources = [*cbuild.engine_sources(), port / "port_host.c", cbuild.CTESTS / "engine_check.c"]
+    binding = cbuild.ROOT / "native" / "binding"
+    sources = [*cbuild.engine_sources(), port / "port_host.c", binding / "llm_bind.c",
+               cbuild.CTESTS / "engine_check.c"]
     # cbuild's stamp covers the sources and the command: a define carrying a hash of
     # the headers makes a header change rebuild too
-    headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h"))
+    headers = sorted(eng.glob("*.h")) + sorted(port.glob("*.h")) + sorted(binding.glob("*.h"))
     tag = zlib.crc32(b"".join(h.read_bytes() for h in headers))
     return cbuild.build("engine_check", sources, cbuild.ROOT / "build" / "ctests",
-                        sanitize=True, opt="-O1", defines={"LLM_HEADERS_TAG": f"{tag}u"})
+                        sanitize=True, opt="-O1", defines={"LLM_HEADERS_TAG": f"{tag}u"},
+                        extra=["-I", str(binding)])
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_untied", "llama2c_tied"])
@@ -423,6 +426,7 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     assert result.returncode == 0, out
     assert "0 failures" in result.stdout, out
     assert "capacity sweep:" in result.stdout and "bit flips" in result.stdout, out
+    assert result.stdout.count("fitting context: ") == 2, out
     # tiny's V rows (dim 32) cannot outgrow int16 dots: the float V waits for plain mode
     placed_by_plain = "plain memory: the float V (" in result.stdout
     assert placed_by_plain == name.startswith("tiny"), out

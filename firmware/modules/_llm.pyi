@@ -108,12 +108,16 @@ class Model:
         fast=True (opt-in, LOSSY; not with plain): attention over an int8 KV
         cache, scored by the int8 kernel, with a cheap exp (see set_fast()).
 
-        context=N (1..the image's seq_len; None: all of it) sizes the KV cache
-        and the attention scores for N positions, so a board with little RAM
-        can hold the model: config()["seq_len"] is then N, and a token past it
+        context=N (1..the image's seq_len) sizes the KV cache and the
+        attention scores for N positions, so a board with little RAM can hold
+        the model: config()["seq_len"] is then N, and a token past it
         is refused (Error "context full") as at the image's seq_len. The
         tokens and logits of every position are the same bits as without a
         cap. A context past the image's seq_len is Error "bad argument".
+        None: the image's seq_len; where that finds no memory (a board without
+        PSRAM), the longest context at which every weight is in RAM (or, for
+        a model whose weights never all fit, the longest that opens), found
+        by opening it at a dozen contexts.
         MicroPython: Model(the open model's path) without context keeps the
         open model's; with another one the model is opened again.
 

@@ -731,8 +731,10 @@ def load(image=None, plain=None, fast=None, context=None):
     context=N holds N positions (prompt + story; at most the image's
     seq_len): the KV cache is sized for them, so a board with little RAM
     can hold the model. Stories get the room the context leaves; every
-    token is the same as without a cap. None keeps the open model's (the
-    image's seq_len when opening); another N opens the model again.
+    token is the same as without a cap. None keeps the open model's (when
+    opening: the image's seq_len, or on a board without the memory for it,
+    such as one without PSRAM, the longest context that keeps every weight
+    in RAM; config()["seq_len"] says which); another N opens the model again.
     """
     return default_session.load(image, plain, fast, context)
 

@@ -141,15 +141,58 @@ llm_bind_kind llm_bind_context(llm_bind_int context, uint32_t *out, llm_bind_err
     return ok(err);
 }
 
+static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t len,
+                          uint32_t context, llm_engine **out, llm_error *e) {
+    const llm_open_options options = {context};
+    return llm_open_with(out, data, len, m->port, &options, e);
+}
+
+/* Whether the model opens at `context` (with every weight in RAM, if
+ * `in_ram`); it is closed again. */
+static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
+                    int in_ram) {
+    llm_engine *probe = NULL;
+    llm_error e;
+    const int opened = open_at(m, data, len, context, &probe, &e) == LLM_OK;
+    const int ok = opened && (!in_ram || llm_spilled_bytes(probe) == 0);
+    if (opened) llm_close(probe);
+    return ok;
+}
+
+/* No context asked (0): the image's seq_len. Where that does not open (on a
+ * board without PSRAM the KV cache of every position finds no room), the
+ * longest context at which every weight is in RAM, or, for a model whose
+ * weights never all fit, the longest that opens: llm.story() then works on
+ * such a board without a context to choose. Opening is monotone in the
+ * context (the KV cache grows with it and is placed before the weights), so
+ * a bisection finds it in a dozen opens; each one is closed before the
+ * next. */
+static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
+                               uint32_t context, llm_engine **out, llm_error *e) {
+    llm_status st = open_at(m, data, len, context, out, e);
+    if (st != LLM_E_NOMEM || context != 0) return st;
+    llm_engine *probe = NULL;
+    llm_error probe_err;
+    if (open_at(m, data, len, 1, &probe, &probe_err) != LLM_OK) return st; /* e says why */
+    const uint32_t seq_len = llm_image_seq_len(probe);
+    const int in_ram = llm_spilled_bytes(probe) == 0;
+    llm_close(probe);
+    uint32_t lo = 1, hi = seq_len - 1; /* seq_len itself did not open */
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1u) / 2u;
+        if (opens_at(m, data, len, mid, in_ram)) lo = mid;
+        else hi = mid - 1u;
+    }
+    return open_at(m, data, len, lo, out, e);
+}
+
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
                             int fast, uint32_t context, int (*poll)(void *ctx),
                             llm_bind_error *err) {
     llm_error e;
     llm_engine *opened = NULL;
-    const llm_open_options options = {context};
     if (llm_bind_modes(plain, fast, err) == LLM_BIND_OK &&
-        engine(llm_open_with(&opened, data, len, m->port, &options, &e), &e, err) ==
-            LLM_BIND_OK) {
+        engine(open_fitting(m, data, len, context, &opened, &e), &e, err) == LLM_BIND_OK) {
         m->engine = opened;
         llm_set_interrupt(opened, poll, NULL);
         if (engine(llm_set_plain(opened, plain, &e), &e, err) == LLM_BIND_OK &&

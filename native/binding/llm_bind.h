@@ -95,9 +95,10 @@ llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err);
 llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len, int immutable,
                              const uint8_t **placed, llm_bind_error *err);
 /* Open the engine on the placed bytes in the modes asked for (plain and fast
- * exclude each other) holding `context` positions (0: the image's seq_len),
- * polling `poll` between a long prefill's passes. On a failure m is closed
- * (its copy freed). */
+ * exclude each other) holding `context` positions (0: the image's seq_len,
+ * or where that finds no memory the longest context that keeps every weight
+ * in RAM: see open_fitting), polling `poll` between a long prefill's passes.
+ * On a failure m is closed (its copy freed). */
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
                             int fast, uint32_t context, int (*poll)(void *ctx),
                             llm_bind_error *err);

@@ -164,6 +164,7 @@ static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_ma
     if (p == NULL) {
         dst->region = LLM_REGION_FLASH;
         record(e, name, LLM_REGION_FLASH, codes + scales, NULL);
+        e->spilled_bytes += codes + scales;
         return;
     }
     memcpy(p, src->codes, codes);
@@ -622,3 +623,5 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
 }
 
 uint32_t llm_image_seq_len(const llm_engine *e) { return e ? e->image.config.seq_len : 0u; }
+
+uint64_t llm_spilled_bytes(const llm_engine *e) { return e ? e->spilled_bytes : 0u; }

@@ -141,6 +141,7 @@ struct llm_engine {
     llm_placement *placements;
     void **owned;
     uint32_t n_placements, cap_placements;
+    uint64_t spilled_bytes; /* weights meant for RAM, read in place instead */
 };
 
 /* Fast mode's attention (attention_fast.c): store position p's k and v of

@@ -142,6 +142,10 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
 /* The image's own seq_len (its RoPE table's positions), whatever context
  * the engine was opened with. */
 uint32_t llm_image_seq_len(const llm_engine *e);
+/* Bytes of weights the engine copies into RAM at open that found none and
+ * are read in place from the image instead (slower; Model.memory() lists
+ * them as "flash"): 0 when every weight is in RAM. */
+uint64_t llm_spilled_bytes(const llm_engine *e);
 void llm_close(llm_engine *e);
 /* What llm_open checks of the bytes (header, sections, checksums, layout),
  * without allocating: a binding can refuse a bad image before it gives up

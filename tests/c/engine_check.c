@@ -23,6 +23,7 @@
 
 #include "image.h"
 #include "llm.h"
+#include "llm_bind.h"
 #include "port_host.h"
 #include "sampler.h"
 
@@ -382,6 +383,103 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
            (unsigned long long)values);
 }
 
+/* BULK bytes the engine needs open at `context` with FAST capped at
+ * `fast_cap` (0: unlimited): what it holds there but the optional batch;
+ * 0 if it does not open. */
+static uint64_t bulk_at(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = fast_cap;
+    const llm_open_options o = {context};
+    llm_engine *e = NULL;
+    llm_error err;
+    if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
+    uint64_t bulk = hp.in_use[LLM_REGION_BULK];
+    for (uint32_t i = 0; i < llm_placement_count(e); i++) {
+        const llm_placement *p = llm_placement_at(e, i);
+        if (strcmp(p->name, "batch") == 0 && p->region == LLM_REGION_BULK) bulk -= p->bytes;
+    }
+    llm_close(e);
+    return bulk;
+}
+
+/* Whether the model opens at `context` under these caps (closed again);
+ * *spilled gets the bytes of weights it read in place. */
+static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
+                       uint64_t bulk_cap, uint64_t *spilled) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = fast_cap;
+    hp.capacity[LLM_REGION_BULK] = bulk_cap;
+    const llm_open_options o = {context};
+    llm_engine *e = NULL;
+    llm_error err;
+    if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
+    *spilled = llm_spilled_bytes(e);
+    llm_close(e);
+    return 1;
+}
+
+/* Model() with no context where the image's seq_len finds no memory (a
+ * board without PSRAM): llm_bind_open opens the longest context that keeps
+ * every weight in RAM (or, if none does, the longest that opens), and no
+ * longer one would. Two boards: FAST unlimited and BULK capped at what half
+ * the seq_len needs (the weights always fit: the KV cache decides); and FAST
+ * gone, everything competing for BULK as for a board's one internal SRAM,
+ * BULK capped just below what the seq_len needs to open at all (with
+ * weights read in place). A context asked for is never changed. */
+static void check_fitting_context(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint32_t seq = llm_get_config(e)->seq_len;
+    const uint64_t everything = hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK];
+    llm_close(e);
+    uint64_t spilled = 0;
+    for (int shared = 0; shared < 2; shared++) {
+        const uint64_t fast_cap = shared ? 1u : 0u;
+        uint64_t cap = bulk_at(img, len, seq / 2u, 0u);
+        if (shared) { /* the least BULK in which the seq_len opens, less one byte */
+            uint64_t lo = 1u, hi = everything;
+            while (lo < hi) {
+                const uint64_t mid = lo + (hi - lo) / 2u;
+                if (opens_under(img, len, seq, fast_cap, mid, &spilled)) hi = mid;
+                else lo = mid + 1u;
+            }
+            cap = lo - 1u;
+        }
+        EXPECT(cap > 0 && !opens_under(img, len, seq, fast_cap, cap, &spilled),
+               "shared %d: the seq_len opens under the cap", shared);
+        llm_port_host_init(&hp);
+        hp.capacity[LLM_REGION_FAST] = fast_cap;
+        hp.capacity[LLM_REGION_BULK] = cap;
+        llm_bind_model m = {NULL, &hp.port, NULL, 0};
+        llm_bind_error err;
+        const llm_bind_kind asked = llm_bind_open(&m, img, len, 0, 0, seq, NULL, &err);
+        EXPECT(asked != LLM_BIND_OK && m.engine == NULL && hp.live_blocks == 0,
+               "shared %d: the seq_len asked for was changed", shared);
+        if (asked == LLM_BIND_OK) llm_bind_close(&m);
+        llm_bind_kind kind = llm_bind_open(&m, img, len, 0, 0, 0, NULL, &err);
+        EXPECT(kind == LLM_BIND_OK, "shared %d: no fitting context: %s", shared, err.message);
+        if (kind != LLM_BIND_OK) continue;
+        const uint32_t got = llm_get_config(m.engine)->seq_len;
+        const uint64_t in_place = llm_spilled_bytes(m.engine);
+        llm_bind_close(&m);
+        EXPECT(hp.live_blocks == 0, "shared %d: %u blocks leaked", shared, hp.live_blocks);
+        EXPECT(got < seq && (shared || (got >= seq / 2u && in_place == 0)),
+               "shared %d: fitted context %u of %u, %llu B of weights in place", shared, got,
+               seq, (unsigned long long)in_place);
+        /* one position more: no room, or (when every weight fitted) weights in place */
+        const int more = opens_under(img, len, got + 1u, fast_cap, cap, &spilled);
+        EXPECT(!more || (in_place == 0 && spilled > 0),
+               "shared %d: context %u would have fitted too", shared, got + 1u);
+        printf("fitting context: %u of %u (%s)\n", got, seq,
+               in_place ? "the longest that opens: weights never all fit"
+                        : "the longest with every weight in RAM");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
@@ -407,6 +505,7 @@ int main(int argc, char **argv) {
     check_port_books();
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
+    check_fitting_context(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);
     free(img);

@@ -30,13 +30,24 @@ static void *take(llm_esp32_port *p, size_t total, uint32_t caps, llm_region r, 
     return llm_block_charge(raw, bytes, r, BLOCK_MAGIC, p->in_use, p->peak);
 }
 
+static void esp32_free(void *ctx, void *ptr);
+
 /* Internal SRAM for `total` bytes, if the block exists and fast_reserve
- * bytes stay free for everyone else afterwards. */
+ * bytes stay free for everyone else afterwards, fast_reserve_block of them
+ * in one block (which block the allocator takes is known only once it has:
+ * a placement that breaks the last such block up is given back). */
 static void *take_internal(llm_esp32_port *p, size_t total, size_t bytes) {
     size_t free_now = heap_caps_get_free_size(CAPS_FAST);
     if (heap_caps_get_largest_free_block(CAPS_FAST) < total || free_now < total + p->fast_reserve)
         return NULL;
-    return take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
+    const uint64_t peak = p->peak[LLM_REGION_FAST];
+    void *out = take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
+    if (out != NULL && heap_caps_get_largest_free_block(CAPS_FAST) < p->fast_reserve_block) {
+        esp32_free(p, out);
+        p->peak[LLM_REGION_FAST] = peak;
+        return NULL;
+    }
+    return out;
 }
 
 static void *esp32_alloc(void *ctx, size_t bytes, llm_region wanted, llm_region *placed) {
@@ -103,8 +114,9 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.alloc = esp32_alloc;
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
-    p->fast_reserve = LLM_ESP32_FAST_RESERVE;
     p->has_psram = heap_caps_get_total_size(MALLOC_CAP_SPIRAM) > 0;
+    p->fast_reserve = p->has_psram ? LLM_ESP32_FAST_RESERVE : LLM_ESP32_FAST_RESERVE_NO_PSRAM;
+    p->fast_reserve_block = p->has_psram ? 0u : LLM_ESP32_FAST_RESERVE_NO_PSRAM;
 
     llm_esp32_worker *w = heap_caps_calloc(1, sizeof *w, CAPS_FAST);
     if (w == NULL) return llm_fail(err, LLM_E_NOMEM, "no internal RAM for the worker state");

@@ -47,6 +47,13 @@
  * otherwise take. Measured on the emulated boards after a story, the chat,
  * bench.py --report and a soft reset: see firmware/README.md. */
 #define LLM_ESP32_FAST_RESERVE (32u * 1024u)
+/* The same on a board without PSRAM, where every allocation of ESP-IDF and
+ * MicroPython is internal and IDF keeps nothing back: one free block of this
+ * size stays whole, since MicroPython grows its heap by one block when its
+ * first one (MPLLM_N8: 40 KiB) fills (opening a file takes 7,680 B at once).
+ * Measured on the emulated N8 with a story, the chat, a file written and
+ * read, bench.py --report and a soft reset: see firmware/README.md. */
+#define LLM_ESP32_FAST_RESERVE_NO_PSRAM (16u * 1024u)
 /* The worker's core, unless the caller is on it (then the other one). */
 #define LLM_ESP32_WORKER_CORE 0
 #define LLM_ESP32_WORKER_STACK 4096u
@@ -56,6 +63,7 @@ typedef struct llm_esp32_worker llm_esp32_worker;
 typedef struct llm_esp32_port {
     llm_port port;                       /* hand &this->port to llm_open */
     size_t fast_reserve;                 /* see above; may be changed before llm_open */
+    size_t fast_reserve_block;           /* of it, one block this large (0: none) */
     uint64_t in_use[LLM_REGION_COUNT];   /* bytes live now, per region placed */
     uint64_t peak[LLM_REGION_COUNT];
     uint64_t asked[LLM_REGION_COUNT];    /* bytes requested, per region wanted */

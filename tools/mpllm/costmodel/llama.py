@@ -12,13 +12,14 @@ held-out prediction (no llama2.c model has been timed on an S3 here).
 
 What the engine does with a llama2.c image (native/engine/engine_open.c,
 engine.c on the llama branch), and so what the builds here assume:
-  * int4 weights in groups of `group` (convert.py's default 32). V is cached
+  * int4 weights in groups of `group` (convert.py's default: one group a row,
+    the dim rounded up to 32; --group 32 is finer). V is cached
     as exact int16 dots only when the qkv rows are one scale group
     (engine_open.c place_kv_cache: v_dots), and the head is certified only
     when its rows are one group (stage_head: certified): at group 32 a
     64-wide model has two groups a row, so V is cached as floats and the head
-    is dense. A converter run with --group equal to the padded width (64 for
-    stories260K) makes both possible: the "one group a row" rows below.
+    is dense. convert.py's default, the padded width (64 for stories260K),
+    makes both possible: the "one group a row" rows below.
   * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer,
     for the context the engine was opened with (llm_open_with, Model(...,
     context=N); a Shape's seq_len here): the engine allocates K floats, the
@@ -55,7 +56,9 @@ from .sram import (
     CANDIDATES_BYTES,
     ENGINE_STRUCT_BYTES,
     FAST_RESERVE_BYTES,
+    FAST_RESERVE_NO_PSRAM_BYTES,
     N8_FREE_AT_REPL,
+    N8_LEFT_FREE_AFTER_OPEN,
     SRAM_FREE_AT_BOOT,
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
@@ -83,7 +86,8 @@ __all__ = [
 
 #: llama2.c's TinyStories checkpoints (karpathy/llama2.c README, model.py
 #: ModelArgs; stories260K: dim 64, 5 layers, 8 heads, 4 kv heads, hidden 172,
-#: vocab 512, seq_len 512), int4 in convert.py's default group of 32.
+#: vocab 512, seq_len 512), int4 in groups of 32 (convert.py --group 32);
+#: _variants prices convert.py's default (one group a row) beside it.
 SHAPES: dict[str, Shape] = {
     "stories260k": Shape(dim=64, n_layers=5, n_heads=8, n_kv_heads=4, ffn=172, ple_dim=0,
                          vocab_out=512, seq_len=512, group=32),
@@ -124,6 +128,20 @@ class Board:
     internal_free: int
     internal_source: str
 
+    #: what the engine leaves free once open, measured, if more than the
+    #: port's reserve (a reserve kept in one block leaves pieces unused)
+    left_free: int = 0
+
+    @property
+    def fast_reserve(self) -> int:
+        """What the port keeps free of the engine (port_esp32.c: by PSRAM)."""
+        return FAST_RESERVE_BYTES if self.psram_bytes else FAST_RESERVE_NO_PSRAM_BYTES
+
+    @property
+    def engine_room(self) -> int:
+        """Internal RAM the engine's placements may take on this board."""
+        return self.internal_free - max(self.fast_reserve, self.left_free)
+
 
 S3_BOARDS: dict[str, Board] = {
     "n16r8": Board(
@@ -134,7 +152,9 @@ S3_BOARDS: dict[str, Board] = {
     "n8": Board(
         "n8", "N8 (no PSRAM)", BOARDS["n8"].psram_bytes, ICACHE_BYTES_N8, N8_FREE_AT_REPL,
         "measured on the emulated board (the N8 firmware without PSRAM: "
-        "esp32.idf_heap_info at the REPL, MicroPython's heap already in it)"),
+        "esp32.idf_heap_info at the REPL, MicroPython's heap already in it; what the "
+        "engine left free once open, sram.N8_LEFT_FREE_AFTER_OPEN, kept back)",
+        N8_LEFT_FREE_AFTER_OPEN),
 }
 
 
@@ -214,14 +234,14 @@ def engine_blocks(s: Shape, *, certified: bool,
 def placement(s: Shape, board: Board, *, certified: bool = False,
               head_in_place: bool = False) -> dict[str, object]:
     """Where llm_open would put every block on `board` (the port's rules,
-    native/port/esp32/port_esp32.c: FAST only while FAST_RESERVE_BYTES stay
+    native/port/esp32/port_esp32.c: FAST only while the board's reserve stays
     free; BULK in PSRAM, or in internal SRAM under the same reserve on a board
     without PSRAM). Fragmentation is not modelled (total free, not the
     largest block). `head_in_place`: the head read from flash (a what-if:
     today the head is the first BULK block). Returns the blocks with their
     regions ("sram", "psram", "flash", or "none" for a block that found no
     memory), whether the model opens, and what is left."""
-    internal = board.internal_free - FAST_RESERVE_BYTES
+    internal = board.engine_room
     psram = board.psram_bytes
     blocks: list[dict[str, object]] = []
     opens, failed = True, ""
@@ -261,7 +281,7 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
     return {"board": board.name, "opens": opens, "fails_at": failed, "blocks": blocks,
             "by_region": by_region, "internal_left": internal,
             "psram_left": psram if board.psram_bytes else None,
-            "internal_for_engine": board.internal_free - FAST_RESERVE_BYTES,
+            "internal_for_engine": board.engine_room,
             "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place}
 
 
@@ -273,7 +293,7 @@ def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> di
     blocks = [{"name": n, "bytes": b, "region": "sram", "kind": k}
               for n, b, _, k in engine_blocks(s, certified=certified) if n != "batch"]
     need = sum(int(b["bytes"]) for b in blocks)
-    avail = board.internal_free - FAST_RESERVE_BYTES
+    avail = board.engine_room
     return {"board": board.name, "opens": need <= avail, "fails_at": "", "blocks": blocks,
             "by_region": {"sram": need}, "internal_left": avail - need, "psram_left": None,
             "internal_for_engine": avail, "short_by": max(0, need - avail),
@@ -376,12 +396,13 @@ def _band(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, flo
 
 
 def _variants(s: Shape) -> list[tuple[str, Shape]]:
-    """The shape as convert.py writes it by default, and with one scale group
-    a row (--group the padded width) where that differs."""
-    out = [(f"group {s.group} (convert.py's default)", s)]
+    """The shape at its own group, and as convert.py writes it by default,
+    one scale group a row (the padded width), where that differs."""
+    out = [(f"group {s.group} (convert.py --group {s.group})", s)]
     wide = cdiv(s.dim, 32) * 32
     if not _one_group_a_row(s):
-        out.append((f"group {wide} (one group a row: V as int16 dots, certified head possible)",
+        out.append((f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
+                     "certified head possible)",
                     dataclasses.replace(s, group=wide)))
     return out
 
@@ -444,14 +465,27 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     continue
                 # (placement priced, what-if label, shape, positions); a board
                 # without PSRAM is also priced as the engine really places the
-                # model: at the longest context that opens (Model(context=N)),
+                # model: at the context Model() opens by default when the
+                # seq_len finds no memory (the binding's open_fitting: the
+                # longest with every weight in RAM, else the longest that
+                # opens), and at the longest that opens (Model(context=N)),
                 # the core that finds no RAM read in place from flash
                 pricings = [(priced, what_if, s, pos)]
-                ctx = opening_context(s, board, certified=certified)
-                if not board.psram_bytes and pos[0] < ctx < s.seq_len:
+                fits_at = fitting_context(s, board, certified=certified)
+                opens_at = opening_context(s, board, certified=certified)
+                contexts: list[tuple[int, str]] = []
+                if not board.psram_bytes and not p["opens"]:
+                    default = fits_at or opens_at
+                    contexts.append((default, "by default"))
+                    if opens_at != default:
+                        contexts.append((opens_at, "asked for"))
+                for ctx, how in contexts:
+                    if not pos[0] < ctx < s.seq_len:
+                        continue
                     s_ctx = dataclasses.replace(s, seq_len=ctx)
                     at = [x for x in pos if x < ctx]
-                    label = f"as the engine places it at context {ctx} (positions {at[0]}..{at[-1]})"
+                    label = (f"as the engine places it at context {ctx}, {how} "
+                             f"(positions {at[0]}..{at[-1]})")
                     pricings.append((placement(s_ctx, board, certified=certified), label, s_ctx, at))
                 for priced, what_if, s_p, pos_p in pricings:
                     for sampled in (False, True):
@@ -522,8 +556,8 @@ def shape_table(rep: dict[str, object]) -> str:
     ]
     for b in S3_BOARDS.values():
         lines.append(f"board {b.label}: {b.internal_free:,} B internal free at the REPL "
-                     f"({b.internal_source}); the engine may use it less the "
-                     f"{FAST_RESERVE_BYTES // 1024} KiB reserve; instruction cache "
+                     f"({b.internal_source}); the engine may use {b.engine_room:,} B of it "
+                     f"(the port's reserve: {b.fast_reserve // 1024} KiB); instruction cache "
                      f"{b.icache_bytes // 1024} KB")
     lines.append("")
     for p in rep["placements"]:  # type: ignore[attr-defined]
