@@ -100,5 +100,39 @@ def test_parse_gate_line_errors() -> None:
     assert r.hash == "0123456789abcdef" and r.prompt_ids == [5, 5]
     with pytest.raises(ValueError, match="ids, expected"):
         gate.parse_gate_line("MPLLM-GATE 0123456789abcdef 2 1 2 3", "board")
+    # a short context decodes fewer (never fewer than the hashed logits rows)
+    for n, ok in ((gate.N_LOGIT_ROWS, True), (gate.N_LOGIT_ROWS - 1, False),
+                  (gate.N_TOKENS + 1, False)):
+        line = "MPLLM-GATE 0123456789abcdef 2 " + " ".join(["5"] * (2 + n))
+        if ok:
+            assert len(gate.parse_gate_line(line, "board").ids) == n
+        else:
+            with pytest.raises(ValueError, match="ids, expected"):
+                gate.parse_gate_line(line, "board")
     with pytest.raises(ValueError, match="20 logits rows"):
         gate.gate_bytes([b""] * 3, "")
+
+
+def test_a_short_context_gates_what_it_holds(tiny_model, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A model opened with fewer positions than the gate decodes (a board
+    without PSRAM opens stories260K at 91) decodes what its context holds;
+    the host hashes the same count and the hashes agree."""
+    import llm
+    import llm_bench
+
+    engine_ext.load()
+    image = os.fspath(tiny_model.image)
+    session = llm.Session()
+    session.load(image, context=40)
+    llm_bench.gate(gate.PROMPT, gate.N_TOKENS, gate.N_LOGIT_ROWS, session=session)
+    got = gate.parse_gate_line(capsys.readouterr().out, "engine at context 40")
+    assert len(got.prompt_ids) + len(got.ids) - 1 == 40
+    ref = gate.reference_gate(image, n_tokens=len(got.ids))
+    ok, text = gate.compare(ref, got)
+    assert ok, text
+    assert f"greedy text of {len(got.ids)} tokens" in text and "context holds" in text
+    session.load(image, context=len(got.prompt_ids) + gate.N_LOGIT_ROWS - 2)
+    with pytest.raises(ValueError, match="the gate needs"):
+        llm_bench.gate(gate.PROMPT, gate.N_TOKENS, gate.N_LOGIT_ROWS, session=session)
+    with pytest.raises(ValueError, match="decodes 20..200 tokens"):
+        gate.reference_gate(image, n_tokens=gate.N_LOGIT_ROWS - 1)

@@ -201,11 +201,17 @@ fnv_state, fnv_update, fnv_hex = FNV_KERNELS[FNV_KERNEL]
 
 def gate(prompt, n_tokens, n_rows, image=None, private=False, session=None):
     """Greedy decoding from `prompt` in exact mode: the hash of the first
-    n_rows logits rows and the text of n_tokens tokens."""
+    n_rows logits rows and the text of n_tokens tokens, or of as many as the
+    model's context holds (a board without PSRAM opens a short one by
+    default): the line gives the ids, so the host hashes the same count."""
     with _Using(session, image, private, False, False) as using:
         model = using.model
         tok = using.tokenizer
         ids_in = tok.encode(prompt)
+        n_tokens = min(n_tokens, model.config()["seq_len"] - len(ids_in) + 1)
+        if n_tokens < n_rows:
+            raise ValueError(f"the gate needs {len(ids_in) + n_rows - 1} positions, the "
+                             f"model's context holds {model.config()['seq_len']}")
         state = fnv_state()
         model.reset()
         model.sampler(0.0, 0, 0)

@@ -200,7 +200,7 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
                else gate.engine_gate(image))
         gate_info: dict = {"hash": got.hash, "source": got.source}
         if image is not None:
-            ref = gate.reference_gate(image)
+            ref = gate.reference_gate(image, n_tokens=len(got.ids))
             gate_info.update(reference=ref.hash, same=ref.hash == got.hash)
     except (RuntimeError, ValueError) as e:
         gate_info = {"error": str(e)}
@@ -288,7 +288,7 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
             return 2
         ref = gate.GateResult(want, other.prompt_ids, other.ids, "expected (--expect)")
     else:
-        ref = gate.reference_gate(image)
+        ref = gate.reference_gate(image, n_tokens=len(other.ids))
     ok, text = gate.compare(ref, other)
     print(text)
     return 0 if ok else 1

@@ -56,7 +56,7 @@ def fnv1a64(data: bytes | bytearray | memoryview, h: int = FNV_OFFSET) -> int:
 class GateResult:
     hash: str  # 16 hex digits
     prompt_ids: list[int]
-    ids: list[int]  # the 200 greedy ids
+    ids: list[int]  # the N_TOKENS greedy ids (fewer if the board's context holds fewer)
     source: str  # who computed it
 
     @property
@@ -77,14 +77,19 @@ def _tokenizer_class() -> type:
     return board_module("llm").Tokenizer  # type: ignore[no-any-return]
 
 
-def _check_room(n_prompt: int, seq_len: int) -> None:
-    if n_prompt + N_TOKENS - 1 > seq_len:
-        raise ValueError(f"the gate needs {n_prompt} prompt + {N_TOKENS} generated positions "
+def _check_room(n_prompt: int, seq_len: int, n_tokens: int = N_TOKENS) -> None:
+    if n_prompt + n_tokens - 1 > seq_len:
+        raise ValueError(f"the gate needs {n_prompt} prompt + {n_tokens} generated positions "
                          f"(- 1), but the model's context is {seq_len}")
 
 
-def reference_gate(image: str | os.PathLike[str] | bytes) -> GateResult:
-    """The gate computed by the numpy reference (mpllm.reference.forward) from an image."""
+def reference_gate(image: str | os.PathLike[str] | bytes, n_tokens: int = N_TOKENS
+                   ) -> GateResult:
+    """The gate computed by the numpy reference (mpllm.reference.forward) from
+    an image; `n_tokens` fewer than N_TOKENS for a board whose context holds
+    fewer (its gate line says how many it decoded)."""
+    if not N_LOGIT_ROWS <= n_tokens <= N_TOKENS:
+        raise ValueError(f"the gate decodes {N_LOGIT_ROWS}..{N_TOKENS} tokens, not {n_tokens}")
     import numpy as np
 
     from ..reference.forward import Reference
@@ -95,8 +100,8 @@ def reference_gate(image: str | os.PathLike[str] | bytes) -> GateResult:
     tok = _tokenizer_class()(read_image(data).tokenizer_section)
     prompt = tok.encode(PROMPT)
     ref = Reference.from_image(data)
-    _check_room(len(prompt), ref.config.seq_len)
-    ids, rows = ref.generate(prompt, N_TOKENS)
+    _check_room(len(prompt), ref.config.seq_len, n_tokens)
+    ids, rows = ref.generate(prompt, n_tokens)
     logit_rows = [np.ascontiguousarray(rows[k], dtype="<f4").tobytes()
                   for k in range(N_LOGIT_ROWS)]
     h = fnv1a64(gate_bytes(logit_rows, tok.decode(ids)))
@@ -122,9 +127,10 @@ def parse_gate_line(output: str, source: str) -> GateResult:
         raise ValueError(f"{source}: no {marker} line in the output:\n{output.strip()}")
     n_prompt = int(m.group(2))
     ids = [int(x) for x in m.group(3).split()]
-    if len(ids) != n_prompt + N_TOKENS:
+    # N_TOKENS decoded, or as many as a short context holds (llm_bench.gate)
+    if not n_prompt + N_LOGIT_ROWS <= len(ids) <= n_prompt + N_TOKENS:
         raise ValueError(f"{source}: gate line has {len(ids)} ids, expected "
-                         f"{n_prompt} + {N_TOKENS}")
+                         f"{n_prompt} + {N_LOGIT_ROWS}..{N_TOKENS}")
     return GateResult(m.group(1), ids[:n_prompt], ids[n_prompt:], source)
 
 
@@ -152,15 +158,17 @@ def engine_gate(image: str | os.PathLike[str], llm_module: object | None = None)
 def compare(a: GateResult, b: GateResult) -> tuple[bool, str]:
     """(passed, report text) for two gate results."""
     ok = a.hash == b.hash
+    n = len(b.ids)
+    short = "" if n == N_TOKENS else f" (the board's context holds {n} of the {N_TOKENS})"
     lines = [(f"gate v{GATE_VERSION}: FNV-1a 64 of logits rows 0..{N_LOGIT_ROWS - 1} + "
-             f"greedy text of {N_TOKENS} tokens from {PROMPT!r}"),
+             f"greedy text of {n} tokens from {PROMPT!r}{short}"),
              f"  {a.source:<40} {a.hash}", f"  {b.source:<40} {b.hash}"]
     if not ok:
         if a.prompt_ids != b.prompt_ids:
             lines.append(f"  prompt ids differ: {a.prompt_ids} vs {b.prompt_ids}")
         first = next((i for i, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), None)
         if first is None:
-            lines.append("  the 200 greedy ids agree: the logits bytes differ")
+            lines.append(f"  the {n} greedy ids agree: the logits bytes differ")
         else:
             lines.append(f"  first differing token at step {first}: {a.ids[first]} vs "
                          f"{b.ids[first]}")

@@ -401,9 +401,9 @@ def _variants(s: Shape) -> list[tuple[str, Shape]]:
     out = [(f"group {s.group} (convert.py --group {s.group})", s)]
     wide = cdiv(s.dim, 32) * 32
     if not _one_group_a_row(s):
-        out.append((f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
-                     "certified head possible)",
-                    dataclasses.replace(s, group=wide)))
+        label = (f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
+                 "certified head possible)")
+        out.append((label, dataclasses.replace(s, group=wide)))
     return out
 
 
