@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from pathlib import Path
 
 import engine_ext
 import pytest
@@ -156,6 +157,27 @@ def test_cached_images_are_keyed_by_the_table_rule(tmp_path, monkeypatch) -> Non
     src = (ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", tmp_path)
     now = image_cache.cached_image_path(*src)
     monkeypatch.setattr(D, "TABLE_RULE", "counts-shares")
+    assert image_cache.cached_image_path(*src) != now
+
+
+def test_cached_images_are_keyed_by_the_cost_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An image cached before the cost model changed (its drafts table's
+    min_odds are the cost model's draft prices) is converted again, not
+    reused: a copy of the package with one price file edited gives another key."""
+    import shutil
+
+    from mpllm import image_cache
+
+    src = (ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", tmp_path)
+    now = image_cache.cached_image_path(*src)
+    assert image_cache.cached_image_path(*src) == now
+    pkg = tmp_path / "mpllm"
+    shutil.copytree(Path(image_cache.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(image_cache, "__file__", str(pkg / "image_cache.py"))
+    assert image_cache.cached_image_path(*src) == now  # the same sources, the same key
+    prices = pkg / "costmodel" / "prices.py"
+    prices.write_text(prices.read_text() + "\n# an edit\n")
     assert image_cache.cached_image_path(*src) != now
 
 

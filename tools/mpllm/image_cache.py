@@ -31,14 +31,21 @@ def sha256_file(path: Path) -> str:
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
     and the image format version, so a newer format never reads a stale image, and the
-    drafter's story count (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE)."""
+    drafter's story count (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE),
+    and the cost model's sources: the converter writes its draft prices into the
+    table as the min_odds, so a changed cost model converts again (hashing its
+    files costs a millisecond; computing the prices, a tenth of a second at every
+    start of chat.py)."""
     from .convert import DRAFTER_STORIES
     from .drafting import TABLE_RULE
     from .formats.image import VERSION
 
+    costmodel = hashlib.sha256()
+    for src in sorted((Path(__file__).parent / "costmodel").glob("*.py")):
+        costmodel.update(src.read_bytes())
     key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
                           + f"image-v{VERSION}-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
-                          ).encode()).hexdigest()
+                          + f"-costmodel{costmodel.hexdigest()}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 
