@@ -12,6 +12,7 @@ Three layers:
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Callable
@@ -426,7 +427,9 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     assert result.returncode == 0, out
     assert "0 failures" in result.stdout, out
     assert "capacity sweep:" in result.stdout and "bit flips" in result.stdout, out
-    assert result.stdout.count("fitting context: ") == 2, out
+    fit = re.search(r"fitting context: (\d+) caps by the seq_len, (\d+) with every weight in "
+                    r"RAM, (\d+) the longest that opens, (\d+) refused", result.stdout)
+    assert fit and all(int(n) > 0 for n in fit.groups()), out
     # tiny's V rows (dim 32) cannot outgrow int16 dots: the float V waits for plain mode
     placed_by_plain = "plain memory: the float V (" in result.stdout
     assert placed_by_plain == name.startswith("tiny"), out

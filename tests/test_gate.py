@@ -136,3 +136,18 @@ def test_a_short_context_gates_what_it_holds(tiny_model, capsys) -> None:  # typ
         llm_bench.gate(gate.PROMPT, gate.N_TOKENS, gate.N_LOGIT_ROWS, session=session)
     with pytest.raises(ValueError, match="decodes 20..200 tokens"):
         gate.reference_gate(image, n_tokens=gate.N_LOGIT_ROWS - 1)
+
+
+def test_expect_refuses_a_short_board_gate(tiny_model, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--expect holds a hash of the gate's 200 tokens: a board whose context
+    held fewer is told to compare with the host instead, not given a FAIL
+    that blames the logits."""
+    from mpllm.board import bench_cli
+
+    short = gate.GateResult("0123456789abcdef", [1, 2], list(range(87)), "board")
+    monkeypatch.setattr(bench_cli, "port_gate", lambda *a, **k: short)
+    rc = bench_cli.main(["--port", "socket://localhost:1", "--gate", "--image",
+                         os.fspath(tiny_model.image),
+                         "--expect", "0123456789abcdef"])
+    assert rc == 2
+    assert "held 87: leave --expect out" in capsys.readouterr().err

@@ -115,9 +115,10 @@ class Model:
         tokens and logits of every position are the same bits as without a
         cap. A context past the image's seq_len is Error "bad argument".
         None: the image's seq_len; where that finds no memory (a board without
-        PSRAM), the longest context at which every weight is in RAM (or, for
-        a model whose weights never all fit, the longest that opens), found
-        by opening it at a dozen contexts.
+        PSRAM), the longest context at which every weight is in RAM if that
+        holds at least 64 positions (else, as for a model whose weights never
+        all fit, the longest that opens; plain=True: with its float V too),
+        found by opening it at about 20 contexts (two bisections).
         MicroPython: Model(the open model's path) without context keeps the
         open model's; with another one the model is opened again.
 

@@ -734,7 +734,8 @@ def load(image=None, plain=None, fast=None, context=None):
     token is the same as without a cap. None keeps the open model's (when
     opening: the image's seq_len, or on a board without the memory for it,
     such as one without PSRAM, the longest context that keeps every weight
-    in RAM; config()["seq_len"] says which); another N opens the model again.
+    in RAM if it holds 64 positions, else the longest that opens;
+    config()["seq_len"] says which); another N opens the model again.
     """
     return default_session.load(image, plain, fast, context)
 

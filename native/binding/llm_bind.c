@@ -147,43 +147,72 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
     return llm_open_with(out, data, len, m->port, &options, e);
 }
 
-/* Whether the model opens at `context` (with every weight in RAM, if
- * `in_ram`); it is closed again. */
+/* The shortest context open_fitting prefers with every weight in RAM to a
+ * longer one with some read in place: room for a prompt and a short story
+ * (or half the image's seq_len, for a small test model). */
+#define FIT_MIN_CONTEXT 64u
+
+/* Whether the model opens at `context` in plain mode if asked (its float V
+ * finds room too), with every weight in RAM if `in_ram`; closed again. */
 static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
-                    int in_ram) {
+                    int plain, int in_ram) {
     llm_engine *probe = NULL;
     llm_error e;
-    const int opened = open_at(m, data, len, context, &probe, &e) == LLM_OK;
-    const int ok = opened && (!in_ram || llm_spilled_bytes(probe) == 0);
-    if (opened) llm_close(probe);
+    if (open_at(m, data, len, context, &probe, &e) != LLM_OK) return 0;
+    const int ok = (!plain || llm_set_plain(probe, 1, &e) == LLM_OK) &&
+                   (!in_ram || llm_spilled_bytes(probe) == 0);
+    llm_close(probe);
     return ok;
 }
 
-/* No context asked (0): the image's seq_len. Where that does not open (on a
- * board without PSRAM the KV cache of every position finds no room), the
- * longest context at which every weight is in RAM, or, for a model whose
- * weights never all fit, the longest that opens: llm.story() then works on
- * such a board without a context to choose. Opening is monotone in the
- * context (the KV cache grows with it and is placed before the weights), so
- * a bisection finds it in a dozen opens; each one is closed before the
- * next. */
+/* The longest context in lo..hi that opens_at (lo does). */
+static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t lo,
+                        uint32_t hi, int plain, int in_ram) {
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1u) / 2u;
+        if (opens_at(m, data, len, mid, plain, in_ram)) lo = mid;
+        else hi = mid - 1u;
+    }
+    return lo;
+}
+
+/* No context asked (0): the image's seq_len. Where that finds no memory (on
+ * a board without PSRAM the KV cache of every position finds no room), the
+ * longest context at which every weight is in RAM, unless that is shorter
+ * than FIT_MIN_CONTEXT (then, as for a model whose weights never all fit,
+ * the longest that opens, the rest read in place): llm.story() then works on
+ * such a board without a context to choose. In plain mode its float V must
+ * fit too. Opening is monotone in the context (the KV cache grows with it
+ * and is placed before the weights), so two bisections find it: about 20
+ * opens for a seq_len of 512, each closed before the next. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
-                               uint32_t context, llm_engine **out, llm_error *e) {
+                               uint32_t context, int plain, llm_engine **out, llm_error *e) {
     llm_status st = open_at(m, data, len, context, out, e);
-    if (st != LLM_E_NOMEM || context != 0) return st;
+    if (context != 0) return st;
+    if (st == LLM_OK) {
+        if (!plain) return st;
+        st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
+        if (st == LLM_OK) return st;
+        llm_close(*out);
+        *out = NULL;
+    }
+    if (st != LLM_E_NOMEM) return st;
     llm_engine *probe = NULL;
     llm_error probe_err;
     if (open_at(m, data, len, 1, &probe, &probe_err) != LLM_OK) return st; /* e says why */
     const uint32_t seq_len = llm_image_seq_len(probe);
-    const int in_ram = llm_spilled_bytes(probe) == 0;
+    const int all_in_ram = llm_spilled_bytes(probe) == 0;
     llm_close(probe);
-    uint32_t lo = 1, hi = seq_len - 1; /* seq_len itself did not open */
-    while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo + 1u) / 2u;
-        if (opens_at(m, data, len, mid, in_ram)) lo = mid;
-        else hi = mid - 1u;
+    if (!opens_at(m, data, len, 1, plain, 0)) return st;
+    /* seq_len itself did not open */
+    const uint32_t opens = longest(m, data, len, 1, seq_len - 1u, plain, 0);
+    uint32_t chosen = opens;
+    if (all_in_ram && opens_at(m, data, len, 1, plain, 1)) {
+        const uint32_t in_ram = longest(m, data, len, 1, opens, plain, 1);
+        const uint32_t least = FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u;
+        if (in_ram >= least) chosen = in_ram;
     }
-    return open_at(m, data, len, lo, out, e);
+    return open_at(m, data, len, chosen, out, e);
 }
 
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
@@ -192,7 +221,7 @@ llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, 
     llm_error e;
     llm_engine *opened = NULL;
     if (llm_bind_modes(plain, fast, err) == LLM_BIND_OK &&
-        engine(open_fitting(m, data, len, context, &opened, &e), &e, err) == LLM_BIND_OK) {
+        engine(open_fitting(m, data, len, context, plain, &opened, &e), &e, err) == LLM_BIND_OK) {
         m->engine = opened;
         llm_set_interrupt(opened, poll, NULL);
         if (engine(llm_set_plain(opened, plain, &e), &e, err) == LLM_BIND_OK &&

@@ -230,6 +230,7 @@ static void stage_tiles(llm_engine *e, const llm_tiles *t) {
     const size_t ids_bytes = llm_align_up((size_t)t->rows * 2u, 16u);
     uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
     if (ids != NULL) memcpy(ids, t->order, (size_t)t->rows * 2u);
+    else e->spilled_bytes += ids_bytes;
     h->ids = ids != NULL ? ids : t->order;
     const size_t box_bytes = (size_t)t->n_tiles * 2u * h->cols_padded;
     const size_t sc_bytes = llm_align_up((size_t)t->n_tiles * sizeof(float), 16u);
@@ -242,6 +243,7 @@ static void stage_tiles(llm_engine *e, const llm_tiles *t) {
     } else {
         h->tile_scale = t->scales;
         h->boxes = t->boxes;
+        e->spilled_bytes += sc_bytes + box_bytes;
     }
     h->tile_rows = t->tile_rows;
     h->n_tiles = t->n_tiles;
@@ -275,7 +277,9 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     uint8_t *p = certified ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
     if (p == NULL) {
         /* no room for the staged copy in its tile order: the dense route on
-         * the rows in id order (staged elsewhere or read in place) */
+         * the rows in id order (staged elsewhere or read in place); the
+         * certificate's tables go unused, counted as read in place */
+        if (certified) e->spilled_bytes += bytes;
         llm_mat m;
         stage_mat(e, name, &src, &m, LLM_REGION_BULK);
         h->w = m.w;
@@ -535,6 +539,7 @@ static void stage_norms(llm_engine *e) {
     if (at == NULL) {
         e->w.norms_region = LLM_REGION_FLASH;
         record(e, "norms", LLM_REGION_FLASH, bytes, NULL);
+        e->spilled_bytes += bytes;
     }
     if (P != 0) e->w.ple_proj_norm = stage_norm(e, LLM_SEC_PLE_PROJ_NORM, P, &at);
     for (uint32_t l = 0; l < L; l++) {

@@ -142,9 +142,11 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
 /* The image's own seq_len (its RoPE table's positions), whatever context
  * the engine was opened with. */
 uint32_t llm_image_seq_len(const llm_engine *e);
-/* Bytes of weights the engine copies into RAM at open that found none and
- * are read in place from the image instead (slower; Model.memory() lists
- * them as "flash"): 0 when every weight is in RAM. */
+/* Bytes of what the engine copies into RAM at open (matrices, norms, the
+ * head's certified copy, its ids and tile tables) that found none and are
+ * read in place from the image instead, or (a certified head without room
+ * for its copy) go unused for the slower dense route: 0 when every weight is
+ * in RAM as the image asks. */
 uint64_t llm_spilled_bytes(const llm_engine *e);
 void llm_close(llm_engine *e);
 /* What llm_open checks of the bytes (header, sections, checksums, layout),

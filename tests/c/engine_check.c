@@ -383,30 +383,11 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
            (unsigned long long)values);
 }
 
-/* BULK bytes the engine needs open at `context` with FAST capped at
- * `fast_cap` (0: unlimited): what it holds there but the optional batch;
- * 0 if it does not open. */
-static uint64_t bulk_at(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap) {
-    llm_host_port hp;
-    llm_port_host_init(&hp);
-    hp.capacity[LLM_REGION_FAST] = fast_cap;
-    const llm_open_options o = {context};
-    llm_engine *e = NULL;
-    llm_error err;
-    if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
-    uint64_t bulk = hp.in_use[LLM_REGION_BULK];
-    for (uint32_t i = 0; i < llm_placement_count(e); i++) {
-        const llm_placement *p = llm_placement_at(e, i);
-        if (strcmp(p->name, "batch") == 0 && p->region == LLM_REGION_BULK) bulk -= p->bytes;
-    }
-    llm_close(e);
-    return bulk;
-}
-
-/* Whether the model opens at `context` under these caps (closed again);
- * *spilled gets the bytes of weights it read in place. */
+/* Whether the model opens at `context` under these caps, in plain mode if
+ * asked (its float V placed too); closed again. *spilled gets what it read
+ * in place (llm_spilled_bytes). */
 static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
-                       uint64_t bulk_cap, uint64_t *spilled) {
+                       uint64_t bulk_cap, int plain, uint64_t *spilled) {
     llm_host_port hp;
     llm_port_host_init(&hp);
     hp.capacity[LLM_REGION_FAST] = fast_cap;
@@ -415,69 +396,79 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     llm_engine *e = NULL;
     llm_error err;
     if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
+    const int ok = !plain || llm_set_plain(e, 1, &err) == LLM_OK;
     *spilled = llm_spilled_bytes(e);
     llm_close(e);
-    return 1;
+    return ok;
 }
 
-/* Model() with no context where the image's seq_len finds no memory (a
- * board without PSRAM): llm_bind_open opens the longest context that keeps
- * every weight in RAM (or, if none does, the longest that opens), and no
- * longer one would. Two boards: FAST unlimited and BULK capped at what half
- * the seq_len needs (the weights always fit: the KV cache decides); and FAST
- * gone, everything competing for BULK as for a board's one internal SRAM,
- * BULK capped just below what the seq_len needs to open at all (with
- * weights read in place). A context asked for is never changed. */
+/* Model() with no context (llm_bind_open, context 0) against every context
+ * tried one by one, over a sweep of memory caps on two boards (FAST
+ * unlimited with BULK capped; FAST gone, everything competing for BULK as
+ * for a board's one internal SRAM), plain and not: the image's seq_len if
+ * it opens; else the longest context with every weight in RAM if that holds
+ * at least min(64, seq_len / 2) positions; else the longest that opens; a
+ * memory error if none does. A context asked for is never changed. */
 static void check_fitting_context(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
     llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
     if (e == NULL) return;
     const uint32_t seq = llm_get_config(e)->seq_len;
-    const uint64_t everything = hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK];
+    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
     llm_close(e);
-    uint64_t spilled = 0;
+    const uint32_t least = seq / 2u < 64u ? seq / 2u : 64u;
+    int by_seq = 0, in_ram = 0, longest = 0, refused = 0;
+    uint8_t *opens = malloc(seq + 1u), *whole = malloc(seq + 1u);
     for (int shared = 0; shared < 2; shared++) {
-        const uint64_t fast_cap = shared ? 1u : 0u;
-        uint64_t cap = bulk_at(img, len, seq / 2u, 0u);
-        if (shared) { /* the least BULK in which the seq_len opens, less one byte */
-            uint64_t lo = 1u, hi = everything;
-            while (lo < hi) {
-                const uint64_t mid = lo + (hi - lo) / 2u;
-                if (opens_under(img, len, seq, fast_cap, mid, &spilled)) hi = mid;
-                else lo = mid + 1u;
+        for (int plain = 0; plain < 2; plain++) {
+            for (uint32_t k = 0; k <= 16; k++) {
+                const uint64_t fast_cap = shared ? 1u : 0u;
+                const uint64_t bulk_cap = k == 0 ? 1u : everything * k / 16u; /* 1: none */
+                uint64_t spilled = 0;
+                uint32_t any = 0, ram = 0;
+                for (uint32_t c = 1; c <= seq; c++) {
+                    opens[c] = (uint8_t)opens_under(img, len, c, fast_cap, bulk_cap, plain,
+                                                    &spilled);
+                    whole[c] = (uint8_t)(opens[c] && spilled == 0);
+                    if (opens[c]) any = c;
+                    if (whole[c] && (c == 1 || ram == c - 1u)) ram = c;
+                }
+                uint32_t want = 0;
+                if (opens[seq]) want = seq;
+                else if (any && ram >= least) want = ram;
+                else want = any;
+                llm_port_host_init(&hp);
+                hp.capacity[LLM_REGION_FAST] = fast_cap;
+                hp.capacity[LLM_REGION_BULK] = bulk_cap;
+                llm_bind_model m = {NULL, &hp.port, NULL, 0};
+                llm_bind_error err;
+                const llm_bind_kind asked = llm_bind_open(&m, img, len, plain, 0, seq, NULL, &err);
+                EXPECT((asked == LLM_BIND_OK) == (opens[seq] != 0),
+                       "shared %d plain %d cap %llu: the seq_len asked for was changed", shared,
+                       plain, (unsigned long long)bulk_cap);
+                if (asked == LLM_BIND_OK) llm_bind_close(&m);
+                const llm_bind_kind kind = llm_bind_open(&m, img, len, plain, 0, 0, NULL, &err);
+                const uint32_t got = kind == LLM_BIND_OK ? llm_get_config(m.engine)->seq_len : 0u;
+                EXPECT(got == want && (kind == LLM_BIND_OK || kind == LLM_BIND_ENGINE_ERROR),
+                       "shared %d plain %d cap %llu: context %u, expected %u (kind %d)", shared,
+                       plain, (unsigned long long)bulk_cap, got, want, (int)kind);
+                EXPECT(kind != LLM_BIND_OK || llm_plain(m.engine) == plain,
+                       "shared %d plain %d: opened in the wrong mode", shared, plain);
+                if (kind == LLM_BIND_OK) llm_bind_close(&m);
+                EXPECT(hp.live_blocks == 0, "shared %d plain %d: %u blocks leaked", shared, plain,
+                       hp.live_blocks);
+                if (!want) refused++;
+                else if (want == seq) by_seq++;
+                else if (want == ram) in_ram++;
+                else longest++;
             }
-            cap = lo - 1u;
         }
-        EXPECT(cap > 0 && !opens_under(img, len, seq, fast_cap, cap, &spilled),
-               "shared %d: the seq_len opens under the cap", shared);
-        llm_port_host_init(&hp);
-        hp.capacity[LLM_REGION_FAST] = fast_cap;
-        hp.capacity[LLM_REGION_BULK] = cap;
-        llm_bind_model m = {NULL, &hp.port, NULL, 0};
-        llm_bind_error err;
-        const llm_bind_kind asked = llm_bind_open(&m, img, len, 0, 0, seq, NULL, &err);
-        EXPECT(asked != LLM_BIND_OK && m.engine == NULL && hp.live_blocks == 0,
-               "shared %d: the seq_len asked for was changed", shared);
-        if (asked == LLM_BIND_OK) llm_bind_close(&m);
-        llm_bind_kind kind = llm_bind_open(&m, img, len, 0, 0, 0, NULL, &err);
-        EXPECT(kind == LLM_BIND_OK, "shared %d: no fitting context: %s", shared, err.message);
-        if (kind != LLM_BIND_OK) continue;
-        const uint32_t got = llm_get_config(m.engine)->seq_len;
-        const uint64_t in_place = llm_spilled_bytes(m.engine);
-        llm_bind_close(&m);
-        EXPECT(hp.live_blocks == 0, "shared %d: %u blocks leaked", shared, hp.live_blocks);
-        EXPECT(got < seq && (shared || (got >= seq / 2u && in_place == 0)),
-               "shared %d: fitted context %u of %u, %llu B of weights in place", shared, got,
-               seq, (unsigned long long)in_place);
-        /* one position more: no room, or (when every weight fitted) weights in place */
-        const int more = opens_under(img, len, got + 1u, fast_cap, cap, &spilled);
-        EXPECT(!more || (in_place == 0 && spilled > 0),
-               "shared %d: context %u would have fitted too", shared, got + 1u);
-        printf("fitting context: %u of %u (%s)\n", got, seq,
-               in_place ? "the longest that opens: weights never all fit"
-                        : "the longest with every weight in RAM");
     }
+    free(opens);
+    free(whole);
+    printf("fitting context: %d caps by the seq_len, %d with every weight in RAM, %d the longest "
+           "that opens, %d refused\n", by_seq, in_ram, longest, refused);
 }
 
 int main(int argc, char **argv) {

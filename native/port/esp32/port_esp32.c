@@ -35,14 +35,17 @@ static void esp32_free(void *ctx, void *ptr);
 /* Internal SRAM for `total` bytes, if the block exists and fast_reserve
  * bytes stay free for everyone else afterwards, fast_reserve_block of them
  * in one block (which block the allocator takes is known only once it has:
- * a placement that breaks the last such block up is given back). */
+ * a placement that breaks up the last such block is given back; one that
+ * finds none left, after MicroPython's heap grew into it, is not refused for
+ * that). */
 static void *take_internal(llm_esp32_port *p, size_t total, size_t bytes) {
     size_t free_now = heap_caps_get_free_size(CAPS_FAST);
-    if (heap_caps_get_largest_free_block(CAPS_FAST) < total || free_now < total + p->fast_reserve)
-        return NULL;
+    const size_t largest = heap_caps_get_largest_free_block(CAPS_FAST);
+    if (largest < total || free_now < total + p->fast_reserve) return NULL;
     const uint64_t peak = p->peak[LLM_REGION_FAST];
     void *out = take(p, total, CAPS_FAST, LLM_REGION_FAST, bytes);
-    if (out != NULL && heap_caps_get_largest_free_block(CAPS_FAST) < p->fast_reserve_block) {
+    if (out != NULL && largest >= p->fast_reserve_block &&
+        heap_caps_get_largest_free_block(CAPS_FAST) < p->fast_reserve_block) {
         esp32_free(p, out);
         p->peak[LLM_REGION_FAST] = peak;
         return NULL;

@@ -286,6 +286,11 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
         if len(want) != 16 or any(c not in "0123456789abcdef" for c in want):
             print(f"--expect {args.expect!r}: expected 16 hex digits", file=sys.stderr)
             return 2
+        if len(other.ids) != gate.N_TOKENS:
+            print(f"--expect: a stored hash is of the gate's {gate.N_TOKENS} tokens, but the "
+                  f"board's context held {len(other.ids)}: leave --expect out to compare "
+                  "with the host's reference over the same count", file=sys.stderr)
+            return 2
         ref = gate.GateResult(want, other.prompt_ids, other.ids, "expected (--expect)")
     else:
         ref = gate.reference_gate(image, n_tokens=len(other.ids))

@@ -73,6 +73,7 @@ __all__ = [
     "SHAPES",
     "SMALL_HEAD_ROWS",
     "Board",
+    "default_context",
     "engine_blocks",
     "fitting_context",
     "internal_placement",
@@ -317,6 +318,20 @@ def fitting_context(s: Shape, board: Board, *, certified: bool = False) -> int:
     return lo
 
 
+#: The shortest context Model() prefers with every weight in RAM to a longer
+#: one with some read in place (native/binding/llm_bind.c FIT_MIN_CONTEXT),
+#: or half the seq_len when that is less.
+FIT_MIN_CONTEXT = 64
+
+
+def default_context(s: Shape, fits_at: int, opens_at: int) -> int:
+    """The context Model() opens with no context asked where the seq_len
+    finds no memory (llm_bind.c open_fitting): the longest with every weight
+    in RAM (`fits_at`) if it holds FIT_MIN_CONTEXT positions (or half the
+    seq_len), else the longest that opens (`opens_at`)."""
+    return fits_at if fits_at >= min(FIT_MIN_CONTEXT, s.seq_len // 2) else opens_at
+
+
 def opening_context(s: Shape, board: Board, *, certified: bool = False) -> int:
     """The longest context at which the model opens on `board` at all (core
     matrices that find no RAM read in place from flash); 0 if none does."""
@@ -475,7 +490,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                 opens_at = opening_context(s, board, certified=certified)
                 contexts: list[tuple[int, str]] = []
                 if not board.psram_bytes and not p["opens"]:
-                    default = fits_at or opens_at
+                    default = default_context(s, fits_at, opens_at)
                     contexts.append((default, "by default"))
                     if opens_at != default:
                         contexts.append((opens_at, "asked for"))
