@@ -497,3 +497,27 @@ def test_a_session_of_its_own_leaves_the_default_one_alone(tiny) -> None:  # typ
     finally:
         mine.unload()
     assert llm.default_session.model is not None
+
+
+def test_a_plain_load_opens_the_model_plain(tiny, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """llm.load(plain=True) gives plain to the constructor, so that on a board
+    without the memory for the image's seq_len the context the binding fits
+    leaves room for plain mode's float V (set afterwards, it found none on the
+    emulated N8)."""
+    import _llm as binding
+
+    asked: list[dict[str, object]] = []
+    real = binding.Model
+
+    def model(*args: object, **kw: object) -> object:
+        asked.append(kw)
+        return real(*args, **kw)
+
+    llm.unload()
+    monkeypatch.setattr(binding, "Model", model)
+    m = llm.load(str(tiny.image), plain=True)
+    assert asked == [{"plain": True}] and m.plain()
+    llm.unload()
+    m = llm.load(str(tiny.image), context=40)
+    assert asked[-1] == {"context": 40} and not m.plain()
+    llm.unload()  # the next test's model opens afresh, at the image's seq_len

@@ -331,8 +331,12 @@ class Session:
         self.unload()
         import _llm
 
-        # context only when asked: the engine's default is the image's seq_len
+        # context only when asked: the engine's default is the image's seq_len,
+        # or where that finds no memory a context it fits (in plain mode with
+        # plain mode's float V, so plain is given to the constructor too)
         kw = {} if context is None else {"context": context}
+        if plain:
+            kw["plain"] = True
         try:
             model = _llm.Model(**kw) if image is None else _llm.Model(image, **kw)
         except TypeError as e:
