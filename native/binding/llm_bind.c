@@ -201,13 +201,12 @@ static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, siz
     llm_error probe_err;
     if (open_at(m, data, len, 1, &probe, &probe_err) != LLM_OK) return st; /* e says why */
     const uint32_t seq_len = llm_image_seq_len(probe);
-    const int all_in_ram = llm_spilled_bytes(probe) == 0;
     llm_close(probe);
     if (!opens_at(m, data, len, 1, plain, 0)) return st;
     /* seq_len itself did not open */
     const uint32_t opens = longest(m, data, len, 1, seq_len - 1u, plain, 0);
     uint32_t chosen = opens;
-    if (all_in_ram && opens_at(m, data, len, 1, plain, 1)) {
+    if (opens_at(m, data, len, 1, plain, 1)) {
         const uint32_t in_ram = longest(m, data, len, 1, opens, plain, 1);
         const uint32_t least = FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u;
         if (in_ram >= least) chosen = in_ram;
