@@ -325,6 +325,36 @@ def test_charges_add_up_to_the_build(report: cm.Report) -> None:
     assert json.loads(json.dumps(report.to_json()))["charges"].keys() == report.charges.keys()
 
 
+def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -> None:
+    from mpllm.costmodel.reporting import hiding_needed
+
+    for name, (mid_max, _) in cm.EXACT_TARGETS_MS.items():
+        b = report.builds[name]
+        bus = b["bus"]
+        assert bus["bus_ms"] + bus["other_ms"] - bus["hidden_ms"] == pytest.approx(b["total_ms"])
+        assert 0 < bus["hidden_ms"] < bus["other_ms"]
+        # the bus's part is the line fills and flash reads of the stages, nothing else
+        assert bus["bus_ms"] == pytest.approx(
+            sum(st["memory"] for st in b["breakdown_ms"].values()))
+        need = hiding_needed(bus, mid_max)
+        # hiding exactly that share of the rest gives the target
+        assert bus["bus_ms"] + bus["other_ms"] * (1 - need) == pytest.approx(mid_max)
+        # the SRAM lever lowers the floor by the core's line fills
+        whole = report.variants[f"{'greedy' if 'greedy' in name else 'sampled'}, the whole "
+                                f"plan in SRAM"]["bus"]
+        assert whole["bus_ms"] < bus["bus_ms"]
+        assert hiding_needed(whole, mid_max) < need
+        mode = "greedy" if "greedy" in name else "sampled"
+        every = report.variants[f"{mode}, every lever in hand"]
+        assert every["total_ms"] < report.variants[f"{mode}, the whole plan in SRAM"]["total_ms"]
+        assert every["bus"]["bus_ms"] == pytest.approx(whole["bus_ms"])  # the same bytes
+        line = report.target_line(name)
+        assert f"mid {mid_max:g} needs {100 * need:.0f} %" in line
+    # a target below the floor needs more than all of the rest hidden
+    bus = report.builds["mpllm-exact-sampled"]["bus"]
+    assert hiding_needed(bus, bus["bus_ms"] - 0.1) > 1
+
+
 def test_sram_plan_counts_the_reserve() -> None:
     plan = cm.sram_plan()
     assert plan["need_bytes"] == sum(plan["items"].values())
