@@ -326,7 +326,7 @@ def test_charges_add_up_to_the_build(report: cm.Report) -> None:
 
 
 def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -> None:
-    from mpllm.costmodel.reporting import hiding_needed
+    from mpllm.costmodel.reporting import hiding_needed, overlap_needed
 
     for name, (mid_max, _) in cm.EXACT_TARGETS_MS.items():
         b = report.builds[name]
@@ -348,8 +348,19 @@ def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -
         every = report.variants[f"{mode}, every lever in hand"]
         assert every["total_ms"] < report.variants[f"{mode}, the whole plan in SRAM"]["total_ms"]
         assert every["bus"]["bus_ms"] == pytest.approx(whole["bus_ms"])  # the same bytes
+        o = overlap_needed(bus, mid_max, report.fit.overlap)
         line = report.target_line(name)
-        assert f"mid {mid_max:g} needs {100 * need:.0f} %" in line
+        assert f"mid {mid_max:g} needs {100 * need:.0f} % (an overlap of {o:.2f})" in line
+        assert "with every lever in hand" in line
+    # the overlap it names, priced: the build takes the target there
+    from mpllm.costmodel.reporting import bus_split
+
+    b, f = cm.BUILDS["mpllm-exact-greedy"], report.fit
+    work = cm.build_work(b)
+    bus = bus_split({st: cm.stage_breakdown(w, f) for st, w in work.items()})
+    o = overlap_needed(bus, 12.5, f.overlap)
+    assert 0 < o < 5
+    assert cm.predict(b, dataclasses.replace(f, overlap=o))["total"] == pytest.approx(12.5)
     # a target below the floor needs more than all of the rest hidden
     bus = report.builds["mpllm-exact-sampled"]["bus"]
     assert hiding_needed(bus, bus["bus_ms"] - 0.1) > 1
