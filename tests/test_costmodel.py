@@ -339,7 +339,7 @@ def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -
         need = hiding_needed(bus, mid_max)
         # hiding exactly that share of the rest gives the target
         assert bus["bus_ms"] + bus["other_ms"] * (1 - need) == pytest.approx(mid_max)
-        # the SRAM lever lowers the floor by the core's line fills
+        # the SRAM lever lowers the bus's part by the core's line fills
         whole = report.variants[f"{'greedy' if 'greedy' in name else 'sampled'}, the whole "
                                 f"plan in SRAM"]["bus"]
         assert whole["bus_ms"] < bus["bus_ms"]
@@ -348,20 +348,23 @@ def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -
         every = report.variants[f"{mode}, every lever in hand"]
         assert every["total_ms"] < report.variants[f"{mode}, the whole plan in SRAM"]["total_ms"]
         assert every["bus"]["bus_ms"] == pytest.approx(whole["bus_ms"])  # the same bytes
+        # ... less the loop and what the spinning hand-off saves on each hand-off
+        saved = (cm.python_loop_s("step") + b["handoffs_per_token"]
+                 * (cm.HANDOFF_SEMAPHORE_S - cm.HANDOFF_SPIN_S)) * 1e3
+        assert whole["other_ms"] - every["bus"]["other_ms"] == pytest.approx(saved)
         o = overlap_needed(bus, mid_max, report.fit.overlap)
         line = report.target_line(name)
-        assert f"mid {mid_max:g} needs {100 * need:.0f} % (an overlap of {o:.2f})" in line
-        assert "with every lever in hand" in line
-    # the overlap it names, priced: the build takes the target there
-    from mpllm.costmodel.reporting import bus_split
-
-    b, f = cm.BUILDS["mpllm-exact-greedy"], report.fit
-    work = cm.build_work(b)
-    bus = bus_split({st: cm.stage_breakdown(w, f) for st, w in work.items()})
-    o = overlap_needed(bus, 12.5, f.overlap)
-    assert 0 < o < 5
-    assert cm.predict(b, dataclasses.replace(f, overlap=o))["total"] == pytest.approx(12.5)
-    # a target below the floor needs more than all of the rest hidden
+        assert f"mid {mid_max:g} needs {100 * need:.0f} % (an overlap of {o:.2f}" in line
+        # the every-lever build priced at the overlap the line names takes the target
+        o_every = overlap_needed(every["bus"], mid_max, report.fit.overlap)
+        assert f"with every lever in hand {100 * hiding_needed(every['bus'], mid_max):.0f} % " \
+            f"(an overlap of {o_every:.2f}" in line
+        built = dataclasses.replace(cm.BUILDS[name], rows_fraction=b["rows_fraction"],
+                                    spill_stages=(), handoff_s=cm.HANDOFF_SPIN_S,
+                                    python_loop=False)
+        fit_there = dataclasses.replace(report.fit, overlap=o_every)
+        assert cm.predict(built, fit_there)["total"] == pytest.approx(mid_max)
+    # a target below the bus alone needs more than all of the rest hidden
     bus = report.builds["mpllm-exact-sampled"]["bus"]
     assert hiding_needed(bus, bus["bus_ms"] - 0.1) > 1
 
