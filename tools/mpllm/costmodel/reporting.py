@@ -336,6 +336,7 @@ def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
 
     stages = one(b, f, positions)
     work = work_of(b, positions)
+    breakdown = {st: stage_breakdown(work[st], f) for st in MODEL_STAGES}
     total = sum(stages.values())
     st255 = one(b, f, [min(255, s.seq_len - 1)])
     ms, inputs = band(b, f, lambda bb, ff: sum(one(bb, ff, positions).values()),
@@ -344,10 +345,10 @@ def _build_entry(b: Build, f: Fit, s: Shape, positions: Sequence[int],
         "label": b.label, "total_ms": total, "stages": stages, "tok_s": 1e3 / total,
         "positions": [positions[0], positions[-1]],
         "handoffs_per_token": sum(w.handoffs for w in work.values()),
-        "breakdown_ms": {st: {k: 1e3 * v for k, v in stage_breakdown(work[st], f).items()}
-                         for st in MODEL_STAGES},
+        "breakdown_ms": {st: {k: 1e3 * v for k, v in parts.items()}
+                         for st, parts in breakdown.items()},
         "psram_bytes_per_token": sum(w.bytes.get("psram", 0.0) for w in work.values()),
-        "bus": bus_split({st: stage_breakdown(work[st], f) for st in MODEL_STAGES}),
+        "bus": bus_split(breakdown),
         "at_255": {"total_ms": sum(st255.values()), "stages": st255},
         "band": ms, "band_inputs": inputs,
     }
