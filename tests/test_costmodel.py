@@ -348,6 +348,7 @@ def test_the_bus_split_adds_up_and_says_what_a_target_needs(report: cm.Report) -
         every = report.variants[f"{mode}, every lever in hand"]
         assert every["total_ms"] < report.variants[f"{mode}, the whole plan in SRAM"]["total_ms"]
         assert every["bus"]["bus_ms"] == pytest.approx(whole["bus_ms"])  # the same bytes
+        assert every["band"]["low"] <= every["total_ms"] <= every["band"]["high"]
         # ... less the loop and what the spinning hand-off saves on each hand-off
         saved = (cm.python_loop_s("step") + b["handoffs_per_token"]
                  * (cm.HANDOFF_SEMAPHORE_S - cm.HANDOFF_SPIN_S)) * 1e3

@@ -522,7 +522,8 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
     def add(key: str, b: Build, note: str, counts: HeadCounts | None = None) -> None:
         e = _build_entry(b, f, s, pos, pie_calls=pie_calls, bound_pie=bound_pie, counts=counts)
         out[key] = {"total_ms": e["total_ms"], "stages": e["stages"],
-                    "rows_fraction": e.get("rows_fraction"), "bus": e["bus"], "note": note}
+                    "rows_fraction": e.get("rows_fraction"), "bus": e["bus"], "band": e["band"],
+                    "note": note}
 
     g, t = ours["mpllm-exact-greedy"], ours["mpllm-exact-sampled"]
     lo, hi = fr.greedy_range
