@@ -51,8 +51,17 @@ def expected_names(cfg: Config) -> list[str]:
 
 
 def fake_tokenizer_section(n_vocab: int) -> bytes:
-    # Only the leading n_vocab field is interpreted by the image code; the rest is opaque.
-    return struct.pack("<4I", n_vocab, 0, 1, 0) + bytes(range(256)) * 3 + b"\x01\x02\x03"
+    """The smallest section both readers accept (llm_tokenizer.check_section, image.c):
+    no byte tokens, no merges, one-byte texts, and the last id the <|endoftext|> special."""
+    eot = b"<|endoftext|>"
+    head = struct.pack("<4I", n_vocab, 0, 1, 0) + b"\xff" * 512 + struct.pack("<HH", n_vocab - 1, 0)
+    for first in range(1, 16):  # token 0's length: a section that ends off a 16-byte boundary
+        texts = b"a" * (first + n_vocab - 2) + eot  # (the image pads after it: tested)
+        body = bytes([first] + [1] * (n_vocab - 2) + [len(eot)]) + texts
+        section = head + body + b"\0" * (len(body) % 2)
+        if len(section) % 16:
+            return section
+    raise AssertionError("unreachable: lengths 1..15 cover every residue")
 
 
 def write(path: Path, cfg: Config, seed: int = 1, **kw: object):

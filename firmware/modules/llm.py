@@ -349,7 +349,7 @@ class Session:
             )
         try:
             cfg = model.config()
-            tok = Tokenizer(model.tokenizer())
+            tok = Tokenizer(model.tokenizer(), cfg["vocab_out"])
             if tok.eot_id != cfg["eot_id"]:
                 raise ValueError(
                     f"model image is inconsistent: its tokenizer's <|endoftext|> is id "

@@ -4,7 +4,9 @@ next to llm.py), on MicroPython unix and on CPython.
 Tokenizer(section) encodes text into token ids and decodes ids into bytes
 over the image's KIND_TOKENIZER section, read in place; Utf8Decoder streams
 a token's bytes into text. llm.py (the generation loop) uses both, and
-re-exports them as llm.Tokenizer and llm.Utf8Decoder. The same file runs
+re-exports them as llm.Tokenizer and llm.Utf8Decoder. check_section is the
+twin of the C loader's check of the section (native/engine/image.c): the
+same rules in the same order with the same words. The same file runs
 unmodified on MicroPython 1.28 and CPython 3.10+: no `re`, no dataclasses,
 no typing imports.
 """
@@ -182,58 +184,106 @@ def _tok_u32(buf, off):
     return buf[off] | buf[off + 1] << 8 | buf[off + 2] << 16 | buf[off + 3] << 24
 
 
+_TOK_WHERE = "section 'tokenizer': "
+
+
+def check_section(buf, vocab_out=-1):
+    """Check a KIND_TOKENIZER payload by the rules native/engine/image.c's
+    check_tokenizer applies, in the same order and with the same messages
+    (its twin: tests/test_tokenizer_section_agrees.py holds them equal), so an
+    image one reader accepts the other accepts. vocab_out: the image header's,
+    when known (-1: only the range of a u16 id is checked). Raises ValueError
+    on the first rule broken (the rule that merge ids are below n_vocab is
+    checked by Tokenizer's table loop, the last step of both); returns
+    (n_vocab, n_merges, n_special, sentencepiece, lengths_off, starts,
+    merges_off), starts holding every _TOK_STRIDE-th token's text offset."""
+    size = len(buf)
+    if size < 16 + 512:
+        raise ValueError(f"{_TOK_WHERE}{size} bytes, too small for its header")
+    n = _tok_u32(buf, 0)
+    if vocab_out >= 0 and n != vocab_out:
+        raise ValueError(f"{_TOK_WHERE}n_vocab {n} != vocab_out {vocab_out}")
+    if n == 0 or n > 65536:
+        raise ValueError(f"{_TOK_WHERE}n_vocab {n} out of range 1..65536")
+    n_merges = _tok_u32(buf, 4)
+    n_special = _tok_u32(buf, 8)
+    flags = _tok_u32(buf, 12)
+    if flags & ~_TOK_SENTENCEPIECE:
+        raise ValueError(f"{_TOK_WHERE}unknown flags {flags:#x} (newer format?)")
+    sp = flags & _TOK_SENTENCEPIECE != 0
+    if n_special == 0:
+        raise ValueError(f"{_TOK_WHERE}no special tokens (needs an end-of-text id)")
+    for b in range(256):
+        i = _tok_u16(buf, 16 + 2 * b)
+        if i != _TOK_NO_ID and i >= n:
+            raise ValueError(f"{_TOK_WHERE}byte {b} maps to id {i} >= n_vocab {n}")
+    off = 16 + 512
+    if 2 * n_special > size - off:
+        raise ValueError(f"{_TOK_WHERE}special ids run past the end")
+    for k in range(n_special):
+        i = _tok_u16(buf, off + 2 * k)
+        if i >= n:
+            raise ValueError(f"{_TOK_WHERE}special id {i} >= n_vocab {n}")
+    if sp and n_special < 2:
+        raise ValueError(f"{_TOK_WHERE}sentencepiece needs BOS and EOS ids")
+    off += 2 * n_special
+    off += -off % 4
+    lengths_off = off
+    if off > size or n > size - off:
+        raise ValueError(f"{_TOK_WHERE}token lengths run past the end")
+    # Every _TOK_STRIDE-th token's text offset: token_bytes() adds up at
+    # most _TOK_STRIDE - 1 lengths instead of RAM for n offsets.
+    from array import array
+
+    starts = array("I", bytes(4 * ((n + _TOK_STRIDE - 1) // _TOK_STRIDE)))
+    pos = lengths_off + n
+    for i in range(0, n, _TOK_STRIDE):
+        starts[i // _TOK_STRIDE] = pos
+        # sliced, not viewed: MicroPython's _llm.Section lends no buffer
+        chunk = buf[lengths_off + i : lengths_off + min(i + _TOK_STRIDE, n)]
+        if min(chunk) == 0:
+            k = 0
+            while chunk[k]:
+                k += 1
+            raise ValueError(f"{_TOK_WHERE}token {i + k} has no text")
+        pos += sum(chunk)
+    if pos > size:
+        raise ValueError(f"{_TOK_WHERE}token texts run past the end")
+    merges_off = pos + (pos & 1)
+    # sentencepiece: a u16 rank per merge follows the merges
+    need = (8 if sp else 6) * n_merges
+    if merges_off > size or need != size - merges_off:
+        remain = size - merges_off if merges_off <= size else 0
+        raise ValueError(f"{_TOK_WHERE}{n_merges} merges need {need} bytes after the texts, "
+                         f"{remain} remain")
+    if not sp:
+        eot = False
+        lo = lengths_off
+        for i in [_tok_u16(buf, 16 + 512 + 2 * k) for k in range(n_special)]:
+            first = i - i % _TOK_STRIDE
+            at = starts[first // _TOK_STRIDE] + (sum(buf[lo + first : lo + i]) if i > first else 0)
+            if bytes(buf[at : at + buf[lo + i]]) == _TOK_EOT_TEXT:
+                eot = True
+        if not eot:
+            raise ValueError(f"{_TOK_WHERE}no special token is <|endoftext|>")
+    return n, n_merges, n_special, sp, lengths_off, starts, merges_off
+
+
 class Tokenizer:
     """Byte-level BPE encoder/decoder over a KIND_TOKENIZER section.
 
-    Tokenizer(section): `section` holds exactly the section payload: any
-    bytes-like object (bytes, bytearray, a memoryview of mapped memory) or
-    MicroPython's _llm.Section (indexing and slicing only); it is kept and
-    read in place, not copied. Raises ValueError on a malformed
-    section.
+    Tokenizer(section, vocab_out=-1): `section` holds exactly the section
+    payload: any bytes-like object (bytes, bytearray, a memoryview of mapped
+    memory) or MicroPython's _llm.Section (indexing and slicing only); it is
+    kept and read in place, not copied. vocab_out: the image header's, when
+    known. Raises ValueError on a malformed section (check_section's rules,
+    the C loader's).
     """
 
-    def __init__(self, section):
+    def __init__(self, section, vocab_out=-1):
         buf = section
-        size = len(buf)
-        if size < 16 + 512:
-            raise ValueError(f"tokenizer section is {size} bytes, too short for its header")
-        n = _tok_u32(buf, 0)
-        n_merges = _tok_u32(buf, 4)
-        n_special = _tok_u32(buf, 8)
-        flags = _tok_u32(buf, 12)
-        if flags & ~_TOK_SENTENCEPIECE:
-            raise ValueError(f"tokenizer section: unknown flags {flags:#x} (newer format?)")
-        sp = flags & _TOK_SENTENCEPIECE != 0
-        if n == 0 or n > 65536:
-            raise ValueError(f"tokenizer section: vocabulary size {n} out of range 1..65536")
-        if n_special == 0:
-            raise ValueError("tokenizer section: no special tokens (needs <|endoftext|>)")
-        off = 16 + 512 + 2 * n_special
-        off += -off % 4
-        lengths_off = off
-        if lengths_off + n > size:
-            raise ValueError("tokenizer section truncated in the token lengths")
-        text_off = lengths_off + n
-        # Every _TOK_STRIDE-th token's text offset: token_bytes() adds up at
-        # most _TOK_STRIDE - 1 lengths instead of RAM for n offsets.
-        from array import array
-
-        starts = array("I", bytes(4 * ((n + _TOK_STRIDE - 1) // _TOK_STRIDE)))
-        pos = text_off
-        for i in range(0, n, _TOK_STRIDE):
-            starts[i // _TOK_STRIDE] = pos
-            # sliced, not viewed: MicroPython's _llm.Section lends no buffer
-            chunk = buf[lengths_off + i : lengths_off + min(i + _TOK_STRIDE, n)]
-            if min(chunk) == 0:
-                raise ValueError(
-                    f"tokenizer section: a token in {i}..{i + _TOK_STRIDE - 1} has no text"
-                )
-            pos += sum(chunk)
-        merges_off = pos + (-pos % 2)
-        # sentencepiece: a u16 rank per merge follows the merges
-        need = merges_off + (8 if sp else 6) * n_merges
-        if need != size:
-            raise ValueError(f"tokenizer section is {size} bytes, its tables need {need}")
+        lay = check_section(buf, vocab_out)
+        n, n_merges, n_special, sp, lengths_off, starts, merges_off = lay
         self._buf = buf
         self._lengths_off = lengths_off
         self._starts = starts
@@ -242,37 +292,21 @@ class Tokenizer:
         self.sentencepiece = sp
         self.vocab_size = n
         self.n_merges = n_merges
-
-        byte_ids = []
-        for b in range(256):
-            i = _tok_u16(buf, 16 + 2 * b)
-            if i != _TOK_NO_ID and i >= n:
-                raise ValueError(f"tokenizer section: byte {b} maps to id {i} >= {n}")
-            byte_ids.append(i)
-        self._byte_ids = byte_ids
-
-        specials = []
-        eot = -1
-        for k in range(n_special):
-            i = _tok_u16(buf, 16 + 512 + 2 * k)
-            if i >= n:
-                raise ValueError(f"tokenizer section: special id {i} >= {n}")
-            specials.append(i)
-            if not sp and self.token_bytes(i) == _TOK_EOT_TEXT:
-                eot = i
+        self._byte_ids = [_tok_u16(buf, 16 + 2 * b) for b in range(256)]
+        specials = [_tok_u16(buf, 16 + 512 + 2 * k) for k in range(n_special)]
         self.special_ids = specials
         if sp:
             # llama2.c: BOS starts every text and a story ends where the model
             # writes BOS again (a new text) or EOS.
-            if n_special < 2:
-                raise ValueError("tokenizer section: sentencepiece needs BOS and EOS ids")
             self.bos_id = specials[0]
             self.eot_id = specials[1]
             self.stop_ids = (specials[0], specials[1])
             self._codepoint_ids = self._single_codepoint_ids()
         else:
-            if eot < 0:
-                raise ValueError("tokenizer section: no special token is <|endoftext|>")
+            eot = -1
+            for i in specials:
+                if self.token_bytes(i) == _TOK_EOT_TEXT:
+                    eot = i  # the last one, as check_section found one
             self.bos_id = -1
             self.eot_id = eot
             self.stop_ids = (eot,)
@@ -282,6 +316,8 @@ class Tokenizer:
         # read back from the section to confirm a hit. Not a dict: a
         # MicroPython dict only grows when completely full, so 25k inserts
         # with linear probing took 13 us each even on a PC.
+        from array import array
+
         size = 16
         while size < 2 * n_merges:
             size *= 2
@@ -292,8 +328,10 @@ class Tokenizer:
         for r in range(n_merges):
             left = buf[o] | buf[o + 1] << 8
             right = buf[o + 2] | buf[o + 3] << 8
-            if left >= n or right >= n or (buf[o + 4] | buf[o + 5] << 8) >= n:
-                raise ValueError(f"tokenizer section: merge {r} uses an id >= {n}")
+            merged = buf[o + 4] | buf[o + 5] << 8
+            if left >= n or right >= n or merged >= n:
+                bad = left if left >= n else right if right >= n else merged
+                raise ValueError(f"{_TOK_WHERE}merge {r} uses id {bad} >= n_vocab {n}")
             h = (left * 5003 ^ right * 2749) & mask
             while True:
                 e = table[h]

@@ -1,8 +1,8 @@
 /*
  * The engine: one forward pass, prefill/step/rewind, the head and the
  * sampler per evaluation, stats. Opening and placement: engine_open.c; the
- * structs: engine_state.h. One file on purpose (~840 lines): the forward pass
- * reads top to bottom.
+ * structs: engine_state.h. One file on purpose: the forward pass reads top to
+ * bottom.
  *
  * Shaped like llama2.c's run.c: the weights (what the image gives, after
  * staging) and the run state (what one token writes) are separate structs

@@ -526,55 +526,102 @@ static llm_status check_matrix(const char *name, const uint8_t *p, uint32_t size
                                         : check_rows_layout(name, p, size, &h, err);
 }
 
+/* Bytes per merge record: (left, right, merged) u16, and sentencepiece's
+ * u16 rank after all of them. */
+static uint64_t merge_bytes(uint32_t flags) { return flags ? 8u : 6u; }
+
+/* Byte-level BPE: whether one of the special ids' text is "<|endoftext|>"
+ * (what ends a story; the board's tokenizer finds the id by it). texts:
+ * the token texts, lengths[i] bytes each, in id order. */
+static int has_eot_special(const uint8_t *ids, uint32_t n_special, const uint8_t *lengths,
+                           const uint8_t *texts) {
+    static const char eot[] = "<|endoftext|>";
+    for (uint32_t k = 0; k < n_special; k++) {
+        const uint16_t id = rd16(ids + 2u * k);
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < id; i++) off += lengths[i];
+        if (lengths[id] == sizeof eot - 1u && memcmp(texts + off, eot, sizeof eot - 1u) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* A KIND_TOKENIZER payload, rule by rule in a fixed order with fixed
+ * messages: firmware/modules/llm_tokenizer.py's check_section is its twin
+ * (the same rules, order and words, so an image one reader accepts the other
+ * accepts; tests/test_tokenizer_section_agrees.py holds them equal). */
 static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t size,
                                   const llm_config *c, llm_error *err) {
     if (size < 16u + 512u)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small", name,
-                        (unsigned long)size);
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
     uint32_t n_vocab = rd32(p), n_merges = rd32(p + 4), n_special = rd32(p + 8);
     if (n_vocab != c->vocab_out)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
                         (unsigned long)n_vocab, (unsigned long)c->vocab_out);
+    /* ids are u16 (merges, specials, the byte table) */
+    if (n_vocab == 0 || n_vocab > 65536u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu out of range 1..65536",
+                        name, (unsigned long)n_vocab);
     /* flags: bit 0 = llama2.c's sentencepiece rules (a rank per merge follows
      * the merges); image_format.h, KIND_TOKENIZER */
     const uint32_t flags = rd32(p + 12);
     if (flags & ~1u)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': unknown flags 0x%lx", name,
-                        (unsigned long)flags);
-    const uint64_t merge_bytes = flags ? 8u : 6u;
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': unknown flags %#lx (newer format?)",
+                        name, (unsigned long)flags);
+    if (n_special == 0)
+        return llm_fail(err, LLM_E_FORMAT,
+                        "section '%s': no special tokens (needs an end-of-text id)", name);
     for (uint32_t b = 0; b < 256; b++) {
         uint16_t id = rd16(p + 16 + 2 * b);
         if (id != 0xFFFFu && id >= n_vocab)
-            return llm_fail(err, LLM_E_FORMAT, "section '%s': byte %lu maps to id %u >= n_vocab",
-                            name, (unsigned long)b, id);
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': byte %lu maps to id %u >= n_vocab "
+                            "%lu", name, (unsigned long)b, id, (unsigned long)n_vocab);
     }
-    uint64_t at = 16u + 512u;
+    const uint64_t specials = 16u + 512u;
+    uint64_t at = specials;
     if ((uint64_t)n_special * 2u > size - at)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': special ids run past the end", name);
     for (uint32_t k = 0; k < n_special; k++)
         if (rd16(p + at + 2 * k) >= n_vocab)
-            return llm_fail(err, LLM_E_FORMAT, "section '%s': special id %u >= n_vocab", name,
-                            rd16(p + at + 2 * k));
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': special id %u >= n_vocab %lu", name,
+                            rd16(p + at + 2 * k), (unsigned long)n_vocab);
+    if (flags && n_special < 2u)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': sentencepiece needs BOS and EOS ids",
+                        name);
     at += (uint64_t)n_special * 2u;
     at = (at + 3u) / 4u * 4u;
     if (at > size || n_vocab > size - at)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': token lengths run past the end", name);
+    const uint8_t *lengths = p + at;
     uint64_t text = 0;
-    for (uint32_t k = 0; k < n_vocab; k++) text += p[at + k];
+    for (uint32_t k = 0; k < n_vocab; k++) {
+        /* an empty token could never be encoded nor end a merge */
+        if (lengths[k] == 0)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': token %lu has no text", name,
+                            (unsigned long)k);
+        text += lengths[k];
+    }
     at += n_vocab;
+    const uint64_t texts = at;
     if (text > size - at)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': token texts run past the end", name);
     at += text;
     at = (at + 1u) / 2u * 2u;
-    if (at > size || (uint64_t)n_merges * merge_bytes != size - at)
+    if (at > size || (uint64_t)n_merges * merge_bytes(flags) != size - at)
         return llm_fail(err, LLM_E_FORMAT,
                         "section '%s': %lu merges need %llu bytes after the texts, %llu remain",
-                        name, (unsigned long)n_merges, (unsigned long long)n_merges * merge_bytes,
+                        name, (unsigned long)n_merges,
+                        (unsigned long long)n_merges * merge_bytes(flags),
                         (unsigned long long)(at > size ? 0 : size - at));
+    if (!flags && !has_eot_special(p + specials, n_special, lengths, p + texts))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': no special token is <|endoftext|>",
+                        name);
     for (uint64_t k = 0; k < (uint64_t)n_merges * 3u; k++)
         if (rd16(p + at + 2 * k) >= n_vocab)
-            return llm_fail(err, LLM_E_FORMAT, "section '%s': merge %llu uses id %u >= n_vocab",
-                            name, (unsigned long long)(k / 3), rd16(p + at + 2 * k));
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': merge %llu uses id %u >= n_vocab "
+                            "%lu", name, (unsigned long long)(k / 3), rd16(p + at + 2 * k),
+                            (unsigned long)n_vocab);
     return LLM_OK;
 }
 

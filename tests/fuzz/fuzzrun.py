@@ -11,6 +11,9 @@ Targets (each a libFuzzer run: C harnesses built with clang's
              (tests/fuzz/fuzz_tokenizer.py)
   web        the web chat's handling of a page's message
              (tests/fuzz/fuzz_web.py, mpllm.web.server)
+  tokenizer_section  the tokenizer section's two readers, the C loader and
+             the board's Python, against each other
+             (tests/fuzz/fuzz_tokenizer_section.py)
 
 Corpus: tests/fuzz/corpus/<target>/, committed (small files: the loader's
 inputs are edits to a small generated image, build/fuzz/micro.img, made
@@ -50,6 +53,7 @@ for _p in (ROOT / "tests" / "helpers", ROOT / "tools", ROOT / "firmware" / "modu
 
 import cbuild
 import setup_dev
+from locking import locked
 
 CORPUS = HERE / "corpus"
 BUILD = ROOT / "build" / "fuzz"
@@ -78,6 +82,7 @@ TARGETS = {t.name: t for t in (
     Target("binding", HERE / "fuzz_binding.c", 512, 4000),
     Target("tokenizer", HERE / "fuzz_tokenizer.py", 256, 2500),
     Target("web", HERE / "fuzz_web.py", 4096, 50000, HERE / "web.dict"),
+    Target("tokenizer_section", HERE / "fuzz_tokenizer_section.py", 4096, 1500),
 )}
 
 
@@ -100,16 +105,39 @@ class Result:
 def micro_image() -> Path:
     """The small model image (build/fuzz/micro.img), made with the current
     converter: an older one may not open any more."""
-    from conftest import _locked
     from mpllm.convert import convert
     from mpllm.formats.model import Config
     from mpllm.training.generate import write_test_model
 
     BUILD.mkdir(parents=True, exist_ok=True)
     out = BUILD / "micro.img"
-    with _locked(BUILD / "micro.lock"):  # parallel runs make it one at a time
+    with locked(BUILD / "micro.lock"):  # parallel runs make it one at a time
         model_bin, tokenizer = write_test_model(BUILD / "micro", Config(**MICRO_DIMS), 7)
         convert(model_bin, tokenizer, out, progress=False)
+    return out
+
+
+def micro_llama2c_image() -> Path:
+    """A small llama2.c-family image (build/fuzz/micro-llama2c.img: sentencepiece
+    tokenizer, no PLE), made afresh like micro_image."""
+    from llama2c_models import synthetic_vocab
+    from mpllm.formats import llama2c
+    from mpllm.formats.image import write_image
+    from mpllm.formats.model import Config
+    from mpllm.formats.rope import rope_table
+    from mpllm.formats.tokenizer import tokenizer_section
+    from mpllm.training.generate import make_weights
+
+    BUILD.mkdir(parents=True, exist_ok=True)
+    out = BUILD / "micro-llama2c.img"
+    # 320 tokens: the synthetic vocabulary's 285 fixed pieces and some merged ones
+    cfg = Config(**{**MICRO_DIMS, "vocab_in": 320, "vocab_out": 320, "ple_dim": 0,
+                    "family": "llama2c", "n_kv_heads": 1,
+                    "norm_eps": 1e-5, "group": 32})
+    with locked(BUILD / "micro-llama2c.lock"):
+        tables = llama2c.tokenizer_tables(*synthetic_vocab(cfg.vocab_out))
+        write_image(out, make_weights(cfg, 7), tokenizer_section=tokenizer_section(tables),
+                    rope=rope_table(cfg), source_sha256=bytes(32), eot_id=tables.eot_id)
     return out
 
 

@@ -610,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "converted into a temporary directory)")
     ap.add_argument("--llama2c", metavar="BIN",
                     help="also measure a llama2.c checkpoint (legacy format, by token ids: "
-                         "mpllm.reference.llama2c runs it), e.g. ../shared/llama2c/stories260K.bin")
+                         "mpllm.reference.llama2c runs it), e.g. stories260K.bin")
     ap.add_argument("--prices", choices=("image", "release"), default="image",
                     help="price guesses for the image's own shape (what convert stores) or for "
                          "the release shape (the README's figures); a llama2.c model is always "

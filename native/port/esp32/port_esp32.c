@@ -143,7 +143,8 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
                          "of stack)", (int)core, (unsigned)LLM_ESP32_WORKER_STACK);
     }
     p->worker = w;
-    /* the engine hands every matvec to the worker split from here on */
+    /* from here on the engine gives the worker half of what it splits: attention's
+     * heads and the head's waves and lanes (no matvec: engine.c, matvec_rows) */
     p->port.parallel_rows = llm_esp32_parallel_rows;
     return LLM_OK;
 }

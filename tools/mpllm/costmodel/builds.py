@@ -129,7 +129,7 @@ class Build:
     #: "psram" (engine_open.c places them in BULK) or "sram" (a what-if)
     batch: str = "psram"
     #: the many-positions head scan in two lanes, one per core, one hand-off
-    #: per pass (llm_head_certify_many since session 3); False: on one core
+    #: per pass (llm_head_certify_many's lanes); False: on one core
     many_split: bool = False
     #: where the KV cache and the head rows live: "psram" (engine_open.c places
     #: both in BULK) or "sram" (a board without PSRAM: BULK is internal SRAM,

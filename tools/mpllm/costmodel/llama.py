@@ -11,7 +11,7 @@ build) and s3's published or measured figures; every llama2.c figure is a
 held-out prediction (no llama2.c model has been timed on an S3 here).
 
 What the engine does with a llama2.c image (native/engine/engine_open.c,
-engine.c on the llama branch), and so what the builds here assume:
+native/engine/engine.c), and so what the builds here assume:
   * int4 weights in groups of `group` (convert.py's default: one group a row,
     the dim rounded up to 32; --group 32 is finer). V is cached
     as exact int16 dots only when the qkv rows are one scale group

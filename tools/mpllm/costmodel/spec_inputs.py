@@ -116,7 +116,7 @@ DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
 #: stories, shares calibrated, priced by draft_prices() for the release
 #: shape) on a real trained llama2.c model, stories260K by token ids, whose
 #: text is about as uncertain as the release model's: mpllm.drafting.measure
-#: (`python -m mpllm.drafting --llama2c ../shared/llama2c/stories260K.bin
+#: (`python -m mpllm.drafting --llama2c stories260K.bin
 #: --prices release`; 200 sampled stories, 40 greedy, 200 tokens). The
 #: speculative rows' tokens per pass at a real model's acceptance, beside
 #: DEFAULT_STUDY's demo figures.

@@ -175,7 +175,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
             best, union, "positions 1..7's buffers and the scan's scratch in SRAM (~110 KiB "
             "the plan does not have)")
         add(f"{short}, head scan on one core", dataclasses.replace(b, many_split=False),
-            best, union, "llm_head_certify_many without its two lanes (as in session 2)")
+            best, union, "llm_head_certify_many without its two lanes (one core scans every tile)")
         nosh = UnionRatios({k: 1.0 for k in range(2, VERIFY_MAX + 1)}, union.rows,
                            source="no sharing")
         add(f"{short}, no tile shared between positions", b, best, nosh,

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..atomic import atomic_path
+from ..checkout import board_module
 from . import drafts_table
 from . import head_tiles as tiles_mod
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
@@ -677,12 +678,11 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
             except drafts_table.DraftsError as e:
                 raise ImageFormatError(str(e)) from None
         elif kind == KIND_TOKENIZER:
-            if len(p) < 16:
-                raise ImageFormatError(f"tokenizer section of {len(p)} bytes is too short")
-            n_vocab = struct.unpack_from("<I", p, 0)[0]
-            if n_vocab != cfg.vocab_out:
-                raise ImageFormatError(f"tokenizer has {n_vocab} entries, the header's "
-                                       f"vocab_out is {cfg.vocab_out}")
+            # the board's reader, whose rules are the C loader's (one set of checks)
+            try:
+                board_module("llm_tokenizer").check_section(p, cfg.vocab_out)
+            except ValueError as e:
+                raise ImageFormatError(str(e)) from None
         elif kind == KIND_F32:
             if len(p) != 4 * rows * cols:
                 raise ImageFormatError(f"section {name!r}: {len(p)} bytes, expected "
