@@ -160,25 +160,37 @@ def healed_reply(image: Path, context: list[int], word: bytes, n: int, temperatu
 def test_each_turn_continues_the_whole_story(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Turn k replies to the whole story so far (the lines and the replies) with
     seed + k: the same tokens a fresh model gives that context."""
-    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", "never read"])
-    llm.chat(seed=5, max_tokens=6)
+    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", EOFError, "never read"])
+    llm.chat(seed=5, max_tokens=6, finish=0, stories=None)
     out = capsys.readouterr().out
-    assert prompts == ["> "] * 3 and out.startswith(llm_chat.HELP)
+    # an empty line does not leave: the end of input does
+    assert prompts == ["> "] * 4 and out.startswith(llm_chat.HELP)
     first, word = backed_off([], "Once upon a time")
     h1, r1, k1 = healed_reply(tiny.image, first, word, 6, 0.8, 40, 5)
     # the line is stripped, joined by a space
     second, word = backed_off(first + h1 + r1, " A cat")
     _, r2, k2 = healed_reply(tiny.image, second, word, 6, 0.8, 40, 6)
     # (input() shows the prompts)
-    assert out == llm_chat.HELP + text(r1, k1) + "\n" + text(r2, k2) + "\n"
+    assert out == llm_chat.HELP + text(r1, k1) + "\n" + text(r2, k2) + "\n" + "\n"
 
 
-@pytest.mark.parametrize("leave", [EOFError, KeyboardInterrupt])
-def test_eof_or_ctrl_c_at_the_prompt_leaves(tiny, capsys, monkeypatch, leave) -> None:  # type: ignore[no-untyped-def]
-    prompts = feed(monkeypatch, ["Once", leave, "never read"])
-    llm.chat(temperature=0, max_tokens=3)
-    assert prompts == ["> "] * 2
-    assert capsys.readouterr().out.endswith("\n")
+@pytest.mark.parametrize("keys, hints", [([EOFError], 0), (["/quit"], 0),
+                                         ([KeyboardInterrupt, KeyboardInterrupt], 1),
+                                         ([KeyboardInterrupt, "", KeyboardInterrupt, "/quit"], 2)])
+def test_leaving_saves_the_story(tiny, capsys, monkeypatch, keys, hints, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-D (the end of input), /quit or two Ctrl-C in a row leave; one
+    Ctrl-C only says how to leave. The story is saved as story-1.txt in
+    the stories folder (./stories by default, here a fresh one)."""
+    prompts = feed(monkeypatch, ["Once", *keys, "never read"])
+    llm.chat(temperature=0, max_tokens=3, finish=0, stories=str(tmp_path / "stories"))
+    out = capsys.readouterr().out
+    assert prompts == ["> "] * (1 + len(keys))
+    assert out.count(llm_chat.AGAIN) == hints and "never read" not in out
+    saved = tmp_path / "stories" / "story-1.txt"
+    assert out.endswith(f"[story saved to {saved}]\n")
+    once, word = backed_off([], "Once")
+    _, reply, skip = healed_reply(tiny.image, once, word, 3, 0.0, 0, 0)
+    assert saved.read_text() == "Once" + text(reply, skip) + "\n"
 
 
 class _Interrupting:
@@ -204,13 +216,13 @@ def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -
     # the steps that re-write the word, then two reply tokens before the Ctrl-C
     monkeypatch.setattr(llm.default_session, "model",
                         _Interrupting(llm.load(), len(healed) + 2))
-    feed(monkeypatch, ["Once", "The dog", ""])
-    llm.chat(seed=9, max_tokens=5, draft=None)
+    feed(monkeypatch, ["Once", "The dog", EOFError])
+    llm.chat(seed=9, max_tokens=5, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert out.count("[reply stopped]") == 1
     after, word = backed_off(start + healed + kept, " The dog")
     healed, reply, skip = healed_reply(tiny.image, after, word, 5, 0.8, 40, 10)
-    assert out.endswith("[reply stopped]\n" + text(reply, skip) + "\n")
+    assert out.endswith("[reply stopped]\n" + text(reply, skip) + "\n\n")
 
 
 class _EndingAtOnce:
@@ -232,8 +244,8 @@ def test_a_story_the_model_ends_at_once_is_said_so(tiny, capsys, monkeypatch) ->
     """A reply of no tokens (the model wrote <|endoftext|> first) says why,
     instead of answering the line with an empty one; the chat goes on."""
     monkeypatch.setattr(llm.default_session, "model", _EndingAtOnce(llm.load()))
-    feed(monkeypatch, ["The end. ", "/undo", ""])
-    llm.chat(seed=1, max_tokens=5, draft=None)
+    feed(monkeypatch, ["The end. ", "/undo", EOFError])
+    llm.chat(seed=1, max_tokens=5, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert llm.stats()["tokens"] == 0 and llm.stats()["stop"] == llm.STOP_EOT
     assert out.startswith(llm_chat.HELP + llm_chat.ENDED_AT_ONCE + "\n")
@@ -263,12 +275,21 @@ def test_ctrl_c_while_the_word_is_re_written_keeps_the_line(tiny) -> None:  # ty
 
 def test_commands_and_bad_lines(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     feed(monkeypatch, ["/help", "/undo", "/seed x", "/temp -1", "/nope", "Once upon a time " * 30,
-                       "Once", "/undo", "Once", "/new", "/seed 0", "Once", "/temp 0.5", ""])
-    llm.chat(seed=3, max_tokens=4)
+                       "Once", "/undo", "Once", "/new", "/seed 0", "Once", "/temp 0.5",
+                       "/seed", "/seed 1.5", "/seed -1", "/temp", "/temp abc", "/temp nan",
+                       "/undo now", "/save", EOFError])
+    llm.chat(seed=3, max_tokens=4, finish=0, stories=None)
     out = capsys.readouterr().out
     assert out.count(llm_chat.HELP) == 2
-    assert "[nothing to take back]" in out and "[took back the last turn]" in out
-    assert "[/seed needs a number" in out and "[/temp needs a number" in out
+    assert "[nothing to take back]" in out
+    assert "[took back the last turn; the story is empty]" in out
+    # every bad argument: one line that says what is wanted, no Python error text
+    seed_bad = "[/seed needs a whole number from 0 to 2**64-1, e.g. /seed 7]\n"
+    temp_bad = "[/temp needs a number, 0 or more, e.g. /temp 0.8 (0: always the likeliest)]\n"
+    assert out.count(seed_bad) == 4 and out.count(temp_bad) == 4
+    assert "[/undo takes no argument]\n" in out
+    assert "[/save needs a file name, e.g. /save story.txt]\n" in out
+    assert "invalid literal" not in out and "could not convert" not in out
     assert "[no command /nope; /help lists them]" in out
     assert "line too long" in out and "[a new story]" in out and "[seed 0]" in out
     once, word = backed_off([], "Once")
@@ -370,19 +391,32 @@ def test_typing_prefills_the_stable_part(tiny) -> None:  # type: ignore[no-untyp
 
 def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
     """The issue's command: piped input is read line by line, /help prints the
-    commands, /undo takes back, and the same input gives the same output."""
+    commands, /undo takes back and shows the story, the same input gives the
+    same output, and at the end of input the story is saved to
+    $XDG_DATA_HOME/mpllm/stories."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(MPLLM_CACHE=str(tmp_path / "cache"), PYTHONIOENCODING="utf-8")
     stdin = "Once upon a time\n/help\nThe dog barked.\n/undo\n"
-    runs = [subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host",
-                            "--seed", "5"], input=stdin, capture_output=True, text=True,
-                           env=env, timeout=600, check=False) for _ in range(2)]
+    runs, saved = [], []
+    for i in range(2):
+        data = tmp_path / f"data{i}"
+        runs.append(subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host", "--seed", "5"],
+            input=stdin, capture_output=True, text=True, env=dict(env, XDG_DATA_HOME=str(data)),
+            timeout=600, check=False))
+        saved.append(data / "mpllm" / "stories" / "story-1.txt")
+        assert runs[-1].stdout.endswith(f"[story saved to {saved[-1]}]\n")
     for r in runs:
         assert r.returncode == 0, r.stderr
-    assert runs[0].stdout == runs[1].stdout
+    assert runs[0].stdout.replace("data0", "data1") == runs[1].stdout
     out = runs[0].stdout
-    assert out.count(llm_chat.HELP) == 2 and "[took back the last turn]" in out
+    assert out.count(llm_chat.HELP) == 2 and "[took back the last turn; the story now:]" in out
     assert out.count("\n> ") >= 4 and len(out) > len(llm_chat.HELP) * 2 + 40
+    # the story as it stands after /undo: the first line and its reply, shown and saved
+    story = saved[0].read_text()
+    assert story == saved[1].read_text() and story.startswith("Once upon a time")
+    assert "The dog barked" not in story
+    assert out.split("[took back the last turn; the story now:]\n")[1].startswith(story)
 
 
 # ---- a terminal: keys with delays, on CPython and the real MicroPython binding ----
@@ -440,7 +474,7 @@ def typed_session(long_line: str) -> list[object]:
 
 CHAT = ("import sys; sys.path.insert(0, {ext!r}); sys.path.insert(0, {modules!r}); "
         "import llm; llm.load({image!r}); "
-        "llm.chat(seed=5, max_tokens=8, type_ahead={typed})")
+        "llm.chat(seed=5, max_tokens=8, type_ahead={typed}, stories=None)")
 
 
 def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -455,7 +489,7 @@ def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[n
     assert outs[0] == outs[1]
     shown = outs[0].decode("utf-8", "replace")
     assert "> Once upon a timx\b \be\r\n" in shown and "^C" in shown
-    assert "[took back the last turn]" in shown and "[a new story]" in shown
+    assert "[took back the last turn; the story now:]" in shown and "[a new story]" in shown
     assert "[the story is longer than the model's memory" in shown
 
 
@@ -513,9 +547,9 @@ def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypat
     (in chat() too); the next turn replies to the story as it stands, exactly
     as a model reading all of it afresh."""
     long = "Once upon a time there was a little dog who liked to run"
-    feed(monkeypatch, [long, long, long, "The end", ""])
+    feed(monkeypatch, [long, long, long, "The end", EOFError])
     monkeypatch.setattr(llm.default_session, "model", _InterruptingPrefill(llm.load(), 3))  # the 3rd turn
-    llm.chat(seed=4, max_tokens=8, draft=None)
+    llm.chat(seed=4, max_tokens=8, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert "[the story is longer than the model's memory" in out and "[reply stopped]" in out
 

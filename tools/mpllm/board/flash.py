@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checkout, image_cache
-from ..atomic import atomic_path
 from ..formats.partitions import (
     PartitionError,
     app_partition,
@@ -142,9 +141,19 @@ def _progress_bar(total: int, desc: str):  # tqdm bar, or None without tqdm
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, leave=False)
 
 
+class DownloadError(FlashError):
+    """A pinned file could not be fetched (no network, a server's error); what
+    was received is kept in its .part file for the next run to resume."""
+
+
 def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
     """Return dest_dir/name holding exactly the pinned bytes, downloading if needed.
-    A download that does not match is deleted; nothing unverified is left behind."""
+
+    The download goes to dest_dir/name.part and is renamed to its name only
+    once its size and sha256 match the pin: a run stopped part way (Ctrl-C,
+    the network gone) leaves the .part, and the next run resumes it (an HTTP
+    range request; a server that ignores it sends the whole file again). A
+    download that does not match is deleted; nothing unverified gets the name."""
     dest = dest_dir / pin.name
     if run.dry_run:
         run.out(f"download {pin.url} -> {dest} (verify {pin.size} bytes, sha256 {pin.sha256})")
@@ -153,42 +162,63 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
         if dest.stat().st_size == pin.size and sha256_file(dest) == pin.sha256:
             run.out(f"{pin.name}: cached copy verified ({pin.size} bytes, sha256 ok)")
             return dest
-        run.out(f"{pin.name}: cached copy does not match its pin; downloading again")
-        dest.unlink()
+        run.out(f"{pin.name}: the copy in {dest_dir} does not match its pin "
+                f"({pin.size} bytes, sha256 {pin.sha256}); downloading it again")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    run.out(f"download {pin.url}")
+    part = dest_dir / (pin.name + ".part")
     h = hashlib.sha256()
-    n = 0
-    bar = _progress_bar(pin.size, pin.name)
-    try:
-        with atomic_path(dest) as tmp, open(tmp, "wb") as f, \
-                urllib.request.urlopen(pin.url, timeout=60) as r:
-            while True:
-                block = r.read(1 << 16)
-                if not block:
-                    break
-                n += len(block)
-                if n > pin.size:
-                    raise FlashError(f"download of {pin.name} from {pin.url} is larger than "
-                                     f"its pinned size {pin.size}; nothing was kept")
+    have = part.stat().st_size if part.is_file() else 0
+    if have >= pin.size:  # a .part as long as the file is a finished one that failed: anew
+        have = 0
+    if have:
+        with open(part, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-                f.write(block)
-                if bar is not None:
-                    bar.update(len(block))
-            f.flush()
-            if n != pin.size:
-                raise FlashError(f"download of {pin.name} from {pin.url} has {n} bytes, "
-                                 f"pinned size is {pin.size}; nothing was kept")
-            if h.hexdigest() != pin.sha256:
-                raise FlashError(f"download of {pin.name} from {pin.url}: sha256 "
-                                 f"{h.hexdigest()} does not match the pinned {pin.sha256}; "
-                                 f"nothing was kept")
+    request = urllib.request.Request(pin.url)
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+        run.out(f"download {pin.url} (resuming after {have} of {pin.size} bytes)")
+    else:
+        run.out(f"download {pin.url} ({pin.size} bytes)")
+    bar = None
+    n = have
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            if have and r.status != 206:  # the whole file, not the rest: start over
+                h, n = hashlib.sha256(), 0
+            bar = _progress_bar(pin.size, pin.name)
+            if bar is not None:
+                bar.update(n)
+            with open(part, "ab" if n else "wb") as f:
+                while True:
+                    block = r.read(1 << 16)
+                    if not block:
+                        break
+                    n += len(block)
+                    if n > pin.size:
+                        break
+                    h.update(block)
+                    f.write(block)
+                    if bar is not None:
+                        bar.update(len(block))
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it is renamed to its name
     except (urllib.error.URLError, OSError) as e:
-        reason = _why(e)
-        raise FlashError(f"cannot download {pin.name} from {pin.url}: {reason}") from None
+        kept = part.stat().st_size if part.is_file() else 0
+        resume = f" ({kept} of {pin.size} bytes kept in {part}: run again to resume)" \
+            if kept else ""
+        raise DownloadError(f"cannot download {pin.name} from {pin.url}: {_why(e)}"
+                            f"{resume}") from None
     finally:
         if bar is not None:
             bar.close()
+    if n != pin.size or h.hexdigest() != pin.sha256:
+        part.unlink(missing_ok=True)
+        what = (f"is larger than its pinned size {pin.size}" if n > pin.size else
+                f"has {n} bytes, pinned size is {pin.size}" if n != pin.size else
+                f"has sha256 {h.hexdigest()}, not the pinned {pin.sha256}")
+        raise FlashError(f"download of {pin.name} from {pin.url} {what}; nothing was kept")
+    os.replace(part, dest)
     run.out(f"{pin.name}: {pin.size} bytes, sha256 verified")
     return dest
 
@@ -343,9 +373,16 @@ def model_sources(args: argparse.Namespace, cache: Path, run: Runner,
 
 def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
     """(model, tokenizer) of a pins JSON, downloaded into `dest` and verified
-    (in a dry run only shown)."""
+    (in a dry run only shown). When a download fails, the one-line error also
+    says how to place the files by hand: their names, sizes and folder."""
     model, tokenizer = load_pins(pins_json)
-    return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
+    try:
+        return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
+    except DownloadError as e:
+        missing = [p for p in (model, tokenizer) if not (dest / p.name).is_file()]
+        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url})" for p in missing)
+        raise DownloadError(f"{e}. No network? Put {files} in {dest} by hand and run this "
+                            f"again (they are checked against {pins_json.name})") from None
 
 
 def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
