@@ -8,12 +8,14 @@ under MICROPY_DIR)."""
 from __future__ import annotations
 
 import builtins
+import fcntl
 import os
 import pty
 import re
 import select
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -425,9 +427,15 @@ def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
 def drive(cmd: list[str], keys: list[object], env: dict[str, str] | None = None,
           timeout: float = 120) -> bytes:
     """Run cmd on a pseudo-terminal, typing `keys` (a str is sent; None waits
-    for the next "> " prompt); the bytes it printed."""
+    for the next "> " prompt; a float waits that many seconds); the bytes it
+    printed."""
     m, s = pty.openpty()
-    p = subprocess.Popen(cmd, stdin=s, stdout=s, stderr=s, env=env, close_fds=True)
+    # the pty as the child's controlling terminal (a session of its own), so
+    # that a Ctrl-C typed outside raw mode is a SIGINT, as in a real terminal
+    # (preexec_fn: the test process starts no threads that could hold a lock)
+    p = subprocess.Popen(cmd, stdin=s, stdout=s, stderr=s, env=env, close_fds=True,
+                         start_new_session=True,
+                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509
     os.close(s)
     out = bytearray()
 
@@ -447,6 +455,8 @@ def drive(cmd: list[str], keys: list[object], env: dict[str, str] | None = None,
         if k is None:
             prompts += 1
             pump(30.0, prompts)
+        elif isinstance(k, float):
+            pump(k)
         else:
             os.write(m, str(k).encode())
             pump(0.02)
@@ -491,6 +501,82 @@ def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[n
     assert "> Once upon a timx\b \be\r\n" in shown and "^C" in shown
     assert "[took back the last turn; the story now:]" in shown and "[a new story]" in shown
     assert "[the story is longer than the model's memory" in shown
+
+
+SLOW_CHAT = """
+import sys, time
+sys.path[:0] = [{ext!r}, {modules!r}]
+import llm
+llm.load({image!r})
+
+
+class Slow:  # the demo model, a step every 50 ms: time for a Ctrl-C mid-reply
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def step(self, token):
+        time.sleep(0.05)
+        return self._real.step(token)
+
+
+llm.default_session.model = Slow(llm.load())
+llm.chat(seed=5, max_tokens=40, draft=None, stories={stories!r})
+"""
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_terminal_chat_keeps_the_story(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In a real terminal (a pty, $COLUMNS 40): an empty Enter and a Ctrl-C at
+    the prompt do not leave, a Ctrl-C stops a reply and the chat goes on,
+    /undo shows the story as it stands, /save writes it, replies are wrapped
+    at 40 columns and end at a sentence end, and two Ctrl-C in a row (or
+    Ctrl-D) leave, saving the whole story in the stories folder."""
+    from mpllm.board import hostboard
+
+    image = str(hostboard.ensure_image(*hostboard.demo_sources()))
+    env = dict(os.environ, COLUMNS="40", PYTHONIOENCODING="utf-8")
+    saved = tmp_path / "saved.txt"
+    code = SLOW_CHAT.format(ext=str(engine_ext.EXT_DIR), modules=str(ROOT / "firmware" / "modules"),
+                            image=image, stories=str(tmp_path / "stories"))
+    keys: list[object] = ["\r", None, "\x03", None]  # empty Enter, a Ctrl-C: the chat goes on
+    keys += list("Once upon a time") + ["\r", 0.5, "\x03", None]  # a reply stopped
+    keys += list("The dog barked.") + ["\r", None]
+    keys += list("/undo") + ["\r", None] + list(f"/save {saved}") + ["\r", None]
+    keys += list("Tom was happy.") + ["\r", None, "\x03", "\x03"]  # leave
+    out = drive([sys.executable, "-c", code], keys, env).decode("utf-8").replace("\r\n", "\n")
+    assert out.startswith(llm_chat.HELP.replace("\r\n", "\n") + "> \n> ^C  "
+                          + "(Ctrl-C again or Ctrl-D leaves)\n> Once upon a time\n")
+    assert out.count("[reply stopped]") == 1
+    stopped = out.split("> Once upon a time\n")[1].split("\n[reply stopped]")[0]
+    assert stopped.endswith("^C")  # the terminal's echo of the Ctrl-C
+    stopped = stopped[:-2]
+    assert 0 < len(stopped.split()) < 30  # part of a 40-token reply
+    shown = out.split("[took back the last turn; the story now:]\n")[1].split("\n> ")[0]
+    assert _flat(shown) == _flat("Once upon a time" + stopped)
+    assert _flat(saved.read_text()) == _flat(shown)
+    assert saved.read_text().endswith(stopped.split()[-1] + "\n")
+    assert f"[story saved to {saved}]" in out
+    last = out.split("> Tom was happy.\n")[1].split("\n> ")[0]
+    # replies wrapped at 40 columns, ending at a sentence end
+    for reply in (last, out.split("> The dog barked.\n")[1].split("\n> ")[0]):
+        assert all(len(line) <= 40 for line in reply.split("\n"))
+        assert reply.rstrip().rstrip('"')[-1:] in (".", "!", "?")
+    whole = tmp_path / "stories" / "story-1.txt"
+    assert out.endswith(f"> ^C  (Ctrl-C again or Ctrl-D leaves)\n> \n[story saved to {whole}]\n")
+    assert _flat(whole.read_text()) == _flat(shown + " Tom was happy." + last)
+
+    # Ctrl-D leaves and saves too (the next free number)
+    keys = list("Tom was happy.") + ["\r", None, "\x04"]
+    out = drive([sys.executable, "-c", code], keys, env).decode("utf-8").replace("\r\n", "\n")
+    again = tmp_path / "stories" / "story-2.txt"
+    assert out.endswith(f"[story saved to {again}]\n")
+    assert again.read_text().startswith("Tom was happy.")
 
 
 def test_typed_chat_is_the_same_on_micropython(tiny) -> None:  # type: ignore[no-untyped-def]

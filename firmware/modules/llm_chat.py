@@ -636,14 +636,17 @@ def chat(**options):
                 else:
                     line = _read_line(console, writer, "> ", type_ahead)
             except KeyboardInterrupt:
-                if console is not None or interrupted:
+                if console is not None:
+                    break  # (_read_line ended the line)
+                if interrupted:
                     llm.write("\n")
                     break
                 interrupted = True
                 llm.write("\n" + AGAIN + "\n")
                 continue
             except EOFError:
-                llm.write("\n")
+                if console is None:  # (_read_line ends its line)
+                    llm.write("\n")
                 break
             interrupted = False
             line = line.strip()
