@@ -177,15 +177,15 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
     request = urllib.request.Request(pin.url)
     if have:
         request.add_header("Range", f"bytes={have}-")
-        run.out(f"download {pin.url} (resuming after {have} of {pin.size} bytes)")
-    else:
-        run.out(f"download {pin.url} ({pin.size} bytes)")
     bar = None
     n = have
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
+            # said once the server answers: with no network, the error is the one line
             if have and r.status != 206:  # the whole file, not the rest: start over
                 h, n = hashlib.sha256(), 0
+            run.out(f"download {pin.url} ({pin.size} bytes"
+                    + (f", resuming after {n})" if n else ")"))
             bar = _progress_bar(pin.size, pin.name)
             if bar is not None:
                 bar.update(n)
@@ -216,7 +216,7 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
         part.unlink(missing_ok=True)
         what = (f"is larger than its pinned size {pin.size}" if n > pin.size else
                 f"has {n} bytes, pinned size is {pin.size}" if n != pin.size else
-                f"has sha256 {h.hexdigest()}, not the pinned {pin.sha256}")
+                f"has sha256 {h.hexdigest()}, which does not match the pinned {pin.sha256}")
         raise FlashError(f"download of {pin.name} from {pin.url} {what}; nothing was kept")
     os.replace(part, dest)
     run.out(f"{pin.name}: {pin.size} bytes, sha256 verified")
