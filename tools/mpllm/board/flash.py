@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import urllib.error
 import urllib.parse
@@ -475,6 +476,75 @@ def check_chip(info: ChipInfo, skip_psram: bool,
 
 
 
+def pinned_image_floor(pins_json: Path) -> int | None:
+    """Bytes a pinned esp32-ai model's image holds at least, from the
+    architecture its pins JSON records (models/release.json): the int4 codes
+    and scales of its weights, the rows the tokenizer can produce only (the
+    image adds the tokenizer, RoPE, head tiles and drafter). None when the
+    JSON records no architecture (then the converted image is checked)."""
+    from ..formats.esp32ai import Config, expected_size
+
+    try:
+        a = json.loads(pins_json.read_text())["architecture"]
+        rows = min(int(a["vocab_in"]), int(a["vocab_out"]))
+        cfg = Config(vocab_in=rows, vocab_out=int(a["vocab_out"]), dim=int(a["dim"]),
+                     n_layers=int(a["n_layers"]), n_heads=int(a["n_heads"]), ffn=int(a["ffn"]),
+                     ple_dim=int(a["ple_dim"]), seq_len=int(a["seq_len"]),
+                     group=int(a["group"]), tied_head=bool(a["tied_head"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return expected_size(cfg, header_bytes=0)
+
+
+def port_missing(port: str) -> bool:
+    """A device path (/dev/...) that does not exist; other names (COM5,
+    socket://, rfc2217://) cannot be checked without opening them."""
+    return port.startswith("/dev/") and not os.path.exists(port)
+
+
+def preflight(args: argparse.Namespace, run: Runner, env: dict[str, str],
+              board: pins.BoardPins, model_limit: int) -> list[str]:
+    """What a run of flash_board needs, checked before anything is downloaded,
+    converted or built: esptool, the port, git, make and ESP-IDF for a build,
+    and a pinned model's size against the model partition. The problems found,
+    each in a few words (a real run stops on them, a dry run lists them)."""
+    problems = []
+    # the model first: the one problem that no install mends
+    if args.only in (None, "model") and not args.image and not args.tokenizer:
+        name = args.model or board.default_model
+        named = NAMED_MODELS.get(name)
+        pins_json = Path(args.release) if name == "release" else \
+            named.pins if named is not None else None
+        floor = pinned_image_floor(pins_json) if pins_json is not None else None
+        if floor is not None and floor > model_limit:
+            problems.append(f"--model {name} cannot fit --board {board.name}: its image holds "
+                            f"at least {floor:,} bytes of weights, the board's "
+                            f"'{pins.MODEL_PARTITION}' partition {model_limit:,} (--board "
+                            f"n16r8 takes it; --board {board.name} takes "
+                            f"{', '.join(n for n in NAMED_MODELS if n != name)})")
+    if esptool_major() is None:
+        problems.append("esptool is not installed: pip install 'mpllm[board]' (or pip "
+                        "install esptool)")
+    if args.port and port_missing(args.port):
+        problems.append(f"--port {args.port}: no such device (is the board plugged in? "
+                        f"python -m serial.tools.list_ports lists the ports)")
+    if args.only in (None, "firmware") and not args.firmware:
+        cache = firmware_build.cache_dir(args)
+        clone = args.micropython is None and not (
+            firmware_build.default_checkout(cache) / "py" / "mpconfig.h").is_file()
+        path = env.get("PATH")
+        if clone and shutil.which("git", path=path) is None:
+            problems.append(f"git is not on PATH (the build clones MicroPython "
+                            f"{pins.MICROPYTHON_TAG} with it)")
+        if shutil.which("make", path=path) is None:
+            problems.append("make is not on PATH (the firmware build runs it)")
+        try:
+            firmware_build.idf_environment(env)
+        except firmware_build.IdfMissing as e:
+            problems.append(f"{e} {RELEASES_HINT}")
+    return problems
+
+
 def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
                 board: pins.BoardPins) -> None:
     table_path = firmware_build.board_dir(board) / "partitions.csv"
@@ -492,6 +562,14 @@ def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
         raise FlashError("no --port given: name the board's serial port, e.g. --port "
                          "/dev/ttyACM0 or --port COM5 (list them with: python -m "
                          "serial.tools.list_ports)")
+    problems = preflight(args, run, env, board, model_region.limit)
+    if problems and not run.dry_run:
+        raise FlashError("; ".join(problems) + ". Nothing was downloaded, built or written.")
+    for problem in problems:
+        run.out(f"missing: {problem}")
+    if not args.port:
+        run.out("no --port given: the commands below show PORT where the board's serial port "
+                "goes (a real run needs --port)")
     port = args.port or "PORT"
     cache = firmware_build.cache_dir(args)
     writes: list[tuple[int, Path, str]] = []
@@ -549,7 +627,14 @@ def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
     run.run([*base, cmd("verify-flash"), *pairs],
             "verifying what was written (esptool compares the flash's MD5 with the files)")
     run.out("")
-    run.out("Done. Next:")
+    if run.dry_run:
+        what = " and ".join(f"the {w[2]} ({w[1].name}) at {w[0]:#x}" for w in writes)
+        stop = (f", but it would stop first, before anything is downloaded or built: "
+                f"{'; '.join(problems)}" if problems else "")
+        run.out(f"Dry run: nothing was downloaded, built or written. A real run would check "
+                f"the chip on {port}, write {what} and verify them{stop}. After it:")
+    else:
+        run.out("Done. Next:")
     run.out(f"  mpremote connect {port} repl")
     run.out('  >>> import llm; llm.story("Once upon a time")')
 
@@ -567,7 +652,11 @@ def prepare_host(args: argparse.Namespace, run: Runner) -> None:
     # converting needs the _llm pip just built (the drafter's stories)
     img = sources if isinstance(sources, Path) else resolve_model(sources, cache, run)
     run.out("")
-    run.out(f"Done: model image {img}. Next:")
+    if run.dry_run:
+        run.out(f"Dry run: nothing was built, downloaded or converted. A real run would build "
+                f"the CPython _llm with pip and make the model image {img}. After it:")
+    else:
+        run.out(f"Done: model image {img}. Next:")
     run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
 
 
