@@ -677,6 +677,8 @@ def chat(**options):
             wrap.end()
             llm.write("\n[reply stopped]\n")
         except ValueError as e:
+            if isinstance(e, UnicodeError):  # input that is not text: the caller's to say
+                raise
             llm.write(str(e) + "\n")
         finally:
             if pieces is not None:

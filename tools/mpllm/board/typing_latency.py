@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     speeds: list[float | None] = [float(c) for c in args.cps.split(",")] + [None]
     at_enter = {typed: ids_at_enter(image, typed) for typed in (True, False)}
     try:
+        print("pricing the S3's passes with the cost model (half a minute) ...", file=sys.stderr,
+              flush=True)
         pass_ms = s3_pass_ms()
     except (KeyError, ValueError, RuntimeError) as e:  # the host figures stand alone
         print(f"(no S3 figures: the cost model said {e})", file=sys.stderr)
