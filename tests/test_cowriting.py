@@ -13,6 +13,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import termios
@@ -419,6 +420,28 @@ def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
     assert story == saved[1].read_text() and story.startswith("Once upon a time")
     assert "The dog barked" not in story
     assert out.split("[took back the last turn; the story now:]\n")[1].startswith(story)
+
+
+def test_ctrl_c_during_the_first_conversion_is_one_line(tmp_path) -> None:
+    """chat.py into an empty cache converts the demo model first; a Ctrl-C
+    then (SIGINT) prints one line, no traceback, exits 130 and leaves no
+    image, whole or part, in the cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    cache = tmp_path / "cache"
+    env.update(MPLLM_CACHE=str(cache), PYTHONIOENCODING="utf-8")
+    p = subprocess.Popen([sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host",
+                          "Once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    assert p.stderr is not None
+    first = p.stderr.readline()  # said before the conversion starts
+    assert first.startswith(b"Converting "), first
+    time.sleep(1.0)  # into the conversion (its drafter's stories take seconds)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert out == b"" and b"Traceback" not in err
+    assert err.decode().splitlines()[-1] == "interrupted"
+    assert [f for f in cache.rglob("*") if f.is_file()] == []
 
 
 # ---- a terminal: keys with delays, on CPython and the real MicroPython binding ----
