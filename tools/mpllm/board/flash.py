@@ -562,7 +562,8 @@ def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
         raise FlashError("no --port given: name the board's serial port, e.g. --port "
                          "/dev/ttyACM0 or --port COM5 (list them with: python -m "
                          "serial.tools.list_ports)")
-    problems = preflight(args, run, env, board, model_region.limit)
+    # (each in a few words, joined into one line: no full stop of its own)
+    problems = [p.rstrip(".") for p in preflight(args, run, env, board, model_region.limit)]
     if problems and not run.dry_run:
         raise FlashError("; ".join(problems) + ". Nothing was downloaded, built or written.")
     for problem in problems:
