@@ -322,7 +322,7 @@ def _read_line(console, writer, prompt, type_ahead):
                 if cleared:
                     raise KeyboardInterrupt
                 cleared = True
-                hint = "" if line else "  (Ctrl-C again or Ctrl-D leaves)"
+                hint = "" if line else "  " + AGAIN
                 line = []
                 console.raw(False)
                 llm.write("^C" + hint + "\n" + prompt)
