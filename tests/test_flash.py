@@ -399,6 +399,16 @@ def _release(path: Path, base: str, files: dict[str, bytes], *,
     return path
 
 
+def _serve_tiny(http_dir: tuple[str, Path], tmp_path: Path, tiny_model) -> Path:  # type: ignore[no-untyped-def]
+    """The tiny model's files served, and release pins of them (the JSON's path)."""
+    base, root = http_dir
+    files = {"model.bin": tiny_model.model_bin.read_bytes(),
+             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return _release(tmp_path / "release.json", base, files)
+
+
 @pytest.mark.parametrize("size_off,message", [(0, "does not match the pinned"),
                                               (5, "pinned size is")])
 def test_download_hash_or_size_mismatch_keeps_nothing(
@@ -423,12 +433,8 @@ def test_download_hash_or_size_mismatch_keeps_nothing(
 def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: Path,
                                           tiny_model, fake_esptool: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    base, root = http_dir
-    files = {"model.bin": tiny_model.model_bin.read_bytes(),
-             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
-    for name, data in files.items():
-        (root / name).write_bytes(data)
-    rel = _release(tmp_path / "release.json", base, files)
+    root = http_dir[1]
+    rel = _serve_tiny(http_dir, tmp_path, tiny_model)
     cache = tmp_path / "cache"
     args = ["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model", "--release",
             str(rel), "--cache", str(cache)]
@@ -715,12 +721,7 @@ def test_no_esptool_fails_at_once_before_any_download(
     """flash.py --board n16r8 without esptool: one error naming it (and
     everything else missing: ESP-IDF here) before anything is downloaded,
     converted or built."""
-    base, root = http_dir
-    files = {"model.bin": tiny_model.model_bin.read_bytes(),
-             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
-    for name, data in files.items():
-        (root / name).write_bytes(data)
-    rel = _release(tmp_path / "release.json", base, files)
+    rel = _serve_tiny(http_dir, tmp_path, tiny_model)
     monkeypatch.setattr(flash, "esptool_major", lambda: None)
     monkeypatch.setattr(flash, "port_missing", lambda port: False)
     served = []
