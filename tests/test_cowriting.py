@@ -741,13 +741,14 @@ def test_cowriter_and_serve_take_a_session(tiny) -> None:  # type: ignore[no-unt
     import llm_serve
 
     lines = ("Once upon a time", "The dog ran")
-    w = llm_chat.CoWriter(seed=5, max_tokens=6)
+    # (llm_serve's replies go on to a sentence end, as the terminal chat's)
+    w = llm_chat.CoWriter(seed=5, max_tokens=6, finish=llm_chat.FINISH_TOKENS)
     want = ["".join(w.turn(line)) for line in lines]
     mine = llm.Session()
     mine.load(str(tiny.image))
     try:
         before = llm.stats()
-        w2 = llm_chat.CoWriter(mine, seed=5, max_tokens=6)
+        w2 = llm_chat.CoWriter(mine, seed=5, max_tokens=6, finish=llm_chat.FINISH_TOKENS)
         assert w2.session is mine
         assert ["".join(w2.turn(line)) for line in lines] == want
         served = [list(llm_serve.handle(req, mine)) for req in (
