@@ -451,12 +451,11 @@ def _makedirs(path):
     if hasattr(os, "makedirs"):
         os.makedirs(path, exist_ok=True)
         return
-    at = ""
-    for part in path.split("/"):  # MicroPython: one level at a time
-        at = at + "/" + part if at or path.startswith("/") else part
-        if part:
+    parts = path.split("/")  # MicroPython: one level at a time
+    for i in range(1, len(parts) + 1):
+        if parts[i - 1]:
             try:
-                os.mkdir(at)
+                os.mkdir("/".join(parts[:i]))
             except OSError:
                 pass  # there already (else the file's open below says why)
 
