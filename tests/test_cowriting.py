@@ -212,6 +212,23 @@ class _Interrupting:
         return self._real.step(token)  # type: ignore[attr-defined]
 
 
+def test_a_story_that_cannot_be_saved_is_shown(tiny, capsys, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """When the stories folder cannot be made (a file has its name), /new and
+    leaving say why in one line and print the story instead: it is not lost."""
+    blocked = tmp_path / "stories"
+    blocked.write_text("a file, not a folder")
+    feed(monkeypatch, ["Once", "/new", "Tom", EOFError])
+    llm.chat(temperature=0, max_tokens=3, finish=0, stories=str(blocked))
+    out = capsys.readouterr().out
+    assert out.count(f"[cannot save the story to {blocked}: ") == 2
+    once, word = backed_off([], "Once")
+    _, reply, skip = healed_reply(tiny.image, once, word, 3, 0.0, 0, 0)
+    shown = "[the story, so that it is not lost:]\n"
+    assert shown + "Once" + text(reply, skip) + "\n[a new story]\n" in out
+    # the second story, shown when the chat leaves: the last thing it prints
+    assert out.count(shown) == 2 and out.split(shown)[-1].startswith("Tom")
+
+
 def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C during a reply keeps what it wrote; the next turn continues from it."""
     start, word = backed_off([], "Once")

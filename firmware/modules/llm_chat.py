@@ -522,6 +522,16 @@ class _Keeper:
         self.text, self.path = text, path
         return f"[story saved to {path}]"
 
+    def keep(self, text, width):
+        """Save `text` before it goes (leaving, /new); when that fails, show
+        it, the one copy left."""
+        note = self.save(text) if text.strip() else ""
+        if note:
+            llm.write(note + "\n")
+        if note.startswith("[cannot"):
+            llm.write("[the story, so that it is not lost:]\n")
+            _show(text, width)
+
 
 def _number(arg, convert):
     if not arg:
@@ -540,9 +550,7 @@ def _chat_command(writer, line, keeper, wrap_width):
     elif word == "/quit":
         return "quit"
     elif word == "/new":
-        note = keeper.save(writer.text) if writer.text.strip() else ""
-        if note:
-            llm.write(note + "\n")
+        keeper.keep(writer.text, wrap_width)
         writer.new()
         llm.write("[a new story]\n")
     elif word == "/undo":
@@ -682,6 +690,4 @@ def chat(**options):
         finally:
             if pieces is not None:
                 pieces.close()  # MicroPython does not close an abandoned generator
-    note = keeper.save(writer.text) if writer.text.strip() else ""
-    if note:
-        llm.write(note + "\n")
+    keeper.keep(writer.text, terminal_width(console))
