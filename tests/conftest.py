@@ -78,12 +78,14 @@ def web_tools_tarball() -> Path:
 def _run_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Before any other fixture: this run's own image cache instead of the
     user's MPLLM_CACHE or ~/.cache/mpllm (a user's cache must not change a
-    result, nor a test write into it), and none of the user's MPLLM_* settings."""
+    result, nor a test write into it), this run's own $XDG_DATA_HOME (where
+    the chat saves its stories), and none of the user's MPLLM_* settings."""
     with pytest.MonkeyPatch.context() as mp:
         for name in [n for n in os.environ if n.startswith("MPLLM_")]:
             if name not in KEPT_MPLLM_VARS:
                 mp.delenv(name)
         mp.setenv("MPLLM_CACHE", str(tmp_path_factory.mktemp("mpllm-cache")))
+        mp.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
         yield
 
 DATA = ROOT / "tests" / "data"

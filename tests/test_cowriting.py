@@ -8,12 +8,15 @@ under MICROPY_DIR)."""
 from __future__ import annotations
 
 import builtins
+import fcntl
 import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,25 +163,37 @@ def healed_reply(image: Path, context: list[int], word: bytes, n: int, temperatu
 def test_each_turn_continues_the_whole_story(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Turn k replies to the whole story so far (the lines and the replies) with
     seed + k: the same tokens a fresh model gives that context."""
-    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", "never read"])
-    llm.chat(seed=5, max_tokens=6)
+    prompts = feed(monkeypatch, ["Once upon a time", "  A cat  ", "", EOFError, "never read"])
+    llm.chat(seed=5, max_tokens=6, finish=0, stories=None)
     out = capsys.readouterr().out
-    assert prompts == ["> "] * 3 and out.startswith(llm_chat.HELP)
+    # an empty line does not leave: the end of input does
+    assert prompts == ["> "] * 4 and out.startswith(llm_chat.HELP)
     first, word = backed_off([], "Once upon a time")
     h1, r1, k1 = healed_reply(tiny.image, first, word, 6, 0.8, 40, 5)
     # the line is stripped, joined by a space
     second, word = backed_off(first + h1 + r1, " A cat")
     _, r2, k2 = healed_reply(tiny.image, second, word, 6, 0.8, 40, 6)
     # (input() shows the prompts)
-    assert out == llm_chat.HELP + text(r1, k1) + "\n" + text(r2, k2) + "\n"
+    assert out == llm_chat.HELP + text(r1, k1) + "\n" + text(r2, k2) + "\n" + "\n"
 
 
-@pytest.mark.parametrize("leave", [EOFError, KeyboardInterrupt])
-def test_eof_or_ctrl_c_at_the_prompt_leaves(tiny, capsys, monkeypatch, leave) -> None:  # type: ignore[no-untyped-def]
-    prompts = feed(monkeypatch, ["Once", leave, "never read"])
-    llm.chat(temperature=0, max_tokens=3)
-    assert prompts == ["> "] * 2
-    assert capsys.readouterr().out.endswith("\n")
+@pytest.mark.parametrize("keys, hints", [([EOFError], 0), (["/quit"], 0),
+                                         ([KeyboardInterrupt, KeyboardInterrupt], 1),
+                                         ([KeyboardInterrupt, "", KeyboardInterrupt, "/quit"], 2)])
+def test_leaving_saves_the_story(tiny, capsys, monkeypatch, keys, hints, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-D (the end of input), /quit or two Ctrl-C in a row leave; one
+    Ctrl-C only says how to leave. The story is saved as story-1.txt in
+    the stories folder (./stories by default, here a fresh one)."""
+    prompts = feed(monkeypatch, ["Once", *keys, "never read"])
+    llm.chat(temperature=0, max_tokens=3, finish=0, stories=str(tmp_path / "stories"))
+    out = capsys.readouterr().out
+    assert prompts == ["> "] * (1 + len(keys))
+    assert out.count(llm_chat.AGAIN) == hints and "never read" not in out
+    saved = tmp_path / "stories" / "story-1.txt"
+    assert out.endswith(f"[story saved to {saved}]\n")
+    once, word = backed_off([], "Once")
+    _, reply, skip = healed_reply(tiny.image, once, word, 3, 0.0, 0, 0)
+    assert saved.read_text() == "Once" + text(reply, skip) + "\n"
 
 
 class _Interrupting:
@@ -197,6 +212,23 @@ class _Interrupting:
         return self._real.step(token)  # type: ignore[attr-defined]
 
 
+def test_a_story_that_cannot_be_saved_is_shown(tiny, capsys, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """When the stories folder cannot be made (a file has its name), /new and
+    leaving say why in one line and print the story instead: it is not lost."""
+    blocked = tmp_path / "stories"
+    blocked.write_text("a file, not a folder")
+    feed(monkeypatch, ["Once", "/new", "Tom", EOFError])
+    llm.chat(temperature=0, max_tokens=3, finish=0, stories=str(blocked))
+    out = capsys.readouterr().out
+    assert out.count(f"[cannot save the story to {blocked}: ") == 2
+    once, word = backed_off([], "Once")
+    _, reply, skip = healed_reply(tiny.image, once, word, 3, 0.0, 0, 0)
+    shown = "[the story, so that it is not lost:]\n"
+    assert shown + "Once" + text(reply, skip) + "\n[a new story]\n" in out
+    # the second story, shown when the chat leaves: the last thing it prints
+    assert out.count(shown) == 2 and out.split(shown)[-1].startswith("Tom")
+
+
 def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Ctrl-C during a reply keeps what it wrote; the next turn continues from it."""
     start, word = backed_off([], "Once")
@@ -204,13 +236,13 @@ def test_ctrl_c_stops_a_reply_and_the_story_goes_on(tiny, capsys, monkeypatch) -
     # the steps that re-write the word, then two reply tokens before the Ctrl-C
     monkeypatch.setattr(llm.default_session, "model",
                         _Interrupting(llm.load(), len(healed) + 2))
-    feed(monkeypatch, ["Once", "The dog", ""])
-    llm.chat(seed=9, max_tokens=5, draft=None)
+    feed(monkeypatch, ["Once", "The dog", EOFError])
+    llm.chat(seed=9, max_tokens=5, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert out.count("[reply stopped]") == 1
     after, word = backed_off(start + healed + kept, " The dog")
     healed, reply, skip = healed_reply(tiny.image, after, word, 5, 0.8, 40, 10)
-    assert out.endswith("[reply stopped]\n" + text(reply, skip) + "\n")
+    assert out.endswith("[reply stopped]\n" + text(reply, skip) + "\n\n")
 
 
 class _EndingAtOnce:
@@ -232,8 +264,8 @@ def test_a_story_the_model_ends_at_once_is_said_so(tiny, capsys, monkeypatch) ->
     """A reply of no tokens (the model wrote <|endoftext|> first) says why,
     instead of answering the line with an empty one; the chat goes on."""
     monkeypatch.setattr(llm.default_session, "model", _EndingAtOnce(llm.load()))
-    feed(monkeypatch, ["The end. ", "/undo", ""])
-    llm.chat(seed=1, max_tokens=5, draft=None)
+    feed(monkeypatch, ["The end. ", "/undo", EOFError])
+    llm.chat(seed=1, max_tokens=5, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert llm.stats()["tokens"] == 0 and llm.stats()["stop"] == llm.STOP_EOT
     assert out.startswith(llm_chat.HELP + llm_chat.ENDED_AT_ONCE + "\n")
@@ -263,12 +295,21 @@ def test_ctrl_c_while_the_word_is_re_written_keeps_the_line(tiny) -> None:  # ty
 
 def test_commands_and_bad_lines(tiny, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     feed(monkeypatch, ["/help", "/undo", "/seed x", "/temp -1", "/nope", "Once upon a time " * 30,
-                       "Once", "/undo", "Once", "/new", "/seed 0", "Once", "/temp 0.5", ""])
-    llm.chat(seed=3, max_tokens=4)
+                       "Once", "/undo", "Once", "/new", "/seed 0", "Once", "/temp 0.5",
+                       "/seed", "/seed 1.5", "/seed -1", "/temp", "/temp abc", "/temp nan",
+                       "/undo now", "/save", EOFError])
+    llm.chat(seed=3, max_tokens=4, finish=0, stories=None)
     out = capsys.readouterr().out
     assert out.count(llm_chat.HELP) == 2
-    assert "[nothing to take back]" in out and "[took back the last turn]" in out
-    assert "[/seed needs a number" in out and "[/temp needs a number" in out
+    assert "[nothing to take back]" in out
+    assert "[took back the last turn; the story is empty]" in out
+    # every bad argument: one line that says what is wanted, no Python error text
+    seed_bad = "[/seed needs a whole number from 0 to 2**64-1, e.g. /seed 7]\n"
+    temp_bad = "[/temp needs a number, 0 or more, e.g. /temp 0.8 (0: always the likeliest)]\n"
+    assert out.count(seed_bad) == 4 and out.count(temp_bad) == 4
+    assert "[/undo takes no argument]\n" in out
+    assert "[/save needs a file name, e.g. /save story.txt]\n" in out
+    assert "invalid literal" not in out and "could not convert" not in out
     assert "[no command /nope; /help lists them]" in out
     assert "line too long" in out and "[a new story]" in out and "[seed 0]" in out
     once, word = backed_off([], "Once")
@@ -370,19 +411,54 @@ def test_typing_prefills_the_stable_part(tiny) -> None:  # type: ignore[no-untyp
 
 def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
     """The issue's command: piped input is read line by line, /help prints the
-    commands, /undo takes back, and the same input gives the same output."""
+    commands, /undo takes back and shows the story, the same input gives the
+    same output, and at the end of input the story is saved to
+    $XDG_DATA_HOME/mpllm/stories."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(MPLLM_CACHE=str(tmp_path / "cache"), PYTHONIOENCODING="utf-8")
     stdin = "Once upon a time\n/help\nThe dog barked.\n/undo\n"
-    runs = [subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host",
-                            "--seed", "5"], input=stdin, capture_output=True, text=True,
-                           env=env, timeout=600, check=False) for _ in range(2)]
+    runs, saved = [], []
+    for i in range(2):
+        data = tmp_path / f"data{i}"
+        runs.append(subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host", "--seed", "5"],
+            input=stdin, capture_output=True, text=True, env=dict(env, XDG_DATA_HOME=str(data)),
+            timeout=600, check=False))
+        saved.append(data / "mpllm" / "stories" / "story-1.txt")
+        assert runs[-1].stdout.endswith(f"[story saved to {saved[-1]}]\n")
     for r in runs:
         assert r.returncode == 0, r.stderr
-    assert runs[0].stdout == runs[1].stdout
+    assert runs[0].stdout.replace("data0", "data1") == runs[1].stdout
     out = runs[0].stdout
-    assert out.count(llm_chat.HELP) == 2 and "[took back the last turn]" in out
+    assert out.count(llm_chat.HELP) == 2 and "[took back the last turn; the story now:]" in out
     assert out.count("\n> ") >= 4 and len(out) > len(llm_chat.HELP) * 2 + 40
+    # the story as it stands after /undo: the first line and its reply, shown and saved
+    story = saved[0].read_text()
+    assert story == saved[1].read_text() and story.startswith("Once upon a time")
+    assert "The dog barked" not in story
+    assert out.split("[took back the last turn; the story now:]\n")[1].startswith(story)
+
+
+def test_ctrl_c_during_the_first_conversion_is_one_line(tmp_path) -> None:
+    """chat.py into an empty cache converts the demo model first; a Ctrl-C
+    then (SIGINT) prints one line, no traceback, exits 130 and leaves no
+    image, whole or part, in the cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    cache = tmp_path / "cache"
+    env.update(MPLLM_CACHE=str(cache), PYTHONIOENCODING="utf-8")
+    p = subprocess.Popen([sys.executable, str(ROOT / "tools" / "chat.py"), "--board", "host",
+                          "Once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    assert p.stderr is not None
+    first = p.stderr.readline()  # said before the conversion starts
+    assert first.startswith(b"Converting "), first
+    time.sleep(1.0)  # into the conversion (its drafter's stories take seconds)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert out == b"" and b"Traceback" not in err
+    assert err.decode().splitlines()[-1] == "interrupted"
+    assert [f for f in cache.rglob("*") if f.is_file()] == []
 
 
 # ---- a terminal: keys with delays, on CPython and the real MicroPython binding ----
@@ -391,9 +467,15 @@ def test_piped_chat_py_prints_the_same_every_time(tmp_path) -> None:
 def drive(cmd: list[str], keys: list[object], env: dict[str, str] | None = None,
           timeout: float = 120) -> bytes:
     """Run cmd on a pseudo-terminal, typing `keys` (a str is sent; None waits
-    for the next "> " prompt); the bytes it printed."""
+    for the next "> " prompt; a float waits that many seconds); the bytes it
+    printed."""
     m, s = pty.openpty()
-    p = subprocess.Popen(cmd, stdin=s, stdout=s, stderr=s, env=env, close_fds=True)
+    # the pty as the child's controlling terminal (a session of its own), so
+    # that a Ctrl-C typed outside raw mode is a SIGINT, as in a real terminal
+    # (preexec_fn: the test process starts no threads that could hold a lock)
+    p = subprocess.Popen(cmd, stdin=s, stdout=s, stderr=s, env=env, close_fds=True,
+                         start_new_session=True,
+                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509
     os.close(s)
     out = bytearray()
 
@@ -413,6 +495,8 @@ def drive(cmd: list[str], keys: list[object], env: dict[str, str] | None = None,
         if k is None:
             prompts += 1
             pump(30.0, prompts)
+        elif isinstance(k, float):
+            pump(k)
         else:
             os.write(m, str(k).encode())
             pump(0.02)
@@ -440,7 +524,7 @@ def typed_session(long_line: str) -> list[object]:
 
 CHAT = ("import sys; sys.path.insert(0, {ext!r}); sys.path.insert(0, {modules!r}); "
         "import llm; llm.load({image!r}); "
-        "llm.chat(seed=5, max_tokens=8, type_ahead={typed})")
+        "llm.chat(seed=5, max_tokens=8, type_ahead={typed}, stories=None)")
 
 
 def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -455,8 +539,84 @@ def test_typed_chat_with_and_without_type_ahead(tiny) -> None:  # type: ignore[n
     assert outs[0] == outs[1]
     shown = outs[0].decode("utf-8", "replace")
     assert "> Once upon a timx\b \be\r\n" in shown and "^C" in shown
-    assert "[took back the last turn]" in shown and "[a new story]" in shown
+    assert "[took back the last turn; the story now:]" in shown and "[a new story]" in shown
     assert "[the story is longer than the model's memory" in shown
+
+
+SLOW_CHAT = """
+import sys, time
+sys.path[:0] = [{ext!r}, {modules!r}]
+import llm
+llm.load({image!r})
+
+
+class Slow:  # the demo model, a step every 50 ms: time for a Ctrl-C mid-reply
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def step(self, token):
+        time.sleep(0.05)
+        return self._real.step(token)
+
+
+llm.default_session.model = Slow(llm.load())
+llm.chat(seed=5, max_tokens=40, draft=None, stories={stories!r})
+"""
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_terminal_chat_keeps_the_story(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In a real terminal (a pty, $COLUMNS 40): an empty Enter and a Ctrl-C at
+    the prompt do not leave, a Ctrl-C stops a reply and the chat goes on,
+    /undo shows the story as it stands, /save writes it, replies are wrapped
+    at 40 columns and end at a sentence end, and two Ctrl-C in a row (or
+    Ctrl-D) leave, saving the whole story in the stories folder."""
+    from mpllm.board import hostboard
+
+    image = str(hostboard.ensure_image(*hostboard.demo_sources()))
+    env = dict(os.environ, COLUMNS="40", PYTHONIOENCODING="utf-8")
+    saved = tmp_path / "saved.txt"
+    code = SLOW_CHAT.format(ext=str(engine_ext.EXT_DIR), modules=str(ROOT / "firmware" / "modules"),
+                            image=image, stories=str(tmp_path / "stories"))
+    keys: list[object] = ["\r", None, "\x03", None]  # empty Enter, a Ctrl-C: the chat goes on
+    keys += list("Once upon a time") + ["\r", 0.5, "\x03", None]  # a reply stopped
+    keys += list("The dog barked.") + ["\r", None]
+    keys += list("/undo") + ["\r", None] + list(f"/save {saved}") + ["\r", None]
+    keys += list("Tom was happy.") + ["\r", None, "\x03", "\x03"]  # leave
+    out = drive([sys.executable, "-c", code], keys, env).decode("utf-8").replace("\r\n", "\n")
+    assert out.startswith(llm_chat.HELP.replace("\r\n", "\n") + "> \n> ^C  "
+                          + "(Ctrl-C again or Ctrl-D leaves)\n> Once upon a time\n")
+    assert out.count("[reply stopped]") == 1
+    stopped = out.split("> Once upon a time\n")[1].split("\n[reply stopped]")[0]
+    assert stopped.endswith("^C")  # the terminal's echo of the Ctrl-C
+    stopped = stopped[:-2]
+    assert 0 < len(stopped.split()) < 30  # part of a 40-token reply
+    shown = out.split("[took back the last turn; the story now:]\n")[1].split("\n> ")[0]
+    assert _flat(shown) == _flat("Once upon a time" + stopped)
+    assert _flat(saved.read_text()) == _flat(shown)
+    assert saved.read_text().endswith(stopped.split()[-1] + "\n")
+    assert f"[story saved to {saved}]" in out
+    last = out.split("> Tom was happy.\n")[1].split("\n> ")[0]
+    # replies wrapped at 40 columns, ending at a sentence end
+    for reply in (last, out.split("> The dog barked.\n")[1].split("\n> ")[0]):
+        assert all(len(line) <= 40 for line in reply.split("\n"))
+        assert reply.rstrip().rstrip('"')[-1:] in (".", "!", "?")
+    whole = tmp_path / "stories" / "story-1.txt"
+    assert out.endswith(f"> ^C  (Ctrl-C again or Ctrl-D leaves)\n> \n[story saved to {whole}]\n")
+    assert _flat(whole.read_text()) == _flat(shown + " Tom was happy." + last)
+
+    # Ctrl-D leaves and saves too (the next free number)
+    keys = list("Tom was happy.") + ["\r", None, "\x04"]
+    out = drive([sys.executable, "-c", code], keys, env).decode("utf-8").replace("\r\n", "\n")
+    again = tmp_path / "stories" / "story-2.txt"
+    assert out.endswith(f"[story saved to {again}]\n")
+    assert again.read_text().startswith("Tom was happy.")
 
 
 def test_typed_chat_is_the_same_on_micropython(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -513,9 +673,9 @@ def test_ctrl_c_during_a_rollover_leaves_the_chat_usable(tiny, capsys, monkeypat
     (in chat() too); the next turn replies to the story as it stands, exactly
     as a model reading all of it afresh."""
     long = "Once upon a time there was a little dog who liked to run"
-    feed(monkeypatch, [long, long, long, "The end", ""])
+    feed(monkeypatch, [long, long, long, "The end", EOFError])
     monkeypatch.setattr(llm.default_session, "model", _InterruptingPrefill(llm.load(), 3))  # the 3rd turn
-    llm.chat(seed=4, max_tokens=8, draft=None)
+    llm.chat(seed=4, max_tokens=8, draft=None, finish=0, stories=None)
     out = capsys.readouterr().out
     assert "[the story is longer than the model's memory" in out and "[reply stopped]" in out
 
@@ -598,13 +758,14 @@ def test_cowriter_and_serve_take_a_session(tiny) -> None:  # type: ignore[no-unt
     import llm_serve
 
     lines = ("Once upon a time", "The dog ran")
-    w = llm_chat.CoWriter(seed=5, max_tokens=6)
+    # (llm_serve's replies go on to a sentence end, as the terminal chat's)
+    w = llm_chat.CoWriter(seed=5, max_tokens=6, finish=llm_chat.FINISH_TOKENS)
     want = ["".join(w.turn(line)) for line in lines]
     mine = llm.Session()
     mine.load(str(tiny.image))
     try:
         before = llm.stats()
-        w2 = llm_chat.CoWriter(mine, seed=5, max_tokens=6)
+        w2 = llm_chat.CoWriter(mine, seed=5, max_tokens=6, finish=llm_chat.FINISH_TOKENS)
         assert w2.session is mine
         assert ["".join(w2.turn(line)) for line in lines] == want
         served = [list(llm_serve.handle(req, mine)) for req in (

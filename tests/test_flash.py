@@ -67,6 +67,8 @@ def fake_esptool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "stub"))
     monkeypatch.setenv("FAKE_ESPTOOL_LOG", str(log))
     monkeypatch.setenv("FAKE_ESPTOOL_REPORT", REPORT_S3)
+    # the stub's board is plugged in: its /dev/ttyFAKE counts as a port
+    monkeypatch.setattr(flash, "port_missing", lambda port: False)
     return log
 
 
@@ -397,6 +399,16 @@ def _release(path: Path, base: str, files: dict[str, bytes], *,
     return path
 
 
+def _serve_tiny(http_dir: tuple[str, Path], tmp_path: Path, tiny_model) -> Path:  # type: ignore[no-untyped-def]
+    """The tiny model's files served, and release pins of them (the JSON's path)."""
+    base, root = http_dir
+    files = {"model.bin": tiny_model.model_bin.read_bytes(),
+             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return _release(tmp_path / "release.json", base, files)
+
+
 @pytest.mark.parametrize("size_off,message", [(0, "does not match the pinned"),
                                               (5, "pinned size is")])
 def test_download_hash_or_size_mismatch_keeps_nothing(
@@ -421,12 +433,8 @@ def test_download_hash_or_size_mismatch_keeps_nothing(
 def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: Path,
                                           tiny_model, fake_esptool: Path,
                                           capfd: pytest.CaptureFixture[str]) -> None:
-    base, root = http_dir
-    files = {"model.bin": tiny_model.model_bin.read_bytes(),
-             "tokenizer.json": tiny_model.tokenizer_json.read_bytes()}
-    for name, data in files.items():
-        (root / name).write_bytes(data)
-    rel = _release(tmp_path / "release.json", base, files)
+    root = http_dir[1]
+    rel = _serve_tiny(http_dir, tmp_path, tiny_model)
     cache = tmp_path / "cache"
     args = ["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model", "--release",
             str(rel), "--cache", str(cache)]
@@ -511,6 +519,7 @@ def test_release_url_of_the_wrong_asset(served_release: tuple[str, Path], tmp_pa
 
 
 def test_release_url_without_a_manifest(http_dir: tuple[str, Path], tmp_path: Path,
+                                        fake_esptool: Path,
                                         capfd: pytest.CaptureFixture[str]) -> None:
     base, _ = http_dir
     rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "firmware",
@@ -700,3 +709,91 @@ def test_stories260k_download_convert_and_flash(http_dir: tuple[str, Path], tmp_
     assert img.weights.config.family == "llama2c" and img.drafts.entries > 0
     write = next(c for c in calls(fake_esptool) if "write-flash" in c)
     assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
+
+
+# ---------------------------------------------------------------------------
+# checks first, then work
+
+
+def test_no_esptool_fails_at_once_before_any_download(
+        http_dir: tuple[str, Path], tmp_path: Path, tiny_model, isolated_cache: Path,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """flash.py --board n16r8 without esptool: one error naming it (and
+    everything else missing: ESP-IDF here) before anything is downloaded,
+    converted or built."""
+    rel = _serve_tiny(http_dir, tmp_path, tiny_model)
+    monkeypatch.setattr(flash, "esptool_major", lambda: None)
+    monkeypatch.setattr(flash, "port_missing", lambda port: False)
+    served = []
+    monkeypatch.setattr(flash.urllib.request, "urlopen",
+                        lambda *a, **k: served.append(a) or pytest.fail("downloaded"))
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyACM0", "--release", str(rel)])
+    out, err = capfd.readouterr()
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: esptool is not installed: pip install 'mpllm[board]'")
+    assert "ESP-IDF not found" in err and err.endswith(
+        "Nothing was downloaded, built or written.\n")
+    assert served == [] and "download" not in out and "convert" not in out
+    assert files_under(isolated_cache) == []
+    # the dry run checks the same, says so, goes on, and ends with what would happen
+    rc = flash.main(["--board", "n16r8", "--dry-run", "--release", str(rel)])
+    out = capfd.readouterr().out
+    assert rc == 0 and served == [] and files_under(isolated_cache) == []
+    assert "missing: esptool is not installed" in out and "Done" not in out
+    assert "no --port given: the commands below show PORT" in out
+    last = out.rstrip().splitlines()[-3]
+    assert last.startswith("Dry run: nothing was downloaded, built or written. A real run would "
+                           "check the chip on PORT, write the firmware (firmware.bin) at 0x0 "
+                           "and the model image")
+    assert "but it would stop first, before anything is downloaded or built: esptool" in last
+
+
+def test_missing_build_tools_and_port_are_said_first(
+        tmp_path: Path, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    idf = tmp_path / "esp-idf"
+    (idf / "tools").mkdir(parents=True)
+    (idf / "tools" / "idf.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "idf.py").write_text("")
+    (bin_dir / "idf.py").chmod(0o755)
+    monkeypatch.setenv("IDF_PATH", str(idf))
+    monkeypatch.setenv("PATH", str(bin_dir))  # idf.py, but no git, no make
+    rc = flash.main(["--board", "n16r8", "--port", str(tmp_path / "ttyNONE"), "--only",
+                     "firmware"])
+    err = capfd.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "git is not on PATH (the build clones MicroPython" in err
+    assert "make is not on PATH" in err and "ESP-IDF" not in err
+    assert f"--port {tmp_path / 'ttyNONE'}: no such device" not in err  # not a /dev name
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/mpllm-no-such-port", "--only",
+                     "firmware"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "--port /dev/mpllm-no-such-port: no such device" in err
+    assert files_under(isolated_cache) == []
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_the_release_model_is_refused_on_the_n8_at_once(
+        dry: bool, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(flash, "port_missing", lambda port: False)
+    monkeypatch.setattr(flash.urllib.request, "urlopen",
+                        lambda *a, **k: pytest.fail("downloaded"))
+    floor = flash.pinned_image_floor(ROOT / "models" / "release.json")
+    n8 = pins.BOARDS["n8"]
+    # the weights of the rows the tokenizer produces: 11.6 MB, over the N8's 5 MiB
+    # and within the N16R8's 13 MiB (whose image is 13.02 MB with its tables)
+    assert floor is not None and n8.model_bytes < floor < pins.BOARDS["n16r8"].model_bytes
+    rc = flash.main(["--board", "n8", "--port", "/dev/ttyUSB0", "--model", "release"]
+                    + (["--dry-run"] if dry else []))
+    out, err = capfd.readouterr()
+    said = (f"--model release cannot fit --board n8: its image holds at least {floor:,} bytes "
+            f"of weights, the board's 'model' partition {n8.model_bytes:,} (--board n16r8 "
+            f"takes it; --board n8 takes demo, llama2c-demo, stories260k)")
+    if dry:
+        assert rc == 0 and f"missing: {said}" in out and "stop first" in out
+    else:
+        assert rc == 2 and err.startswith(f"error: {said}") and "download" not in out
+    assert files_under(isolated_cache) == []

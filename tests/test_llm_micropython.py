@@ -9,6 +9,7 @@ chat() over piped stdin.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -27,12 +28,12 @@ REPLAY = ROOT / "tests" / "helpers" / "replay"
 SCENARIOS = REPLAY / "scenarios.py"
 # Chat input for the scenarios. The first chat co-writes: turns, /help, /undo
 # and the same line again, /new, a bad command, lines long enough that the
-# tiny model's 64 positions roll over, then an empty line (leaves). The second
+# tiny model's 64 positions roll over, an empty line (ignored), /quit. The second
 # takes one turn and meets the end of input. MicroPython's unix input() waits
 # forever for a last line without "\n", so every line has one.
 _LONG = "Once upon a time there was a little dog who liked to run in the park"
 STDIN_LINES = ["A dog", "/help", "Once upon a time", "/undo", "Once upon a time", "/new",
-               "The cat", "/nope", _LONG, _LONG, _LONG, "", "Tom"]
+               "The cat", "/nope", _LONG, _LONG, _LONG, "", "/quit", "Tom"]
 PROMPT_IDS_OF = "Once upon a time"
 
 
@@ -109,7 +110,7 @@ def test_micropython_prints_what_cpython_printed(recorded):
     assert "Tom said: caf\u00e9, na\u00efve \u2014 \u00bfs\u00ed?" in cpython_out
     # the co-writing chats: help, take back, a new story, a bad command, rollover
     assert cpython_out.count("Write a story together") == 3  # twice at the start, /help
-    for note in ("[took back the last turn]", "[a new story]", "[no command /nope",
+    for note in ("[took back the last turn; the story now:]", "[a new story]", "[no command /nope",
                  "[the story is longer than the model's memory"):
         assert note in cpython_out, note
     assert "prompt too long: it is" in cpython_out
@@ -194,3 +195,60 @@ def test_replay_double_is_strict(recorded, tiny_model):
     with pytest.raises(double.Error):
         m.config()
     assert not issubclass(double.ReplayMiss, (ValueError, RuntimeError))
+
+
+# ---- the chat's helpers (wrapping, saving, sentence ends) on both interpreters ----
+
+HELPERS = r"""
+import sys
+sys.path[:0] = [{replay!r}, {modules!r}]
+import llm, llm_chat
+out = []
+llm.write = out.append
+w = llm_chat.Wrap(24)
+for piece in (" Once upon", " a time there", " was a little dog named", " Maximilian.",
+              " He ran", " to the park\nand back again every single day."):
+    w.write(piece)
+w.end()
+print(repr("".join(out)))
+folder = {folder!r}
+llm_chat.save_story("Once.\nThe end", folder + "/story.txt")
+print(repr(open(folder + "/story.txt").read()))
+print(llm_chat._next_story_file(folder + "/a/b"))
+llm_chat.save_story("x", folder + "/a/b/story-7.txt")
+print(llm_chat._next_story_file(folder + "/a/b"))
+pieces = [b"Hi", b".", b' "', b"Go", b'!"', b",", b" she", b" said", b"?", b"  "]
+tb = lambda i: pieces[i]
+for story, quotes in (([0, 1], 0), ([0, 1], 1), ([0, 1, 2], 0), ([2, 3], 0), ([2, 3, 4], 0),
+                      ([3, 4], 1), ([2, 3, 5], 0), ([6, 7], 0), ([6, 8], 0), ([6, 8, 9], 0)):
+    print(story, quotes, llm.ends_sentence(tb, story, quotes))
+"""
+
+
+def test_chat_helpers_are_the_same_on_micropython(tmp_path: Path) -> None:
+    """The terminal chat's word wrap, its story file (whole, folders made, the
+    next free story-N.txt) and llm's sentence end (the finish of a reply) give
+    the same on MicroPython unix as on CPython, and what they should."""
+    outs = []
+    for exe, name in ((sys.executable, "cpython"), (_micropython(), "micropython")):
+        folder = tmp_path / name
+        folder.mkdir()
+        code = HELPERS.format(replay=str(REPLAY), modules=str(MODULES), folder=str(folder))
+        r = subprocess.run([exe, "-c", code], capture_output=True, timeout=60, check=False,
+                           env=_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs.append(r.stdout.decode().replace(str(folder), "F"))
+        assert sorted(p.name for p in (folder / "a" / "b").iterdir()) == ["story-7.txt"]
+    assert outs[0] == outs[1]
+    lines = outs[0].splitlines()
+    wrapped = ast.literal_eval(lines[0])
+    assert wrapped == (" Once upon a time there\nwas a little dog named\nMaximilian. He ran to\n"
+                       "the park\nand back again every\nsingle day.")
+    assert all(len(line) <= 24 for line in wrapped.split("\n"))
+    assert lines[1:4] == ["'Once.\\nThe end\\n'", "F/a/b/story-1.txt", "F/a/b/story-8.txt"]
+    ends = [line.rsplit(" ", 1)[1] for line in lines[4:]]
+    # "Hi." ends; inside an open quote it does not; after an opening quote, not;
+    # '"Go' not; '"Go!"' ends; 'Go!"' closing a quote the context opened ends;
+    # a comma not; " she said" not; " she?" ends, trailing spaces too
+    assert ends == ["True", "False", "False", "False", "True", "True", "False", "False", "True",
+                    "True"]

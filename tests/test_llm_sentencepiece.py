@@ -168,10 +168,7 @@ def _chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 
 
 def test_chat_py_model_names(tmp_path: Path) -> None:
-    r = _chat("--board", "host", "--model", "stories260k", "Once")
-    assert r.returncode == 2
-    assert r.stderr == ("error: --model stories260k is downloaded: run tools/flash.py --board "
-                        "host --model stories260k, then pass the --image it prints\n")
+    # (the pinned names, release and stories260k, download: tests/test_release_on_host.py)
     r = _chat("--board", "host", "--model", "nope", "Once")
     assert r.returncode == 2 and r.stderr.startswith("error: --model nope: no such model (demo, ")
     r = _chat("--board", "host", "--model", "demo", "--image", str(tmp_path / "x.img"), "Once")
@@ -239,17 +236,19 @@ def test_chat_py_model_llama2c_demo(llama2c_image: Path) -> None:
     assert "stop eot" in r.stderr or "eot" in r.stderr
 
 
-def test_llm_chat_with_the_llama2c_demo(llama2c_image: Path) -> None:
+def test_llm_chat_with_the_llama2c_demo(llama2c_image: Path, tmp_path: Path) -> None:
     """llm.chat() (chat.py without a prompt, lines piped in): each reply goes
-    on the story; a seed gives the same chat every time."""
+    on the story; a seed gives the same chat every time (saved to the folder
+    --stories names)."""
     lines = ("Once upon a time, there was a little girl named Molly.\n"
              "One day, her dad was making a cake\n/undo\nOne day, her dad was making a cake\n")
     first = _chat("--board", "host", "--image", str(llama2c_image), "--seed", "4",
-                  "--max-tokens", "30", stdin=lines)
+                  "--max-tokens", "30", "--stories", str(tmp_path / "a"), stdin=lines)
     assert first.returncode == 0, first.stderr
     again = _chat("--board", "host", "--image", str(llama2c_image), "--seed", "4",
-                  "--max-tokens", "30", stdin=lines)
-    assert again.stdout == first.stdout
+                  "--max-tokens", "30", "--stories", str(tmp_path / "b"), stdin=lines)
+    assert again.stdout.replace(str(tmp_path / "b"), str(tmp_path / "a")) == first.stdout
+    assert first.stdout.endswith(f"[story saved to {tmp_path / 'a' / 'story-1.txt'}]\n")
     out = first.stdout
     assert "<s>" not in out and "\ufffd" not in out
     assert sum(w.lower() in {"the", "a", "she", "her", "and", "was"} for w in _words(out)) > 8

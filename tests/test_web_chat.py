@@ -46,7 +46,7 @@ def _alone(image: Path, lines: list[str], seed: int, tokens: int) -> list[str]:
     """What llm_chat.CoWriter writes for these lines in this process (the oracle)."""
     llm.unload()
     llm.load(str(image))
-    w = llm_chat.CoWriter(seed=seed, max_tokens=tokens)
+    w = llm_chat.CoWriter(seed=seed, max_tokens=tokens, finish=llm_chat.FINISH_TOKENS)
     return ["".join(llm.shown(p) for p in w.turn(line)) for line in lines]
 
 LINES = ["Once upon a time", "The cat ran to the tree", "It was happy"]
@@ -78,7 +78,9 @@ def test_turns_stream_the_cowriters_story(served, tiny_model) -> None:  # type: 
     assert other["undo"] == {"type": "done", "op": "undo", "stats": {"ok": True}}
     for d in dones:
         s = d["stats"]
-        assert d["type"] == "done" and s["tokens"] == 12 and s["speculated"] is False
+        # 12 tokens, and on to a sentence end (the tiny model's text has few)
+        assert d["type"] == "done" and 12 <= s["tokens"] <= 12 + llm_chat.FINISH_TOKENS
+        assert s["speculated"] is False
         assert s["engine_ms_per_token"] > 0 and set(s["stage_ms"]) == {
             "embed", "attn", "ffn", "ple", "head", "sample"}
         assert sum(s["stage_ms"].values()) > 0

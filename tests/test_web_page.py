@@ -74,6 +74,16 @@ def test_the_page_streams_chat_pys_story(demo_served) -> None:  # type: ignore[n
         legend = page.eval_on_selector_all("#stage-legend li", "els => els.map(e => e.textContent)")
         stage_words = {k: page.inner_text(k) for k in ("#stage-title", "#stage-total")}
         save_screenshot(page, "web-chat.png")
+        # "New story": the last reply's figures go with the old story
+        page.click("#new")
+        page.wait_for_function("document.querySelector('#status').textContent === "
+                               "'A new story.'", timeout=60_000)
+        cleared = {k: page.inner_text(k) for k in ("#engine-speed", "#roundtrip", "#ttfc",
+                                                    "#speculated", "#queue", "#stage-total")}
+        cleared_bar = page.eval_on_selector_all("#stages span, #stage-legend li",
+                                                "els => els.length")
+        after_new = page.evaluate("window.mpllm")
+        new_story = page.inner_text("#story")
         print(f"\nEnter to the first character in the browser: {first['ttfcMs']:.1f} ms "
               f"(written after Enter), {second['ttfcMs']:.1f} ms (written while typing)")
 
@@ -106,6 +116,9 @@ def test_the_page_streams_chat_pys_story(demo_served) -> None:  # type: ignore[n
     assert float(total[1]) == pytest.approx(sum(stage_ms.values()), abs=0.01)
     assert (int(total[2]), int(total[3])) == (second["stats"]["prefilled"],
                                               second["stats"]["tokens"])
+    assert cleared == dict.fromkeys(cleared, "–") and cleared_bar == 0 and new_story == ""
+    assert (after_new["stats"], after_new["ttfcMs"], after_new["roundTripTokPerS"]) == \
+        (None, None, None)
 
 
 def test_a_story_the_model_ends_at_once_says_so(demo_served) -> None:  # type: ignore[no-untyped-def]

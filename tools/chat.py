@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import sys
 
-# `python tools/chat.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not.
-from mpllm.board.chat import main
+try:
+    # `python tools/chat.py` puts tools/ first on sys.path, so this is the
+    # checkout's mpllm, installed or not.
+    from mpllm.board.chat import main
+except KeyboardInterrupt:  # Ctrl-C while it starts: one line, as main() says it later
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -265,6 +265,29 @@ def _end_stats(stats, model, stop, start, at_prefill, vocab_out):
         stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * vocab_out)
 
 
+def _quotes(token_bytes, ids):
+    """How many double quotes the text of `ids` holds."""
+    return sum(token_bytes(i).count(b'"') for i in ids)
+
+
+def ends_sentence(token_bytes, story, quotes=0):
+    """Whether the text of the ids `story` (after a context holding `quotes`
+    double quotes) ends a sentence: in ".", "!" or "?" outside quotes, or in
+    one of them and a closing quote ('."'). Trailing spaces do not count;
+    a comma and a closing quote ('," she said') do not end one."""
+    tail = b""
+    i = len(story)
+    while i and len(tail.rstrip()) < 2:
+        i -= 1
+        tail = token_bytes(story[i]) + tail
+    if (quotes + _quotes(token_bytes, story)) % 2:
+        return False  # inside a quote (or after an opening one): not yet
+    tail = tail.rstrip()
+    if tail[-1:] == b'"':
+        tail = tail[:-1]
+    return tail[-1:] in (b".", b"!", b"?")
+
+
 def word_byte(c):
     """Whether byte c can be part of a word (co-writing never starts a reply
     inside the line's last word): an ASCII letter or digit, or
@@ -452,7 +475,7 @@ class Session:
         return self.run(ids, max_tokens, temperature, top_k, seed, draft)
 
     def run(self, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None,
-            heal=None):
+            heal=None, finish=0):
         """The story after the context `ids`, as text pieces (a generator):
         the one generation loop. seed None: greedy. kept: how many of ids the
         model's context already holds (0: it starts afresh; co-writing keeps
@@ -468,6 +491,10 @@ class Session:
         story's (the backed-off ids themselves until the model has re-written
         them), so that out's text after ids[:-heal] is always the word and
         the story, also while the story is being written.
+
+        finish: past max_tokens, go on until the story is at a sentence end
+        (ends_sentence), `finish` more tokens at most, so that a reply does
+        not stop mid-sentence; stats()' stop is still "budget".
         """
         start = _ticks_us()
         context = ids if heal is None else ids[:len(ids) - heal]
@@ -510,6 +537,8 @@ class Session:
             at_prefill = model.stats()
             n_prompt = len(context) + len(healed)
             budget = min(max_tokens, seq_len - n_prompt)
+            last = min(max_tokens + finish, seq_len - n_prompt)  # (finish: see above)
+            quotes = None  # of the context, counted once past the budget
             # The loop per story token, kept lean (each bytecode here is paid
             # on the board once a token): methods looked up once, the tokens
             # a verify pass chose beyond the first taken from its list.
@@ -552,7 +581,15 @@ class Session:
                 if piece:
                     yield piece
                 if n >= budget:
-                    break
+                    if n >= last:
+                        break
+                    # past the budget (finish): one token more, unless the story
+                    # is at a sentence end. Only here, never on the way to it.
+                    if quotes is None:
+                        quotes = _quotes(token_bytes, context + healed)
+                    if ends_sentence(token_bytes, story, quotes):
+                        break
+                    budget = n + 1
                 if draft is None:
                     token = step(token)
                     stats["produced"] = n

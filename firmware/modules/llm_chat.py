@@ -8,12 +8,19 @@ through an llm.Session (the open model, the tokenizer, the one generation
 loop, and the one record of what the model's context holds).
 """
 
+import os
 import sys
 
 import llm
 
 #: story tokens of one co-writing reply at most: a few sentences a turn
 TURN_TOKENS = 60
+#: chat()'s replies go on past max_tokens to a sentence end, this many tokens
+#: more at most (CoWriter's finish; Session.run)
+FINISH_TOKENS = 30
+#: where chat() saves a story when it leaves or starts a new one (relative:
+#: the current directory; on a board, its filesystem's)
+STORIES_DIR = "stories"
 #: when a turn would not fit the context, the story's first this many tokens
 #: (its opening) and the most recent ones stay; the middle is forgotten
 ROLLOVER_START = 32
@@ -21,12 +28,16 @@ ROLLOVER_START = 32
 HELP = (
     "Write a story together: type a line and press Enter, and the model goes on\n"
     "from it. The whole story so far stays in its memory.\n"
-    "  /new      start a new story\n"
-    "  /undo     take back the last turn (your line and the model's reply)\n"
-    "  /seed N   sampling seed N from now on (0: always the likeliest token)\n"
-    "  /temp T   sampling temperature T from now on (0: always the likeliest)\n"
-    "  /help     this list\n"
-    "An empty line or Ctrl-D leaves; Ctrl-C stops a reply.\n"
+    "  /new        start a new story (the last one is saved first)\n"
+    "  /undo       take back the last turn (your line and the reply); shows the story\n"
+    "  /story      show the story so far\n"
+    "  /save FILE  write the story to FILE\n"
+    "  /seed N     sampling seed N from now on (0: always the likeliest token)\n"
+    "  /temp T     sampling temperature T from now on (0: always the likeliest)\n"
+    "  /quit       leave (as Ctrl-D does)\n"
+    "  /help       this list\n"
+    "Ctrl-C stops a reply or clears the line; Ctrl-C twice or Ctrl-D leaves,\n"
+    "and the story is saved to a file.\n"
 )
 
 
@@ -52,9 +63,15 @@ class CoWriter:
         """session: the llm.Session whose model writes (default
         llm.default_session, opened if it is not); generate()'s options;
         max_tokens is per reply (default TURN_TOKENS) and seed is the
-        story's (default: a fresh one)."""
+        story's (default: a fresh one); finish (default 0): a reply goes on
+        past max_tokens to the end of its sentence, this many tokens more at
+        most (Session.run's finish)."""
         self.session = llm.default_session if session is None else session
         options.setdefault("max_tokens", TURN_TOKENS)
+        finish = options.pop("finish", 0)
+        if not isinstance(finish, int) or isinstance(finish, bool) or finish < 0:
+            raise ValueError(f"finish must be an int >= 0, got {finish!r}")
+        self.finish = finish
         self.max_tokens, self.temperature, self.top_k, seed = llm.check_options(options)
         self.seed = llm.fresh_seed() if seed is None else seed
         model = self.session.load()
@@ -123,7 +140,8 @@ class CoWriter:
             return  # Enter will say why
         stable = ends[-3] if len(ends) >= 3 else 0
         want = self.tokens + ids[:stable]
-        if stable == 0 or len(self.tokens) + len(ids) + self.max_tokens > self.session.seq_len:
+        reply = self.max_tokens + self.finish
+        if stable == 0 or len(self.tokens) + len(ids) + reply > self.session.seq_len:
             return  # nothing stable yet, or this turn rolls over: Enter does it
         self.session.context_prefill(want)  # its choice is not used: Enter samples afresh
 
@@ -133,7 +151,7 @@ class CoWriter:
         that the next turns do not roll over at once). Returns how many ids
         were dropped."""
         # for the story before the line
-        room = self.session.seq_len - self.max_tokens - len(ids) - extra
+        room = self.session.seq_len - self.max_tokens - self.finish - len(ids) - extra
         if len(self.tokens) <= room:
             return 0
         start = self.tokens[:max(0, min(ROLLOVER_START, room))]
@@ -198,7 +216,7 @@ class CoWriter:
         pieces = []
         try:
             for piece in self.session.run(want, self.max_tokens, self.temperature, self.top_k,
-                                          seed, self.draft, kept, reply, heal):
+                                          seed, self.draft, kept, reply, heal, self.finish):
                 pieces.append(piece)
                 yield piece
         finally:
@@ -284,11 +302,12 @@ class _Console:
 def _read_line(console, writer, prompt, type_ahead):
     """A line typed at the console, echoed, with backspace; while it is typed
     (whenever no more keys are waiting) the co-writer prefills its stable ids.
-    Ctrl-C clears a line being typed and raises on an empty one; Ctrl-D on an
-    empty line is the end of input."""
+    Ctrl-C clears the line (as a shell does); a second Ctrl-C in a row raises
+    KeyboardInterrupt. Ctrl-D on an empty line is the end of input (EOFError)."""
     console.raw(True)  # before the prompt: a key typed at once is not echoed twice
     llm.write(prompt)
     line = []
+    cleared = False  # the last key was a Ctrl-C
     try:
         while True:
             try:
@@ -300,13 +319,16 @@ def _read_line(console, writer, prompt, type_ahead):
             if c == "" or (c == "\x04" and not line):
                 raise EOFError
             if c == "\x03":
-                if not line:
+                if cleared:
                     raise KeyboardInterrupt
+                cleared = True
+                hint = "" if line else "  " + AGAIN
                 line = []
                 console.raw(False)
-                llm.write("^C\n" + prompt)
+                llm.write("^C" + hint + "\n" + prompt)
                 console.raw(True)
                 continue
+            cleared = False
             if c in ("\x7f", "\b"):
                 if line:
                     line.pop()
@@ -323,26 +345,246 @@ def _read_line(console, writer, prompt, type_ahead):
         llm.write("\n")
 
 
-def _chat_command(writer, line):
-    """Run a /command; False for a line that is none."""
+def terminal_width(console):
+    """The columns to wrap the story at, 0 for none: $COLUMNS, else the
+    terminal's width (CPython), else 80; 0 when the output is no terminal."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    if console is None and not (isatty is not None and isatty()):
+        return 0
+    getenv = getattr(os, "getenv", None)
+    try:
+        columns = int(getenv("COLUMNS") or 0) if getenv is not None else 0
+    except ValueError:
+        columns = 0
+    if columns <= 0 and hasattr(os, "get_terminal_size"):
+        try:
+            columns = os.get_terminal_size(sys.stdout.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+class Wrap:
+    """Text written to the console, wrapped at `width` columns between words
+    (0: as it is). A word that starts within the last HOLD columns of a line
+    is held until the space after it, so that it can start the next line
+    instead; elsewhere each character is written at once (the reply's first
+    word is never held back). A space is written with the word after it, so
+    that no line ends in one. end() writes what is held."""
+
+    HOLD = 16
+
+    def __init__(self, width, column=0):
+        self.width = width
+        self.column = column
+        self.word = ""  # held
+        self.open = False  # a word being written at once
+        self.space = False  # a space not written yet
+        self.hold_at = width - min(self.HOLD, width // 4)
+
+    def write(self, text):
+        if not self.width:
+            llm.write(text)
+            return
+        out = []
+        for c in text:
+            if c == " ":
+                self._flush(out)
+                if self.space:  # two spaces: the first one now
+                    self._put(" ", out)
+                self.space = True
+            elif c == "\n":
+                self._flush(out)
+                self.space = False
+                out.append(c)
+                self.column = 0
+            elif self.word:
+                self.word += c
+            elif self.open:
+                self._put(c, out)
+            elif self.column + self.space >= self.hold_at:
+                self.word = c
+            else:
+                if self.space:
+                    self._put(" ", out)
+                    self.space = False
+                self.open = True
+                self._put(c, out)
+        if out:
+            llm.write("".join(out))
+
+    def _put(self, c, out):
+        if self.column + 1 > self.width:  # a word longer than the line
+            out.append("\n")
+            self.column = 0
+        out.append(c)
+        self.column += 1
+
+    def _flush(self, out):
+        """The word ends: write it, on the next line if it does not fit."""
+        self.open = False
+        word = self.word
+        if word:
+            if self.column and self.column + self.space + len(word) > self.width:
+                out.append("\n")
+                self.column = 0
+            elif self.space:
+                out.append(" ")
+                self.column += 1
+            self.space = False
+            out.append(word)
+            self.column += len(word)
+            self.word = ""
+
+    def end(self):
+        out = []
+        self._flush(out)
+        if self.space:
+            out.append(" ")
+            self.column += 1
+            self.space = False
+        if out:
+            llm.write("".join(out))
+
+
+def _makedirs(path):
+    if hasattr(os, "makedirs"):
+        os.makedirs(path, exist_ok=True)
+        return
+    parts = path.split("/")  # MicroPython: one level at a time
+    for i in range(1, len(parts) + 1):
+        if parts[i - 1]:
+            try:
+                os.mkdir("/".join(parts[:i]))
+            except OSError:
+                pass  # there already (else the file's open below says why)
+
+
+def save_story(text, path):
+    """Write the story to `path` whole or not at all (a .part file renamed
+    over it). OSError says why it could not."""
+    part = path + ".part"
+    with open(part, "wb") as f:
+        f.write(text.encode("utf-8"))
+        if not text.endswith("\n"):
+            f.write(b"\n")
+    try:
+        replace = getattr(os, "replace", None)
+        if replace is not None:
+            replace(part, path)
+        else:
+            try:
+                os.rename(part, path)
+            except OSError:  # a board's FAT will not rename over a file
+                os.remove(path)
+                os.rename(part, path)
+    except OSError:
+        try:
+            os.remove(part)
+        except OSError:
+            pass
+        raise
+
+
+def _next_story_file(folder):
+    """folder/story-N.txt with the first N above every story file there."""
+    _makedirs(folder)
+    top = 0
+    for name in os.listdir(folder):
+        if name.startswith("story-") and name.endswith(".txt") and name[6:-4].isdigit():
+            top = max(top, int(name[6:-4]))
+    return folder.rstrip("/") + "/story-" + str(top + 1) + ".txt"
+
+
+class _Keeper:
+    """Keeps the chat's stories: saves one (to a new file in `folder`) when
+    the chat leaves or starts another, unless it is saved as it stands."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.text = None  # the story as last saved,
+        self.path = None  # and where
+
+    def save(self, text, path=None):
+        """Save `text` (to `path`, else a new file); the note to print."""
+        if path is None:
+            if self.text == text:
+                return f"[the story is saved in {self.path}]"
+            if self.folder is None:
+                return ""  # told not to save
+        try:
+            if path is None:
+                path = _next_story_file(self.folder)
+            save_story(text, path)
+        except OSError as e:
+            return (f"[cannot save the story to {path or self.folder}: "
+                    f"{getattr(e, 'strerror', None) or e}]")
+        self.text, self.path = text, path
+        return f"[story saved to {path}]"
+
+    def keep(self, text, width):
+        """Save `text` before it goes (leaving, /new); when that fails, show
+        it, the one copy left."""
+        note = self.save(text) if text.strip() else ""
+        if note:
+            llm.write(note + "\n")
+        if note.startswith("[cannot"):
+            llm.write("[the story, so that it is not lost:]\n")
+            _show(text, width)
+
+
+def _number(arg, convert):
+    if not arg:
+        raise ValueError("no number")
+    return convert(arg)
+
+
+def _chat_command(writer, line, keeper, wrap_width):
+    """Run a /command; False for a line that is none, "quit" to leave."""
     word, _, arg = line.partition(" ")
     arg = arg.strip()
-    if word == "/help":
+    if word in ("/help", "/new", "/undo", "/story", "/quit") and arg:
+        llm.write(f"[{word} takes no argument]\n")
+    elif word == "/help":
         llm.write(HELP)
+    elif word == "/quit":
+        return "quit"
     elif word == "/new":
+        keeper.keep(writer.text, wrap_width)
         writer.new()
         llm.write("[a new story]\n")
     elif word == "/undo":
-        llm.write("[took back the last turn]\n" if writer.undo() else "[nothing to take back]\n")
-    elif word in ("/seed", "/temp"):
+        if not writer.undo():
+            llm.write("[nothing to take back]\n")
+        else:
+            llm.write("[took back the last turn; the story now:]\n" if writer.text
+                      else "[took back the last turn; the story is empty]\n")
+            _show(writer.text, wrap_width)
+    elif word == "/story":
+        if writer.text:
+            _show(writer.text, wrap_width)
+        else:
+            llm.write("[the story is empty]\n")
+    elif word == "/save":
+        if not arg:
+            llm.write("[/save needs a file name, e.g. /save story.txt]\n")
+        elif not writer.text.strip():
+            llm.write("[nothing to save yet]\n")
+        else:
+            llm.write(keeper.save(writer.text, arg) + "\n")
+    elif word == "/seed":
         try:
-            if word == "/seed":
-                writer.set_seed(int(arg))
-            else:
-                writer.set_temperature(float(arg))
-            llm.write(f"[{word[1:]} {arg}]\n")
-        except (ValueError, TypeError) as e:
-            llm.write(f"[{word} needs a number: {e}]\n")
+            writer.set_seed(_number(arg, int))
+            llm.write(f"[seed {arg}]\n")
+        except (ValueError, TypeError):
+            llm.write("[/seed needs a whole number from 0 to 2**64-1, e.g. /seed 7]\n")
+    elif word == "/temp":
+        try:
+            writer.set_temperature(_number(arg, float))
+            llm.write(f"[temp {arg}]\n")
+        except (ValueError, TypeError):
+            llm.write("[/temp needs a number, 0 or more, e.g. /temp 0.8 (0: always the "
+                      "likeliest)]\n")
     elif word.startswith("/") and word[1:].isalpha():
         llm.write(f"[no command {word}; /help lists them]\n")
     else:
@@ -350,50 +592,87 @@ def _chat_command(writer, line):
     return True
 
 
+def _show(text, width):
+    w = Wrap(width)
+    w.write(llm.shown(text))
+    w.end()
+    llm.write("\n")
+
+
 #: What the chat says when the model ends the story right after a line (it
 #: wrote <|endoftext|> first); the line stays in the story.
 ENDED_AT_ONCE = ("[the model ends the story here: /undo takes your line back, "
                  "/new starts another]")
+#: What a first Ctrl-C at the prompt says (piped input: the terminal echoed ^C)
+AGAIN = "(Ctrl-C again or Ctrl-D leaves)"
 
 
 def chat(**options):
     """Write a story together, line by line, until told to stop (CoWriter).
 
     Takes CoWriter's options: session (default llm.default_session),
-    max_tokens per reply (default TURN_TOKENS), temperature, top_k, seed
-    (one seed for the story; turn k uses seed + k),
-    draft; and type_ahead (default True): at a terminal, the line is read a
-    key at a time and what cannot change any more is prefilled while it is
-    typed, so Enter has little left to compute (the text is the same either
-    way). /help lists the commands. An empty line or Ctrl-D leaves, and so
-    does Ctrl-C at an empty prompt; Ctrl-C clears a line being typed and
-    stops a reply.
+    max_tokens per reply (default TURN_TOKENS), finish (default
+    FINISH_TOKENS: a reply goes on to the end of its sentence, that many
+    tokens past max_tokens at most), temperature, top_k, seed (one seed for
+    the story; turn k uses seed + k), draft; type_ahead (default True): at a
+    terminal, the line is read a key at a time and what cannot change any
+    more is prefilled while it is typed, so Enter has little left to compute
+    (the text is the same either way); stories (default STORIES_DIR, None:
+    do not save): the folder a story is saved to, as story-N.txt, when the
+    chat leaves or /new starts another.
+
+    /help lists the commands. An empty line is ignored; Ctrl-C stops a reply,
+    clears the line at the prompt, and a second Ctrl-C in a row leaves, as do
+    Ctrl-D (the end of input) and /quit. The story is wrapped at the
+    terminal's width.
     """
     type_ahead = options.pop("type_ahead", True)
+    keeper = _Keeper(options.pop("stories", STORIES_DIR))
+    options.setdefault("finish", FINISH_TOKENS)
     writer = CoWriter(**options)
     console = _Console.open()
     llm.write(HELP)
+    interrupted = False  # the last prompt ended in a Ctrl-C (input(): piped input)
     while True:
+        pieces = None
+        wrap = Wrap(0)
         try:
-            if console is None:
-                line = input("> ")
-            else:
-                line = _read_line(console, writer, "> ", type_ahead)
-        except (EOFError, KeyboardInterrupt):
-            llm.write("\n")
-            return
-        line = line.strip()
-        if not line:
-            return
-        if _chat_command(writer, line):
-            continue
-        try:
+            try:
+                if console is None:
+                    line = input("> ")
+                else:
+                    line = _read_line(console, writer, "> ", type_ahead)
+            except KeyboardInterrupt:
+                if console is not None:
+                    break  # (_read_line ended the line)
+                if interrupted:
+                    llm.write("\n")
+                    break
+                interrupted = True
+                llm.write("\n" + AGAIN + "\n")
+                continue
+            except EOFError:
+                if console is None:  # (_read_line ends its line)
+                    llm.write("\n")
+                break
+            interrupted = False
+            line = line.strip()
+            if not line:
+                continue
+            width = terminal_width(console)
+            done = _chat_command(writer, line, keeper, width)
+            if done == "quit":
+                break
+            if done:
+                continue
             pieces = writer.turn(line)
             if writer.rolled:
                 llm.write(f"[the story is longer than the model's memory: it keeps the beginning "
-                       f"and the latest part ({writer.rolled} tokens forgotten)]\n")
+                          f"and the latest part ({writer.rolled} tokens forgotten)]\n")
+            wrap = Wrap(width)
             for piece in pieces:
-                llm.write(llm.shown(piece))
+                wrap.write(llm.shown(piece))
+            wrap.end()
             s = writer.session.stats()
             note = llm.stop_message(s) if s["stop"] not in (llm.STOP_EOT, llm.STOP_BUDGET) else ""
             if s["stop"] == llm.STOP_EOT and not s["tokens"]:
@@ -402,6 +681,13 @@ def chat(**options):
             else:
                 llm.write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:
+            wrap.end()
             llm.write("\n[reply stopped]\n")
         except ValueError as e:
+            if isinstance(e, UnicodeError):  # input that is not text: the caller's to say
+                raise
             llm.write(str(e) + "\n")
+        finally:
+            if pieces is not None:
+                pieces.close()  # MicroPython does not close an abandoned generator
+    keeper.keep(writer.text, terminal_width(console))

@@ -165,8 +165,10 @@ def handle(req, session=None):
             if sid not in _stories and len(_stories) >= MAX_STORIES:
                 raise RequestError(f"{MAX_STORIES} stories are open; drop one first")
             seed = req.get("seed")
+            # replies end at a sentence end, as the terminal chat's do
             options = {"max_tokens": _field(req, "max_tokens", int),
-                       "temperature": _field(req, "temperature", (int, float))}
+                       "temperature": _field(req, "temperature", (int, float)),
+                       "finish": llm_chat.FINISH_TOKENS}
             if seed is not None:
                 options["seed"] = _field(req, "seed", int)
             try:

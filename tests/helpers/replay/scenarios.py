@@ -86,9 +86,9 @@ attempt("bad option", lambda: llm.story("Once", max_token=5))
 attempt("bytes prompt", lambda: llm.story(b"Once"))
 attempt("chat bad option", lambda: llm.chat(tokens=3))
 
-llm.chat(seed=3, max_tokens=6)  # stdin: two stories, then an empty line
+llm.chat(seed=3, max_tokens=6, stories=None)  # stdin: two stories, an empty line, /quit
 show_stats()
-llm.chat(temperature=0, max_tokens=4)  # stdin: one story, then end of input
+llm.chat(temperature=0, max_tokens=4, stories=None)  # stdin: one story, then end of input
 show_stats()
 print("done")
 

@@ -22,6 +22,7 @@ import argparse
 import functools
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -299,6 +300,22 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
     return 0 if ok else 1
 
 
+class _Steps:
+    """The steps of a long run (--model-s3: a minute or more), each said on
+    stderr as it starts, with the seconds since the run began; stdout keeps
+    the figures."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        print(f"[{time.perf_counter() - self.start:6.1f} s] {what} ...", file=sys.stderr,
+              flush=True)
+
+    def done(self) -> None:
+        print(f"[{time.perf_counter() - self.start:6.1f} s] done", file=sys.stderr, flush=True)
+
+
 def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     """The ESP32-S3 cost model: anchors, our build before/after, variants.
 
@@ -317,6 +334,9 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print("--draft-stories must be >= 1 and --draft-tokens >= 10", file=sys.stderr)
         return 2
     measured = None
+    step = _Steps()
+    if args.release_shaped and not args.image:
+        step("a release-shaped image (made once, then cached)")
     image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped else None)
     _llm = None
     try:
@@ -331,8 +351,11 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
                   "shape, using the analytic counts", file=sys.stderr)
             image = None
         else:
+            step(f"the engine's counters on {image}")
             measured = costmodel.measure_host(os.fspath(image), llm_module=_llm)
     demo = _default_image() if _llm is not None else None
+    if _llm is not None:
+        step(f"the certified head's rows fractions, {args.fraction_tokens} tokens a run")
     fractions = (costmodel.measure_fractions(demo, os.fspath(image) if image else None,
                                              llm_module=_llm, n_steps=args.fraction_tokens)
                  if _llm is not None else costmodel.HeadFractions())
@@ -342,12 +365,14 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     if _llm is not None and demo is not None:
         spec = costmodel.measure_spec(demo, os.fspath(image) if image else None,
                                       llm_module=_llm, table_stories=args.draft_stories,
-                                      n_tokens=args.draft_tokens, adaptive=not args.no_adaptive)
+                                      n_tokens=args.draft_tokens, adaptive=not args.no_adaptive,
+                                      progress=step)
     else:
         spec = costmodel.SpecInputs.default()
         print("speculative inputs: no engine or demo model here, using the defaults measured "
               "at 9a6b552", file=sys.stderr)
-    rep = costmodel.report(measured, fractions, spec=spec)
+    rep = costmodel.report(measured, fractions, spec=spec, progress=step)
+    step.done()
     print(rep.table())
     for name in (*costmodel.OURS, *costmodel.SPEC):
         b = rep.builds[name]

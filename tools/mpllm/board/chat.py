@@ -7,8 +7,9 @@
 
 The host board runs the board's own llm.py over the CPython engine, with the
 bundled demo model (converted once into the cache, see mpllm.board.hostboard),
-another bundled model named with --model (llama2c-demo) or the image given
-with --image.
+another model named with --model (llama2c-demo bundled; release and
+stories260k downloaded once, verified against their pins) or the image given
+with --image. The chat saves its story when it leaves (default_stories_dir).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from ..image_cache import check_image_file
 from . import hostboard
@@ -62,9 +64,22 @@ def _print_stats(s: dict[str, object]) -> None:
           f"round trip: {num('tok_per_s', '.1f')} tok/s", file=sys.stderr)
 
 
+def default_stories_dir() -> Path:
+    """Where the chat saves its stories: $XDG_DATA_HOME/mpllm/stories, else
+    ~/.local/share/mpllm/stories."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mpllm" / "stories"
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # before the story (opening, a download, the first conversion): one
+        # line, no traceback; a conversion writes its image whole or not at all
+        # and a download resumes from its .part file
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # the reader went away (`chat.py ... | head`): stop quietly; point
         # stdout at /dev/null so the interpreter's final flush cannot fail too
@@ -76,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         llm = hostboard.import_llm()
+        import llm_chat  # (beside llm)
     except hostboard.HostBoardError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -87,10 +103,18 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--port", help="the board's serial port (with --board n16r8)")
     ap.add_argument("--image", help="a converted model image (default: the bundled demo model)")
     ap.add_argument("--model", metavar="NAME",
-                    help="a bundled model by name instead of --image: demo (the default) or "
-                         "llama2c-demo (llama2.c's format; converted once, then cached)")
+                    help="a model by name instead of --image: demo (the default, bundled), "
+                         "llama2c-demo (bundled, llama2.c's format), release (the esp32-ai "
+                         "release model) or stories260k (llama2.c's); release and stories260k "
+                         "are downloaded once (sizes and sha256 pinned in models/NAME.json); "
+                         "each is converted once, then cached")
     ap.add_argument("--max-tokens", type=int,
-                    help=f"story tokens at most ({llm.MAX_TOKENS})")
+                    help=f"story tokens at most ({llm.MAX_TOKENS}); in the chat, per reply "
+                         f"({llm_chat.TURN_TOKENS}), and a reply goes on to the end of its sentence, "
+                         f"{llm_chat.FINISH_TOKENS} tokens more at most")
+    ap.add_argument("--stories", metavar="DIR",
+                    help=f"the chat saves its story here when it leaves (default "
+                         f"{default_stories_dir()})")
     ap.add_argument("--temperature", type=float,
                     help=f"sampling temperature, 0 = greedy ({llm.TEMPERATURE})")
     ap.add_argument("--top-k", type=int, help=f"sample among the k best, 0 = all ({llm.TOP_K})")
@@ -121,6 +145,8 @@ def _main(argv: list[str] | None) -> int:
             ap.error("--image and --model are for the host board; the board reads its "
                      "flashed model (tools/flash.py --board n16r8 --image ... or --model "
                      "NAME writes one)")
+        if args.stories:
+            ap.error("--stories is for the host board (on a board, llm.chat(stories=DIR))")
         if args.plain or args.fast:
             ap.error("--plain and --fast are for the host board (on a board: "
                      "llm.load(plain=True) / llm.load(fast=True))")
@@ -136,6 +162,8 @@ def _main(argv: list[str] | None) -> int:
         ap.error("--model and --image exclude each other (an image is a converted model)")
     if args.prompt is not None and not _is_utf8(args.prompt):
         ap.error("the prompt is not UTF-8 text (as this system passed it to the command)")
+    if args.prompt is not None and args.stories:
+        ap.error("--stories is for the chat (no prompt)")
 
     try:
         if args.image:
@@ -160,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
         sys.stdin.reconfigure(errors="strict")
     try:
         if args.prompt is None:
-            llm.chat(**opts)
+            llm.chat(**opts, stories=str(args.stories or default_stories_dir()))
             if args.stats:
                 _print_stats(llm.stats())
             return 0

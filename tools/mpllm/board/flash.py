@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import urllib.error
 import urllib.parse
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checkout, image_cache
-from ..atomic import atomic_path
 from ..formats.partitions import (
     PartitionError,
     app_partition,
@@ -142,9 +142,19 @@ def _progress_bar(total: int, desc: str):  # tqdm bar, or None without tqdm
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, leave=False)
 
 
+class DownloadError(FlashError):
+    """A pinned file could not be fetched (no network, a server's error); what
+    was received is kept in its .part file for the next run to resume."""
+
+
 def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
     """Return dest_dir/name holding exactly the pinned bytes, downloading if needed.
-    A download that does not match is deleted; nothing unverified is left behind."""
+
+    The download goes to dest_dir/name.part and is renamed to its name only
+    once its size and sha256 match the pin: a run stopped part way (Ctrl-C,
+    the network gone) leaves the .part, and the next run resumes it (an HTTP
+    range request; a server that ignores it sends the whole file again). A
+    download that does not match is deleted; nothing unverified gets the name."""
     dest = dest_dir / pin.name
     if run.dry_run:
         run.out(f"download {pin.url} -> {dest} (verify {pin.size} bytes, sha256 {pin.sha256})")
@@ -153,42 +163,63 @@ def fetch_pinned(pin: PinnedFile, dest_dir: Path, run: Runner) -> Path:
         if dest.stat().st_size == pin.size and sha256_file(dest) == pin.sha256:
             run.out(f"{pin.name}: cached copy verified ({pin.size} bytes, sha256 ok)")
             return dest
-        run.out(f"{pin.name}: cached copy does not match its pin; downloading again")
-        dest.unlink()
+        run.out(f"{pin.name}: the copy in {dest_dir} does not match its pin "
+                f"({pin.size} bytes, sha256 {pin.sha256}); downloading it again")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    run.out(f"download {pin.url}")
+    part = dest_dir / (pin.name + ".part")
     h = hashlib.sha256()
-    n = 0
-    bar = _progress_bar(pin.size, pin.name)
-    try:
-        with atomic_path(dest) as tmp, open(tmp, "wb") as f, \
-                urllib.request.urlopen(pin.url, timeout=60) as r:
-            while True:
-                block = r.read(1 << 16)
-                if not block:
-                    break
-                n += len(block)
-                if n > pin.size:
-                    raise FlashError(f"download of {pin.name} from {pin.url} is larger than "
-                                     f"its pinned size {pin.size}; nothing was kept")
+    have = part.stat().st_size if part.is_file() else 0
+    if have >= pin.size:  # a .part as long as the file is a finished one that failed: anew
+        have = 0
+    if have:
+        with open(part, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-                f.write(block)
-                if bar is not None:
-                    bar.update(len(block))
-            f.flush()
-            if n != pin.size:
-                raise FlashError(f"download of {pin.name} from {pin.url} has {n} bytes, "
-                                 f"pinned size is {pin.size}; nothing was kept")
-            if h.hexdigest() != pin.sha256:
-                raise FlashError(f"download of {pin.name} from {pin.url}: sha256 "
-                                 f"{h.hexdigest()} does not match the pinned {pin.sha256}; "
-                                 f"nothing was kept")
+    request = urllib.request.Request(pin.url)
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    bar = None
+    n = have
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            # said once the server answers: with no network, the error is the one line
+            if have and r.status != 206:  # the whole file, not the rest: start over
+                h, n = hashlib.sha256(), 0
+            run.out(f"download {pin.url} ({pin.size} bytes"
+                    + (f", resuming after {n})" if n else ")"))
+            bar = _progress_bar(pin.size, pin.name)
+            if bar is not None:
+                bar.update(n)
+            with open(part, "ab" if n else "wb") as f:
+                while True:
+                    block = r.read(1 << 16)
+                    if not block:
+                        break
+                    n += len(block)
+                    if n > pin.size:
+                        break
+                    h.update(block)
+                    f.write(block)
+                    if bar is not None:
+                        bar.update(len(block))
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it is renamed to its name
     except (urllib.error.URLError, OSError) as e:
-        reason = _why(e)
-        raise FlashError(f"cannot download {pin.name} from {pin.url}: {reason}") from None
+        kept = part.stat().st_size if part.is_file() else 0
+        resume = f" ({kept} of {pin.size} bytes kept in {part}: run again to resume)" \
+            if kept else ""
+        raise DownloadError(f"cannot download {pin.name} from {pin.url}: {_why(e)}"
+                            f"{resume}") from None
     finally:
         if bar is not None:
             bar.close()
+    if n != pin.size or h.hexdigest() != pin.sha256:
+        part.unlink(missing_ok=True)
+        what = (f"is larger than its pinned size {pin.size}" if n > pin.size else
+                f"has {n} bytes, pinned size is {pin.size}" if n != pin.size else
+                f"has sha256 {h.hexdigest()}, which does not match the pinned {pin.sha256}")
+        raise FlashError(f"download of {pin.name} from {pin.url} {what}; nothing was kept")
+    os.replace(part, dest)
     run.out(f"{pin.name}: {pin.size} bytes, sha256 verified")
     return dest
 
@@ -343,9 +374,16 @@ def model_sources(args: argparse.Namespace, cache: Path, run: Runner,
 
 def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
     """(model, tokenizer) of a pins JSON, downloaded into `dest` and verified
-    (in a dry run only shown)."""
+    (in a dry run only shown). When a download fails, the one-line error also
+    says how to place the files by hand: their names, sizes and folder."""
     model, tokenizer = load_pins(pins_json)
-    return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
+    try:
+        return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
+    except DownloadError as e:
+        missing = [p for p in (model, tokenizer) if not (dest / p.name).is_file()]
+        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url})" for p in missing)
+        raise DownloadError(f"{e}. No network? Put {files} in {dest} by hand and run this "
+                            f"again (they are checked against {pins_json.name})") from None
 
 
 def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
@@ -438,6 +476,75 @@ def check_chip(info: ChipInfo, skip_psram: bool,
 
 
 
+def pinned_image_floor(pins_json: Path) -> int | None:
+    """Bytes a pinned esp32-ai model's image holds at least, from the
+    architecture its pins JSON records (models/release.json): the int4 codes
+    and scales of its weights, the rows the tokenizer can produce only (the
+    image adds the tokenizer, RoPE, head tiles and drafter). None when the
+    JSON records no architecture (then the converted image is checked)."""
+    from ..formats.esp32ai import Config, expected_size
+
+    try:
+        a = json.loads(pins_json.read_text())["architecture"]
+        rows = min(int(a["vocab_in"]), int(a["vocab_out"]))
+        cfg = Config(vocab_in=rows, vocab_out=int(a["vocab_out"]), dim=int(a["dim"]),
+                     n_layers=int(a["n_layers"]), n_heads=int(a["n_heads"]), ffn=int(a["ffn"]),
+                     ple_dim=int(a["ple_dim"]), seq_len=int(a["seq_len"]),
+                     group=int(a["group"]), tied_head=bool(a["tied_head"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return expected_size(cfg, header_bytes=0)
+
+
+def port_missing(port: str) -> bool:
+    """A device path (/dev/...) that does not exist; other names (COM5,
+    socket://, rfc2217://) cannot be checked without opening them."""
+    return port.startswith("/dev/") and not os.path.exists(port)
+
+
+def preflight(args: argparse.Namespace, run: Runner, env: dict[str, str],
+              board: pins.BoardPins, model_limit: int) -> list[str]:
+    """What a run of flash_board needs, checked before anything is downloaded,
+    converted or built: esptool, the port, git, make and ESP-IDF for a build,
+    and a pinned model's size against the model partition. The problems found,
+    each in a few words (a real run stops on them, a dry run lists them)."""
+    problems = []
+    # the model first: the one problem that no install mends
+    if args.only in (None, "model") and not args.image and not args.tokenizer:
+        name = args.model or board.default_model
+        named = NAMED_MODELS.get(name)
+        pins_json = Path(args.release) if name == "release" else \
+            named.pins if named is not None else None
+        floor = pinned_image_floor(pins_json) if pins_json is not None else None
+        if floor is not None and floor > model_limit:
+            problems.append(f"--model {name} cannot fit --board {board.name}: its image holds "
+                            f"at least {floor:,} bytes of weights, the board's "
+                            f"'{pins.MODEL_PARTITION}' partition {model_limit:,} (--board "
+                            f"n16r8 takes it; --board {board.name} takes "
+                            f"{', '.join(n for n in NAMED_MODELS if n != name)})")
+    if esptool_major() is None:
+        problems.append("esptool is not installed: pip install 'mpllm[board]' (or pip "
+                        "install esptool)")
+    if args.port and port_missing(args.port):
+        problems.append(f"--port {args.port}: no such device (is the board plugged in? "
+                        f"python -m serial.tools.list_ports lists the ports)")
+    if args.only in (None, "firmware") and not args.firmware:
+        cache = firmware_build.cache_dir(args)
+        clone = args.micropython is None and not (
+            firmware_build.default_checkout(cache) / "py" / "mpconfig.h").is_file()
+        path = env.get("PATH")
+        if clone and shutil.which("git", path=path) is None:
+            problems.append(f"git is not on PATH (the build clones MicroPython "
+                            f"{pins.MICROPYTHON_TAG} with it)")
+        if shutil.which("make", path=path) is None:
+            problems.append("make is not on PATH (the firmware build runs it)")
+        try:
+            firmware_build.idf_environment(env)
+        except firmware_build.IdfMissing as e:
+            problems.append(f"{e} {RELEASES_HINT}")
+    return problems
+
+
 def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
                 board: pins.BoardPins) -> None:
     table_path = firmware_build.board_dir(board) / "partitions.csv"
@@ -455,6 +562,15 @@ def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
         raise FlashError("no --port given: name the board's serial port, e.g. --port "
                          "/dev/ttyACM0 or --port COM5 (list them with: python -m "
                          "serial.tools.list_ports)")
+    # (each in a few words, joined into one line: no full stop of its own)
+    problems = [p.rstrip(".") for p in preflight(args, run, env, board, model_region.limit)]
+    if problems and not run.dry_run:
+        raise FlashError("; ".join(problems) + ". Nothing was downloaded, built or written.")
+    for problem in problems:
+        run.out(f"missing: {problem}")
+    if not args.port:
+        run.out("no --port given: the commands below show PORT where the board's serial port "
+                "goes (a real run needs --port)")
     port = args.port or "PORT"
     cache = firmware_build.cache_dir(args)
     writes: list[tuple[int, Path, str]] = []
@@ -512,7 +628,14 @@ def flash_board(args: argparse.Namespace, run: Runner, env: dict[str, str],
     run.run([*base, cmd("verify-flash"), *pairs],
             "verifying what was written (esptool compares the flash's MD5 with the files)")
     run.out("")
-    run.out("Done. Next:")
+    if run.dry_run:
+        what = " and ".join(f"the {w[2]} ({w[1].name}) at {w[0]:#x}" for w in writes)
+        stop = (f", but it would stop first, before anything is downloaded or built: "
+                f"{'; '.join(problems)}" if problems else "")
+        run.out(f"Dry run: nothing was downloaded, built or written. A real run would check "
+                f"the chip on {port}, write {what} and verify them{stop}. After it:")
+    else:
+        run.out("Done. Next:")
     run.out(f"  mpremote connect {port} repl")
     run.out('  >>> import llm; llm.story("Once upon a time")')
 
@@ -530,7 +653,11 @@ def prepare_host(args: argparse.Namespace, run: Runner) -> None:
     # converting needs the _llm pip just built (the drafter's stories)
     img = sources if isinstance(sources, Path) else resolve_model(sources, cache, run)
     run.out("")
-    run.out(f"Done: model image {img}. Next:")
+    if run.dry_run:
+        run.out(f"Dry run: nothing was built, downloaded or converted. A real run would build "
+                f"the CPython _llm with pip and make the model image {img}. After it:")
+    else:
+        run.out(f"Done: model image {img}. Next:")
     run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
 
 

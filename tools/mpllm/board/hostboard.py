@@ -51,16 +51,26 @@ def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
     return model_bin, tok
 
 
-def named_sources(name: str) -> tuple[Path, Path]:
-    """(model, tokenizer) of a bundled model named as mpllm.models names it."""
+def named_sources(name: str, cache: Path | None = None) -> tuple[Path, Path]:
+    """(model, tokenizer) of a model named as mpllm.models names it: a bundled
+    one's files, or a pinned one's (release, stories260k), downloaded once
+    into the cache's models/NAME and verified (the flasher's download, shared
+    with `tools/flash.py --board host --model NAME`)."""
     from ..models import NAMED_MODELS
 
     named = NAMED_MODELS.get(name)
     if named is None:
         raise HostBoardError(f"--model {name}: no such model ({', '.join(NAMED_MODELS)})")
     if named.files is None:
-        raise HostBoardError(f"--model {name} is downloaded: run tools/flash.py --board host "
-                             f"--model {name}, then pass the --image it prints")
+        assert named.pins is not None
+        from .firmware_build import Runner, ToolError
+        from .flash import fetch_pins
+
+        cache = cache_dir() if cache is None else cache
+        try:
+            return fetch_pins(named.pins, cache / "models" / name, Runner(False, say))
+        except ToolError as e:
+            raise HostBoardError(str(e)) from None
     for p in named.files:
         if not p.is_file():
             raise HostBoardError(f"--model {name}: file missing: {p} (run from a checkout "

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ..checkout import BOARD_PATHS, add_board_paths
 
 LINES = ("Once upon a time there was a little dog named Max",
@@ -34,7 +36,7 @@ LINES = ("Once upon a time there was a little dog named Max",
          "One day he found a red ball under a tree",
          "He took the ball home to show his friend")
 CHAT = ("import sys; sys.path[:0] = {paths!r}; import llm; llm.load({image!r}); "
-        "llm.chat(seed=7, max_tokens={max_tokens}, type_ahead={typed})")
+        "llm.chat(seed=7, max_tokens={max_tokens}, type_ahead={typed}, stories=None)")
 
 
 def enter_latency_ms(image: str, cps: float | None, typed: bool, max_tokens: int = 20,
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     speeds: list[float | None] = [float(c) for c in args.cps.split(",")] + [None]
     at_enter = {typed: ids_at_enter(image, typed) for typed in (True, False)}
     try:
+        print("pricing the S3's passes with the cost model (half a minute) ...", file=sys.stderr,
+              flush=True)
         pass_ms = s3_pass_ms()
     except (KeyError, ValueError, RuntimeError) as e:  # the host figures stand alone
         print(f"(no S3 figures: the cost model said {e})", file=sys.stderr)
@@ -143,18 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'typing':>10} {'type-ahead':>10} {'Enter->1st char':>16} {'ids at Enter':>13} "
           f"{'S3 modeled':>11}")
-    for cps in speeds:
-        for typed in (True, False):
-            ms = enter_latency_ms(image, cps, typed)
-            ids = at_enter[typed if cps is not None else False]
-            s3 = statistics.mean(prefill_ms(n, pass_ms) for n in ids) if pass_ms else None
-            rows.append({"cps": cps, "type_ahead": typed, "enter_ms_median":
-                         statistics.median(ms), "enter_ms": ms, "ids_at_enter": ids,
-                         "s3_modeled_ms": s3})
-            speed = f"{cps:g}/s" if cps is not None else "pasted"
-            s3_text = "-" if s3 is None else f"{s3:.1f} ms"
-            print(f"{speed:>10} {'on' if typed else 'off':>10} "
-                  f"{statistics.median(ms):13.1f} ms {statistics.mean(ids):13.1f} {s3_text:>11}")
+    runs = [(cps, typed) for cps in speeds for typed in (True, False)]
+    # each run types its lines at the speed asked for (~15 s at 5 keys/s): a bar
+    # on stderr, the table's rows above it on stdout
+    bar = tqdm(runs, desc="typing sessions", unit="session", file=sys.stderr, leave=False)
+    for cps, typed in bar:
+        ms = enter_latency_ms(image, cps, typed)
+        ids = at_enter[typed if cps is not None else False]
+        s3 = statistics.mean(prefill_ms(n, pass_ms) for n in ids) if pass_ms else None
+        rows.append({"cps": cps, "type_ahead": typed, "enter_ms_median":
+                     statistics.median(ms), "enter_ms": ms, "ids_at_enter": ids,
+                     "s3_modeled_ms": s3})
+        speed = f"{cps:g}/s" if cps is not None else "pasted"
+        s3_text = "-" if s3 is None else f"{s3:.1f} ms"
+        tqdm.write(f"{speed:>10} {'on' if typed else 'off':>10} "
+                   f"{statistics.median(ms):13.1f} ms {statistics.mean(ids):13.1f} "
+                   f"{s3_text:>11}", file=sys.stdout)
+    bar.close()
     if args.json:
         args.json.write_text(json.dumps({"image": image, "rows": rows}, indent=2) + "\n")
     return 0

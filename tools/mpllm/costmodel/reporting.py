@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -419,14 +419,17 @@ def anchor_reuse(anchors: Sequence[Anchor] = ANCHORS,
 
 def report(measured: Measured | None = None, fractions: HeadFractions | None = None,
            s: Shape = RELEASE, positions: Sequence[int] | None = None,
-           spec: SpecInputs | None = None) -> Report:
+           spec: SpecInputs | None = None,
+           progress: Callable[[str], None] = lambda what: None) -> Report:
     """Fit on the fitted anchors, predict every anchor's build from its own
     configuration and our builds before/after. `measured` (from measure_host
     on a release-shaped image) supplies our bytes (as a checked scale on the
     formulas) and PIE counts; `fractions` the certified head's rows fractions;
     `spec` (measure_spec, default SpecInputs.default()) the speculative
-    builds' drafting, union ratios and many-columns PIE counts."""
+    builds' drafting, union ratios and many-columns PIE counts. progress(what)
+    is told each part as it starts (the whole takes half a minute)."""
     pos = list(positions if positions is not None else story_positions())
+    progress("pricing: the fit and upstream's builds")
     f = fit()
     fr = fractions or HeadFractions()
     builds: dict[str, dict[str, object]] = {}
@@ -465,6 +468,7 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
     random_ratio = _ratio(fr.random_topk, fr.random_greedy)
     ratios = (fr.topk_ratio if fr.topk_ratio is not None else DEMO_TOPK_RATIO,
               random_ratio if random_ratio is not None else RANDOM_TOPK_RATIO)
+    progress("pricing: our builds")
     for name, b in ours.items():
         builds[name] = _build_entry(b, f, s, pos, pie_calls=pie_calls, bound_pie=bound_pie,
                                     scale=scale, sampled_ratios=ratios)
@@ -472,12 +476,15 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
         "greedy x demo top-40/greedy" if fr.sampled is not None
         else "greedy fraction (no demo top-40 measurement: engine without head_rows)")
     sram = sram_plan(s, memory=measured.memory if measured and measured.memory else None)
+    progress("pricing: the variants (each lever alone and together)")
     variants = _variants(ours, f, s, pos, fr, sram, pie_calls, bound_pie, measured)
     sp = spec or SpecInputs.default()
     passes = _Passes(f, s, pie_calls=pie_calls, bound_pie=bound_pie, cols_pie=sp.cols_pie,
                      scale=scale)
+    progress("pricing: the speculative builds")
     spec_builds, spec_entries = _spec_builds(ours, passes, sp, pos, sampled_ratios=ratios)
     builds.update(spec_entries)
+    progress("pricing: the speculative variants")
     variants.update(_spec_variants(spec_builds, spec_entries, passes, sp, pos, sram))
     charges = {n: _charges(ours[n], f, s, pos, pie_calls, bound_pie, scale)
                for n in ("mpllm-exact-greedy", "mpllm-exact-sampled")}

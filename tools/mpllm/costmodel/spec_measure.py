@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from tqdm import tqdm
 
 from .engine_bytes import _check_pass_bytes, placement_from_memory
 from .pie_counter import measure_cols_pie
@@ -79,6 +82,9 @@ def measure_union(image: object, *, llm_module: object | None = None,
         memory = [tuple(x) for x in mdl.memory()]
         placement = placement_from_memory(memory)
         has_ids = any(name == "head_ids" for name, _, _ in memory)
+        # a story and its passes per bar step (at a terminal: a minute in all)
+        bar = tqdm(total=sum(len(list(_samplers(m, seeds))) for m in modes) * len(ids),
+                   desc="union ratios", unit="story", file=sys.stderr, leave=False, disable=None)
         for mode in modes:
             sums = {k: [0, 0, 0, 0, 0] for k in ms}  # pass tiles, step tiles, rows, rows, passes
             steps = step_tiles = step_rows = 0
@@ -130,6 +136,7 @@ def measure_union(image: object, *, llm_module: object | None = None,
                             acc[3] += sum(rows[i:i + k])
                             acc[4] += 1
                             i += k
+                    bar.update(1)
             out[mode] = UnionRatios(
                 {k: v[0] / v[1] for k, v in sums.items() if v[1]},
                 {k: v[2] / v[3] for k, v in sums.items() if v[3]},
@@ -140,6 +147,7 @@ def measure_union(image: object, *, llm_module: object | None = None,
                         f"({s.n_tiles} tiles): {len(ids)} prompts x {n_tokens} tokens"
                         + (f" x seeds {list(seeds)}" if mode == "sampled" else "")
                         + ", bytes checked equal to the pass formulas"))
+        bar.close()
     return out
 
 
@@ -164,12 +172,16 @@ def measure_adaptive(image: object, *, llm_module: object | None = None,
         eot = int(mdl.config()["eot_id"])
         ids = _encode_prompts(mdl, SPEC_PROMPTS)
         table = drafting.self_distilled(mdl, ids, table_stories, n_tokens, eot)
+        # each simulated threshold and cap per bar step (at a terminal: two minutes in all)
+        bar = tqdm(total=len(SPEC_MODES) * (1 + len(odds) * len(caps)), desc="drafter sweep",
+                   unit="setting", file=sys.stderr, leave=False, disable=None)
         for mode in SPEC_MODES:
             stories = [pair for smp in _samplers(mode, seeds)
                        for pair in drafting.decode_stories(mdl, ids, smp, n_tokens, eot)]
             r = drafting.simulate(stories, table.table(draft_prices()).draft)
             rows = [DraftFigures("ngram priced", r.tokens_per_pass, r.drafted / r.passes,
                                  r.accept_rate, r.passes, r.story_tokens)]
+            bar.update(1)
             for x in odds:
                 for cap in caps:
                     t = table.table([x] * cap, cap)
@@ -177,31 +189,40 @@ def measure_adaptive(image: object, *, llm_module: object | None = None,
                     rows.append(DraftFigures(f"ngram odds>={x:.2f} cap {cap}",
                                              r.tokens_per_pass, r.drafted / r.passes,
                                              r.accept_rate, r.passes, r.story_tokens))
+                    bar.update(1)
             out[mode] = rows
+        bar.close()
     return out
 
 
 def measure_spec(demo_image: object, release_image: object | None = None, *,
                  llm_module: object | None = None, table_stories: int = 200,
                  n_tokens: int = 200, seeds: Sequence[int] = SPEC_SEEDS,
-                 adaptive: bool = True, cols: bool = True) -> SpecInputs:
+                 adaptive: bool = True, cols: bool = True,
+                 progress: Callable[[str], None] = lambda what: None) -> SpecInputs:
     """Every speculative input measured: drafting on the demo model, the
     union ratios on the demo (and on a release-shaped image, fewer runs), the
-    many-columns PIE counts (when a compiler is here), the adaptive sweep."""
+    many-columns PIE counts (when a compiler is here), the adaptive sweep.
+    progress(what) is told each step as it starts (they take seconds each)."""
     spec = SpecInputs.default()
+    progress(f"drafting: {table_stories} stories for the n-gram table, then the drafters "
+             f"over {len(seeds)} seeds")
     drafts, table = measure_drafting(demo_image, table_stories=table_stories,
                                      n_tokens=n_tokens, seeds=seeds, llm_module=llm_module)
     spec.drafts, spec.table = drafts, table
     spec.source["drafts"] = (f"drafting.study on the demo: {n_tokens} tokens, {table_stories} "
                              f"table stories, seeds {list(seeds)}")
+    progress("the head rows a verify pass scores (union ratios), demo model")
     spec.union = measure_union(demo_image, llm_module=llm_module, n_tokens=n_tokens, seeds=seeds)
     spec.source["union"] = spec.union["sampled"].source
     if release_image is not None:
+        progress("union ratios, release-shaped image")
         spec.union_release = measure_union(release_image, llm_module=llm_module,
                                            prompts=SPEC_PROMPTS[:2], n_tokens=min(n_tokens, 100),
                                            seeds=tuple(seeds)[:2], ms=(2, 4, 8))
         spec.source["union_release"] = spec.union_release["sampled"].source
     if cols:
+        progress("PIE instruction counts of the many-columns kernels (compiles a C test)")
         try:
             spec.cols_pie = measure_cols_pie()
             spec.source["cols_pie"] = ("tests/c/pie_kernels_test.c cols through pie_model.c's "
@@ -209,6 +230,7 @@ def measure_spec(demo_image: object, release_image: object | None = None, *,
         except (FileNotFoundError, RuntimeError) as e:
             spec.source["cols_pie"] = f"closed form (not measured: {e})"
     if adaptive:
+        progress("n-gram thresholds x draft caps sweep (--no-adaptive skips it)")
         spec.adaptive = measure_adaptive(demo_image, llm_module=llm_module,
                                          table_stories=table_stories, n_tokens=n_tokens,
                                          seeds=seeds)

@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                     "partition opens (the MicroPython unix port)")
     ap.add_argument("--image", help="host board: a converted model image (default: the "
                     "bundled demo model)")
+    ap.add_argument("--model", metavar="NAME",
+                    help="host board: a model by name instead of --image (as tools/chat.py "
+                         "--model takes it: demo, llama2c-demo, release, stories260k; "
+                         "release and stories260k are downloaded once and verified)")
     ap.add_argument("--engines", type=_count, default=None,
                     help="host board: engine processes, at least 1 (default: one per core)")
     ap.add_argument("--host", default="127.0.0.1",
@@ -129,15 +133,19 @@ def _pool(args: argparse.Namespace, ap: argparse.ArgumentParser):  # type: ignor
 
     max_queue = args.max_queue or Limits.max_queue
     if args.port:
-        if args.image or args.engines:
-            ap.error("--image and --engines are for the host board; a board runs its "
-                     "flashed model, one request at a time")
+        if args.image or args.engines or args.model:
+            ap.error("--image, --model and --engines are for the host board; a board runs "
+                     "its flashed model, one request at a time")
         return Pool(board_argvs(args.port, args.port_image), max_queue,
                     interrupt_speculation=True), "board"
     if args.board == "n16r8":
         ap.error("--board n16r8 needs --port (the board's serial port)")
+    if args.image and args.model:
+        ap.error("--model and --image exclude each other (an image is a converted model)")
     if args.image:  # refused here in one line, not by every engine process as it starts
         image = str(check_image_file(args.image))
+    elif args.model:
+        image = str(hostboard.ensure_image(*hostboard.named_sources(args.model)))
     else:
         image = str(hostboard.ensure_image(*hostboard.demo_sources()))
     n = args.engines or os.cpu_count() or 1

@@ -80,6 +80,7 @@ function receive(m) {
     case "restarted":
       turns.length = 0;
       story.textContent = "";
+      clearFigures();
       say(m.message);
       break;
   }
@@ -110,11 +111,22 @@ function finish(m) {
   } else if (m.op === "new") {
     turns.length = 0;
     story.textContent = "";
+    clearFigures();
     say("A new story.");
   } else if (m.op === "seed" || m.op === "temp") {
     say(`Seed ${m.stats.seed}, temperature ${m.stats.temperature} from now on.`);
   }
   setState("idle");
+}
+
+// A new story has no last reply: its figures go with the old story.
+function clearFigures() {
+  Object.assign(window.mpllm, { stats: null, ttfcMs: null, roundTripTokPerS: null });
+  for (const id of ["engine-speed", "roundtrip", "ttfc", "speculated", "queue", "stage-total"]) {
+    $(id).textContent = "–";
+  }
+  $("stages").replaceChildren();
+  $("stage-legend").replaceChildren();
 }
 
 // The bar and its legend are the whole reply's engine time (the line read,
