@@ -205,7 +205,7 @@ def test_tiny_llama2c_training_writes_what_llama2c_reads(tmp_path: Path) -> None
 
 
 def test_llama2c_shapes_are_checked_before_training(tmp_path: Path, capsys) -> None:
-    with pytest.raises(SystemExit, match="4 heads do not share 3 kv heads"):
+    with pytest.raises(SystemExit, match="n_kv_heads 3 does not divide n_heads 4"):
         _train_module().main([*TINY_LLAMA2C, "--kv-heads", "3", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--qat-frac applies to --family ple"):
         _train_module().main([*TINY_LLAMA2C, "--qat-frac", "0.3", "--out", str(tmp_path)])
