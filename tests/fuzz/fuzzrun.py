@@ -11,6 +11,12 @@ Targets (each a libFuzzer run: C harnesses built with clang's
              (tests/fuzz/fuzz_tokenizer.py)
   web        the web chat's handling of a page's message
              (tests/fuzz/fuzz_web.py, mpllm.web.server)
+  checkpoint llama2.c's model.bin (v0, v1, v2): the reader and the
+             converter's weights of what it accepts (tests/fuzz/fuzz_checkpoint.py)
+  tokenizer_bin
+             llama2.c's tokenizer.bin: the reader, its image section and the
+             board's tokenizer of it against run.c's rule
+             (tests/fuzz/fuzz_tokenizer_bin.py)
 
 Corpus: tests/fuzz/corpus/<target>/, committed (small files: the loader's
 inputs are edits to a small generated image, build/fuzz/micro.img, made
@@ -50,6 +56,7 @@ for _p in (ROOT / "tests" / "helpers", ROOT / "tools", ROOT / "firmware" / "modu
 
 import cbuild
 import setup_dev
+from locking import locked
 
 CORPUS = HERE / "corpus"
 BUILD = ROOT / "build" / "fuzz"
@@ -78,6 +85,8 @@ TARGETS = {t.name: t for t in (
     Target("binding", HERE / "fuzz_binding.c", 512, 4000),
     Target("tokenizer", HERE / "fuzz_tokenizer.py", 256, 2500),
     Target("web", HERE / "fuzz_web.py", 4096, 50000, HERE / "web.dict"),
+    Target("checkpoint", HERE / "fuzz_checkpoint.py", 2048, 10000),
+    Target("tokenizer_bin", HERE / "fuzz_tokenizer_bin.py", 8192, 15000),
 )}
 
 
@@ -100,14 +109,13 @@ class Result:
 def micro_image() -> Path:
     """The small model image (build/fuzz/micro.img), made with the current
     converter: an older one may not open any more."""
-    from conftest import _locked
     from mpllm.convert import convert
     from mpllm.formats.model import Config
     from mpllm.training.generate import write_test_model
 
     BUILD.mkdir(parents=True, exist_ok=True)
     out = BUILD / "micro.img"
-    with _locked(BUILD / "micro.lock"):  # parallel runs make it one at a time
+    with locked(BUILD / "micro.lock"):  # parallel runs make it one at a time
         model_bin, tokenizer = write_test_model(BUILD / "micro", Config(**MICRO_DIMS), 7)
         convert(model_bin, tokenizer, out, progress=False)
     return out

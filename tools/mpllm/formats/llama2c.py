@@ -355,7 +355,13 @@ class _Reader:
                                   f"the group size {group}")
         q = self.take("<i1", n, what).astype(np.float32)
         scales = self.take("<f4", n // group, f"{what} scales")
-        return (q.reshape(-1, group) * scales[:, None]).astype(np.float32).reshape(shape)
+        with np.errstate(over="ignore"):  # (said below in one line, not as numpy's warning)
+            w = (q.reshape(-1, group) * scales[:, None]).astype(np.float32)
+        if not np.isfinite(w).all():
+            big = float(np.abs(scales).max())
+            raise CheckpointError(f"{self.where}: {what}: a code times its scale ({big:g}) "
+                                  "overflows float32")
+        return w.reshape(shape)
 
     def end(self) -> None:
         if self.at != len(self.data):
