@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -206,3 +207,21 @@ def test_a_context_too_short_to_draft_in_converts_with_an_empty_drafter(
         assert rc == 0 and "Traceback" not in err, err
         assert out.is_file()
         out.unlink()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_v2_scales_that_overflow_are_one_clean_error_and_no_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[int, bytes],
+        mode: str) -> None:
+    """A v2 file whose codes times scales overflow float32: the clean error
+    alone (before, numpy's "overflow encountered in multiply" came first)."""
+    data = bytearray(files[2])
+    # tok_embeddings' codes follow the header and the norms; their scales follow the codes
+    codes = fmt.V1_HEADER_BYTES + 4 * (2 * BASE.n_layers + 1) * BASE.dim
+    n = BASE.vocab_size * BASE.dim
+    data[codes:codes + 16] = bytes([127]) * 16
+    struct.pack_into("<f", data, codes + n, 3e38)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning printed to the user fails the test
+        err = _refused(tmp_path, *_run(tmp_path, bytes(data), mode, capsys))
+    assert "tok_embeddings: a code times its scale (3e+38) overflows float32" in err, err
