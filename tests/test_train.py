@@ -10,9 +10,7 @@ on the converted image) write a story that ends with <|endoftext|>.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +26,10 @@ PROMPT = "Once upon a time"
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("mpllm_train_cli", ROOT / "tools" / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """What tools/train.py runs (mpllm.interrupt.run of this module's main)."""
+    from mpllm.training import train
+
+    return train
 
 
 TINY = ["--stories", "120", "--val-stories", "12", "--vocab", "420", "--layers", "2",

@@ -10,11 +10,10 @@ Thin wrapper around mpllm.board.bench (see its docstring for what is measured).
 
 from __future__ import annotations
 
-import sys
-
 # `python tools/bench.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not.
-from mpllm.board.bench_cli import main
+# mpllm, installed or not. Ctrl-C is one line from here on, the imports
+# included (mpllm.interrupt).
+from mpllm.interrupt import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("mpllm.board.bench_cli:main", "bench.py")

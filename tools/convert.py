@@ -7,11 +7,10 @@ Thin wrapper around mpllm.convert (also installed as `mpllm-convert`).
 
 from __future__ import annotations
 
-import sys
-
 # `python tools/convert.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not.
-from mpllm.convert import main
+# mpllm, installed or not. Ctrl-C is one line from here on, the imports
+# included (mpllm.interrupt).
+from mpllm.interrupt import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("mpllm.convert:main", "convert.py")

@@ -9,11 +9,10 @@ Thin wrapper around mpllm.board.flash; `--help` lists every option.
 
 from __future__ import annotations
 
-import sys
-
 # `python tools/flash.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not.
-from mpllm.board.flash import main
+# mpllm, installed or not. Ctrl-C is one line from here on, the imports
+# included (mpllm.interrupt).
+from mpllm.interrupt import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("mpllm.board.flash:main", "flash.py")

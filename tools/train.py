@@ -8,11 +8,10 @@ Thin wrapper around mpllm.training.train.
 
 from __future__ import annotations
 
-import sys
-
 # `python tools/train.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not.
-from mpllm.training.train import main
+# mpllm, installed or not. Ctrl-C is one line from here on, the imports
+# included (mpllm.interrupt).
+from mpllm.interrupt import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("mpllm.training.train:main", "train.py")

@@ -467,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     if rep.family == "llama2c" and args.quality_positions and not args.quiet:
-        _print_quality(args.model_bin, rep.out, args.quality_positions)
+        try:
+            _print_quality(args.model_bin, rep.out, args.quality_positions)
+        except KeyboardInterrupt:  # the image is whole: only its figure is not measured
+            print(f"interrupted; {rep.out} was written, its quality figure not measured",
+                  file=sys.stderr)
+            return 130
     return 0
 
 

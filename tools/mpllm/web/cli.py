@@ -169,6 +169,7 @@ async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyp
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+    print("the web chat stopped", file=sys.stderr, flush=True)
 
 
 async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]

@@ -1,0 +1,92 @@
+"""Ctrl-C (SIGINT) in the command-line tools: said once, in one line, at any
+moment from start-up on; never a traceback, never a half-written file.
+
+`run("module:function")` is how every tool starts (tools/*.py and the console
+scripts, through mpllm.entry): it installs its handler first, then imports
+the tool (imports are most of a tool's start-up) and runs it, and a
+KeyboardInterrupt that reaches it, from the imports on, becomes one line on
+stderr and exit status 130. A tool with something better to say (convert.py:
+which file was not written) catches it first. After the first Ctrl-C further
+ones are ignored, so that the tool's cleanup as it unwinds (a staging file
+removed, engine processes stopped) is not cut short and nothing is said twice;
+`repeat=True` keeps each one a KeyboardInterrupt for a tool whose Ctrl-C means
+"stop this, then go on" (the interactive chat). The interpreter's exit after
+the tool returns is not interrupted either.
+
+`deferred()` holds a Ctrl-C back over a few statements that must happen
+together (creating a staging file and taking charge of it, removing it): it
+arrives just after.
+
+Processes a tool starts for itself (the web chat's engine processes) do not
+take the terminal's Ctrl-C at all: they are stopped by the tool that owns them
+(mpllm.web.engines).
+
+As far as Python allows: Python can be interrupted before it runs any of
+this, while it starts its own `site` (a few milliseconds), and says so itself.
+This module imports only the standard library, so that it is in charge a
+millisecond after the tool's first line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+#: the exit status of a tool stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
+
+
+def _first_only(signum: int, frame: object) -> None:
+    """The first Ctrl-C interrupts; the ones after it are ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def run(target: str | Callable[[], int | None], prog: str | None = None, *,
+        repeat: bool = False) -> NoReturn:
+    """Import and run a tool's main ("package.module:function", or the
+    function) under the Ctrl-C rules above, and exit with its status."""
+    name = prog or os.path.basename(sys.argv[0]) or "mpllm"
+    if not repeat:
+        signal.signal(signal.SIGINT, _first_only)
+    code: int | str | None
+    try:
+        if isinstance(target, str):
+            module, _, function = target.partition(":")
+            target = getattr(importlib.import_module(module), function)
+        code = target()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except SystemExit as e:  # argparse's refusals, a tool's own exit
+        code = e.code  # type: ignore[assignment]
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interpreter's exit included
+    sys.exit(code)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block no Ctrl-C interrupts: one that comes meanwhile is delivered as
+    the block ends (blocked in the kernel, so even between two bytecodes).
+    Only the main thread receives signals: elsewhere, and where signals
+    cannot be blocked, the block runs as it is."""
+    if not (_main_thread() and hasattr(signal, "pthread_sigmask")):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
