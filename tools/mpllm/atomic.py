@@ -121,6 +121,16 @@ def _kind(path: str | os.PathLike[str]) -> str:
     return "file"
 
 
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is written in place (a character device, a FIFO, a
+    descriptor's name such as /dev/stdout): nothing can be put beside it. A
+    path that cannot take a file at all is not one (check_output says why)."""
+    try:
+        return _kind(path) == "stream"
+    except OutputError:
+        return False
+
+
 def check_output(path: str | os.PathLike[str]) -> None:
     """Raise OutputError if `path` cannot take a file (see the module docstring);
     writes nothing. atomic_path() makes the same check."""
