@@ -159,6 +159,24 @@ def test_the_campaigns_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert re.search(message, err), err
 
 
+#: whole v1 files (no RoPE table: the sizes add up) the old converter took:
+#: with -q it wrote an image the engine refuses, by default it wrote one and
+#: then ended in the engine's traceback (200 layers: a ValueError traceback)
+WHOLE = {"context 65,537": ({"seq_len": 65537}, "seq_len 65537 is out of range"),
+         "context 1,048,576": ({"seq_len": 1 << 20}, "seq_len 1048576 is out of range"),
+         "200 layers": ({"n_layers": 200}, "n_layers 200 is out of range")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", list(WHOLE))
+def test_whole_files_past_the_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     case: str, mode: str) -> None:
+    change, message = WHOLE[case]
+    ck = _checkpoint(fmt.Llama2cConfig(**dict(BASE.__dict__, **change)))
+    err = _refused(tmp_path, *_run(tmp_path, fmt.checkpoint_bytes(ck, 1), mode, capsys))
+    assert message in err, err
+
+
 def test_limits_are_the_largest_values_converted() -> None:
     """At each limit the header passes, one past it it is refused (the C side
     of the same numbers: tests/test_image_format_agrees.py)."""
