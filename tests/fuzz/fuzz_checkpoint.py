@@ -16,9 +16,8 @@ have the checkpoint's config.
 Seeds (tests/fuzz/corpus/checkpoint/): tiny v0, v1 and v2 checkpoints,
 shared and unshared heads, as `seeds()` below makes them.
 
-Runs, the corpus and the long run: tests/fuzz/fuzzrun.py (target
-"checkpoint"). A failure leaves crash-<sha1>; replay with
-    python tests/fuzz/fuzz_checkpoint.py crash-<sha1>
+Target "checkpoint" of tests/fuzz/fuzzrun.py (its runs, the corpus, how a
+failure is replayed).
 """
 
 from __future__ import annotations
@@ -40,22 +39,16 @@ with atheris.instrument_imports(include=["mpllm.formats.llama2c", "mpllm.llama2c
     from mpllm.llama2c_weights import to_weights
 
 
-def _one_line(e: Exception) -> None:
-    msg = str(e)
-    if not msg or "\n" in msg:
-        raise AssertionError(f"{type(e).__name__} without a one-line message: {msg!r}")
-
-
 def _check(data: bytes) -> None:
     try:
         head = llama2c.read_header(data)
     except llama2c.CheckpointError as e:
-        _one_line(e)
+        fuzzrun.one_line(e)
         head = None
     try:
         ck = llama2c.read_checkpoint(data)
     except llama2c.CheckpointError as e:
-        _one_line(e)
+        fuzzrun.one_line(e)
         return
     if head is None or (head.version, head.config, head.group_size) != (
             ck.version, ck.config, ck.group_size):
@@ -76,7 +69,7 @@ def _check(data: bytes) -> None:
     try:
         w = to_weights(ck)
     except ValueError as e:  # a weight too large for an fp16 scale
-        _one_line(e)
+        fuzzrun.one_line(e)
         return
     if (w.config.dim, w.config.n_layers, w.config.vocab_out) != (c.dim, c.n_layers,
                                                                  c.vocab_size):

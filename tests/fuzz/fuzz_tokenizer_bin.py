@@ -13,9 +13,8 @@ at ids 3..258, a space), encoding a text made of its tokens gives run.c's ids
 
 Seeds (tests/fuzz/corpus/tokenizer_bin/): small vocabularies, `seeds()` below.
 
-Runs, the corpus and the long run: tests/fuzz/fuzzrun.py (target
-"tokenizer_bin"). A failure leaves crash-<sha1>; replay with
-    python tests/fuzz/fuzz_tokenizer_bin.py crash-<sha1>
+Target "tokenizer_bin" of tests/fuzz/fuzzrun.py (its runs, the corpus, how a
+failure is replayed).
 """
 
 from __future__ import annotations
@@ -41,12 +40,6 @@ from tokenizer_cases import llama2c_encode
 _BYTES = [f"<0x{b:02X}>".encode() for b in range(256)]
 
 
-def _one_line(e: Exception) -> None:
-    msg = str(e)
-    if not msg or "\n" in msg:
-        raise AssertionError(f"{type(e).__name__} without a one-line message: {msg!r}")
-
-
 def _standard(texts: list[bytes]) -> bool:
     """llama2.c's layout: the byte tokens at 3..258 (run.c's fallback is id
     byte + 3) and a space for its dummy prefix."""
@@ -58,7 +51,7 @@ def test_one_input(data: bytes) -> None:
         texts, scores = llama2c.read_tokenizer_bin(data)
         tables = llama2c.tokenizer_tables(texts, scores)
     except TokenizerFormatError as e:
-        _one_line(e)
+        fuzzrun.one_line(e)
         return
     again = llama2c.tokenizer_bin_bytes(texts, scores)
     if again[4:] != data[4:]:

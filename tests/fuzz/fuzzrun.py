@@ -153,6 +153,14 @@ def atheris_fuzz(test_one_input: Callable[[bytes], None]) -> None:
     atheris.Fuzz()
 
 
+def one_line(e: Exception) -> None:
+    """A harness's check of an error the code under test raised on purpose:
+    it says what is wrong in one line (or the harness fails)."""
+    msg = str(e)
+    if not msg or "\n" in msg:
+        raise AssertionError(f"{type(e).__name__} without a one-line message: {msg!r}")
+
+
 def command(target: Target) -> list[str]:
     """The harness as a command (built first for C). Raises setup_dev.Missing."""
     return _build_c(target) if target.harness.suffix == ".c" else _python_harness(target)
