@@ -143,6 +143,7 @@ def _storm_clean(runs: list[ctrl_c.Run]) -> None:
     for r in runs:
         print(r.line())
     assert [r.line() for r in runs if r.problems and not r.in_python_start_up] == []
+    assert all(r.landed for r in runs)  # each one interrupted the tool while it ran
 
 
 def test_random_early_ctrl_c_into_convert(tmp_path: Path) -> None:
