@@ -22,12 +22,20 @@ import pytest
 from conftest import ROOT, ModelFiles
 
 
-def _guarded(code: str) -> subprocess.CompletedProcess[str]:
-    """`code` run as a tool: mpllm.interrupt.run of its main()."""
+def _guarded(code: str, ignored: bool = False) -> subprocess.CompletedProcess[str]:
+    """`code` run as a tool: mpllm.interrupt.run of its main(); ignored: the
+    tool is started with SIGINT ignored (exec keeps that, as a shell's
+    background job has it)."""
     script = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom mpllm.interrupt import run, "
               f"deferred\n{code}\nrun(main, 'tool')\n")
-    return subprocess.run([sys.executable, "-c", script, str(ROOT / "tools")],
-                          capture_output=True, text=True, timeout=60, check=False)
+    argv = [sys.executable, "-c", script, str(ROOT / "tools")]
+    if ignored:
+        ignore = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                  "os.execv(sys.argv[1], sys.argv[1:])")
+        argv = [sys.executable, "-c", ignore, *argv]
+    else:
+        ctrl_c.sigint_as_a_terminal_has_it()
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_ctrl_c_that_reaches_the_guard_is_one_line_and_status_130() -> None:
@@ -42,6 +50,11 @@ def test_a_ctrl_c_that_reaches_the_guard_is_one_line_and_status_130() -> None:
     assert (r.returncode, r.stderr) == (130, "cleaned up\ntool: interrupted\n")
     r = _guarded("def main():\n    return 3")
     assert (r.returncode, r.stderr) == (3, "")
+    # started with Ctrl-C ignored (a shell's background job): it stays ignored
+    r = _guarded("import os, signal, time\n"
+                 "def main():\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.2)\n"
+                 "    return 4", ignored=True)
+    assert (r.returncode, r.stderr) == (4, "")
 
 
 def test_deferred_holds_a_ctrl_c_until_the_block_ends() -> None:
@@ -113,6 +126,7 @@ def test_ctrl_c_during_the_quality_figure(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def _start_serve(image: Path, work: Path, cache: Path) -> subprocess.Popen[bytes]:
+    ctrl_c.sigint_as_a_terminal_has_it()
     return subprocess.Popen([*ctrl_c.command("serve", work), "--image", str(image)], cwd=work,
                             env=ctrl_c.environment(cache), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)

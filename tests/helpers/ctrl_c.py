@@ -81,6 +81,14 @@ def left_processes(work: Path) -> list[str]:
     return left
 
 
+def sigint_as_a_terminal_has_it() -> None:
+    """The tools this process starts get Ctrl-C as a terminal's foreground job
+    has it: a shell starts a background job (this script run with `&`) with
+    SIGINT ignored, which its children would inherit and keep."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def environment(cache: Path) -> dict[str, str]:
     """The in-place `_llm` and the tools; the image cache `cache`."""
     return dict(os.environ, PYTHONPATH=str(ROOT / "build" / "inplace"), MPLLM_CACHE=str(cache))
@@ -90,6 +98,7 @@ def one(tool: str, delay: float, cache: Path, extra: Sequence[str] = (),
         timeout: float = 120.0) -> Run:
     """One run of `tool` (its command line, then `extra`), SIGINT `delay`
     seconds after its start."""
+    sigint_as_a_terminal_has_it()
     with tempfile.TemporaryDirectory(prefix=f"ctrl-c-{tool}-") as tmp:
         work = Path(tmp)
         proc = subprocess.Popen([*command(tool, work), *extra], cwd=work, env=environment(cache),

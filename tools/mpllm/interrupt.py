@@ -11,7 +11,8 @@ ones are ignored, so that the tool's cleanup as it unwinds (a staging file
 removed, engine processes stopped) is not cut short and nothing is said twice;
 `repeat=True` keeps each one a KeyboardInterrupt for a tool whose Ctrl-C means
 "stop this, then go on" (the interactive chat). The interpreter's exit after
-the tool returns is not interrupted either.
+the tool returns is not interrupted either. A tool started with Ctrl-C
+ignored (a shell's background job) goes on ignoring it.
 
 `deferred()` holds a Ctrl-C back over a few statements that must happen
 together (creating a staging file and taking charge of it, removing it): it
@@ -57,7 +58,9 @@ def run(target: str | Callable[[], int | None], prog: str | None = None, *,
     """Import and run a tool's main ("package.module:function", or the
     function) under the Ctrl-C rules above, and exit with its status."""
     name = prog or os.path.basename(sys.argv[0]) or "mpllm"
-    if not repeat:
+    # (a tool started with Ctrl-C ignored, as a shell starts a background
+    # job, keeps ignoring it)
+    if not repeat and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _first_only)
     code: int | str | None
     try:
