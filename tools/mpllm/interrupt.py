@@ -30,14 +30,16 @@ millisecond after the tool's first line.
 
 from __future__ import annotations
 
-import importlib
+# Only what Python has loaded already, and signal: the tool's first line is
+# not in charge of Ctrl-C until this module is imported
 import os
 import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import NoReturn
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING, without importing typing: ~2 ms)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import NoReturn
 
 #: the exit status of a tool stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_INTERRUPTED = 130
@@ -47,10 +49,6 @@ def _first_only(signum: int, frame: object) -> None:
     """The first Ctrl-C interrupts; the ones after it are ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 def run(target: str | Callable[[], int | None], prog: str | None = None, *,
@@ -65,6 +63,8 @@ def run(target: str | Callable[[], int | None], prog: str | None = None, *,
     code: int | str | None
     try:
         if isinstance(target, str):
+            import importlib
+
             module, _, function = target.partition(":")
             target = getattr(importlib.import_module(module), function)
         code = target()
@@ -79,17 +79,20 @@ def run(target: str | Callable[[], int | None], prog: str | None = None, *,
     sys.exit(code)
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
+class deferred:  # (lower case: used as `with deferred():`, a context manager's name)
     """A block no Ctrl-C interrupts: one that comes meanwhile is delivered as
     the block ends (blocked in the kernel, so even between two bytecodes).
     Only the main thread receives signals: elsewhere, and where signals
     cannot be blocked, the block runs as it is."""
-    if not (_main_thread() and hasattr(signal, "pthread_sigmask")):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def __enter__(self) -> None:
+        import threading
+
+        self.old: set[signal.Signals] | None = None
+        if threading.current_thread() is threading.main_thread() and \
+                hasattr(signal, "pthread_sigmask"):
+            self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
