@@ -15,4 +15,4 @@ from __future__ import annotations
 from mpllm.interrupt import run
 
 if __name__ == "__main__":
-    run("mpllm.web.cli:main", "serve.py")
+    run("mpllm.web.cli:main", "serve.py", repeat=True)  # (asyncio takes Ctrl-C)

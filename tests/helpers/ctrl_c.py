@@ -53,7 +53,9 @@ class Run:
         where += "" if self.landed else " (it had ended before: no signal sent)"
         last = self.stderr.strip().splitlines()[-1:] or ["(nothing)"]
         return (f"SIGINT at {self.delay:6.3f} s: exit {self.returncode}{where}; last line: "
-                f"{last[0][:100]}" + "".join(f"\n    PROBLEM: {p}" for p in self.problems))
+                f"{last[0][:100]}" + "".join(f"\n    PROBLEM: {p}" for p in self.problems)
+                + ("".join(f"\n    | {x}" for x in self.stderr.splitlines()[-40:])
+                   if self.problems else ""))
 
 
 def command(tool: str, work: Path) -> list[str]:

@@ -24,7 +24,7 @@ def bench() -> NoReturn:
 
 
 def serve() -> NoReturn:
-    run("mpllm.web.cli:main", "serve")
+    run("mpllm.web.cli:main", "serve", repeat=True)  # (asyncio takes Ctrl-C)
 
 
 def release() -> NoReturn:

@@ -9,8 +9,13 @@ stderr and exit status 130. A tool with something better to say (convert.py:
 which file was not written) catches it first. After the first Ctrl-C further
 ones are ignored, so that the tool's cleanup as it unwinds (a staging file
 removed, engine processes stopped) is not cut short and nothing is said twice;
-`repeat=True` keeps each one a KeyboardInterrupt for a tool whose Ctrl-C means
-"stop this, then go on" (the interactive chat). The interpreter's exit after
+`repeat=True` leaves Ctrl-C to Python's own handler, each one a
+KeyboardInterrupt: for a tool whose Ctrl-C means "stop this, then go on" (the
+interactive chat), and for one that runs an asyncio event loop (serve.py),
+whose asyncio.run takes the first Ctrl-C itself, only with that handler, and
+turns it into its main task cancelled in order (an exception raised at any
+point inside the loop instead leaves tasks half started, and asyncio prints
+their tracebacks). The interpreter's exit after
 the tool returns is not interrupted either. A tool started with Ctrl-C
 ignored (a shell's background job) goes on ignoring it.
 
