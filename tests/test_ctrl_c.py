@@ -63,6 +63,17 @@ def test_deferred_holds_a_ctrl_c_until_the_block_ends() -> None:
                  "        time.sleep(0.2)\n        print('block done', file=sys.stderr)\n"
                  "    print('not reached', file=sys.stderr)")
     assert (r.returncode, r.stderr) == (130, "block done\ntool: interrupted\n")
+    # also while another thread runs (the kernel may hand SIGINT to it)
+    r = _guarded("import os, signal, threading, time\n"
+                 "def main():\n    threading.Thread(target=time.sleep, args=(1,), daemon=True)"
+                 ".start()\n    with deferred():\n        for _ in range(20):\n"
+                 "            os.kill(os.getpid(), signal.SIGINT)\n            time.sleep(0.01)\n"
+                 "        print('block done', file=sys.stderr)\n"
+                 "    print('not reached', file=sys.stderr)")
+    assert (r.returncode, r.stderr) == (130, "block done\ntool: interrupted\n")
+    r = _guarded("import os, signal\n"
+                 "def main():\n    with deferred():\n        pass\n    return 5")
+    assert (r.returncode, r.stderr) == (5, "")  # nothing came: nothing delivered
 
 
 def test_every_tool_starts_under_the_guard() -> None:

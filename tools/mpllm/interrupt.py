@@ -15,9 +15,9 @@ interactive chat), and for one that runs an asyncio event loop (serve.py),
 whose asyncio.run takes the first Ctrl-C itself, only with that handler, and
 turns it into its main task cancelled in order (an exception raised at any
 point inside the loop instead leaves tasks half started, and asyncio prints
-their tracebacks). The interpreter's exit after
-the tool returns is not interrupted either. A tool started with Ctrl-C
-ignored (a shell's background job) goes on ignoring it.
+their tracebacks). The interpreter's exit after the tool returns is not
+interrupted either. A tool started with Ctrl-C ignored (a shell's background
+job) goes on ignoring it.
 
 `deferred()` holds a Ctrl-C back over a few statements that must happen
 together (creating a staging file and taking charge of it, removing it): it
@@ -85,19 +85,29 @@ def run(target: str | Callable[[], int | None], prog: str | None = None, *,
 
 
 class deferred:  # (lower case: used as `with deferred():`, a context manager's name)
-    """A block no Ctrl-C interrupts: one that comes meanwhile is delivered as
-    the block ends (blocked in the kernel, so even between two bytecodes).
-    Only the main thread receives signals: elsewhere, and where signals
-    cannot be blocked, the block runs as it is."""
+    """A block no Ctrl-C interrupts: one that comes meanwhile is held and
+    delivered as the block ends (to the handler there was before). Only the
+    main thread runs Python's signal handlers: elsewhere the block runs as it
+    is. (The handler is swapped, not the signal blocked: a blocked SIGINT
+    goes to another thread, tqdm's or asyncio's, and interrupts the main one
+    all the same.)"""
 
     def __enter__(self) -> None:
         import threading
 
-        self.old: set[signal.Signals] | None = None
-        if threading.current_thread() is threading.main_thread() and \
-                hasattr(signal, "pthread_sigmask"):
-            self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self.came = False
+        self.old: object = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._hold)
+
+    def _hold(self, signum: int, frame: object) -> None:
+        self.came = True
 
     def __exit__(self, *exc: object) -> None:
-        if self.old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+        if self.old is None:  # (not the main thread, or a handler not set from Python)
+            return
+        signal.signal(signal.SIGINT, self.old)  # type: ignore[arg-type]
+        if self.came and callable(self.old):
+            self.old(signal.SIGINT, None)  # delivered now: KeyboardInterrupt, as a rule
+        elif self.came and self.old == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
