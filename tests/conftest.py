@@ -20,7 +20,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -39,6 +38,7 @@ for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inpl
         sys.path.insert(0, str(_p))
 
 import setup_dev
+from locking import locked as _locked  # (the tests' name for it)
 from mpllm import image_cache
 from mpllm.formats.model import Config, QMatrix, Weights
 
@@ -116,21 +116,6 @@ class ModelFiles:
     model_bin: Path
     tokenizer_json: Path
     image: Path
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): xdist workers then may build twice, harmlessly
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -206,3 +206,23 @@ def test_the_cost_models_plot_goes_beside_its_json(tmp_path) -> None:
     assert bench_cli._plot_path(args) == tmp_path / "s3.png"  # not into the working folder
     args = bench_cli.build_parser().parse_args(["--model-s3"])
     assert bench_cli._plot_path(args) == Path("costmodel-s3.png")
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/stdout"])
+def test_json_to_a_device_is_written_in_place_and_no_plot_goes_beside_it(
+        device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json /dev/null: devices are written in place, so there is no
+    "/dev/null.png" beside it to refuse (before: the run was refused)."""
+    from mpllm.atomic import check_output
+    from mpllm.board import bench_cli
+
+    for argv in (["--model-s3", "--json", device], ["--board", "host", "--json", device]):
+        args = bench_cli.build_parser().parse_args(argv)
+        assert bench_cli._outputs(args) == [Path(device)]
+        for path in bench_cli._outputs(args):
+            check_output(path)
+        assert not bench_cli._plotting(args)
+    assert f"plot skipped: --json {device} is written in place" in capsys.readouterr().err
+    # --plot still names one
+    args = bench_cli.build_parser().parse_args(["--model-s3", "--json", device, "--plot", "p.png"])
+    assert bench_cli._plot_path(args) == Path("p.png")

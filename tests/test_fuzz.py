@@ -1,5 +1,6 @@
 """Every fuzz target (tests/fuzz/fuzzrun.py: the image loader, the binding's
-argument decoding, the tokenizer's two encoders, the web chat's messages)
+argument decoding, the tokenizer's two encoders, the web chat's messages,
+llama2.c's checkpoints and tokenizer.bin)
 runs for a few seconds over its committed corpus, with 0 crashes; the corpus
 grows only by what adds coverage; a crash is reported with its input.
 
@@ -10,6 +11,7 @@ libFuzzer runtime, atheris) is missing is skipped, and fails under CI=true.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -91,3 +93,21 @@ def test_a_crash_is_reported_with_its_input(tmp_path: Path, monkeypatch: pytest.
     out = capsys.readouterr().out
     assert "1 crashes" in out and "CRASH " in out and "reproduce: " in out
     assert str(harness) in out
+
+
+def test_the_readme_command_runs_a_c_target_outside_pytest(tmp_path: Path) -> None:
+    """`python tests/fuzz/fuzzrun.py loader` as the README says it, from the
+    checkout, in a shell whose Python path is its own (before, the C targets
+    stopped with "No module named 'conftest'": the micro image's lock was
+    imported from the tests' conftest)."""
+    import os
+    import subprocess
+
+    need_tool(lambda: fuzzrun.command(fuzzrun.TARGETS["loader"]))  # clang's libFuzzer, built
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "tests/fuzz/fuzzrun.py", "loader", "--runs", "50",
+                        "--seconds", str(CAP_SECONDS)], cwd=fuzzrun.ROOT, env=env,
+                       capture_output=True, text=True, timeout=CAP_SECONDS + 300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert re.search(r"^loader: \d+ executions, 0 crashes", r.stdout, re.MULTILINE), r.stdout

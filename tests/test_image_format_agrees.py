@@ -85,3 +85,36 @@ def test_python_mirrors_of_engine_limits() -> None:
     llm_h = (cbuild.ENGINE / "llm.h").read_text()
     verify_max = int(re.search(r"#define LLM_VERIFY_MAX (\d+)u", llm_h).group(1))
     assert verify_max == drafts_table.MAX_DRAFT + 1
+
+
+LIMITS_PROBE = r"""
+#include <stdio.h>
+#include "image.h"
+int main(void) {
+    printf("MAX_DIM %u\nMAX_HEAD_DIM %u\nMAX_FFN %u\n", LLM_MAX_DIM, LLM_MAX_HEAD_DIM, LLM_MAX_FFN);
+    printf("MAX_PLE_COLS %u\nMAX_SEQ_LEN %u\nMAX_VOCAB %u\n", LLM_MAX_PLE_COLS, LLM_MAX_SEQ_LEN,
+           LLM_MAX_VOCAB);
+    printf("MAX_LAYERS %u\nSECTIONS_BEFORE_LAYERS %u\nSECTIONS_PER_LAYER %u\n",
+           (unsigned)LLM_MAX_LAYERS, (unsigned)LLM_SEC_LAYER0, (unsigned)LLM_LSEC_COUNT);
+    return 0;
+}
+"""
+
+
+def test_engine_limits_match_the_python_side(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """mpllm.formats.limits (what the converter refuses past) is what the
+    loader enforces: native/engine/image.h's LLM_MAX_*, compiled."""
+    from mpllm.formats import limits
+
+    src = tmp_path / "limits_probe.c"
+    src.write_text(LIMITS_PROBE)
+    result = cbuild.run(cbuild.build("image_limits_probe", [src], tmp_path))
+    assert result.returncode == 0, result.stderr
+    got = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert len(got) == 9
+    for name, value in got.items():
+        assert int(value) == getattr(limits, name), name
+    # the sections after the layers: what LLM_MAX_LAYERS subtracts (image.h's "- 4u")
+    image_h = (cbuild.ENGINE / "image.h").read_text()
+    after = int(re.search(r"LLM_SEC_LAYER0 - (\d+)u\) / LLM_LSEC_COUNT", image_h).group(1))
+    assert after == limits.SECTIONS_AFTER_LAYERS

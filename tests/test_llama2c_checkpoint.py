@@ -70,10 +70,10 @@ def _v1(ck: Llama2cCheckpoint) -> bytearray:
     (lambda b: b[:4] + struct.pack("<i", 3) + b[8:], "version 3"),
     (lambda b: b[:-1], "truncated in the classifier|truncated in layer 1 w3"),
     (lambda b: b + b"\0" * 4, "4 bytes after the last tensor"),
-    (lambda b: b[:8] + struct.pack("<i", 30) + b[12:], "dim 30 does not split into 4 heads"),
-    (lambda b: b[:24] + struct.pack("<i", 3) + b[28:], "4 heads do not share 3 kv heads"),
-    (lambda b: b[:8] + struct.pack("<i", -32) + b[12:], "dim -32 is not"),
-    (lambda b: b[:36] + b"\x07" + b[37:], "shared-classifier flag 7"),
+    (lambda b: b[:8] + struct.pack("<i", 30) + b[12:], "n_heads 4 does not split dim 30 into heads"),
+    (lambda b: b[:24] + struct.pack("<i", 3) + b[28:], "n_kv_heads 3 does not divide n_heads 4"),
+    (lambda b: b[:8] + struct.pack("<i", -32) + b[12:], "dim -32 is out of range: the engine holds 1..8192"),
+    (lambda b: b[:36] + b"\x07" + b[37:], "shared_classifier flag 7"),
     (lambda b: b[:256] + struct.pack("<f", float("nan")) + b[260:], "attention_norm holds NaN"),
 ])
 def test_bad_checkpoints_get_their_own_message(damage, message):
@@ -95,7 +95,7 @@ def test_v0_vocab_sign_and_sizes():
 def test_v2_group_size_is_checked():
     data = bytearray(llama2c.checkpoint_bytes(random_checkpoint(), 2, group_size=16))
     data[37:41] = struct.pack("<i", 0)
-    with pytest.raises(CheckpointError, match="group size 0"):
+    with pytest.raises(CheckpointError, match="group_size 0 is out of range"):
         llama2c.read_checkpoint(bytes(data))
     data[37:41] = struct.pack("<i", 7)  # 7 does not divide the tensors
     with pytest.raises(CheckpointError, match="not a multiple of the group size 7"):

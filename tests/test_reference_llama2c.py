@@ -103,7 +103,7 @@ def test_bad_files_are_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"cut.bin: truncated in the RoPE tables"):
         L.Llama2c(p)
     p.write_bytes(np.array([16, 24, 2, 3, 2, 32, 8], "<i4").tobytes())
-    with pytest.raises(CheckpointError, match="dim 16 does not split into 3 heads"):
+    with pytest.raises(CheckpointError, match="n_heads 3 does not split dim 16 into heads"):
         L.Llama2c(p)
     p.write_bytes(b"\0" * 8)
     with pytest.raises(CheckpointError, match="too short"):

@@ -192,6 +192,27 @@ def test_every_allowed_line_fits_in_a_message(served) -> None:  # type: ignore[n
     assert answered[-1]["type"] == "error" and "too long" in answered[-1]["message"]
     assert after[-1]["type"] == "done" and reply_text(after)
 
+def test_a_message_of_exactly_the_limit_is_read(served) -> None:  # type: ignore[no-untyped-def]
+    """A message of max_message_bytes (5,056: the documented maximum) is read
+    and answered; one byte more closes the connection with 1009 (before, the
+    limit itself was closed: aiohttp refuses a message of max_msg_size)."""
+    lim = Limits()
+    assert lim.max_message_bytes == 5056
+    turn = '{"type": "turn", "text": "Once upon a time"}'
+
+    async def send(size: int) -> tuple[list[dict], int | None]:
+        async with connect(served.url) as (ws, _):
+            await ws.send_str(turn + " " * (size - len(turn)))  # JSON allows the spaces
+            try:
+                return await follow(ws), None
+            except TypeError:  # receive_json of the close
+                return [], ws.close_code
+
+    answered, code = asyncio.run(send(lim.max_message_bytes))
+    assert code is None and answered[-1]["type"] == "done" and reply_text(answered)
+    assert asyncio.run(send(lim.max_message_bytes + 1)) == ([], 1009)
+
+
 def _messages(rng: random.Random, n: int) -> Iterator[str]:
     """Messages a client could send: valid ones mutated, deep nesting in every
     place a value goes, odd numbers and strings, random text."""
@@ -392,6 +413,20 @@ def test_short_load_test(tiny_model, tmp_path) -> None:  # type: ignore[no-untyp
         assert row["completed"] >= row["connections"] and row["p95_ms"] >= row["p50_ms"] > 0
     assert "p95 ms" in r.stdout and "50" in r.stdout.splitlines()[-1]
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+def test_load_test_json_to_a_device(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--json /dev/null: written in place (devices are), and no plot beside it,
+    said in one line (before: refused, as "/dev/null.png" cannot be written)."""
+    r = subprocess.run([sys.executable, str(SERVE), "--board", "host", "--image",
+                        str(tiny_model.image), "--engines", "1", "--tokens", "4",
+                        "--load-test", "--levels", "1", "--seconds", "0.5", "--json",
+                        "/dev/null"], capture_output=True, text=True, timeout=300,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wrote /dev/null" in r.stderr
+    assert "(no plot: --json /dev/null is written in place, a device or a pipe" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # and no serve-load.png instead
+
 
 def test_bad_command_lines(tiny_model) -> None:  # type: ignore[no-untyped-def]
     def run(*args: str) -> subprocess.CompletedProcess:

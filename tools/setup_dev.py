@@ -308,4 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mpllm.interrupt import run
+
+    run(main, "setup_dev.py")

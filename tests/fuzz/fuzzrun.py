@@ -14,6 +14,12 @@ Targets (each a libFuzzer run: C harnesses built with clang's
   tokenizer_section  the tokenizer section's two readers, the C loader and
              the board's Python, against each other
              (tests/fuzz/fuzz_tokenizer_section.py)
+  checkpoint llama2.c's model.bin (v0, v1, v2): the reader and the
+             converter's weights of what it accepts (tests/fuzz/fuzz_checkpoint.py)
+  tokenizer_bin
+             llama2.c's tokenizer.bin: the reader, its image section and the
+             board's tokenizer of it against run.c's rule
+             (tests/fuzz/fuzz_tokenizer_bin.py)
 
 Corpus: tests/fuzz/corpus/<target>/, committed (small files: the loader's
 inputs are edits to a small generated image, build/fuzz/micro.img, made
@@ -83,6 +89,8 @@ TARGETS = {t.name: t for t in (
     Target("tokenizer", HERE / "fuzz_tokenizer.py", 256, 2500),
     Target("web", HERE / "fuzz_web.py", 4096, 50000, HERE / "web.dict"),
     Target("tokenizer_section", HERE / "fuzz_tokenizer_section.py", 4096, 1500),
+    Target("checkpoint", HERE / "fuzz_checkpoint.py", 2048, 10000),
+    Target("tokenizer_bin", HERE / "fuzz_tokenizer_bin.py", 8192, 15000),
 )}
 
 
@@ -171,6 +179,14 @@ def atheris_fuzz(test_one_input: Callable[[bytes], None]) -> None:
     # .py file is not executable, so it is this Python running the script
     atheris.Setup([shlex.join([sys.executable, sys.argv[0]]), *sys.argv[1:]], test_one_input)
     atheris.Fuzz()
+
+
+def one_line(e: Exception) -> None:
+    """A harness's check of an error the code under test raised on purpose:
+    it says what is wrong in one line (or the harness fails)."""
+    msg = str(e)
+    if not msg or "\n" in msg:
+        raise AssertionError(f"{type(e).__name__} without a one-line message: {msg!r}")
 
 
 def command(target: Target) -> list[str]:

@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .interrupt import deferred
+
 # Errors of a write that name no file (the disk is full, ...): said about the target.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO,
                  errno.EPIPE, errno.EBADF}
@@ -119,6 +121,16 @@ def _kind(path: str | os.PathLike[str]) -> str:
     return "file"
 
 
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is written in place (a character device, a FIFO, a
+    descriptor's name such as /dev/stdout): nothing can be put beside it. A
+    path that cannot take a file at all is not one (check_output says why)."""
+    try:
+        return _kind(path) == "stream"
+    except OutputError:
+        return False
+
+
 def check_output(path: str | os.PathLike[str]) -> None:
     """Raise OutputError if `path` cannot take a file (see the module docstring);
     writes nothing. atomic_path() makes the same check."""
@@ -155,16 +167,21 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     the block runs) for a target that cannot take a file."""
     kind = _kind(path)
     real = Path(os.path.realpath(path))
+    tmp: Path | None = None
     try:
-        if kind == "stream":
-            fd, name = tempfile.mkstemp(prefix="mpllm-", suffix=".tmp")
-        else:
-            fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
-    except OSError as e:
-        raise _fail(path, e.strerror or str(e)) from None
-    os.close(fd)
-    tmp = Path(name)
-    try:
+        # Ctrl-C waits until the staging file is in our hands (and, below,
+        # until it is gone): in between it would be left behind
+        with deferred():
+            try:
+                if kind == "stream":
+                    fd, name = tempfile.mkstemp(prefix="mpllm-", suffix=".tmp")
+                else:
+                    fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp",
+                                                dir=real.parent)
+            except OSError as e:
+                raise _fail(path, e.strerror or str(e)) from None
+            os.close(fd)
+            tmp = Path(name)
         try:
             yield tmp
             if kind == "stream":
@@ -180,7 +197,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
                 raise
             raise err from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with deferred():
+                tmp.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

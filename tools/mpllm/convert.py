@@ -50,10 +50,10 @@ from .formats.image import (
 from .formats.llama2c import MAGIC as LLAMA2C_MAGIC
 from .formats.llama2c import (
     CheckpointError,
-    Llama2cConfig,
-    check_config,
+    is_checkpoint,
     load_tokenizer_bin,
     read_checkpoint,
+    read_header,
 )
 from .formats.model import Config, QMatrix, Weights
 from .formats.tokenizer import TokenizerFormatError, TokenizerTables
@@ -215,7 +215,12 @@ def convert(
 
     tok_bytes = tok_path.read_bytes()
     model_bytes = model_path.read_bytes()
-    llama = _is_llama2c(model_bytes)
+    llama = _is_llama2c(model_bytes, tok_bytes)
+    if llama:  # the header first (its sizes against the engine's limits): nothing heavy yet
+        try:
+            read_header(model_bytes, str(model_path))
+        except CheckpointError as e:
+            raise ConvertError(str(e)) from None
     tables = _read_tokenizer(tok_path, tok_bytes, llama)
     n_tok = int(tables.vocab_size)
     version = -1
@@ -318,21 +323,18 @@ def convert(
                          and certifiable(trimmed.output_head()) is None)
 
 
-def _is_llama2c(model_bytes: bytes) -> bool:
+def _is_llama2c(model_bytes: bytes, tokenizer_bytes: bytes) -> bool:
     """Whether the model file is a llama2.c checkpoint: "ak42" (v1, v2), or no
-    magic and a legacy v0 header of seven sizes a llama2.c model can have.
-    Every esp32-ai model.bin starts with a "PLE" magic; any other file goes
-    to the esp32-ai reader, which names the magic it found."""
+    magic and either a legacy v0 header of seven sizes a llama2.c model can
+    have or llama2.c's tokenizer.bin beside it (so that a damaged v0 header is
+    blamed on the header, not on the tokenizer). Every esp32-ai model.bin
+    starts with a "PLE" magic; any other file goes to the esp32-ai reader,
+    which names the magic it found."""
     if model_bytes[:4] == struct.pack("<I", LLAMA2C_MAGIC):
         return True
-    if model_bytes[:3] == MAGIC_V1[:3] or len(model_bytes) < 28:
+    if model_bytes[:3] == MAGIC_V1[:3]:
         return False
-    dims = list(struct.unpack_from("<7i", model_bytes))
-    try:
-        check_config(Llama2cConfig(*dims[:5], abs(dims[5]), dims[6], dims[5] > 0), "")
-    except CheckpointError:
-        return False
-    return True
+    return is_checkpoint(model_bytes) or _is_tokenizer_bin(tokenizer_bytes)
 
 
 def _is_tokenizer_bin(data: bytes) -> bool:
@@ -465,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     if rep.family == "llama2c" and args.quality_positions and not args.quiet:
-        _print_quality(args.model_bin, rep.out, args.quality_positions)
+        try:
+            _print_quality(args.model_bin, rep.out, args.quality_positions)
+        except KeyboardInterrupt:  # the image is whole: only its figure is not measured
+            print(f"interrupted; {rep.out} was written, its quality figure not measured",
+                  file=sys.stderr)
+            return 130
     return 0
 
 

@@ -204,7 +204,7 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
     (`Calibration`), each draft priced by the cost model for the image's
     shape on the S3."""
     from .checkout import import_llm
-    from .costmodel.prices import draft_prices
+    from .costmodel.prices import draft_prices, verify_starts
     from .costmodel.shape import Shape
 
     if llm_module is None:
@@ -214,6 +214,11 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         cfg = m.config()
         tok = llm.Tokenizer(m.tokenizer())
         prompts = [tok.encode(p) for p in DEFAULT_PROMPTS]
+        # a context too short for a prompt and a verify pass after it has
+        # nothing to draft in: the empty table (the image decodes the same)
+        prompts = [p for p in prompts if len(p) < cfg["seq_len"]]
+        if not prompts or not verify_starts(Shape.from_config(cfg)):
+            return drafts_table.DraftsTable()
         # (a llama2.c model's story ends at BOS or EOS: the tokenizer's stop ids)
         counts = self_distilled(m, prompts, n_stories, n_tokens, tok.stop_ids,
                                 progress=progress)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import costmodel
-from ..atomic import OutputError, check_output
+from ..atomic import OutputError, check_output, is_stream
 from ..image_cache import ImageFileError, check_image_file
 from . import gate
 from .bench import (
@@ -150,8 +150,14 @@ def _have_matplotlib() -> bool:
     return True
 
 
+@functools.cache  # said once, however often asked
+def _nothing_beside(path: Path) -> None:
+    print(f"plot skipped: --json {path} is written in place (a device or a pipe), so no plot "
+          "goes beside it; --plot FILE names one", file=sys.stderr)
+
+
 def _plotting(args: argparse.Namespace) -> bool:
-    return not args.no_plot and _have_matplotlib()
+    return not args.no_plot and _plot_path(args) is not None and _have_matplotlib()
 
 
 def _bench_json(args: argparse.Namespace) -> Path:
@@ -160,21 +166,26 @@ def _bench_json(args: argparse.Namespace) -> Path:
     return args.json or Path(f"bench-{name}.json")
 
 
-def _plot_path(args: argparse.Namespace) -> Path:
+def _plot_path(args: argparse.Namespace) -> Path | None:
     """Where the chart goes: --plot, else beside the JSON (the cost model without
-    --json: costmodel-s3.png here)."""
+    --json: costmodel-s3.png here); None when the JSON is written in place (a
+    device such as /dev/null, or a pipe): nothing can go beside it."""
     if args.plot:
         return args.plot
-    if args.model_s3:
-        return args.json.with_suffix(".png") if args.json else Path("costmodel-s3.png")
-    return _bench_json(args).with_suffix(".png")
+    if args.model_s3 and not args.json:
+        return Path("costmodel-s3.png")
+    beside = args.json if args.model_s3 else _bench_json(args)
+    if is_stream(beside):
+        _nothing_beside(beside)
+        return None
+    return beside.with_suffix(".png")
 
 
 def _outputs(args: argparse.Namespace) -> list[Path]:
     """Every file this run will write, known before it runs (so all are checked
     before any work is done or any file written)."""
     if args.model_s3:
-        plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []
+        plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []  # type: ignore[list-item]
         return plots + ([args.json] if args.json else [])
     if args.report:
         return [args.report]
@@ -182,7 +193,7 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
         return []
     if args.quality:
         return [args.json] if args.json else []
-    return [_bench_json(args)] + ([_plot_path(args)] if _plotting(args) else [])
+    return [_bench_json(args)] + ([_plot_path(args)] if _plotting(args) else [])  # type: ignore[list-item]
 
 
 def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:

@@ -17,6 +17,13 @@ from .spec_inputs import SpecInputs
 __all__ = ["draft_prices", "pass_ms"]
 
 
+def verify_starts(s: Shape) -> list[int]:
+    """The story positions (every 10th) where a verify pass of VERIFY_MAX
+    positions fits the context of shape `s`: where pass_ms prices one (none:
+    a context too short to draft in)."""
+    return [p for p in story_positions() if p + VERIFY_MAX <= s.seq_len][::10]
+
+
 def pass_ms(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
             rows_fraction: float | None = None) -> list[float]:
     """Modeled ms of a verify pass of m = 1..VERIFY_MAX positions on the S3
@@ -29,7 +36,10 @@ def pass_ms(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
     passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
                      scale=(1.0, 1.0))
     union = sp.union[SPEC_BUILD_MODE[build]]
-    starts = [p for p in story_positions() if p + VERIFY_MAX <= s.seq_len][::10]
+    starts = verify_starts(s)
+    if not starts:
+        raise ValueError(f"a context of {s.seq_len} positions holds no verify pass of "
+                         f"{VERIFY_MAX} after a story's prompt: nothing to price")
     return [passes.ms(b, m, union, starts) for m in range(1, VERIFY_MAX + 1)]
 
 

@@ -183,24 +183,151 @@ class Llama2cCheckpoint:
         return self.tok_embeddings if self.classifier is None else self.classifier
 
 
-def _config(dims: tuple[int, ...], shared: bool, where: str) -> Llama2cConfig:
-    return check_config(Llama2cConfig(*dims, shared), where)  # type: ignore[call-arg]
+#: the header's seven sizes, in file order (llama2c's ModelArgs names)
+FIELDS = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
+#: the largest Q8_0 group a v2 header may state (export.py uses 64)
+MAX_GROUP_SIZE = 4096
 
 
-def check_config(cfg: Llama2cConfig, where: str) -> Llama2cConfig:
-    """cfg, or CheckpointError naming the first size llama2.c's Llama cannot have."""
-    dim, n_heads, n_kv_heads = cfg.dim, cfg.n_heads, cfg.n_kv_heads
-    for name in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
-                 "seq_len"):
+def check_config(cfg: Llama2cConfig, where: str, shown: dict[str, int] | None = None
+                 ) -> Llama2cConfig:
+    """cfg, or CheckpointError naming the first header field the engine and
+    the image format cannot hold (mpllm.formats.limits, the loader's own
+    bounds), and the bound. shown: a field's value as the file states it
+    (v0's vocab_size is negative for an unshared classifier)."""
+    from .limits import MAX_DIM, size_limit
+
+    def say(name: str) -> str:
+        return f"{name} {(shown or {}).get(name, getattr(cfg, name))}"
+
+    bounds = {"dim": size_limit("dim"), "hidden_dim": size_limit("ffn"),
+              "n_layers": size_limit("n_layers"),
+              "n_heads": (min(MAX_DIM, max(cfg.dim, 1)), (f"at most {say('dim')}: a head has "
+                          "a column")),
+              "n_kv_heads": (max(cfg.n_heads, 1), f"at most {say('n_heads')}"),
+              "vocab_size": size_limit("vocab"), "seq_len": size_limit("seq_len")}
+    for name in FIELDS:
         v = getattr(cfg, name)
-        if not 0 < v <= 1 << 20:
-            raise CheckpointError(f"{where}: {name} {v} is not a llama2.c model's")
+        hi, why = bounds[name]
+        lo = EOS_ID + 1 if name == "vocab_size" else 1  # <unk>, BOS and EOS at least
+        if not lo <= v <= hi:
+            raise CheckpointError(f"{where}: {say(name)} is out of range: the engine holds "
+                                  f"{lo}..{hi} ({why})")
+    dim, n_heads, n_kv_heads = cfg.dim, cfg.n_heads, cfg.n_kv_heads
     if dim % n_heads or (dim // n_heads) % 2:
-        raise CheckpointError(f"{where}: dim {dim} does not split into {n_heads} heads of an "
-                              "even size (RoPE rotates pairs)")
+        raise CheckpointError(f"{where}: {say('n_heads')} does not split {say('dim')} into heads "
+                              "of an even size (RoPE rotates pairs)")
+    most, why = size_limit("head_dim")
+    if dim // n_heads > most:
+        raise CheckpointError(f"{where}: {say('dim')} / {say('n_heads')} makes heads of "
+                              f"{dim // n_heads}: the engine holds at most {most} ({why})")
     if n_heads % n_kv_heads:
-        raise CheckpointError(f"{where}: {n_heads} heads do not share {n_kv_heads} kv heads evenly")
+        raise CheckpointError(f"{where}: {say('n_kv_heads')} does not divide {say('n_heads')} "
+                              "(each kv head serves as many query heads)")
     return cfg
+
+
+@dataclass(frozen=True)
+class Header:
+    """A checkpoint's header, checked against the engine's limits and the
+    file's length (`read_header`)."""
+
+    version: int
+    config: Llama2cConfig
+    group_size: int = 0  # v2 only
+
+
+def _header_text(version: int, raw: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in {"version": version, **raw}.items())
+
+
+def _layout(version: int, cfg: Llama2cConfig, group: int) -> list[tuple[str, int, int]]:
+    """(what, bytes, values) of every tensor in file order after the header;
+    values is the count a v2 tensor's group must divide (0: f32)."""
+    L, d, v = cfg.n_layers, cfg.dim, cfg.vocab_size
+
+    def f32(what: str, n: int) -> tuple[str, int, int]:
+        return what, 4 * n, 0
+
+    def tensor(what: str, n: int) -> list[tuple[str, int, int]]:
+        if version != 2:
+            return [f32(what, n)]
+        return [(what, n, n), (f"{what} scales", 4 * (n // group), 0)]
+
+    if version == 0:
+        out = [f32("tok_embeddings", v * d), f32("attention_norm", L * d)]
+        for name in LAYER_MATRICES[:4]:
+            out.append(f32(name, L * math.prod(cfg.matrix_shape(name))))
+        out.append(f32("ffn_norm", L * d))
+        for name in LAYER_MATRICES[4:]:
+            out.append(f32(name, L * math.prod(cfg.matrix_shape(name))))
+        out += [f32("the final norm", d), f32("the RoPE tables", cfg.seq_len * cfg.head_dim)]
+        if not cfg.shared_classifier:
+            out.append(f32("the classifier", v * d))
+        return out
+    out = [f32("attention_norm", L * d), f32("ffn_norm", L * d), f32("the final norm", d)]
+    out += tensor("tok_embeddings", v * d)
+    for name in LAYER_MATRICES:
+        for layer in range(L):
+            out += tensor(f"layer {layer} {name}", math.prod(cfg.matrix_shape(name)))
+    if not cfg.shared_classifier:
+        out += tensor("the classifier", v * d)
+    return out
+
+
+def read_header(data: bytes, where: str = "model.bin") -> Header:
+    """The header of any of the three versions, every field checked against
+    what the engine can hold and the sizes it states against the file's
+    length, before a byte of the weights is read; CheckpointError naming the
+    field (or, for sizes that do not add up to the file, the whole header)."""
+    if len(data) < _PARAMS.size:
+        raise CheckpointError(f"{where}: {len(data)} bytes, too short for a llama2.c header")
+    group = 0
+    if struct.unpack_from("<I", data, 0)[0] == MAGIC:
+        if len(data) < V1_HEADER_BYTES:
+            raise CheckpointError(f"{where}: {len(data)} bytes, too short for its "
+                                  f"{V1_HEADER_BYTES}-byte header")
+        (version,) = struct.unpack_from("<i", data, 4)
+        if version not in (1, 2):
+            raise CheckpointError(f"{where}: llama2.c checkpoint version {version} "
+                                  "(this converter reads 0, 1 and 2)")
+        dims = _PARAMS.unpack_from(data, 8)
+        raw = dict(zip(FIELDS, dims, strict=True))
+        shared_flag = data[8 + _PARAMS.size]
+        if shared_flag > 1:
+            raise CheckpointError(f"{where}: shared_classifier flag {shared_flag} is not 0 or 1")
+        raw["shared_classifier"] = shared_flag
+        cfg = check_config(Llama2cConfig(*dims, bool(shared_flag)), where)
+        if version == 2:
+            (group,) = struct.unpack_from("<i", data, 9 + _PARAMS.size)
+            if not 0 < group <= MAX_GROUP_SIZE:
+                raise CheckpointError(f"{where}: Q8_0 group_size {group} is out of range "
+                                      f"(1..{MAX_GROUP_SIZE})")
+            raw["group_size"] = group
+        at = V1_HEADER_BYTES
+    else:
+        version = 0
+        dims = _PARAMS.unpack_from(data, 0)
+        raw = dict(zip(FIELDS, dims, strict=True))
+        shared = dims[5] > 0
+        cfg = check_config(Llama2cConfig(*dims[:5], abs(dims[5]), dims[6], shared), where,
+                           shown={"vocab_size": dims[5]})
+        at = _PARAMS.size
+    for what, size, values in _layout(version, cfg, group):
+        if values % group if values else False:
+            raise CheckpointError(f"{where}: {what} has {values} values, not a multiple of "
+                                  f"the group size {group}")
+        if at + size > len(data):
+            raise CheckpointError(
+                f"{where}: truncated in {what} (needs {size:,} bytes at offset {at:,}, the file "
+                f"has {len(data):,}): the header ({_header_text(version, raw)}) does not "
+                "describe this file")
+        at += size
+    if at != len(data):
+        raise CheckpointError(f"{where}: {len(data) - at:,} bytes after the last tensor: the "
+                              f"header ({_header_text(version, raw)}) describes {at:,} bytes "
+                              "(a different shape or version?)")
+    return Header(version, cfg, group)
 
 
 class _Reader:
@@ -228,7 +355,13 @@ class _Reader:
                                   f"the group size {group}")
         q = self.take("<i1", n, what).astype(np.float32)
         scales = self.take("<f4", n // group, f"{what} scales")
-        return (q.reshape(-1, group) * scales[:, None]).astype(np.float32).reshape(shape)
+        with np.errstate(over="ignore"):  # (said below in one line, not as numpy's warning)
+            w = (q.reshape(-1, group) * scales[:, None]).astype(np.float32)
+        if not np.isfinite(w).all():
+            big = float(np.abs(scales).max())
+            raise CheckpointError(f"{self.where}: {what}: a code times its scale ({big:g}) "
+                                  "overflows float32")
+        return w.reshape(shape)
 
     def end(self) -> None:
         if self.at != len(self.data):
@@ -237,29 +370,13 @@ class _Reader:
 
 
 def read_checkpoint(data: bytes, where: str = "model.bin") -> Llama2cCheckpoint:
-    """Any of the three versions; CheckpointError, naming what was wrong, otherwise."""
-    if len(data) < _PARAMS.size:
-        raise CheckpointError(f"{where}: {len(data)} bytes, too short for a llama2.c header")
-    if struct.unpack_from("<I", data, 0)[0] == MAGIC:
-        if len(data) < V1_HEADER_BYTES:
-            raise CheckpointError(f"{where}: {len(data)} bytes, too short for its "
-                                  f"{V1_HEADER_BYTES}-byte header")
-        (version,) = struct.unpack_from("<i", data, 4)
-        if version not in (1, 2):
-            raise CheckpointError(f"{where}: llama2.c checkpoint version {version} "
-                                  "(this converter reads 0, 1 and 2)")
-        dims = _PARAMS.unpack_from(data, 8)
-        shared_flag = data[8 + _PARAMS.size]
-        if shared_flag > 1:
-            raise CheckpointError(f"{where}: shared-classifier flag {shared_flag} is not 0 or 1")
-        cfg = _config(dims, bool(shared_flag), where)
-        group = 0
-        if version == 2:
-            (group,) = struct.unpack_from("<i", data, 9 + _PARAMS.size)
-            if not 0 < group <= 4096:
-                raise CheckpointError(f"{where}: Q8_0 group size {group} out of range")
+    """Any of the three versions; CheckpointError, naming what was wrong, otherwise
+    (the header, read_header, before any weight)."""
+    head = read_header(data, where)
+    cfg, version, group = head.config, head.version, head.group_size
+    L, d = cfg.n_layers, cfg.dim
+    if version:
         r = _Reader(data, V1_HEADER_BYTES, where)
-        L, d = cfg.n_layers, cfg.dim
         attention_norm = r.f32((L, d), "attention_norm")
         ffn_norm = r.f32((L, d), "ffn_norm")
         norm = r.f32((d,), "the final norm")
@@ -274,12 +391,7 @@ def read_checkpoint(data: bytes, where: str = "model.bin") -> Llama2cCheckpoint:
         r.end()
         return Llama2cCheckpoint(version, cfg, emb, attention_norm, ffn_norm, norm, layers, cls,
                                  group)
-    dims = list(_PARAMS.unpack_from(data, 0))
-    shared = dims[5] > 0
-    dims[5] = abs(dims[5])
-    cfg = _config(tuple(dims), shared, where)
     r = _Reader(data, _PARAMS.size, where)
-    L, d = cfg.n_layers, cfg.dim
     emb = r.f32((cfg.vocab_size, d), "tok_embeddings")
     attention_norm = r.f32((L, d), "attention_norm")
     layers = {}
@@ -290,7 +402,7 @@ def read_checkpoint(data: bytes, where: str = "model.bin") -> Llama2cCheckpoint:
         layers[name] = r.f32((L, *cfg.matrix_shape(name)), name)
     norm = r.f32((d,), "the final norm")
     r.f32((2, cfg.seq_len, cfg.head_dim // 2), "the RoPE tables")
-    cls = None if shared else r.f32((cfg.vocab_size, d), "the classifier")
+    cls = None if cfg.shared_classifier else r.f32((cfg.vocab_size, d), "the classifier")
     r.end()
     return Llama2cCheckpoint(0, cfg, emb, attention_norm, ffn_norm, norm,
                              {k: layers[k] for k in LAYER_MATRICES}, cls)
@@ -302,7 +414,7 @@ def is_checkpoint(data: bytes) -> bool:
     if len(data) >= 4 and struct.unpack_from("<I", data, 0)[0] == MAGIC:
         return True
     try:
-        read_checkpoint(data)
+        read_header(data)
     except CheckpointError:
         return False
     return True

@@ -177,6 +177,7 @@ async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyp
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+    print("the web chat stopped", file=sys.stderr, flush=True)
 
 
 async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
@@ -221,7 +222,10 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
             print(f"wrote {args.json}", file=sys.stderr)
         png = _plot_path(args)
         title = f"web chat load test: {doc['engines']} {server.backend} engine(s)"
-        if load_test.plot(levels, png, title):
+        if png is None:
+            print(f"(no plot: --json {args.json} is written in place, a device or a pipe, so "
+                  "no plot goes beside it; --plot FILE names one)", file=sys.stderr)
+        elif load_test.plot(levels, png, title):
             print(f"wrote {png}", file=sys.stderr)
         else:
             print("(no plot: matplotlib is not installed; pip install matplotlib)",
@@ -231,10 +235,15 @@ async def _load_test(server, args: argparse.Namespace) -> int:  # type: ignore[n
     return 0
 
 
-def _plot_path(args: argparse.Namespace) -> str:
-    """Where the load test's plot goes."""
-    return args.plot or (str(Path(args.json).with_suffix(".png")) if args.json
-                         else "serve-load.png")
+def _plot_path(args: argparse.Namespace) -> str | None:
+    """Where the load test's plot goes: --plot, else beside --json, else
+    serve-load.png; None when --json is written in place (a device such as
+    /dev/null, or a pipe): nothing can go beside it."""
+    from ..atomic import is_stream
+
+    if args.plot or not args.json:
+        return args.plot or "serve-load.png"
+    return None if is_stream(args.json) else str(Path(args.json).with_suffix(".png"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # every output is checked before the engines start: a bad --json fails at once
     outputs = [args.json] if args.json else []
-    if args.load_test:
+    if args.load_test and _plot_path(args) is not None:
         outputs.append(_plot_path(args))
     try:
         for path in outputs:

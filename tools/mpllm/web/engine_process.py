@@ -209,6 +209,10 @@ def serve(run: Callable[[dict, Emit], None]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C is the server's to handle: it stops this process by closing its
+    # stdin (and starts it in a process group of its own, so the terminal's
+    # Ctrl-C never reaches it: mpllm.web.engines)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--image", help="model image for the host board engine")

@@ -85,9 +85,13 @@ class Engine:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).resolve().parents[2])] + ([env["PYTHONPATH"]]
                                                           if env.get("PYTHONPATH") else []))
+        # Its own process group: the terminal's Ctrl-C goes to the server
+        # alone, which stops its engines itself (stop(): stdin closed); an
+        # engine that took it too would print its own traceback (and it
+        # ignores SIGINT besides: engine_process.main)
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=None, limit=1 << 20, env=env)
+            stderr=None, limit=1 << 20, env=env, process_group=0)
         line = await self.proc.stdout.readline()
         if not line:
             code = await self.proc.wait()

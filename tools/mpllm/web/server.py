@@ -152,7 +152,9 @@ class ChatServer:
             # 0.0.0.0, any page a LAN user opens could otherwise take the slots)
             return web.Response(status=403, text="this chat takes connections from its own "
                                 "page only")
-        ws = web.WebSocketResponse(max_msg_size=lim.max_message_bytes, heartbeat=30)
+        # aiohttp refuses a message of max_msg_size bytes itself: one more, so
+        # that the limit is the longest message read, as the page is told
+        ws = web.WebSocketResponse(max_msg_size=lim.max_message_bytes + 1, heartbeat=30)
         await ws.prepare(request)
         if self.connections >= lim.max_connections:
             await ws.send_json({"type": "busy", "message": f"the server is full "
