@@ -1,6 +1,6 @@
 """Every fuzz target (tests/fuzz/fuzzrun.py: the image loader, the binding's
 argument decoding, the tokenizer's two encoders, the web chat's messages,
-llama2.c's checkpoints and tokenizer.bin)
+the tokenizer section's two readers, llama2.c's checkpoints and tokenizer.bin)
 runs for a few seconds over its committed corpus, with 0 crashes; the corpus
 grows only by what adds coverage; a crash is reported with its input.
 
