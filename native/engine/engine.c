@@ -155,9 +155,31 @@ static void LLM_HOT gelu_mul(float *out, const float *a, const float *b, uint32_
     for (; i < n; i++) out[i] = ((0.5f * a[i]) * (1.0f + llm_erff(a[i] * 0.70710678f))) * b[i];
 }
 
-/* Quantize x[0..n) as the input of the matvecs that follow. */
+/* x[0..n) becomes the input of the matvecs that follow: the int8 forms their
+ * kinds read are made on first use (act_in), so a model without int4
+ * matrices never quantizes for them. */
 static void LLM_HOT quantize(llm_act *a, const float *x, uint32_t n) {
-    llm_quantize_act(x, n, (uint32_t)llm_align_up(n, LLM_IMAGE_BLOCK_COLS), a->q, &a->scale);
+    a->x = x;
+    a->n = n;
+    a->have_q = 0;
+    a->q8_group = 0;
+}
+
+/* The matvec input of `a` in the form w's kind reads (kernels.h contracts). */
+static LLM_HOT llm_vin act_in(llm_act *a, const llm_wmat *w) {
+    const uint32_t padded = (uint32_t)llm_align_up(a->n, LLM_IMAGE_BLOCK_COLS);
+    if (w->kind == LLM_IMAGE_KIND_Q4 && !a->have_q) {
+        llm_quantize_act(a->x, a->n, padded, a->q, &a->scale);
+        a->have_q = 1;
+    } else if (w->kind == LLM_IMAGE_KIND_Q8) {
+        const uint32_t group = w->group >= a->n ? a->n : w->group;
+        if (a->q8_group != group) {
+            llm_quantize_act_groups(a->x, a->n, group, padded, a->q8, a->q8_scale);
+            a->q8_group = group;
+        }
+    }
+    llm_vin v = {a->x, a->q, a->scale, a->q8, a->q8_scale};
+    return v;
 }
 
 /* A float buffer of position c of the pass: `field` is one of llm_col's
@@ -173,27 +195,20 @@ static void LLM_HOT quantize(llm_act *a, const float *x, uint32_t n) {
  * (below). Bytes are charged once: the weights are read once per pass. */
 static void LLM_HOT matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint32_t rows,
                         uint32_t m, float *const *y, int unit) {
-    llm_q4 w = mat->w;
-    w.codes += (size_t)first * w.row_bytes;
-    w.scales = unit ? e->s.ones : w.scales + (size_t)first * w.n_groups;
-    w.rows = rows;
-    const int8_t *xq[LLM_BATCH_MAX];
-    float xs[LLM_BATCH_MAX];
-    float *out[LLM_BATCH_MAX];
+    llm_wmat w = llm_wmat_rows(&mat->w, first, rows);
+    if (unit) w.scales = e->s.ones; /* Q4 only: V as dots */
+    llm_vin vin[LLM_BATCH_MAX];
+    const llm_vin *in[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) {
-        xq[c] = e->s.col[c].act.q;
-        xs[c] = unit ? 1.0f : e->s.col[c].act.scale;
-        out[c] = y[c];
+        vin[c] = act_in(&e->s.col[c].act, &mat->w);
+        if (unit) vin[c].scale = 1.0f;
+        in[c] = &vin[c];
     }
-    if (m == 1u)
-        llm_matvec_q4(&w, xq[0], xs[0], out[0], 0, rows);
-    else
-        llm_matvec_q4_cols(&w, xq, xs, m, out, 0, rows);
+    llm_wmat_matvec(&w, in, m, y, 0, rows);
 }
 
 static void LLM_HOT charge_mat(llm_engine *e, const llm_mat *m) {
-    e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
-                                 (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
+    e->stats.bytes[m->region] += (uint64_t)m->w.rows * llm_wmat_row_cost(&m->w);
 }
 
 /* Every position's act through one matrix into its `out` buffer. */
@@ -219,17 +234,11 @@ static void LLM_HOT matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t 
     charge_mat(e, mat);
 }
 
-/* Embedding row: kernel layout, 32-column blocks of nibbles. */
+/* Embedding row, in its kind's layout (wmat.h). */
 static void LLM_HOT embed_row(llm_engine *e, uint32_t token, float *out) {
-    const llm_q4 *w = &e->w.embed;
-    const uint8_t *row = w->codes + (size_t)token * w->row_bytes;
-    const float *sc = w->scales + (size_t)token * w->n_groups;
-    for (uint32_t j = 0; j < w->cols; j++) {
-        uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
-        int code = (j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4);
-        out[j] = (float)(code - 8) * sc[j / w->group];
-    }
-    e->stats.bytes[LLM_REGION_FLASH] += w->row_bytes + (uint64_t)w->n_groups * sizeof(float);
+    const llm_wmat *w = &e->w.embed;
+    llm_wmat_row_values(w, token, out);
+    e->stats.bytes[LLM_REGION_FLASH] += llm_wmat_row_cost(w);
 }
 
 /* PLE row: source nibble order, fp16 scales beside the codes. */
@@ -664,6 +673,15 @@ static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     }
 }
 
+/* The head's input: x copied (llm_logits() may read it after the column's
+ * buffers moved on) and made in the form the head's kind reads, at once (the
+ * certified route reads its scale first). */
+static void LLM_HOT head_input(llm_engine *e, llm_act *a, const float *x) {
+    memcpy(a->own, x, e->cfg.dim * sizeof(float));
+    quantize(a, a->own, e->cfg.dim);
+    (void)act_in(a, &e->w.head.w);
+}
+
 /* Which positions of a pass get the output head's input (not attention
  * heads: those are h below). */
 enum { OUT_NONE, OUT_LAST, OUT_ALL };
@@ -698,7 +716,7 @@ static void LLM_HOT forward(llm_engine *e, const int32_t *tokens, uint32_t m, in
         for (uint32_t c = out == OUT_ALL ? 0u : m - 1u; c < m; c++) {
             llm_col *col = &s->col[c];
             rmsnorm(e, col->x, col->x, e->w.out_norm, e->cfg.dim);
-            quantize(&col->head_in, col->x, e->cfg.dim);
+            head_input(e, &col->head_in, col->x);
         }
         lap(e, LLM_STAGE_HEAD, &t);
     }
@@ -713,8 +731,7 @@ static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int de
     e->stats.head_tiles += work->tiles;
     e->stats.head_waves += work->waves;
     e->stats.handoffs += work->handoffs;
-    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read *
-                                      (h->w.row_bytes + (uint64_t)h->w.n_groups * sizeof(float));
+    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read * llm_wmat_row_cost(&h->w);
     e->stats.head_ids += work->ids;
     if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->ids * 2u;
     if (!dense)
@@ -766,7 +783,8 @@ static llm_status LLM_HOT select_next(llm_engine *e, uint32_t c, int32_t *next, 
         lap(e, LLM_STAGE_SAMPLE, &t);
         return st;
     }
-    llm_head_dense(h, &s->head, in->q, in->scale, s->logits, &sp, &work);
+    const llm_vin vin = {in->x, in->q, in->scale, in->q8, in->q8_scale};
+    llm_head_dense(h, &s->head, &vin, s->logits, &sp, &work);
     e->have_logits = 1;
     charge_head(e, &work, 1, 1);
     lap(e, LLM_STAGE_HEAD, &t);
@@ -807,7 +825,8 @@ const float *llm_logits(llm_engine *e) {
     if (!e->have_logits) {
         const llm_act *in = &e->s.col[e->head_col].head_in;
         llm_head_work work;
-        llm_head_dense(&e->w.head, &e->s.head, in->q, in->scale, e->s.logits, NULL, &work);
+        const llm_vin vin = {in->x, in->q, in->scale, in->q8, in->q8_scale};
+        llm_head_dense(&e->w.head, &e->s.head, &vin, e->s.logits, NULL, &work);
         e->have_logits = 1;
     }
     return e->s.logits;

@@ -11,10 +11,12 @@
 #include "kernels.h"
 #include "llm.h"
 #include "sampler.h"
+#include "wmat.h"
 
-/* A matrix and the region its bytes are read from (for llm_stats.bytes). */
+/* A matrix (any weight format) and the region its bytes are read from (for
+ * llm_stats.bytes). */
 typedef struct llm_mat {
-    llm_q4 w;
+    llm_wmat w;
     llm_region region;
 } llm_mat;
 
@@ -32,7 +34,7 @@ typedef struct llm_layer_weights {
 
 typedef struct llm_weights {
     const float *rope;            /* [seq_len][head_dim]: cos[head_dim/2] | sin, in the image */
-    llm_q4 embed;                 /* [vocab_rows, dim], read in place */
+    llm_wmat embed;               /* [vocab_rows, dim], read in place */
     /* PLE only (esp32-ai; zeroed without it): */
     llm_rows ple_rows;            /* [vocab_rows, n_layers*ple_dim], read in place */
     llm_mat ple_model_proj;       /* [n_layers*ple_dim, dim] */
@@ -44,10 +46,21 @@ typedef struct llm_weights {
     llm_region norms_region;
 } llm_weights;
 
-/* A quantized matvec input (llm_quantize_act): q has cols rounded up to 32. */
+/* A matvec input: the floats x[0..n), and the int8 forms the matrices'
+ * kinds read, each made when a kernel first asks for it (act_in in engine.c)
+ * from x, which stays unchanged until the last matvec that reads it. q and q8
+ * hold n rounded up to 32. */
 typedef struct llm_act {
+    const float *x;
+    uint32_t n;
+    int have_q;        /* q, scale hold llm_quantize_act(x) (Q4 matrices) */
+    uint32_t q8_group; /* q8, q8_scale hold x in groups of this (Q8); 0: none */
     int8_t *q;
     float scale;
+    int8_t *q8;
+    float *q8_scale;   /* [n rounded up to 32, / 32] */
+    float *own;        /* head_in only: [dim] its own copy of x (the column's
+                        * buffers move on before llm_logits() may read it) */
 } llm_act;
 
 /* Positions one pass can carry: several prompt tokens of a prefill, or the

@@ -137,8 +137,7 @@ int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
 
 typedef struct wave_job {
     const llm_head *h;
-    const int8_t *xq;
-    float xscale;
+    const llm_vin *in;
     float *y;              /* y + k*stride: range k's values */
     uint32_t stride;
     const uint32_t *first; /* range k = staged rows [first[k], first[k] + count[k]) */
@@ -149,11 +148,9 @@ static void LLM_HOT wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     const wave_job *j = arg;
     for (uint32_t k = k0; k < k1; k++) {
         /* a view of the range's rows: the kernel writes y[0..count) */
-        llm_q4 part = j->h->w;
-        part.codes += (size_t)j->first[k] * part.row_bytes;
-        part.scales += (size_t)j->first[k] * part.n_groups;
-        part.rows = j->count[k];
-        llm_matvec_q4(&part, j->xq, j->xscale, j->y + (size_t)k * j->stride, 0, part.rows);
+        const llm_wmat part = llm_wmat_rows(&j->h->w, j->first[k], j->count[k]);
+        float *y = j->y + (size_t)k * j->stride;
+        llm_wmat_matvec(&part, &j->in, 1u, &y, 0, part.rows);
     }
 }
 
@@ -169,11 +166,11 @@ static void LLM_HOT run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, 
 
 static uint32_t LLM_HOT id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
 
-void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
-                    float *logits, const llm_splitter *sp, llm_head_work *work) {
+void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
+                    const llm_splitter *sp, llm_head_work *work) {
     const uint32_t chunk = tile_rows_or_chunk(h);
     uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
-    wave_job job = {h, xq, xscale, s->wave_y, chunk, first, count};
+    wave_job job = {h, in, s->wave_y, chunk, first, count};
     memset(work, 0, sizeof *work);
     for (uint32_t r0 = 0; r0 < h->w.rows;) {
         uint32_t n = 0, r = r0;
@@ -254,10 +251,8 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
             const uint32_t first = (uint32_t)t * h->tile_rows;
             const uint32_t count =
                 h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-            llm_q4 part = h->w;
-            part.codes += (size_t)first * part.row_bytes;
-            part.scales += (size_t)first * part.n_groups;
-            part.rows = count;
+            const llm_wmat rows = llm_wmat_rows(&h->w, first, count);
+            const llm_q4 part = llm_wmat_q4(&rows); /* certified heads are int4 */
             if (n == 1u)
                 llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
             else
@@ -362,7 +357,8 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     const uint16_t t0 = heap_pop(s->heap, &n_heap, s->bound);
     uint32_t first = (uint32_t)t0 * h->tile_rows;
     uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-    wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, &first, &count};
+    const llm_vin in = {NULL, xq, xscale, NULL, NULL};
+    wave_job job = {h, &in, s->wave_y, h->tile_rows, &first, &count};
     run_wave(NULL, &job, 1u, work);
     float floor = llm_candidates_floor(cand);
     for (uint32_t i = 0; i < count; i++) {

@@ -30,12 +30,11 @@ static inline float round_half_even(float v) {
 /* Contract: xmax starts at 1e-8f and takes max|x_i| in index order (a strict
  * `>` so the first of equal maxima wins, which cannot change the value);
  * inv = 127.f/xmax; q_i = x_i*inv rounded half to even (what lrintf does in
- * the default mode), clamped to [-127, 127]; entries n..n_padded-1 are 0;
- * *xscale = xmax/127.f. Clamping before rounding gives the same integers as
- * clamping after (127 and -127 are integers), and keeps the rounding trick
- * inside its range. */
-void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
-                      float *xscale) {
+ * the default mode), clamped to [-127, 127]; *xscale = xmax/127.f. Clamping
+ * before rounding gives the same integers as clamping after (127 and -127 are
+ * integers), and keeps the rounding trick inside its range. One span: the
+ * whole vector (llm_quantize_act) or one group (llm_quantize_act_groups). */
+static inline void quantize_span(const float *x, uint32_t n, int8_t *xq, float *xscale) {
     float xmax = 1e-8f;
     for (uint32_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
@@ -49,8 +48,25 @@ void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int
         v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
         xq[i] = (int8_t)round_half_even(v);
     }
-    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
     *xscale = xmax / 127.f;
+}
+
+/* Entries n..n_padded-1 are 0. */
+void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
+                      float *xscale) {
+    quantize_span(x, n, xq, xscale);
+    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
+}
+
+/* Contract (kernels.h): quantize_span on each group alone. */
+void LLM_HOT llm_quantize_act_groups(const float *x, uint32_t n, uint32_t group,
+                                     uint32_t n_padded, int8_t *xq, float *xscale) {
+    if (group == 0 || group > n) group = n;
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; j += group, k++)
+        quantize_span(x + j, n - j < group ? n - j : group, xq + j, &xscale[k]);
+    if (n == 0) xscale[0] = 1e-8f / 127.f;
+    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
 }
 
 /* Contract: per row, per group (a group is a whole number of 32-column blocks,
@@ -102,4 +118,56 @@ void llm_matvec_s8_ref(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
         for (uint32_t j = 0; j < n; j++) acc += (int32_t)row[j] * (int32_t)x[j];
         out[r] = acc;
     }
+}
+
+/* Contract (kernels.h): per group an exact int32 dot, then acc += ((float)g *
+ * scale) * xscale in group order. Padded columns are zero in both operands. */
+void LLM_HOT llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
+                               uint32_t row_begin, uint32_t row_end) {
+    const uint32_t width = w->row_bytes;
+    uint32_t group = w->group >= w->cols ? width : w->group;
+    if (group == 0) group = width; /* contract broken: never hang */
+    for (uint32_t r = row_begin; r < row_end; r++) {
+        const int8_t *row = w->codes + (size_t)r * w->row_bytes;
+        const float *sc = w->scales + (size_t)r * w->n_groups;
+        float acc = 0.f;
+        uint32_t k = 0;
+        for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
+            const uint32_t j1 = j0 + group < width ? j0 + group : width;
+            int32_t g = 0;
+            for (uint32_t j = j0; j < j1; j++) g += (int32_t)row[j] * (int32_t)xq[j];
+            acc += ((float)g * sc[k]) * xscale[k];
+        }
+        y[r] = acc;
+    }
+}
+
+void llm_matvec_q8_cols_ref(const llm_q8 *w, const int8_t *const *xq, const float *const *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_q8_ref(w, xq[c], xscale[c], y[c], row_begin, row_end);
+}
+
+/* Contract (kernels.h): eight lane sums in ascending column order, combined in
+ * a fixed tree. Written as a lane array so the host compiler keeps each lane's
+ * order while running the eight of them as SIMD lanes (no reassociation: none
+ * is needed, which is why -O2 without -ffast-math may still vectorize it). */
+static inline float f32_row(const float *wr, const float *x, uint32_t cols) {
+    float l[LLM_F32_LANES] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const uint32_t full = cols - cols % LLM_F32_LANES;
+    uint32_t j = 0;
+    for (; j < full; j += LLM_F32_LANES)
+        for (uint32_t k = 0; k < LLM_F32_LANES; k++) l[k] += wr[j + k] * x[j + k];
+    for (uint32_t k = 0; j + k < cols; k++) l[k] += wr[j + k] * x[j + k];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+void LLM_HOT llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
+                                uint32_t row_end) {
+    for (uint32_t r = row_begin; r < row_end; r++)
+        y[r] = f32_row(w->w + (size_t)r * w->row_floats, x, w->cols);
+}
+
+void LLM_HOT llm_matvec_f32_cols_ref(const llm_f32m *w, const float *const *x, uint32_t m,
+                                     float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_f32_ref(w, x[c], y[c], row_begin, row_end);
 }

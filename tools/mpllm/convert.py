@@ -37,6 +37,7 @@ import numpy as np
 
 from .atomic import OutputError, atomic_path, check_output
 from .formats.esp32ai import MAGIC_V1, ModelFormatError, read_model_bin
+from .formats.model import F32Matrix, Q8Matrix
 from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS, certifiable
 from .formats.image import (
     BLOCK_COLS,
@@ -146,6 +147,13 @@ def format_size_table(sections: list[Section], file_bytes: int) -> str:
     return "\n".join(lines)
 
 
+def _raw(m: Q8Matrix | F32Matrix) -> tuple[object, ...]:
+    """An int8 or fp32 matrix's exact contents."""
+    if isinstance(m, F32Matrix):
+        return (np.asarray(m.w, "<f4").tobytes(),)
+    return (m.q.tobytes(), np.asarray(m.scales, "<f4").tobytes(), m.group)
+
+
 def _same_weights(a: Weights, b: Weights) -> str | None:
     """Name of the first tensor that differs, or None."""
     def tensors(w: Weights) -> dict[str, object]:
@@ -162,7 +170,10 @@ def _same_weights(a: Weights, b: Weights) -> str | None:
         return "config"
     for k, x in ta.items():
         y = tb[k]
-        if isinstance(x, QMatrix):
+        if isinstance(x, (Q8Matrix, F32Matrix)):
+            if type(x) is not type(y) or _raw(x) != _raw(y):  # type: ignore[arg-type]
+                return k
+        elif isinstance(x, QMatrix):
             if not (isinstance(y, QMatrix) and x.group == y.group
                     and np.array_equal(x.q, y.q)
                     and x.scales.tobytes() == np.asarray(y.scales, np.float16).tobytes()):
@@ -184,6 +195,7 @@ def convert(
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
     group: int | None = None,
+    weights_format: str = "int4",
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
@@ -232,7 +244,7 @@ def convert(
 
         version = ck.version
         try:
-            weights = to_weights(ck, group)
+            weights = to_weights(ck, group, weights_format)
         except ValueError as e:  # a weight too large for an fp16 scale
             raise ConvertError(f"{model_path}: {e}") from None
     else:
