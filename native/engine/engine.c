@@ -673,12 +673,16 @@ static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     }
 }
 
-/* The head's input: x copied (llm_logits() may read it after the column's
- * buffers moved on) and made in the form the head's kind reads, at once (the
- * certified route reads its scale first). */
+/* The head's input, made at once in the form the head's kind reads (the
+ * certified route reads its scale first; llm_logits() may ask after the
+ * column's buffers moved on): int8 forms from x, or for an fp32 head x
+ * copied into the input's own buffer. */
 static void LLM_HOT head_input(llm_engine *e, llm_act *a, const float *x) {
-    memcpy(a->own, x, e->cfg.dim * sizeof(float));
-    quantize(a, a->own, e->cfg.dim);
+    if (a->own != NULL) {
+        memcpy(a->own, x, e->cfg.dim * sizeof(float));
+        x = a->own;
+    }
+    quantize(a, x, e->cfg.dim);
     (void)act_in(a, &e->w.head.w);
 }
 

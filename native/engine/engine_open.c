@@ -95,16 +95,28 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
     X(att_den, c->n_heads)
 
 /* Where one position's buffers sit in its block: the floats of COL_FLOATS
- * first, then its matvec input's int8 forms (q, q8, q8 scales), then the
- * head input's (q, q8, q8 scales, its own copy of x). */
+ * first, then its matvec input's int8 forms (q, and q8 with its scales when
+ * a matrix reads them), then the head input's (q, q8 with scales, its own
+ * copy of x: col_needs). */
 typedef struct col_layout {
 #define COL_OFFSET_FIELD(name, len) size_t name; /* in floats */
     COL_FLOATS(COL_OFFSET_FIELD)
 #undef COL_OFFSET_FIELD
-    size_t n_floats, act_bytes, act_scales, head_bytes, head_scales, bytes;
+    size_t n_floats, act_bytes, act_q8, act_scales, head_bytes, head_q8, head_scales,
+        head_floats, bytes;
 } col_layout;
 
-static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_cols_padded) {
+/* What the image's formats ask of the column buffers: int8-in-groups inputs
+ * when a core matrix is KIND_Q8, the head's when the head is; the head
+ * input's own float copy when the head is KIND_F32M (an int4 or int8 head
+ * input is quantized at once, so its floats are not read again). An
+ * all-int4 image gets exactly the buffers it always had. */
+typedef struct col_needs {
+    int core_q8, head_q8, head_floats;
+} col_needs;
+
+static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_cols_padded,
+                            const col_needs *need) {
     const size_t D = c->dim, LP = (size_t)c->n_layers * c->ple_dim;
     size_t widest = D > c->ffn ? D : c->ffn;
     if (c->ple_dim > widest) widest = c->ple_dim;
@@ -114,12 +126,15 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
 #undef COL_PLACE
     k->n_floats = nf;
     k->act_bytes = llm_align_up(widest, LLM_IMAGE_BLOCK_COLS); /* 32 columns: 16-aligned too */
-    /* one Q8 scale per 32 columns at most */
-    k->act_scales = llm_align_up(k->act_bytes / LLM_IMAGE_BLOCK_COLS * sizeof(float), 16u);
     k->head_bytes = llm_align_up(head_cols_padded, 16u);
-    k->head_scales = llm_align_up((k->head_bytes / LLM_IMAGE_BLOCK_COLS + 1u) * sizeof(float), 16u);
-    k->bytes = nf * sizeof(float) + 2u * k->act_bytes + k->act_scales + 2u * k->head_bytes +
-               k->head_scales + llm_align_up(D * sizeof(float), 16u);
+    /* one Q8 scale per 32 columns at most */
+    k->act_q8 = need->core_q8 ? k->act_bytes : 0u;
+    k->act_scales = need->core_q8 ? llm_align_up(k->act_bytes / 32u * sizeof(float), 16u) : 0u;
+    k->head_q8 = need->head_q8 ? k->head_bytes : 0u;
+    k->head_scales = need->head_q8 ? llm_align_up(k->head_bytes / 32u * sizeof(float), 16u) : 0u;
+    k->head_floats = need->head_floats ? llm_align_up(D * sizeof(float), 16u) : 0u;
+    k->bytes = nf * sizeof(float) + k->act_bytes + k->act_q8 + k->act_scales + k->head_bytes +
+               k->head_q8 + k->head_scales + k->head_floats;
 }
 
 static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
@@ -129,14 +144,34 @@ static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
 #undef COL_POINT
     uint8_t *b = (uint8_t *)(void *)(f + k->n_floats);
     col->act.q = (int8_t *)(void *)b;
-    col->act.q8 = col->act.q + k->act_bytes;
-    col->act.q8_scale = (float *)(void *)(b + 2u * k->act_bytes);
+    b += k->act_bytes;
+    col->act.q8 = k->act_q8 ? (int8_t *)(void *)b : NULL;
+    b += k->act_q8;
+    col->act.q8_scale = k->act_scales ? (float *)(void *)b : NULL;
+    b += k->act_scales;
     col->act.own = NULL;
-    b += 2u * k->act_bytes + k->act_scales;
     col->head_in.q = (int8_t *)(void *)b;
-    col->head_in.q8 = col->head_in.q + k->head_bytes;
-    col->head_in.q8_scale = (float *)(void *)(b + 2u * k->head_bytes);
-    col->head_in.own = (float *)(void *)(b + 2u * k->head_bytes + k->head_scales);
+    b += k->head_bytes;
+    col->head_in.q8 = k->head_q8 ? (int8_t *)(void *)b : NULL;
+    b += k->head_q8;
+    col->head_in.q8_scale = k->head_scales ? (float *)(void *)b : NULL;
+    b += k->head_scales;
+    col->head_in.own = k->head_floats ? (float *)(void *)b : NULL;
+}
+
+/* The col_needs of the image's layer matrices and of the staged head. */
+static col_needs col_needs_of(const llm_engine *e) {
+    col_needs n = {0, e->w.head.w.kind == LLM_IMAGE_KIND_Q8,
+                   e->w.head.w.kind == LLM_IMAGE_KIND_F32M};
+    static const uint32_t mats[] = {LLM_LSEC_QKV, LLM_LSEC_ATTN_PROJ, LLM_LSEC_GATE,
+                                    LLM_LSEC_UP, LLM_LSEC_DOWN};
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            llm_wmat w;
+            llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + mats[i], &w);
+            n.core_q8 |= w.kind == LLM_IMAGE_KIND_Q8;
+        }
+    return n;
 }
 
 /* Ask for `wanted`; the port may answer with another region. NULL if none. */
@@ -626,7 +661,8 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
     read_in_place(e);
     st = stage_head(e, err);
     col_layout lay;
-    col_layout_init(&lay, &e->cfg, e->w.head.cols_padded);
+    const col_needs needs = col_needs_of(e);
+    col_layout_init(&lay, &e->cfg, e->w.head.cols_padded, &needs);
     if (st == LLM_OK) st = place_activations(e, &lay, err);
     if (st == LLM_OK) st = place_logits(e, err);
     if (st == LLM_OK) st = place_kv_cache(e, err);
