@@ -97,7 +97,7 @@ def test_rows_above_tokenizer_size_dropped(release_model: ModelFiles) -> None:
 def test_untied_head_and_odd_shapes(test_model, tmp_path: Path) -> None:
     m = test_model("tiny_untied")
     img = read_image(m.image)
-    assert [s.name for s in img.sections[-3:]] == ["head", "head_tiles", "drafts"]
+    assert [s.name for s in img.sections[-4:]] == ["head", "head_tiles", "drafts", "weights"]
     assert not img.header.tied_head
     src = read_model_bin(m.model_bin)
     same_weights(trim_vocab_rows(src, m.config.vocab_out), img.weights)

@@ -684,6 +684,45 @@ llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const ll
     return llm_open_with(out, image, len, port, NULL, err);
 }
 
+void llm_get_weights(const llm_engine *e, llm_weights_info *out) {
+    memset(out, 0, sizeof *out);
+    if (e == NULL) return;
+    const llm_config *c = &e->image.config;
+    llm_wmat w;
+    llm_image_matrix_view(&e->image, LLM_SEC_EMBED, &w);
+    out->embed_kind = w.kind;
+    out->head_kind = e->w.head.w.kind;
+    static const uint32_t mats[] = {LLM_LSEC_QKV, LLM_LSEC_ATTN_PROJ, LLM_LSEC_GATE,
+                                    LLM_LSEC_UP, LLM_LSEC_DOWN};
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + mats[i], &w);
+            if (l == 0 && i == 0) out->layers_kind = w.kind;
+            else if (out->layers_kind != w.kind) out->layers_kind = 0;
+        }
+    llm_image_weights choice;
+    llm_image_weights_view(&e->image, &choice);
+    out->chosen = choice.chosen;
+    out->n_tried = choice.n_tried;
+    out->positions = choice.positions;
+    for (uint32_t k = 0; k < choice.n_tried && k < LLM_WEIGHTS_TRIED_MAX; k++) {
+        out->tried[k].kind = choice.tried[k].kind;
+        out->tried[k].agreement = choice.tried[k].agreement;
+        out->tried[k].mean_abs_diff = choice.tried[k].mean_abs_diff;
+        out->tried[k].bytes = choice.tried[k].bytes;
+    }
+}
+
+const char *llm_weights_name(uint32_t kind) {
+    switch (kind) {
+    case 0: return "mixed";
+    case LLM_IMAGE_KIND_Q4: return "int4";
+    case LLM_IMAGE_KIND_Q8: return "int8";
+    case LLM_IMAGE_KIND_F32M: return "fp32";
+    default: return NULL;
+    }
+}
+
 uint32_t llm_image_seq_len(const llm_engine *e) { return e ? e->image.config.seq_len : 0u; }
 
 uint64_t llm_spilled_bytes(const llm_engine *e) { return e ? e->spilled_bytes : 0u; }

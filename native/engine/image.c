@@ -89,6 +89,8 @@ static int f32_bits_half_exact(uint32_t bits) {
     return (mag & ((1u << (23 - keep)) - 1u)) == 0;
 }
 
+_Static_assert(LLM_IMAGE_WEIGHTS_MAX_TRIED == LLM_WEIGHTS_TRIED_MAX, "weights records");
+
 static const char *const layer_names[LLM_LSEC_COUNT] = {
     "attn_norm", "qkv", "attn_proj", "ffn_norm", "gate",
     "up", "down", "ple_gate", "ple_proj", "ple_norm",

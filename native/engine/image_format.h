@@ -258,7 +258,8 @@ enum llm_image_kind {
     LLM_IMAGE_KIND_WEIGHTS = 9,
 };
 
-/* The "weights" section holds at most this many tried formats. */
+/* The "weights" section holds at most this many tried formats (llm.h's
+ * LLM_WEIGHTS_TRIED_MAX, checked in image.c). */
 #define LLM_IMAGE_WEIGHTS_MAX_TRIED 3u
 
 /* The drafts table: contexts of 1..LLM_IMAGE_DRAFTS_ORDER tokens; a verify

@@ -234,9 +234,24 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
              f"selftest: {selftest_text}", f"gate: {gate_text}", speed,
              f"per stage (ms/token): {stages}",
              f"heap free: {info.get('heap_free')}; memory: {_memory_summary(res.memory)}",
+             f"weights: {weights_summary(res.config)}",
              f"json: {args.report}"]
     print("\n".join(lines))
     return 0
+
+
+def weights_summary(cfg: dict) -> str:
+    """The model's weight format and the converter's measured choice, from
+    Model.config() (an engine older than the formats reports neither)."""
+    fmt = cfg.get("weights", "int4")
+    choice = cfg.get("weights_choice") or {}
+    if not choice:
+        return f"{fmt} (the converter measured no choice)"
+    tried = ", ".join(f"{t['weights']} {100 * t['agreement']:.1f} % agreement, mean |diff| "
+                      f"{t['mean_abs_diff']:.3g}, {t['bytes']:,} bytes"
+                      for t in choice["tried"])
+    return (f"{fmt}, chosen by the converter over {choice['positions']} positions of "
+            f"the fp32 forward ({tried})")
 
 
 def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:

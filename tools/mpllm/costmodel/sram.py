@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .s3 import TILE_ROWS
-from .shape import RELEASE, Mat, Shape, cdiv, matrices, n_groups, q4_row_bytes
+from .shape import RELEASE, Mat, Shape, cdiv, matrices, matrix_row_bytes
 
 __all__ = [
     "ENGINE_STRUCT_BYTES",
@@ -112,7 +112,7 @@ def core_matrix_bytes(s: Shape = RELEASE) -> dict[str, tuple[str, int]]:
     core = [m for m in matrices(s) if m.name != "head"]
 
     def entry(m: Mat) -> tuple[str, int]:
-        return m.stage, m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
+        return m.stage, m.rows * matrix_row_bytes(s, m.cols)
 
     out = {m.name: entry(m) for m in core if m.per_token == 1}
     for layer in range(s.n_layers):
