@@ -470,24 +470,22 @@ static int open_container(emitter *s, llm_bind_type type, const char *key, size_
 }
 
 /* config()'s "weights": the layer matrices' format ("int4", "int8", "fp32"
- * or "mixed"), and "weights_choice": the converter's choice and figures
- * ({} when it measured none). */
+ * or "mixed"), and "weights_choice": the converter's choice, "chosen" and
+ * "positions", and per format it tried (agreement, mean_abs_diff, bytes)
+ * under the format's name ({} when it measured none). */
 static int weights(const llm_engine *e, emitter *s) {
     llm_weights_info w;
     llm_get_weights(e, &w);
     int good = put_str(s, "weights", llm_weights_name(w.layers_kind)) &&
-               open_container(s, LLM_BIND_DICT, "weights_choice", w.chosen ? 3u : 0u);
+               open_container(s, LLM_BIND_DICT, "weights_choice", w.chosen ? 2u + w.n_tried : 0u);
     if (!good || w.chosen == 0) return good;
     const char *chosen = llm_weights_name(w.chosen);
-    good = put_str(s, "chosen", chosen ? chosen : "?") && put_int(s, "positions", w.positions) &&
-           open_container(s, LLM_BIND_LIST, "tried", w.n_tried);
+    good = put_str(s, "chosen", chosen ? chosen : "?") && put_int(s, "positions", w.positions);
     for (uint32_t k = 0; good && k < w.n_tried; k++) {
         const char *name = llm_weights_name(w.tried[k].kind);
-        good = open_container(s, LLM_BIND_DICT, NULL, 4) &&
-               put_str(s, "weights", name ? name : "?") &&
-               put_float(s, "agreement", w.tried[k].agreement) &&
-               put_float(s, "mean_abs_diff", w.tried[k].mean_abs_diff) &&
-               put_int(s, "bytes", w.tried[k].bytes);
+        good = open_container(s, LLM_BIND_TUPLE, name ? name : "?", 3) &&
+               put_float(s, NULL, w.tried[k].agreement) &&
+               put_float(s, NULL, w.tried[k].mean_abs_diff) && put_int(s, NULL, w.tried[k].bytes);
     }
     return good;
 }

@@ -52,15 +52,15 @@ typedef struct llm_weights {
  * hold n rounded up to 32. */
 typedef struct llm_act {
     const float *x;
-    uint32_t n;
-    int have_q;        /* q, scale hold llm_quantize_act(x) (Q4 matrices) */
-    uint32_t q8_group; /* q8, q8_scale hold x in groups of this (Q8); 0: none */
     int8_t *q;
-    float scale;
     int8_t *q8;
     float *q8_scale;   /* [n rounded up to 32, / 32] */
-    float *own;        /* head_in only: [dim] its own copy of x (the column's
-                        * buffers move on before llm_logits() may read it) */
+    float *own;        /* head_in of an fp32 head only: [dim] its own copy of x
+                        * (the column's buffers move on before llm_logits()) */
+    float scale;
+    uint32_t n;
+    uint32_t q8_group; /* q8, q8_scale hold x in groups of this (Q8); 0: none */
+    uint8_t have_q;    /* q, scale hold llm_quantize_act(x) (Q4 matrices) */
 } llm_act;
 
 /* Positions one pass can carry: several prompt tokens of a prefill, or the

@@ -132,8 +132,9 @@
  *   then n_tried llm_image_weights_tried {kind, agreement, mean_abs_diff, bytes}:
  *     the format tried (distinct kinds), the share of positions where the
  *     engine's greedy choice equals the checkpoint's fp32 forward's (0..1),
- *     the mean |logit difference| over every position and id, and the image
- *     bytes of the whole model in that format.
+ *     the mean |logit difference| over every position and id, and the bytes
+ *     of the image as measured in that format (an empty drafter and no
+ *     records here: what the format itself costs).
  *
  * KIND_ROWS (per-token lookup rows, dequantized, never multiplied):
  *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes

@@ -16,10 +16,10 @@
 /* data: Q4 nibbles / Q8 int8 codes / F32M values, rows row_bytes apart;
  * scales f32 [rows][n_groups] (F32M: none, n_groups 0). */
 typedef struct llm_wmat {
-    uint32_t kind;
     const uint8_t *data;
     const float *scales;
     uint32_t rows, cols, group, n_groups, row_bytes;
+    uint32_t kind; /* last: no padding, the size of the llm_q4 it replaced */
 } llm_wmat;
 
 /* One matvec input in every form a kernel may take: the floats (F32M), one

@@ -247,9 +247,9 @@ def weights_summary(cfg: dict) -> str:
     choice = cfg.get("weights_choice") or {}
     if not choice:
         return f"{fmt} (the converter measured no choice)"
-    tried = ", ".join(f"{t['weights']} {100 * t['agreement']:.1f} % agreement, mean |diff| "
-                      f"{t['mean_abs_diff']:.3g}, {t['bytes']:,} bytes"
-                      for t in choice["tried"])
+    figures = {k: v for k, v in choice.items() if k not in ("chosen", "positions")}
+    tried = ", ".join(f"{name} {100 * agree:.1f} % agreement, mean |diff| {diff:.3g}, "
+                      f"{size:,} bytes" for name, (agree, diff, size) in figures.items())
     return (f"{fmt}, chosen by the converter over {choice['positions']} positions of "
             f"the fp32 forward ({tried})")
 
