@@ -137,7 +137,10 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
                k->head_q8 + k->head_scales + k->head_floats;
 }
 
-static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
+/* Position k's buffers at base: s->col[k] and s->src[k]. */
+static void col_init(llm_run_state *s, uint32_t c, uint8_t *base, const col_layout *k) {
+    llm_col *col = &s->col[c];
+    llm_src *act = &s->src[c][0], *head = &s->src[c][1];
     float *f = (float *)(void *)base;
 #define COL_POINT(name, len) col->name = f + k->name;
     COL_FLOATS(COL_POINT)
@@ -145,31 +148,34 @@ static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
     uint8_t *b = (uint8_t *)(void *)(f + k->n_floats);
     col->act.q = (int8_t *)(void *)b;
     b += k->act_bytes;
-    col->act.q8 = k->act_q8 ? (int8_t *)(void *)b : NULL;
+    act->q8 = k->act_q8 ? (int8_t *)(void *)b : NULL;
     b += k->act_q8;
-    col->act.q8_scale = k->act_scales ? (float *)(void *)b : NULL;
+    act->q8_scale = k->act_scales ? (float *)(void *)b : NULL;
     b += k->act_scales;
-    col->act.own = NULL;
+    act->own = NULL;
     col->head_in.q = (int8_t *)(void *)b;
     b += k->head_bytes;
-    col->head_in.q8 = k->head_q8 ? (int8_t *)(void *)b : NULL;
+    head->q8 = k->head_q8 ? (int8_t *)(void *)b : NULL;
     b += k->head_q8;
-    col->head_in.q8_scale = k->head_scales ? (float *)(void *)b : NULL;
+    head->q8_scale = k->head_scales ? (float *)(void *)b : NULL;
     b += k->head_scales;
-    col->head_in.own = k->head_floats ? (float *)(void *)b : NULL;
+    head->own = k->head_floats ? (float *)(void *)b : NULL;
 }
 
-/* The col_needs of the image's layer matrices and of the staged head. */
-static col_needs col_needs_of(const llm_engine *e) {
+/* The col_needs of the image's layer matrices and of the staged head; sets
+ * e->core_q4 (a PLE image is int4 throughout). */
+static col_needs col_needs_of(llm_engine *e) {
     col_needs n = {0, e->w.head.w.kind == LLM_IMAGE_KIND_Q8,
                    e->w.head.w.kind == LLM_IMAGE_KIND_F32M};
     static const uint32_t mats[] = {LLM_LSEC_QKV, LLM_LSEC_ATTN_PROJ, LLM_LSEC_GATE,
                                     LLM_LSEC_UP, LLM_LSEC_DOWN};
+    e->core_q4 = e->cfg.ple_dim != 0;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
             llm_wmat w;
             llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + mats[i], &w);
             n.core_q8 |= w.kind == LLM_IMAGE_KIND_Q8;
+            e->core_q4 |= w.kind == LLM_IMAGE_KIND_Q4;
         }
     return n;
 }
@@ -431,7 +437,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
                         (unsigned long)bytes);
     memset(a, 0, bytes);
     s->n_cols = 1;
-    col_init(&s->col[0], a, lay);
+    col_init(s, 0, a, lay);
     uint8_t *sh = a + lay->bytes;
     s->value_wide = sh;
     sh += llm_align_up(wide_flags, 16u);
@@ -569,7 +575,7 @@ static void place_batch(llm_engine *e, const col_layout *lay) {
     memset(batch, 0, batch_bytes);
     s->n_cols = LLM_BATCH_MAX;
     for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
-        col_init(&s->col[k], batch + (size_t)(k - 1u) * lay->bytes, lay);
+        col_init(s, k, batch + (size_t)(k - 1u) * lay->bytes, lay);
     s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
     s->many = batch + cols_bytes + cand_bytes;
 }

@@ -46,22 +46,26 @@ typedef struct llm_weights {
     llm_region norms_region;
 } llm_weights;
 
-/* A matvec input: the floats x[0..n), and the int8 forms the matrices'
- * kinds read, each made when a kernel first asks for it (act_in in engine.c)
- * from x, which stays unchanged until the last matvec that reads it. q and q8
- * hold n rounded up to 32. */
+/* A quantized matvec input (llm_quantize_act): q has cols rounded up to 32. */
 typedef struct llm_act {
-    const float *x;
     int8_t *q;
+    float scale;
+} llm_act;
+
+/* What the int8 and fp32 matrices read of a matvec input (llm_run_state.src,
+ * beside llm_col so that llm_col keeps its power-of-two size): the floats
+ * x[0..n), which stay unchanged until the last matvec that reads them, and
+ * the int8-in-groups form made from them when an int8 matrix first asks
+ * (act_in in engine.c). q8 holds n rounded up to 32. */
+typedef struct llm_src {
+    const float *x;
     int8_t *q8;
     float *q8_scale;   /* [n rounded up to 32, / 32] */
-    float *own;        /* head_in of an fp32 head only: [dim] its own copy of x
+    float *own;        /* an fp32 head's input only: [dim] its own copy of x
                         * (the column's buffers move on before llm_logits()) */
-    float scale;
     uint32_t n;
-    uint32_t q8_group; /* q8, q8_scale hold x in groups of this (Q8); 0: none */
-    uint8_t have_q;    /* q, scale hold llm_quantize_act(x) (Q4 matrices) */
-} llm_act;
+    uint32_t q8_group; /* q8, q8_scale hold x in groups of this; 0: none */
+} llm_src;
 
 /* Positions one pass can carry: several prompt tokens of a prefill, or the
  * drafted tokens speculative decoding verifies (llm_verify). */
@@ -98,6 +102,9 @@ typedef struct llm_fast_kv {
 typedef struct llm_run_state {
     /* col[0] in internal SRAM (every token uses it), col[1..n_cols) in PSRAM */
     llm_col col[LLM_BATCH_MAX];
+    /* src[c][0]: col[c].act's floats and int8-in-groups form, src[c][1]:
+     * col[c].head_in's (int8 and fp32 matrices only) */
+    llm_src src[LLM_BATCH_MAX][2];
     uint32_t n_cols;
     /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
     float *key_cache;   /* [n_layers][seq_len][kv_dim] */
@@ -130,6 +137,7 @@ struct llm_engine {
     llm_run_state s;
     llm_region kv_region, logits_region;
     int v_dots; /* V cached as int16 dots (its rows are one scale group) */
+    int core_q4; /* some layer (or PLE) matrix is int4: quantize() makes q at once */
 
     /* constants of the forward pass, computed once */
     float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;

@@ -137,7 +137,8 @@ int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
 
 typedef struct wave_job {
     const llm_head *h;
-    const llm_vin *in;
+    const int8_t *xq;
+    float xscale;
     float *y;              /* y + k*stride: range k's values */
     uint32_t stride;
     const uint32_t *first; /* range k = staged rows [first[k], first[k] + count[k]) */
@@ -148,9 +149,11 @@ static void LLM_HOT wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     const wave_job *j = arg;
     for (uint32_t k = k0; k < k1; k++) {
         /* a view of the range's rows: the kernel writes y[0..count) */
-        const llm_wmat part = llm_wmat_rows(&j->h->w, j->first[k], j->count[k]);
-        float *y = j->y + (size_t)k * j->stride;
-        llm_wmat_matvec(&part, &j->in, 1u, &y, 0, part.rows);
+        llm_q4 part = llm_wmat_q4(&j->h->w);
+        part.codes += (size_t)j->first[k] * part.row_bytes;
+        part.scales += (size_t)j->first[k] * part.n_groups;
+        part.rows = j->count[k];
+        llm_matvec_q4(&part, j->xq, j->xscale, j->y + (size_t)k * j->stride, 0, part.rows);
     }
 }
 
@@ -166,11 +169,25 @@ static void LLM_HOT run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, 
 
 static uint32_t LLM_HOT id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
 
+/* An int8 or fp32 head: every row through wmat.c in one call on this core
+ * (no certificate, no waves; not LLM_HOT: an int4 image never comes here). */
+static __attribute__((noinline)) void dense_other(const llm_head *h, const llm_vin *in,
+                                                  float *logits, llm_head_work *work) {
+    memset(work, 0, sizeof *work);
+    llm_wmat_matvec(&h->w, &in, 1u, &logits, 0, h->w.rows);
+    work->rows = work->rows_read = work->ids = h->w.rows;
+    work->waves = 1;
+}
+
 void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
                     const llm_splitter *sp, llm_head_work *work) {
+    if (h->w.kind != LLM_IMAGE_KIND_Q4) {
+        dense_other(h, in, logits, work);
+        return;
+    }
     const uint32_t chunk = tile_rows_or_chunk(h);
     uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
-    wave_job job = {h, in, s->wave_y, chunk, first, count};
+    wave_job job = {h, in->q, in->scale, s->wave_y, chunk, first, count};
     memset(work, 0, sizeof *work);
     for (uint32_t r0 = 0; r0 < h->w.rows;) {
         uint32_t n = 0, r = r0;
@@ -357,8 +374,7 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     const uint16_t t0 = heap_pop(s->heap, &n_heap, s->bound);
     uint32_t first = (uint32_t)t0 * h->tile_rows;
     uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-    const llm_vin in = {NULL, xq, xscale, NULL, NULL};
-    wave_job job = {h, &in, s->wave_y, h->tile_rows, &first, &count};
+    wave_job job = {h, xq, xscale, s->wave_y, h->tile_rows, &first, &count};
     run_wave(NULL, &job, 1u, work);
     float floor = llm_candidates_floor(cand);
     for (uint32_t i = 0; i < count; i++) {

@@ -594,7 +594,7 @@ static llm_status check_wide_layout(const char *name, uint32_t kind, const uint8
  * once here; what follows it is each kind's own layout. */
 static llm_status check_matrix(const char *name, uint32_t kind, const uint8_t *p, uint32_t size,
                                const expect *x, llm_error *err) {
-    llm_image_q4_header h;
+    llm_image_q4_header h = {0, 0, 0, 0};
     llm_status st = check_q4_header(name, kind, p, size, x, &h, err);
     if (st != LLM_OK) return st;
     if (kind == LLM_IMAGE_KIND_Q8 || kind == LLM_IMAGE_KIND_F32M)

@@ -73,6 +73,8 @@ void llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
                        int32_t *out);
 
 /* ---- int8 weights in groups (Q8_0, the image's KIND_Q8) -------------------
+ * The int8 and fp32 kernels are not LLM_HOT (hot.h): an int4 image never
+ * runs them, so the board's instruction RAM holds only the int4 path.
  * A matrix in the image's KIND_Q8 layout: codes are int8 [rows][row_bytes]
  * (row_bytes = cols rounded up to 32, zero padded), scales f32
  * [rows][n_groups]; a group is `group` columns (a multiple of 32), or the whole

@@ -266,7 +266,7 @@ void LLM_HOT llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const
  * activations while it multiplies). A group is a multiple of 32 columns, or
  * the whole padded row, so it is an even number (>= 2) of 16-byte vectors.
  * The float steps per group are the reference's, in the same order. */
-void LLM_HOT llm_matvec_q8_pie(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
+void llm_matvec_q8_pie(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
                                uint32_t row_begin, uint32_t row_end) {
     const uint32_t width = w->row_bytes;
     uint32_t group = w->group >= w->cols ? width : w->group;
@@ -309,7 +309,7 @@ void llm_matvec_q8_cols_pie(const llm_q8 *w, const int8_t *const *xq, const floa
  * eight named accumulators (registers), the eight products of a step issued
  * lane after lane. Each lane sees its own products in ascending column order,
  * as the reference's lane array does, so the bits are the same. */
-void LLM_HOT llm_matvec_f32_pie(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
+void llm_matvec_f32_pie(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
                                 uint32_t row_end) {
     const uint32_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
     for (uint32_t r = row_begin; r < row_end; r++) {

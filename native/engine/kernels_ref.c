@@ -59,7 +59,7 @@ void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int
 }
 
 /* Contract (kernels.h): quantize_span on each group alone. */
-void LLM_HOT llm_quantize_act_groups(const float *x, uint32_t n, uint32_t group,
+void llm_quantize_act_groups(const float *x, uint32_t n, uint32_t group,
                                      uint32_t n_padded, int8_t *xq, float *xscale) {
     if (group == 0 || group > n) group = n;
     uint32_t k = 0;
@@ -120,10 +120,32 @@ void llm_matvec_s8_ref(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
     }
 }
 
+/* The host build's wider vector units: the kernels below are compiled twice
+ * on x86-64 Linux (AVX2 and the baseline) and the loader picks one per CPU.
+ * Integer sums are exact and every float lane keeps its own order, so both
+ * clones give the same bits (no FMA: -ffp-contract=off, and AVX2 alone does
+ * not enable it). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define LLM_WIDE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LLM_WIDE_CLONES
+#endif
+
+/* One Q8 group's exact dot: int8 x int8 in int32 (|sum| <= 127*127*group).
+ * size_t indices: with 32-bit ones the compiler must allow for j wrapping
+ * and gives up vectorizing (integer sums are exact in any order, so it may
+ * vectorize freely). */
+static inline int32_t dot_s8(const int8_t *a, const int8_t *b, size_t n) {
+    int32_t g = 0;
+    for (size_t j = 0; j < n; j++) g += (int32_t)a[j] * (int32_t)b[j];
+    return g;
+}
+
 /* Contract (kernels.h): per group an exact int32 dot, then acc += ((float)g *
  * scale) * xscale in group order. Padded columns are zero in both operands. */
-void LLM_HOT llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
-                               uint32_t row_begin, uint32_t row_end) {
+LLM_WIDE_CLONES
+void llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
+                       uint32_t row_begin, uint32_t row_end) {
     const uint32_t width = w->row_bytes;
     uint32_t group = w->group >= w->cols ? width : w->group;
     if (group == 0) group = width; /* contract broken: never hang */
@@ -133,9 +155,8 @@ void LLM_HOT llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *x
         float acc = 0.f;
         uint32_t k = 0;
         for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
-            const uint32_t j1 = j0 + group < width ? j0 + group : width;
-            int32_t g = 0;
-            for (uint32_t j = j0; j < j1; j++) g += (int32_t)row[j] * (int32_t)xq[j];
+            const uint32_t n = (j0 + group < width ? j0 + group : width) - j0;
+            const int32_t g = dot_s8(row + j0, xq + j0, n);
             acc += ((float)g * sc[k]) * xscale[k];
         }
         y[r] = acc;
@@ -148,26 +169,46 @@ void llm_matvec_q8_cols_ref(const llm_q8 *w, const int8_t *const *xq, const floa
 }
 
 /* Contract (kernels.h): eight lane sums in ascending column order, combined in
- * a fixed tree. Written as a lane array so the host compiler keeps each lane's
- * order while running the eight of them as SIMD lanes (no reassociation: none
- * is needed, which is why -O2 without -ffast-math may still vectorize it). */
-static inline float f32_row(const float *wr, const float *x, uint32_t cols) {
-    float l[LLM_F32_LANES] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const uint32_t full = cols - cols % LLM_F32_LANES;
-    uint32_t j = 0;
-    for (; j < full; j += LLM_F32_LANES)
-        for (uint32_t k = 0; k < LLM_F32_LANES; k++) l[k] += wr[j + k] * x[j + k];
-    for (uint32_t k = 0; j + k < cols; k++) l[k] += wr[j + k] * x[j + k];
+ * a fixed tree. Written as lane arrays so the host compiler keeps each lane's
+ * order while running them as SIMD lanes (no reassociation: none is needed,
+ * which is why it may vectorize without -ffast-math), four rows at a time so
+ * each load of x serves four rows. */
+static inline float lanes_sum(const float *l) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-void LLM_HOT llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
-                                uint32_t row_end) {
-    for (uint32_t r = row_begin; r < row_end; r++)
-        y[r] = f32_row(w->w + (size_t)r * w->row_floats, x, w->cols);
+LLM_WIDE_CLONES
+void llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
+                        uint32_t row_end) {
+    /* size_t indices: 32-bit ones could wrap, which defeats the vectorizer */
+    const size_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
+    const size_t stride = w->row_floats;
+    uint32_t r = row_begin;
+    for (; r + 4u <= row_end; r += 4u) {
+        const float *w0 = w->w + (size_t)r * stride;
+        float l[4][LLM_F32_LANES] = {{0.f}};
+        size_t j = 0;
+        for (; j < full; j += LLM_F32_LANES)
+            for (size_t q = 0; q < 4u; q++)
+                for (size_t k = 0; k < LLM_F32_LANES; k++)
+                    l[q][k] += w0[q * stride + j + k] * x[j + k];
+        for (size_t q = 0; q < 4u; q++) {
+            for (size_t k = 0; j + k < cols; k++) l[q][k] += w0[q * stride + j + k] * x[j + k];
+            y[r + q] = lanes_sum(l[q]);
+        }
+    }
+    for (; r < row_end; r++) {
+        const float *wr = w->w + (size_t)r * stride;
+        float l[LLM_F32_LANES] = {0.f};
+        size_t j = 0;
+        for (; j < full; j += LLM_F32_LANES)
+            for (size_t k = 0; k < LLM_F32_LANES; k++) l[k] += wr[j + k] * x[j + k];
+        for (size_t k = 0; j + k < cols; k++) l[k] += wr[j + k] * x[j + k];
+        y[r] = lanes_sum(l);
+    }
 }
 
-void LLM_HOT llm_matvec_f32_cols_ref(const llm_f32m *w, const float *const *x, uint32_t m,
-                                     float *const *y, uint32_t row_begin, uint32_t row_end) {
+void llm_matvec_f32_cols_ref(const llm_f32m *w, const float *const *x, uint32_t m,
+                             float *const *y, uint32_t row_begin, uint32_t row_end) {
     for (uint32_t c = 0; c < m; c++) llm_matvec_f32_ref(w, x[c], y[c], row_begin, row_end);
 }
