@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "hot.h"
 #include "kernels.h"
@@ -169,42 +170,72 @@ void llm_matvec_q8_cols_ref(const llm_q8 *w, const int8_t *const *xq, const floa
 }
 
 /* Contract (kernels.h): eight lane sums in ascending column order, combined in
- * a fixed tree. Written as lane arrays so the host compiler keeps each lane's
- * order while running them as SIMD lanes (no reassociation: none is needed,
- * which is why it may vectorize without -ffast-math), four rows at a time so
- * each load of x serves four rows. */
-static inline float lanes_sum(const float *l) {
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+ * a fixed tree. The eight lanes are one vector (GCC/clang vector extension:
+ * lane-wise multiply, then lane-wise add, no reassociation and no FMA under
+ * -ffp-contract=off), so the host runs them as SIMD lanes and each lane's
+ * order is the contract's by construction; four rows at a time so each load
+ * of x serves four rows. The tail is one more step of zeros past cols (+0.f
+ * leaves a lane's bits alone: a lane starts at +0.f, so it is never -0.f). */
+typedef float llm_v4f __attribute__((vector_size(16)));
+
+/* Lanes 0-3 and 4-7 of one row's sum (two 16-byte vectors: no ABI question
+ * on any target, and an AVX2 build joins them where it pays). */
+typedef struct llm_lanes {
+    llm_v4f lo, hi;
+} llm_lanes;
+
+static inline llm_v4f v4_load(const float *p) {
+    llm_v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* lanes += w[j..j+8) * x[j..j+8), lane by lane. */
+static inline void lanes_step(llm_lanes *a, const float *w, const float *x) {
+    a->lo += v4_load(w) * v4_load(x);
+    a->hi += v4_load(w + 4) * v4_load(x + 4);
+}
+
+/* The same for columns [j, cols) of row w, zero past cols. */
+static inline void lanes_tail(llm_lanes *a, const float *w, const float *x, size_t j,
+                              size_t cols) {
+    float tw[LLM_F32_LANES] = {0.f}, tx[LLM_F32_LANES] = {0.f};
+    for (size_t k = 0; j + k < cols; k++) {
+        tw[k] = w[j + k];
+        tx[k] = x[j + k];
+    }
+    lanes_step(a, tw, tx);
+}
+
+static inline float lanes_sum(const llm_lanes *a) {
+    return ((a->lo[0] + a->lo[1]) + (a->lo[2] + a->lo[3])) +
+           ((a->hi[0] + a->hi[1]) + (a->hi[2] + a->hi[3]));
 }
 
 LLM_WIDE_CLONES
 void llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
                         uint32_t row_end) {
-    /* size_t indices: 32-bit ones could wrap, which defeats the vectorizer */
     const size_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
     const size_t stride = w->row_floats;
     uint32_t r = row_begin;
     for (; r + 4u <= row_end; r += 4u) {
         const float *w0 = w->w + (size_t)r * stride;
-        float l[4][LLM_F32_LANES] = {{0.f}};
-        size_t j = 0;
-        for (; j < full; j += LLM_F32_LANES)
-            for (size_t q = 0; q < 4u; q++)
-                for (size_t k = 0; k < LLM_F32_LANES; k++)
-                    l[q][k] += w0[q * stride + j + k] * x[j + k];
+        llm_lanes a[4];
+        memset(a, 0, sizeof a); /* +0.f in every lane */
+        for (size_t j = 0; j < full; j += LLM_F32_LANES)
+            for (size_t q = 0; q < 4u; q++) lanes_step(&a[q], w0 + q * stride + j, x + j);
         for (size_t q = 0; q < 4u; q++) {
-            for (size_t k = 0; j + k < cols; k++) l[q][k] += w0[q * stride + j + k] * x[j + k];
-            y[r + q] = lanes_sum(l[q]);
+            if (full < cols) lanes_tail(&a[q], w0 + q * stride, x, full, cols);
+            y[r + q] = lanes_sum(&a[q]);
         }
     }
     for (; r < row_end; r++) {
         const float *wr = w->w + (size_t)r * stride;
-        float l[LLM_F32_LANES] = {0.f};
-        size_t j = 0;
-        for (; j < full; j += LLM_F32_LANES)
-            for (size_t k = 0; k < LLM_F32_LANES; k++) l[k] += wr[j + k] * x[j + k];
-        for (size_t k = 0; j + k < cols; k++) l[k] += wr[j + k] * x[j + k];
-        y[r] = lanes_sum(l);
+        llm_lanes a;
+        memset(&a, 0, sizeof a);
+        for (size_t j = 0; j < full; j += LLM_F32_LANES) lanes_step(&a, wr + j, x + j);
+        if (full < cols) lanes_tail(&a, wr, x, full, cols);
+        y[r] = lanes_sum(&a);
     }
 }
 

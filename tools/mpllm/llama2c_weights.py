@@ -2,15 +2,29 @@
 
 Per tensor, which format and why:
 - every matrix (tok_embeddings, wq/wk/wv as one qkv matrix, wo, w1, w3, w2,
-  the classifier when unshared) is int4 with one fp16 scale per group of
-  columns (mpllm.quantize): the engine's only matrix format, the one its
-  kernels, the certified head and the PIE model run. One group for the whole
-  image (its header has one); by default `default_group(dim)`, dim rounded up
-  to a multiple of 32: one scale per row of every dim-column matrix, which
-  the certified head needs (formats.head_tiles.certifiable), and the finest
-  that allows it. `--group 32` (the kernels' smallest: a 32-column block must
-  not straddle groups) quantizes finer and loses the certificate, so the
-  engine then scores every head row.
+  the classifier when unshared) takes the one weight format the converter
+  chose for the image (`to_weights(ck, group, weights)`; convert.py --weights,
+  by default measured: the smallest whose greedy agreement with the fp32
+  forward reaches 85 %):
+  - int4: one fp16 scale per group of columns (mpllm.quantize). One group for
+    the whole image (its header has one); by default `default_group(dim)`,
+    dim rounded up to a multiple of 32: one scale per row of every dim-column
+    matrix, which the certified head needs (formats.head_tiles.certifiable),
+    and the finest that allows it. `--group 32` quantizes finer and loses the
+    certificate, so the engine then scores every head row. Smallest (about a
+    seventh of fp32), but a small model may not survive it: stories260K keeps
+    24 % of its greedy choices.
+  - int8 (Q8_0, llama2.c's runq.c scheme): one f32 scale per group of 32
+    columns, or per whole row where the columns are not a multiple of 32
+    (stories260K's w2, 172 columns) - `quantize.int8_group`; the engine
+    quantizes each matvec's input in the same groups. A v2 checkpoint keeps
+    its own codes and scales where its group is one the engine takes
+    (`own_int8`), nothing requantized. Under a third of fp32's bytes.
+  - fp32: the checkpoint's numbers, as run.c multiplies them (the engine's
+    sum runs in eight fixed lanes: kernels.h). For models too small for
+    int8.
+  The tied head is the embedding's first rows, in its format; only an int4
+  head can carry the certified head's tiles.
 - the norms (attention_norm, ffn_norm, the final norm) stay float32: D
   values each, and the engine applies them in float.
 - the v0 file's RoPE tables are not kept: the image bakes its own table

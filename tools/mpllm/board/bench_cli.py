@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llama2c", type=Path, nargs=2, metavar=("MODEL.bin", "TOKENIZER.bin"),
                    help="with --vs-runc: the llama2.c checkpoint and its tokenizer.bin "
                         "(converted into an image once, cached)")
+    p.add_argument("--weights", choices=("auto", "int4", "int8", "fp32"), default="auto",
+                   help="with --vs-runc: our image's weight format (convert.py --weights; "
+                        "default auto, what convert.py chooses): fp32 beside run.c, int8 "
+                        "beside runq.c")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -439,7 +443,7 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
             print(f"bench.py: {path}: no such file", file=sys.stderr)
             return 2
     model_bin, tokenizer_bin = args.llama2c
-    image = converted(model_bin, tokenizer_bin, default_cache_dir())
+    image = converted(model_bin, tokenizer_bin, default_cache_dir(), weights=args.weights)
     from ..checkout import board_module
 
     m = board_module("_llm").Model(str(image))
