@@ -18,8 +18,7 @@ from conftest import ROOT
 from mpllm.convert import ConvertError, convert
 from mpllm.convert import main as convert_main
 from mpllm.formats import llama2c as fmt
-from mpllm.formats.image import read_image
-from mpllm.formats.image import KIND_F32M, KIND_Q4, KIND_Q8
+from mpllm.formats.image import KIND_F32M, KIND_Q4, KIND_Q8, read_image
 from mpllm.formats.model import F32Matrix, Q8Matrix, Weights
 from mpllm.llama2c_weights import rope_row_order, split_half_checkpoint, to_weights
 from mpllm.reference.llama2c import F32, Llama2c

@@ -418,13 +418,14 @@ def _choose_weights(
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
     ties to the smaller), the choice record and where each lives on the
     boards."""
+    from .checkout import NotBuilt, board_module
     from .costmodel.llama import S3_BOARDS, where_it_lives
     from .costmodel.shape import Shape
     from .llama2c_weights import quality
 
     try:
-        import _llm
-    except ImportError:
+        _llm = board_module("_llm")  # an install's, else this checkout's build
+    except NotBuilt:
         raise ConvertError("measuring the weight formats needs the host engine _llm (pip "
                            "install -e . in the repository), or pass --quality-positions 0 "
                            "with --weights int4, int8 or fp32") from None
@@ -512,11 +513,12 @@ def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, flo
     stories), and the seconds it took."""
     import time
 
+    from .checkout import NotBuilt, board_module
     from .drafting import build_drafts
 
     try:
-        import _llm
-    except ImportError:
+        _llm = board_module("_llm")  # an install's, else this checkout's build
+    except NotBuilt:
         raise ConvertError("the n-gram drafter needs the host engine _llm (pip install -e . "
                            "in the repository), or pass --drafter-stories 0") from None
     t0 = time.perf_counter()

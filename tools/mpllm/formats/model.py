@@ -73,11 +73,13 @@ FAMILIES = ("esp32ai", "llama2c")
 
 
 @dataclass
-class QMatrix:
-    """int4 matrix: q[r, c] in -8..7 (code - 8), one fp16 scale per group."""
+class GroupedMatrix:
+    """Integer codes q [rows, cols] with one scale per group of `group`
+    consecutive columns of a row (the last group may be shorter): value =
+    q * scale. QMatrix and Q8Matrix are its two formats."""
 
     q: np.ndarray  # int8 [rows, cols]
-    scales: np.ndarray  # float16 [rows, n_groups]
+    scales: np.ndarray  # [rows, n_groups]
     group: int
 
     @property
@@ -92,43 +94,28 @@ class QMatrix:
     def n_groups(self) -> int:
         return -(-self.cols // self.group)
 
-    def take_rows(self, n: int) -> QMatrix:
-        return QMatrix(self.q[:n], self.scales[:n], self.group)
+    def take_rows(self, n: int) -> GroupedMatrix:
+        """The first n rows, a matrix of self's own format."""
+        return type(self)(self.q[:n], self.scales[:n], self.group)
 
     def dequantize(self) -> np.ndarray:
-        """float32 [rows, cols], value = q * scale (exact in float32)."""
+        """float32 [rows, cols], value = float(q) * scale: one rounding (exact for
+        int4 codes and fp16 scales), as the engine's row lookup computes it."""
         scale = np.repeat(self.scales.astype(np.float32), self.group, axis=1)[:, : self.cols]
         return self.q.astype(np.float32) * scale
 
 
 @dataclass
-class Q8Matrix:
-    """int8 matrix in groups (Q8_0, llama2.c's runq.c scheme): value = q * scale,
-    one f32 scale per group of `group` columns (== cols: one group per row)."""
+class QMatrix(GroupedMatrix):
+    """int4 matrix: q[r, c] in -8..7 (code - 8), one fp16 scale (float16
+    scales [rows, n_groups]) per group."""
 
-    q: np.ndarray  # int8 [rows, cols]
-    scales: np.ndarray  # float32 [rows, n_groups]
-    group: int
 
-    @property
-    def rows(self) -> int:
-        return int(self.q.shape[0])
-
-    @property
-    def cols(self) -> int:
-        return int(self.q.shape[1])
-
-    @property
-    def n_groups(self) -> int:
-        return -(-self.cols // self.group)
-
-    def take_rows(self, n: int) -> Q8Matrix:
-        return Q8Matrix(self.q[:n], self.scales[:n], self.group)
-
-    def dequantize(self) -> np.ndarray:
-        """float32 [rows, cols], value = float(q) * scale (one rounding, as the engine)."""
-        scale = np.repeat(self.scales.astype(np.float32), self.group, axis=1)[:, : self.cols]
-        return self.q.astype(np.float32) * scale
+@dataclass
+class Q8Matrix(GroupedMatrix):
+    """int8 matrix in groups (Q8_0, llama2.c's runq.c scheme): one f32 scale
+    (float32 scales [rows, n_groups]) per group of `group` columns (== cols:
+    one group per row)."""
 
 
 @dataclass

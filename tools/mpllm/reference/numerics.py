@@ -224,6 +224,27 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
     return q, F32(xmax / F32(127.0))
 
 
+def _group_codes(q: np.ndarray, ng: int, width: int) -> np.ndarray:
+    """Codes q [rows, cols] as float32 [ng, rows, width], zero-padded columns."""
+    rows, cols = q.shape
+    a = np.zeros((rows, ng * width), dtype=np.float32)
+    a[:, :cols] = q
+    return np.ascontiguousarray(a.reshape(rows, ng, width).transpose(1, 0, 2))
+
+
+def _group_input(xq: np.ndarray, ng: int, width: int) -> np.ndarray:
+    """A quantized input as float32 [ng, width], zero-padded like the codes."""
+    xp = np.zeros(ng * width, dtype=np.float32)
+    xp[: xq.shape[0]] = xq
+    return xp.reshape(ng, width)
+
+
+def _check_x(x: np.ndarray, cols: int) -> np.ndarray:
+    if x.shape != (cols,):
+        raise ValueError(f"matvec: x has shape {x.shape}, matrix has {cols} columns")
+    return x
+
+
 @dataclass
 class QMatvec:
     """llm_matvec_q4 on a QMatrix: quantize x, then the engine's sums, exactly.
@@ -245,19 +266,13 @@ class QMatvec:
         if g * 127 * 8 >= 1 << 24:
             raise ValueError(f"group {g} too large for exact float32 integer dots")
         width = m.cols if ng == 1 else g  # no padding to stream when one group covers a row
-        q = np.zeros((m.rows, ng * width), dtype=np.float32)
-        q[:, : m.cols] = m.q
-        codes = np.ascontiguousarray(q.reshape(m.rows, ng, width).transpose(1, 0, 2))
-        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, width)
+        return cls(_group_codes(m.q, ng, width), m.scales.astype(np.float32), m.rows, m.cols,
+                   width)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape != (self.cols,):
-            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
-        xq, xscale = quantize_act(x)
+        xq, xscale = quantize_act(_check_x(x, self.cols))
+        xp = _group_input(xq, self.codes.shape[0], self.group)
         ng = self.codes.shape[0]
-        xp = np.zeros(ng * self.group, dtype=np.float32)
-        xp[: self.cols] = xq
-        xp = xp.reshape(ng, self.group)
         acc = np.zeros(self.rows, dtype=np.float32)
         for k in range(ng):
             g = np.dot(self.codes[k], xp[k])  # exact integers
@@ -295,19 +310,12 @@ class Q8Matvec:
         ng, g = m.n_groups, min(m.group, m.cols)
         if g * 127 * 127 >= 1 << 24:
             raise ValueError(f"int8 group {g} too large for exact float32 integer dots")
-        q = np.zeros((m.rows, ng * g), dtype=np.float32)
-        q[:, : m.cols] = m.q
-        codes = np.ascontiguousarray(q.reshape(m.rows, ng, g).transpose(1, 0, 2))
-        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, g)
+        return cls(_group_codes(m.q, ng, g), m.scales.astype(np.float32), m.rows, m.cols, g)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape != (self.cols,):
-            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
-        xq, xs = quantize_act_groups(x, self.group)
+        xq, xs = quantize_act_groups(_check_x(x, self.cols), self.group)
         ng = self.codes.shape[0]
-        xp = np.zeros(ng * self.group, dtype=np.float32)
-        xp[: self.cols] = xq
-        xp = xp.reshape(ng, self.group)
+        xp = _group_input(xq, ng, self.group)
         acc = np.zeros(self.rows, dtype=np.float32)
         for k in range(ng):
             g = np.dot(self.codes[k], xp[k])  # exact integers
