@@ -122,5 +122,6 @@ def format_comparison(runc: Side, ours: Side, steps: int, repeats: int) -> str:
     lines = [head]
     for s in (runc, ours):
         lines.append(f"  {s.name:<34} {s.ms_per_token:8.3f} ms/token  {s.tok_per_s:9.0f} tok/s")
-    lines.append(f"  mpllm is {runc.ms_per_token / ours.ms_per_token:.2f}x run.c's speed")
+    theirs = "runq.c" if "runq" in runc.name else "run.c"
+    lines.append(f"  mpllm is {runc.ms_per_token / ours.ms_per_token:.2f}x {theirs}'s speed")
     return "\n".join(lines)
