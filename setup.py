@@ -32,7 +32,7 @@ PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 #: _llm.selftest(): the PIE kernels through the host model against the reference
 SELFTEST_SOURCES = [*PIE_SOURCES, "selftest.c"]
 
-FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]
+FLAGS = ["-O3", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-std=c11"]
 
 BUILD = ROOT / "build"
 #: where an in-place build puts `_llm` (tools/mpllm/checkout.py's ENGINE_BUILD,

@@ -259,7 +259,9 @@ def test_return_values_from_the_core(tiny_model) -> None:  # type: ignore[no-unt
         assert isinstance(c["norm_eps"], float) and c["arch"] == "esp32ai"
         assert c["n_kv_heads"] == c["n_heads"]
         assert all(type(v) is int for k, v in c.items()
-                   if k not in ("tied_head", "rope_theta", "norm_eps", "arch"))
+                   if k not in ("tied_head", "rope_theta", "norm_eps", "arch", "weights",
+                                "weights_choice"))
+        assert c["weights"] == "int4" and c["weights_choice"] == {}
         s = m.stats()
         assert s["prefill_tokens"] == 3 and s["tokens"] == 3 and s["heads"] == 1
         assert set(s["stage_ms"]) == {"embed", "attn", "ffn", "ple", "head", "sample"}

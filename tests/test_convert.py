@@ -97,7 +97,7 @@ def test_rows_above_tokenizer_size_dropped(release_model: ModelFiles) -> None:
 def test_untied_head_and_odd_shapes(test_model, tmp_path: Path) -> None:
     m = test_model("tiny_untied")
     img = read_image(m.image)
-    assert [s.name for s in img.sections[-3:]] == ["head", "head_tiles", "drafts"]
+    assert [s.name for s in img.sections[-4:]] == ["head", "head_tiles", "drafts", "weights"]
     assert not img.header.tied_head
     src = read_model_bin(m.model_bin)
     same_weights(trim_vocab_rows(src, m.config.vocab_out), img.weights)
@@ -237,3 +237,19 @@ def test_cli_builds_the_drafter_by_default(tiny_model: ModelFiles, tmp_path: Pat
                   str(tmp_path / "x.img"), "--drafter-stories", "-1")
     assert bad.returncode == 2 and "--drafter-stories -1: must be >= 0" in bad.stderr
     assert not (tmp_path / "x.img").exists()
+
+
+def test_an_esp32ai_model_keeps_its_int4(tiny_model: ModelFiles, tmp_path: Path) -> None:
+    """--weights int8 / fp32 on an esp32-ai model.bin: refused with a one-line
+    message, nothing written; auto and int4 give its int4 image."""
+    for fmt in ("int8", "fp32"):
+        out = tmp_path / f"{fmt}.img"
+        r = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o", str(out),
+                    "--weights", fmt, "--drafter-stories", "0")
+        assert r.returncode == 2 and not out.exists()
+        assert r.stderr == (f"error: --weights {fmt}: an esp32-ai model keeps the int4 weights "
+                            "it was trained and quantized with (its model.bin has no float "
+                            "weights to make int8 or fp32 from); use --weights int4 or auto\n")
+    rep = convert(tiny_model.model_bin, tiny_model.tokenizer_json, tmp_path / "i4.img",
+                  progress=False, weights="int4")
+    assert rep.weights == "int4" and not rep.choice.tried

@@ -419,24 +419,25 @@ def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  #
 LLAMA2C_SAMPLERS = [(0.0, 0, 0), (0.8, 40, 1), (1.0, 0, 2), (0.5, 5, 3)]
 
 
-@pytest.mark.parametrize("name", ["untied", "tied"])
+@pytest.mark.parametrize("name", ["untied", "tied", "int8", "fp32", "mixed"])
 def test_llama2c_logits_bit_exact_greedy_and_sampled(llama2c_image, name: str) -> None:  # type: ignore[no-untyped-def]
     """The stories260K shape (no PLE, 4 kv heads for 8 query heads, rmsnorm epsilon
-    1e-5, untied or tied head): the raw logits bytes of the prefill and every step
-    hash alike in the engine and the numpy reference, and the ids agree, greedy and
-    sampled."""
+    1e-5, untied or tied head), its matrices int4, int8, fp32 or a mix of the three:
+    the raw logits bytes of the prefill and every step hash alike in the engine and
+    the numpy reference, and the ids agree, greedy and sampled."""
     image = llama2c_image(name)
     ref = Reference.from_image(image)
     cfg = ref.config
     assert (cfg.family, cfg.kv_heads, cfg.ple_dim, cfg.tied_head) == (
-        "llama2c", 4, 0, name == "tied")
+        "llama2c", 4, 0, name in ("tied", "fp32"))
     prompt = _prompt(cfg.vocab_out, 7, salt=3)
     n = 72
     seen = set()
     with _llm.Model(image) as m:
         c = m.config()
         assert (c["arch"], c["n_kv_heads"], c["ple_dim"]) == ("llama2c", 4, 0)
-        assert c["norm_eps"] == float(np.float32(1e-5)) and c["tied_head"] is (name == "tied")
+        assert c["norm_eps"] == float(np.float32(1e-5))
+        assert c["tied_head"] is (name in ("tied", "fp32"))
         for sampler in LLAMA2C_SAMPLERS:
             ref.reset()
             want, rows = ref.generate(prompt, n, Sampler(*sampler))

@@ -247,8 +247,8 @@ CASES: list[tuple[str, Callable[[Img], None], str]] = [
      "bad image: section 'head_tiles': tile 0 column 0 has a negative half-range"),
     ("tiles box too narrow", _tiles_narrow, "bad image: head_tiles: token"),
     ("tiles count", _tiles_count, "bad image: section 'head_tiles': 2 tiles of 128 rows"),
-    ("version 3", _set("version", 3),
-     "unsupported version: image format version 3; this engine reads 4: convert the model again"),
+    ("version 4", _set("version", 4),
+     "unsupported version: image format version 4; this engine reads 5: convert the model again"),
     ("header_bytes 256", _set("header_bytes", 256), "bad image: header_bytes is 256"),
     ("unknown flag", _set("flags", 3), "bad image: unknown flag bits 0x2"),
     ("reserved field", _set("reserved", 1),
@@ -304,8 +304,8 @@ def test_specific_message(tiny_bytes: bytes, what: str, mutate: Callable[[Img], 
 
 def test_extra_and_missing_sections(tiny_bytes: bytes) -> None:
     img = Img(tiny_bytes)
-    n = len(img.sections)  # 6 + 10 per layer + out_norm + head_tiles + drafts
-    assert n == 6 + 10 * 2 + 3
+    n = len(img.sections)  # 6 + 10 per layer + out_norm + head_tiles + drafts + weights
+    assert n == 6 + 10 * 2 + 4
     img.sections.pop()
     assert open_error(img.signed()) == (f"bad image: {n - 1} sections, a 2-layer tied-head "
                                         f"model has {n}")

@@ -46,7 +46,7 @@ def expected_names(cfg: Config) -> list[str]:
     names += ["ple_rows", "ple_model_proj", "ple_proj_norm"] if ple else []
     fields = LAYER_NAMES if ple else LAYER_NAMES[:7]
     names += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in fields]
-    names += ["out_norm"] + ([] if cfg.tied_head else ["head"]) + ["head_tiles", "drafts"]
+    names += ["out_norm"] + ([] if cfg.tied_head else ["head"]) + ["head_tiles", "drafts", "weights"]
     return names
 
 
@@ -120,7 +120,7 @@ def test_round_trip_exact(tmp_path: Path, shape: str) -> None:
     assert h.tied_head == cfg.tied_head and h.file_bytes == len(data)
     # the raw header, read independently of the module
     assert data[:8] == b"MPLLMIMG"
-    assert struct.unpack_from("<4I", data, 8) == (4, 128, len(data), len(expected_names(cfg)))
+    assert struct.unpack_from("<4I", data, 8) == (5, 128, len(data), len(expected_names(cfg)))
     assert struct.unpack_from("<12I", data, 28)[1:] == (
         cfg.vocab_in, cfg.vocab_out, cfg.vocab_in + 7, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.ffn,
         cfg.ple_dim, cfg.seq_len, cfg.group, struct.unpack("<I", struct.pack("<f", 1e4))[0])
@@ -315,8 +315,8 @@ def _add_offset(b: bytearray, i: int, delta: int) -> None:
 
 HEADER_DAMAGE = {
     "magic": (lambda b: b.__setitem__(slice(0, 8), b"MPLLMIMX"), r"bad magic b'MPLLMIMX'"),
-    "version": (lambda b: struct.pack_into("<I", b, 8, 3),
-                "image format version 3; this reader knows version 4: convert the model again"),
+    "version": (lambda b: struct.pack_into("<I", b, 8, 4),
+                "image format version 4; this reader knows version 5: convert the model again"),
     "header_bytes": (lambda b: struct.pack_into("<I", b, 12, 256), "header_bytes 256"),
     "flags": (lambda b: struct.pack_into("<I", b, 28, 3), "unknown flag bits 0x2"),
     "reserved": (lambda b: b.__setitem__(124, 7), "header reserved field is 0x00000007, must be 0"),
@@ -335,10 +335,10 @@ HEADER_DAMAGE = {
     "norm_eps_negative": (lambda b: struct.pack_into("<f", b, 120, -0.5),
                           "image header: norm_eps -0.5 must be positive and finite"),
     "n_sections": (lambda b: struct.pack_into("<I", b, 20, 0), "section count 0 out of range"),
-    "n_sections_wrong": (lambda b: struct.pack_into("<I", b, 20, 28),
-                         "28 sections, a 2-layer tied-head model has 29"),
+    "n_sections_wrong": (lambda b: struct.pack_into("<I", b, 20, 29),
+                         "29 sections, a 2-layer tied-head model has 30"),
     "huge_layers": (lambda b: struct.pack_into("<I", b, 48, 2**31 - 1),
-                    "29 sections, a 2147483647-layer tied-head model has"),
+                    "30 sections, a 2147483647-layer tied-head model has"),
     "heads": (lambda b: struct.pack_into("<I", b, 52, 3),
               "image header: impossible dimensions: dim 32 is not divisible by n_heads 3"),
     "rows_lt_out": (lambda b: struct.pack_into("<I", b, 32, 279),
@@ -429,13 +429,13 @@ def test_failure_mid_write_leaves_no_file(tmp_path: Path) -> None:
 def test_config_replace_roundtrip_untied_head_present(tmp_path: Path) -> None:
     cfg = dataclasses.replace(SHAPES["tiny"], tied_head=False)
     _w, rep = write(tmp_path / "m.img", cfg)
-    assert [s.name for s in rep.sections[-3:]] == ["head", "head_tiles", "drafts"]
+    assert [s.name for s in rep.sections[-4:]] == ["head", "head_tiles", "drafts", "weights"]
     assert read_image(tmp_path / "m.img").weights.head.q.shape == (280, 32)
 
 
 def test_too_many_layers_for_the_section_table(tmp_path: Path) -> None:
-    cfg = dataclasses.replace(SHAPES["tiny"], n_layers=51)  # 9 + 510 sections > 512
-    with pytest.raises(ValueError, match="51 layers need 519 sections, the format allows 512"):
+    cfg = dataclasses.replace(SHAPES["tiny"], n_layers=51)  # 10 + 510 sections > 512
+    with pytest.raises(ValueError, match="51 layers need 520 sections, the format allows 512"):
         write(tmp_path / "m.img", cfg)
     assert not list(tmp_path.iterdir())
 
@@ -462,11 +462,12 @@ def test_llama2c_weights_hold_no_ple(tmp_path: Path) -> None:
 
 
 def test_llama2c_header_count_and_names(tmp_path: Path) -> None:
-    """A llama2c image: 3 + 7 per layer + the tail; a PLE section name is unknown there."""
+    """A llama2c image: 3 + 7 per layer + the tail (out_norm, head, head_tiles,
+    drafts, weights); a PLE section name is unknown there."""
     cfg = SHAPES["llama2c_untied"]
     write(tmp_path / "m.img", cfg)
     data = (tmp_path / "m.img").read_bytes()
-    assert len(table(data)) == 3 + 7 * 5 + 4
+    assert len(table(data)) == 3 + 7 * 5 + 5
     bad = _mutated(data, lambda b: _set_name(b, 3, b"ple_rows"))
     with pytest.raises(ImageFormatError, match="unknown section name 'ple_rows'"):
         read_image(bad)

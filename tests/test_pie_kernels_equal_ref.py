@@ -94,3 +94,14 @@ def test_many_columns_bit_exact(programs: dict[str, Path], flavour: str, n: int)
            re.findall(r"cols m=(\d+) 128x96: ([\d.]+) PIE instructions", result.stdout)}
     assert sorted(per) == list(range(1, 9))
     assert per[8] < 0.6 * per[1] and all(per[m + 1] < per[m] for m in range(1, 8))
+
+
+@pytest.mark.parametrize(("flavour", "n"), [("plain", 1500), ("sanitize", 300)])
+def test_int8_and_fp32_kernels_bit_exact(programs: dict[str, Path], flavour: str, n: int) -> None:
+    """llm_matvec_q8_pie (ee.vmulas.s8.accx through the host model) and the
+    scalar fp32 flavour, single and many-columns, equal their references bit
+    for bit on random shapes, groups, row ranges and input offsets."""
+    result = cbuild.run(programs[flavour], "wide", "11", str(n))
+    assert result.returncode == 0, result.stdout + result.stderr
+    got, bad = compared(result.stdout)
+    assert bad == 0 and got >= 2 * n + 4

@@ -126,7 +126,7 @@ class Model:
         or a bytes-like object (a read-only, 16-byte aligned one is used in
         place and kept alive until close(); any other is copied once, so later
         changes to it cannot reach the engine). MicroPython: see above."""
-    def config(self) -> dict[str, int | float | bool | str]:
+    def config(self) -> dict[str, int | float | bool | str | dict[str, object]]:
         """vocab_rows, vocab_out, dim, n_layers, n_heads, head_dim, ffn, ple_dim,
         seq_len, group, eot_id, flags, max_draft, n_kv_heads (ints: seq_len is
         the positions the engine holds: the image's, or Model(context=N)'s N;
@@ -135,7 +135,12 @@ class Model:
         n_kv_heads the K/V heads, n_heads or a divisor of it), rope_theta and
         norm_eps (floats: the RoPE base and the rmsnorm epsilon), arch (str:
         "esp32ai", the PLE TinyStories model, or "llama2c", llama2.c's Llama;
-        ple_dim is 0 there) and tied_head (bool)."""
+        ple_dim is 0 there), tied_head (bool), weights (str: the layer
+        matrices' format, "int4", "int8", "fp32" or "mixed"; group is the int4
+        matrices') and weights_choice (dict: {} when the converter measured
+        nothing, else "chosen" (str), "positions" (int) and per format it
+        tried, by name, (greedy agreement with the fp32 forward 0..1, mean
+        |logit difference|, image bytes): (float, float, int))."""
     def reset(self) -> None:
         """Back to position 0: empty context, no logits, stats cleared, sampler
         stream restarted from its seed. The model stays open."""

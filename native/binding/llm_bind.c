@@ -469,6 +469,27 @@ static int open_container(emitter *s, llm_bind_type type, const char *key, size_
     return put(s, type, key, 0, 0, NULL, n);
 }
 
+/* config()'s "weights": the layer matrices' format ("int4", "int8", "fp32"
+ * or "mixed"), and "weights_choice": the converter's choice, "chosen" and
+ * "positions", and per format it tried (agreement, mean_abs_diff, bytes)
+ * under the format's name ({} when it measured none). */
+static int weights(const llm_engine *e, emitter *s) {
+    llm_weights_info w;
+    llm_get_weights(e, &w);
+    int good = put_str(s, "weights", llm_weights_name(w.layers_kind)) &&
+               open_container(s, LLM_BIND_DICT, "weights_choice", w.chosen ? 2u + w.n_tried : 0u);
+    if (!good || w.chosen == 0) return good;
+    const char *chosen = llm_weights_name(w.chosen);
+    good = put_str(s, "chosen", chosen ? chosen : "?") && put_int(s, "positions", w.positions);
+    for (uint32_t k = 0; good && k < w.n_tried; k++) {
+        const char *name = llm_weights_name(w.tried[k].kind);
+        good = open_container(s, LLM_BIND_TUPLE, name ? name : "?", 3) &&
+               put_float(s, NULL, w.tried[k].agreement) &&
+               put_float(s, NULL, w.tried[k].mean_abs_diff) && put_int(s, NULL, w.tried[k].bytes);
+    }
+    return good;
+}
+
 static int config(const llm_engine *e, emitter *s) {
     const llm_config *c = llm_get_config(e);
     const struct {
@@ -484,11 +505,11 @@ static int config(const llm_engine *e, emitter *s) {
     const size_t n = sizeof f / sizeof f[0];
     /* the image's arch as the family names the host tools use (mpllm Config.family) */
     const char *arch = c->arch == LLM_ARCH_LLAMA ? "llama2c" : "esp32ai";
-    int good = open_container(s, LLM_BIND_DICT, NULL, n + 4);
+    int good = open_container(s, LLM_BIND_DICT, NULL, n + 6);
     for (size_t i = 0; good && i < n; i++) good = put_int(s, f[i].name, f[i].value);
     return good && put_float(s, "rope_theta", c->rope_theta) &&
            put_float(s, "norm_eps", c->norm_eps) && put_str(s, "arch", arch) &&
-           put_bool(s, "tied_head", c->flags & LLM_IMAGE_FLAG_TIED_HEAD);
+           put_bool(s, "tied_head", c->flags & LLM_IMAGE_FLAG_TIED_HEAD) && weights(e, s);
 }
 
 static int stats(const llm_engine *e, emitter *s) {

@@ -155,9 +155,84 @@ static void LLM_HOT gelu_mul(float *out, const float *a, const float *b, uint32_
     for (; i < n; i++) out[i] = ((0.5f * a[i]) * (1.0f + llm_erff(a[i] * 0.70710678f))) * b[i];
 }
 
-/* Quantize x[0..n) as the input of the matvecs that follow. */
-static void LLM_HOT quantize(llm_act *a, const float *x, uint32_t n) {
-    llm_quantize_act(x, n, (uint32_t)llm_align_up(n, LLM_IMAGE_BLOCK_COLS), a->q, &a->scale);
+/* x[0..n) becomes position c's input of the matvecs that follow: quantized
+ * at once for int4 matrices (as every image before the other formats was);
+ * the form int8 matrices read is made when they first ask (act_in). */
+static void LLM_HOT __attribute__((noinline)) quantize(llm_engine *e, uint32_t c, const float *x,
+                                                       uint32_t n) {
+    llm_src *src = &e->s.src[c][0];
+    src->x = x;
+    src->n = n;
+    src->q8_group = 0;
+    if (e->core_q4) {
+        llm_act *a = &e->s.col[c].act;
+        llm_quantize_act(x, n, (uint32_t)llm_align_up(n, LLM_IMAGE_BLOCK_COLS), a->q, &a->scale);
+    }
+}
+
+/* Position c's input `which` (0: the matvecs', 1: the head's) in the form
+ * an int8 or fp32 matrix reads (kernels.h contracts). Not LLM_HOT and never
+ * inlined: an int4 image never comes here, so its instruction RAM does not
+ * hold it (hot.h). */
+static __attribute__((noinline)) llm_vin act_in(llm_engine *e, uint32_t c, uint32_t which,
+                                                const llm_wmat *w) {
+    llm_src *src = &e->s.src[c][which];
+    const llm_act *a = which ? &e->s.col[c].head_in : &e->s.col[c].act;
+    if (w->kind == LLM_IMAGE_KIND_Q8) {
+        const uint32_t group = w->group >= src->n ? src->n : w->group;
+        if (src->q8_group != group) {
+            llm_quantize_act_groups(src->x, src->n, group,
+                                    (uint32_t)llm_align_up(src->n, LLM_IMAGE_BLOCK_COLS),
+                                    src->q8, src->q8_scale);
+            src->q8_group = group;
+        }
+    }
+    llm_vin v = {src->x, a->q, a->scale, src->q8, src->q8_scale};
+    return v;
+}
+
+/* An int8 or fp32 matrix through wmat.c (not LLM_HOT, never inlined: see
+ * act_in). */
+static __attribute__((noinline)) void matvec_other(llm_engine *e, const llm_mat *mat,
+                                                   uint32_t first, uint32_t rows, uint32_t m,
+                                                   float *const *y) {
+    const llm_wmat w = llm_wmat_rows(&mat->w, first, rows);
+    llm_vin vin[LLM_BATCH_MAX];
+    const llm_vin *in[LLM_BATCH_MAX];
+    for (uint32_t c = 0; c < m; c++) {
+        vin[c] = act_in(e, c, 0, &w);
+        in[c] = &vin[c];
+    }
+    llm_wmat_matvec(&w, in, m, y, 0, rows);
+}
+
+/* Position c's head input for an int8 or fp32 head (head_input): x in its
+ * own buffer (fp32: llm_logits() may read it after the column moved on) or
+ * quantized in the head's groups. Not LLM_HOT (see act_in). */
+static __attribute__((noinline)) void head_input_other(llm_engine *e, uint32_t c,
+                                                       const float *x) {
+    llm_src *src = &e->s.src[c][1];
+    if (src->own != NULL) {
+        memcpy(src->own, x, e->cfg.dim * sizeof(float));
+        x = src->own;
+    }
+    src->x = x;
+    src->n = e->cfg.dim;
+    src->q8_group = 0;
+    (void)act_in(e, c, 1, &e->w.head.w);
+}
+
+/* The dense head on position c's head input, any kind (select_next,
+ * llm_logits). */
+static void head_dense(llm_engine *e, uint32_t c, const llm_splitter *sp, llm_head_work *work) {
+    const llm_act *in = &e->s.col[c].head_in;
+    if (e->w.head.w.kind == LLM_IMAGE_KIND_Q4) {
+        const llm_vin vin = {NULL, in->q, in->scale, NULL, NULL};
+        llm_head_dense(&e->w.head, &e->s.head, &vin, e->s.logits, sp, work);
+    } else {
+        const llm_vin vin = act_in(e, c, 1, &e->w.head.w);
+        llm_head_dense(&e->w.head, &e->s.head, &vin, e->s.logits, sp, work);
+    }
 }
 
 /* A float buffer of position c of the pass: `field` is one of llm_col's
@@ -173,27 +248,28 @@ static void LLM_HOT quantize(llm_act *a, const float *x, uint32_t n) {
  * (below). Bytes are charged once: the weights are read once per pass. */
 static void LLM_HOT matvec_rows(llm_engine *e, const llm_mat *mat, uint32_t first, uint32_t rows,
                         uint32_t m, float *const *y, int unit) {
-    llm_q4 w = mat->w;
+    if (mat->w.kind != LLM_IMAGE_KIND_Q4) {
+        matvec_other(e, mat, first, rows, m, y);
+        return;
+    }
+    llm_q4 w = llm_wmat_q4(&mat->w);
     w.codes += (size_t)first * w.row_bytes;
     w.scales = unit ? e->s.ones : w.scales + (size_t)first * w.n_groups;
     w.rows = rows;
     const int8_t *xq[LLM_BATCH_MAX];
     float xs[LLM_BATCH_MAX];
-    float *out[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) {
         xq[c] = e->s.col[c].act.q;
         xs[c] = unit ? 1.0f : e->s.col[c].act.scale;
-        out[c] = y[c];
     }
     if (m == 1u)
-        llm_matvec_q4(&w, xq[0], xs[0], out[0], 0, rows);
+        llm_matvec_q4(&w, xq[0], xs[0], y[0], 0, rows);
     else
-        llm_matvec_q4_cols(&w, xq, xs, m, out, 0, rows);
+        llm_matvec_q4_cols(&w, xq, xs, m, y, 0, rows);
 }
 
 static void LLM_HOT charge_mat(llm_engine *e, const llm_mat *m) {
-    e->stats.bytes[m->region] += (uint64_t)m->w.rows * m->w.row_bytes +
-                                 (uint64_t)m->w.rows * m->w.n_groups * sizeof(float);
+    e->stats.bytes[m->region] += (uint64_t)m->w.rows * llm_wmat_row_cost(&m->w);
 }
 
 /* Every position's act through one matrix into its `out` buffer. */
@@ -219,17 +295,22 @@ static void LLM_HOT matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t 
     charge_mat(e, mat);
 }
 
-/* Embedding row: kernel layout, 32-column blocks of nibbles. */
+/* Embedding row: int4 in the kernel layout (32-column blocks of nibbles),
+ * another kind through wmat.c. */
 static void LLM_HOT embed_row(llm_engine *e, uint32_t token, float *out) {
-    const llm_q4 *w = &e->w.embed;
-    const uint8_t *row = w->codes + (size_t)token * w->row_bytes;
+    const llm_wmat *w = &e->w.embed;
+    e->stats.bytes[LLM_REGION_FLASH] += llm_wmat_row_cost(w);
+    if (w->kind != LLM_IMAGE_KIND_Q4) {
+        llm_wmat_row_values(w, token, out);
+        return;
+    }
+    const uint8_t *row = w->data + (size_t)token * w->row_bytes;
     const float *sc = w->scales + (size_t)token * w->n_groups;
     for (uint32_t j = 0; j < w->cols; j++) {
         uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
         int code = (j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4);
         out[j] = (float)(code - 8) * sc[j / w->group];
     }
-    e->stats.bytes[LLM_REGION_FLASH] += w->row_bytes + (uint64_t)w->n_groups * sizeof(float);
 }
 
 /* PLE row: source nibble order, fp16 scales beside the codes. */
@@ -557,7 +638,7 @@ static void LLM_HOT embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t 
     for (uint32_t c = 0; c < m; c++) {
         llm_col *col = &s->col[c];
         embed_row(e, (uint32_t)tokens[c], col->x);
-        quantize(&col->act, col->x, D);
+        quantize(e, c, col->x, D);
     }
     for (uint32_t c = 0; c < m; c++) rope[c] = rope_row(e, e->pos + c);
     if (P == 0) return;
@@ -575,11 +656,12 @@ static void LLM_HOT embed_inputs(llm_engine *e, const int32_t *tokens, uint32_t 
 
 /* xb = rmsnorm(x) * norm, quantized as the input of the matvecs that follow,
  * for the m positions of the pass. */
-static void LLM_HOT norm_input(llm_engine *e, uint32_t m, const float *norm) {
+static void LLM_HOT __attribute__((noinline)) norm_input(llm_engine *e, uint32_t m,
+                                                         const float *norm) {
     llm_run_state *s = &e->s;
     for (uint32_t c = 0; c < m; c++) {
         rmsnorm(e, s->col[c].xb, s->col[c].x, norm, e->cfg.dim);
-        quantize(&s->col[c].act, s->col[c].xb, e->cfg.dim);
+        quantize(e, c, s->col[c].xb, e->cfg.dim);
     }
 }
 
@@ -619,7 +701,7 @@ static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const
         }
     }
     attention(e, l, e->pos, m, ly->qkv.w.scales + D + cf->kv_dim);
-    for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
+    for (uint32_t c = 0; c < m; c++) quantize(e, c, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
     add_branch(e, m);
 }
@@ -637,7 +719,7 @@ static void LLM_HOT ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
     MATVEC(e, &ly->up, m, hb2);
     for (uint32_t c = 0; c < m; c++) {
         silu_mul(s->col[c].hb, s->col[c].hb, s->col[c].hb2, F, e->plain);
-        quantize(&s->col[c].act, s->col[c].hb, F);
+        quantize(e, c, s->col[c].hb, F);
     }
     MATVEC(e, &ly->down, m, xb2);
     add_branch(e, m);
@@ -650,11 +732,11 @@ static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     const llm_layer_weights *ly = &e->w.layers[l];
     const uint32_t D = e->cfg.dim, P = e->cfg.ple_dim;
     llm_run_state *s = &e->s;
-    for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].x, D);
+    for (uint32_t c = 0; c < m; c++) quantize(e, c, s->col[c].x, D);
     MATVEC(e, &ly->ple_gate, m, hb);
     for (uint32_t c = 0; c < m; c++) {
         gelu_mul(s->col[c].hb, s->col[c].hb, s->col[c].ple + l * P, P, e->plain);
-        quantize(&s->col[c].act, s->col[c].hb, P);
+        quantize(e, c, s->col[c].hb, P);
     }
     MATVEC(e, &ly->ple_proj, m, xb2);
     for (uint32_t c = 0; c < m; c++) {
@@ -662,6 +744,19 @@ static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
         rmsnorm(e, col->xb2, col->xb2, ly->ple_norm, D);
         for (uint32_t i = 0; i < D; i++) col->x[i] += col->xb2[i];
     }
+}
+
+/* The head's input, made at once in the form the head's kind reads (the
+ * certified route reads its scale first; llm_logits() may ask after the
+ * column's buffers moved on). */
+static void LLM_HOT head_input(llm_engine *e, uint32_t c, const float *x) {
+    if (e->w.head.w.kind != LLM_IMAGE_KIND_Q4) {
+        head_input_other(e, c, x);
+        return;
+    }
+    llm_act *a = &e->s.col[c].head_in;
+    llm_quantize_act(x, e->cfg.dim, (uint32_t)llm_align_up(e->cfg.dim, LLM_IMAGE_BLOCK_COLS),
+                     a->q, &a->scale);
 }
 
 /* Which positions of a pass get the output head's input (not attention
@@ -698,7 +793,7 @@ static void LLM_HOT forward(llm_engine *e, const int32_t *tokens, uint32_t m, in
         for (uint32_t c = out == OUT_ALL ? 0u : m - 1u; c < m; c++) {
             llm_col *col = &s->col[c];
             rmsnorm(e, col->x, col->x, e->w.out_norm, e->cfg.dim);
-            quantize(&col->head_in, col->x, e->cfg.dim);
+            head_input(e, c, col->x);
         }
         lap(e, LLM_STAGE_HEAD, &t);
     }
@@ -713,8 +808,7 @@ static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int de
     e->stats.head_tiles += work->tiles;
     e->stats.head_waves += work->waves;
     e->stats.handoffs += work->handoffs;
-    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read *
-                                      (h->w.row_bytes + (uint64_t)h->w.n_groups * sizeof(float));
+    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read * llm_wmat_row_cost(&h->w);
     e->stats.head_ids += work->ids;
     if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->ids * 2u;
     if (!dense)
@@ -766,7 +860,7 @@ static llm_status LLM_HOT select_next(llm_engine *e, uint32_t c, int32_t *next, 
         lap(e, LLM_STAGE_SAMPLE, &t);
         return st;
     }
-    llm_head_dense(h, &s->head, in->q, in->scale, s->logits, &sp, &work);
+    head_dense(e, c, &sp, &work);
     e->have_logits = 1;
     charge_head(e, &work, 1, 1);
     lap(e, LLM_STAGE_HEAD, &t);
@@ -805,9 +899,8 @@ static int certify_many(llm_engine *e, uint32_t n, llm_status *st, llm_error *er
 const float *llm_logits(llm_engine *e) {
     if (e == NULL || !e->have_head) return NULL;
     if (!e->have_logits) {
-        const llm_act *in = &e->s.col[e->head_col].head_in;
         llm_head_work work;
-        llm_head_dense(&e->w.head, &e->s.head, in->q, in->scale, e->s.logits, NULL, &work);
+        head_dense(e, e->head_col, NULL, &work);
         e->have_logits = 1;
     }
     return e->s.logits;

@@ -95,15 +95,28 @@ static void record(llm_engine *e, const char *name, llm_region region, size_t by
     X(att_den, c->n_heads)
 
 /* Where one position's buffers sit in its block: the floats of COL_FLOATS
- * first, then its int8 matvec input and head input. */
+ * first, then its matvec input's int8 forms (q, and q8 with its scales when
+ * a matrix reads them), then the head input's (q, q8 with scales, its own
+ * copy of x: col_needs). */
 typedef struct col_layout {
 #define COL_OFFSET_FIELD(name, len) size_t name; /* in floats */
     COL_FLOATS(COL_OFFSET_FIELD)
 #undef COL_OFFSET_FIELD
-    size_t n_floats, act_bytes, bytes;
+    size_t n_floats, act_bytes, act_q8, act_scales, head_bytes, head_q8, head_scales,
+        head_floats, bytes;
 } col_layout;
 
-static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_cols_padded) {
+/* What the image's formats ask of the column buffers: int8-in-groups inputs
+ * when a core matrix is KIND_Q8, the head's when the head is; the head
+ * input's own float copy when the head is KIND_F32M (an int4 or int8 head
+ * input is quantized at once, so its floats are not read again). An
+ * all-int4 image gets exactly the buffers it always had. */
+typedef struct col_needs {
+    int core_q8, head_q8, head_floats;
+} col_needs;
+
+static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_cols_padded,
+                            const col_needs *need) {
     const size_t D = c->dim, LP = (size_t)c->n_layers * c->ple_dim;
     size_t widest = D > c->ffn ? D : c->ffn;
     if (c->ple_dim > widest) widest = c->ple_dim;
@@ -113,16 +126,58 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
 #undef COL_PLACE
     k->n_floats = nf;
     k->act_bytes = llm_align_up(widest, LLM_IMAGE_BLOCK_COLS); /* 32 columns: 16-aligned too */
-    k->bytes = nf * sizeof(float) + k->act_bytes + llm_align_up(head_cols_padded, 16u);
+    k->head_bytes = llm_align_up(head_cols_padded, 16u);
+    /* one Q8 scale per 32 columns at most */
+    k->act_q8 = need->core_q8 ? k->act_bytes : 0u;
+    k->act_scales = need->core_q8 ? llm_align_up(k->act_bytes / 32u * sizeof(float), 16u) : 0u;
+    k->head_q8 = need->head_q8 ? k->head_bytes : 0u;
+    k->head_scales = need->head_q8 ? llm_align_up(k->head_bytes / 32u * sizeof(float), 16u) : 0u;
+    k->head_floats = need->head_floats ? llm_align_up(D * sizeof(float), 16u) : 0u;
+    k->bytes = nf * sizeof(float) + k->act_bytes + k->act_q8 + k->act_scales + k->head_bytes +
+               k->head_q8 + k->head_scales + k->head_floats;
 }
 
-static void col_init(llm_col *col, uint8_t *base, const col_layout *k) {
+/* Position k's buffers at base: s->col[k] and s->src[k]. */
+static void col_init(llm_run_state *s, uint32_t c, uint8_t *base, const col_layout *k) {
+    llm_col *col = &s->col[c];
+    llm_src *act = &s->src[c][0], *head = &s->src[c][1];
     float *f = (float *)(void *)base;
 #define COL_POINT(name, len) col->name = f + k->name;
     COL_FLOATS(COL_POINT)
 #undef COL_POINT
-    col->act.q = (int8_t *)(void *)(f + k->n_floats);
-    col->head_in.q = col->act.q + k->act_bytes;
+    uint8_t *b = (uint8_t *)(void *)(f + k->n_floats);
+    col->act.q = (int8_t *)(void *)b;
+    b += k->act_bytes;
+    act->q8 = k->act_q8 ? (int8_t *)(void *)b : NULL;
+    b += k->act_q8;
+    act->q8_scale = k->act_scales ? (float *)(void *)b : NULL;
+    b += k->act_scales;
+    act->own = NULL;
+    col->head_in.q = (int8_t *)(void *)b;
+    b += k->head_bytes;
+    head->q8 = k->head_q8 ? (int8_t *)(void *)b : NULL;
+    b += k->head_q8;
+    head->q8_scale = k->head_scales ? (float *)(void *)b : NULL;
+    b += k->head_scales;
+    head->own = k->head_floats ? (float *)(void *)b : NULL;
+}
+
+/* The col_needs of the image's layer matrices and of the staged head; sets
+ * e->core_q4 (a PLE image is int4 throughout). */
+static col_needs col_needs_of(llm_engine *e) {
+    col_needs n = {0, e->w.head.w.kind == LLM_IMAGE_KIND_Q8,
+                   e->w.head.w.kind == LLM_IMAGE_KIND_F32M};
+    static const uint32_t mats[] = {LLM_LSEC_QKV, LLM_LSEC_ATTN_PROJ, LLM_LSEC_GATE,
+                                    LLM_LSEC_UP, LLM_LSEC_DOWN};
+    e->core_q4 = e->cfg.ple_dim != 0;
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            llm_wmat w;
+            llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + mats[i], &w);
+            n.core_q8 |= w.kind == LLM_IMAGE_KIND_Q8;
+            e->core_q4 |= w.kind == LLM_IMAGE_KIND_Q4;
+        }
+    return n;
 }
 
 /* Ask for `wanted`; the port may answer with another region. NULL if none. */
@@ -152,8 +207,8 @@ static void *place64(llm_engine *e, const char *name, size_t bytes, llm_region w
     return (uint8_t *)(uintptr_t)llm_align_up((uintptr_t)p, 64u);
 }
 
-/* Stage a Q4 matrix into RAM: FAST first, then BULK, else read it in place. */
-static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_mat *dst,
+/* Stage a matrix into RAM: FAST first, then BULK, else read it in place. */
+static void stage_mat(llm_engine *e, const char *name, const llm_wmat *src, llm_mat *dst,
                       llm_region first) {
     size_t codes = (size_t)src->rows * src->row_bytes;
     size_t scales = (size_t)src->rows * src->n_groups * sizeof(float);
@@ -167,10 +222,10 @@ static void stage_mat(llm_engine *e, const char *name, const llm_q4 *src, llm_ma
         e->spilled_bytes += codes + scales;
         return;
     }
-    memcpy(p, src->codes, codes);
-    memcpy(p + codes, src->scales, scales);
-    dst->w.codes = p;
-    dst->w.scales = (const float *)(void *)(p + codes);
+    memcpy(p, src->data, codes);
+    if (scales) memcpy(p + codes, src->scales, scales);
+    dst->w.data = p;
+    dst->w.scales = src->scales != NULL ? (const float *)(void *)(p + codes) : NULL;
     dst->region = got;
 }
 
@@ -196,28 +251,29 @@ static llm_status open_fail(llm_engine *e, llm_status st) {
  * (so an image opens, or is refused, the same everywhere): its order a
  * permutation, else the staged copy would lose or repeat rows, and every
  * weight inside its tile's box. */
-static llm_status check_certificate(llm_engine *e, const llm_q4 *src, const llm_tiles *t,
+static llm_status check_certificate(llm_engine *e, const llm_wmat *src, const llm_tiles *t,
                                     llm_error *err) {
+    const llm_q4 q = llm_wmat_q4(src); /* certified heads are int4 (image.c) */
     llm_region seen_region;
     uint8_t *seen = e->port.alloc(e->port.ctx, (t->rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
     if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
     llm_status st = llm_head_check_order(t, seen, err);
     e->port.free(e->port.ctx, seen);
-    return st == LLM_OK ? llm_head_check_boxes(src, t, err) : st;
+    return st == LLM_OK ? llm_head_check_boxes(&q, t, err) : st;
 }
 
 /* The head's rows copied to p in the certificate's order, scales after the
  * codes. */
-static void stage_rows_in_tile_order(llm_head *h, const llm_q4 *src, const llm_tiles *t,
+static void stage_rows_in_tile_order(llm_head *h, const llm_wmat *src, const llm_tiles *t,
                                      uint8_t *p, llm_region got) {
     const size_t codes = (size_t)src->rows * src->row_bytes;
     for (uint32_t i = 0; i < src->rows; i++) {
-        memcpy(p + (size_t)i * src->row_bytes, src->codes + (size_t)t->order[i] * src->row_bytes,
+        memcpy(p + (size_t)i * src->row_bytes, src->data + (size_t)t->order[i] * src->row_bytes,
                src->row_bytes);
         memcpy(p + codes + (size_t)i * sizeof(float), &src->scales[t->order[i]], sizeof(float));
     }
     h->w = *src;
-    h->w.codes = p;
+    h->w.data = p;
     h->w.scales = (const float *)(void *)(p + codes);
     h->rows_region = got;
 }
@@ -258,17 +314,18 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
     int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
     uint32_t sec = tied ? LLM_SEC_EMBED : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
     const char *name = tied ? "head" : section_name(e, sec);
-    llm_q4 src;
-    llm_image_q4_view(&e->image, sec, &src);
+    llm_wmat src;
+    llm_image_matrix_view(&e->image, sec, &src);
     src.rows = c->vocab_out; /* tied: the first vocab_out embedding rows */
     llm_tiles t;
     llm_image_tiles_view(&e->image, &t);
     memset(h, 0, sizeof *h);
-    h->cols_padded = src.row_bytes * 2u;
+    h->cols_padded = (uint32_t)llm_align_up(src.cols, LLM_IMAGE_BLOCK_COLS);
     h->rows_region = h->ids_region = h->boxes_region = LLM_REGION_FLASH;
 
     const size_t bytes = (size_t)src.rows * (src.row_bytes + src.n_groups * sizeof(float));
-    const int certified = t.n_tiles > 0 && src.n_groups == 1u;
+    /* tiles come only with an int4 head (image.c) */
+    const int certified = t.n_tiles > 0 && src.n_groups == 1u && src.kind == LLM_IMAGE_KIND_Q4;
     if (certified) {
         llm_status st = check_certificate(e, &src, &t, err);
         if (st != LLM_OK) return st;
@@ -350,7 +407,7 @@ static void read_in_place(llm_engine *e) {
     const llm_image_info *info = &e->image;
     const llm_config *c = &e->cfg;
     e->w.rope = (const float *)(const void *)llm_image_payload(info, LLM_SEC_ROPE, NULL);
-    llm_image_q4_view(info, LLM_SEC_EMBED, &e->w.embed);
+    llm_image_matrix_view(info, LLM_SEC_EMBED, &e->w.embed);
     llm_image_drafts_view(info, &e->w.drafts);
     record(e, section_name(e, LLM_SEC_ROPE), LLM_REGION_FLASH,
            (size_t)info->config.seq_len * c->head_dim * 4u, NULL);
@@ -380,7 +437,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
                         (unsigned long)bytes);
     memset(a, 0, bytes);
     s->n_cols = 1;
-    col_init(&s->col[0], a, lay);
+    col_init(s, 0, a, lay);
     uint8_t *sh = a + lay->bytes;
     s->value_wide = sh;
     sh += llm_align_up(wide_flags, 16u);
@@ -408,10 +465,10 @@ static llm_status place_logits(llm_engine *e, llm_error *err) {
 static int v_can_widen(const llm_engine *e) {
     const llm_config *c = &e->cfg;
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        llm_q4 w;
-        llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &w);
+        llm_wmat w;
+        llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &w);
         for (uint32_t r = c->dim + c->kv_dim; r < c->dim + 2u * c->kv_dim; r++) {
-            const uint8_t *row = w.codes + (size_t)r * w.row_bytes;
+            const uint8_t *row = w.data + (size_t)r * w.row_bytes;
             uint32_t sum = 0;
             for (uint32_t j = 0; j < w.cols; j++) {
                 uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
@@ -464,9 +521,14 @@ llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
 static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->kv_dim, L = c->n_layers, S = c->seq_len;
-    llm_q4 qkv0;
-    llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
-    e->v_dots = qkv0.n_groups == 1u;
+    /* the dots are int4 codes times int8 activations: every layer's qkv int4
+     * and one group (Q8 and F32M matrices keep V as floats) */
+    e->v_dots = 1;
+    for (uint32_t l = 0; l < L; l++) {
+        llm_wmat qkv;
+        llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &qkv);
+        e->v_dots &= qkv.kind == LLM_IMAGE_KIND_Q4 && qkv.n_groups == 1u;
+    }
     const int v_floats = !e->v_dots || v_can_widen(e);
     /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
      * config could wrap it to a tiny allocation */
@@ -513,7 +575,7 @@ static void place_batch(llm_engine *e, const col_layout *lay) {
     memset(batch, 0, batch_bytes);
     s->n_cols = LLM_BATCH_MAX;
     for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
-        col_init(&s->col[k], batch + (size_t)(k - 1u) * lay->bytes, lay);
+        col_init(s, k, batch + (size_t)(k - 1u) * lay->bytes, lay);
     s->cands = (llm_candidates *)(void *)(batch + cols_bytes);
     s->many = batch + cols_bytes + cand_bytes;
 }
@@ -554,8 +616,8 @@ static void stage_norms(llm_engine *e) {
 
 /* Matrix section `sec` staged (FAST, else BULK, else read in place). */
 static void stage_section(llm_engine *e, uint32_t sec, llm_mat *dst) {
-    llm_q4 src;
-    llm_image_q4_view(&e->image, sec, &src);
+    llm_wmat src;
+    llm_image_matrix_view(&e->image, sec, &src);
     stage_mat(e, section_name(e, sec), &src, dst, LLM_REGION_FAST);
 }
 
@@ -605,7 +667,8 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
     read_in_place(e);
     st = stage_head(e, err);
     col_layout lay;
-    col_layout_init(&lay, &e->cfg, e->w.head.cols_padded);
+    const col_needs needs = col_needs_of(e);
+    col_layout_init(&lay, &e->cfg, e->w.head.cols_padded, &needs);
     if (st == LLM_OK) st = place_activations(e, &lay, err);
     if (st == LLM_OK) st = place_logits(e, err);
     if (st == LLM_OK) st = place_kv_cache(e, err);
@@ -625,6 +688,45 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,
                     llm_error *err) {
     return llm_open_with(out, image, len, port, NULL, err);
+}
+
+void llm_get_weights(const llm_engine *e, llm_weights_info *out) {
+    memset(out, 0, sizeof *out);
+    if (e == NULL) return;
+    const llm_config *c = &e->image.config;
+    llm_wmat w;
+    llm_image_matrix_view(&e->image, LLM_SEC_EMBED, &w);
+    out->embed_kind = w.kind;
+    out->head_kind = e->w.head.w.kind;
+    static const uint32_t mats[] = {LLM_LSEC_QKV, LLM_LSEC_ATTN_PROJ, LLM_LSEC_GATE,
+                                    LLM_LSEC_UP, LLM_LSEC_DOWN};
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + mats[i], &w);
+            if (l == 0 && i == 0) out->layers_kind = w.kind;
+            else if (out->layers_kind != w.kind) out->layers_kind = 0;
+        }
+    llm_image_weights choice;
+    llm_image_weights_view(&e->image, &choice);
+    out->chosen = choice.chosen;
+    out->n_tried = choice.n_tried;
+    out->positions = choice.positions;
+    for (uint32_t k = 0; k < choice.n_tried && k < LLM_WEIGHTS_TRIED_MAX; k++) {
+        out->tried[k].kind = choice.tried[k].kind;
+        out->tried[k].agreement = choice.tried[k].agreement;
+        out->tried[k].mean_abs_diff = choice.tried[k].mean_abs_diff;
+        out->tried[k].bytes = choice.tried[k].bytes;
+    }
+}
+
+const char *llm_weights_name(uint32_t kind) {
+    switch (kind) {
+    case 0: return "mixed";
+    case LLM_IMAGE_KIND_Q4: return "int4";
+    case LLM_IMAGE_KIND_Q8: return "int8";
+    case LLM_IMAGE_KIND_F32M: return "fp32";
+    default: return NULL;
+    }
 }
 
 uint32_t llm_image_seq_len(const llm_engine *e) { return e ? e->image.config.seq_len : 0u; }

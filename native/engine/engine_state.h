@@ -11,10 +11,12 @@
 #include "kernels.h"
 #include "llm.h"
 #include "sampler.h"
+#include "wmat.h"
 
-/* A matrix and the region its bytes are read from (for llm_stats.bytes). */
+/* A matrix (any weight format) and the region its bytes are read from (for
+ * llm_stats.bytes). */
 typedef struct llm_mat {
-    llm_q4 w;
+    llm_wmat w;
     llm_region region;
 } llm_mat;
 
@@ -32,7 +34,7 @@ typedef struct llm_layer_weights {
 
 typedef struct llm_weights {
     const float *rope;            /* [seq_len][head_dim]: cos[head_dim/2] | sin, in the image */
-    llm_q4 embed;                 /* [vocab_rows, dim], read in place */
+    llm_wmat embed;               /* [vocab_rows, dim], read in place */
     /* PLE only (esp32-ai; zeroed without it): */
     llm_rows ple_rows;            /* [vocab_rows, n_layers*ple_dim], read in place */
     llm_mat ple_model_proj;       /* [n_layers*ple_dim, dim] */
@@ -49,6 +51,21 @@ typedef struct llm_act {
     int8_t *q;
     float scale;
 } llm_act;
+
+/* What the int8 and fp32 matrices read of a matvec input (llm_run_state.src,
+ * beside llm_col so that llm_col keeps its power-of-two size): the floats
+ * x[0..n), which stay unchanged until the last matvec that reads them, and
+ * the int8-in-groups form made from them when an int8 matrix first asks
+ * (act_in in engine.c). q8 holds n rounded up to 32. */
+typedef struct llm_src {
+    const float *x;
+    int8_t *q8;
+    float *q8_scale;   /* [n rounded up to 32, / 32] */
+    float *own;        /* an fp32 head's input only: [dim] its own copy of x
+                        * (the column's buffers move on before llm_logits()) */
+    uint32_t n;
+    uint32_t q8_group; /* q8, q8_scale hold x in groups of this; 0: none */
+} llm_src;
 
 /* Positions one pass can carry: several prompt tokens of a prefill, or the
  * drafted tokens speculative decoding verifies (llm_verify). */
@@ -85,6 +102,9 @@ typedef struct llm_fast_kv {
 typedef struct llm_run_state {
     /* col[0] in internal SRAM (every token uses it), col[1..n_cols) in PSRAM */
     llm_col col[LLM_BATCH_MAX];
+    /* src[c][0]: col[c].act's floats and int8-in-groups form, src[c][1]:
+     * col[c].head_in's (int8 and fp32 matrices only) */
+    llm_src src[LLM_BATCH_MAX][2];
     uint32_t n_cols;
     /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
     float *key_cache;   /* [n_layers][seq_len][kv_dim] */
@@ -117,6 +137,7 @@ struct llm_engine {
     llm_run_state s;
     llm_region kv_region, logits_region;
     int v_dots; /* V cached as int16 dots (its rows are one scale group) */
+    int core_q4; /* some layer (or PLE) matrix is int4: quantize() makes q at once */
 
     /* constants of the forward pass, computed once */
     float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;

@@ -149,7 +149,7 @@ static void LLM_HOT wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     const wave_job *j = arg;
     for (uint32_t k = k0; k < k1; k++) {
         /* a view of the range's rows: the kernel writes y[0..count) */
-        llm_q4 part = j->h->w;
+        llm_q4 part = llm_wmat_q4(&j->h->w);
         part.codes += (size_t)j->first[k] * part.row_bytes;
         part.scales += (size_t)j->first[k] * part.n_groups;
         part.rows = j->count[k];
@@ -169,11 +169,25 @@ static void LLM_HOT run_wave(const llm_splitter *sp, wave_job *job, uint32_t n, 
 
 static uint32_t LLM_HOT id_of(const llm_head *h, uint32_t row) { return h->ids ? h->ids[row] : row; }
 
-void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
-                    float *logits, const llm_splitter *sp, llm_head_work *work) {
+/* An int8 or fp32 head: every row through wmat.c in one call on this core
+ * (no certificate, no waves; not LLM_HOT: an int4 image never comes here). */
+static __attribute__((noinline)) void dense_other(const llm_head *h, const llm_vin *in,
+                                                  float *logits, llm_head_work *work) {
+    memset(work, 0, sizeof *work);
+    llm_wmat_matvec(&h->w, &in, 1u, &logits, 0, h->w.rows);
+    work->rows = work->rows_read = work->ids = h->w.rows;
+    work->waves = 1;
+}
+
+void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
+                    const llm_splitter *sp, llm_head_work *work) {
+    if (h->w.kind != LLM_IMAGE_KIND_Q4) {
+        dense_other(h, in, logits, work);
+        return;
+    }
     const uint32_t chunk = tile_rows_or_chunk(h);
     uint32_t first[LLM_HEAD_WAVE_TILES], count[LLM_HEAD_WAVE_TILES];
-    wave_job job = {h, xq, xscale, s->wave_y, chunk, first, count};
+    wave_job job = {h, in->q, in->scale, s->wave_y, chunk, first, count};
     memset(work, 0, sizeof *work);
     for (uint32_t r0 = 0; r0 < h->w.rows;) {
         uint32_t n = 0, r = r0;
@@ -254,10 +268,8 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
             const uint32_t first = (uint32_t)t * h->tile_rows;
             const uint32_t count =
                 h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-            llm_q4 part = h->w;
-            part.codes += (size_t)first * part.row_bytes;
-            part.scales += (size_t)first * part.n_groups;
-            part.rows = count;
+            const llm_wmat rows = llm_wmat_rows(&h->w, first, count);
+            const llm_q4 part = llm_wmat_q4(&rows); /* certified heads are int4 */
             if (n == 1u)
                 llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
             else

@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "llm.h"
 #include "sampler.h"
+#include "wmat.h"
 
 /* Chunks of rows per hand-off on the dense route (plain mode, or a sampler
  * that needs every logit). The certified route scores its first tile inline
@@ -32,7 +33,8 @@
 
 /* The head as staged: rows in tile order (row i is token ids[i]). */
 typedef struct llm_head {
-    llm_q4 w;               /* [rows][row_bytes] codes, [rows][n_groups] scales */
+    llm_wmat w;             /* [rows][row_bytes] codes or values, [rows][n_groups] scales;
+                             * only an int4 head has a certificate (image.c) */
     const uint16_t *ids;    /* [rows] token id of staged row i; NULL: row i is id i */
     /* the certificate; n_tiles == 0 when there is none */
     const int8_t *boxes;    /* [n_tiles][2*cols_padded]: mid then half */
@@ -79,9 +81,10 @@ void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem);
  * every row is one group, and xscale is finite (see the proof in head.c). */
 int llm_head_certifiable(const llm_head *h, float xscale);
 
-/* logits[id] for every id, in wave_y-sized chunks. */
-void llm_head_dense(const llm_head *h, llm_head_scratch *s, const int8_t *xq, float xscale,
-                    float *logits, const llm_splitter *sp, llm_head_work *work);
+/* logits[id] for every id, in wave_y-sized chunks; `in` in the form the
+ * head's kind reads (wmat.h). */
+void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
+                    const llm_splitter *sp, llm_head_work *work);
 
 /* Offer every row that can still matter to `cand` (already initialised with
  * its k). Fails only on a NaN value, which the preconditions rule out. */

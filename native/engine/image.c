@@ -89,6 +89,8 @@ static int f32_bits_half_exact(uint32_t bits) {
     return (mag & ((1u << (23 - keep)) - 1u)) == 0;
 }
 
+_Static_assert(LLM_IMAGE_WEIGHTS_MAX_TRIED == LLM_WEIGHTS_TRIED_MAX, "weights records");
+
 static const char *const layer_names[LLM_LSEC_COUNT] = {
     "attn_norm", "qkv", "attn_proj", "ffn_norm", "gate",
     "up", "down", "ple_gate", "ple_proj", "ple_norm",
@@ -105,9 +107,9 @@ static uint32_t layer_sections(const llm_config *c) {
 }
 
 uint32_t llm_image_section_count(const llm_config *c) {
-    /* layers, out_norm, the head if untied, head_tiles, drafts */
+    /* layers, out_norm, the head if untied, head_tiles, drafts, weights */
     const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
-    return prefix_sections(c) + layer_sections(c) * c->n_layers + 1u + (tied ? 0u : 1u) + 2u;
+    return prefix_sections(c) + layer_sections(c) * c->n_layers + 1u + (tied ? 0u : 1u) + 3u;
 }
 
 uint32_t llm_image_slot_index(const llm_config *c, uint32_t slot) {
@@ -168,8 +170,10 @@ void llm_image_section_name(const llm_config *c, uint32_t slot, char name[LLM_IM
         s = "head";
     } else if (slot == layers_end + (tied ? 1u : 2u)) {
         s = "head_tiles";
-    } else {
+    } else if (slot == layers_end + (tied ? 2u : 3u)) {
         s = "drafts";
+    } else {
+        s = "weights";
     }
     size_t n = strlen(s);
     memcpy(name, s, n < LLM_IMAGE_NAME_BYTES - 1 ? n : LLM_IMAGE_NAME_BYTES - 1);
@@ -231,11 +235,33 @@ static const uint8_t *matrix_view(const llm_image_info *info, uint32_t i, uint32
     return p + sizeof(llm_image_q4_header);
 }
 
-void llm_image_q4_view(const llm_image_info *info, uint32_t i, llm_q4 *out) {
-    out->codes = matrix_view(info, i, &out->rows, &out->cols, &out->group, &out->n_groups,
-                             &out->row_bytes);
-    /* 16-byte aligned: the payload is, and so is every row */
-    out->scales = (const float *)(const void *)(out->codes + (size_t)out->rows * out->row_bytes);
+void llm_image_matrix_view(const llm_image_info *info, uint32_t i, llm_wmat *out) {
+    llm_image_section s;
+    section_at(info, llm_image_slot_index(&info->config, i), &s);
+    out->kind = s.kind;
+    out->data = matrix_view(info, i, &out->rows, &out->cols, &out->group, &out->n_groups,
+                            &out->row_bytes);
+    /* 16-byte aligned: the payload is, and so is every row; F32M has none */
+    out->scales = (const float *)(const void *)(out->data + (size_t)out->rows * out->row_bytes);
+    if (s.kind == LLM_IMAGE_KIND_F32M) {
+        out->n_groups = 0;
+        out->scales = NULL;
+    }
+}
+
+void llm_image_weights_view(const llm_image_info *info, llm_image_weights *out) {
+    const uint8_t *p = payload_at(info, info->n_sections - 1u, NULL);
+    memset(out, 0, sizeof *out);
+    out->chosen = rd32(p);
+    out->n_tried = rd32(p + 4);
+    out->positions = rd32(p + 8);
+    for (uint32_t k = 0; k < out->n_tried; k++) {
+        const uint8_t *r = p + sizeof(llm_image_weights_header) + 16u * k;
+        out->tried[k].kind = rd32(r);
+        memcpy(&out->tried[k].agreement, r + 4, 4);
+        memcpy(&out->tried[k].mean_abs_diff, r + 8, 4);
+        out->tried[k].bytes = rd32(r + 12);
+    }
 }
 
 void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) {
@@ -244,7 +270,7 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
 }
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
-    const uint8_t *p = payload_at(info, info->n_sections - 2u, NULL);
+    const uint8_t *p = payload_at(info, info->n_sections - 3u, NULL);
     memset(out, 0, sizeof *out);
     out->rows = rd32(p);
     out->tile_rows = rd32(p + 4);
@@ -264,7 +290,7 @@ static uint64_t drafts_table_bytes(uint32_t n, uint64_t records) {
 }
 
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
-    const uint8_t *p = payload_at(info, info->n_sections - 1u, NULL);
+    const uint8_t *p = payload_at(info, info->n_sections - 2u, NULL);
     memset(out, 0, sizeof *out);
     out->max_draft = rd32(p + 12);
     for (uint32_t k = 0; k <= LLM_IMAGE_DRAFTS_MAX; k++)
@@ -360,14 +386,15 @@ static llm_status check_config(const llm_config *c, llm_error *err) {
 /* ---- per-section layout ------------------------------------------------ */
 
 typedef struct expect {
-    uint32_t kind;
+    uint32_t kind;  /* KIND_Q4 for a matrix: with `matrix` set, Q8 and F32M too */
     uint32_t rows, cols, group; /* Q4 / ROWS */
     uint64_t f32_count;  /* F32 */
+    int matrix;     /* a matrix whose format the converter chooses per tensor */
 } expect;
 
 static expect section_expect(const llm_config *c, uint32_t slot) {
     const uint32_t i = slot;
-    expect e = {0, 0, 0, c->group, 0};
+    expect e = {0, 0, 0, c->group, 0, 0};
     uint32_t D = c->dim, F = c->ffn, P = c->ple_dim, L = c->n_layers;
     switch (i) {
     case LLM_SEC_TOKENIZER: e.kind = LLM_IMAGE_KIND_TOKENIZER; return e;
@@ -375,7 +402,12 @@ static expect section_expect(const llm_config *c, uint32_t slot) {
         e.kind = LLM_IMAGE_KIND_F32;
         e.f32_count = (uint64_t)c->seq_len * c->head_dim;
         return e;
-    case LLM_SEC_EMBED: e.kind = LLM_IMAGE_KIND_Q4; e.rows = c->vocab_rows; e.cols = D; return e;
+    case LLM_SEC_EMBED:
+        e.kind = LLM_IMAGE_KIND_Q4;
+        e.matrix = 1;
+        e.rows = c->vocab_rows;
+        e.cols = D;
+        return e;
     case LLM_SEC_PLE_ROWS:
         e.kind = LLM_IMAGE_KIND_ROWS;
         e.rows = c->vocab_rows;
@@ -391,11 +423,11 @@ static expect section_expect(const llm_config *c, uint32_t slot) {
         case LLM_LSEC_ATTN_NORM:
         case LLM_LSEC_FFN_NORM:
         case LLM_LSEC_PLE_NORM: e.kind = LLM_IMAGE_KIND_F32; e.f32_count = D; break;
-        case LLM_LSEC_QKV: e.rows = D + 2u * c->kv_dim; e.cols = D; break;
-        case LLM_LSEC_ATTN_PROJ: e.rows = D; e.cols = D; break;
+        case LLM_LSEC_QKV: e.rows = D + 2u * c->kv_dim; e.cols = D; e.matrix = 1; break;
+        case LLM_LSEC_ATTN_PROJ: e.rows = D; e.cols = D; e.matrix = 1; break;
         case LLM_LSEC_GATE:
-        case LLM_LSEC_UP: e.rows = F; e.cols = D; break;
-        case LLM_LSEC_DOWN: e.rows = D; e.cols = F; break;
+        case LLM_LSEC_UP: e.rows = F; e.cols = D; e.matrix = 1; break;
+        case LLM_LSEC_DOWN: e.rows = D; e.cols = F; e.matrix = 1; break;
         case LLM_LSEC_PLE_GATE: e.rows = P; e.cols = D; break;
         case LLM_LSEC_PLE_PROJ: e.rows = D; e.cols = P; break;
         default: break;
@@ -409,6 +441,7 @@ static expect section_expect(const llm_config *c, uint32_t slot) {
     }
     if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L + 1u && !(c->flags & LLM_IMAGE_FLAG_TIED_HEAD)) {
         e.kind = LLM_IMAGE_KIND_Q4;
+        e.matrix = 1;
         e.rows = c->vocab_out;
         e.cols = D;
         return e;
@@ -419,8 +452,12 @@ static expect section_expect(const llm_config *c, uint32_t slot) {
         e.cols = D;
         return e;
     }
-    e.kind = LLM_IMAGE_KIND_DRAFTS;
-    e.rows = c->vocab_out;
+    if (i == LLM_SEC_LAYER0 + LLM_LSEC_COUNT * L + ((c->flags & LLM_IMAGE_FLAG_TIED_HEAD) ? 2u : 3u)) {
+        e.kind = LLM_IMAGE_KIND_DRAFTS;
+        e.rows = c->vocab_out;
+        return e;
+    }
+    e.kind = LLM_IMAGE_KIND_WEIGHTS;
     return e;
 }
 
@@ -432,6 +469,9 @@ static const char *kind_name(uint32_t kind) {
     case LLM_IMAGE_KIND_TOKENIZER: return "TOKENIZER";
     case LLM_IMAGE_KIND_HEAD_TILES: return "HEAD_TILES";
     case LLM_IMAGE_KIND_DRAFTS: return "DRAFTS";
+    case LLM_IMAGE_KIND_Q8: return "Q8";
+    case LLM_IMAGE_KIND_F32M: return "F32M";
+    case LLM_IMAGE_KIND_WEIGHTS: return "WEIGHTS";
     default: return "unknown";
     }
 }
@@ -449,8 +489,9 @@ static llm_status check_f32(const char *name, const uint8_t *p, uint32_t size, u
     return LLM_OK;
 }
 
-static llm_status check_q4_header(const char *name, const uint8_t *p, uint32_t size,
-                                  const expect *x, llm_image_q4_header *h, llm_error *err) {
+static llm_status check_q4_header(const char *name, uint32_t kind, const uint8_t *p,
+                                  uint32_t size, const expect *x, llm_image_q4_header *h,
+                                  llm_error *err) {
     if (size < sizeof(llm_image_q4_header))
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
                         name, (unsigned long)size);
@@ -459,7 +500,9 @@ static llm_status check_q4_header(const char *name, const uint8_t *p, uint32_t s
         return llm_fail(err, LLM_E_FORMAT, "section '%s': shape [%lu, %lu], config needs [%lu, %lu]",
                         name, (unsigned long)h->rows, (unsigned long)h->cols,
                         (unsigned long)x->rows, (unsigned long)x->cols);
-    if (h->group != x->group)
+    /* the header's group is the int4 matrices' (and the PLE rows'); Q8 and
+     * F32M sections carry their own */
+    if ((kind == LLM_IMAGE_KIND_Q4 || kind == LLM_IMAGE_KIND_ROWS) && h->group != x->group)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': group %lu, the header says %lu", name,
                         (unsigned long)h->group, (unsigned long)x->group);
     return LLM_OK;
@@ -515,15 +558,85 @@ static llm_status check_rows_layout(const char *name, const uint8_t *p, uint32_t
     return LLM_OK;
 }
 
-/* KIND_Q4 and KIND_ROWS sections open with the same header, checked once
- * here; what follows it is each kind's own layout. */
-static llm_status check_matrix(const char *name, const uint8_t *p, uint32_t size, const expect *x,
-                               llm_error *err) {
-    llm_image_q4_header h;
-    llm_status st = check_q4_header(name, p, size, x, &h, err);
+/* KIND_Q8 and KIND_F32M (image_format.h): the row width, the group, the
+ * size, finite scales or values. */
+static llm_status check_wide_layout(const char *name, uint32_t kind, const uint8_t *p,
+                                    uint32_t size, const llm_image_q4_header *h, llm_error *err) {
+    const int q8 = kind == LLM_IMAGE_KIND_Q8;
+    if (q8 ? (h->group != h->cols && (h->group == 0 || h->group > h->cols ||
+                                      h->group % LLM_IMAGE_BLOCK_COLS != 0))
+           : h->group != h->cols)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': group %lu, the layout needs %s", name,
+                        (unsigned long)h->group, q8 ? "cols or a multiple of 32 below it" : "cols");
+    const uint64_t rb = q8 ? llm_align_up(h->cols, LLM_IMAGE_BLOCK_COLS)
+                           : 4u * llm_align_up(h->cols, 4u);
+    if (h->row_bytes != rb)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': row_bytes %lu, layout needs %llu", name,
+                        (unsigned long)h->row_bytes, (unsigned long long)rb);
+    const uint64_t n_groups = q8 && h->cols > 0 ? ceil_div(h->cols, h->group) : 0u;
+    const uint64_t body = (uint64_t)h->rows * rb;
+    const uint64_t want = sizeof(llm_image_q4_header) + body + (uint64_t)h->rows * n_groups * 4u;
+    if ((uint64_t)size != want)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
+                        (unsigned long)size, (unsigned long long)want);
+    /* the f32 words to check: the scales (Q8), every value (F32M) */
+    const uint8_t *f = p + sizeof(llm_image_q4_header) + (q8 ? body : 0u);
+    const uint64_t words = q8 ? (uint64_t)h->rows * n_groups : body / 4u;
+    for (uint64_t k = 0; k < words; k++)
+        if (!f32_bits_finite(rd32(f + 4 * k)))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': %s of row %llu is NaN or Inf", name,
+                            q8 ? "scale" : "a value",
+                            (unsigned long long)(q8 ? k / n_groups : k / (rb / 4u)));
+    return LLM_OK;
+}
+
+/* KIND_Q4, Q8, F32M and KIND_ROWS sections open with the same header, checked
+ * once here; what follows it is each kind's own layout. */
+static llm_status check_matrix(const char *name, uint32_t kind, const uint8_t *p, uint32_t size,
+                               const expect *x, llm_error *err) {
+    llm_image_q4_header h = {0, 0, 0, 0};
+    llm_status st = check_q4_header(name, kind, p, size, x, &h, err);
     if (st != LLM_OK) return st;
-    return x->kind == LLM_IMAGE_KIND_Q4 ? check_q4_layout(name, p, size, &h, err)
-                                        : check_rows_layout(name, p, size, &h, err);
+    if (kind == LLM_IMAGE_KIND_Q8 || kind == LLM_IMAGE_KIND_F32M)
+        return check_wide_layout(name, kind, p, size, &h, err);
+    return kind == LLM_IMAGE_KIND_Q4 ? check_q4_layout(name, p, size, &h, err)
+                                     : check_rows_layout(name, p, size, &h, err);
+}
+
+/* The converter's choice (image_format.h KIND_WEIGHTS). */
+static llm_status check_weights(const char *name, const uint8_t *p, uint32_t size,
+                                llm_error *err) {
+    if (size < sizeof(llm_image_weights_header))
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
+    const uint32_t chosen = rd32(p), n = rd32(p + 4);
+    if (n > LLM_IMAGE_WEIGHTS_MAX_TRIED || (chosen == 0) != (n == 0) || rd32(p + 12) != 0)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': chosen %lu with %lu formats tried",
+                        name, (unsigned long)chosen, (unsigned long)n);
+    if ((uint64_t)size != sizeof(llm_image_weights_header) + 16u * (uint64_t)n)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, %lu records need %llu", name,
+                        (unsigned long)size, (unsigned long)n,
+                        (unsigned long long)(sizeof(llm_image_weights_header) + 16u * (uint64_t)n));
+    int seen_chosen = chosen == 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint8_t *r = p + sizeof(llm_image_weights_header) + 16u * k;
+        const uint32_t kind = rd32(r);
+        if (kind != LLM_IMAGE_KIND_Q4 && kind != LLM_IMAGE_KIND_Q8 && kind != LLM_IMAGE_KIND_F32M)
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': record %lu names kind %lu", name,
+                            (unsigned long)k, (unsigned long)kind);
+        for (uint32_t j = 0; j < k; j++)
+            if (rd32(p + sizeof(llm_image_weights_header) + 16u * j) == kind)
+                return llm_fail(err, LLM_E_FORMAT, "section '%s': kind %lu tried twice", name,
+                                (unsigned long)kind);
+        if (!f32_bits_finite(rd32(r + 4)) || !f32_bits_finite(rd32(r + 8)))
+            return llm_fail(err, LLM_E_FORMAT, "section '%s': record %lu is NaN or Inf", name,
+                            (unsigned long)k);
+        seen_chosen |= kind == chosen;
+    }
+    if (!seen_chosen)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': the chosen kind %lu was not tried",
+                        name, (unsigned long)chosen);
+    return LLM_OK;
 }
 
 /* Bytes per merge record: (left, right, merged) u16, and sentencepiece's
@@ -874,7 +987,7 @@ static llm_status config_from_header(const llm_image_header *h, llm_config *c, l
 
 /* Section i's table entry: the name and kind the spec fixes for index i. */
 static llm_status check_entry(const llm_image_section *s, const char *want, const expect *x,
-                              uint32_t i, llm_error *err) {
+                              uint32_t i, uint32_t arch, llm_error *err) {
     if (memcmp(s->name, want, LLM_IMAGE_NAME_BYTES) != 0) {
         char shown[LLM_IMAGE_NAME_BYTES + 1];
         for (uint32_t k = 0; k < LLM_IMAGE_NAME_BYTES; k++) {
@@ -885,10 +998,15 @@ static llm_status check_entry(const llm_image_section *s, const char *want, cons
         return llm_fail(err, LLM_E_FORMAT, "section %lu is named '%s', expected '%s'",
                         (unsigned long)i, shown, want);
     }
-    if (s->kind != x->kind)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s' has kind %lu (%s), expected %s", want,
-                        (unsigned long)s->kind, kind_name(s->kind), kind_name(x->kind));
-    return LLM_OK;
+    if (s->kind == x->kind) return LLM_OK;
+    if (x->matrix && (s->kind == LLM_IMAGE_KIND_Q8 || s->kind == LLM_IMAGE_KIND_F32M)) {
+        if (arch == LLM_ARCH_LLAMA) return LLM_OK;
+        return llm_fail(err, LLM_E_FORMAT, "section '%s' has kind %s: an esp32-ai image is Q4 "
+                        "throughout", want, kind_name(s->kind));
+    }
+    return llm_fail(err, LLM_E_FORMAT, "section '%s' has kind %lu (%s), expected %s%s", want,
+                    (unsigned long)s->kind, kind_name(s->kind), kind_name(x->kind),
+                    x->matrix ? ", Q8 or F32M" : "");
 }
 
 /* Section i's place: 16-byte aligned, at the first aligned offset after the
@@ -934,20 +1052,37 @@ static llm_status check_section(const llm_image_info *info, uint32_t i, uint64_t
     section_at(info, i, &s);
     llm_image_section_name(c, slot, want);
     const expect x = section_expect(c, slot);
-    llm_status st = check_entry(&s, want, &x, i, err);
+    llm_status st = check_entry(&s, want, &x, i, c->arch, err);
     if (st == LLM_OK) st = check_place(info, &s, want, *prev_end, err);
     if (st != LLM_OK) return st;
     const uint8_t *p = info->data + s.offset;
     switch (x.kind) {
     case LLM_IMAGE_KIND_F32: st = check_f32(want, p, s.size, x.f32_count, err); break;
     case LLM_IMAGE_KIND_Q4:
-    case LLM_IMAGE_KIND_ROWS: st = check_matrix(want, p, s.size, &x, err); break;
+    case LLM_IMAGE_KIND_ROWS: st = check_matrix(want, s.kind, p, s.size, &x, err); break;
+    case LLM_IMAGE_KIND_WEIGHTS: st = check_weights(want, p, s.size, err); break;
     case LLM_IMAGE_KIND_HEAD_TILES: st = check_tiles(want, p, s.size, &x, err); break;
     case LLM_IMAGE_KIND_DRAFTS: st = check_drafts(want, p, s.size, &x, err); break;
     default: st = check_tokenizer(want, p, s.size, c, err); break;
     }
     *prev_end = (uint64_t)s.offset + s.size;
     return st;
+}
+
+/* The certificate's boxes bound int4 codes (head.c): a head of another kind
+ * must come without tiles. */
+static llm_status check_head_kind(const llm_image_info *info, llm_error *err) {
+    const llm_config *c = &info->config;
+    const int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
+    llm_image_section head, tiles;
+    const uint32_t head_slot = tied ? (uint32_t)LLM_SEC_EMBED
+                                   : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
+    section_at(info, llm_image_slot_index(c, head_slot), &head);
+    section_at(info, info->n_sections - 3u, &tiles);
+    if (head.kind != LLM_IMAGE_KIND_Q4 && rd32(info->data + tiles.offset + 8) != 0)
+        return llm_fail(err, LLM_E_FORMAT, "section 'head_tiles': a certificate for a %s head "
+                        "(only int4 heads are certified)", kind_name(head.kind));
+    return LLM_OK;
 }
 
 llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info,
@@ -967,6 +1102,7 @@ llm_status llm_image_check(const uint8_t *data, size_t len, llm_image_info *info
     if (st == LLM_OK && prev_end != len)
         st = llm_fail(err, LLM_E_FORMAT, "%llu bytes after the last section",
                       (unsigned long long)(len - prev_end));
+    if (st == LLM_OK) st = check_head_kind(info, err);
     if (st != LLM_OK) info->data = NULL;
     return st;
 }

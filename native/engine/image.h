@@ -17,6 +17,7 @@
 #include "image_format.h"
 #include "kernels.h"
 #include "llm.h"
+#include "wmat.h"
 
 /* Section slots: the index of each section in the full esp32-ai order of
  * image_format.h (a layer's sections start at LLM_SEC_LAYER0 + 10*l). An arch
@@ -54,9 +55,9 @@ enum {
 #define LLM_MAX_PLE_COLS 65536u   /* n_layers * ple_dim */
 #define LLM_MAX_SEQ_LEN 65536u
 #define LLM_MAX_VOCAB (1u << 24)
-/* sections after the layers: out_norm, head (untied), head_tiles, drafts */
+/* sections after the layers: out_norm, head (untied), head_tiles, drafts, weights */
 #define LLM_LSEC_NO_PLE LLM_LSEC_PLE_GATE /* a layer's sections without PLE */
-#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 4u) / LLM_LSEC_COUNT)
+#define LLM_MAX_LAYERS ((LLM_IMAGE_MAX_SECTIONS - LLM_SEC_LAYER0 - 5u) / LLM_LSEC_COUNT)
 
 typedef struct llm_image_info {
     const uint8_t *data;
@@ -113,10 +114,18 @@ void llm_image_section_name(const llm_config *c, uint32_t slot, char name[LLM_IM
 /* Views into a checked image, by slot (present in the image's arch). */
 const char *llm_image_section_label(const llm_image_info *info, uint32_t slot);
 const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t slot, uint32_t *size);
-void llm_image_q4_view(const llm_image_info *info, uint32_t slot, llm_q4 *out);
+/* A matrix section (KIND_Q4, Q8 or F32M) as the engine holds it. */
+void llm_image_matrix_view(const llm_image_info *info, uint32_t slot, llm_wmat *out);
 void llm_image_rows_view(const llm_image_info *info, uint32_t slot, llm_rows *out);
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out);
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out);
+
+/* The "weights" section: the converter's choice and what it measured. */
+typedef struct llm_image_weights {
+    uint32_t chosen, n_tried, positions;
+    llm_image_weights_tried tried[LLM_IMAGE_WEIGHTS_MAX_TRIED];
+} llm_image_weights;
+void llm_image_weights_view(const llm_image_info *info, llm_image_weights *out);
 
 /* CRC-32 (IEEE, as zlib.crc32): crc = llm_crc32(crc, p, n), start with 0. */
 uint32_t llm_crc32(uint32_t crc, const uint8_t *p, size_t n);

@@ -35,25 +35,25 @@
  *                               [p][i] = cos(p*freq_i), [p][head_dim/2 + i] =
  *                               sin(p*freq_i), i < head_dim/2. Computed by the
  *                               converter so no libm runs on the board.
- *   "embed"          KIND_Q4    [vocab_rows, dim]; the tied head is its first
+ *   "embed"          MATRIX     [vocab_rows, dim]; the tied head is its first
  *                               vocab_out rows
  *   "ple_rows"       KIND_ROWS  [vocab_rows, n_layers*ple_dim]      (esp32-ai only)
  *   "ple_model_proj" KIND_Q4    [n_layers*ple_dim, dim]             (esp32-ai only)
  *   "ple_proj_norm"  KIND_F32   [ple_dim]                           (esp32-ai only)
  *   "L<i>.attn_norm" KIND_F32   [dim]          (i = 0..n_layers-1, decimal)
- *   "L<i>.qkv"       KIND_Q4    [dim + 2*kv_dim, dim]   q rows 0..dim-1, then
+ *   "L<i>.qkv"       MATRIX     [dim + 2*kv_dim, dim]   q rows 0..dim-1, then
  *                               kv_dim k rows, then kv_dim v rows
  *                               (kv_dim = n_kv_heads*head_dim)
- *   "L<i>.attn_proj" KIND_Q4    [dim, dim]
+ *   "L<i>.attn_proj" MATRIX     [dim, dim]
  *   "L<i>.ffn_norm"  KIND_F32   [dim]
- *   "L<i>.gate"      KIND_Q4    [ffn, dim]
- *   "L<i>.up"        KIND_Q4    [ffn, dim]
- *   "L<i>.down"      KIND_Q4    [dim, ffn]
+ *   "L<i>.gate"      MATRIX     [ffn, dim]
+ *   "L<i>.up"        MATRIX     [ffn, dim]
+ *   "L<i>.down"      MATRIX     [dim, ffn]
  *   "L<i>.ple_gate"  KIND_Q4    [ple_dim, dim]                      (esp32-ai only)
  *   "L<i>.ple_proj"  KIND_Q4    [dim, ple_dim]                      (esp32-ai only)
  *   "L<i>.ple_norm"  KIND_F32   [dim]                               (esp32-ai only)
  *   "out_norm"       KIND_F32   [dim]
- *   "head"           KIND_Q4    [vocab_out, dim], present iff the
+ *   "head"           MATRIX     [vocab_out, dim], present iff the
  *                               LLM_IMAGE_FLAG_TIED_HEAD bit is clear
  *   "head_tiles"     KIND_HEAD_TILES  the head's row order and tile boxes
  *                               for the certified head (below); always
@@ -62,6 +62,13 @@
  *   "drafts"         KIND_DRAFTS  the n-gram drafter for speculative
  *                               decoding (below); always present, empty
  *                               when the converter built none
+ *   "weights"        KIND_WEIGHTS  the converter's choice of weight format
+ *                               and the quality it measured (below); always
+ *                               present, empty when it measured none
+ * MATRIX is one of the three matrix kinds, chosen per tensor: KIND_Q4, KIND_Q8
+ * or KIND_F32M. esp32-ai images are KIND_Q4 throughout (the PLE matrices
+ * always). A tied head has the embedding's kind. Only KIND_Q4 matrices take
+ * the header's group; KIND_Q8 ones carry their own.
  * Sections appear in the file in exactly this order; a section absent for
  * the image's arch is simply left out (no placeholder).
  *
@@ -100,6 +107,34 @@
  *   Columns >= cols are padded with code 8 (value 0).
  *   This is what the PIE kernel wants: one 16-byte load feeds two 16-lane MACs
  *   (low nibbles against activations 32b..32b+15, high against +16..+31).
+ *
+ * KIND_Q8 (int8 weights in groups, Q8_0 as llama2.c's runq.c; kernels.h
+ * llm_matvec_q8 has the arithmetic):
+ *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes
+ *   codes  i8 [rows][row_bytes]   value = code * scale; columns >= cols are 0
+ *   scales f32 [rows][n_groups]   finite
+ *   row_bytes = cols rounded up to 32. group is a multiple of 32 below cols,
+ *   or == cols (one group: the whole row, e.g. a 172-column row);
+ *   n_groups = ceil(cols / group).
+ *
+ * KIND_F32M (fp32 weights; kernels.h llm_matvec_f32):
+ *   llm_image_q4_header {rows, cols, group = cols, row_bytes}   16 bytes
+ *   values f32 [rows][row_bytes / 4], finite; row_bytes = 4 * (cols rounded
+ *   up to 4), columns >= cols are 0.
+ *
+ * KIND_WEIGHTS (what the converter chose and why; read by Model.config()):
+ *   llm_image_weights_header {chosen, n_tried, positions, reserved = 0}  16 bytes
+ *     chosen     the kind (KIND_Q4 / Q8 / F32M) of the image's layer matrices
+ *                as the converter chose it, 0 when it measured nothing
+ *     n_tried    records that follow, <= LLM_IMAGE_WEIGHTS_MAX_TRIED (0 with
+ *                chosen == 0)
+ *     positions  teacher-forced positions the figures cover
+ *   then n_tried llm_image_weights_tried {kind, agreement, mean_abs_diff, bytes}:
+ *     the format tried (distinct kinds), the share of positions where the
+ *     engine's greedy choice equals the checkpoint's fp32 forward's (0..1),
+ *     the mean |logit difference| over every position and id, and the bytes
+ *     of the image as measured in that format (an empty drafter and no
+ *     records here: what the format itself costs).
  *
  * KIND_ROWS (per-token lookup rows, dequantized, never multiplied):
  *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes
@@ -193,7 +228,10 @@
 #include <stdint.h>
 
 #define LLM_IMAGE_MAGIC "MPLLMIMG" /* 8 bytes, no NUL */
-#define LLM_IMAGE_VERSION 4u /* 2: + head_tiles, 3: + drafts, 4: + arch, n_kv_heads, norm_eps */
+/* 2: + head_tiles, 3: + drafts, 4: + arch, n_kv_heads, norm_eps, 5: + KIND_Q8,
+ * KIND_F32M matrices and the "weights" section. Readers refuse other versions
+ * ("convert the model again": an image is rebuilt from its source in seconds). */
+#define LLM_IMAGE_VERSION 5u
 #define LLM_IMAGE_HEADER_BYTES 128u
 #define LLM_IMAGE_SECTION_BYTES 32u
 #define LLM_IMAGE_ALIGN 16u
@@ -216,7 +254,14 @@ enum llm_image_kind {
     LLM_IMAGE_KIND_TOKENIZER = 4,
     LLM_IMAGE_KIND_HEAD_TILES = 5,
     LLM_IMAGE_KIND_DRAFTS = 6,
+    LLM_IMAGE_KIND_Q8 = 7,
+    LLM_IMAGE_KIND_F32M = 8,
+    LLM_IMAGE_KIND_WEIGHTS = 9,
 };
+
+/* The "weights" section holds at most this many tried formats (llm.h's
+ * LLM_WEIGHTS_TRIED_MAX, checked in image.c). */
+#define LLM_IMAGE_WEIGHTS_MAX_TRIED 3u
 
 /* The drafts table: contexts of 1..LLM_IMAGE_DRAFTS_ORDER tokens; a verify
  * pass checks the last token and at most LLM_IMAGE_DRAFTS_MAX drafts. */
@@ -278,6 +323,18 @@ typedef struct llm_image_drafts_header {
     uint16_t min_odds[LLM_IMAGE_DRAFTS_MAX + 1u];
 } llm_image_drafts_header;
 
+typedef struct llm_image_weights_header {
+    uint32_t chosen, n_tried, positions, reserved;
+} llm_image_weights_header;
+
+typedef struct llm_image_weights_tried {
+    uint32_t kind;
+    float agreement, mean_abs_diff;
+    uint32_t bytes;
+} llm_image_weights_tried;
+
+_Static_assert(sizeof(llm_image_weights_header) == 16, "weights header size");
+_Static_assert(sizeof(llm_image_weights_tried) == 16, "weights record size");
 _Static_assert(sizeof(llm_image_tiles_header) == 16, "tiles header size");
 _Static_assert(sizeof(llm_image_drafts_header) == 32, "drafts header size");
 _Static_assert(sizeof(llm_image_header) == LLM_IMAGE_HEADER_BYTES, "header size");

@@ -257,3 +257,89 @@ void LLM_HOT llm_matvec_s8_pie(const int8_t *a, uint32_t rows, uint32_t n, const
         out[r] = (int32_t)raw;
     }
 }
+
+/* ---- int8 groups (Q8_0) ---------------------------------------------------
+ * Contract in kernels.h. Each group is one ACCX sum of signed int8 products:
+ * the codes are two's complement already, so there is no nibble split and no
+ * correction, 16 columns per ee.vmulas.s8.accx; the weight loads alternate
+ * q0/q2 and the activation loads q1/q3 (the MAC's fused load brings the next
+ * activations while it multiplies). A group is a multiple of 32 columns, or
+ * the whole padded row, so it is an even number (>= 2) of 16-byte vectors.
+ * The float steps per group are the reference's, in the same order. */
+void llm_matvec_q8_pie(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
+                               uint32_t row_begin, uint32_t row_end) {
+    const uint32_t width = w->row_bytes;
+    uint32_t group = w->group >= w->cols ? width : w->group;
+    if (group == 0) group = width; /* contract broken: match the reference, never hang */
+    for (uint32_t r = row_begin; r < row_end; r++) {
+        const int8_t *wp = w->codes + (size_t)r * w->row_bytes;
+        const int8_t *xp = xq;
+        const float *sc = w->scales + (size_t)r * w->n_groups;
+        float acc = 0.f;
+        uint32_t k = 0;
+        for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
+            const uint32_t nvec = ((j0 + group < width ? j0 + group : width) - j0) / 16u;
+            EE_ZERO_ACCX();
+            EE_VLD_128_IP(0, wp, 16);
+            EE_VLD_128_IP(1, xp, 16);
+            for (uint32_t v = 0; v + 2u < nvec; v += 2u) {
+                EE_VLD_128_IP(2, wp, 16);
+                EE_VMULAS_S8_ACCX_LD_IP(3, xp, 16, 0, 1);
+                EE_VLD_128_IP(0, wp, 16);
+                EE_VMULAS_S8_ACCX_LD_IP(1, xp, 16, 2, 3);
+            }
+            EE_VLD_128_IP(2, wp, 16);
+            EE_VMULAS_S8_ACCX_LD_IP(3, xp, 16, 0, 1);
+            EE_VMULAS_S8_ACCX(2, 3);
+            const int32_t g = (int32_t)accx_low32();
+            acc += ((float)g * sc[k]) * xscale[k];
+        }
+        y[r] = acc;
+    }
+}
+
+/* Contract in kernels.h: each column runs the single-vector kernel. */
+void llm_matvec_q8_cols_pie(const llm_q8 *w, const int8_t *const *xq, const float *const *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_q8_pie(w, xq[c], xscale[c], y[c], row_begin, row_end);
+}
+
+/* ---- fp32 -----------------------------------------------------------------
+ * The S3 has no float SIMD: this is the scalar FPU's flavour of the contract,
+ * eight named accumulators (registers), the eight products of a step issued
+ * lane after lane. Each lane sees its own products in ascending column order,
+ * as the reference's lane array does, so the bits are the same. */
+void llm_matvec_f32_pie(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
+                                uint32_t row_end) {
+    const uint32_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
+    for (uint32_t r = row_begin; r < row_end; r++) {
+        const float *wr = w->w + (size_t)r * w->row_floats;
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, a4 = 0.f, a5 = 0.f, a6 = 0.f, a7 = 0.f;
+        uint32_t j = 0;
+        for (; j < full; j += 8u) {
+            a0 += wr[j] * x[j];
+            a1 += wr[j + 1u] * x[j + 1u];
+            a2 += wr[j + 2u] * x[j + 2u];
+            a3 += wr[j + 3u] * x[j + 3u];
+            a4 += wr[j + 4u] * x[j + 4u];
+            a5 += wr[j + 5u] * x[j + 5u];
+            a6 += wr[j + 6u] * x[j + 6u];
+            a7 += wr[j + 7u] * x[j + 7u];
+        }
+        /* the tail: lane k takes column full + k */
+        const uint32_t t = cols - full;
+        if (t > 0u) a0 += wr[j] * x[j];
+        if (t > 1u) a1 += wr[j + 1u] * x[j + 1u];
+        if (t > 2u) a2 += wr[j + 2u] * x[j + 2u];
+        if (t > 3u) a3 += wr[j + 3u] * x[j + 3u];
+        if (t > 4u) a4 += wr[j + 4u] * x[j + 4u];
+        if (t > 5u) a5 += wr[j + 5u] * x[j + 5u];
+        if (t > 6u) a6 += wr[j + 6u] * x[j + 6u];
+        y[r] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    }
+}
+
+void llm_matvec_f32_cols_pie(const llm_f32m *w, const float *const *x, uint32_t m,
+                             float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_f32_pie(w, x[c], y[c], row_begin, row_end);
+}

@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "hot.h"
 #include "kernels.h"
@@ -30,12 +31,11 @@ static inline float round_half_even(float v) {
 /* Contract: xmax starts at 1e-8f and takes max|x_i| in index order (a strict
  * `>` so the first of equal maxima wins, which cannot change the value);
  * inv = 127.f/xmax; q_i = x_i*inv rounded half to even (what lrintf does in
- * the default mode), clamped to [-127, 127]; entries n..n_padded-1 are 0;
- * *xscale = xmax/127.f. Clamping before rounding gives the same integers as
- * clamping after (127 and -127 are integers), and keeps the rounding trick
- * inside its range. */
-void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
-                      float *xscale) {
+ * the default mode), clamped to [-127, 127]; *xscale = xmax/127.f. Clamping
+ * before rounding gives the same integers as clamping after (127 and -127 are
+ * integers), and keeps the rounding trick inside its range. One span: the
+ * whole vector (llm_quantize_act) or one group (llm_quantize_act_groups). */
+static inline void quantize_span(const float *x, uint32_t n, int8_t *xq, float *xscale) {
     float xmax = 1e-8f;
     for (uint32_t i = 0; i < n; i++) {
         float a = fabsf(x[i]);
@@ -49,8 +49,25 @@ void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int
         v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
         xq[i] = (int8_t)round_half_even(v);
     }
-    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
     *xscale = xmax / 127.f;
+}
+
+/* Entries n..n_padded-1 are 0. */
+void LLM_HOT llm_quantize_act(const float *x, uint32_t n, uint32_t n_padded, int8_t *xq,
+                      float *xscale) {
+    quantize_span(x, n, xq, xscale);
+    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
+}
+
+/* Contract (kernels.h): quantize_span on each group alone. */
+void llm_quantize_act_groups(const float *x, uint32_t n, uint32_t group,
+                                     uint32_t n_padded, int8_t *xq, float *xscale) {
+    if (group == 0 || group > n) group = n;
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; j += group, k++)
+        quantize_span(x + j, n - j < group ? n - j : group, xq + j, &xscale[k]);
+    if (n == 0) xscale[0] = 1e-8f / 127.f;
+    for (uint32_t i = n; i < n_padded; i++) xq[i] = 0;
 }
 
 /* Contract: per row, per group (a group is a whole number of 32-column blocks,
@@ -102,4 +119,127 @@ void llm_matvec_s8_ref(const int8_t *a, uint32_t rows, uint32_t n, const int8_t 
         for (uint32_t j = 0; j < n; j++) acc += (int32_t)row[j] * (int32_t)x[j];
         out[r] = acc;
     }
+}
+
+/* The host build's wider vector units: the kernels below are compiled twice
+ * on x86-64 Linux (AVX2 and the baseline) and the loader picks one per CPU.
+ * Integer sums are exact and every float lane keeps its own order, so both
+ * clones give the same bits (no FMA: -ffp-contract=off, and AVX2 alone does
+ * not enable it). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define LLM_WIDE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LLM_WIDE_CLONES
+#endif
+
+/* One Q8 group's exact dot: int8 x int8 in int32 (|sum| <= 127*127*group).
+ * size_t indices: with 32-bit ones the compiler must allow for j wrapping
+ * and gives up vectorizing (integer sums are exact in any order, so it may
+ * vectorize freely). */
+static inline int32_t dot_s8(const int8_t *a, const int8_t *b, size_t n) {
+    int32_t g = 0;
+    for (size_t j = 0; j < n; j++) g += (int32_t)a[j] * (int32_t)b[j];
+    return g;
+}
+
+/* Contract (kernels.h): per group an exact int32 dot, then acc += ((float)g *
+ * scale) * xscale in group order. Padded columns are zero in both operands. */
+LLM_WIDE_CLONES
+void llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, float *y,
+                       uint32_t row_begin, uint32_t row_end) {
+    const uint32_t width = w->row_bytes;
+    uint32_t group = w->group >= w->cols ? width : w->group;
+    if (group == 0) group = width; /* contract broken: never hang */
+    for (uint32_t r = row_begin; r < row_end; r++) {
+        const int8_t *row = w->codes + (size_t)r * w->row_bytes;
+        const float *sc = w->scales + (size_t)r * w->n_groups;
+        float acc = 0.f;
+        uint32_t k = 0;
+        for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
+            const uint32_t n = (j0 + group < width ? j0 + group : width) - j0;
+            const int32_t g = dot_s8(row + j0, xq + j0, n);
+            acc += ((float)g * sc[k]) * xscale[k];
+        }
+        y[r] = acc;
+    }
+}
+
+void llm_matvec_q8_cols_ref(const llm_q8 *w, const int8_t *const *xq, const float *const *xscale,
+                            uint32_t m, float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_q8_ref(w, xq[c], xscale[c], y[c], row_begin, row_end);
+}
+
+/* Contract (kernels.h): eight lane sums in ascending column order, combined in
+ * a fixed tree. The eight lanes are one vector (GCC/clang vector extension:
+ * lane-wise multiply, then lane-wise add, no reassociation and no FMA under
+ * -ffp-contract=off), so the host runs them as SIMD lanes and each lane's
+ * order is the contract's by construction; four rows at a time so each load
+ * of x serves four rows. The tail is one more step of zeros past cols (+0.f
+ * leaves a lane's bits alone: a lane starts at +0.f, so it is never -0.f). */
+typedef float llm_v4f __attribute__((vector_size(16)));
+
+/* Lanes 0-3 and 4-7 of one row's sum (two 16-byte vectors: no ABI question
+ * on any target, and an AVX2 build joins them where it pays). */
+typedef struct llm_lanes {
+    llm_v4f lo, hi;
+} llm_lanes;
+
+static inline llm_v4f v4_load(const float *p) {
+    llm_v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* lanes += w[j..j+8) * x[j..j+8), lane by lane. */
+static inline void lanes_step(llm_lanes *a, const float *w, const float *x) {
+    a->lo += v4_load(w) * v4_load(x);
+    a->hi += v4_load(w + 4) * v4_load(x + 4);
+}
+
+/* The same for columns [j, cols) of row w, zero past cols. */
+static inline void lanes_tail(llm_lanes *a, const float *w, const float *x, size_t j,
+                              size_t cols) {
+    float tw[LLM_F32_LANES] = {0.f}, tx[LLM_F32_LANES] = {0.f};
+    for (size_t k = 0; j + k < cols; k++) {
+        tw[k] = w[j + k];
+        tx[k] = x[j + k];
+    }
+    lanes_step(a, tw, tx);
+}
+
+static inline float lanes_sum(const llm_lanes *a) {
+    return ((a->lo[0] + a->lo[1]) + (a->lo[2] + a->lo[3])) +
+           ((a->hi[0] + a->hi[1]) + (a->hi[2] + a->hi[3]));
+}
+
+LLM_WIDE_CLONES
+void llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
+                        uint32_t row_end) {
+    const size_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
+    const size_t stride = w->row_floats;
+    uint32_t r = row_begin;
+    for (; r + 4u <= row_end; r += 4u) {
+        const float *w0 = w->w + (size_t)r * stride;
+        llm_lanes a[4];
+        memset(a, 0, sizeof a); /* +0.f in every lane */
+        for (size_t j = 0; j < full; j += LLM_F32_LANES)
+            for (size_t q = 0; q < 4u; q++) lanes_step(&a[q], w0 + q * stride + j, x + j);
+        for (size_t q = 0; q < 4u; q++) {
+            if (full < cols) lanes_tail(&a[q], w0 + q * stride, x, full, cols);
+            y[r + q] = lanes_sum(&a[q]);
+        }
+    }
+    for (; r < row_end; r++) {
+        const float *wr = w->w + (size_t)r * stride;
+        llm_lanes a;
+        memset(&a, 0, sizeof a);
+        for (size_t j = 0; j < full; j += LLM_F32_LANES) lanes_step(&a, wr + j, x + j);
+        if (full < cols) lanes_tail(&a, wr, x, full, cols);
+        y[r] = lanes_sum(&a);
+    }
+}
+
+void llm_matvec_f32_cols_ref(const llm_f32m *w, const float *const *x, uint32_t m,
+                             float *const *y, uint32_t row_begin, uint32_t row_end) {
+    for (uint32_t c = 0; c < m; c++) llm_matvec_f32_ref(w, x[c], y[c], row_begin, row_end);
 }

@@ -161,6 +161,24 @@ void llm_reset(llm_engine *e);
 const llm_config *llm_get_config(const llm_engine *e);
 uint32_t llm_pos(const llm_engine *e);
 
+/* The weight formats of an image (image_format.h kinds: 2 int4, 7 int8, 8
+ * fp32) and what the converter measured choosing them (its "weights"
+ * section: chosen 0 and n_tried 0 when it measured nothing). */
+#define LLM_WEIGHTS_TRIED_MAX 3u
+typedef struct llm_weights_info {
+    uint32_t layers_kind; /* every layer matrix's kind; 0 when they differ */
+    uint32_t embed_kind, head_kind;
+    uint32_t chosen, n_tried, positions;
+    struct {
+        uint32_t kind;
+        float agreement, mean_abs_diff; /* greedy agreement (0..1), mean |logit diff| */
+        uint32_t bytes;                 /* the whole image in that format */
+    } tried[LLM_WEIGHTS_TRIED_MAX];
+} llm_weights_info;
+void llm_get_weights(const llm_engine *e, llm_weights_info *out);
+/* "int4", "int8", "fp32" for a matrix kind, "mixed" for 0, NULL otherwise. */
+const char *llm_weights_name(uint32_t kind);
+
 llm_status llm_set_sampler(llm_engine *e, const llm_sampler_options *opt,
                            llm_error *err);
 

@@ -95,6 +95,69 @@ static void matvec_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t group, ui
     verdict(c, same, "matvec_q4_cols_pie", what);
 }
 
+/* One int8 (Q8_0) case: random codes (+-127 when extreme) and scales, an
+ * input quantized in the same groups; the PIE kernel (full and split) and the
+ * many-columns one (the input and its negation) against the reference. */
+static void q8_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t group, uint32_t seed,
+                    int extreme) {
+    _Alignas(16) int8_t codes[MAX_ROWS * MAX_COLS];
+    _Alignas(16) int8_t xq[2 * MAX_COLS];
+    float x[MAX_COLS], scales[MAX_ROWS * (MAX_COLS / 32)], xs[2 * (MAX_COLS / 32)];
+    float yr[MAX_ROWS], yp[2 * MAX_ROWS];
+    const uint32_t cp = (uint32_t)llm_align_up(cols, 32u);
+    const uint32_t n_groups = (cols + group - 1u) / group;
+    c->rng = seed;
+    memset(codes, 0, sizeof codes);
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < cols; j++)
+            codes[r * cp + j] = extreme ? (int8_t)((r + j) & 1u ? 127 : -127)
+                                        : (int8_t)((int32_t)(next(c) % 255u) - 127);
+    for (uint32_t i = 0; i < rows * n_groups; i++)
+        scales[i] = (float)((int32_t)(next(c) % 2001u) - 1000) * 3.0517578e-05f;
+    for (uint32_t j = 0; j < cols; j++)
+        x[j] = extreme ? (j & 1u ? -4.f : 4.f) : (float)((int32_t)(next(c) % 20001u) - 10000) * 1e-3f;
+    llm_quantize_act_groups(x, cols, group, cp, xq, xs);
+    for (uint32_t j = 0; j < cp; j++) xq[cp + j] = (int8_t)-xq[j];
+    for (uint32_t g = 0; g < n_groups; g++) xs[n_groups + g] = xs[g];
+    const llm_q8 w = {codes, scales, rows, cols, group, n_groups, cp};
+    char what[64];
+    snprintf(what, sizeof what, "%ux%u group %u%s", (unsigned)rows, (unsigned)cols,
+             (unsigned)group, extreme ? " extreme" : "");
+    llm_matvec_q8_ref(&w, xq, xs, yr, 0, rows);
+    memset(yp, 0xA5, sizeof yp);
+    llm_matvec_q8_pie(&w, xq, xs, yp, 0, rows / 3u);
+    llm_matvec_q8_pie(&w, xq, xs, yp, rows / 3u, rows);
+    int same = memcmp(yr, yp, rows * sizeof(float)) == 0;
+    const int8_t *xp[2] = {xq, xq + cp};
+    const float *sp[2] = {xs, xs + n_groups};
+    float *y2[2] = {yp, yp + rows};
+    llm_matvec_q8_cols_pie(&w, xp, sp, 2, y2, 0, rows);
+    for (uint32_t k = 0; k < 2u; k++) {
+        llm_matvec_q8_ref(&w, xp[k], sp[k], yr, 0, rows);
+        same &= memcmp(yr, y2[k], rows * sizeof(float)) == 0;
+    }
+    verdict(c, same, "matvec_q8_pie", what);
+}
+
+/* One fp32 case: the scalar-FPU flavour against the lane-array reference. */
+static void f32_case(ctx *c, uint32_t rows, uint32_t cols, uint32_t seed) {
+    float wv[MAX_ROWS * MAX_COLS], x[MAX_COLS], yr[MAX_ROWS], yp[MAX_ROWS];
+    const uint32_t rf = (uint32_t)llm_align_up(cols, 4u);
+    c->rng = seed;
+    memset(wv, 0, sizeof wv);
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < cols; j++)
+            wv[r * rf + j] = (float)((int32_t)(next(c) % 20001u) - 10000) * 1e-4f;
+    for (uint32_t j = 0; j < cols; j++) x[j] = (float)((int32_t)(next(c) % 20001u) - 10000) * 1e-3f;
+    const llm_f32m w = {wv, rows, cols, rf};
+    llm_matvec_f32_ref(&w, x, yr, 0, rows);
+    memset(yp, 0xA5, sizeof yp);
+    llm_matvec_f32_pie(&w, x, yp, 0, rows);
+    char what[48];
+    snprintf(what, sizeof what, "%ux%u", (unsigned)rows, (unsigned)cols);
+    verdict(c, memcmp(yr, yp, rows * sizeof(float)) == 0, "matvec_f32_pie", what);
+}
+
 static void dot_case(ctx *c, uint32_t n, uint32_t seed, int extreme) {
     /* three rows of n, so every row after the first starts n bytes on */
     _Alignas(16) int8_t a[3 * 256], b[256];
@@ -266,6 +329,10 @@ int llm_selftest_run(llm_selftest_print_fn print, void *user) {
     matvec_case(&c, 12, 256, 128, 0x3456789u, 0);  /* two groups per row */
     matvec_case(&c, 16, 256, 32, 0x456789Au, 0);   /* eight groups per row */
     matvec_case(&c, 16, 256, 128, 0x56789ABu, 1);  /* codes 0/15, +-127 */
+    q8_case(&c, 16, 64, 32, 0x9ABCDEFu, 0);      /* stories260K's dim: groups of 32 */
+    q8_case(&c, 9, 172, 172, 0xABCDEF1u, 0);     /* its hidden: one whole-row group */
+    q8_case(&c, 16, 256, 32, 0xBCDEF12u, 1);     /* +-127 codes and inputs */
+    f32_case(&c, 13, 172, 0xCDEF123u);           /* a 4-column tail */
     dot_case(&c, 256, 0x6789ABCu, 0);
     dot_case(&c, 16, 0x789ABCDu, 0);
     dot_case(&c, 256, 0x89ABCDEu, 1);

@@ -15,6 +15,13 @@
  *   pie_kernels_test misaligned-dot  llm_matvec_s8 operand 4 bytes off (must abort)
  *   pie_kernels_test cols SEED N      N random llm_matvec_q4_cols calls, every
  *                                    column against the single-vector ref
+ *   pie_kernels_test wide SEED N      N random int8 (Q8_0) and N random fp32
+ *                                    matrices: rows 1..200, cols 1..400,
+ *                                    groups of 32..256 or whole rows, random
+ *                                    row range, 1..8 columns (the _cols
+ *                                    kernels, each column against the
+ *                                    single-vector ref), fp32 inputs at any
+ *                                    float offset
  *   pie_kernels_test counts          PIE instructions per 32 weights and per
  *                                    token for the release model's shapes
  * Every mode prints "compared=<n> mismatches=<m>" (counts prints a table)
@@ -437,7 +444,125 @@ static int mode_cols(uint64_t seed, uint32_t n) {
     return report();
 }
 
+/* One int8 matrix of random codes (padding 0) and scales, m activation
+ * vectors quantized in its groups: the PIE kernels (single and _cols) against
+ * the reference, bit for bit. */
+static void compare_q8(uint32_t rows, uint32_t cols, uint32_t group, uint32_t m) {
+    const uint32_t padded = (uint32_t)llm_align_up(cols, 32u);
+    const uint32_t ng = (cols + group - 1u) / group;
+    int8_t *codes = xalloc((size_t)rows * padded);
+    float *scales = xalloc((size_t)rows * ng * sizeof(float));
+    memset(codes, 0, (size_t)rows * padded);
+    for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t j = 0; j < cols; j++)
+            codes[(size_t)r * padded + j] = (int8_t)(rnd_below(6) ? (int)rnd_below(255) - 127
+                                                                   : (rnd_below(2) ? 127 : -127));
+        for (uint32_t g = 0; g < ng; g++) scales[(size_t)r * ng + g] = rnd_float(1e-4f, 0.3f);
+    }
+    llm_q8 w = {codes, scales, rows, cols, group, ng, padded};
+    int8_t *xq = xalloc((size_t)m * padded);
+    float *xs = xalloc((size_t)m * ng * sizeof(float));
+    float *x = xalloc(cols * sizeof(float));
+    for (uint32_t c = 0; c < m; c++) {
+        float amp = rnd_float(0.001f, 40.f);
+        for (uint32_t k = 0; k < cols; k++)
+            x[k] = rnd_below(8) ? rnd_float(-amp, amp) : (k & 1 ? amp : -amp);
+        llm_quantize_act_groups(x, cols, group, padded, xq + (size_t)c * padded, xs + (size_t)c * ng);
+    }
+    uint32_t a = rnd_below(rows), b = a + 1 + rnd_below(rows - a);
+    float *yp = xalloc((size_t)m * rows * sizeof(float)), *yr = xalloc(rows * sizeof(float));
+    memset(yp, 0xA5, (size_t)m * rows * sizeof(float));
+    const int8_t *xp[LLM_MATVEC_MAX_COLS];
+    const float *sp[LLM_MATVEC_MAX_COLS];
+    float *yv[LLM_MATVEC_MAX_COLS];
+    for (uint32_t c = 0; c < m; c++) {
+        xp[c] = xq + (size_t)c * padded;
+        sp[c] = xs + (size_t)c * ng;
+        yv[c] = yp + (size_t)c * rows;
+    }
+    if (m == 1u)
+        llm_matvec_q8_pie(&w, xp[0], sp[0], yv[0], a, b);
+    else
+        llm_matvec_q8_cols_pie(&w, xp, sp, m, yv, a, b);
+    for (uint32_t c = 0; c < m; c++) {
+        llm_matvec_q8_ref(&w, xp[c], sp[c], yr, a, b);
+        compared++;
+        if (memcmp(yr + a, yv[c] + a, (b - a) * sizeof(float)) != 0 && mismatches++ < 5)
+            fprintf(stderr, "MISMATCH q8 %ux%u group %u m=%u column %u rows [%u,%u)\n", rows,
+                    cols, group, m, c, a, b);
+    }
+    free(codes);
+    free(scales);
+    free(xq);
+    free(xs);
+    free(x);
+    free(yp);
+    free(yr);
+}
+
+/* One fp32 matrix (rows padded to 4 floats with zeros) and m input vectors
+ * at a random float offset: the scalar "PIE" flavour against the lane-array
+ * reference, bit for bit. */
+static void compare_f32(uint32_t rows, uint32_t cols, uint32_t m) {
+    const uint32_t rf = (uint32_t)llm_align_up(cols, 4u);
+    float *wv = xalloc((size_t)rows * rf * sizeof(float));
+    memset(wv, 0, (size_t)rows * rf * sizeof(float));
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < cols; j++)
+            wv[(size_t)r * rf + j] = rnd_below(16) ? rnd_float(-1.f, 1.f) : rnd_float(-1e3f, 1e3f);
+    llm_f32m w = {wv, rows, cols, rf};
+    const uint32_t off = rnd_below(4), stride = cols + off + rnd_below(3);
+    float *xs = xalloc(((size_t)m * stride + off) * sizeof(float));
+    for (size_t k = 0; k < (size_t)m * stride + off; k++) xs[k] = rnd_float(-4.f, 4.f);
+    uint32_t a = rnd_below(rows), b = a + 1 + rnd_below(rows - a);
+    float *yp = xalloc((size_t)m * rows * sizeof(float)), *yr = xalloc(rows * sizeof(float));
+    memset(yp, 0xA5, (size_t)m * rows * sizeof(float));
+    const float *xp[LLM_MATVEC_MAX_COLS];
+    float *yv[LLM_MATVEC_MAX_COLS];
+    for (uint32_t c = 0; c < m; c++) {
+        xp[c] = xs + off + (size_t)c * stride;
+        yv[c] = yp + (size_t)c * rows;
+    }
+    if (m == 1u)
+        llm_matvec_f32_pie(&w, xp[0], yv[0], a, b);
+    else
+        llm_matvec_f32_cols_pie(&w, xp, m, yv, a, b);
+    for (uint32_t c = 0; c < m; c++) {
+        llm_matvec_f32_ref(&w, xp[c], yr, a, b);
+        compared++;
+        if (memcmp(yr + a, yv[c] + a, (b - a) * sizeof(float)) != 0 && mismatches++ < 5)
+            fprintf(stderr, "MISMATCH f32 %ux%u m=%u column %u rows [%u,%u)\n", rows, cols, m,
+                    c, a, b);
+    }
+    free(wv);
+    free(xs);
+    free(yp);
+    free(yr);
+}
+
+static int mode_wide(uint64_t seed, uint32_t n) {
+    rng_state = seed;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t rows = 1 + rnd_below(200);
+        uint32_t cols = 1 + rnd_below(400);
+        /* a multiple of 32 below cols, else the whole row */
+        uint32_t group = cols > 32u && rnd_below(3) ? 32u * (1u + rnd_below((cols - 1u) / 32u))
+                                                    : cols;
+        if (group > 256u) group = cols;
+        compare_q8(rows, cols, group, 1 + rnd_below(LLM_MATVEC_MAX_COLS));
+        compare_f32(1 + rnd_below(200), 1 + rnd_below(400), 1 + rnd_below(LLM_MATVEC_MAX_COLS));
+    }
+    /* the stories260K shapes: group 32 of 64 columns, the whole 172-column row */
+    compare_q8(128, 64, 32, 1);
+    compare_q8(64, 172, 172, 8);
+    compare_f32(172, 64, 1);
+    compare_f32(64, 172, 8);
+    return report();
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 4 && strcmp(argv[1], "wide") == 0)
+        return mode_wide(strtoull(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
     if (argc >= 4 && strcmp(argv[1], "cols") == 0)
         return mode_cols(strtoull(argv[2], NULL, 0), (uint32_t)strtoul(argv[3], NULL, 0));
     if (argc >= 4 && strcmp(argv[1], "random") == 0)
@@ -447,6 +572,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strncmp(argv[1], "misaligned", 10) == 0) return mode_misaligned(argv[1]);
     if (argc == 2 && strcmp(argv[1], "counts") == 0) return mode_counts();
     fprintf(stderr, "usage: pie_kernels_test random SEED N | extreme | splits | "
-                    "misaligned-x | misaligned-w | misaligned-dot | counts | cols SEED N\n");
+                    "misaligned-x | misaligned-w | misaligned-dot | counts | cols SEED N | "
+                    "wide SEED N\n");
     return 2;
 }

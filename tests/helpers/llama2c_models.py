@@ -11,9 +11,10 @@ from pathlib import Path
 
 from mpllm.formats import llama2c
 from mpllm.formats.image import write_image
-from mpllm.formats.model import Config
+from mpllm.formats.model import Config, F32Matrix, Matrix, Weights
 from mpllm.formats.rope import rope_table
 from mpllm.formats.tokenizer import tokenizer_section
+from mpllm.quantize import quantize_int8
 from mpllm.training.generate import make_weights
 
 
@@ -46,13 +47,50 @@ LLAMA2C_SHAPES: dict[str, tuple[Config, int]] = {
     "untied": (STORIES260K, 201),
     "tied": (dataclasses.replace(STORIES260K, tied_head=True), 202),
     "long": (dataclasses.replace(STORIES260K, tied_head=True, seq_len=1024, group=32), 203),
+    # the same shape in the other weight formats, per tensor (the norms stay f32):
+    # every matrix int8 (head and embedding too: groups of 32, the 172-column
+    # down rows one group each); every matrix fp32 with the head tied; and a mix
+    # (qkv int8, attn_proj fp32, gate int4, up int8, down fp32, the embedding and
+    # the certified head int4)
+    "int8": (STORIES260K, 204),
+    "fp32": (dataclasses.replace(STORIES260K, tied_head=True), 205),
+    "mixed": (STORIES260K, 206),
 }
+
+#: the weight format of each matrix of the format variants above (a name
+#: missing here keeps make_weights' int4)
+FORMATS: dict[str, dict[str, str]] = {
+    "int8": dict.fromkeys(("embed", "head", "qkv", "attn_proj", "gate", "up", "down"), "int8"),
+    "fp32": dict.fromkeys(("embed", "qkv", "attn_proj", "gate", "up", "down"), "fp32"),
+    "mixed": {"qkv": "int8", "attn_proj": "fp32", "up": "int8", "down": "fp32"},
+}
+
+
+def _as(m: Matrix, fmt: str | None) -> Matrix:
+    """m (int4) in format fmt: its values quantized to int8, or as fp32 (exact)."""
+    if fmt is None:
+        return m
+    return quantize_int8(m.dequantize()) if fmt == "int8" else F32Matrix(m.dequantize())
+
+
+def llama2c_weights(name: str) -> Weights:
+    """The weights of generated model `name` (LLAMA2C_SHAPES), in its formats."""
+    cfg, seed = LLAMA2C_SHAPES[name]
+    w = make_weights(cfg, seed)
+    fmts = FORMATS.get(name, {})
+    for layer in w.layers:
+        for f in ("qkv", "attn_proj", "gate", "up", "down"):
+            setattr(layer, f, _as(getattr(layer, f), fmts.get(f)))
+    w.tok_emb = _as(w.tok_emb, fmts.get("embed"))
+    if w.head is not None:
+        w.head = _as(w.head, fmts.get("head"))
+    return w
 
 
 def write_llama2c_image(path: Path, name: str) -> Config:
     """The image of generated model `name` (LLAMA2C_SHAPES) at path; its config."""
-    cfg, seed = LLAMA2C_SHAPES[name]
+    cfg, _seed = LLAMA2C_SHAPES[name]
     tables = llama2c.tokenizer_tables(*synthetic_vocab(cfg.vocab_out))
-    write_image(path, make_weights(cfg, seed), tokenizer_section=tokenizer_section(tables),
+    write_image(path, llama2c_weights(name), tokenizer_section=tokenizer_section(tables),
                 rope=rope_table(cfg), source_sha256=bytes(32), eot_id=tables.eot_id)
     return cfg

@@ -5,9 +5,16 @@
 
 Two families: the esp32-ai model.bin (magic "PLE") with its tokenizer.json,
 and llama2.c checkpoints (legacy v0, v1 fp32, v2 Q8_0; mpllm.formats.llama2c)
-with llama2.c's tokenizer.bin, quantized as mpllm.llama2c_weights says (every
-matrix int4 in groups of --group, the norms float32, q/k rows permuted for
-the engine's RoPE).
+with llama2.c's tokenizer.bin, in the weight format --weights names
+(mpllm.llama2c_weights: every matrix int4 in groups of --group, int8 in groups
+(Q8_0) or fp32; the norms float32, q/k rows permuted for the engine's RoPE).
+--weights auto (the default) tries int4, int8, fp32 in that order, measures
+each one's teacher-forced greedy agreement with the checkpoint's fp32 forward
+(mpllm.llama2c_weights.quality, needs the host engine `_llm`) and keeps the
+first that reaches AUTO_AGREEMENT, else the best; the table of what it tried
+(agreement, mean |logit difference|, bytes, where the model lives on each
+board by the cost model's placement) is printed and stored in the image's
+"weights" section.
 
 Steps: validate the tokenizer, read the model (its output vocab must equal the
 tokenizer size), drop embedding/PLE rows the tokenizer can never produce, bake
@@ -15,10 +22,8 @@ the RoPE table, fingerprint the sources, write the image (atomically), then,
 unless --drafter-stories 0, let the model write stories on this PC and store
 what it wrote as the image's n-gram drafter (speculative decoding's guesses;
 needs the host engine `_llm`), read the image back and check it equals what
-was meant to be written. A llama2.c model's quality figure (the quantized
-engine against the checkpoint's fp32 forward, mpllm.llama2c_weights.quality)
-is printed when the host engine is there. Bad input exits with
-status 2 and a one-line message, and leaves no output file behind.
+was meant to be written. Bad input exits with status 2 and a one-line
+message, and leaves no output file behind.
 """
 
 from __future__ import annotations
@@ -41,27 +46,43 @@ from .formats.head_tiles import MAX_TILE_ROWS, TILE_ROWS, certifiable
 from .formats.image import (
     BLOCK_COLS,
     KIND_NAMES,
+    MATRIX_KINDS,
     ImageFormatError,
     ImageReport,
     Section,
+    TriedFormat,
+    WeightsChoice,
     read_image,
     write_image,
 )
 from .formats.llama2c import MAGIC as LLAMA2C_MAGIC
 from .formats.llama2c import (
     CheckpointError,
+    Llama2cCheckpoint,
     is_checkpoint,
     load_tokenizer_bin,
     read_checkpoint,
     read_header,
 )
-from .formats.model import Config, QMatrix, Weights
+from .formats.model import (
+    WEIGHT_FORMATS,
+    Config,
+    F32Matrix,
+    Q8Matrix,
+    QMatrix,
+    Weights,
+    weight_format,
+)
 from .formats.tokenizer import TokenizerFormatError, TokenizerTables
 from .llama2c_weights import QUALITY_POSITIONS
 
 #: stories the model writes for its drafter when converting from the command
 #: line or flash.py (a few seconds for the demo model)
 DRAFTER_STORIES = 200
+#: --weights: a format, or auto (llama2.c checkpoints: measured, smallest first)
+WEIGHTS_CHOICES = ("auto", *WEIGHT_FORMATS)
+#: auto keeps the smallest format whose greedy agreement reaches this share
+AUTO_AGREEMENT = 0.85
 
 
 class ConvertError(ValueError):
@@ -82,9 +103,34 @@ class ConvertReport:
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
     certified_head: bool = False  # the image has head tiles (formats.head_tiles)
+    #: the image's weight format and what the converter measured choosing it
+    weights: str = "int4"
+    choice: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
+    #: per format tried: where the model lives on each S3 board (board -> line)
+    boards: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
+
+    def weights_table(self) -> str:
+        """The formats the converter measured: agreement, mean |logit
+        difference|, bytes, where the model lives on each board; the chosen
+        one marked."""
+        if not self.choice.tried:
+            return f"weights: {self.weights} (quality not measured)"
+        boards = sorted({b for per in self.boards.values() for b in per})
+        lines = [(f"weights: teacher-forced greedy agreement with the fp32 forward over "
+                 f"{self.choice.positions} positions (auto keeps the smallest >= "
+                 f"{100 * AUTO_AGREEMENT:.0f} %, else the best)"),
+                 f"  {'format':<7} {'agree':>7} {'mean|diff|':>10} {'bytes':>11}  "
+                 + "  ".join(f"{b:<50}" for b in boards)]
+        for t in self.choice.tried:
+            mark = "*" if t.kind == self.choice.chosen else " "
+            where = self.boards.get(t.name, {})
+            lines.append(f"{mark} {t.name:<7} {100 * t.agreement:>6.1f}% {t.mean_abs_diff:>10.3g} "
+                         f"{t.bytes:>11,}  " + "  ".join(f"{where.get(b, '?'):<50}"
+                                                         for b in boards))
+        return "\n".join(lines).rstrip()
 
 
 def source_fingerprint(model_bytes: bytes, tokenizer_bytes: bytes) -> bytes:
@@ -146,6 +192,13 @@ def format_size_table(sections: list[Section], file_bytes: int) -> str:
     return "\n".join(lines)
 
 
+def _raw(m: Q8Matrix | F32Matrix) -> tuple[object, ...]:
+    """An int8 or fp32 matrix's exact contents."""
+    if isinstance(m, F32Matrix):
+        return (np.asarray(m.w, "<f4").tobytes(),)
+    return (m.q.tobytes(), np.asarray(m.scales, "<f4").tobytes(), m.group)
+
+
 def _same_weights(a: Weights, b: Weights) -> str | None:
     """Name of the first tensor that differs, or None."""
     def tensors(w: Weights) -> dict[str, object]:
@@ -162,7 +215,10 @@ def _same_weights(a: Weights, b: Weights) -> str | None:
         return "config"
     for k, x in ta.items():
         y = tb[k]
-        if isinstance(x, QMatrix):
+        if isinstance(x, (Q8Matrix, F32Matrix)):
+            if type(x) is not type(y) or _raw(x) != _raw(y):  # type: ignore[arg-type]
+                return k
+        elif isinstance(x, QMatrix):
             if not (isinstance(y, QMatrix) and x.group == y.group
                     and np.array_equal(x.q, y.q)
                     and x.scales.tobytes() == np.asarray(y.scales, np.float16).tobytes()):
@@ -184,6 +240,8 @@ def convert(
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
     group: int | None = None,
+    weights: str = "auto",
+    quality_positions: int = QUALITY_POSITIONS,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
@@ -196,11 +254,19 @@ def convert(
     group: the int4 group a llama2.c checkpoint is quantized to (a multiple of
     32; None: mpllm.llama2c_weights.default_group, one scale per row of the
     head, which the certified head needs); an esp32-ai model.bin keeps the
-    group it was quantized with."""
+    group it was quantized with.
+    weights: a llama2.c checkpoint's weight format (WEIGHTS_CHOICES; auto:
+    measured, see the module doc); an esp32-ai model keeps its int4 (auto or
+    int4). quality_positions: positions each format's quality is measured
+    over (0: none, which auto cannot do without)."""
     from .formats.rope import rope_table
     from .formats.tokenizer import tokenizer_section
 
     model_path, tok_path, out = Path(model_bin), Path(tokenizer_json), Path(out)
+    if weights not in WEIGHTS_CHOICES:
+        raise ConvertError(f"weights {weights!r}: one of {', '.join(WEIGHTS_CHOICES)}")
+    if quality_positions < 0:
+        raise ConvertError(f"quality_positions {quality_positions}: must be >= 0")
     if group is not None and (group <= 0 or group % BLOCK_COLS):
         raise ConvertError(f"group {group}: must be a positive multiple of {BLOCK_COLS}")
     for p, what in ((model_path, "model"), (tok_path, "tokenizer")):
@@ -236,18 +302,29 @@ def convert(
         from .llama2c_weights import to_weights
 
         version = ck.version
+        if weights == "auto" and quality_positions == 0:
+            raise ConvertError("--weights auto measures each format's quality: it needs "
+                               "--quality-positions > 0 (or name a format: --weights int4, "
+                               "int8 or fp32)")
+        formats = WEIGHT_FORMATS if weights == "auto" else (weights,)
         try:
-            weights = to_weights(ck, group)
+            candidates = {f: to_weights(ck, group, f) for f in formats}
         except ValueError as e:  # a weight too large for an fp16 scale
             raise ConvertError(f"{model_path}: {e}") from None
+        model = candidates[formats[0]]
     else:
+        if weights not in ("auto", "int4"):
+            raise ConvertError(f"--weights {weights}: an esp32-ai model keeps the int4 weights "
+                               "it was trained and quantized with (its model.bin has no float "
+                               "weights to make int8 or fp32 from); use --weights int4 or auto")
         try:
             # A v1 header states its output vocab: compare it ourselves for a clearer message.
             expect = None if model_bytes[:4] == MAGIC_V1 else n_tok
-            weights = read_model_bin(model_bytes, vocab_out=expect)
+            model = read_model_bin(model_bytes, vocab_out=expect)
         except ModelFormatError as e:
             raise ConvertError(f"{model_path}: {e}") from None
-    cfg = weights.config
+        candidates = {"int4": model}
+    cfg = model.config
     if cfg.vocab_out != n_tok:
         raise ConvertError(
             f"tokenizer size mismatch: {tok_path} has {n_tok} tokens but {model_path}'s "
@@ -257,7 +334,7 @@ def convert(
                            f"vocabulary")
 
     keep = rows_to_keep(cfg.vocab_in, n_tok)
-    trimmed = trim_vocab_rows(weights, keep)
+    trimmed = trim_vocab_rows(model, keep)
     try:
         tok_section = tokenizer_section(tables)
     except ValueError as e:
@@ -285,21 +362,30 @@ def convert(
         raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
     drafts = None
     drafts_seconds = 0.0
+    choice, boards = WeightsChoice(), {}
     with atomic_path(out) as staging:
-        def write(drafts: object = None) -> ImageReport:
-            return write_image(staging, trimmed, tokenizer_section=tok_section, rope=rope,
+        def write(w: Weights, drafts: object = None,
+                  choice: WeightsChoice | None = None) -> ImageReport:
+            return write_image(staging, w, tokenizer_section=tok_section, rope=rope,
                                source_sha256=fingerprint, eot_id=int(tables.eot_id),
                                vocab_in_source=cfg.vocab_in, progress=callback,
-                               tile_rows=tile_rows, drafts=drafts)  # type: ignore[arg-type]
+                               tile_rows=tile_rows, drafts=drafts,  # type: ignore[arg-type]
+                               weights_choice=choice)
         try:
-            report = write()
+            report = write(trimmed)
         finally:
             if bar is not None:
                 bar.close()
+        callback = None
+        if llama and quality_positions:
+            trimmed, choice, boards = _choose_weights(
+                staging, {f: trim_vocab_rows(w, keep) for f, w in candidates.items()}, ck,
+                quality_positions, report, write,
+                lambda w: tile_rows > 0 and certifiable(w.output_head()) is None)
+            report = write(trimmed, choice=choice)
         if drafter_stories:
             drafts, drafts_seconds = _build_drafter(staging, drafter_stories, progress is True)
-            callback = None
-            report = write(drafts)
+            report = write(trimmed, drafts, choice)
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
         try:
@@ -309,6 +395,8 @@ def convert(
                 differs = "rope"
             if differs is None and back.tokenizer_section != tok_section:
                 differs = "tokenizer"
+            if differs is None and back.weights_choice != choice:
+                differs = "weights choice"
         except ImageFormatError as e:
             differs = f"unreadable ({e})"
         if differs is not None:
@@ -320,7 +408,58 @@ def convert(
                          drafts_seconds=drafts_seconds,
                          family="llama2c" if llama else "esp32ai", checkpoint_version=version,
                          certified_head=tile_rows > 0
-                         and certifiable(trimmed.output_head()) is None)
+                         and certifiable(trimmed.output_head()) is None,
+                         weights=weight_format(trimmed.layers[0].qkv), choice=choice,
+                         boards=boards)
+
+
+def _choose_weights(
+    staging: Path, candidates: dict[str, Weights], ck: Llama2cCheckpoint, positions: int,
+    first: ImageReport, write: Callable[[Weights], ImageReport],
+    certified: Callable[[Weights], bool],
+) -> tuple[Weights, WeightsChoice, dict[str, dict[str, str]]]:
+    """Measure the candidates in order (each written to `staging`; the first
+    already is, as `first`), stopping at the first whose greedy agreement
+    reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
+    ties to the smaller), the choice record and where each lives on the
+    boards."""
+    from .checkout import NotBuilt, board_module
+    from .costmodel.llama import S3_BOARDS, where_it_lives
+    from .costmodel.shape import Shape
+    from .llama2c_weights import quality
+
+    try:
+        _llm = board_module("_llm")  # an install's, else this checkout's build
+    except NotBuilt:
+        raise ConvertError("measuring the weight formats needs the host engine _llm (pip "
+                           "install -e . in the repository), or pass --quality-positions 0 "
+                           "with --weights int4, int8 or fp32") from None
+    tried: list[TriedFormat] = []
+    boards: dict[str, dict[str, str]] = {}
+    chosen = ""
+    for k, (fmt, w) in enumerate(candidates.items()):
+        rep = first if k == 0 else write(w)
+        q = quality(staging, ck, _llm, positions)
+        # as the image stores them (f32), so the record reads back equal
+        tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
+                                 float(np.float32(q.mean_abs)), rep.file_bytes))
+        c = w.config
+        shape = Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn, ple_dim=0,
+                      vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
+                      n_kv_heads=c.kv_heads, weights=fmt)
+        boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w))
+                       for b, board in S3_BOARDS.items()}
+        if q.greedy_agree >= AUTO_AGREEMENT:
+            chosen = fmt
+            break
+    if not chosen:  # none reached it: the best (the first of equals: the smallest)
+        chosen = max(tried, key=lambda t: t.agreement).name
+    choice = WeightsChoice(KIND_OF[chosen], min(positions, ck.config.seq_len), tuple(tried))
+    return candidates[chosen], choice, boards
+
+
+#: --weights name -> the section kind of its matrices
+KIND_OF = {name: kind for kind, name in MATRIX_KINDS.items()}
 
 
 def _is_llama2c(model_bytes: bytes, tokenizer_bytes: bytes) -> bool:
@@ -376,11 +515,12 @@ def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, flo
     stories), and the seconds it took."""
     import time
 
+    from .checkout import NotBuilt, board_module
     from .drafting import build_drafts
 
     try:
-        import _llm
-    except ImportError:
+        _llm = board_module("_llm")  # an install's, else this checkout's build
+    except NotBuilt:
         raise ConvertError("the n-gram drafter needs the host engine _llm (pip install -e . "
                            "in the repository), or pass --drafter-stories 0") from None
     t0 = time.perf_counter()
@@ -419,10 +559,17 @@ def main(argv: list[str] | None = None) -> int:
                          f"default: dim rounded up to {BLOCK_COLS}, one scale per head row, "
                          "as the certified head needs; 32 quantizes finer and scores every "
                          "head row); an esp32-ai model keeps its own")
+    ap.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto",
+                    help="llama2.c checkpoints: the matrices' format: int4 (groups of --group), "
+                         "int8 (groups of 32, or whole rows: llama2.c's runq.c Q8_0; a v2 "
+                         "checkpoint's own codes), fp32 (run.c's numbers), or auto (default: "
+                         "the smallest whose greedy agreement with the fp32 forward reaches "
+                         f"{100 * AUTO_AGREEMENT:.0f} %%, else the best; needs the host engine "
+                         "_llm); an esp32-ai model keeps its int4")
     ap.add_argument("--quality-positions", type=int, default=QUALITY_POSITIONS, metavar="N",
-                    help="llama2.c checkpoints: positions the quality figure compares (the "
-                         "quantized engine against the fp32 forward; needs the host engine "
-                         f"_llm; default {QUALITY_POSITIONS}, 0: none)")
+                    help="llama2.c checkpoints: positions each format's quality is measured "
+                         "over (the engine against the fp32 forward; needs the host engine "
+                         f"_llm; default {QUALITY_POSITIONS}, 0: none, with a named --weights)")
     ap.add_argument("-q", "--quiet", action="store_true",
                     help="no progress bar, no size table and no quality figure")
     args = ap.parse_args(argv)
@@ -438,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
                                f"{BLOCK_COLS}")
         rep = convert(args.model_bin, args.tokenizer_json, args.out, progress=not args.quiet,
                       tile_rows=args.tile_rows, drafter_stories=args.drafter_stories,
-                      group=args.group)
+                      group=args.group, weights=args.weights,
+                      quality_positions=args.quality_positions)
     except (ConvertError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -457,39 +605,19 @@ def main(argv: list[str] | None = None) -> int:
         print(rep.size_table())
         if rep.family == "llama2c":
             cert = ("the certified head" if rep.certified_head else
-                    "no certified head: it needs one scale per head row")
-            print(f"formats: every matrix int4, {cfg.group} columns per fp16 scale (the "
-                  f"engine's one matrix format; {cert}); norms f32 (D values each); q/k "
+                    "no certified head: it needs an int4 head with one scale per row")
+            fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
+                   "int8": "int8 in groups of 32 (or whole rows) with f32 scales",
+                   "fp32": "fp32"}[rep.weights]
+            print(f"formats: every matrix {fmt} ({cert}); norms f32 (D values each); q/k "
                   "rows in split-half RoPE order")
+            print(rep.weights_table())
         print(f"fingerprint {rep.source_sha256.hex()}")
         if rep.drafts_records:
             print(f"n-gram drafter: {rep.drafts_records:,} contexts from "
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
-    if rep.family == "llama2c" and args.quality_positions and not args.quiet:
-        try:
-            _print_quality(args.model_bin, rep.out, args.quality_positions)
-        except KeyboardInterrupt:  # the image is whole: only its figure is not measured
-            print(f"interrupted; {rep.out} was written, its quality figure not measured",
-                  file=sys.stderr)
-            return 130
     return 0
-
-
-def _print_quality(model_bin: Path, image: Path, positions: int) -> None:
-    """The llama2.c model's quality figure, or why there is none."""
-    from .llama2c_weights import quality
-
-    try:
-        import _llm
-    except ImportError:
-        print("quality: not measured (needs the host engine _llm: pip install -e .)")
-        return
-    ck = read_checkpoint(model_bin.read_bytes(), str(model_bin))
-    try:
-        print(quality(image, ck, _llm, positions).line())
-    except _llm.Error as e:  # an engine older than the image it was given
-        print(f"quality: not measured (the host engine _llm cannot run this image: {e})")
 
 
 if __name__ == "__main__":

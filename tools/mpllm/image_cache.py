@@ -28,7 +28,8 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
+def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
+                      weights: str = "auto") -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
     and the image format version, so a newer format never reads a stale image, and the
     drafter's story count (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE),
@@ -44,26 +45,30 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path) -> Path:
     for src in sorted((Path(__file__).parent / "costmodel").glob("*.py")):
         costmodel.update(src.read_bytes())
     key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
-                          + f"image-v{VERSION}-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
+                          + f"image-v{VERSION}-weights-{weights}"
+                          + f"-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
                           + f"-costmodel{costmodel.hexdigest()}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 
 def converted(model_bin: Path, tokenizer: Path, cache: Path,
-              out: Callable[[str], None] = print) -> Path:
+              out: Callable[[str], None] = print, weights: str = "auto") -> Path:
     """The cached image of these sources, converting them first if needed (with
     progress; convert writes atomically, so no partial image is ever cached).
     Raises convert.ConvertError or OSError."""
     from .convert import DRAFTER_STORIES, convert
 
-    img = cached_image_path(model_bin, tokenizer, cache)
+    img = cached_image_path(model_bin, tokenizer, cache, weights)
     if img.is_file():
         out(f"model image: {img} (already converted from these files)")
         return img
     img.parent.mkdir(parents=True, exist_ok=True)
     out(f"convert {model_bin} {tokenizer} -> {img}{drafter_note()}")
-    rep = convert(model_bin, tokenizer, img, progress=True, drafter_stories=DRAFTER_STORIES)
+    rep = convert(model_bin, tokenizer, img, progress=True, drafter_stories=DRAFTER_STORIES,
+                  weights=weights)
     out(rep.size_table())
+    if rep.family == "llama2c":
+        out(rep.weights_table())
     return img
 
 

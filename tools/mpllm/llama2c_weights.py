@@ -2,15 +2,29 @@
 
 Per tensor, which format and why:
 - every matrix (tok_embeddings, wq/wk/wv as one qkv matrix, wo, w1, w3, w2,
-  the classifier when unshared) is int4 with one fp16 scale per group of
-  columns (mpllm.quantize): the engine's only matrix format, the one its
-  kernels, the certified head and the PIE model run. One group for the whole
-  image (its header has one); by default `default_group(dim)`, dim rounded up
-  to a multiple of 32: one scale per row of every dim-column matrix, which
-  the certified head needs (formats.head_tiles.certifiable), and the finest
-  that allows it. `--group 32` (the kernels' smallest: a 32-column block must
-  not straddle groups) quantizes finer and loses the certificate, so the
-  engine then scores every head row.
+  the classifier when unshared) takes the one weight format the converter
+  chose for the image (`to_weights(ck, group, weights)`; convert.py --weights,
+  by default measured: the smallest whose greedy agreement with the fp32
+  forward reaches 85 %):
+  - int4: one fp16 scale per group of columns (mpllm.quantize). One group for
+    the whole image (its header has one); by default `default_group(dim)`,
+    dim rounded up to a multiple of 32: one scale per row of every dim-column
+    matrix, which the certified head needs (formats.head_tiles.certifiable),
+    and the finest that allows it. `--group 32` quantizes finer and loses the
+    certificate, so the engine then scores every head row. Smallest (about a
+    seventh of fp32), but a small model may not survive it: stories260K keeps
+    24 % of its greedy choices.
+  - int8 (Q8_0, llama2.c's runq.c scheme): one f32 scale per group of 32
+    columns, or per whole row where the columns are not a multiple of 32
+    (stories260K's w2, 172 columns) - `quantize.int8_group`; the engine
+    quantizes each matvec's input in the same groups. A v2 checkpoint keeps
+    its own codes and scales where its group is one the engine takes
+    (`own_int8`), nothing requantized. Under a third of fp32's bytes.
+  - fp32: the checkpoint's numbers, as run.c multiplies them (the engine's
+    sum runs in eight fixed lanes: kernels.h). For models too small for
+    int8.
+  The tied head is the embedding's first rows, in its format; only an int4
+  head can carry the certified head's tiles.
 - the norms (attention_norm, ffn_norm, the final norm) stay float32: D
   values each, and the engine applies them in float.
 - the v0 file's RoPE tables are not kept: the image bakes its own table
@@ -40,8 +54,16 @@ import numpy as np
 
 from .formats.image import BLOCK_COLS
 from .formats.llama2c import Llama2cCheckpoint
-from .formats.model import Config, LayerWeights, QMatrix, Weights
-from .quantize import quantize_int4
+from .formats.model import (
+    WEIGHT_FORMATS,
+    Config,
+    F32Matrix,
+    LayerWeights,
+    Matrix,
+    Q8Matrix,
+    Weights,
+)
+from .quantize import quantize_int4, quantize_int8
 
 
 def default_group(dim: int) -> int:
@@ -68,11 +90,16 @@ def split_half_checkpoint(ck: Llama2cCheckpoint) -> dict[str, np.ndarray]:
             "wk": ck.layers["wk"][:, rope_row_order(c.head_dim, c.n_kv_heads)]}
 
 
-def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
+def to_weights(ck: Llama2cCheckpoint, group: int | None = None,
+               weights: str = "int4") -> Weights:
     """The engine's Weights of a checkpoint: family llama2c (no PLE), every
-    matrix int4 (group None: default_group), the norms float32, q and k rows
-    permuted for split-half RoPE."""
+    matrix in `weights`' format (int4: group None is default_group; int8:
+    quantize.int8_group, a v2 checkpoint's own codes where their group is one
+    the engine takes; fp32), the norms float32, q and k rows permuted for
+    split-half RoPE."""
     c = ck.config
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights {weights!r}: one of {', '.join(WEIGHT_FORMATS)}")
     if group is None:
         group = default_group(c.dim)
     cfg = Config(vocab_in=c.vocab_size, vocab_out=c.vocab_size, dim=c.dim,
@@ -82,7 +109,13 @@ def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
                  n_kv_heads=c.n_kv_heads, norm_eps=NORM_EPS)  # type: ignore[call-arg]
     qk = split_half_checkpoint(ck)
 
-    def q4(w: np.ndarray, what: str) -> QMatrix:
+    raw = own_int8(ck) if weights == "int8" else {}
+
+    def q4(w: np.ndarray, what: str, key: tuple[str, int] | None = None) -> Matrix:
+        if weights == "fp32":
+            return F32Matrix(np.ascontiguousarray(w, np.float32))
+        if weights == "int8":
+            return raw[key] if key in raw else quantize_int8(w)
         try:
             return quantize_int4(w, group)
         except ValueError as e:  # a weight too large for an fp16 scale
@@ -90,21 +123,60 @@ def to_weights(ck: Llama2cCheckpoint, group: int | None = None) -> Weights:
 
     layers = []
     for i in range(c.n_layers):
-        def m(name: str, i: int = i) -> QMatrix:
-            return q4(ck.layers[name][i], f"layer {i} {name}")
+        def m(name: str, i: int = i) -> Matrix:
+            return q4(ck.layers[name][i], f"layer {i} {name}", (name, i))
 
         qkv = np.concatenate([qk["wq"][i], qk["wk"][i], ck.layers["wv"][i]])
         layers.append(LayerWeights(
             attn_norm=ck.attention_norm[i].astype(np.float32),
-            qkv=q4(qkv, f"layer {i} wq/wk/wv"), attn_proj=m("wo"),
+            qkv=q4(qkv, f"layer {i} wq/wk/wv", ("qkv", i)), attn_proj=m("wo"),
             ffn_norm=ck.ffn_norm[i].astype(np.float32), gate=m("w1"), up=m("w3"),
             down=m("w2"), ple_gate=None, ple_proj=None,  # type: ignore[arg-type]
             ple_norm=None))  # type: ignore[arg-type]
-    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings, "tok_embeddings"),
+    return Weights(config=cfg, tok_emb=q4(ck.tok_embeddings, "tok_embeddings",
+                                          ("tok_embeddings", 0)),
                    ple_model_proj=None, ple_proj_norm=None,  # type: ignore[arg-type]
                    ple_table=None, layers=layers,  # type: ignore[arg-type]
                    out_norm=ck.norm.astype(np.float32),
-                   head=None if c.shared_classifier else q4(ck.output, "the classifier"))
+                   head=None if c.shared_classifier else q4(ck.output, "the classifier",
+                                                            ("the classifier", 0)))
+
+
+def own_int8(ck: Llama2cCheckpoint) -> dict[tuple[str, int], Q8Matrix]:
+    """A v2 (Q8_0) checkpoint's own int8 codes and scales as the engine's int8
+    matrices, keyed (tensor, layer) like to_weights asks (qkv: wq, wk, wv
+    stacked, q and k rows in the engine's RoPE order), for every tensor whose
+    group the engine takes (quantize.int8_group's rule: a multiple of 32 below
+    the row, or the whole row); the rest are left to quantize_int8. Nothing is
+    requantized: value = code * scale exactly as llama2.c's runq.c reads it."""
+    c, gs = ck.config, ck.group_size
+    out: dict[tuple[str, int], Q8Matrix] = {}
+    if ck.version != 2 or not ck.q80:
+        return out
+
+    def ok(cols: int) -> bool:
+        return gs == cols or (gs < cols and gs % BLOCK_COLS == 0)
+
+    def mat(q: np.ndarray, sc: np.ndarray) -> Q8Matrix:
+        return Q8Matrix(np.ascontiguousarray(q), np.ascontiguousarray(sc, np.float32), gs)
+
+    for key in ("tok_embeddings", "the classifier"):
+        if key in ck.q80 and ok(c.dim):
+            out[(key, 0)] = mat(*ck.q80[key])
+    for name in ("wo", "w1", "w2", "w3"):
+        if name in ck.q80 and ok(ck.q80[name][0].shape[-1]):
+            for i in range(c.n_layers):
+                out[(name, i)] = mat(ck.q80[name][0][i], ck.q80[name][1][i])
+    if all(n in ck.q80 for n in ("wq", "wk", "wv")) and ok(c.dim):
+        oq = rope_row_order(c.head_dim, c.n_heads)
+        ok_ = rope_row_order(c.head_dim, c.n_kv_heads)
+        for i in range(c.n_layers):
+            q = np.concatenate([ck.q80["wq"][0][i][oq], ck.q80["wk"][0][i][ok_],
+                                ck.q80["wv"][0][i]])
+            sc = np.concatenate([ck.q80["wq"][1][i][oq], ck.q80["wk"][1][i][ok_],
+                                 ck.q80["wv"][1][i]])
+            out[("qkv", i)] = mat(q, sc)
+    return out
 
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats.model import QMatrix
+from .formats.model import Q8Matrix, QMatrix
 
 # An all-zero group has max|w| = 0, and max|w|/7 would be a zero scale (the
 # upstream exporter then divides by it and stores NaN). Any positive scale
@@ -55,3 +55,30 @@ def quantize_int4(w: np.ndarray, group: int) -> QMatrix:
     wide = np.repeat(scale, group, axis=1)[:, : w.shape[1]]
     q = np.clip(np.rint(w / wide), -7, 7)
     return QMatrix(q.astype(np.int8), scale.astype(np.float16), group)
+
+
+def int8_group(cols: int) -> int:
+    """The int8 group a matrix of `cols` columns gets: 32 (llama2.c's runq.c
+    scheme at the engine's block width) where cols allows it, else the whole
+    row (one group: the engine's Q8 groups never straddle a 32-column block)."""
+    return 32 if cols % 32 == 0 else cols
+
+
+def quantize_int8(w: np.ndarray, group: int | None = None) -> Q8Matrix:
+    """The int8 Q8Matrix of a float [rows, cols] matrix: per row, per group, the
+    scale is max|w| / 127 in float32 and each code round-half-even(w / scale)
+    (|code| <= 127 by construction); an all-zero group keeps scale 0 (its codes
+    are 0, so its values are exact)."""
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2 or not np.isfinite(w).all():
+        raise ValueError("quantize_int8: expected a finite 2-D matrix")
+    rows, cols = w.shape
+    group = int8_group(cols) if group is None else group
+    ng = -(-cols // group)
+    a = np.zeros((rows, ng * group), np.float32)
+    a[:, :cols] = w
+    g = a.reshape(rows, ng, group)
+    scale = (np.abs(g).max(axis=2) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    q = np.clip(np.rint(g / safe[:, :, None]), -127, 127).astype(np.int8)
+    return Q8Matrix(np.ascontiguousarray(q.reshape(rows, ng * group)[:, :cols]), scale, group)

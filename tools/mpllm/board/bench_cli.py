@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llama2c", type=Path, nargs=2, metavar=("MODEL.bin", "TOKENIZER.bin"),
                    help="with --vs-runc: the llama2.c checkpoint and its tokenizer.bin "
                         "(converted into an image once, cached)")
+    p.add_argument("--weights", choices=("auto", "int4", "int8", "fp32"), default="auto",
+                   help="with --vs-runc: our image's weight format (convert.py --weights; "
+                        "default auto, what convert.py chooses): fp32 beside run.c, int8 "
+                        "beside runq.c")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -246,9 +250,24 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
              f"selftest: {selftest_text}", f"gate: {gate_text}", speed,
              f"per stage (ms/token): {stages}",
              f"heap free: {info.get('heap_free')}; memory: {_memory_summary(res.memory)}",
+             f"weights: {weights_summary(res.config)}",
              f"json: {args.report}"]
     print("\n".join(lines))
     return 0
+
+
+def weights_summary(cfg: dict) -> str:
+    """The model's weight format and the converter's measured choice, from
+    Model.config() (an engine older than the formats reports neither)."""
+    fmt = cfg.get("weights", "int4")
+    choice = cfg.get("weights_choice") or {}
+    if not choice:
+        return f"{fmt} (the converter measured no choice)"
+    figures = {k: v for k, v in choice.items() if k not in ("chosen", "positions")}
+    tried = ", ".join(f"{name} {100 * agree:.1f} % agreement, mean |diff| {diff:.3g}, "
+                      f"{size:,} bytes" for name, (agree, diff, size) in figures.items())
+    return (f"{fmt}, chosen by the converter over {choice['positions']} positions of "
+            f"the fp32 forward ({tried})")
 
 
 def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:
@@ -460,7 +479,7 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
             print(f"bench.py: {path}: no such file", file=sys.stderr)
             return 2
     model_bin, tokenizer_bin = args.llama2c
-    image = converted(model_bin, tokenizer_bin, default_cache_dir())
+    image = converted(model_bin, tokenizer_bin, default_cache_dir(), weights=args.weights)
     from ..checkout import board_module
 
     m = board_module("_llm").Model(str(image))

@@ -4,12 +4,14 @@ the same forward passes, on this machine in the same run.
     python tools/bench.py --board host --vs-runc ./run --llama2c MODEL.bin TOKENIZER.bin
 
 `run.c` is the user's own build of llama2.c's reference program (`make run`
-in a llama2.c checkout: fp32 weights, one core); mpllm does not ship it. Both
+or `make runfast` in a llama2.c checkout: fp32 weights, one core), or its
+`runq.c` (int8 Q8_0, on a v2 checkpoint); mpllm does not ship them. Both
 programs start from BOS plus the prompt's ids (llama2.c's encoding, which our
 tokenizer reproduces) and run `steps` positions one forward pass at a time.
 run.c prints "achieved tok/s" over positions 2..steps (its clock starts after
 the first pass); ours is timed the same way, through `_llm.Model.step` on the
-converted image (int4 weights, the exact engine with every default speed-up).
+converted image (the weight format bench.py --weights asks, by default what
+convert.py chooses; the exact engine with every default speed-up).
 Both are fed the SAME ids: the prompt is a text longer than `steps` tokens, so
 run.c forwards only prompt ids (it would stop early at a BOS of its own
 choosing otherwise) and we feed the same ids; the positions, and so the
@@ -98,8 +100,20 @@ def compare(binary: Path, checkpoint: Path, tokenizer: Path, image: Path, prompt
     for _ in range(repeats):
         runc.append(runc_ms_per_token(binary, checkpoint, tokenizer, steps, prompt))
         ours.append(ours_ms_per_token(image, prompt_ids, steps))
-    return Side("llama2.c run.c (fp32)", min(runc)), Side("mpllm host engine (int4, exact)",
-                                                          min(ours))
+    theirs = "llama2.c runq.c (int8)" if "runq" in binary.name else "llama2.c run.c (fp32)"
+    return Side(theirs, min(runc)), Side(f"mpllm host engine ({_weights(image)}, exact)",
+                                         min(ours))
+
+
+def _weights(image: Path) -> str:
+    """The image's weight format as Model.config() names it."""
+    from ..checkout import board_module
+
+    m = board_module("_llm").Model(str(image))
+    try:
+        return str(m.config().get("weights", "int4"))
+    finally:
+        m.close()
 
 
 def format_comparison(runc: Side, ours: Side, steps: int, repeats: int) -> str:
@@ -108,5 +122,6 @@ def format_comparison(runc: Side, ours: Side, steps: int, repeats: int) -> str:
     lines = [head]
     for s in (runc, ours):
         lines.append(f"  {s.name:<34} {s.ms_per_token:8.3f} ms/token  {s.tok_per_s:9.0f} tok/s")
-    lines.append(f"  mpllm is {runc.ms_per_token / ours.ms_per_token:.2f}x run.c's speed")
+    theirs = "runq.c" if "runq" in runc.name else "run.c"
+    lines.append(f"  mpllm is {runc.ms_per_token / ours.ms_per_token:.2f}x {theirs}'s speed")
     return "\n".join(lines)

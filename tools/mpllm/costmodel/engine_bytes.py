@@ -16,9 +16,8 @@ from .shape import (
     Shape,
     cdiv,
     matrices,
-    n_groups,
+    matrix_row_bytes,
     ple_record_bytes,
-    q4_row_bytes,
 )
 
 __all__ = [
@@ -50,10 +49,9 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     for m in matrices(s):
         if m.name == "head" or not weights:  # weights: once per pass (several prompt tokens)
             continue
-        b = m.rows * q4_row_bytes(m.cols) + m.rows * n_groups(m.cols, s.group) * 4
-        out[m.stage][pl["core"]] += b * m.per_token
+        out[m.stage][pl["core"]] += m.rows * matrix_row_bytes(s, m.cols) * m.per_token
     d, L = s.dim, s.n_layers
-    out["embed"]["flash"] += q4_row_bytes(d) + n_groups(d, s.group) * 4  # embedding row
+    out["embed"]["flash"] += matrix_row_bytes(s, d)  # embedding row
     out["embed"]["flash"] += ple_record_bytes(s)
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
     # K rows as floats, V rows as int16 dots + the position's scale (engine.c
@@ -90,7 +88,7 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
     pl = {"head": "bulk", "ids": "bulk", "tiles": "fast", "logits": "bulk"}
     pl.update(placement or {})
     out = dict.fromkeys(REGIONS, 0.0)
-    rb = q4_row_bytes(s.dim) + 4 * n_groups(s.dim, s.group)
+    rb = matrix_row_bytes(s, s.dim)
     if mode == "dense":
         rows = float(s.vocab_out) if rows is None else rows
         out[pl["logits"]] += s.vocab_out * 2 * 4

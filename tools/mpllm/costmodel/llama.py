@@ -51,7 +51,14 @@ from .s3 import (
     TILE_ROWS,
     python_loop_s,
 )
-from .shape import MODEL_STAGES, Shape, cdiv, n_groups, q4_row_bytes, story_positions
+from .shape import (
+    MODEL_STAGES,
+    Shape,
+    cdiv,
+    matrix_row_bytes,
+    one_group_a_row,
+    story_positions,
+)
 from .sram import (
     CANDIDATES_BYTES,
     ENGINE_STRUCT_BYTES,
@@ -167,8 +174,7 @@ def _a64(n: int) -> int:
     return cdiv(n, 64) * 64
 
 
-def _one_group_a_row(s: Shape) -> bool:
-    return n_groups(s.dim, s.group) == 1
+_one_group_a_row = one_group_a_row
 
 
 def v_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
@@ -193,11 +199,10 @@ def engine_blocks(s: Shape, *, certified: bool,
     v_rows_can_widen), so V floats are placed at open beside the dots."""
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
-    rb = q4_row_bytes(d)
     cp = cdiv(d, 32) * 32
     cert = certified and _one_group_a_row(s)
     out: list[tuple[str, int, str, str]] = [("engine", ENGINE_STRUCT_BYTES, "fast", "required")]
-    out.append(("head", V * (rb + 4 * n_groups(d, s.group)), "bulk", "matrix"))
+    out.append(("head", V * matrix_row_bytes(s, d), "bulk", "matrix"))
     if cert:
         nt = s.n_tiles
         out.append(("head_ids", _a16(2 * V), "bulk", "optional"))
@@ -207,6 +212,10 @@ def engine_blocks(s: Shape, *, certified: bool,
     floats = (4 * _a16(d) + _a16(d + 2 * kvd) + 2 * _a16(widest) + 2 * _a16(L * s.ple_dim)
               + _a16(s.n_heads * S) + 2 * _a16(s.n_heads))
     col = 4 * floats + cdiv(widest, 32) * 32 + _a16(cp)
+    if s.weights == "int8":  # the int8-in-groups inputs and their scales (col_needs)
+        col += cdiv(widest, 32) * 32 + _a16(cdiv(widest, 32) * 4) + _a16(cp) + _a16(cp // 32 * 4)
+    elif s.weights == "fp32":  # the fp32 head input's own copy
+        col += _a16(4 * d)
     nt, tile_rows = (s.n_tiles, TILE_ROWS) if cert else (0, 0)
     scratch = head_scratch_bytes(s, certified=cert)
     out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
@@ -343,6 +352,24 @@ def opening_context(s: Shape, board: Board, *, certified: bool = False) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def where_it_lives(s: Shape, board: Board, *, certified: bool = False) -> str:
+    """One line: the context Model() opens `s` with on `board` with no context
+    asked (default_context) and where the core matrices, the head and the KV
+    cache go there (placement), or that it does not open."""
+    fits, opens = fitting_context(s, board, certified=certified), \
+        opening_context(s, board, certified=certified)
+    if opens == 0:
+        return "does not open"
+    ctx = s.seq_len if placement(s, board, certified=certified)["opens"] and fits == s.seq_len \
+        else default_context(s, fits, opens)
+    p = placement(dataclasses.replace(s, seq_len=ctx), board, certified=certified)
+    core = set(core_matrix_bytes(s))
+    tiers = sorted({str(b["region"]) for b in p["blocks"]  # type: ignore[attr-defined]
+                    if b["name"] in core})
+    return (f"context {ctx}: core {'+'.join(tiers)}, head {_region_of(p, 'head')}, "
+            f"KV {_region_of(p, 'kv_cache')}")
 
 
 #: the contexts whose internal-SRAM needs a report lists for a board without PSRAM

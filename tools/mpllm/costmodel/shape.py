@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from ..formats.drafts_table import MAX_DRAFT
 from ..formats.image import q4_row_bytes  # re-exported: the image layout's one definition
-from ..formats.model import AttentionGeometry
+from ..formats.model import WEIGHT_FORMATS, AttentionGeometry
+from ..quantize import int8_group
 from .s3 import TILE_ROWS
 
 __all__ = [
@@ -28,7 +29,9 @@ __all__ = [
     "Shape",
     "lines_touched",
     "matrices",
+    "matrix_row_bytes",
     "n_groups",
+    "one_group_a_row",
     "ple_record_bytes",
     "q4_row_bytes",
     "story_positions",
@@ -66,12 +69,17 @@ class Shape(AttentionGeometry):
     seq_len: int = 256
     group: int = 128
     n_kv_heads: int = 0
+    #: the image's weight format (formats.model.WEIGHT_FORMATS): every matrix
+    #: int4 (groups of `group`), int8 (quantize.int8_group) or fp32
+    weights: str = "int4"
 
     def __post_init__(self) -> None:
         if self.n_kv_heads == 0:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads {self.n_kv_heads} must divide n_heads {self.n_heads}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights {self.weights!r}: one of {', '.join(WEIGHT_FORMATS)}")
 
     @property
     def has_ple(self) -> bool:
@@ -88,7 +96,8 @@ class Shape(AttentionGeometry):
                    n_heads=int(cfg["n_heads"]), ffn=int(cfg["ffn"]),
                    ple_dim=int(cfg["ple_dim"]), vocab_out=int(cfg["vocab_out"]),
                    seq_len=int(cfg["seq_len"]), group=int(cfg["group"]),
-                   n_kv_heads=int(cfg.get("n_kv_heads", 0)))
+                   n_kv_heads=int(cfg.get("n_kv_heads", 0)),
+                   weights=str(cfg.get("weights", "int4")))
 
 
 RELEASE = Shape()
@@ -127,6 +136,23 @@ def cdiv(a: float, b: int) -> int:
 
 def n_groups(cols: int, group: int) -> int:
     return cdiv(cols, group)
+
+
+def matrix_row_bytes(s: Shape, cols: int) -> int:
+    """Bytes one staged row of a `cols`-column matrix occupies in s's weight
+    format, its scales included (image_format.h: int4 nibbles + an f32 per
+    group; int8 codes padded to 32 + an f32 per group; fp32 padded to 4)."""
+    if s.weights == "fp32":
+        return 4 * cdiv(cols, 4) * 4
+    if s.weights == "int8":
+        return cdiv(cols, 32) * 32 + 4 * n_groups(cols, int8_group(cols))
+    return q4_row_bytes(cols) + 4 * n_groups(cols, s.group)
+
+
+def one_group_a_row(s: Shape) -> bool:
+    """Whether the head rows are one int4 scale group: what the certified head
+    and V cached as int16 dots need (only int4 matrices have either)."""
+    return s.weights == "int4" and n_groups(s.dim, s.group) == 1
 
 
 def ple_record_bytes(s: Shape) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import QMatrix
+from .model import Matrix, QMatrix
 
 #: Rows per tile (the release head's 25,353 rows make 199 tiles).
 TILE_ROWS = 128
@@ -74,8 +74,10 @@ def _weights(head: QMatrix) -> np.ndarray:
     return head.dequantize().astype(np.float64)
 
 
-def certifiable(head: QMatrix) -> str | None:
+def certifiable(head: Matrix) -> str | None:
     """None when a certificate can be built, else why not."""
+    if not isinstance(head, QMatrix):
+        return "an int8/fp32 head (the certificate bounds int4 codes)"
     if head.n_groups != 1:
         return f"{head.n_groups} scale groups per row (the certificate needs one)"
     if head.rows > MAX_ROWS:

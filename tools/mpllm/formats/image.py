@@ -40,7 +40,10 @@ from .model import (
     LAYER_FIELDS,
     PLE_LAYER_FIELDS,
     Config,
+    F32Matrix,
     LayerWeights,
+    Matrix,
+    Q8Matrix,
     QMatrix,
     Weights,
     layer_fields,
@@ -48,7 +51,7 @@ from .model import (
 
 # ---- constants of native/engine/image_format.h (the spec) ------------------ #
 MAGIC = b"MPLLMIMG"
-VERSION = 4
+VERSION = 5
 ARCH_ESP32AI = 0
 ARCH_LLAMA = 1
 HEADER_BYTES = 128
@@ -65,6 +68,10 @@ KIND_ROWS = 3
 KIND_TOKENIZER = 4
 KIND_HEAD_TILES = 5
 KIND_DRAFTS = 6
+KIND_Q8 = 7
+KIND_F32M = 8
+KIND_WEIGHTS = 9
+WEIGHTS_MAX_TRIED = 3
 Q4_HEADER_BYTES = 16
 PAD_CODE = 8  # offset-binary code of the value 0
 # llm_image_header: magic, 16 x u32 (version .. group), f32 rope_theta, u32 eot_id,
@@ -72,6 +79,8 @@ PAD_CODE = 8  # offset-binary code of the value 0
 HEADER = struct.Struct("<8s16IfI32s2IfI")
 SECTION = struct.Struct(f"<{NAME_BYTES}s4I")
 Q4_HEADER = struct.Struct("<4I")
+WEIGHTS_HEADER = struct.Struct("<4I")  # chosen, n_tried, positions, reserved
+WEIGHTS_TRIED = struct.Struct("<I2fI")  # kind, agreement, mean_abs_diff, bytes
 HEADER_CRC_OFFSET = 8 + 4 * 4  # after magic, version, header_bytes, file_bytes, n_sections
 # ----------------------------------------------------------------------------- #
 
@@ -83,7 +92,71 @@ ARCHS = {family: arch for arch, family in enumerate(FAMILIES)}
 assert ARCHS == {"esp32ai": ARCH_ESP32AI, "llama2c": ARCH_LLAMA}
 
 KIND_NAMES = {KIND_F32: "f32", KIND_Q4: "q4", KIND_ROWS: "rows", KIND_TOKENIZER: "tokenizer",
-              KIND_HEAD_TILES: "head_tiles", KIND_DRAFTS: "drafts"}
+              KIND_HEAD_TILES: "head_tiles", KIND_DRAFTS: "drafts", KIND_Q8: "q8",
+              KIND_F32M: "f32m", KIND_WEIGHTS: "weights"}
+#: the matrix kinds and the --weights names of their formats
+MATRIX_KINDS = {KIND_Q4: "int4", KIND_Q8: "int8", KIND_F32M: "fp32"}
+#: sections whose format the converter chooses per tensor (llama2c images only)
+CHOSEN_FIELDS = ("qkv", "attn_proj", "gate", "up", "down")
+
+
+def matrix_kind(m: Matrix) -> int:
+    """The section kind of a matrix (image_format.h)."""
+    return KIND_Q8 if isinstance(m, Q8Matrix) else KIND_F32M if isinstance(m, F32Matrix) \
+        else KIND_Q4
+
+
+@dataclass(frozen=True)
+class TriedFormat:
+    """One format the converter measured (a KIND_WEIGHTS record)."""
+
+    kind: int  # KIND_Q4 / KIND_Q8 / KIND_F32M
+    agreement: float  # teacher-forced greedy agreement with the fp32 forward, 0..1
+    mean_abs_diff: float  # mean |logit difference|
+    bytes: int  # the whole image in that format
+
+    @property
+    def name(self) -> str:
+        return MATRIX_KINDS[self.kind]
+
+
+@dataclass(frozen=True)
+class WeightsChoice:
+    """The "weights" section: the format the converter chose and what it measured
+    (chosen 0 and nothing tried: no measurement)."""
+
+    chosen: int = 0
+    positions: int = 0
+    tried: tuple[TriedFormat, ...] = ()
+
+    def pack(self) -> bytes:
+        if len(self.tried) > WEIGHTS_MAX_TRIED or (self.chosen == 0) != (not self.tried):
+            raise ValueError(f"weights choice: chosen {self.chosen} with {len(self.tried)} tried")
+        if self.chosen and self.chosen not in {t.kind for t in self.tried}:
+            raise ValueError("weights choice: the chosen format was not tried")
+        return WEIGHTS_HEADER.pack(self.chosen, len(self.tried), self.positions, 0) + b"".join(
+            WEIGHTS_TRIED.pack(t.kind, t.agreement, t.mean_abs_diff, t.bytes) for t in self.tried)
+
+    @classmethod
+    def unpack(cls, p: bytes | memoryview) -> WeightsChoice:
+        if len(p) < WEIGHTS_HEADER.size:
+            raise ImageFormatError(f"section 'weights': {len(p)} bytes, too short for its header")
+        chosen, n, positions, reserved = WEIGHTS_HEADER.unpack_from(p, 0)
+        if n > WEIGHTS_MAX_TRIED or (chosen == 0) != (n == 0) or reserved:
+            raise ImageFormatError(f"section 'weights': chosen {chosen} with {n} formats tried")
+        if len(p) != WEIGHTS_HEADER.size + n * WEIGHTS_TRIED.size:
+            raise ImageFormatError(f"section 'weights': {len(p)} bytes for {n} records")
+        tried = []
+        for k in range(n):
+            kind, agree, diff, size = WEIGHTS_TRIED.unpack_from(p, WEIGHTS_HEADER.size + 16 * k)
+            if kind not in MATRIX_KINDS or kind in {t.kind for t in tried}:
+                raise ImageFormatError(f"section 'weights': record {k} names kind {kind}")
+            if not (np.isfinite(agree) and np.isfinite(diff)):
+                raise ImageFormatError(f"section 'weights': record {k} is NaN or Inf")
+            tried.append(TriedFormat(kind, float(agree), float(diff), size))
+        if chosen and chosen not in {t.kind for t in tried}:
+            raise ImageFormatError(f"section 'weights': the chosen kind {chosen} was not tried")
+        return cls(chosen, positions, tuple(tried))
 
 
 class ImageFormatError(ValueError):
@@ -153,6 +226,7 @@ class Image:
     sections: list[Section]
     head_tiles: tiles_mod.HeadTiles
     drafts: drafts_table.DraftsTable
+    weights_choice: WeightsChoice
 
 
 # --------------------------------------------------------------------------- #
@@ -165,7 +239,9 @@ def align_up(n: int, a: int = ALIGN) -> int:
 
 def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
     """(name, kind, (rows, cols)) in file order; F32 shapes are (1, n). A family
-    without PLE (llama2c) has no PLE sections."""
+    without PLE (llama2c) has no PLE sections. Matrices are listed as KIND_Q4;
+    a llama2c image's embed, head and CHOSEN_FIELDS may be KIND_Q8 or KIND_F32M
+    instead (`may_be_wide`)."""
     d, lp = cfg.dim, cfg.n_layers * cfg.ple_dim
     plan: list[tuple[str, int, tuple[int, int]]] = [
         ("tokenizer", KIND_TOKENIZER, (0, 0)),
@@ -199,7 +275,15 @@ def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
         plan.append(("head", KIND_Q4, (cfg.vocab_out, d)))
     plan.append(("head_tiles", KIND_HEAD_TILES, (cfg.vocab_out, d)))
     plan.append(("drafts", KIND_DRAFTS, (cfg.vocab_out, 0)))
+    plan.append(("weights", KIND_WEIGHTS, (0, 0)))
     return plan
+
+
+def may_be_wide(cfg: Config, name: str) -> bool:
+    """Whether section `name` may hold an int8 or fp32 matrix (image_format.h)."""
+    if cfg.has_ple:
+        return False
+    return name in ("embed", "head") or name.partition(".")[2] in CHOSEN_FIELDS
 
 
 def q4_row_bytes(cols: int) -> int:
@@ -212,6 +296,23 @@ def rows_row_bytes(cols: int, group: int) -> int:
 
 def q4_size(rows: int, cols: int, group: int) -> int:
     return Q4_HEADER_BYTES + rows * q4_row_bytes(cols) + rows * (-(-cols // group)) * 4
+
+
+def q8_size(rows: int, cols: int, group: int) -> int:
+    return Q4_HEADER_BYTES + rows * align_up(cols, BLOCK_COLS) + rows * (-(-cols // group)) * 4
+
+
+def f32m_size(rows: int, cols: int) -> int:
+    return Q4_HEADER_BYTES + rows * 4 * align_up(cols, 4)
+
+
+def matrix_size(m: Matrix, group: int) -> int:
+    """Payload bytes of a matrix section (`group`: the image's, for int4)."""
+    if isinstance(m, Q8Matrix):
+        return q8_size(m.rows, m.cols, m.group)
+    if isinstance(m, F32Matrix):
+        return f32m_size(m.rows, m.cols)
+    return q4_size(m.rows, m.cols, group)
 
 
 def rows_size(rows: int, cols: int, group: int) -> int:
@@ -302,6 +403,88 @@ def unpack_q4(payload: bytes | memoryview, what: str = "q4") -> QMatrix:
     return QMatrix(q.astype(np.int8), scales, group)
 
 
+def check_q8_group(cols: int, group: int, what: str, err: type[ValueError] = ValueError) -> None:
+    """A KIND_Q8 group: a multiple of 32 below cols, or cols (one group per row)."""
+    if group != cols and not (0 < group < cols and group % BLOCK_COLS == 0):
+        raise err(f"{what}: int8 group {group}; the engine takes cols ({cols}) or a multiple "
+                  f"of {BLOCK_COLS} below it")
+
+
+def pack_q8(m: Q8Matrix, what: str = "matrix") -> bytes:
+    """A whole KIND_Q8 payload: header, int8 codes (rows padded to 32), f32 scales."""
+    check_q8_group(m.cols, m.group, what)
+    if m.q.dtype != np.int8 or m.scales.shape != (m.rows, m.n_groups):
+        raise ValueError(f"{what}: want int8 q and f32 scales [{m.rows}, {m.n_groups}]")
+    if not np.isfinite(m.scales).all():
+        raise ValueError(f"{what}: non-finite scales")
+    padded = align_up(m.cols, BLOCK_COLS)
+    codes = np.zeros((m.rows, padded), np.int8)
+    codes[:, :m.cols] = m.q
+    return b"".join((Q4_HEADER.pack(m.rows, m.cols, m.group, padded), codes.tobytes(),
+                     np.ascontiguousarray(m.scales, "<f4").tobytes()))
+
+
+def unpack_q8(payload: bytes | memoryview, what: str = "q8") -> Q8Matrix:
+    """Inverse of pack_q8; checks sizes, zero padding and finite scales."""
+    payload = memoryview(payload)
+    rows, cols, group, row_bytes = _q4_header(payload, what, "q8")
+    check_q8_group(cols, group, f"section {what}", ImageFormatError)
+    if row_bytes != align_up(cols, BLOCK_COLS):
+        raise ImageFormatError(f"section {what}: row_bytes {row_bytes}, expected "
+                               f"{align_up(cols, BLOCK_COLS)}")
+    ng = -(-cols // group) if cols else 0
+    if len(payload) != q8_size(rows, cols, group if cols else 1):
+        raise ImageFormatError(f"section {what}: {len(payload)} bytes, a [{rows}, {cols}] "
+                               f"q8 matrix with group {group} needs {q8_size(rows, cols, group)}")
+    codes = np.frombuffer(payload, np.int8, rows * row_bytes, Q4_HEADER_BYTES)
+    codes = codes.reshape(rows, row_bytes)
+    if (codes[:, cols:] != 0).any():
+        raise ImageFormatError(f"section {what}: padding columns must be 0")
+    sc = np.frombuffer(payload, "<f4", rows * ng, Q4_HEADER_BYTES + rows * row_bytes)
+    sc = sc.reshape(rows, ng).astype(np.float32)
+    if not np.isfinite(sc).all():
+        raise ImageFormatError(f"section {what}: non-finite scale")
+    return Q8Matrix(np.ascontiguousarray(codes[:, :cols]), sc, group)
+
+
+def pack_f32m(m: F32Matrix, what: str = "matrix") -> bytes:
+    """A whole KIND_F32M payload: header (group = cols), f32 rows padded to 4."""
+    if not np.isfinite(m.w).all():
+        raise ValueError(f"{what}: non-finite values")
+    padded = align_up(m.cols, 4)
+    w = np.zeros((m.rows, padded), "<f4")
+    w[:, :m.cols] = m.w
+    return Q4_HEADER.pack(m.rows, m.cols, m.cols, 4 * padded) + w.tobytes()
+
+
+def unpack_f32m(payload: bytes | memoryview, what: str = "f32m") -> F32Matrix:
+    """Inverse of pack_f32m; checks sizes, zero padding and finite values."""
+    payload = memoryview(payload)
+    rows, cols, group, row_bytes = _q4_header(payload, what, "f32m")
+    if group != cols or row_bytes != 4 * align_up(cols, 4):
+        raise ImageFormatError(f"section {what}: group {group}, row_bytes {row_bytes}; the "
+                               f"layout needs {cols} and {4 * align_up(cols, 4)}")
+    if len(payload) != f32m_size(rows, cols):
+        raise ImageFormatError(f"section {what}: {len(payload)} bytes, a [{rows}, {cols}] "
+                               f"f32 matrix needs {f32m_size(rows, cols)}")
+    w = np.frombuffer(payload, "<f4", rows * row_bytes // 4, Q4_HEADER_BYTES)
+    w = w.reshape(rows, row_bytes // 4).astype(np.float32)
+    if not np.isfinite(w).all():
+        raise ImageFormatError(f"section {what}: non-finite values")
+    if (w[:, cols:] != 0).any():
+        raise ImageFormatError(f"section {what}: padding columns must be 0")
+    return F32Matrix(np.ascontiguousarray(w[:, :cols]))
+
+
+def pack_matrix(m: Matrix, what: str = "matrix") -> bytes:
+    """A matrix section's payload in its own kind."""
+    if isinstance(m, Q8Matrix):
+        return pack_q8(m, what)
+    if isinstance(m, F32Matrix):
+        return pack_f32m(m, what)
+    return pack_q4(m, what)
+
+
 def pack_rows(m: QMatrix, what: str = "rows") -> bytes:
     """A whole KIND_ROWS payload: q4 header, then one record per row (codes, fp16 scales)."""
     _check_q(m, what)
@@ -349,13 +532,13 @@ def unpack_rows(payload: bytes | memoryview, what: str = "rows") -> QMatrix:
 
 def _payloads(
     weights: Weights, tokenizer_section: bytes, rope: np.ndarray, tiles_payload: bytes,
-    drafts_payload: bytes
+    drafts_payload: bytes, weights_payload: bytes
 ) -> Iterator[tuple[str, int, Callable[[], bytes]]]:
     """(name, kind, producer) in file order; producers pack lazily, one section at a time."""
     w = weights
     yield "tokenizer", KIND_TOKENIZER, lambda: bytes(tokenizer_section)
     yield "rope", KIND_F32, lambda: np.ascontiguousarray(rope, "<f4").tobytes()
-    yield "embed", KIND_Q4, lambda: pack_q4(w.tok_emb, "embed")
+    yield "embed", matrix_kind(w.tok_emb), lambda: pack_matrix(w.tok_emb, "embed")
     if w.config.has_ple:
         assert w.ple_table is not None and w.ple_model_proj is not None
         assert w.ple_proj_norm is not None
@@ -367,24 +550,29 @@ def _payloads(
         for f in layer_fields(w.config):
             t = getattr(layer, f)
             name = f"L{i}.{f}"
-            if isinstance(t, QMatrix):
-                yield name, KIND_Q4, (lambda t=t, name=name: pack_q4(t, name))
+            if isinstance(t, (QMatrix, Q8Matrix, F32Matrix)):
+                yield name, matrix_kind(t), (lambda t=t, name=name: pack_matrix(t, name))
             else:
                 yield name, KIND_F32, (lambda t=t: _f32(t))
     yield "out_norm", KIND_F32, lambda: _f32(w.out_norm)
     if not w.config.tied_head:
         assert w.head is not None
-        yield "head", KIND_Q4, lambda: pack_q4(w.head, "head")
+        head = w.head
+        yield "head", matrix_kind(head), lambda: pack_matrix(head, "head")
     yield "head_tiles", KIND_HEAD_TILES, lambda: tiles_payload
     yield "drafts", KIND_DRAFTS, lambda: drafts_payload
+    yield "weights", KIND_WEIGHTS, lambda: weights_payload
 
 
 def _f32(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, "<f4").tobytes()
 
 
-def _planned_size(kind: int, shape: tuple[int, int], group: int, tok_len: int) -> int:
+def _planned_size(kind: int, shape: tuple[int, int], group: int, tok_len: int,
+                  tensor: object) -> int:
     rows, cols = shape
+    if isinstance(tensor, (QMatrix, Q8Matrix, F32Matrix)) and kind == KIND_Q4:
+        return matrix_size(tensor, group)
     if kind == KIND_TOKENIZER:
         return tok_len
     if kind == KIND_F32:
@@ -394,14 +582,9 @@ def _planned_size(kind: int, shape: tuple[int, int], group: int, tok_len: int) -
     return rows_size(rows, cols, group)
 
 
-def _check_weights(weights: Weights) -> None:
-    cfg = weights.config
-    validate_config(cfg)
-    if len(weights.layers) != cfg.n_layers:
-        raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
-    if cfg.tied_head != (weights.head is None):
-        raise ValueError("config.tied_head must be True exactly when weights.head is None")
-    got = {
+def _tensors(weights: Weights) -> dict[str, object]:
+    """Every tensor of `weights` by section name (None where the family has none)."""
+    got: dict[str, object] = {
         "embed": weights.tok_emb, "ple_rows": weights.ple_table,
         "ple_model_proj": weights.ple_model_proj, "ple_proj_norm": weights.ple_proj_norm,
         "out_norm": weights.out_norm, "head": weights.head,
@@ -409,6 +592,17 @@ def _check_weights(weights: Weights) -> None:
     for i, layer in enumerate(weights.layers):
         for f in LAYER_FIELDS:
             got[f"L{i}.{f}"] = getattr(layer, f)
+    return got
+
+
+def _check_weights(weights: Weights) -> None:
+    cfg = weights.config
+    validate_config(cfg)
+    if len(weights.layers) != cfg.n_layers:
+        raise ValueError(f"{len(weights.layers)} layers, config says {cfg.n_layers}")
+    if cfg.tied_head != (weights.head is None):
+        raise ValueError("config.tied_head must be True exactly when weights.head is None")
+    got = _tensors(weights)
     if not cfg.has_ple:
         extra = [n for n in ("ple_rows", "ple_model_proj", "ple_proj_norm") if got[n] is not None]
         extra += [f"L{i}.{f}" for i in range(cfg.n_layers) for f in PLE_LAYER_FIELDS
@@ -417,8 +611,17 @@ def _check_weights(weights: Weights) -> None:
             raise ValueError(f"{extra[0]}: a {cfg.family} model has no PLE, the weights must "
                              f"hold None there")
     for name, kind, (rows, cols) in section_plan(cfg)[2:]:
-        if kind in (KIND_HEAD_TILES, KIND_DRAFTS):
+        if kind in (KIND_HEAD_TILES, KIND_DRAFTS, KIND_WEIGHTS):
             continue  # built from the head by write_image / given to it
+        t = got[name]
+        if isinstance(t, (Q8Matrix, F32Matrix)):
+            if not may_be_wide(cfg, name):
+                raise ValueError(f"{name}: a {cfg.family} image holds this matrix as int4 only")
+            if (t.rows, t.cols) != (rows, cols):
+                raise ValueError(f"{name}: shape {(t.rows, t.cols)}, expected {(rows, cols)}")
+            if isinstance(t, Q8Matrix):
+                check_q8_group(cols, t.group, name)
+            continue
         t = got[name]
         if kind == KIND_F32:
             if np.shape(t) != (cols,):
@@ -443,13 +646,16 @@ def write_image(
     progress: Callable[[str, int, int], None] | None = None,
     tile_rows: int = tiles_mod.TILE_ROWS,
     drafts: drafts_table.DraftsTable | None = None,
+    weights_choice: WeightsChoice | None = None,
 ) -> ImageReport:
     """Write `weights` as an image. The caller has already chosen which rows to keep:
     weights.config.vocab_in becomes vocab_rows (>= vocab_out). vocab_in_source defaults
     to vocab_rows. progress(section_name, bytes_done, bytes_total) is called after each
     section. The file appears only when complete (temp file + rename). tile_rows sets the
     certified head's tiles (0: no certificate; the engine then scores every row).
-    drafts: the n-gram drafter's table (default: an empty one, no drafting)."""
+    drafts: the n-gram drafter's table (default: an empty one, no drafting).
+    weights_choice: the converter's format choice and its figures (default: none).
+    Only an int4 head gets a certificate (the engine's boxes bound int4 codes)."""
     _check_weights(weights)
     cfg = weights.config
     vin_src = cfg.vocab_in if vocab_in_source is None else vocab_in_source
@@ -470,7 +676,9 @@ def write_image(
 
     head = weights.tok_emb.take_rows(cfg.vocab_out) if cfg.tied_head else weights.head
     assert head is not None
-    tiles_payload = tiles_mod.pack(tiles_mod.build(head, tile_rows))
+    tiles_payload = tiles_mod.pack(tiles_mod.build(head, tile_rows if isinstance(head, QMatrix)
+                                                   else 0))
+    weights_payload = (weights_choice or WeightsChoice()).pack()
     drafts_payload = drafts_table.EMPTY if drafts is None else drafts.pack()
     if drafts is not None:
         drafts_table.DraftsTable.unpack(drafts_payload, cfg.vocab_out)  # ids in range, order
@@ -480,11 +688,13 @@ def write_image(
                          f"{MAX_SECTIONS}")
     offsets, sizes = [], []
     pos = align_up(HEADER_BYTES + SECTION_BYTES * len(plan))
-    for _name, kind, shape in plan:
+    tensors = _tensors(weights)
+    for name, kind, shape in plan:
         pos = align_up(pos)
         size = (len(tiles_payload) if kind == KIND_HEAD_TILES
                 else len(drafts_payload) if kind == KIND_DRAFTS
-                else _planned_size(kind, shape, cfg.group, len(tok)))
+                else len(weights_payload) if kind == KIND_WEIGHTS
+                else _planned_size(kind, shape, cfg.group, len(tok), tensors.get(name)))
         offsets.append(pos)
         sizes.append(size)
         pos += size
@@ -497,7 +707,8 @@ def write_image(
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(bytes(offsets[0]))  # header + table, rewritten at the end
         for (name, kind, produce), off, size in zip(
-                _payloads(weights, tok, rope, tiles_payload, drafts_payload), offsets, sizes):
+                _payloads(weights, tok, rope, tiles_payload, drafts_payload, weights_payload),
+                offsets, sizes):
             f.write(bytes(off - f.tell()))  # zero alignment padding
             data = produce()
             if len(data) != size:
@@ -618,7 +829,8 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
         if s.name != name:
             raise ImageFormatError(f"section {i} is {s.name!r}, expected {name!r}: sections "
                                    f"must appear in image_format.h's order")
-        if s.kind != kind:
+        wide = kind == KIND_Q4 and s.kind in (KIND_Q8, KIND_F32M)
+        if s.kind != kind and not (wide and may_be_wide(header.config, name)):
             raise ImageFormatError(f"section {name!r} has kind {s.kind}, expected {kind} "
                                    f"({KIND_NAMES[kind]})")
         if s.offset % ALIGN:
@@ -665,9 +877,18 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
     plan = section_plan(cfg)
 
     tensors: dict[str, object] = {}
+    kinds = {s.name: s.kind for s in sections}
     for name, kind, (rows, cols) in plan:
         p = payload[name]
-        if kind == KIND_HEAD_TILES:
+        if kinds[name] in (KIND_Q8, KIND_F32M):
+            wm = unpack_q8(p, name) if kinds[name] == KIND_Q8 else unpack_f32m(p, name)
+            if (wm.rows, wm.cols) != (rows, cols):
+                raise ImageFormatError(f"section {name!r}: [{wm.rows}, {wm.cols}], the header's "
+                                       f"config needs [{rows}, {cols}]")
+            tensors[name] = wm
+        elif kind == KIND_WEIGHTS:
+            tensors[name] = WeightsChoice.unpack(p)
+        elif kind == KIND_HEAD_TILES:
             try:
                 tensors[name] = tiles_mod.unpack(p, name)
             except tiles_mod.HeadTilesError as e:
@@ -708,9 +929,15 @@ def read_image(source: str | os.PathLike[str] | bytes | bytearray | memoryview) 
     assert head is not None
     tiles = tensors["head_tiles"]
     assert isinstance(tiles, tiles_mod.HeadTiles)
-    problem = tiles_mod.check(tiles, head)
-    if problem is not None:
-        raise ImageFormatError(f"section 'head_tiles': {problem}")
+    if not isinstance(head, QMatrix):
+        if tiles.n_tiles:
+            raise ImageFormatError("section 'head_tiles': a certificate for an int8/fp32 head "
+                                   "(only int4 heads are certified)")
+    else:
+        problem = tiles_mod.check(tiles, head)
+        if problem is not None:
+            raise ImageFormatError(f"section 'head_tiles': {problem}")
     return Image(header=header, config=cfg, weights=weights, rope=tensors["rope"],
                  tokenizer_section=bytes(payload["tokenizer"]), sections=sections,
-                 head_tiles=tiles, drafts=tensors["drafts"])  # type: ignore[arg-type]
+                 head_tiles=tiles, drafts=tensors["drafts"],  # type: ignore[arg-type]
+                 weights_choice=tensors["weights"])  # type: ignore[arg-type]

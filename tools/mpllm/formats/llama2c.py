@@ -177,6 +177,11 @@ class Llama2cCheckpoint:
     layers: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [n_layers, out, in]
     classifier: np.ndarray | None = None  # [vocab, dim]; None when shared
     group_size: int = 0  # v2 only
+    #: v2 only: each tensor's own Q8_0 codes and scales, (int8 [..., rows, cols],
+    #: f32 [..., rows, cols // group_size]), where its groups lie within rows
+    #: (cols % group_size == 0); keys "tok_embeddings", "the classifier", and the
+    #: layer matrices' names ("wq", ...) stacked over layers
+    q80: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def output(self) -> np.ndarray:
@@ -348,13 +353,20 @@ class _Reader:
     def f32(self, shape: tuple[int, ...], what: str) -> np.ndarray:
         return self.take("<f4", int(np.prod(shape)), what).reshape(shape).astype(np.float32)
 
-    def q80(self, shape: tuple[int, ...], group: int, what: str) -> np.ndarray:
+    def q80(self, shape: tuple[int, ...], group: int, what: str,
+            raw: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
+        """The tensor as float32; its codes and scales appended to `raw` when its
+        groups lie within rows."""
         n = int(np.prod(shape))
         if n % group:
             raise CheckpointError(f"{self.where}: {what} has {n} values, not a multiple of "
                                   f"the group size {group}")
-        q = self.take("<i1", n, what).astype(np.float32)
+        codes = self.take("<i1", n, what)
         scales = self.take("<f4", n // group, f"{what} scales")
+        if raw is not None and shape[-1] % group == 0:
+            raw.append((codes.reshape(shape).copy(),
+                        scales.reshape(*shape[:-1], shape[-1] // group).astype(np.float32)))
+        q = codes.astype(np.float32)
         with np.errstate(over="ignore"):  # (said below in one line, not as numpy's warning)
             w = (q.reshape(-1, group) * scales[:, None]).astype(np.float32)
         if not np.isfinite(w).all():
@@ -381,16 +393,23 @@ def read_checkpoint(data: bytes, where: str = "model.bin") -> Llama2cCheckpoint:
         ffn_norm = r.f32((L, d), "ffn_norm")
         norm = r.f32((d,), "the final norm")
 
-        def tensor(shape: tuple[int, ...], what: str) -> np.ndarray:
-            return r.f32(shape, what) if version == 1 else r.q80(shape, group, what)
+        raws: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
 
-        emb = tensor((cfg.vocab_size, d), "tok_embeddings")
-        layers = {name: np.stack([tensor(cfg.matrix_shape(name), f"layer {layer} {name}")
+        def tensor(shape: tuple[int, ...], what: str, key: str) -> np.ndarray:
+            if version == 1:
+                return r.f32(shape, what)
+            return r.q80(shape, group, what, raws.setdefault(key, []))
+
+        emb = tensor((cfg.vocab_size, d), "tok_embeddings", "tok_embeddings")
+        layers = {name: np.stack([tensor(cfg.matrix_shape(name), f"layer {layer} {name}", name)
                                   for layer in range(L)]) for name in LAYER_MATRICES}
-        cls = None if cfg.shared_classifier else tensor((cfg.vocab_size, d), "the classifier")
+        cls = None if cfg.shared_classifier else tensor((cfg.vocab_size, d), "the classifier",
+                                                        "the classifier")
         r.end()
+        q80 = {k: (np.stack([q for q, _ in v]), np.stack([sc for _, sc in v])) if k in
+               LAYER_MATRICES else v[0] for k, v in raws.items() if v}
         return Llama2cCheckpoint(version, cfg, emb, attention_norm, ffn_norm, norm, layers, cls,
-                                 group)
+                                 group, q80)
     r = _Reader(data, _PARAMS.size, where)
     emb = r.f32((cfg.vocab_size, d), "tok_embeddings")
     attention_norm = r.f32((L, d), "attention_norm")

@@ -73,11 +73,13 @@ FAMILIES = ("esp32ai", "llama2c")
 
 
 @dataclass
-class QMatrix:
-    """int4 matrix: q[r, c] in -8..7 (code - 8), one fp16 scale per group."""
+class GroupedMatrix:
+    """Integer codes q [rows, cols] with one scale per group of `group`
+    consecutive columns of a row (the last group may be shorter): value =
+    q * scale. QMatrix and Q8Matrix are its two formats."""
 
     q: np.ndarray  # int8 [rows, cols]
-    scales: np.ndarray  # float16 [rows, n_groups]
+    scales: np.ndarray  # [rows, n_groups]
     group: int
 
     @property
@@ -92,24 +94,72 @@ class QMatrix:
     def n_groups(self) -> int:
         return -(-self.cols // self.group)
 
-    def take_rows(self, n: int) -> QMatrix:
-        return QMatrix(self.q[:n], self.scales[:n], self.group)
+    def take_rows(self, n: int) -> GroupedMatrix:
+        """The first n rows, a matrix of self's own format."""
+        return type(self)(self.q[:n], self.scales[:n], self.group)
 
     def dequantize(self) -> np.ndarray:
-        """float32 [rows, cols], value = q * scale (exact in float32)."""
+        """float32 [rows, cols], value = float(q) * scale: one rounding (exact for
+        int4 codes and fp16 scales), as the engine's row lookup computes it."""
         scale = np.repeat(self.scales.astype(np.float32), self.group, axis=1)[:, : self.cols]
         return self.q.astype(np.float32) * scale
 
 
 @dataclass
+class QMatrix(GroupedMatrix):
+    """int4 matrix: q[r, c] in -8..7 (code - 8), one fp16 scale (float16
+    scales [rows, n_groups]) per group."""
+
+
+@dataclass
+class Q8Matrix(GroupedMatrix):
+    """int8 matrix in groups (Q8_0, llama2.c's runq.c scheme): one f32 scale
+    (float32 scales [rows, n_groups]) per group of `group` columns (== cols:
+    one group per row)."""
+
+
+@dataclass
+class F32Matrix:
+    """fp32 matrix: the checkpoint's own numbers."""
+
+    w: np.ndarray  # float32 [rows, cols]
+
+    @property
+    def rows(self) -> int:
+        return int(self.w.shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.w.shape[1])
+
+    def take_rows(self, n: int) -> F32Matrix:
+        return F32Matrix(self.w[:n])
+
+    def dequantize(self) -> np.ndarray:
+        return np.asarray(self.w, dtype=np.float32)
+
+
+#: a matrix in any of the image's weight formats
+Matrix = QMatrix | Q8Matrix | F32Matrix
+
+#: the --weights names of the formats, smallest first
+WEIGHT_FORMATS = ("int4", "int8", "fp32")
+
+
+def weight_format(m: Matrix) -> str:
+    """The --weights name of a matrix's format."""
+    return "int4" if isinstance(m, QMatrix) else "int8" if isinstance(m, Q8Matrix) else "fp32"
+
+
+@dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # f32 [D]
-    qkv: QMatrix  # [D + 2*kv_dim, D]: q rows, k rows, v rows
-    attn_proj: QMatrix  # [D, D]
+    qkv: Matrix  # [D + 2*kv_dim, D]: q rows, k rows, v rows
+    attn_proj: Matrix  # [D, D]
     ffn_norm: np.ndarray  # f32 [D]
-    gate: QMatrix  # [F, D]
-    up: QMatrix  # [F, D]
-    down: QMatrix  # [D, F]
+    gate: Matrix  # [F, D]
+    up: Matrix  # [F, D]
+    down: Matrix  # [D, F]
     ple_gate: QMatrix | None  # [P, D]; None without PLE (llama2c)
     ple_proj: QMatrix | None  # [D, P]; None without PLE
     ple_norm: np.ndarray | None  # f32 [D]; None without PLE
@@ -140,15 +190,15 @@ def layer_fields(cfg: Config) -> tuple[str, ...]:
 @dataclass
 class Weights:
     config: Config
-    tok_emb: QMatrix  # [vocab_in, D]
+    tok_emb: Matrix  # [vocab_in, D]
     ple_model_proj: QMatrix | None  # [L*P, D]; None without PLE (llama2c)
     ple_proj_norm: np.ndarray | None  # f32 [P]; None without PLE
     ple_table: QMatrix | None  # [vocab_in, L*P]; None without PLE
     layers: list[LayerWeights] = field(default_factory=list)
     out_norm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    head: QMatrix | None = None  # None when tied: first vocab_out rows of tok_emb
+    head: Matrix | None = None  # None when tied: first vocab_out rows of tok_emb
 
-    def output_head(self) -> QMatrix:
+    def output_head(self) -> Matrix:
         if self.head is not None:
             return self.head
         return self.tok_emb.take_rows(self.config.vocab_out)

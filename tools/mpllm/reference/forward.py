@@ -23,15 +23,18 @@ import os
 
 import numpy as np
 
-from ..formats.model import QMatrix, Weights
-from .numerics import QMatvec, expf, gelu, rmsnorm, silu, sum_seq
+from ..formats.model import F32Matrix, Matrix, Weights
+from .numerics import expf, gelu, matvec_of, rmsnorm, silu, sum_seq
 from .sampler import Sampler, greedy
 
 F32 = np.float32
 
 
-def _dequant_row(m: QMatrix, t: int) -> np.ndarray:
-    """One row's values q * scale (exact in float32)."""
+def _dequant_row(m: Matrix, t: int) -> np.ndarray:
+    """One row's values: q * scale (int4: exact in float32; int8: one rounding,
+    as the engine's lookup), or the fp32 values."""
+    if isinstance(m, F32Matrix):
+        return m.w[t].astype(np.float32)
     sc = np.repeat(m.scales[t].astype(np.float32), m.group)[: m.cols]
     return m.q[t].astype(np.float32) * sc
 
@@ -62,11 +65,11 @@ class Reference:
         mats = ("qkv", "attn_proj", "gate", "up", "down")
         if cfg.has_ple:
             assert weights.ple_model_proj is not None
-            self.ple_model_proj = QMatvec.of(weights.ple_model_proj)
+            self.ple_model_proj = matvec_of(weights.ple_model_proj)
             mats += ("ple_gate", "ple_proj")
-        self.layers = [{name: QMatvec.of(getattr(lw, name)) for name in mats}
+        self.layers = [{name: matvec_of(getattr(lw, name)) for name in mats}
                        for lw in weights.layers]
-        self.head = QMatvec.of(weights.output_head())
+        self.head = matvec_of(weights.output_head())
         # constants exactly as the engine precomputes them
         self.inv_sqrt_d = F32(1.0) / np.sqrt(F32(d))
         self.sqrt_p = np.sqrt(F32(cfg.ple_dim))

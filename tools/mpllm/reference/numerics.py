@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.model import QMatrix
+from ..formats.model import F32Matrix, Matrix, Q8Matrix, QMatrix
 
 F32 = np.float32
 
@@ -224,6 +224,27 @@ def quantize_act(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
     return q, F32(xmax / F32(127.0))
 
 
+def _group_codes(q: np.ndarray, ng: int, width: int) -> np.ndarray:
+    """Codes q [rows, cols] as float32 [ng, rows, width], zero-padded columns."""
+    rows, cols = q.shape
+    a = np.zeros((rows, ng * width), dtype=np.float32)
+    a[:, :cols] = q
+    return np.ascontiguousarray(a.reshape(rows, ng, width).transpose(1, 0, 2))
+
+
+def _group_input(xq: np.ndarray, ng: int, width: int) -> np.ndarray:
+    """A quantized input as float32 [ng, width], zero-padded like the codes."""
+    xp = np.zeros(ng * width, dtype=np.float32)
+    xp[: xq.shape[0]] = xq
+    return xp.reshape(ng, width)
+
+
+def _check_x(x: np.ndarray, cols: int) -> np.ndarray:
+    if x.shape != (cols,):
+        raise ValueError(f"matvec: x has shape {x.shape}, matrix has {cols} columns")
+    return x
+
+
 @dataclass
 class QMatvec:
     """llm_matvec_q4 on a QMatrix: quantize x, then the engine's sums, exactly.
@@ -245,19 +266,13 @@ class QMatvec:
         if g * 127 * 8 >= 1 << 24:
             raise ValueError(f"group {g} too large for exact float32 integer dots")
         width = m.cols if ng == 1 else g  # no padding to stream when one group covers a row
-        q = np.zeros((m.rows, ng * width), dtype=np.float32)
-        q[:, : m.cols] = m.q
-        codes = np.ascontiguousarray(q.reshape(m.rows, ng, width).transpose(1, 0, 2))
-        return cls(codes, m.scales.astype(np.float32), m.rows, m.cols, width)
+        return cls(_group_codes(m.q, ng, width), m.scales.astype(np.float32), m.rows, m.cols,
+                   width)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape != (self.cols,):
-            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
-        xq, xscale = quantize_act(x)
+        xq, xscale = quantize_act(_check_x(x, self.cols))
+        xp = _group_input(xq, self.codes.shape[0], self.group)
         ng = self.codes.shape[0]
-        xp = np.zeros(ng * self.group, dtype=np.float32)
-        xp[: self.cols] = xq
-        xp = xp.reshape(ng, self.group)
         acc = np.zeros(self.rows, dtype=np.float32)
         for k in range(ng):
             g = np.dot(self.codes[k], xp[k])  # exact integers
@@ -265,9 +280,95 @@ class QMatvec:
         return acc * xscale
 
 
-def matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
-    """quantize x then multiply: y = W x exactly as the engine computes it."""
-    return QMatvec.of(w)(x)
+def quantize_act_groups(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """llm_quantize_act_groups: quantize_act on each group of `group` entries
+    alone (the last may be shorter; group >= len(x): one group). Returns
+    (xq int8[n], xscale float32[n_groups])."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.shape[0]
+    group = min(n, group)
+    parts = [quantize_act(x[j:j + group]) for j in range(0, n, group)]
+    return (np.concatenate([q for q, _ in parts]).astype(np.int8),
+            np.array([sc for _, sc in parts], dtype=np.float32))
+
+
+@dataclass
+class Q8Matvec:
+    """llm_matvec_q8 on a Q8Matrix: x quantized in the weights' groups, per group
+    an exact integer dot (|dot| <= 127*127*group < 2^24, exact in float32
+    whatever the BLAS order), then acc += (dot * w_scale) * x_scale in group
+    order, from 0.f."""
+
+    codes: np.ndarray  # f32 [n_groups, rows, width]
+    scales: np.ndarray  # f32 [rows, n_groups]
+    rows: int
+    cols: int
+    group: int  # columns per group (== cols when one group covers a row)
+
+    @classmethod
+    def of(cls, m: Q8Matrix) -> Q8Matvec:
+        ng, g = m.n_groups, min(m.group, m.cols)
+        if g * 127 * 127 >= 1 << 24:
+            raise ValueError(f"int8 group {g} too large for exact float32 integer dots")
+        return cls(_group_codes(m.q, ng, g), m.scales.astype(np.float32), m.rows, m.cols, g)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        xq, xs = quantize_act_groups(_check_x(x, self.cols), self.group)
+        ng = self.codes.shape[0]
+        xp = _group_input(xq, ng, self.group)
+        acc = np.zeros(self.rows, dtype=np.float32)
+        for k in range(ng):
+            g = np.dot(self.codes[k], xp[k])  # exact integers
+            acc = acc + (g * self.scales[:, k]) * xs[k]
+        return acc
+
+
+@dataclass
+class F32Matvec:
+    """llm_matvec_f32 on an F32Matrix: eight lane sums, lane k over columns
+    k, k+8, ... in order from 0.f (each product rounded, then the add), then
+    ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). Columns are zero-padded to a multiple
+    of 8: a +0 product leaves a lane unchanged (a lane that starts at +0.f is
+    never -0), so the padding cannot change a bit."""
+
+    w: np.ndarray  # f32 [rows, steps, 8]
+    rows: int
+    cols: int
+
+    @classmethod
+    def of(cls, m: F32Matrix) -> F32Matvec:
+        width = -(-m.cols // F32_LANES) * F32_LANES
+        w = np.zeros((m.rows, width), dtype=np.float32)
+        w[:, : m.cols] = m.w
+        return cls(w.reshape(m.rows, width // F32_LANES, F32_LANES), m.rows, m.cols)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape != (self.cols,):
+            raise ValueError(f"matvec: x has shape {x.shape}, matrix has {self.cols} columns")
+        xp = np.zeros(self.w.shape[1] * F32_LANES, dtype=np.float32)
+        xp[: self.cols] = x
+        prod = self.w * xp.reshape(1, -1, F32_LANES)  # [rows, steps, 8], each rounded
+        lanes = sum_seq(prod, axis=1)  # [rows, 8], each lane in column order
+        l_ = [lanes[:, k] for k in range(F32_LANES)]
+        return ((l_[0] + l_[1]) + (l_[2] + l_[3])) + ((l_[4] + l_[5]) + (l_[6] + l_[7]))
+
+
+#: kernels.h LLM_F32_LANES
+F32_LANES = 8
+
+
+def matvec_of(m: Matrix) -> QMatvec | Q8Matvec | F32Matvec:
+    """The engine's matvec of m's format."""
+    if isinstance(m, Q8Matrix):
+        return Q8Matvec.of(m)
+    if isinstance(m, F32Matrix):
+        return F32Matvec.of(m)
+    return QMatvec.of(m)
+
+
+def matvec(w: Matrix, x: np.ndarray) -> np.ndarray:
+    """quantize x (as w's format does) then multiply: y = W x exactly as the engine."""
+    return matvec_of(w)(x)
 
 
 # ---- order-sensitive float helpers ---------------------------------------------
