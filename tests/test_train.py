@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -105,15 +106,38 @@ def test_corpus_deterministic_and_varied() -> None:
     assert a[:50] == corpus.stories(50, 9)
     assert a != corpus.stories(300, 10)
     assert len(set(a)) == 300
-    assert all(s.startswith("Once upon a time") and s.endswith((".", "!", "\"")) for s in a)
+    assert all(s.endswith((".", "!", "\"")) for s in a)
     assert all(corpus.EOT not in s for s in a)
     words = {w.strip('.,!?"').lower() for s in a for w in s.split()}
-    assert len(words) > 300
+    assert len(words) > 800
+    # many openings, not one template; many heroes; dialogue; paragraphs; lengths
+    assert len({" ".join(s.split()[:2]) for s in a}) > 60
+    assert sum(s.startswith("Once upon a time") for s in a) < 200
+    assert len({m for s in a for m in re.findall(r"named (\w+)", s)}) > 120
+    assert sum(s.count('"') >= 4 for s in a) > 250
+    assert sum("\n\n" in s for s in a) > 150
+    lengths = sorted(len(s) for s in a)
+    assert lengths[-1] > 4 * lengths[0]
+    # lines as a person types them: in lower case, or "and then ..."
+    assert sum(bool(re.search(r"[.!?] (and then |[a-z])", s)) for s in a) > 10
     assert corpus.join_with_eot(a[:2]) == a[0] + corpus.EOT + a[1] + corpus.EOT
     with pytest.raises(ValueError):
         corpus.stories(-1, 0)
     with pytest.raises(TypeError):
         corpus.stories(3, "x")  # type: ignore[arg-type]
+
+
+def test_windows_start_at_stories_and_end_long_ones() -> None:
+    from mpllm.training.train import _windows
+
+    # EOT (0) appended: story 2 is too long for ctx 4, so a second window ends with its EOT
+    w = _windows([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]], 4).tolist()
+    assert w == [[1, 2, 3, 0, 4], [4, 5, 6, 7, 8], [7, 8, 9, 10, 0]]
+    # llama2.c: each story starts with BOS (9), the next story's BOS ends it
+    w = _windows([[9, 1, 2, 3], [9, 4, 5, 6, 7, 8], [9, 11]], 4, None).tolist()
+    assert w == [[9, 1, 2, 3, 9], [9, 4, 5, 6, 7], [5, 6, 7, 8, 9]]
+    # a story that ends exactly at its window's last token gets no second window
+    assert _windows([[1, 2, 3, 4], [5]], 4).tolist() == [[1, 2, 3, 4, 0]]
 
 
 # --------------------------------------------------------------------------- #
@@ -189,7 +213,8 @@ def test_tiny_llama2c_training_writes_what_llama2c_reads(tmp_path: Path) -> None
     rep = json.loads((tmp_path / "train_report.json").read_text())
     assert rep["family"] == "llama2c" and rep["config"]["n_kv_heads"] == 2
     assert abs(rep["first_step_loss"] - np.log(400)) < 1.0
-    assert rep["val_loss_fp32"] < rep["first_step_loss"] - 1.5
+    # 40 tiny steps on the varied corpus: about 1.5 nats below guessing (4.5 of 6.0)
+    assert rep["val_loss_fp32"] < rep["first_step_loss"] - 1.2
     ck = llama2c.read_checkpoint((tmp_path / "model.bin").read_bytes())
     assert ck.version == 0 and ck.config.n_kv_heads == 2 and ck.config.vocab_size == 400
     tables = llama2c.load_tokenizer_bin(tmp_path / "tokenizer.bin")

@@ -115,12 +115,17 @@ class Data:
 
 def _windows(encoded: Sequence[Sequence[int]], ctx: int, end_id: int | None = EOT_ID
              ) -> torch.Tensor:
-    """One window of ctx+1 tokens starting at every story that has ctx+1 tokens after it.
+    """Windows of ctx+1 tokens: one starting at every story that has ctx+1
+    tokens after it, and for every story too long to end inside that window,
+    one more that ends with its end.
 
     Windows start where stories start because generation always starts a
     story at position 0; what follows the story's EOT is the next story
     (end_id None: each story's ids already start with BOS, which ends the one
-    before).
+    before). The second window of a long story is what teaches a long story
+    its ending (the end token comes only after an ending, never after a
+    window's cut), and it starts mid-story, as a co-written story's context
+    does once the chat has rolled it over.
     """
     stream: list[int] = []
     starts: list[int] = []
@@ -130,10 +135,13 @@ def _windows(encoded: Sequence[Sequence[int]], ctx: int, end_id: int | None = EO
         if end_id is not None:
             stream.append(end_id)
     arr = np.asarray(stream, np.int64)
+    # where each story's end token is: its EOT, or the next story's BOS
+    ends = [s - 1 for s in starts[1:]] + [len(arr) - 1] if end_id is not None else starts[1:]
+    tails = [e - ctx for s, e in zip(starts, ends) if e - s > ctx and e - ctx >= 0]
     starts = [s for s in starts if s + ctx + 1 <= len(arr)]
     if not starts:
         raise ValueError(f"corpus of {len(arr)} tokens is too short for one window of {ctx + 1}")
-    return torch.from_numpy(np.stack([arr[s:s + ctx + 1] for s in starts]))
+    return torch.from_numpy(np.stack([arr[s:s + ctx + 1] for s in starts + tails]))
 
 
 def make_data(args: argparse.Namespace) -> Data:
