@@ -167,14 +167,14 @@ async def _started(server, host: str, port: int):  # type: ignore[no-untyped-def
 
 async def _serve(server, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
     runner, bound = await _started(server, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the line that says Ctrl-C stops it
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"the web chat is at http://{shown}:{bound}/ ({server.backend}, "
           f"{len(server.pool.engines)} engine(s)); Ctrl-C stops it", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
     print("the web chat stopped", file=sys.stderr, flush=True)
