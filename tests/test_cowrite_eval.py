@@ -5,6 +5,7 @@ And the rule that counts such replies, on replies made up here."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import engine_ext
@@ -55,3 +56,24 @@ def test_a_scripted_session_on_the_demo(demo_image: Path) -> None:
     again = ce.run_session(llm, seed, lines)
     assert [t.reply for t in again.turns] == [t.reply for t in s.turns]
     assert len(story) > sum(map(len, lines)) + 5 * 40  # the model wrote, not only the person
+
+
+def test_the_command(demo_image: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m mpllm.board.cowrite_eval`: a bad --json path is refused before the
+    sessions run; the ten sessions' JSON holds counts that its own turns add up to."""
+    bad = tmp_path / "no" / "such" / "dir.json"
+    assert ce.main(["--image", str(demo_image), "--json", str(bad)]) == 2
+    out = capsys.readouterr()
+    assert "session" not in out.out and out.err.startswith("error: cannot write")
+    doc_path = tmp_path / "c.json"
+    assert ce.main(["--image", str(demo_image), "--json", str(doc_path)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(doc_path.read_text())
+    turns = [t for s in doc["sessions"] for t in s["turns"]]
+    assert len(doc["sessions"]) == len(ce.SESSIONS) and len(turns) == 50
+    assert doc["counts"] == {
+        "replies": 50, "empty": sum(not t["reply"].strip() for t in turns),
+        "ended_at_once": sum(t["stop"] == "eot" and ce.own_sentences(t["line"], t["reply"]) == 0
+                             for t in turns),
+        "ended": sum(t["stop"] == "eot" for t in turns)}
+    assert out.count("--- session") == 10 and f"{doc['counts']['ended_at_once']} ended" in out

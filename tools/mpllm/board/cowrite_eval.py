@@ -151,6 +151,7 @@ def counts(sessions: Sequence[Session]) -> dict[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..atomic import atomic_write_bytes, check_output
     from . import hostboard
 
     ap = argparse.ArgumentParser(
@@ -165,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the sessions and counts here")
     args = ap.parse_args(argv)
     try:
+        if args.json:
+            check_output(args.json)  # before the sessions, not after them
         hostboard.import_llm()  # first: the conversion's drafter runs the engine
         if args.image:
             image = Path(args.image)
@@ -185,8 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{c['replies']} replies: {c['empty']} empty, {c['ended_at_once']} ended the story "
           f"at once, {c['ended']} ended it at all")
     if args.json:
-        from ..atomic import atomic_write_bytes
-
         doc = {"counts": c, "sessions": [asdict(s) for s in sessions]}
         atomic_write_bytes(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
     return 0
