@@ -594,8 +594,10 @@ def test_the_terminal_chat_keeps_the_story(tmp_path) -> None:  # type: ignore[no
                           + "(Ctrl-C again or Ctrl-D leaves)\n> Once upon a time\n")
     assert out.count("[reply stopped]") == 1
     stopped = out.split("> Once upon a time\n")[1].split("\n[reply stopped]")[0]
-    assert stopped.endswith("^C")  # the terminal's echo of the Ctrl-C
-    stopped = stopped[:-2]
+    # the terminal echoes the Ctrl-C when the key comes, and text the chat had already
+    # taken from the model (a token written as the key arrived) may follow the echo
+    assert stopped.count("^C") == 1
+    stopped = stopped.replace("^C", "")
     assert 0 < len(stopped.split()) < 30  # part of a 40-token reply
     shown = out.split("[took back the last turn; the story now:]\n")[1].split("\n> ")[0]
     assert _flat(shown) == _flat("Once upon a time" + stopped)
