@@ -391,12 +391,12 @@ def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequ
     with _llm.Model(str(image), context=cap) as m:  # type: ignore[attr-defined]
         cfg = m.config()
         assert cfg["seq_len"] == cap and cfg["group"] == 64 and cfg["dim"] == 64
-        assert "kv_values" not in {n for n, _r, _b in m.memory()}
+        assert "kv_floats" not in {n for n, _r, _b in m.memory()}
         for smp, want in full.items():
             assert _decode(m, ids, cap - len(ids) + 1, smp, False) == want, smp
             assert m.pos() == cap
             with pytest.raises(_llm.Error, match=rf"^context full: all {cap} positions used"):  # type: ignore[attr-defined]
                 m.step(0)
             assert _decode(m, ids, cap - len(ids) + 1, smp, True) == want, smp
-        values = {n: b for n, _r, b in m.memory()}["kv_values"]
-        assert values == cfg["n_layers"] * cap * cfg["n_kv_heads"] * cfg["head_dim"] * 4
+        floats = {n: b for n, _r, b in m.memory()}["kv_floats"]
+        assert floats == cfg["n_layers"] * cap * cfg["n_kv_heads"] * cfg["head_dim"] * 4

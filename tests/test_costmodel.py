@@ -918,8 +918,8 @@ def _can_widen(image: Path) -> bool:
     from mpllm.formats.image import read_image
 
     img = read_image(image)
-    return cm.v_rows_can_widen(img.config.dim, img.config.kv_dim,
-                               [ly.qkv.q for ly in img.weights.layers])
+    return cm.kv_rows_can_widen(img.config.dim, img.config.kv_dim,
+                                [ly.qkv.q for ly in img.weights.layers])
 
 
 @pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
@@ -946,7 +946,7 @@ def _assert_blocks_are_the_engines(memory, shape, certified: bool, image: Path) 
     """engine_blocks' sizes equal the engine's placement report (its own
     struct aside: the model prices it at a fixed size)."""
     want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
-                                                     v_can_widen=_can_widen(image))}
+                                                     kv_can_widen=_can_widen(image))}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \

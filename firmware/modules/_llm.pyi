@@ -170,10 +170,10 @@ class Model:
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
     def set_plain(self, on: bool) -> None:
-        """Plain mode on or off from the next token on (see __init__). When V is
-        cached as int16 dots that no row can outgrow, the float V cache only
-        plain mode writes is placed by the first set_plain(True) (memory()'s
-        "kv_values"): Error "out of memory", plain mode left off, if it finds
+        """Plain mode on or off from the next token on (see __init__). When K and
+        V are cached as int16 dots that no row can outgrow, the float rows only
+        plain mode writes are placed by the first set_plain(True) (memory()'s
+        "kv_floats"): Error "out of memory", plain mode left off, if it finds
         no room."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
@@ -218,8 +218,9 @@ class Model:
         scored in), head_ids (int: head rows whose token id was read: every row
         on the dense route, on the certified one only the rows that could
         enter the candidate list), handoffs (int: pieces of work sent to the second core),
-        v_wide (int: cached V rows kept as floats because their integer dots
-        did not fit int16; the others are kept as dots, the same values)."""
+        v_wide, k_wide (int: cached V and K rows kept as floats because their
+        integer dots did not fit int16; the others are kept as dots, the same
+        values)."""
     def memory(self) -> list[tuple[str, str, int]]:
         """(name, region, bytes) for every placed section and buffer; region is
         "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"

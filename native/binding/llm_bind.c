@@ -502,7 +502,7 @@ static int stats(const llm_engine *e, emitter *s) {
         {"heads", st.heads},           {"head_rows", st.head_rows},
         {"head_tiles", st.head_tiles}, {"head_waves", st.head_waves},
         {"handoffs", st.handoffs},     {"v_wide", st.v_wide},
-        {"head_ids", st.head_ids},
+        {"k_wide", st.k_wide},         {"head_ids", st.head_ids},
     };
     const size_t n = sizeof f / sizeof f[0];
     uint64_t total_us = 0;

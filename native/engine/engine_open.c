@@ -364,7 +364,7 @@ static void read_in_place(llm_engine *e) {
 }
 
 /* Activations: position 0's buffers and what every pass shares (FAST,
- * required): the V cache's wide flags, unit scales, the head's scratch. */
+ * required): the KV cache's wide flags, unit scales, the head's scratch. */
 static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_error *err) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->dim;
@@ -382,7 +382,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
     s->n_cols = 1;
     col_init(&s->col[0], a, lay);
     uint8_t *sh = a + lay->bytes;
-    s->value_wide = sh;
+    s->kv_wide = sh;
     sh += llm_align_up(wide_flags, 16u);
     s->ones = (float *)(void *)sh;
     for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
@@ -402,15 +402,16 @@ static llm_status place_logits(llm_engine *e, llm_error *err) {
     return LLM_OK;
 }
 
-/* Whether a V row of some layer could give int16 dots a value they cannot
- * hold: |dot| <= 127 * sum |code - 8| over the row's columns (llm_quantize_act
- * clamps to [-127, 127]; padded columns meet zero activations). */
-static int v_can_widen(const llm_engine *e) {
+/* Whether a K or V row of some layer could give int16 dots a value they
+ * cannot hold: |dot| <= 127 * sum |code - 8| over the row's columns
+ * (llm_quantize_act clamps to [-127, 127]; padded columns meet zero
+ * activations). */
+static int kv_can_widen(const llm_engine *e) {
     const llm_config *c = &e->cfg;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         llm_q4 w;
         llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &w);
-        for (uint32_t r = c->dim + c->kv_dim; r < c->dim + 2u * c->kv_dim; r++) {
+        for (uint32_t r = c->dim; r < c->dim + 2u * c->kv_dim; r++) {
             const uint8_t *row = w.codes + (size_t)r * w.row_bytes;
             uint32_t sum = 0;
             for (uint32_t j = 0; j < w.cols; j++) {
@@ -424,59 +425,63 @@ static int v_can_widen(const llm_engine *e) {
     return 0;
 }
 
-/* V as floats, [n_layers][seq_len][kv_dim] (64-byte aligned rows). */
-static uint64_t value_floats_bytes(const llm_config *c) {
+/* One float row per position, [n_layers][seq_len][kv_dim] (64-byte
+ * aligned rows); also the size of the dot pairs (two int16 per cell). */
+static uint64_t kv_floats_bytes(const llm_config *c) {
     return llm_align_up((uint64_t)c->n_layers * c->seq_len * c->kv_dim * sizeof(float), 64u);
 }
 
-/* The float V array placed after open (llm_set_plain): its own BULK block. */
-static llm_status place_value_floats(llm_engine *e, llm_error *err) {
-    const uint64_t bytes = value_floats_bytes(&e->cfg);
-    float *v = place64(e, "kv_values", (size_t)bytes, LLM_REGION_BULK, NULL);
+/* The float rows placed after open (llm_set_plain): their own BULK block. */
+static llm_status place_kv_floats(llm_engine *e, llm_error *err) {
+    const uint64_t bytes = kv_floats_bytes(&e->cfg);
+    float *v = place64(e, "kv_floats", (size_t)bytes, LLM_REGION_BULK, NULL);
     if (v == NULL)
-        return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float V cache (%lu bytes)",
+        return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float KV rows (%lu bytes)",
                         (unsigned long)bytes);
     memset(v, 0, (size_t)bytes);
-    e->s.value_cache = v;
+    e->s.kv_floats = v;
     return LLM_OK;
 }
 
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_plain: NULL engine");
-    if (plain && e->s.value_cache == NULL) {
-        llm_status st = place_value_floats(e, err);
+    if (plain && e->s.kv_floats == NULL) {
+        llm_status st = place_kv_floats(e, err);
         if (st != LLM_OK) return st;
     }
     e->plain = plain != 0;
     return llm_engine_ok(err);
 }
 
-/* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
- * qkv rows plus the position's activation scale when those rows are one
- * scale group: attention recomputes each value with the kernel's own two
- * roundings, so the floats (and every result) are the same bits at half
- * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
- * row as floats instead (value_wide); when no row can (v_can_widen), the
- * float V array only plain mode writes is left to llm_set_plain. Each array
- * starts on a cache line (row sizes are multiples of 64 at the release
- * shape); the sampler's stream states come last: fast mode lays its cache
- * over everything before them (attention_fast.c). */
+/* KV cache: required, BULK asked. When the qkv rows are one scale group,
+ * K and V are kept as the exact int16 dots of their qkv rows (K's before
+ * RoPE) plus the position's activation scale: attention rebuilds each k
+ * with the kernel's own two roundings and RoPE's operations, each v with
+ * the kernel's, so the floats (and every result) are the same bits at half
+ * the PSRAM traffic. A row whose dots do not fit int16 is kept as floats
+ * instead (kv_wide): in the position's float row, or, for V when K took
+ * it, over the pair's dots (their 4 * kv_dim bytes hold kv_dim floats); so
+ * one float row per position is all a wide row or plain mode needs, and
+ * when no row can be wide (kv_can_widen) it is left to llm_set_plain.
+ * Without dots every row is both wide. Each array starts on a cache line
+ * (row sizes are multiples of 64 at the release shape); the sampler's
+ * stream states come last: fast mode lays its cache over everything before
+ * them (attention_fast.c), which is made large enough for it. */
 static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     const llm_config *c = &e->cfg;
-    const uint32_t D = c->kv_dim, L = c->n_layers, S = c->seq_len;
+    const uint32_t L = c->n_layers, S = c->seq_len;
     llm_q4 qkv0;
     llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
-    e->v_dots = qkv0.n_groups == 1u;
-    const int v_floats = !e->v_dots || v_can_widen(e);
+    e->kv_dots = qkv0.n_groups == 1u;
+    const int floats = !e->kv_dots || kv_can_widen(e);
     /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
      * config could wrap it to a tiny allocation */
-    const uint64_t cells = (uint64_t)L * S * D;
-    const uint64_t floats_bytes = value_floats_bytes(c);
-    const uint64_t dots_bytes = llm_align_up(e->v_dots ? cells * 2u : 0u, 64u);
+    const uint64_t row_bytes = kv_floats_bytes(c);
     const uint64_t scale_bytes = llm_align_up((uint64_t)L * S * sizeof(float), 64u);
     const uint64_t rng_bytes = llm_align_up((uint64_t)(S + 1u) * sizeof(llm_rng), 64u);
-    const uint64_t kv64 = floats_bytes * (v_floats ? 2u : 1u) + dots_bytes + scale_bytes +
-                          rng_bytes;
+    const uint64_t exact = row_bytes * (floats ? 2u : 1u) + scale_bytes;
+    const uint64_t fast = llm_align_up(llm_fast_kv_need(c), 64u);
+    const uint64_t kv64 = (exact > fast ? exact : fast) + rng_bytes;
     if (kv64 > (uint64_t)SIZE_MAX / 2u)
         return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this machine's "
                         "address space", (unsigned long long)kv64);
@@ -485,16 +490,10 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
         return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
                         (unsigned long)kv64);
     memset(kv, 0, (size_t)kv64);
-    size_t at = 0;
-    e->s.key_cache = (float *)(void *)(kv + at);
-    at += (size_t)floats_bytes;
-    e->s.value_cache = v_floats ? (float *)(void *)(kv + at) : NULL;
-    at += v_floats ? (size_t)floats_bytes : 0u;
-    e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
-    at += (size_t)dots_bytes;
-    e->s.value_scale = (float *)(void *)(kv + at);
-    at += (size_t)scale_bytes;
-    e->s.rng_at = (llm_rng *)(void *)(kv + at);
+    e->s.kv_pairs = (int16_t *)(void *)kv;
+    e->s.kv_scale = (float *)(void *)(kv + row_bytes);
+    e->s.kv_floats = floats ? (float *)(void *)(kv + row_bytes + scale_bytes) : NULL;
+    e->s.rng_at = (llm_rng *)(void *)(kv + (kv64 - rng_bytes));
     return LLM_OK;
 }
 

@@ -86,15 +86,20 @@ typedef struct llm_run_state {
     /* col[0] in internal SRAM (every token uses it), col[1..n_cols) in PSRAM */
     llm_col col[LLM_BATCH_MAX];
     uint32_t n_cols;
-    /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
-    float *key_cache;   /* [n_layers][seq_len][kv_dim] */
-    int16_t *value_dots; /* [n_layers][seq_len][kv_dim] V as the exact integer dots */
-    float *value_scale; /* [n_layers][seq_len] the position's activation scale */
-    /* [n_layers][seq_len][kv_dim] V as floats: every row without dots; with
-     * dots, wide rows and plain mode's (NULL until plain mode is first on
-     * when no row can be wide: llm_open's v_can_widen) */
-    float *value_cache;
-    uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
+    /* the KV cache (engine_open.c place_kv_cache), arrays on 64-byte lines;
+     * row = layer * seq_len + position:
+     * kv_pairs[row]: K's then V's exact integer dots ([2][kv_dim] int16; K's
+     *   before RoPE), or V as kv_dim floats when both rows are wide
+     * kv_floats[row]: [kv_dim] the position's one float row: K (rotated)
+     *   when K is wide, else V when V is (NULL until plain mode is first on
+     *   when no row can be wide: llm_open's kv_can_widen)
+     * kv_scale[row]: the position's activation scale, the dots' xscale
+     * kv_wide[row]: LLM_K_WIDE | LLM_V_WIDE, the rows held as floats (dots
+     *   wider than int16; both in plain mode and without dots) */
+    int16_t *kv_pairs;
+    float *kv_floats;
+    float *kv_scale;
+    uint8_t *kv_wide;
     /* [seq_len + 1] the sampler's stream once position p was decoded (after
      * the draws of the head evaluation there; inside a prompt, no draws) */
     llm_rng *rng_at;
@@ -116,7 +121,7 @@ struct llm_engine {
     llm_weights w;
     llm_run_state s;
     llm_region kv_region, logits_region;
-    int v_dots; /* V cached as int16 dots (its rows are one scale group) */
+    int kv_dots; /* K and V cached as int16 dots (qkv rows are one scale group) */
 
     /* constants of the forward pass, computed once */
     float inv_sqrt_dim, sqrt_ple_dim, inv_sqrt_head_dim;
@@ -144,6 +149,10 @@ struct llm_engine {
     uint64_t spilled_bytes; /* weights meant for RAM, read in place instead */
 };
 
+/* kv_wide's bits */
+#define LLM_K_WIDE 1u
+#define LLM_V_WIDE 2u
+
 /* Fast mode's attention (attention_fast.c): store position p's k and v of
  * layer l; attention of heads [h0, h1) for the pass's m positions; bytes
  * read for `positions` cached positions. */
@@ -151,6 +160,9 @@ void llm_fast_store_kv(llm_engine *e, uint32_t l, uint32_t p, const float *k, co
 void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, uint32_t h0,
                               uint32_t h1);
 uint64_t llm_fast_kv_bytes(const llm_engine *e, uint32_t positions);
+/* The bytes fast mode's arrays take for config c (they lie over the exact
+ * cache, which llm_open makes at least this large). */
+uint64_t llm_fast_kv_need(const llm_config *c);
 
 /* The status every successful call leaves in *err. */
 static inline llm_status llm_engine_ok(llm_error *err) {

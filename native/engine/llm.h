@@ -117,6 +117,7 @@ typedef struct llm_stats {
     uint64_t head_ids;          /* token ids read: rows that could enter a candidate list */
     uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
     uint32_t v_wide;            /* V rows cached as floats: their dots did not fit int16 */
+    uint32_t k_wide;            /* K rows cached as floats: their dots did not fit int16 */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;
@@ -217,14 +218,14 @@ uint32_t llm_draft_max(const llm_engine *e);
 const float *llm_logits(llm_engine *e);
 
 /* Plain mode: every speed-up off: the dense head into a logits buffer,
- * nothing split across cores, V rows cached as floats, exp/erf one element
- * at a time. Same tokens and logits, slower: the reference the speed-ups are
- * tested against. Takes effect from the next token on (V rows cached before
- * keep the form they were stored in: both read back as the same floats).
- * When V is cached as int16 dots and no V row can outgrow them, llm_open
- * leaves out the float V array default mode never writes; the first switch
- * to plain mode places it through the port (LLM_E_NOMEM, plain mode left
- * off, when it finds no memory). */
+ * nothing split across cores, K and V rows cached as floats, exp/erf one
+ * element at a time. Same tokens and logits, slower: the reference the
+ * speed-ups are tested against. Takes effect from the next token on (K and V
+ * rows cached before keep the form they were stored in: both read back as the
+ * same floats). When K and V are cached as int16 dots and no row can outgrow
+ * them, llm_open leaves out the float rows default mode never writes; the
+ * first switch to plain mode places them through the port (LLM_E_NOMEM,
+ * plain mode left off, when it finds no memory). */
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err);
 int llm_plain(const llm_engine *e);
 

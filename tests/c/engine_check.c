@@ -336,8 +336,8 @@ static void check_port_books(void) {
     free(foreign);
 }
 
-/* Plain mode's float V (llm_set_plain places it when V is cached as dots no
- * row can outgrow): with no BULK left the switch fails with LLM_E_NOMEM and
+/* Plain mode's float KV rows (llm_set_plain places them when K and V are
+ * cached as dots no row can outgrow): with no BULK left the switch fails with LLM_E_NOMEM and
  * leaves plain mode off and the decoding as it was; with room it is placed
  * once and freed at close. */
 static void check_plain_memory(const uint8_t *img, size_t len) {
@@ -350,11 +350,11 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
     EXPECT(llm_set_plain(e, 1, &err) == LLM_OK, "set_plain: %s", err.message);
     const uint64_t values = hp.in_use[LLM_REGION_BULK] - opened;
     EXPECT(llm_set_plain(e, 0, &err) == LLM_OK && llm_set_plain(e, 1, &err) == LLM_OK &&
-           hp.in_use[LLM_REGION_BULK] == opened + values, "the float V was placed twice");
+           hp.in_use[LLM_REGION_BULK] == opened + values, "the float rows were placed twice");
     llm_close(e);
     EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
     if (values == 0) {
-        printf("plain memory: the float V is placed at open\n");
+        printf("plain memory: the float rows are placed at open\n");
         return;
     }
     llm_port_host_init(&hp);
@@ -368,7 +368,7 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
     llm_status st = run_script(e, want, &n_want, &err);
     EXPECT(st == LLM_OK, "script failed: %s", err.message);
     st = llm_set_plain(e, 1, &err);
-    EXPECT(st == LLM_E_NOMEM && strstr(err.message, "plain mode's float V") != NULL &&
+    EXPECT(st == LLM_E_NOMEM && strstr(err.message, "plain mode's float KV rows") != NULL &&
            !llm_plain(e), "set_plain without memory: status %d, %s", (int)st, err.message);
     llm_reset(e);
     st = run_script(e, got, &n_got, &err);
@@ -379,12 +379,12 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
     free(got);
     llm_close(e);
     EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
-    printf("plain memory: the float V (%llu bytes) placed by set_plain, refused without room\n",
+    printf("plain memory: the float rows (%llu bytes) placed by set_plain, refused without room\n",
            (unsigned long long)values);
 }
 
 /* Whether the model opens at `context` under these caps, in plain mode if
- * asked (its float V placed too); closed again. *spilled gets what it read
+ * asked (its float KV rows placed too); closed again. *spilled gets what it read
  * in place (llm_spilled_bytes). */
 static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
                        uint64_t bulk_cap, int plain, uint64_t *spilled) {
