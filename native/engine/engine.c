@@ -222,31 +222,28 @@ static void LLM_HOT matvec_q_kvdots(llm_engine *e, const llm_mat *mat, uint32_t 
     charge_mat(e, mat);
 }
 
-/* One head's RoPE, split-half: (a, b) -> (a cos - b sin, b cos + a sin),
- * `rope` a position's row (cos[half] then sin[half]). The one copy of these
- * operations: attention_block rotates q and k with it and attention
- * rebuilds cached k from its dots with it, so both give the same bits. */
-static inline void rope_rotate(float *v, const float *rope, uint32_t half) {
-    const float *rope_sin = rope + half;
-    for (uint32_t i = 0; i < half; i++) {
-        float co = rope[i], si = rope_sin[i];
-        float a = v[i], b = v[i + half];
-        v[i] = a * co - b * si;
-        v[i + half] = b * co + a * si;
-    }
+/* RoPE on one pair (a, b) of a head, split-half: (a cos - b sin, b cos +
+ * a sin). The one copy of these operations: attention_block rotates q and
+ * k with it (rope_rotate) and attention rebuilds cached k from its dots
+ * with it (cached_k), so both give the same bits. */
+static inline void rope_pair(float a, float b, float co, float si, float *x, float *y) {
+    *x = a * co - b * si;
+    *y = b * co + a * si;
 }
 
-/* A k (or v) row of n values from its exact integer dots: the kernel's own
- * operations for a one-group row (kernels.h contract: acc = 0; acc +=
- * (float)g * scale; y = acc * xscale), so the floats the matvec would have
- * given. */
-static inline void from_dots(float *out, const int16_t *g, const float *scale, float xscale,
-                             uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
-        float acc = 0.0f;
-        acc += (float)g[i] * scale[i];
-        out[i] = acc * xscale;
-    }
+/* One head's RoPE, `rope` a position's row (cos[half] then sin[half]). */
+static inline void rope_rotate(float *v, const float *rope, uint32_t half) {
+    for (uint32_t i = 0; i < half; i++)
+        rope_pair(v[i], v[i + half], rope[i], rope[half + i], &v[i], &v[i + half]);
+}
+
+/* A k (or v) value from its exact integer dot: the kernel's own operations
+ * for a one-group row (kernels.h contract: acc = 0; acc += (float)g *
+ * scale; y = acc * xscale), so the float the matvec would have given. */
+static inline float from_dot(float g, float scale, float xscale) {
+    float acc = 0.0f;
+    acc += g * scale;
+    return acc * xscale;
 }
 
 /* Embedding row: kernel layout, 32-column blocks of nibbles. */
@@ -309,16 +306,22 @@ typedef struct attn_job {
 } attn_job;
 
 /* Cached row t's k for kv head kv (head_dim floats, rotated): the floats
- * where the row is wide, else rebuilt into buf from its dots (from_dots,
- * then rope_rotate with position t's RoPE row: the operations that made the
- * stored floats in plain mode, so the same bits). */
+ * where the row is wide, else rebuilt into buf from its dots (from_dot,
+ * then rope_pair with position t's RoPE row: the operations that made the
+ * floats plain mode stores, so the same bits). */
 static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv, float *buf) {
     const llm_run_state *s = j->s;
     const size_t row = (size_t)j->layer * j->S + t;
     if (s->kv_wide[row] & LLM_K_WIDE) return s->kv_floats + row * j->KVD + kv;
-    from_dots(buf, s->kv_pairs + row * 2u * j->KVD + kv, j->k_scale + kv, s->kv_scale[row],
-              j->Dh);
-    rope_rotate(buf, rope_at(j->e, t), j->Dh / 2u);
+    const int16_t *g = s->kv_pairs + row * 2u * j->KVD + kv;
+    const float *sc = j->k_scale + kv, *rope = rope_at(j->e, t);
+    const float xs = s->kv_scale[row];
+    const uint32_t half = j->Dh / 2u;
+    /* each pair rebuilt and rotated in registers */
+    for (uint32_t i = 0; i < half; i++)
+        rope_pair(from_dot((float)g[i], sc[i], xs),
+                  from_dot((float)g[i + half], sc[i + half], xs), rope[i], rope[half + i],
+                  &buf[i], &buf[i + half]);
     return buf;
 }
 
@@ -471,7 +474,8 @@ static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
 /* Cached row `row`'s V floats (a wide row): the position's float row, or
  * the pair's bytes when K took that. */
 static LLM_HOT const float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD) {
-    if (s->kv_wide[row] & LLM_K_WIDE) return (const float *)(const void *)(s->kv_pairs + row * 2u * KVD);
+    if (s->kv_wide[row] & LLM_K_WIDE)
+        return (const float *)(const void *)(s->kv_pairs + row * 2u * KVD);
     return s->kv_floats + row * KVD;
 }
 
@@ -502,7 +506,8 @@ static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1
             } else {
                 /* the kernel's floats from the dots, computed once for all
                  * m positions */
-                from_dots(v, g + kv, j->v_scale + kv, xs, Dh);
+                for (uint32_t i = 0; i < Dh; i++)
+                    v[i] = from_dot((float)g[kv + i], j->v_scale[kv + i], xs);
                 vh = v;
             }
             for (uint32_t c = c0; c < j->m; c++) {
@@ -568,11 +573,7 @@ static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const ll
     if (wide & LLM_K_WIDE) {
         /* too wide for int16: the rotated floats a rebuild would give */
         float *kf = s->kv_floats + row * D;
-        for (uint32_t i = 0; i < D; i++) {
-            float acc = 0.0f;
-            acc += k[i] * ks[i];
-            kf[i] = acc * xs;
-        }
+        for (uint32_t i = 0; i < D; i++) kf[i] = from_dot(k[i], ks[i], xs);
         for (uint32_t h = 0; h < D; h += Dh) rope_rotate(kf + h, rope, Dh / 2u);
         e->stats.k_wide++;
         written += (uint64_t)D * sizeof(float);
@@ -582,11 +583,7 @@ static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const ll
     }
     if (wide & LLM_V_WIDE) {
         float *vf = wide & LLM_K_WIDE ? pair_floats : s->kv_floats + row * D;
-        for (uint32_t i = 0; i < D; i++) {
-            float acc = 0.0f;
-            acc += v[i] * vs[i];
-            vf[i] = acc * xs;
-        }
+        for (uint32_t i = 0; i < D; i++) vf[i] = from_dot(v[i], vs[i], xs);
         e->stats.v_wide++;
         written += (uint64_t)D * sizeof(float);
     } else {
