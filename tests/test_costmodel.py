@@ -914,14 +914,6 @@ def test_bench_model_s3_shape(tmp_path, capsys) -> None:
     assert "--shape NAME is the cost model's" in capsys.readouterr().err
 
 
-def _can_widen(image: Path) -> bool:
-    from mpllm.formats.image import read_image
-
-    img = read_image(image)
-    return cm.kv_rows_can_widen(img.config.dim, img.config.kv_dim,
-                                [ly.qkv.q for ly in img.weights.layers])
-
-
 @pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
 def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
                                                   name: str) -> None:
@@ -939,14 +931,13 @@ def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
         memory, shape = m.memory(), cm.Shape.from_config(m.config())
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified != name.endswith("-dense")
-    _assert_blocks_are_the_engines(memory, shape, certified, image)
+    _assert_blocks_are_the_engines(memory, shape, certified)
 
 
-def _assert_blocks_are_the_engines(memory, shape, certified: bool, image: Path) -> None:
+def _assert_blocks_are_the_engines(memory, shape, certified: bool) -> None:
     """engine_blocks' sizes equal the engine's placement report (its own
     struct aside: the model prices it at a fixed size)."""
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
-                                                     kv_can_widen=_can_widen(image))}
+    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
     got = {n: b for n, _, b in memory if n in want}
     assert set(got) == set(want)
     assert {n: b for n, b in got.items() if n != "engine"} == \
@@ -966,7 +957,7 @@ def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
     assert shape.n_kv_heads == 4 and not shape.has_ple
     certified = any(n == "head_tiles" for n, _, _ in memory)
     assert certified == (name == "untied")
-    _assert_blocks_are_the_engines(memory, shape, certified, image)
+    _assert_blocks_are_the_engines(memory, shape, certified)
 
 
 SHARED_260K = Path(__file__).resolve().parent.parent.parent / "shared" / "llama2c" / "stories260K.bin"
@@ -986,7 +977,6 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     image = tmp_path / "s.img"
     convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False, group=group)
-    assert not _can_widen(image)
     n8 = cm.S3_BOARDS["n8"]
     with llm_mod.Model(str(image)) as m:
         certified = any(n == "head_tiles" for n, _, _ in m.memory())

@@ -231,35 +231,24 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
             assert m.tokenizer() == img.tokenizer_section
 
 
-def _kv_cache_bytes(cfg: Config, *, floats: bool = False, context: int | None = None) -> int:
+def _kv_cache_bytes(cfg: Config, *, context: int | None = None) -> int:
     """The kv_cache placement for `context` positions (None: seq_len), each array
-    on a 64-byte line: K's and V's int16 dots (4 bytes a cell; or V's floats when
-    both rows are wide), a scale per position, and a float row per position when
-    the rows are not one scale group or some K or V row could give dots wider
-    than int16 (`floats`); at least fast mode's arrays (which lie over them);
-    then the sampler stream's state per position and one more (16 bytes each,
-    for rewind)."""
+    on a 64-byte line: per position and layer a pair of int16 dot rows and a float
+    row (4 bytes a cell each), a scale per position; at least fast mode's arrays
+    (which lie over them); then the sampler stream's state per position and one
+    more (16 bytes each, for rewind)."""
     s = context or cfg.seq_len
     L, h, dh = cfg.n_layers, cfg.n_heads, cfg.head_dim
     kvh = cfg.kv_dim // dh
     cells = L * s * cfg.kv_dim
-    dots = -(-cfg.dim // cfg.group) == 1
 
     def a(n: int, to: int) -> int:
         return -(-n // to) * to
-    exact = a(4 * cells, 64) + a(4 * L * s, 64) + (a(4 * cells, 64) if floats or not dots else 0)
+    exact = 2 * a(4 * cells, 64) + a(4 * L * s, 64)
     dhp, sp = a(dh, 16), a(s, 16)
     fast = sum(a(n, 16) for n in (L * kvh * s * dhp, L * kvh * dh * sp, 4 * L * kvh * s,
                                   4 * L * kvh * s, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * s))
     return max(exact, a(fast, 64)) + a(16 * (s + 1), 64)
-
-
-def _kv_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
-    """engine_open.c kv_can_widen on a read image (the cost model's twin)."""
-    from mpllm.costmodel.llama import kv_rows_can_widen
-
-    return kv_rows_can_widen(img.config.dim, img.config.kv_dim,
-                             [ly.qkv.q for ly in img.weights.layers])
 
 
 def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
@@ -276,18 +265,21 @@ def _kv_rows_read(cfg: Config, n_prompt: int, tokens: int) -> int:
     return cfg.n_layers * (n_prompt + sum(p + 1 for p in range(n_prompt, tokens)))
 
 
-def _kv_bytes_read(cfg: Config, n_prompt: int, tokens: int) -> int:
+def _kv_bytes_read(cfg: Config, n_prompt: int, tokens: int, *, k_dots: bool = False) -> int:
     """KV traffic: each layer writes k and v and reads them back for positions
-    0..pos, a row being K's and V's int16 dots and the position's scale."""
-    row = 4 * cfg.kv_dim + 4
+    0..pos, a row being K's floats (or with k_dots its int16 dots), V's int16
+    dots and the position's scale."""
+    row = (4 if k_dots else 6) * cfg.kv_dim + 4
     return (cfg.n_layers * tokens + _kv_rows_read(cfg, n_prompt, tokens)) * row
 
 
-def _flash_bytes(cfg: Config, n_prompt: int, tokens: int, row: int) -> int:
+def _flash_bytes(cfg: Config, n_prompt: int, tokens: int, row: int, *,
+                 k_dots: bool = False) -> int:
     """Flash traffic: each token's rows (`row`: the embedding row, with PLE its
-    PLE row, and its RoPE row), and the RoPE row of every cached k rebuilt from
-    its dots."""
-    return tokens * row + _kv_rows_read(cfg, n_prompt, tokens) * cfg.head_dim * 4
+    PLE row, and its RoPE row), and with k_dots the RoPE row of every cached k
+    rebuilt from its dots."""
+    rope = _kv_rows_read(cfg, n_prompt, tokens) * cfg.head_dim * 4 if k_dots else 0
+    return tokens * row + rope
 
 
 def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -298,7 +290,6 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
-        assert not _kv_can_widen(img)  # dim 32: |dot| <= 127 * 8 * 32 fits int16
         assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
@@ -396,12 +387,13 @@ def test_greedy_first_token_matches_numpy_argmax(small_model) -> None:  # type: 
 
 @pytest.mark.parametrize("rows", ["V", "K", "KV"])
 def test_kv_rows_too_wide_for_int16_stay_exact(small_model, tmp_path, rows: str) -> None:  # type: ignore[no-untyped-def]
-    """K and V are cached as int16 integer dots; a row whose dots do not fit is
-    kept as floats (K rotated; V over the pair's bytes when K took the position's
-    float row). Force that: every embedding weight +7 (x is a constant vector, so
-    its int8 input is all 127) and layer 0's V rows, K rows or both all +7, so
-    every such layer-0 dot is 7 * 127 * 64 = 56,896. Logits must still equal the
-    reference's, and the wide rows are counted."""
+    """V, and with set_k_dots K, are cached as int16 integer dots; a row whose dots
+    do not fit is kept as floats (K rotated; V over the pair's bytes when K took
+    the position's float row). Force that: every embedding weight +7 (x is a
+    constant vector, so its int8 input is all 127) and layer 0's V rows, K rows
+    or both all +7, so every such layer-0 dot is 7 * 127 * 64 = 56,896. Logits
+    must still equal the reference's, and the wide rows are counted; with K as
+    floats no K row is wide."""
     from mpllm.convert import convert
     from mpllm.formats.esp32ai import read_model_bin, write_model_bin
     from mpllm.formats.model import QMatrix
@@ -422,18 +414,21 @@ def test_kv_rows_too_wide_for_int16_stay_exact(small_model, tmp_path, rows: str)
     ref = Reference.from_image(img)
     prompt = [3, 9, 27]
     ids, want = ref.generate(prompt, 12)
-    with _llm.Model(img) as m:
-        got = [m.prefill(prompt)]
-        logits = [m.logits()]
-        for _ in range(11):
-            got.append(m.step(got[-1]))
-            logits.append(m.logits())
-        st = m.stats()
-    # every layer-0 position at least
-    assert (st["k_wide"] >= 14) == ("K" in rows) and (st["v_wide"] >= 14) == ("V" in rows)
-    assert st["k_wide"] * st["v_wide"] == 0 or rows == "KV"
-    assert got == ids
-    assert all(a == b.tobytes() for a, b in zip(logits, want))
+    for k_dots in (True, False):
+        with _llm.Model(img) as m:
+            m.set_k_dots(k_dots)
+            got = [m.prefill(prompt)]
+            logits = [m.logits()]
+            for _ in range(11):
+                got.append(m.step(got[-1]))
+                logits.append(m.logits())
+            st = m.stats()
+        # every layer-0 position at least
+        assert (st["k_wide"] >= 14) == ("K" in rows and k_dots)
+        assert (st["v_wide"] >= 14) == ("V" in rows)
+        assert st["k_wide"] * st["v_wide"] == 0 or rows == "KV"
+        assert got == ids
+        assert all(a == b.tobytes() for a, b in zip(logits, want))
 
 
 # ---- llama2.c's Llama through the same forward pass ----------------------------------- #
@@ -511,9 +506,7 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         sec = {s.name: s for s in img.sections}
         assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
         assert where["head"][0] == "bulk" and "head" in sec
-        # random weights: some K or V row could outgrow int16 dots, so float rows too
-        assert _kv_can_widen(img)
-        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg, floats=True))
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         n_prompt, n_steps = 5, 6
         s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
@@ -566,36 +559,25 @@ def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
 @pytest.mark.parametrize("name", ["tiny", "llama2c_untied", "llama2c_long"])
 def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
     """Every block sized by seq_len is sized by the context: the KV cache as the
-    formula says, every block as the cost model's engine_blocks at that context; the
-    float rows that no K or V row can need in default mode are placed by set_plain(True)."""
+    formula says, every block as the cost model's engine_blocks at that context;
+    plain mode and K as dots place nothing more."""
     from mpllm import costmodel as cm
 
     image = engine_image(name)
-    img = read_image(image)
-    cfg, widen = img.config, _kv_can_widen(img)
-    dots = -(-cfg.dim // cfg.group) == 1
+    cfg = read_image(image).config
     for context in (cfg.seq_len, cfg.seq_len // 4, 17):
         with _llm.Model(image, context=context) as m:
             mem = {n: b for n, _r, b in m.memory()}
             shape = cm.Shape.from_config(m.config())
             assert shape.seq_len == context
             certified = "head_tiles" in mem
-            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
-                                                             kv_can_widen=widen)}
+            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
             assert {n: mem[n] for n in want if n != "engine"} == \
                 {n: b for n, b in want.items() if n != "engine"}
-            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, floats=widen)
-            assert "kv_floats" not in mem
+            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context)
             m.set_plain(True)
-            later = {n: b for n, _r, b in m.memory()}
-            if dots and not widen:
-                cells = cfg.n_layers * context * cfg.kv_dim
-                assert later["kv_floats"] == -(-4 * cells // 64) * 64
-            else:
-                assert later == mem  # the float rows were there from the start
-            m.set_plain(False)
-            m.set_plain(True)
-            assert {n: b for n, _r, b in m.memory()} == later  # placed once
+            m.set_k_dots(True)
+            assert {n: b for n, _r, b in m.memory()} == mem
 
 
 def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]

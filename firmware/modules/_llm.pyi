@@ -170,11 +170,7 @@ class Model:
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
     def set_plain(self, on: bool) -> None:
-        """Plain mode on or off from the next token on (see __init__). When K and
-        V are cached as int16 dots that no row can outgrow, the float rows only
-        plain mode writes are placed by the first set_plain(True) (memory()'s
-        "kv_floats"): Error "out of memory", plain mode left off, if it finds
-        no room."""
+        """Plain mode on or off from the next token on (see __init__)."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
     def set_fast(self, on: bool) -> None:
@@ -186,6 +182,16 @@ class Model:
         it does not reproduce."""
     def fast(self) -> bool:
         """Whether fast mode is on."""
+    def set_k_dots(self, on: bool) -> None:
+        """K cached as its exact int16 integer dots beside V's (off by default):
+        each cached k is rebuilt and RoPE re-applied when read, with the
+        operations that made plain mode's floats, so the same tokens and
+        logits bits; half the K bytes read, for that compute (the cost model
+        prices it slower on the S3: a switch for a board's own A/B). From the
+        next token on; rows cached before keep their form. No effect in plain
+        or fast mode, or when the qkv rows are several scale groups."""
+    def k_dots(self) -> bool:
+        """Whether K is cached as dots (set_k_dots)."""
     def tokenizer(self) -> memoryview:
         """The image's tokenizer section (layout: native/engine/image_format.h),
         read in place, never copied: on CPython a read-only memoryview that

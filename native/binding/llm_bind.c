@@ -152,8 +152,8 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
-/* Whether the model opens at `context` in plain mode if asked (its float V
- * finds room too), with every weight in RAM if `in_ram`; closed again. */
+/* Whether the model opens at `context` in plain mode if asked, with every
+ * weight in RAM if `in_ram`; closed again. */
 static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
                     int plain, int in_ram) {
     llm_engine *probe = NULL;
@@ -181,8 +181,7 @@ static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len
  * longest context at which every weight is in RAM, unless that is shorter
  * than FIT_MIN_CONTEXT (then, as for a model whose weights never all fit,
  * the longest that opens, the rest read in place): llm.story() then works on
- * such a board without a context to choose. In plain mode its float V must
- * fit too. Opening is monotone in the context (the KV cache grows with it
+ * such a board without a context to choose. Opening is monotone in the context (the KV cache grows with it
  * and is placed before the weights), so two bisections find it: about 20
  * opens for a seq_len of 512, each closed before the next. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
@@ -291,6 +290,8 @@ static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
     [LLM_BIND_M_plain] = {"plain", 0, 0, 0, {{0}}},
     [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
     [LLM_BIND_M_fast] = {"fast", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_set_k_dots] = {"set_k_dots", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_k_dots] = {"k_dots", 0, 0, 0, {{0}}},
 };
 
 const llm_bind_method *llm_bind_method_at(llm_bind_method_id id) { return &METHODS[id]; }
@@ -425,6 +426,7 @@ llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
     case LLM_BIND_M_rewind: return rewind_to(e, a[0].i, err);
     case LLM_BIND_M_set_plain: return set_plain(e, a[0].on, err);
     case LLM_BIND_M_set_fast: return engine(llm_set_fast(e, a[0].on, &le), &le, err);
+    case LLM_BIND_M_set_k_dots: return engine(llm_set_k_dots(e, a[0].on, &le), &le, err);
     default: break; /* the rest only read */
     }
     return ok(err);
@@ -557,6 +559,7 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
     case LLM_BIND_M_memory: return memory(e, s);
     case LLM_BIND_M_plain: return put_bool(s, NULL, llm_plain(e));
     case LLM_BIND_M_fast: return put_bool(s, NULL, llm_fast(e));
+    case LLM_BIND_M_k_dots: return put_bool(s, NULL, llm_k_dots(e));
     default: return put(s, LLM_BIND_NONE, NULL, 0, 0, NULL, 0);
     }
 }

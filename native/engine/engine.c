@@ -205,17 +205,18 @@ static void LLM_HOT charge_mat(llm_engine *e, const llm_mat *m) {
         charge_mat((e), (mat));                                   \
     } while (0)
 
-/* The qkv matvec when K and V are cached as dots: the dim q rows as usual;
- * the 2 * kv_dim K and V rows through the same kernel with every scale 1 and
- * xscale 1, which makes it return (0 + (float)g * 1) * 1 = (float)g, the
- * exact integer dot (|g| < 2^24). Same bytes read as one full call. */
-static void LLM_HOT matvec_q_kvdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
-    const uint32_t q = e->cfg.dim;
+/* The qkv matvec when V (and with k_dots K) is cached as dots: the q rows
+ * (and K's without k_dots) as usual; the kv_dim V rows (and K's) through the
+ * same kernel with every scale 1 and xscale 1, which makes it return (0 +
+ * (float)g * 1) * 1 = (float)g, the exact integer dot (|g| < 2^24). Same
+ * bytes read as one full call. */
+static void LLM_HOT matvec_kv_dots(llm_engine *e, const llm_mat *mat, uint32_t m, int k_dots) {
+    const uint32_t dots0 = e->cfg.dim + (k_dots ? 0u : e->cfg.kv_dim);
     float *ys[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv);
-    matvec_rows(e, mat, 0, q, m, ys, 0);
-    /* K's rows, then V's: the unit scales (s.ones) are dim >= kv_dim long */
-    for (uint32_t r = q; r < q + 2u * e->cfg.kv_dim; r += e->cfg.kv_dim) {
+    matvec_rows(e, mat, 0, dots0, m, ys, 0);
+    /* kv_dim rows a call: the unit scales (s.ones) are dim >= kv_dim long */
+    for (uint32_t r = dots0; r < e->cfg.dim + 2u * e->cfg.kv_dim; r += e->cfg.kv_dim) {
         for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + r;
         matvec_rows(e, mat, r, e->cfg.kv_dim, m, ys, 1);
     }
@@ -543,14 +544,16 @@ static int LLM_HOT dots_fit(const float *g, uint32_t n) {
 }
 
 /* Store one position's k and v (kv_dim each) in the cache; returns the
- * bytes written. With dots (`dots`), col->qkv[dim..) holds K's and V's exact
- * integer dots (matvec_q_kvdots; K not rotated), ks and vs are the layer's K
- * and V row scales, col->act.scale the qkv input's scale and `rope` the
- * position's RoPE row; a row whose dots do not fit int16 is stored as the
- * floats attention would rebuild. Otherwise col->qkv holds the kernel's
- * floats with k rotated, both stored as floats. */
+ * bytes written. With dots (`dots`), col->qkv[dim + kv_dim..) holds V's
+ * exact integer dots (matvec_kv_dots) and, with `k_dots`, col->qkv[dim..)
+ * K's (not rotated); ks and vs are the layer's K and V row scales,
+ * col->act.scale the qkv input's scale and `rope` the position's RoPE row; a
+ * row whose dots do not fit int16 is stored as the floats attention would
+ * rebuild. Otherwise col->qkv holds the kernel's floats (k rotated), which
+ * are stored as they are. */
 static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
-                                 int dots, const float *ks, const float *vs, const float *rope) {
+                                 int dots, int k_dots, const float *ks, const float *vs,
+                                 const float *rope) {
     const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim, Dh = e->cfg.head_dim;
     llm_run_state *s = &e->s;
     const size_t row = (size_t)l * S + p;
@@ -564,13 +567,16 @@ static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const ll
         s->kv_wide[row] = LLM_K_WIDE | LLM_V_WIDE;
         return (uint64_t)D * 2u * sizeof(float);
     }
-    const uint8_t wide = (uint8_t)((dots_fit(k, D) ? 0u : LLM_K_WIDE) |
+    const uint8_t wide = (uint8_t)((k_dots && dots_fit(k, D) ? 0u : LLM_K_WIDE) |
                                    (dots_fit(v, D) ? 0u : LLM_V_WIDE));
     const float xs = col->act.scale;
     s->kv_wide[row] = wide;
     s->kv_scale[row] = xs;
     uint64_t written = sizeof(float);
-    if (wide & LLM_K_WIDE) {
+    if (!k_dots) {
+        memcpy(s->kv_floats + row * D, k, D * sizeof(float));
+        written += (uint64_t)D * sizeof(float);
+    } else if (wide & LLM_K_WIDE) {
         /* too wide for int16: the rotated floats a rebuild would give */
         float *kf = s->kv_floats + row * D;
         for (uint32_t i = 0; i < D; i++) kf[i] = from_dot(k[i], ks[i], xs);
@@ -622,7 +628,7 @@ static void LLM_HOT run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uin
 }
 
 static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, int dots,
-                              const float *const *rope) {
+                              int k_dots, const float *const *rope) {
     const llm_config *cf = &e->cfg;
     const uint32_t D = cf->kv_dim, S = cf->seq_len, Q = cf->dim;
     llm_run_state *s = &e->s;
@@ -638,7 +644,7 @@ static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
     }
     uint64_t written = 0;
     for (uint32_t c = 0; c < m; c++)
-        written += store_kv(e, l, pos + c, &s->col[c], dots, ks, ks + D, rope[c]);
+        written += store_kv(e, l, pos + c, &s->col[c], dots, k_dots, ks, ks + D, rope[c]);
     run_heads(e, attention_heads, &job);
     /* every cache row the pass reads, once (kv_row_bytes), and the RoPE row
      * of each one whose k is rebuilt from dots (in flash: the image's) */
@@ -709,16 +715,18 @@ static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
     llm_run_state *s = &e->s;
     norm_input(e, m, ly->attn_norm);
-    /* K and V as dots: k is rotated where it is rebuilt (store_kv, attention) */
+    /* V (and with k_dots K) as dots: a k kept as dots is rotated where it is
+     * rebuilt (store_kv, attention) */
     const int dots = e->kv_dots && !e->plain && !e->fast;
+    const int k_dots = dots && e->k_dots;
     if (dots)
-        matvec_q_kvdots(e, &ly->qkv, m);
+        matvec_kv_dots(e, &ly->qkv, m, k_dots);
     else
         MATVEC(e, &ly->qkv, m, qkv);
-    const uint32_t rotated = cf->n_heads + (dots ? 0u : cf->n_kv_heads); /* q heads, k heads */
+    const uint32_t rotated = cf->n_heads + (k_dots ? 0u : cf->n_kv_heads); /* q, k heads */
     for (uint32_t c = 0; c < m; c++)
         for (uint32_t h = 0; h < rotated; h++) rope_rotate(s->col[c].qkv + h * Dh, rope[c], half);
-    attention(e, l, e->pos, m, dots, rope);
+    attention(e, l, e->pos, m, dots, k_dots, rope);
     for (uint32_t c = 0; c < m; c++) quantize(&s->col[c].act, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
     add_branch(e, m);

@@ -91,11 +91,11 @@ typedef struct llm_run_state {
      * kv_pairs[row]: K's then V's exact integer dots ([2][kv_dim] int16; K's
      *   before RoPE), or V as kv_dim floats when both rows are wide
      * kv_floats[row]: [kv_dim] the position's one float row: K (rotated)
-     *   when K is wide, else V when V is (NULL until plain mode is first on
-     *   when no row can be wide: llm_open's kv_can_widen)
+     *   when K is held as floats, else V when V is
      * kv_scale[row]: the position's activation scale, the dots' xscale
      * kv_wide[row]: LLM_K_WIDE | LLM_V_WIDE, the rows held as floats (dots
-     *   wider than int16; both in plain mode and without dots) */
+     *   wider than int16; K unless llm_set_k_dots; both in plain mode and
+     *   without dots) */
     int16_t *kv_pairs;
     float *kv_floats;
     float *kv_scale;
@@ -136,6 +136,7 @@ struct llm_engine {
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
     int fast;        /* attention over the int8 KV cache (lossy, opt-in) */
+    int k_dots;      /* K stored as dots from the next token on (llm_set_k_dots) */
     int (*interrupt_poll)(void *ctx); /* llm_set_interrupt */
     void *interrupt_ctx;
     llm_sampler_options sampler;

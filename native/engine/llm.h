@@ -222,12 +222,21 @@ const float *llm_logits(llm_engine *e);
  * element at a time. Same tokens and logits, slower: the reference the
  * speed-ups are tested against. Takes effect from the next token on (K and V
  * rows cached before keep the form they were stored in: both read back as the
- * same floats). When K and V are cached as int16 dots and no row can outgrow
- * them, llm_open leaves out the float rows default mode never writes; the
- * first switch to plain mode places them through the port (LLM_E_NOMEM,
- * plain mode left off, when it finds no memory). */
+ * same floats). */
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err);
 int llm_plain(const llm_engine *e);
+
+/* K cached as its exact int16 integer dots (before RoPE) beside V's,
+ * instead of floats after RoPE: attention rebuilds each k with the kernel's
+ * operations and re-applies RoPE with the position's row of the image's
+ * table, so the same tokens and logits bits; half the K bytes read per
+ * cached row, for that compute and a RoPE row read per cached row. Off by
+ * default: the cost model prices it slower on the S3 (tools/mpllm/costmodel,
+ * the "with the int16 K cache" variants); a switch a board can A/B. From
+ * the next token on; rows cached before keep their form. Only where V is
+ * cached as dots (qkv rows of one scale group), not in plain or fast mode. */
+llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err);
+int llm_k_dots(const llm_engine *e);
 
 /* Fast mode (opt-in, LOSSY): attention over an int8 KV cache with PIE
  * scores and a cheap exp (native/engine/attention_fast.c). Stories differ

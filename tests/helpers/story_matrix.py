@@ -3,14 +3,16 @@
 A story is the token ids decoded after a prompt and the sha256 of the raw
 float32 logits row of every head evaluation that proposed one of them. Plain
 mode (every speed-up off: float K and V, the dense head, one position a pass)
-is the reference; the default engine must give the same story one step at a
-time and with speculative decoding (verify passes of drafted tokens, kept and
-rejected drafts, rewinds). With drafts, a verify pass leaves only its last
+is the reference; the default engine, and the engine with K cached as dots
+(set_k_dots), must give the same story one step at a time and with
+speculative decoding (verify passes of drafted tokens, kept and rejected
+drafts, rewinds). With drafts, a verify pass leaves only its last
 kept evaluation's logits (llm_logits after rewind), so those rows are checked,
 and every token.
 
 tests/test_kv_dots.py runs a few prompts; the full matrix (20 prompts x 6
-samplers x the images given, both decodings) runs by hand:
+samplers x the images given, both decodings, K as floats and as dots) runs by
+hand:
 
     python tests/helpers/story_matrix.py IMAGE [IMAGE ...] [--tokens N]
 """
@@ -53,9 +55,10 @@ def _sha(m: Any) -> str:
 
 
 def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-            n: int, *, plain: bool) -> Story:
+            n: int, *, plain: bool, k_dots: bool = False) -> Story:
     """n tokens one step at a time (fewer when the context fills), every row."""
     with llm.Model(image, plain=plain) as m:
+        m.set_k_dots(k_dots)
         m.sampler(*sampler)
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
@@ -67,11 +70,12 @@ def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, 
 
 
 def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-                n: int, want: list[int], vocab: int) -> Story:
+                n: int, want: list[int], vocab: int, *, k_dots: bool = False) -> Story:
     """n tokens through verify passes whose drafts are the reference story's next
     tokens (1..7 of them, in turn), every other pass with its last draft made
     wrong: passes of several positions, drafts kept and refused, rewinds."""
     with llm.Model(image) as m:
+        m.set_k_dots(k_dots)
         m.sampler(*sampler)
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
@@ -95,17 +99,20 @@ def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, i
 
 
 def check(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-          n: int, vocab: int) -> list[str]:
-    """The differences from plain mode of the default engine stepped and with
-    speculative decoding ([] when the stories are the same)."""
+          n: int, vocab: int, k_dots: tuple[bool, ...] = (False, True)) -> list[str]:
+    """The differences from plain mode of the engine (K as floats and, or, as
+    dots) stepped and with speculative decoding ([] when the stories are the
+    same)."""
     ref = stepped(llm, image, prompt, sampler, n, plain=True)
     bad = []
-    got = stepped(llm, image, prompt, sampler, n, plain=False)
-    if got != ref:
-        bad.append(f"stepped: {_first_difference(ref, got)}")
-    spec = speculative(llm, image, prompt, sampler, n, ref.tokens, vocab)
-    if spec.tokens != ref.tokens or any(ref.rows[i] != h for i, h in spec.rows.items()):
-        bad.append(f"speculative: {_first_difference(ref, spec)}")
+    for kd in k_dots:
+        how = "K as dots" if kd else "K as floats"
+        got = stepped(llm, image, prompt, sampler, n, plain=False, k_dots=kd)
+        if got != ref:
+            bad.append(f"{how}, stepped: {_first_difference(ref, got)}")
+        spec = speculative(llm, image, prompt, sampler, n, ref.tokens, vocab, k_dots=kd)
+        if spec.tokens != ref.tokens or any(ref.rows[i] != h for i, h in spec.rows.items()):
+            bad.append(f"{how}, speculative: {_first_difference(ref, spec)}")
     return bad
 
 
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{image.name}: prompt {p + 1}/{args.prompts} done "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     print(f"\n{total - failed} of {total} (prompt, sampler, image) stories equal plain mode's, "
-          f"stepped and speculative ({args.tokens} tokens each)")
+          f"stepped and speculative, K as floats and as dots ({args.tokens} tokens each)")
     return 1 if failed else 0
 
 

@@ -35,7 +35,7 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
                        *, head: bool = False, head_mode: str = "dense",
                        head_rows: float | None = None, head_ids: bool = True,
                        head_id_reads: float | None = None,
-                       kv_dots: bool = True, weights: bool = True,
+                       kv_dots: bool = True, k_dots: bool = False, weights: bool = True,
                        kv_rows_read: int | None = None) -> dict[str, dict[str, float]]:
     """Bytes the engine (native/engine/engine.c) charges per stage and region
     for one token at `pos`; with `head`, one head evaluation as well
@@ -57,15 +57,16 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     out["embed"]["flash"] += ple_record_bytes(s)
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
     # each cache row written and each read (engine.c store_kv, kv_row_bytes):
-    # K and V as int16 dots + the position's scale, and the RoPE row of every
-    # k rebuilt from its dots (in flash; rows that do not fit int16 stay
-    # floats: none in a checked run), or both as floats in plain mode
-    # (kv_dots False); kv_dim wide (GQA)
+    # V as int16 dots + the position's scale, K as floats or (k_dots) as
+    # int16 dots too, with the RoPE row of every k rebuilt from its dots (in
+    # flash; rows that do not fit int16 stay floats: none in a checked run),
+    # or both as floats in plain mode (kv_dots False); kv_dim wide (GQA)
     kvd = s.kv_dim
-    row = 4 * kvd + 4 if kv_dots else 8 * kvd
+    k_dots = kv_dots and k_dots
+    row = (2 if k_dots else 4) * kvd + 2 * kvd + 4 if kv_dots else 8 * kvd
     rows_read = pos + 1 if kv_rows_read is None else kv_rows_read
     out["attn"][pl["kv"]] += L * (1 + rows_read) * row
-    if kv_dots:
+    if k_dots:
         out["attn"]["flash"] += L * rows_read * s.head_dim * 4
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice;
     # each layer's attn_norm, ffn_norm and (with PLE) ple_norm

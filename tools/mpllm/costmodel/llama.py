@@ -13,22 +13,18 @@ held-out prediction (no llama2.c model has been timed on an S3 here).
 What the engine does with a llama2.c image (native/engine/engine_open.c,
 engine.c on the llama branch), and so what the builds here assume:
   * int4 weights in groups of `group` (convert.py's default: one group a row,
-    the dim rounded up to 32; --group 32 is finer). K and V are cached
-    as exact int16 dots only when the qkv rows are one scale group
-    (engine_open.c place_kv_cache: kv_dots), and the head is certified only
-    when its rows are one group (stage_head: certified): at group 32 a
-    64-wide model has two groups a row, so K and V are cached as floats and
-    the head is dense. convert.py's default, the padded width (64 for
+    the dim rounded up to 32; --group 32 is finer). V (and K with
+    set_k_dots) is cached as exact int16 dots only when the qkv rows are one
+    scale group (engine_open.c place_kv_cache: kv_dots), and the head is
+    certified only when its rows are one group (stage_head: certified): at
+    group 32 a 64-wide model has two groups a row, so V is cached as floats
+    and the head is dense. convert.py's default, the padded width (64 for
     stories260K), makes both possible: the "one group a row" rows below.
   * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer,
     for the context the engine was opened with (llm_open_with, Model(...,
-    context=N); a Shape's seq_len here): the engine allocates the K and V
-    dots and a scale per position, and a float row per position when they
-    are not cached as dots or when some K or V row could give dots too wide
-    for int16 (engine_open.c kv_can_widen; `kv_rows_can_widen` here). The
-    shapes here assume none can (true of the published stories260K at group
-    64); plain mode then places the float rows later (llm_set_plain:
-    "kv_floats").
+    context=N); a Shape's seq_len here): a float row and a pair of int16 dot
+    rows per position and layer, and a scale per position (engine_open.c
+    place_kv_cache).
 """
 
 from __future__ import annotations
@@ -36,8 +32,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, Build
@@ -79,7 +73,6 @@ __all__ = [
     "fast_kv_bytes",
     "fitting_context",
     "internal_placement",
-    "kv_rows_can_widen",
     "llama_build",
     "opening_context",
     "placement",
@@ -173,16 +166,6 @@ def _one_group_a_row(s: Shape) -> bool:
     return n_groups(s.dim, s.group) == 1
 
 
-def kv_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
-    """Whether some layer's K or V rows (qkv rows dim .. dim + 2 kv_dim) could
-    give int16 dots a value they cannot hold: |dot| <= 127 * sum |code| over
-    the row (engine_open.c kv_can_widen); then the engine places a float row
-    per position at open. `qkv_codes`: each layer's signed int4 codes [rows,
-    cols]."""
-    return any(int(np.abs(q[dim: dim + 2 * kv_dim].astype(np.int64)).sum(axis=1).max())
-               * 127 > 32767 for q in qkv_codes)
-
-
 def fast_kv_bytes(s: Shape) -> int:
     """Fast mode's arrays (attention_fast.c layout, llm_fast_kv_need), which
     lie over the exact cache: int8 K rows and transposed V, their scales, the
@@ -193,17 +176,14 @@ def fast_kv_bytes(s: Shape) -> int:
                                  4 * L * kvh * S, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * S))
 
 
-def engine_blocks(s: Shape, *, certified: bool,
-                  kv_can_widen: bool = False) -> list[tuple[str, int, str, str]]:
+def engine_blocks(s: Shape, *, certified: bool) -> list[tuple[str, int, str, str]]:
     """The blocks llm_open asks for, in its order (engine_open.c; equal to
     the host engine's Model.memory() on a release-shaped image but for the
     engine's own block, priced at sram.ENGINE_STRUCT_BYTES): (name,
     bytes, region wanted, kind) with kind "required" (open fails without it),
     "optional" (skipped) or "matrix" (FAST, else BULK, else read in place
     from flash). The head is staged in tile order with its ids and tile index
-    when `certified` (and the rows are one scale group), else staged dense.
-    `kv_can_widen`: the image's K or V rows could outgrow int16 dots (see
-    kv_rows_can_widen), so a float row per position is placed at open."""
+    when `certified` (and the rows are one scale group), else staged dense."""
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
     rb = q4_row_bytes(d)
@@ -225,11 +205,10 @@ def engine_blocks(s: Shape, *, certified: bool,
     out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
     out.append(("logits", 4 * V, "bulk", "required"))
     cells = L * S * kvd
-    floats = not _one_group_a_row(s) or kv_can_widen
-    # each array on a 64-byte line: the K and V dot pairs (4 bytes a cell),
-    # the scales, a float row per position (if any row can be wide), at least
-    # fast mode's arrays; then the streams
-    exact = _a64(4 * cells) + _a64(4 * L * S) + (_a64(4 * cells) if floats else 0)
+    # each array on a 64-byte line: the K and V dot pairs and a float row per
+    # position (4 bytes a cell each), the scales, at least fast mode's
+    # arrays; then the streams
+    exact = 2 * _a64(4 * cells) + _a64(4 * L * S)
     kv = max(exact, _a64(fast_kv_bytes(s))) + _a64(16 * (S + 1))
     out.append(("kv_cache", kv, "bulk", "required"))
     per_layer = 3 if s.has_ple else 2  # attn, ffn (and PLE) norms

@@ -244,6 +244,17 @@ FAXPY_OPS = 5
 #: scale's load once per four rows (0.25). Row at a time it is FAXPY_OPS
 #: plus the recompute's 4 (load, convert, two multiplies), with v stored.
 V_ROWS4_OPS = 6 + 2 / 4 + 1 / 4
+#: A cached k rebuilt from its int16 dots with RoPE re-applied (engine.c
+#: cached_k), per element, once per cached row and kv head for all the
+#: query heads and positions that read it: the int16 load and convert, the
+#: scale's load, * scale, + to 0, * xscale (6); per pair of elements the
+#: cos and sin loads, four multiplies, the add and the subtract and two
+#: stores (10: 5 an element).
+K_REBUILD_OPS = 6 + 5
+#: Storing a K row as int16 dots instead of copying floats (engine.c
+#: store_kv), per element: the two range compares and their and, the
+#: convert (4 on top of the copy's load and store).
+K_DOTS_STORE_OPS = 4
 #: A scalar kernel reading int4 weights in place (core "int4-flash": llm.h
 #: matvec_q, esp32-ai before it staged weights) unpacks each one in the inner
 #: loop: byte load, parity test, shift or mask, -8, int->float, beside the MAC.
