@@ -381,7 +381,8 @@ def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequ
     """Model(context=128) on the llama2.c demo and stories260K (V rows one scale
     group: V as int16 dots, and K too with set_k_dots): plain, default and K as
     dots decode the same tokens and logits (sha256) as the uncapped engine, to the
-    cap; the cap refuses the position past it; plain mode places nothing more."""
+    cap; the cap refuses the position past it; plain mode places nothing more, K as
+    dots only its scratch."""
     image = request.getfixturevalue("demo_image" if which == "demo" else "stories260k")
     _llm = _engine()
     ids = _tokenizer().encode(PROMPTS[0])  # type: ignore[attr-defined]
@@ -401,4 +402,4 @@ def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequ
             assert _decode(m, ids, cap - len(ids) + 1, smp, False) == want, smp
             m.set_k_dots(False)  # type: ignore[attr-defined]
             assert _decode(m, ids, cap - len(ids) + 1, smp, True) == want, smp
-        assert m.memory() == memory
+        assert [x for x in m.memory() if x[0] != "k_rebuilt"] == memory

@@ -560,7 +560,8 @@ def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
 def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
     """Every block sized by seq_len is sized by the context: the KV cache as the
     formula says, every block as the cost model's engine_blocks at that context;
-    plain mode and K as dots place nothing more."""
+    plain mode places nothing more, K as dots its scratch once (four rows of
+    head_dim floats a head, in internal SRAM)."""
     from mpllm import costmodel as cm
 
     image = engine_image(name)
@@ -576,8 +577,12 @@ def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None
                 {n: b for n, b in want.items() if n != "engine"}
             assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context)
             m.set_plain(True)
-            m.set_k_dots(True)
             assert {n: b for n, _r, b in m.memory()} == mem
+            for on in (True, False, True):
+                m.set_k_dots(on)
+            later = {n: (r, b) for n, r, b in m.memory()}
+            assert later.pop("k_rebuilt") == ("fast", cfg.n_heads * 4 * cfg.head_dim * 4)
+            assert {n: b for n, (_r, b) in later.items()} == mem
 
 
 def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]

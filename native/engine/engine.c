@@ -334,16 +334,16 @@ static void LLM_HOT scores_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
     llm_col *col = &j->s->col[0];
     const uint32_t Dh = j->Dh;
     const float inv = j->e->inv_sqrt_head_dim;
-    float buf[4][LLM_MAX_HEAD_DIM];
+    float *buf = j->s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's four rows */
     const float *k0 = NULL, *k1 = NULL, *k2 = NULL, *k3 = NULL;
     uint32_t have = UINT32_MAX;
     for (uint32_t h = h0; h < h1; h++) {
         const uint32_t kv = (h / j->group) * Dh;
         if (kv != have) {
-            k0 = cached_k(j, t, kv, buf[0]);
-            k1 = cached_k(j, t + 1u, kv, buf[1]);
-            k2 = cached_k(j, t + 2u, kv, buf[2]);
-            k3 = cached_k(j, t + 3u, kv, buf[3]);
+            k0 = cached_k(j, t, kv, buf);
+            k1 = cached_k(j, t + 1u, kv, buf + Dh);
+            k2 = cached_k(j, t + 2u, kv, buf + 2u * Dh);
+            k3 = cached_k(j, t + 3u, kv, buf + 3u * Dh);
             have = kv;
         }
         const float *q = col->qkv + h * Dh;
@@ -373,7 +373,7 @@ static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1
     llm_run_state *s = j->s;
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     const int rows4 = j->m == 1u && !j->e->plain;
-    float buf[LLM_MAX_HEAD_DIM];
+    float *buf = s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's rows */
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
     for (uint32_t t = 0; t <= j->last; t++) {

@@ -414,8 +414,20 @@ llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
     return llm_engine_ok(err);
 }
 
+/* K as dots needs the rebuilt ks' scratch (engine_state.h k_rebuilt),
+ * placed by the first switch on (FAST, else BULK): internal SRAM is not
+ * spent on it while K stays floats. */
 llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_k_dots: NULL engine");
+    if (on && e->s.k_rebuilt == NULL) {
+        const size_t bytes = (size_t)e->cfg.n_heads * 4u * e->cfg.head_dim * sizeof(float);
+        float *k = place(e, "k_rebuilt", bytes, LLM_REGION_FAST, NULL);
+        if (k == NULL) k = place(e, "k_rebuilt", bytes, LLM_REGION_BULK, NULL);
+        if (k == NULL)
+            return llm_fail(err, LLM_E_NOMEM, "no memory for K as dots' scratch (%lu bytes)",
+                            (unsigned long)bytes);
+        e->s.k_rebuilt = k;
+    }
     e->k_dots = on != 0;
     return llm_engine_ok(err);
 }

@@ -105,6 +105,11 @@ typedef struct llm_run_state {
     llm_rng *rng_at;
     llm_fast_kv fast;   /* fast mode only */
     float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
+    /* [n_heads][4][head_dim] ks rebuilt from dots: a call of attention over
+     * heads [h0, h1) uses h0's four rows (the calls' ranges never overlap;
+     * here, not on the stack: the board's worker task has 4 KiB). NULL until
+     * llm_set_k_dots first turns K as dots on (no row is dots before). */
+    float *k_rebuilt;
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
     llm_candidates cand;   /* the sampler's k best of the last evaluation */

@@ -336,24 +336,39 @@ static void check_port_books(void) {
     free(foreign);
 }
 
-/* Plain mode and K as dots place nothing: the KV cache holds a float row
- * and a dot pair per position from the start (engine_open.c place_kv_cache),
- * so switching either on after open cannot fail for memory; and a model
- * that opens in the BULK it used decodes alike in both. */
+/* Plain mode places nothing: the KV cache holds a float row and a dot
+ * pair per position from the start (engine_open.c place_kv_cache). K as
+ * dots places its scratch once, FAST else BULK, and with no memory left the
+ * switch fails with LLM_E_NOMEM, leaving K as floats; closing frees it. */
 static void check_plain_memory(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
     llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
     if (e == NULL) return;
-    const uint64_t opened = hp.in_use[LLM_REGION_BULK];
+    const uint64_t fast = hp.in_use[LLM_REGION_FAST], bulk = hp.in_use[LLM_REGION_BULK];
     const uint32_t blocks = hp.live_blocks;
     llm_error err;
-    EXPECT(llm_set_plain(e, 1, &err) == LLM_OK && llm_set_k_dots(e, 1, &err) == LLM_OK &&
-           llm_set_plain(e, 0, &err) == LLM_OK && hp.in_use[LLM_REGION_BULK] == opened &&
-           hp.live_blocks == blocks, "set_plain / set_k_dots placed memory");
+    EXPECT(llm_set_plain(e, 1, &err) == LLM_OK && llm_set_plain(e, 0, &err) == LLM_OK &&
+           hp.in_use[LLM_REGION_BULK] == bulk && hp.live_blocks == blocks,
+           "set_plain placed memory");
+    EXPECT(llm_set_k_dots(e, 1, &err) == LLM_OK && llm_set_k_dots(e, 0, &err) == LLM_OK &&
+           llm_set_k_dots(e, 1, &err) == LLM_OK && llm_k_dots(e) &&
+           hp.live_blocks == blocks + 1u && hp.in_use[LLM_REGION_FAST] > fast,
+           "set_k_dots: %s, %u blocks (%u at open)", err.message, hp.live_blocks, blocks);
     llm_close(e);
     EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
-    printf("plain memory: set_plain and set_k_dots place nothing\n");
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = fast;
+    hp.capacity[LLM_REGION_BULK] = bulk;
+    e = open_ok(img, len, &hp, "the image does not open in the memory it used");
+    if (e == NULL) return;
+    const llm_status st = llm_set_k_dots(e, 1, &err);
+    EXPECT(st == LLM_E_NOMEM && strstr(err.message, "K as dots' scratch") != NULL &&
+           !llm_k_dots(e), "set_k_dots without memory: status %d, %s", (int)st, err.message);
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    printf("plain memory: set_plain places nothing, set_k_dots its scratch once, refused "
+           "without room\n");
 }
 
 /* Whether the model opens at `context` under these caps, in plain mode if
