@@ -231,24 +231,35 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
             assert m.tokenizer() == img.tokenizer_section
 
 
-def _kv_cache_bytes(cfg: Config, *, context: int | None = None) -> int:
+def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None = None) -> int:
     """The kv_cache placement for `context` positions (None: seq_len), each array
-    on a 64-byte line: per position and layer a pair of int16 dot rows and a float
-    row (4 bytes a cell each), a scale per position; at least fast mode's arrays
-    (which lie over them); then the sampler stream's state per position and one
-    more (16 bytes each, for rewind)."""
+    on a 64-byte line: K as floats (or int16 dots in the same rows); V as int16
+    dots when its rows are one scale group, its rows float-wide when they are not
+    or when some V row could give dots wider than int16 (`v_floats`); a scale per
+    position; at least fast mode's arrays (which lie over them); then the sampler
+    stream's state per position and one more (16 bytes each, for rewind)."""
     s = context or cfg.seq_len
     L, h, dh = cfg.n_layers, cfg.n_heads, cfg.head_dim
     kvh = cfg.kv_dim // dh
     cells = L * s * cfg.kv_dim
+    v_dots = -(-cfg.dim // cfg.group) == 1
 
     def a(n: int, to: int) -> int:
         return -(-n // to) * to
-    exact = 2 * a(4 * cells, 64) + a(4 * L * s, 64)
+    exact = (a(4 * cells, 64) + a((4 if v_floats or not v_dots else 2) * cells, 64)
+             + a(4 * L * s, 64))
     dhp, sp = a(dh, 16), a(s, 16)
     fast = sum(a(n, 16) for n in (L * kvh * s * dhp, L * kvh * dh * sp, 4 * L * kvh * s,
                                   4 * L * kvh * s, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * s))
     return max(exact, a(fast, 64)) + a(16 * (s + 1), 64)
+
+
+def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
+    """engine_open.c v_can_widen on a read image (the cost model's twin)."""
+    from mpllm.costmodel.llama import v_rows_can_widen
+
+    return v_rows_can_widen(img.config.dim, img.config.kv_dim,
+                            [ly.qkv.q for ly in img.weights.layers])
 
 
 def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
@@ -290,6 +301,7 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         where = {name: (region, size) for name, region, size in mem}
         assert all(region in ("flash", "fast", "bulk") for _n, region, _s in mem)
         assert where["embed"][0] == where["ple_rows"][0] == where["rope"][0] == "flash"
+        assert not _v_can_widen(img)  # dim 32: |dot| <= 127 * 8 * 32 fits int16
         assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
         # decoding uses no logits buffer: the dense route's lives in PSRAM
         assert where["head"][0] == "bulk" and where["logits"] == ("bulk", cfg.vocab_out * 4)
@@ -506,7 +518,9 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         sec = {s.name: s for s in img.sections}
         assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
         assert where["head"][0] == "bulk" and "head" in sec
-        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg))
+        # random weights: some V row could outgrow int16 dots, so float-wide V rows
+        assert _v_can_widen(img)
+        assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg, v_floats=True))
         n_prompt, n_steps = 5, 6
         s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
@@ -560,29 +574,40 @@ def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
 def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
     """Every block sized by seq_len is sized by the context: the KV cache as the
     formula says, every block as the cost model's engine_blocks at that context;
-    plain mode places nothing more, K as dots its scratch once (four rows of
-    head_dim floats a head, in internal SRAM)."""
+    the float V that no V row can need in default mode is placed by
+    set_plain(True), K as dots' scratch (four rows of head_dim floats a head, in
+    internal SRAM) by set_k_dots(True), each once."""
     from mpllm import costmodel as cm
 
     image = engine_image(name)
-    cfg = read_image(image).config
+    img = read_image(image)
+    cfg, widen = img.config, _v_can_widen(img)
+    v_dots = -(-cfg.dim // cfg.group) == 1
     for context in (cfg.seq_len, cfg.seq_len // 4, 17):
         with _llm.Model(image, context=context) as m:
             mem = {n: b for n, _r, b in m.memory()}
             shape = cm.Shape.from_config(m.config())
             assert shape.seq_len == context
             certified = "head_tiles" in mem
-            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified)}
+            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
+                                                             v_can_widen=widen)}
             assert {n: mem[n] for n in want if n != "engine"} == \
                 {n: b for n, b in want.items() if n != "engine"}
-            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context)
+            assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, v_floats=widen)
+            assert "kv_values" not in mem and "k_rebuilt" not in mem
             m.set_plain(True)
-            assert {n: b for n, _r, b in m.memory()} == mem
+            later = {n: b for n, _r, b in m.memory()}
+            if v_dots and not widen:
+                cells = cfg.n_layers * context * cfg.kv_dim
+                assert later.pop("kv_values") == -(-4 * cells // 64) * 64
+            assert later == mem  # else the V rows were float-wide from the start
+            m.set_plain(False)
+            m.set_plain(True)
             for on in (True, False, True):
                 m.set_k_dots(on)
-            later = {n: (r, b) for n, r, b in m.memory()}
-            assert later.pop("k_rebuilt") == ("fast", cfg.n_heads * 4 * cfg.head_dim * 4)
-            assert {n: b for n, (_r, b) in later.items()} == mem
+            again = {n: (r, b) for n, r, b in m.memory()}
+            assert again.pop("k_rebuilt") == ("fast", cfg.n_heads * 4 * cfg.head_dim * 4)
+            assert {n: b for n, (_r, b) in again.items() if n != "kv_values"} == mem  # once
 
 
 def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]

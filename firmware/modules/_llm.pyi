@@ -170,7 +170,11 @@ class Model:
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
     def set_plain(self, on: bool) -> None:
-        """Plain mode on or off from the next token on (see __init__)."""
+        """Plain mode on or off from the next token on (see __init__). When V is
+        cached as int16 dots that no row can outgrow, the float V cache only
+        plain mode writes is placed by the first set_plain(True) (memory()'s
+        "kv_values"): Error "out of memory", plain mode left off, if it finds
+        no room."""
     def plain(self) -> bool:
         """Whether plain mode is on."""
     def set_fast(self, on: bool) -> None:
@@ -189,7 +193,9 @@ class Model:
         logits bits; half the K bytes read, for that compute (the cost model
         prices it slower on the S3: a switch for a board's own A/B). From the
         next token on; rows cached before keep their form. No effect in plain
-        or fast mode, or when the qkv rows are several scale groups."""
+        or fast mode, or when the qkv rows are several scale groups. The first
+        set_k_dots(True) places its scratch (memory()'s "k_rebuilt"): Error
+        "out of memory", K left as floats, if it finds no room."""
     def k_dots(self) -> bool:
         """Whether K is cached as dots (set_k_dots)."""
     def tokenizer(self) -> memoryview:

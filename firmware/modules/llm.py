@@ -332,8 +332,8 @@ class Session:
         import _llm
 
         # context only when asked: the engine's default is the image's seq_len,
-        # or where that finds no memory a context it fits (in plain mode if
-        # asked, so plain is given to the constructor too)
+        # or where that finds no memory a context it fits (in plain mode with
+        # plain mode's float V, so plain is given to the constructor too)
         kw = {} if context is None else {"context": context}
         if plain:
             kw["plain"] = True

@@ -152,8 +152,8 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
-/* Whether the model opens at `context` in plain mode if asked, with every
- * weight in RAM if `in_ram`; closed again. */
+/* Whether the model opens at `context` in plain mode if asked (its float V
+ * finds room too), with every weight in RAM if `in_ram`; closed again. */
 static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
                     int plain, int in_ram) {
     llm_engine *probe = NULL;
@@ -181,7 +181,8 @@ static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len
  * longest context at which every weight is in RAM, unless that is shorter
  * than FIT_MIN_CONTEXT (then, as for a model whose weights never all fit,
  * the longest that opens, the rest read in place): llm.story() then works on
- * such a board without a context to choose. Opening is monotone in the context (the KV cache grows with it
+ * such a board without a context to choose. In plain mode its float V must
+ * fit too. Opening is monotone in the context (the KV cache grows with it
  * and is placed before the weights), so two bisections find it: about 20
  * opens for a seq_len of 512, each closed before the next. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,

@@ -313,8 +313,8 @@ typedef struct attn_job {
 static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv, float *buf) {
     const llm_run_state *s = j->s;
     const size_t row = (size_t)j->layer * j->S + t;
-    if (s->kv_wide[row] & LLM_K_WIDE) return s->kv_floats + row * j->KVD + kv;
-    const int16_t *g = s->kv_pairs + row * 2u * j->KVD + kv;
+    if (s->kv_wide[row] & LLM_K_WIDE) return s->kv_k + row * j->KVD + kv;
+    const int16_t *g = (const int16_t *)(const void *)(s->kv_k + row * j->KVD) + kv;
     const float *sc = j->k_scale + kv, *rope = rope_at(j->e, t);
     const float xs = s->kv_scale[row];
     const uint32_t half = j->Dh / 2u;
@@ -434,11 +434,10 @@ static void LLM_HOT attention_weights(const attn_job *j, uint32_t h0, uint32_t h
  * starts at +0 and a sum that reaches 0 is +0.) */
 static void LLM_HOT values_rows4(const attn_job *j, uint32_t t, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
-    const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S;
+    const uint32_t Dh = j->Dh, S = j->S;
     const size_t row = (size_t)j->layer * S + t;
-    /* V's dots: the second half of each row's pair */
-    const int16_t *g0 = s->kv_pairs + row * 2u * KVD + KVD, *g1 = g0 + 2u * KVD,
-                  *g2 = g1 + 2u * KVD, *g3 = g2 + 2u * KVD;
+    const uint32_t vs = s->v_stride;
+    const int16_t *g0 = s->kv_v + row * vs, *g1 = g0 + vs, *g2 = g1 + vs, *g3 = g2 + vs;
     const float x0 = s->kv_scale[row], x1 = s->kv_scale[row + 1u],
                 x2 = s->kv_scale[row + 2u], x3 = s->kv_scale[row + 3u];
     llm_col *col = &s->col[0];
@@ -472,12 +471,11 @@ static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
     return !((wide[0] | wide[1] | wide[2] | wide[3]) & LLM_V_WIDE);
 }
 
-/* Cached row `row`'s V floats (a wide row): the position's float row, or
- * the pair's bytes when K took that. */
-static LLM_HOT const float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD) {
-    if (s->kv_wide[row] & LLM_K_WIDE)
-        return (const float *)(const void *)(s->kv_pairs + row * 2u * KVD);
-    return s->kv_floats + row * KVD;
+/* Cached row `row`'s V floats (a wide row): in its V row when that is wide
+ * enough, else in plain mode's array. */
+static LLM_HOT float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD) {
+    if (s->kv_v_floats != NULL) return s->kv_v_floats + row * KVD;
+    return (float *)(void *)(s->kv_v + row * s->v_stride);
 }
 
 /* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
@@ -496,7 +494,7 @@ static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1
         }
         const int wide = (s->kv_wide[row0 + t] & LLM_V_WIDE) != 0;
         const float *vc = wide ? v_floats(s, row0 + t, KVD) : NULL;
-        const int16_t *g = wide ? NULL : s->kv_pairs + (row0 + t) * 2u * KVD + KVD;
+        const int16_t *g = wide ? NULL : s->kv_v + (row0 + t) * s->v_stride;
         const float xs = wide ? 0.0f : s->kv_scale[row0 + t];
         const uint32_t c0 = t > pos ? t - pos : 0u;
         for (uint32_t h = h0; h < h1; h++) {
@@ -557,13 +555,13 @@ static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const ll
     const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim, Dh = e->cfg.head_dim;
     llm_run_state *s = &e->s;
     const size_t row = (size_t)l * S + p;
-    int16_t *pair = s->kv_pairs + row * 2u * D;
-    float *pair_floats = (float *)(void *)pair;
+    float *kf = s->kv_k + row * D;
+    int16_t *vg = s->kv_v + row * s->v_stride;
     const float *k = col->qkv + Q, *v = k + D;
     if (!dots) {
         /* plain mode (or rows of several scale groups): both as floats */
-        memcpy(s->kv_floats + row * D, k, D * sizeof(float));
-        memcpy(pair_floats, v, D * sizeof(float));
+        memcpy(kf, k, D * sizeof(float));
+        memcpy(v_floats(s, row, D), v, D * sizeof(float));
         s->kv_wide[row] = LLM_K_WIDE | LLM_V_WIDE;
         return (uint64_t)D * 2u * sizeof(float);
     }
@@ -574,26 +572,27 @@ static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const ll
     s->kv_scale[row] = xs;
     uint64_t written = sizeof(float);
     if (!k_dots) {
-        memcpy(s->kv_floats + row * D, k, D * sizeof(float));
+        memcpy(kf, k, D * sizeof(float));
         written += (uint64_t)D * sizeof(float);
     } else if (wide & LLM_K_WIDE) {
         /* too wide for int16: the rotated floats a rebuild would give */
-        float *kf = s->kv_floats + row * D;
         for (uint32_t i = 0; i < D; i++) kf[i] = from_dot(k[i], ks[i], xs);
         for (uint32_t h = 0; h < D; h += Dh) rope_rotate(kf + h, rope, Dh / 2u);
         e->stats.k_wide++;
         written += (uint64_t)D * sizeof(float);
     } else {
-        for (uint32_t i = 0; i < D; i++) pair[i] = (int16_t)k[i];
+        int16_t *kg = (int16_t *)(void *)kf;
+        for (uint32_t i = 0; i < D; i++) kg[i] = (int16_t)k[i];
         written += (uint64_t)D * 2u;
     }
     if (wide & LLM_V_WIDE) {
-        float *vf = wide & LLM_K_WIDE ? pair_floats : s->kv_floats + row * D;
+        /* (only where some V row can be wide: its V row holds the floats) */
+        float *vf = v_floats(s, row, D);
         for (uint32_t i = 0; i < D; i++) vf[i] = from_dot(v[i], vs[i], xs);
         e->stats.v_wide++;
         written += (uint64_t)D * sizeof(float);
     } else {
-        for (uint32_t i = 0; i < D; i++) pair[D + i] = (int16_t)v[i];
+        for (uint32_t i = 0; i < D; i++) vg[i] = (int16_t)v[i];
         written += (uint64_t)D * 2u;
     }
     return written;

@@ -402,21 +402,57 @@ static llm_status place_logits(llm_engine *e, llm_error *err) {
     return LLM_OK;
 }
 
+/* Whether a V row of some layer could give int16 dots a value they cannot
+ * hold: |dot| <= 127 * sum |code - 8| over the row's columns (llm_quantize_act
+ * clamps to [-127, 127]; padded columns meet zero activations). */
+static int v_can_widen(const llm_engine *e) {
+    const llm_config *c = &e->cfg;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        llm_q4 w;
+        llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &w);
+        for (uint32_t r = c->dim + c->kv_dim; r < c->dim + 2u * c->kv_dim; r++) {
+            const uint8_t *row = w.codes + (size_t)r * w.row_bytes;
+            uint32_t sum = 0;
+            for (uint32_t j = 0; j < w.cols; j++) {
+                uint8_t byte = row[16u * (j / 32u) + (j % 16u)];
+                int code = ((j % 32u) < 16u ? (byte & 0x0F) : (byte >> 4)) - 8;
+                sum += (uint32_t)(code < 0 ? -code : code);
+            }
+            if (127u * (uint64_t)sum > 32767u) return 1;
+        }
+    }
+    return 0;
+}
+
 /* One float row per position, [n_layers][seq_len][kv_dim] (64-byte
- * aligned rows); also the size of the dot pairs (two int16 per cell). */
+ * aligned rows). */
 static uint64_t kv_rows_bytes(const llm_config *c) {
     return llm_align_up((uint64_t)c->n_layers * c->seq_len * c->kv_dim * sizeof(float), 64u);
 }
 
+/* Plain mode's V floats where the V rows hold only dots: their own BULK
+ * block, placed by the first switch to plain mode. */
+static llm_status place_v_floats(llm_engine *e, llm_error *err) {
+    const uint64_t bytes = kv_rows_bytes(&e->cfg);
+    float *v = place64(e, "kv_values", (size_t)bytes, LLM_REGION_BULK, NULL);
+    if (v == NULL)
+        return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float V cache (%lu bytes)",
+                        (unsigned long)bytes);
+    memset(v, 0, (size_t)bytes);
+    e->s.kv_v_floats = v;
+    return LLM_OK;
+}
+
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_plain: NULL engine");
+    if (plain && e->s.v_stride == e->cfg.kv_dim && e->s.kv_v_floats == NULL) {
+        llm_status st = place_v_floats(e, err);
+        if (st != LLM_OK) return st;
+    }
     e->plain = plain != 0;
     return llm_engine_ok(err);
 }
 
-/* K as dots needs the rebuilt ks' scratch (engine_state.h k_rebuilt),
- * placed by the first switch on (FAST, else BULK): internal SRAM is not
- * spent on it while K stays floats. */
 llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_k_dots: NULL engine");
     if (on && e->s.k_rebuilt == NULL) {
@@ -434,18 +470,17 @@ llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err) {
 
 int llm_k_dots(const llm_engine *e) { return e ? e->k_dots : 0; }
 
-/* KV cache: required, BULK asked. Per position and layer a float row and a
- * pair of int16 dot rows (engine_state.h). When the qkv rows are one scale
- * group V is kept as the exact int16 dots of its qkv rows plus the
- * position's activation scale: attention recomputes each value with the
- * kernel's own two roundings, so the floats (and every result) are the same
- * bits at half the PSRAM traffic; K as floats after RoPE in the float row,
- * or, with llm_set_k_dots, as its dots too, each k rebuilt and RoPE
+/* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
+ * qkv rows plus the position's activation scale when those rows are one
+ * scale group: attention recomputes each value with the kernel's own two
+ * roundings, so the floats (and every result) are the same bits at half
+ * the PSRAM traffic. K as floats after RoPE, or, with llm_set_k_dots, as
+ * its dots (in the first half of its row), each k rebuilt and RoPE
  * re-applied when read (the same bits again, half the K traffic, more
- * compute). A V row whose dots do not fit int16 is kept as floats instead
- * (kv_wide): over the pair's 4 * kv_dim bytes when K holds the float row,
- * else in it; a K row that does not fit keeps the float row. Without dots
- * (and in plain mode) both are floats: K in the float row, V over the pair.
+ * compute). A row whose dots do not fit int16 is kept as floats instead
+ * (kv_wide); a V row can only be when some V row's codes allow it
+ * (v_can_widen), and only then are the V rows float-wide; otherwise plain
+ * mode's float V is left to llm_set_plain. Without dots both are floats.
  * Each array starts on a cache line (row sizes are multiples of 64 at the
  * release shape); the sampler's stream states come last: fast mode lays its
  * cache over everything before them (attention_fast.c), which is made large
@@ -456,12 +491,15 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     llm_q4 qkv0;
     llm_image_q4_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_QKV, &qkv0);
     e->kv_dots = qkv0.n_groups == 1u;
+    const int v_floats = !e->kv_dots || v_can_widen(e);
     /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
      * config could wrap it to a tiny allocation */
-    const uint64_t row_bytes = kv_rows_bytes(c);
+    const uint64_t k_bytes = kv_rows_bytes(c);
+    const uint64_t v_bytes = v_floats ? k_bytes
+                                      : llm_align_up((uint64_t)L * S * c->kv_dim * 2u, 64u);
     const uint64_t scale_bytes = llm_align_up((uint64_t)L * S * sizeof(float), 64u);
     const uint64_t rng_bytes = llm_align_up((uint64_t)(S + 1u) * sizeof(llm_rng), 64u);
-    const uint64_t exact = 2u * row_bytes + scale_bytes;
+    const uint64_t exact = k_bytes + v_bytes + scale_bytes;
     const uint64_t fast = llm_align_up(llm_fast_kv_need(c), 64u);
     const uint64_t kv64 = (exact > fast ? exact : fast) + rng_bytes;
     if (kv64 > (uint64_t)SIZE_MAX / 2u)
@@ -472,9 +510,10 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
         return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
                         (unsigned long)kv64);
     memset(kv, 0, (size_t)kv64);
-    e->s.kv_pairs = (int16_t *)(void *)kv;
-    e->s.kv_floats = (float *)(void *)(kv + row_bytes);
-    e->s.kv_scale = (float *)(void *)(kv + 2u * row_bytes);
+    e->s.kv_k = (float *)(void *)kv;
+    e->s.kv_v = (int16_t *)(void *)(kv + k_bytes);
+    e->s.v_stride = (v_floats ? 2u : 1u) * c->kv_dim;
+    e->s.kv_scale = (float *)(void *)(kv + k_bytes + v_bytes);
     e->s.rng_at = (llm_rng *)(void *)(kv + (kv64 - rng_bytes));
     return LLM_OK;
 }

@@ -88,16 +88,21 @@ typedef struct llm_run_state {
     uint32_t n_cols;
     /* the KV cache (engine_open.c place_kv_cache), arrays on 64-byte lines;
      * row = layer * seq_len + position:
-     * kv_pairs[row]: K's then V's exact integer dots ([2][kv_dim] int16; K's
-     *   before RoPE), or V as kv_dim floats when both rows are wide
-     * kv_floats[row]: [kv_dim] the position's one float row: K (rotated)
-     *   when K is held as floats, else V when V is
+     * kv_k[row]: [kv_dim] K as floats after RoPE, or (K not wide) as its
+     *   exact integer dots before RoPE, int16 in the row's first half
+     * kv_v[row]: [v_stride] int16: V's exact integer dots, or (V wide) V as
+     *   kv_dim floats when v_stride is 2 kv_dim (some V row can be wide:
+     *   llm_open's v_can_widen; or no dots)
+     * kv_v_floats[row]: [kv_dim] V as floats where v_stride is kv_dim
+     *   (plain mode only: NULL until it is first on)
      * kv_scale[row]: the position's activation scale, the dots' xscale
      * kv_wide[row]: LLM_K_WIDE | LLM_V_WIDE, the rows held as floats (dots
      *   wider than int16; K unless llm_set_k_dots; both in plain mode and
      *   without dots) */
-    int16_t *kv_pairs;
-    float *kv_floats;
+    float *kv_k;
+    int16_t *kv_v;
+    uint32_t v_stride;
+    float *kv_v_floats;
     float *kv_scale;
     uint8_t *kv_wide;
     /* [seq_len + 1] the sampler's stream once position p was decoded (after

@@ -222,7 +222,10 @@ const float *llm_logits(llm_engine *e);
  * element at a time. Same tokens and logits, slower: the reference the
  * speed-ups are tested against. Takes effect from the next token on (K and V
  * rows cached before keep the form they were stored in: both read back as the
- * same floats). */
+ * same floats). When V is cached as int16 dots and no V row can outgrow
+ * them, llm_open leaves out the float V array default mode never writes; the
+ * first switch to plain mode places it through the port (LLM_E_NOMEM, plain
+ * mode left off, when it finds no memory). */
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err);
 int llm_plain(const llm_engine *e);
 
@@ -234,7 +237,10 @@ int llm_plain(const llm_engine *e);
  * default: the cost model prices it slower on the S3 (tools/mpllm/costmodel,
  * the "with the int16 K cache" variants); a switch a board can A/B. From
  * the next token on; rows cached before keep their form. Only where V is
- * cached as dots (qkv rows of one scale group), not in plain or fast mode. */
+ * cached as dots (qkv rows of one scale group), not in plain or fast mode.
+ * The first switch on places the rebuilt ks' scratch (n_heads * 4 *
+ * head_dim floats) through the port: LLM_E_NOMEM, K left as floats, when it
+ * finds no memory. */
 llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err);
 int llm_k_dots(const llm_engine *e);
 

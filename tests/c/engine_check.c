@@ -336,11 +336,57 @@ static void check_port_books(void) {
     free(foreign);
 }
 
-/* Plain mode places nothing: the KV cache holds a float row and a dot
- * pair per position from the start (engine_open.c place_kv_cache). K as
- * dots places its scratch once, FAST else BULK, and with no memory left the
- * switch fails with LLM_E_NOMEM, leaving K as floats; closing frees it. */
+/* Plain mode's float V (llm_set_plain places it when V is cached as dots no
+ * row can outgrow): with no BULK left the switch fails with LLM_E_NOMEM and
+ * leaves plain mode off and the decoding as it was; with room it is placed
+ * once and freed at close. */
 static void check_plain_memory(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint64_t opened = hp.in_use[LLM_REGION_BULK];
+    llm_error err;
+    EXPECT(llm_set_plain(e, 1, &err) == LLM_OK, "set_plain: %s", err.message);
+    const uint64_t values = hp.in_use[LLM_REGION_BULK] - opened;
+    EXPECT(llm_set_plain(e, 0, &err) == LLM_OK && llm_set_plain(e, 1, &err) == LLM_OK &&
+           hp.in_use[LLM_REGION_BULK] == opened + values, "the float V was placed twice");
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    if (values == 0) {
+        printf("plain memory: the float V is placed at open\n");
+        return;
+    }
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_BULK] = opened;
+    e = open_ok(img, len, &hp, "the image does not open in the BULK it used");
+    if (e == NULL) return;
+    const llm_config *c = llm_get_config(e);
+    float *want = malloc(7 * (size_t)c->vocab_out * sizeof(float));
+    float *got = malloc(7 * (size_t)c->vocab_out * sizeof(float));
+    uint32_t n_want = 0, n_got = 0;
+    llm_status st = run_script(e, want, &n_want, &err);
+    EXPECT(st == LLM_OK, "script failed: %s", err.message);
+    st = llm_set_plain(e, 1, &err);
+    EXPECT(st == LLM_E_NOMEM && strstr(err.message, "plain mode's float V") != NULL &&
+           !llm_plain(e), "set_plain without memory: status %d, %s", (int)st, err.message);
+    llm_reset(e);
+    st = run_script(e, got, &n_got, &err);
+    EXPECT(st == LLM_OK && n_got == n_want &&
+           memcmp(want, got, (size_t)n_want * c->vocab_out * sizeof(float)) == 0,
+           "a refused set_plain changed the decoding");
+    free(want);
+    free(got);
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    printf("plain memory: the float V (%llu bytes) placed by set_plain, refused without room\n",
+           (unsigned long long)values);
+}
+
+/* K as dots places its scratch once, FAST else BULK (engine_open.c
+ * llm_set_k_dots); with no memory left the switch fails with LLM_E_NOMEM,
+ * leaving K as floats; closing frees it. */
+static void check_k_dots_memory(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
     llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
@@ -348,9 +394,6 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
     const uint64_t fast = hp.in_use[LLM_REGION_FAST], bulk = hp.in_use[LLM_REGION_BULK];
     const uint32_t blocks = hp.live_blocks;
     llm_error err;
-    EXPECT(llm_set_plain(e, 1, &err) == LLM_OK && llm_set_plain(e, 0, &err) == LLM_OK &&
-           hp.in_use[LLM_REGION_BULK] == bulk && hp.live_blocks == blocks,
-           "set_plain placed memory");
     EXPECT(llm_set_k_dots(e, 1, &err) == LLM_OK && llm_set_k_dots(e, 0, &err) == LLM_OK &&
            llm_set_k_dots(e, 1, &err) == LLM_OK && llm_k_dots(e) &&
            hp.live_blocks == blocks + 1u && hp.in_use[LLM_REGION_FAST] > fast,
@@ -367,12 +410,11 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
            !llm_k_dots(e), "set_k_dots without memory: status %d, %s", (int)st, err.message);
     llm_close(e);
     EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
-    printf("plain memory: set_plain places nothing, set_k_dots its scratch once, refused "
-           "without room\n");
+    printf("k_dots memory: its scratch placed once, refused without room\n");
 }
 
 /* Whether the model opens at `context` under these caps, in plain mode if
- * asked; closed again. *spilled gets what it read
+ * asked (its float V placed too); closed again. *spilled gets what it read
  * in place (llm_spilled_bytes). */
 static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
                        uint64_t bulk_cap, int plain, uint64_t *spilled) {
@@ -484,6 +526,7 @@ int main(int argc, char **argv) {
     check_port_books();
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
+    check_k_dots_memory(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);

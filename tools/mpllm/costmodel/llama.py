@@ -22,9 +22,13 @@ engine.c on the llama branch), and so what the builds here assume:
     stories260K), makes both possible: the "one group a row" rows below.
   * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer,
     for the context the engine was opened with (llm_open_with, Model(...,
-    context=N); a Shape's seq_len here): a float row and a pair of int16 dot
-    rows per position and layer, and a scale per position (engine_open.c
-    place_kv_cache).
+    context=N); a Shape's seq_len here): per position and layer a K row of
+    floats (or, with set_k_dots, int16 dots) and a V row of int16 dots, float-
+    wide when some V row could give dots too wide for int16 (engine_open.c
+    v_can_widen; `v_rows_can_widen` here), and a scale per position. The
+    shapes here assume none can (true of the published stories260K at group
+    64); plain mode then places the float V later (llm_set_plain:
+    "kv_values").
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, Build
@@ -78,6 +84,7 @@ __all__ = [
     "placement",
     "shape_report",
     "shape_table",
+    "v_rows_can_widen",
 ]
 
 #: llama2.c's TinyStories checkpoints (karpathy/llama2.c README, model.py
@@ -166,6 +173,15 @@ def _one_group_a_row(s: Shape) -> bool:
     return n_groups(s.dim, s.group) == 1
 
 
+def v_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
+    """Whether some layer's V rows (qkv rows dim + kv_dim ..) could give int16
+    dots a value they cannot hold: |dot| <= 127 * sum |code| over the row
+    (engine_open.c v_can_widen); then the engine's V rows are float-wide.
+    `qkv_codes`: each layer's signed int4 codes [rows, cols]."""
+    return any(int(np.abs(q[dim + kv_dim: dim + 2 * kv_dim].astype(np.int64)).sum(axis=1).max())
+               * 127 > 32767 for q in qkv_codes)
+
+
 def fast_kv_bytes(s: Shape) -> int:
     """Fast mode's arrays (attention_fast.c layout, llm_fast_kv_need), which
     lie over the exact cache: int8 K rows and transposed V, their scales, the
@@ -176,14 +192,18 @@ def fast_kv_bytes(s: Shape) -> int:
                                  4 * L * kvh * S, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * S))
 
 
-def engine_blocks(s: Shape, *, certified: bool) -> list[tuple[str, int, str, str]]:
+def engine_blocks(s: Shape, *, certified: bool,
+                  v_can_widen: bool = False) -> list[tuple[str, int, str, str]]:
     """The blocks llm_open asks for, in its order (engine_open.c; equal to
     the host engine's Model.memory() on a release-shaped image but for the
     engine's own block, priced at sram.ENGINE_STRUCT_BYTES): (name,
     bytes, region wanted, kind) with kind "required" (open fails without it),
     "optional" (skipped) or "matrix" (FAST, else BULK, else read in place
     from flash). The head is staged in tile order with its ids and tile index
-    when `certified` (and the rows are one scale group), else staged dense."""
+    when `certified` (and the rows are one scale group), else staged dense.
+    `v_can_widen`: the image's V rows could outgrow int16 dots (see
+    v_rows_can_widen), so the V rows are float-wide (else 2 bytes a value,
+    and plain mode places the float V later: "kv_values")."""
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
     rb = q4_row_bytes(d)
@@ -205,10 +225,11 @@ def engine_blocks(s: Shape, *, certified: bool) -> list[tuple[str, int, str, str
     out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
     out.append(("logits", 4 * V, "bulk", "required"))
     cells = L * S * kvd
-    # each array on a 64-byte line: the K and V dot pairs and a float row per
-    # position (4 bytes a cell each), the scales, at least fast mode's
-    # arrays; then the streams
-    exact = 2 * _a64(4 * cells) + _a64(4 * L * S)
+    v_floats = not _one_group_a_row(s) or v_can_widen
+    # each array on a 64-byte line: K (floats, or dots with set_k_dots), V
+    # (dots, float-wide when a V row can be wide), the scales, at least fast
+    # mode's arrays; then the streams
+    exact = _a64(4 * cells) + _a64((4 if v_floats else 2) * cells) + _a64(4 * L * S)
     kv = max(exact, _a64(fast_kv_bytes(s))) + _a64(16 * (S + 1))
     out.append(("kv_cache", kv, "bulk", "required"))
     per_layer = 3 if s.has_ple else 2  # attn, ffn (and PLE) norms
