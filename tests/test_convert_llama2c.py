@@ -470,9 +470,10 @@ def demo_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequest,
                                                      which: str) -> None:
     """Model(context=128) on the llama2.c demo and stories260K (V rows one scale
-    group: V as int16 dots, no float V until plain mode asks): plain and default
-    decode the same tokens and logits (sha256) as the uncapped engine, to the cap;
-    the cap refuses the position past it; the float V appears with plain mode."""
+    group: V as int16 dots, no float V until plain mode asks; K too with
+    set_k_dots): plain, default and K as dots decode the same tokens and logits
+    (sha256) as the uncapped engine, to the cap; the cap refuses the position past
+    it; the float V appears with plain mode."""
     image = request.getfixturevalue("demo_image" if which == "demo" else "stories260k_int4")
     _llm = _engine()
     ids = _tokenizer().encode(PROMPTS[0])  # type: ignore[attr-defined]
@@ -488,6 +489,9 @@ def test_plain_and_default_agree_under_a_context_cap(request: pytest.FixtureRequ
             assert m.pos() == cap
             with pytest.raises(_llm.Error, match=rf"^context full: all {cap} positions used"):  # type: ignore[attr-defined]
                 m.step(0)
+            m.set_k_dots(True)  # type: ignore[attr-defined]
+            assert _decode(m, ids, cap - len(ids) + 1, smp, False) == want, smp
+            m.set_k_dots(False)  # type: ignore[attr-defined]
             assert _decode(m, ids, cap - len(ids) + 1, smp, True) == want, smp
         values = {n: b for n, _r, b in m.memory()}["kv_values"]
         assert values == cfg["n_layers"] * cap * cfg["n_kv_heads"] * cfg["head_dim"] * 4

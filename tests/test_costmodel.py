@@ -613,6 +613,29 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
     assert any("adaptive draft" in k for k in rep.variants)
 
 
+def test_k_as_dots_is_priced(report: cm.Report) -> None:
+    """K cached as int16 dots (set_k_dots): half the K bytes from PSRAM, its RoPE
+    rows from flash and the rebuild's ops charged; the model prices it slower than
+    K as floats (README: off by default), and the JSON's psram_bytes_per_token is
+    the exact sampled build's (bytes)."""
+    data = json.loads(json.dumps(report.to_json()))
+    sampled = data["builds"]["mpllm-exact-sampled"]
+    assert data["psram_bytes_per_token"] == sampled["psram_bytes_per_token"]
+    for mode, name in (("greedy", "mpllm-exact-greedy"), ("sampled", "mpllm-exact-sampled")):
+        v = data["variants"][f"{mode} with the int16 K cache (set_k_dots)"]
+        assert v["total_ms"] > data["builds"][name]["total_ms"]
+        assert v["band"]["low"] > data["builds"][name]["band"]["low"]
+    s, b = cm.RELEASE, cm.BUILDS["mpllm-exact-sampled"]
+    pos = 100
+    floats = cm.token_work(b, s, pos)["attn"]
+    dots = cm.token_work(dataclasses.replace(b, k_bytes=2), s, pos)["attn"]
+    rows = s.n_layers * (pos + 2)  # each layer reads 0..pos and writes pos
+    assert floats.bytes["psram"] - dots.bytes["psram"] == rows * 2 * s.kv_dim
+    assert dots.bytes["flash"] - floats.bytes.get("flash", 0.0) == \
+        s.n_layers * (pos + 1) * s.head_dim * 4
+    assert sum(dots.split.values()) > sum(floats.split.values())  # the rebuild's ops
+
+
 # ---- interfaces ------------------------------------------------------------------
 
 def test_json_schema_and_table(report: cm.Report, tmp_path) -> None:
@@ -748,7 +771,7 @@ def test_release_figures_unchanged_by_the_llama_shapes(report: cm.Report) -> Non
     got = report.builds["mpllm-spec-sampled"]["pass_stages"]
     for st, ms in _RELEASE_SPEC_PASS.items():
         assert got[st] == pytest.approx(ms, rel=1e-12), st
-    assert report.sram["need_bytes"] == 386572 + 664  # the engine struct's int8/fp32 inputs
+    assert report.sram["need_bytes"] == 387200 + 664  # the engine struct's int8/fp32 inputs
 
 
 @pytest.fixture(scope="module")

@@ -233,19 +233,25 @@ def test_config_and_tokenizer(test_model) -> None:  # type: ignore[no-untyped-de
 
 def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None = None) -> int:
     """The kv_cache placement for `context` positions (None: seq_len), each array
-    on a 64-byte line: K as floats; V as int16 dots when its rows are one scale
-    group, + a scale per position; V as floats when they are not or when some V
-    row could give dots wider than int16 (`v_floats`); the sampler stream's state
-    per position and one more (16 bytes each, for rewind)."""
+    on a 64-byte line: K as floats (or int16 dots in the same rows); V as int16
+    dots when its rows are one scale group, its rows float-wide when they are not
+    or when some V row could give dots wider than int16 (`v_floats`); a scale per
+    position; at least fast mode's arrays (which lie over them); then the sampler
+    stream's state per position and one more (16 bytes each, for rewind)."""
     s = context or cfg.seq_len
-    cells = cfg.n_layers * s * cfg.kv_dim
+    L, h, dh = cfg.n_layers, cfg.n_heads, cfg.head_dim
+    kvh = cfg.kv_dim // dh
+    cells = L * s * cfg.kv_dim
     v_dots = -(-cfg.dim // cfg.group) == 1
 
-    def a64(n: int) -> int:
-        return -(-n // 64) * 64
-    return (a64(4 * cells) * (2 if v_floats or not v_dots else 1)
-            + (a64(2 * cells) if v_dots else 0)
-            + a64(4 * cfg.n_layers * s) + a64(16 * (s + 1)))
+    def a(n: int, to: int) -> int:
+        return -(-n // to) * to
+    exact = (a(4 * cells, 64) + a((4 if v_floats or not v_dots else 2) * cells, 64)
+             + a(4 * L * s, 64))
+    dhp, sp = a(dh, 16), a(s, 16)
+    fast = sum(a(n, 16) for n in (L * kvh * s * dhp, L * kvh * dh * sp, 4 * L * kvh * s,
+                                  4 * L * kvh * s, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * s))
+    return max(exact, a(fast, 64)) + a(16 * (s + 1), 64)
 
 
 def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
@@ -264,15 +270,27 @@ def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore
     return m.stats()
 
 
-def _kv_bytes_read(cfg: Config, n_prompt: int, tokens: int) -> int:
-    """KV traffic: each layer writes k and v, and reads positions 0..pos for both
-    (a V row is its int16 dots and the position's scale); the prompt's rows are
-    read once for the whole pass."""
-    kvd = cfg.kv_dim
-    v_row = 2 * kvd + 4
-    kv = cfg.n_layers * n_prompt * 2 * (4 * kvd + v_row)
-    return kv + sum(cfg.n_layers * (4 * kvd + v_row + (p + 1) * (4 * kvd + v_row))
-                    for p in range(n_prompt, tokens))
+def _kv_rows_read(cfg: Config, n_prompt: int, tokens: int) -> int:
+    """Cache rows attention reads, over the layers: the prompt's once for its
+    whole pass, then positions 0..pos for each step."""
+    return cfg.n_layers * (n_prompt + sum(p + 1 for p in range(n_prompt, tokens)))
+
+
+def _kv_bytes_read(cfg: Config, n_prompt: int, tokens: int, *, k_dots: bool = False) -> int:
+    """KV traffic: each layer writes k and v and reads them back for positions
+    0..pos, a row being K's floats (or with k_dots its int16 dots), V's int16
+    dots and the position's scale."""
+    row = (4 if k_dots else 6) * cfg.kv_dim + 4
+    return (cfg.n_layers * tokens + _kv_rows_read(cfg, n_prompt, tokens)) * row
+
+
+def _flash_bytes(cfg: Config, n_prompt: int, tokens: int, row: int, *,
+                 k_dots: bool = False) -> int:
+    """Flash traffic: each token's rows (`row`: the embedding row, with PLE its
+    PLE row, and its RoPE row), and with k_dots the RoPE row of every cached k
+    rebuilt from its dots."""
+    rope = _kv_rows_read(cfg, n_prompt, tokens) * cfg.head_dim * 4 if k_dots else 0
+    return tokens * row + rope
 
 
 def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -307,8 +325,9 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
         d, lp, hd = cfg.dim, cfg.n_layers * cfg.ple_dim, cfg.head_dim
         embed_row = d // 2 + 4  # 32 columns of nibbles + one f32 scale
         ple_row = -(-((lp + 1) // 2 + 2 * -(-lp // cfg.group)) // 16) * 16
-        assert s["bytes"]["flash"] == tokens * (embed_row + ple_row + hd * 4)
-        assert s["v_wide"] == 0
+        assert s["bytes"]["flash"] == _flash_bytes(cfg, n_prompt, tokens,
+                                                   embed_row + ple_row + hd * 4)
+        assert s["v_wide"] == s["k_wide"] == 0
         kv = _kv_bytes_read(cfg, n_prompt, tokens)
         # the head: each scored row (codes, scale) and each token id read (only rows
         # that could enter the candidate list), counted by the engine
@@ -378,21 +397,26 @@ def test_greedy_first_token_matches_numpy_argmax(small_model) -> None:  # type: 
             t = m.step(t)
 
 
-def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """V is cached as int16 integer dots; a position whose dots do not fit keeps
-    its row as floats. Force that: every embedding weight +7 (x is a constant
-    vector, so its int8 input is all 127) and layer 0's V rows all +7, so every
-    layer-0 dot is 7 * 127 * 64 = 56,896. Logits must still equal the reference."""
+@pytest.mark.parametrize("rows", ["V", "K", "KV"])
+def test_kv_rows_too_wide_for_int16_stay_exact(small_model, tmp_path, rows: str) -> None:  # type: ignore[no-untyped-def]
+    """V, and with set_k_dots K, are cached as int16 integer dots; a row whose dots
+    do not fit is kept as floats (K rotated; V over the pair's bytes when K took
+    the position's float row). Force that: every embedding weight +7 (x is a
+    constant vector, so its int8 input is all 127) and layer 0's V rows, K rows
+    or both all +7, so every such layer-0 dot is 7 * 127 * 64 = 56,896. Logits
+    must still equal the reference's, and the wide rows are counted; with K as
+    floats no K row is wide."""
     from mpllm.convert import convert
     from mpllm.formats.esp32ai import read_model_bin, write_model_bin
     from mpllm.formats.model import QMatrix
 
     w = read_model_bin(small_model.model_bin.read_bytes())
     d = w.config.dim
+    assert w.config.kv_dim == d
     emb = QMatrix(np.full_like(w.tok_emb.q, 7), np.abs(w.tok_emb.scales), w.tok_emb.group)
     l0 = w.layers[0]
     q = l0.qkv.q.copy()
-    q[2 * d:] = 7
+    q[{"V": 2 * d, "K": d, "KV": d}[rows]:{"V": 3 * d, "K": 2 * d, "KV": 3 * d}[rows]] = 7
     layers = [dataclasses.replace(l0, qkv=QMatrix(q, np.abs(l0.qkv.scales), l0.qkv.group),
                                   attn_norm=np.abs(l0.attn_norm))] + w.layers[1:]
     mb = tmp_path / "wide.bin"
@@ -401,17 +425,22 @@ def test_v_rows_too_wide_for_int16_stay_exact(small_model, tmp_path) -> None:  #
     convert(mb, small_model.tokenizer_json, img, progress=False)
     ref = Reference.from_image(img)
     prompt = [3, 9, 27]
-    ids, rows = ref.generate(prompt, 12)
-    with _llm.Model(img) as m:
-        got = [m.prefill(prompt)]
-        logits = [m.logits()]
-        for _ in range(11):
-            got.append(m.step(got[-1]))
-            logits.append(m.logits())
-        wide = m.stats()["v_wide"]
-    assert wide >= 14  # every layer-0 position at least
-    assert got == ids
-    assert all(a == b.tobytes() for a, b in zip(logits, rows))
+    ids, want = ref.generate(prompt, 12)
+    for k_dots in (True, False):
+        with _llm.Model(img) as m:
+            m.set_k_dots(k_dots)
+            got = [m.prefill(prompt)]
+            logits = [m.logits()]
+            for _ in range(11):
+                got.append(m.step(got[-1]))
+                logits.append(m.logits())
+            st = m.stats()
+        # every layer-0 position at least
+        assert (st["k_wide"] >= 14) == ("K" in rows and k_dots)
+        assert (st["v_wide"] >= 14) == ("V" in rows)
+        assert st["k_wide"] * st["v_wide"] == 0 or rows == "KV"
+        assert got == ids
+        assert all(a == b.tobytes() for a, b in zip(logits, want))
 
 
 # ---- llama2.c's Llama through the same forward pass ----------------------------------- #
@@ -490,17 +519,18 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         sec = {s.name: s for s in img.sections}
         assert where["L0.qkv"] == ("fast", sec["L0.qkv"].size - 16)  # codes + scales
         assert where["head"][0] == "bulk" and "head" in sec
-        # random weights: some V row could outgrow int16 dots, so V floats too
+        # random weights: some V row could outgrow int16 dots, so float-wide V rows
         assert _v_can_widen(img)
         assert where["kv_cache"] == ("bulk", _kv_cache_bytes(cfg, v_floats=True))
         n_prompt, n_steps = 5, 6
         s = _decode(m, cfg.vocab_out, n_prompt, n_steps)
         tokens = n_prompt + n_steps
         # per token: the embedding row and the RoPE row, no PLE row
-        assert s["bytes"]["flash"] == tokens * (cfg.dim // 2 + 4 + cfg.head_dim * 4)
+        assert s["bytes"]["flash"] == _flash_bytes(cfg, n_prompt, tokens,
+                                                   cfg.dim // 2 + 4 + cfg.head_dim * 4)
         assert 0 < s["head_ids"] < s["head_rows"]  # ids read only for possible entrants
         head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4) + s["head_ids"] * 2
-        assert s["v_wide"] == 0
+        assert s["v_wide"] == s["k_wide"] == 0
         assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head
 
 
@@ -544,8 +574,10 @@ def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
 @pytest.mark.parametrize("name", ["tiny", "llama2c_untied", "llama2c_long"])
 def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
     """Every block sized by seq_len is sized by the context: the KV cache as the
-    formula says, every block as the cost model's engine_blocks at that context; the
-    float V that no V row can need in default mode is placed by set_plain(True)."""
+    formula says, every block as the cost model's engine_blocks at that context;
+    the float V that no V row can need in default mode is placed by
+    set_plain(True), K as dots' scratch (four rows of head_dim floats a head, in
+    internal SRAM) by set_k_dots(True), each once."""
     from mpllm import costmodel as cm
 
     image = engine_image(name)
@@ -563,17 +595,20 @@ def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None
             assert {n: mem[n] for n in want if n != "engine"} == \
                 {n: b for n, b in want.items() if n != "engine"}
             assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, v_floats=widen)
-            assert "kv_values" not in mem
+            assert "kv_values" not in mem and "k_rebuilt" not in mem
             m.set_plain(True)
             later = {n: b for n, _r, b in m.memory()}
             if v_dots and not widen:
                 cells = cfg.n_layers * context * cfg.kv_dim
-                assert later["kv_values"] == -(-4 * cells // 64) * 64
-            else:
-                assert later == mem  # the float V was there from the start
+                assert later.pop("kv_values") == -(-4 * cells // 64) * 64
+            assert later == mem  # else the V rows were float-wide from the start
             m.set_plain(False)
             m.set_plain(True)
-            assert {n: b for n, _r, b in m.memory()} == later  # placed once
+            for on in (True, False, True):
+                m.set_k_dots(on)
+            again = {n: (r, b) for n, r, b in m.memory()}
+            assert again.pop("k_rebuilt") == ("fast", cfg.n_heads * 4 * cfg.head_dim * 4)
+            assert {n: b for n, (_r, b) in again.items() if n != "kv_values"} == mem  # once
 
 
 def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-untyped-def]

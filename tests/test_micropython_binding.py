@@ -367,7 +367,8 @@ SAME_OUTCOME = [
     "m.rewind(3)", "m.rewind(-1)", "m.draft([1], -1)", "m.verify([1] * 9)", "m.prefill([])",
     "_llm.Model(IMAGE, plain=True, fast=True)", "_llm.Model(b'')", "_llm.Model(bytearray())",
     "m.sampler(temperature=Closes())", "m.prefill(closing(m))",
-    "m.set_fast(ClosesBool())", "m.set_plain(ClosesBool())",
+    "m.set_fast(ClosesBool())", "m.set_plain(ClosesBool())", "m.set_k_dots(ClosesBool())",
+    "m.k_dots(1)", "m.set_k_dots()",
     "print('DRAFT', m.draft([], 3))",
     # the core's method table: keywords, and Python's arity errors
     "print('KW', m.prefill(tokens=[1, 2]), m.step(token=3), m.verify(tokens=(4, 5)))",

@@ -191,6 +191,18 @@ class Model:
         it does not reproduce."""
     def fast(self) -> bool:
         """Whether fast mode is on."""
+    def set_k_dots(self, on: bool) -> None:
+        """K cached as its exact int16 integer dots beside V's (off by default):
+        each cached k is rebuilt and RoPE re-applied when read, with the
+        operations that made plain mode's floats, so the same tokens and
+        logits bits; half the K bytes read, for that compute (the cost model
+        prices it slower on the S3: a switch for a board's own A/B). From the
+        next token on; rows cached before keep their form. No effect in plain
+        or fast mode, or when the qkv rows are several scale groups. The first
+        set_k_dots(True) places its scratch (memory()'s "k_rebuilt"): Error
+        "out of memory", K left as floats, if it finds no room."""
+    def k_dots(self) -> bool:
+        """Whether K is cached as dots (set_k_dots)."""
     def tokenizer(self) -> memoryview:
         """The image's tokenizer section (layout: native/engine/image_format.h),
         read in place, never copied: on CPython a read-only memoryview that
@@ -223,8 +235,9 @@ class Model:
         scored in), head_ids (int: head rows whose token id was read: every row
         on the dense route, on the certified one only the rows that could
         enter the candidate list), handoffs (int: pieces of work sent to the second core),
-        v_wide (int: cached V rows kept as floats because their integer dots
-        did not fit int16; the others are kept as dots, the same values)."""
+        v_wide, k_wide (int: cached V and K rows kept as floats because their
+        integer dots did not fit int16; the others are kept as dots, the same
+        values)."""
     def memory(self) -> list[tuple[str, str, int]]:
         """(name, region, bytes) for every placed section and buffer; region is
         "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"

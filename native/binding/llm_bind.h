@@ -151,7 +151,9 @@ void llm_bind_close(llm_bind_model *m);
     X(set_plain, "set_plain(on): every speed-up off (dense head, one core); same results.")    \
     X(plain, "plain() -> whether plain mode is on.")                                            \
     X(set_fast, "set_fast(on): attention over an int8 KV cache (LOSSY); at position 0 only.")  \
-    X(fast, "fast() -> whether fast (lossy) mode is on.")
+    X(fast, "fast() -> whether fast (lossy) mode is on.")                                       \
+    X(set_k_dots, "set_k_dots(on): cache K as its exact int16 dots (RoPE re-applied on read).") \
+    X(k_dots, "k_dots() -> whether K is cached as dots.")
 
 typedef enum llm_bind_method_id {
 #define LLM_BIND_ID(name, doc) LLM_BIND_M_##name,

@@ -24,8 +24,9 @@
  *   u_t = w_t * vs_t quantized to int8 (scale su), zero past p
  *   att_i = ((float)dot(u, vt_i) * su) / den
  * All of it lives in the exact cache's arrays before the sampler's stream
- * states (fast mode is chosen at position 0, so nothing there is live): K
- * and V as floats, or K as floats and V as int16 dots, and the V scales.
+ * states (fast mode is chosen at position 0, so nothing there is live): the
+ * K rows, the V rows and the scales, which llm_open makes at least
+ * llm_fast_kv_need bytes.
  */
 #include <string.h>
 
@@ -59,10 +60,15 @@ static uint64_t layout(const llm_config *c, llm_fast_kv *f, uint8_t *base) {
     return at;
 }
 
+uint64_t llm_fast_kv_need(const llm_config *c) {
+    llm_fast_kv f;
+    return layout(c, &f, NULL);
+}
+
 llm_status llm_fast_fits(const llm_engine *e, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_fast_fits: NULL engine");
     const size_t have = (size_t)((const uint8_t *)(const void *)e->s.rng_at -
-                                 (const uint8_t *)(const void *)e->s.key_cache);
+                                 (const uint8_t *)(const void *)e->s.kv_k);
     llm_fast_kv f;
     const uint64_t need = layout(&e->cfg, &f, NULL);
     if (need > (uint64_t)have)
@@ -89,8 +95,8 @@ llm_status llm_set_fast(llm_engine *e, int fast, llm_error *err) {
         const llm_config *c = &e->cfg;
         llm_fast_kv f;
         memset(&f, 0, sizeof f);
-        const uint64_t need = layout(c, &f, (uint8_t *)(void *)e->s.key_cache);
-        memset(e->s.key_cache, 0, (size_t)need);
+        const uint64_t need = layout(c, &f, (uint8_t *)(void *)e->s.kv_k);
+        memset(e->s.kv_k, 0, (size_t)need);
         e->s.fast = f;
     }
     e->fast = fast != 0;

@@ -281,18 +281,46 @@ static void LLM_HOT charge_mat(llm_engine *e, const llm_mat *m) {
         charge_mat((e), (mat));                                   \
     } while (0)
 
-/* The qkv matvec when V is cached as dots: the q and k rows (dim + kv_dim)
- * as usual; the kv_dim V rows through the same kernel with every scale 1 and
- * xscale 1, which makes it return (0 + (float)g * 1) * 1 = (float)g, the
- * exact integer dot (|g| < 2^24). Same bytes read as one full call. */
-static void LLM_HOT matvec_qk_vdots(llm_engine *e, const llm_mat *mat, uint32_t m) {
-    const uint32_t qk = e->cfg.dim + e->cfg.kv_dim;
+/* The qkv matvec when V (and with k_dots K) is cached as dots: the q rows
+ * (and K's without k_dots) as usual; the kv_dim V rows (and K's) through the
+ * same kernel with every scale 1 and xscale 1, which makes it return (0 +
+ * (float)g * 1) * 1 = (float)g, the exact integer dot (|g| < 2^24). Same
+ * bytes read as one full call. */
+static void LLM_HOT matvec_kv_dots(llm_engine *e, const llm_mat *mat, uint32_t m, int k_dots) {
+    const uint32_t dots0 = e->cfg.dim + (k_dots ? 0u : e->cfg.kv_dim);
     float *ys[LLM_BATCH_MAX];
     for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv);
-    matvec_rows(e, mat, 0, qk, m, ys, 0);
-    for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + qk;
-    matvec_rows(e, mat, qk, e->cfg.kv_dim, m, ys, 1);
+    matvec_rows(e, mat, 0, dots0, m, ys, 0);
+    /* kv_dim rows a call: the unit scales (s.ones) are dim >= kv_dim long */
+    for (uint32_t r = dots0; r < e->cfg.dim + 2u * e->cfg.kv_dim; r += e->cfg.kv_dim) {
+        for (uint32_t c = 0; c < m; c++) ys[c] = COL(e, c, qkv) + r;
+        matvec_rows(e, mat, r, e->cfg.kv_dim, m, ys, 1);
+    }
     charge_mat(e, mat);
+}
+
+/* RoPE on one pair (a, b) of a head, split-half: (a cos - b sin, b cos +
+ * a sin). The one copy of these operations: attention_block rotates q and
+ * k with it (rope_rotate) and attention rebuilds cached k from its dots
+ * with it (cached_k), so both give the same bits. */
+static inline void rope_pair(float a, float b, float co, float si, float *x, float *y) {
+    *x = a * co - b * si;
+    *y = b * co + a * si;
+}
+
+/* One head's RoPE, `rope` a position's row (cos[half] then sin[half]). */
+static inline void rope_rotate(float *v, const float *rope, uint32_t half) {
+    for (uint32_t i = 0; i < half; i++)
+        rope_pair(v[i], v[i + half], rope[i], rope[half + i], &v[i], &v[i + half]);
+}
+
+/* A k (or v) value from its exact integer dot: the kernel's own operations
+ * for a one-group row (kernels.h contract: acc = 0; acc += (float)g *
+ * scale; y = acc * xscale), so the float the matvec would have given. */
+static inline float from_dot(float g, float scale, float xscale) {
+    float acc = 0.0f;
+    acc += g * scale;
+    return acc * xscale;
 }
 
 /* Embedding row: int4 in the kernel layout (32-column blocks of nibbles),
@@ -328,10 +356,16 @@ static void LLM_HOT ple_row(llm_engine *e, uint32_t token, float *out) {
     e->stats.bytes[LLM_REGION_FLASH] += t->row_bytes;
 }
 
-/* This position's RoPE row: cos[head_dim/2] then sin[head_dim/2]. */
+/* Position pos's RoPE row, cos[head_dim/2] then sin[head_dim/2] (charged
+ * by the caller: attention reads cached positions' rows too). */
+static LLM_HOT const float *rope_at(const llm_engine *e, uint32_t pos) {
+    return e->w.rope + (size_t)pos * e->cfg.head_dim;
+}
+
+/* This position's RoPE row, read for its q and k. */
 static LLM_HOT const float *rope_row(llm_engine *e, uint32_t pos) {
     e->stats.bytes[LLM_REGION_FLASH] += (uint64_t)e->cfg.head_dim * sizeof(float);
-    return e->w.rope + (size_t)pos * e->cfg.head_dim;
+    return rope_at(e, pos);
 }
 
 /* Attention of heads [h0, h1) at one layer for the m positions of a pass
@@ -349,20 +383,51 @@ typedef struct attn_job {
     llm_run_state *s;
     uint32_t layer, pos, m, last; /* last = pos + m - 1: the newest row read */
     uint32_t KVD, Dh, S, group;  /* kv_dim, head_dim, seq_len, n_heads / n_kv_heads */
+    const float *k_scale; /* [kv_dim] the layer's K row scales (qkv rows dim..) */
     const float *v_scale; /* [kv_dim] the layer's V row scales (qkv rows dim + kv_dim..) */
 } attn_job;
 
+/* Cached row t's k for kv head kv (head_dim floats, rotated): the floats
+ * where the row is wide, else rebuilt into buf from its dots (from_dot,
+ * then rope_pair with position t's RoPE row: the operations that made the
+ * floats plain mode stores, so the same bits). */
+static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv, float *buf) {
+    const llm_run_state *s = j->s;
+    const size_t row = (size_t)j->layer * j->S + t;
+    if (s->kv_wide[row] & LLM_K_WIDE) return s->kv_k + row * j->KVD + kv;
+    const int16_t *g = (const int16_t *)(const void *)(s->kv_k + row * j->KVD) + kv;
+    const float *sc = j->k_scale + kv, *rope = rope_at(j->e, t);
+    const float xs = s->kv_scale[row];
+    const uint32_t half = j->Dh / 2u;
+    /* each pair rebuilt and rotated in registers */
+    for (uint32_t i = 0; i < half; i++)
+        rope_pair(from_dot((float)g[i], sc[i], xs),
+                  from_dot((float)g[i + half], sc[i + half], xs), rope[i], rope[half + i],
+                  &buf[i], &buf[i + half]);
+    return buf;
+}
+
 /* Phase 1 for one position over four rows t..t+3: four independent sums,
  * each still in i order (so the same bits), which also keeps the in-order
- * FPU from waiting on one chain. */
-static void LLM_HOT scores_rows4(const attn_job *j, const float *krow, uint32_t t, uint32_t h0,
-                                 uint32_t h1) {
+ * FPU from waiting on one chain. Each kv head's four k are fetched (or
+ * rebuilt) once for the query heads that share it. */
+static void LLM_HOT scores_rows4(const attn_job *j, uint32_t t, uint32_t h0, uint32_t h1) {
     llm_col *col = &j->s->col[0];
-    const uint32_t Dh = j->Dh, KVD = j->KVD;
+    const uint32_t Dh = j->Dh;
     const float inv = j->e->inv_sqrt_head_dim;
+    float *buf = j->s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's four rows */
+    const float *k0 = NULL, *k1 = NULL, *k2 = NULL, *k3 = NULL;
+    uint32_t have = UINT32_MAX;
     for (uint32_t h = h0; h < h1; h++) {
-        const float *q = col->qkv + h * Dh, *k0 = krow + (h / j->group) * Dh;
-        const float *k1 = k0 + KVD, *k2 = k1 + KVD, *k3 = k2 + KVD;
+        const uint32_t kv = (h / j->group) * Dh;
+        if (kv != have) {
+            k0 = cached_k(j, t, kv, buf);
+            k1 = cached_k(j, t + 1u, kv, buf + Dh);
+            k2 = cached_k(j, t + 2u, kv, buf + 2u * Dh);
+            k3 = cached_k(j, t + 3u, kv, buf + 3u * Dh);
+            have = kv;
+        }
+        const float *q = col->qkv + h * Dh;
         float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
         for (uint32_t i = 0; i < Dh; i++) {
             const float qi = q[i];
@@ -382,26 +447,33 @@ static void LLM_HOT scores_rows4(const attn_job *j, const float *krow, uint32_t 
 }
 
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
- * scaled) for every cached t a position sees, and their max; one position's
+ * scaled) for every cached t a position sees, and their max; each row's k
+ * fetched (or rebuilt) once per kv head for all m positions; one position's
  * rows four at a time (not in plain mode). */
 static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
-    const float *kc = s->key_cache + (size_t)j->layer * S * j->KVD;
     const int rows4 = j->m == 1u && !j->e->plain;
+    float *buf = s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's rows */
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
     for (uint32_t t = 0; t <= j->last; t++) {
-        const float *krow = kc + (size_t)t * j->KVD;
         if (rows4 && t + 3u <= j->last) {
-            scores_rows4(j, krow, t, h0, h1);
+            scores_rows4(j, t, h0, h1);
             t += 3u;
             continue;
         }
-        for (uint32_t c = t > pos ? t - pos : 0u; c < j->m; c++) {
-            llm_col *col = &s->col[c];
-            for (uint32_t h = h0; h < h1; h++) {
-                const float *q = col->qkv + h * Dh, *k = krow + (h / j->group) * Dh;
+        const float *k = NULL;
+        uint32_t have = UINT32_MAX;
+        for (uint32_t h = h0; h < h1; h++) {
+            const uint32_t kv = (h / j->group) * Dh;
+            if (kv != have) {
+                k = cached_k(j, t, kv, buf);
+                have = kv;
+            }
+            for (uint32_t c = t > pos ? t - pos : 0u; c < j->m; c++) {
+                llm_col *col = &s->col[c];
+                const float *q = col->qkv + h * Dh;
                 float sc = 0.0f;
                 for (uint32_t i = 0; i < Dh; i++) sc += q[i] * k[i];
                 sc *= j->e->inv_sqrt_head_dim;
@@ -443,12 +515,12 @@ static void LLM_HOT attention_weights(const attn_job *j, uint32_t h0, uint32_t h
  * starts at +0 and a sum that reaches 0 is +0.) */
 static void LLM_HOT values_rows4(const attn_job *j, uint32_t t, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
-    const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S;
+    const uint32_t Dh = j->Dh, S = j->S;
     const size_t row = (size_t)j->layer * S + t;
-    const int16_t *g0 = s->value_dots + row * KVD, *g1 = g0 + KVD, *g2 = g1 + KVD,
-                  *g3 = g2 + KVD;
-    const float x0 = s->value_scale[row], x1 = s->value_scale[row + 1u],
-                x2 = s->value_scale[row + 2u], x3 = s->value_scale[row + 3u];
+    const uint32_t vs = s->v_stride;
+    const int16_t *g0 = s->kv_v + row * vs, *g1 = g0 + vs, *g2 = g1 + vs, *g3 = g2 + vs;
+    const float x0 = s->kv_scale[row], x1 = s->kv_scale[row + 1u],
+                x2 = s->kv_scale[row + 2u], x3 = s->kv_scale[row + 3u];
     llm_col *col = &s->col[0];
     for (uint32_t h = h0; h < h1; h++) {
         const uint32_t kv = (h / j->group) * Dh;
@@ -475,10 +547,16 @@ static void LLM_HOT values_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
 /* Rows t..t+3 all held as dots, and seen by every position of a one-position
  * pass; not in plain mode (the same rule as scores_rows4). */
 static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
-    const llm_run_state *s = j->s;
-    if (j->m != 1u || j->e->plain || s->value_dots == NULL || t + 3u > j->last) return 0;
-    const uint8_t *wide = s->value_wide + (size_t)j->layer * j->S + t;
-    return !(wide[0] | wide[1] | wide[2] | wide[3]);
+    if (j->m != 1u || j->e->plain || t + 3u > j->last) return 0;
+    const uint8_t *wide = j->s->kv_wide + (size_t)j->layer * j->S + t;
+    return !((wide[0] | wide[1] | wide[2] | wide[3]) & LLM_V_WIDE);
+}
+
+/* Cached row `row`'s V floats (a wide row): in its V row when that is wide
+ * enough, else in plain mode's array. */
+static LLM_HOT float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD) {
+    if (s->kv_v_floats != NULL) return s->kv_v_floats + row * KVD;
+    return (float *)(void *)(s->kv_v + row * s->v_stride);
 }
 
 /* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
@@ -487,8 +565,6 @@ static int LLM_HOT rows4_as_dots(const attn_job *j, uint32_t t) {
 static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1) {
     llm_run_state *s = j->s;
     const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
-    /* NULL when V is only ever dots (llm_set_plain places the floats) */
-    const float *vc = s->value_cache != NULL ? s->value_cache + (size_t)j->layer * S * KVD : NULL;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
     for (uint32_t t = 0; t <= j->last; t++) {
@@ -497,26 +573,21 @@ static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1
             t += 3u;
             continue;
         }
-        const int wide = s->value_dots == NULL || s->value_wide[row0 + t];
-        const int16_t *g = wide ? NULL : s->value_dots + (row0 + t) * KVD;
-        const float xs = wide ? 0.0f : s->value_scale[row0 + t];
+        const int wide = (s->kv_wide[row0 + t] & LLM_V_WIDE) != 0;
+        const float *vc = wide ? v_floats(s, row0 + t, KVD) : NULL;
+        const int16_t *g = wide ? NULL : s->kv_v + (row0 + t) * s->v_stride;
+        const float xs = wide ? 0.0f : s->kv_scale[row0 + t];
         const uint32_t c0 = t > pos ? t - pos : 0u;
         for (uint32_t h = h0; h < h1; h++) {
             const uint32_t kv = (h / j->group) * Dh; /* this head's kv head */
             const float *vh;
             if (wide) {
-                vh = vc + (size_t)t * KVD + kv;
+                vh = vc + kv;
             } else {
-                /* v = (0 + (float)g * scale) * xscale: the kernel's own
-                 * operations (kernels.h contract, one group), so the same
-                 * float bits; computed once for all m positions */
-                const int16_t *gh = g + kv;
-                const float *sc = j->v_scale + kv;
-                for (uint32_t i = 0; i < Dh; i++) {
-                    float acc = 0.0f;
-                    acc += (float)gh[i] * sc[i];
-                    v[i] = acc * xs;
-                }
+                /* the kernel's floats from the dots, computed once for all
+                 * m positions */
+                for (uint32_t i = 0; i < Dh; i++)
+                    v[i] = from_dot((float)g[kv + i], j->v_scale[kv + i], xs);
                 vh = v;
             }
             for (uint32_t c = c0; c < j->m; c++) {
@@ -544,39 +615,78 @@ static void LLM_HOT attention_heads(void *arg, uint32_t h0, uint32_t h1) {
     }
 }
 
-/* Store one position's k and v (kv_dim each) in the cache. With V as dots,
- * col->qkv[dim + kv_dim..) holds the exact integer dots (matvec_qk_vdots) and
- * `vs` the layer's V row scales; v_scale is the qkv input's scale. Returns
- * the V bytes written. */
+/* Whether n dots fit int16. */
+static int LLM_HOT dots_fit(const float *g, uint32_t n) {
+    int fits = 1;
+    for (uint32_t i = 0; i < n; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
+    return fits;
+}
+
+/* Store one position's k and v (kv_dim each) in the cache; returns the
+ * bytes written. With dots (`dots`), col->qkv[dim + kv_dim..) holds V's
+ * exact integer dots (matvec_kv_dots) and, with `k_dots`, col->qkv[dim..)
+ * K's (not rotated); ks and vs are the layer's K and V row scales,
+ * col->act.scale the qkv input's scale and `rope` the position's RoPE row; a
+ * row whose dots do not fit int16 is stored as the floats attention would
+ * rebuild. Otherwise col->qkv holds the kernel's floats (k rotated), which
+ * are stored as they are. */
 static uint64_t LLM_HOT store_kv(llm_engine *e, uint32_t l, uint32_t p, const llm_col *col,
-                         const float *vs) {
-    const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim;
+                                 int dots, int k_dots, const float *ks, const float *vs,
+                                 const float *rope) {
+    const uint32_t D = e->cfg.kv_dim, S = e->cfg.seq_len, Q = e->cfg.dim, Dh = e->cfg.head_dim;
     llm_run_state *s = &e->s;
     const size_t row = (size_t)l * S + p;
-    memcpy(s->key_cache + row * D, col->qkv + Q, D * sizeof(float));
-    if (s->value_dots != NULL && !e->plain) {
-        const float *g = col->qkv + Q + D;
-        int fits = 1;
-        for (uint32_t i = 0; i < D; i++) fits &= g[i] >= -32767.0f && g[i] <= 32767.0f;
-        s->value_wide[row] = (uint8_t)!fits;
-        if (fits) {
-            for (uint32_t i = 0; i < D; i++) s->value_dots[row * D + i] = (int16_t)g[i];
-            s->value_scale[row] = col->act.scale;
-            return (uint64_t)D * 2u + sizeof(float);
-        }
-        /* too wide for int16: the floats the kernel would have given */
-        for (uint32_t i = 0; i < D; i++) {
-            float acc = 0.0f;
-            acc += g[i] * vs[i];
-            s->value_cache[row * D + i] = acc * col->act.scale;
-        }
-        e->stats.v_wide++;
-        return (uint64_t)D * sizeof(float);
+    float *kf = s->kv_k + row * D;
+    int16_t *vg = s->kv_v + row * s->v_stride;
+    const float *k = col->qkv + Q, *v = k + D;
+    if (!dots) {
+        /* plain mode (or rows of several scale groups): both as floats */
+        memcpy(kf, k, D * sizeof(float));
+        memcpy(v_floats(s, row, D), v, D * sizeof(float));
+        s->kv_wide[row] = LLM_K_WIDE | LLM_V_WIDE;
+        return (uint64_t)D * 2u * sizeof(float);
     }
-    /* plain mode (or rows of several scale groups): V as the kernel's floats */
-    memcpy(s->value_cache + row * D, col->qkv + Q + D, D * sizeof(float));
-    if (s->value_dots != NULL) s->value_wide[row] = 1;
-    return (uint64_t)D * sizeof(float);
+    const uint8_t wide = (uint8_t)((k_dots && dots_fit(k, D) ? 0u : LLM_K_WIDE) |
+                                   (dots_fit(v, D) ? 0u : LLM_V_WIDE));
+    const float xs = col->act.scale;
+    s->kv_wide[row] = wide;
+    s->kv_scale[row] = xs;
+    uint64_t written = sizeof(float);
+    if (!k_dots) {
+        memcpy(kf, k, D * sizeof(float));
+        written += (uint64_t)D * sizeof(float);
+    } else if (wide & LLM_K_WIDE) {
+        /* too wide for int16: the rotated floats a rebuild would give */
+        for (uint32_t i = 0; i < D; i++) kf[i] = from_dot(k[i], ks[i], xs);
+        for (uint32_t h = 0; h < D; h += Dh) rope_rotate(kf + h, rope, Dh / 2u);
+        e->stats.k_wide++;
+        written += (uint64_t)D * sizeof(float);
+    } else {
+        int16_t *kg = (int16_t *)(void *)kf;
+        for (uint32_t i = 0; i < D; i++) kg[i] = (int16_t)k[i];
+        written += (uint64_t)D * 2u;
+    }
+    if (wide & LLM_V_WIDE) {
+        /* (only where some V row can be wide: its V row holds the floats) */
+        float *vf = v_floats(s, row, D);
+        for (uint32_t i = 0; i < D; i++) vf[i] = from_dot(v[i], vs[i], xs);
+        e->stats.v_wide++;
+        written += (uint64_t)D * sizeof(float);
+    } else {
+        for (uint32_t i = 0; i < D; i++) vg[i] = (int16_t)v[i];
+        written += (uint64_t)D * 2u;
+    }
+    return written;
+}
+
+/* The bytes of cached row `row` attention reads in the KV region: K's and
+ * V's dots (+ the scale once) or floats, as kv_wide says. */
+static uint64_t LLM_HOT kv_row_bytes(const llm_engine *e, size_t row) {
+    const uint64_t D = e->cfg.kv_dim;
+    const uint8_t wide = e->s.kv_wide[row];
+    if (wide == (LLM_K_WIDE | LLM_V_WIDE)) return D * 2u * sizeof(float);
+    return sizeof(float) + (wide & LLM_K_WIDE ? D * sizeof(float) : D * 2u) +
+           (wide & LLM_V_WIDE ? D * sizeof(float) : D * 2u);
 }
 
 /* The pass's k and v rows into the cache, then attention for all of its
@@ -597,12 +707,14 @@ static void LLM_HOT run_heads(llm_engine *e, void (*heads)(void *, uint32_t, uin
     }
 }
 
-static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, const float *vs) {
+static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, int dots,
+                              int k_dots, const float *const *rope) {
     const llm_config *cf = &e->cfg;
     const uint32_t D = cf->kv_dim, S = cf->seq_len, Q = cf->dim;
     llm_run_state *s = &e->s;
+    const float *ks = e->w.layers[l].qkv.w.scales + Q;
     attn_job job = {e, s, l, pos, m, pos + m - 1u, D, cf->head_dim, S,
-                    cf->n_heads / cf->n_kv_heads, vs};
+                    cf->n_heads / cf->n_kv_heads, ks, ks + D};
     if (e->fast) {
         for (uint32_t c = 0; c < m; c++)
             llm_fast_store_kv(e, l, pos + c, s->col[c].qkv + Q, s->col[c].qkv + Q + D);
@@ -611,18 +723,18 @@ static void LLM_HOT attention(llm_engine *e, uint32_t l, uint32_t pos, uint32_t 
         return;
     }
     uint64_t written = 0;
-    for (uint32_t c = 0; c < m; c++) written += (uint64_t)D * sizeof(float) +
-                                                store_kv(e, l, pos + c, &s->col[c], vs);
+    for (uint32_t c = 0; c < m; c++)
+        written += store_kv(e, l, pos + c, &s->col[c], dots, k_dots, ks, ks + D, rope[c]);
     run_heads(e, attention_heads, &job);
-    /* every cache row the pass reads, once: K rows as floats, V rows as dots
-     * + scale, or floats where wide */
-    uint64_t read = 0;
-    for (uint32_t t = 0; t < pos + m; t++)
-        read += (uint64_t)D * sizeof(float) +
-                (s->value_dots != NULL && !s->value_wide[(size_t)l * S + t]
-                     ? (uint64_t)D * 2u + sizeof(float)
-                     : (uint64_t)D * sizeof(float));
+    /* every cache row the pass reads, once (kv_row_bytes), and the RoPE row
+     * of each one whose k is rebuilt from dots (in flash: the image's) */
+    uint64_t read = 0, rope_rows = 0;
+    for (uint32_t t = 0; t < pos + m; t++) {
+        read += kv_row_bytes(e, (size_t)l * S + t);
+        rope_rows += !(s->kv_wide[(size_t)l * S + t] & LLM_K_WIDE);
+    }
     e->stats.bytes[e->kv_region] += written + read;
+    e->stats.bytes[LLM_REGION_FLASH] += rope_rows * cf->head_dim * sizeof(float);
 }
 
 /* The inputs of the m positions of a pass (token t at position p):
@@ -684,23 +796,18 @@ static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
     llm_run_state *s = &e->s;
     norm_input(e, m, ly->attn_norm);
-    if (s->value_dots != NULL && !e->plain && !e->fast)
-        matvec_qk_vdots(e, &ly->qkv, m);
+    /* V (and with k_dots K) as dots: a k kept as dots is rotated where it is
+     * rebuilt (store_kv, attention) */
+    const int dots = e->kv_dots && !e->plain && !e->fast;
+    const int k_dots = dots && e->k_dots;
+    if (dots)
+        matvec_kv_dots(e, &ly->qkv, m, k_dots);
     else
         MATVEC(e, &ly->qkv, m, qkv);
-    for (uint32_t c = 0; c < m; c++) {
-        const float *rope_cos = rope[c], *rope_sin = rope_cos + half;
-        for (uint32_t h = 0; h < cf->n_heads + cf->n_kv_heads; h++) { /* q heads then k heads */
-            float *v = s->col[c].qkv + h * Dh;
-            for (uint32_t i = 0; i < half; i++) {
-                float co = rope_cos[i], si = rope_sin[i];
-                float a = v[i], b = v[i + half];
-                v[i] = a * co - b * si;
-                v[i + half] = b * co + a * si;
-            }
-        }
-    }
-    attention(e, l, e->pos, m, ly->qkv.w.scales + D + cf->kv_dim);
+    const uint32_t rotated = cf->n_heads + (k_dots ? 0u : cf->n_kv_heads); /* q, k heads */
+    for (uint32_t c = 0; c < m; c++)
+        for (uint32_t h = 0; h < rotated; h++) rope_rotate(s->col[c].qkv + h * Dh, rope[c], half);
+    attention(e, l, e->pos, m, dots, k_dots, rope);
     for (uint32_t c = 0; c < m; c++) quantize(e, c, s->col[c].att, D);
     MATVEC(e, &ly->attn_proj, m, xb2);
     add_branch(e, m);

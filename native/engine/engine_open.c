@@ -421,7 +421,7 @@ static void read_in_place(llm_engine *e) {
 }
 
 /* Activations: position 0's buffers and what every pass shares (FAST,
- * required): the V cache's wide flags, unit scales, the head's scratch. */
+ * required): the KV cache's wide flags, unit scales, the head's scratch. */
 static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_error *err) {
     const llm_config *c = &e->cfg;
     const uint32_t D = c->dim;
@@ -439,7 +439,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
     s->n_cols = 1;
     col_init(s, 0, a, lay);
     uint8_t *sh = a + lay->bytes;
-    s->value_wide = sh;
+    s->kv_wide = sh;
     sh += llm_align_up(wide_flags, 16u);
     s->ones = (float *)(void *)sh;
     for (uint32_t i = 0; i < D; i++) s->ones[i] = 1.0f;
@@ -481,64 +481,89 @@ static int v_can_widen(const llm_engine *e) {
     return 0;
 }
 
-/* V as floats, [n_layers][seq_len][kv_dim] (64-byte aligned rows). */
-static uint64_t value_floats_bytes(const llm_config *c) {
+/* One float row per position, [n_layers][seq_len][kv_dim] (64-byte
+ * aligned rows). */
+static uint64_t kv_rows_bytes(const llm_config *c) {
     return llm_align_up((uint64_t)c->n_layers * c->seq_len * c->kv_dim * sizeof(float), 64u);
 }
 
-/* The float V array placed after open (llm_set_plain): its own BULK block. */
-static llm_status place_value_floats(llm_engine *e, llm_error *err) {
-    const uint64_t bytes = value_floats_bytes(&e->cfg);
+/* Plain mode's V floats where the V rows hold only dots: their own BULK
+ * block, placed by the first switch to plain mode. */
+static llm_status place_v_floats(llm_engine *e, llm_error *err) {
+    const uint64_t bytes = kv_rows_bytes(&e->cfg);
     float *v = place64(e, "kv_values", (size_t)bytes, LLM_REGION_BULK, NULL);
     if (v == NULL)
         return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float V cache (%lu bytes)",
                         (unsigned long)bytes);
     memset(v, 0, (size_t)bytes);
-    e->s.value_cache = v;
+    e->s.kv_v_floats = v;
     return LLM_OK;
 }
 
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err) {
     if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_plain: NULL engine");
-    if (plain && e->s.value_cache == NULL) {
-        llm_status st = place_value_floats(e, err);
+    if (plain && e->s.v_stride == e->cfg.kv_dim && e->s.kv_v_floats == NULL) {
+        llm_status st = place_v_floats(e, err);
         if (st != LLM_OK) return st;
     }
     e->plain = plain != 0;
     return llm_engine_ok(err);
 }
 
+llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err) {
+    if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_k_dots: NULL engine");
+    if (on && e->s.k_rebuilt == NULL) {
+        const size_t bytes = (size_t)e->cfg.n_heads * 4u * e->cfg.head_dim * sizeof(float);
+        float *k = place(e, "k_rebuilt", bytes, LLM_REGION_FAST, NULL);
+        if (k == NULL) k = place(e, "k_rebuilt", bytes, LLM_REGION_BULK, NULL);
+        if (k == NULL)
+            return llm_fail(err, LLM_E_NOMEM, "no memory for K as dots' scratch (%lu bytes)",
+                            (unsigned long)bytes);
+        e->s.k_rebuilt = k;
+    }
+    e->k_dots = on != 0;
+    return llm_engine_ok(err);
+}
+
+int llm_k_dots(const llm_engine *e) { return e ? e->k_dots : 0; }
+
 /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
  * qkv rows plus the position's activation scale when those rows are one
  * scale group: attention recomputes each value with the kernel's own two
  * roundings, so the floats (and every result) are the same bits at half
- * the PSRAM traffic. A position whose dots do not fit int16 keeps its V
- * row as floats instead (value_wide); when no row can (v_can_widen), the
- * float V array only plain mode writes is left to llm_set_plain. Each array
- * starts on a cache line (row sizes are multiples of 64 at the release
- * shape); the sampler's stream states come last: fast mode lays its cache
- * over everything before them (attention_fast.c). */
+ * the PSRAM traffic. K as floats after RoPE, or, with llm_set_k_dots, as
+ * its dots (in the first half of its row), each k rebuilt and RoPE
+ * re-applied when read (the same bits again, half the K traffic, more
+ * compute). A row whose dots do not fit int16 is kept as floats instead
+ * (kv_wide); a V row can only be when some V row's codes allow it
+ * (v_can_widen), and only then are the V rows float-wide; otherwise plain
+ * mode's float V is left to llm_set_plain. Without dots both are floats.
+ * Each array starts on a cache line (row sizes are multiples of 64 at the
+ * release shape); the sampler's stream states come last: fast mode lays its
+ * cache over everything before them (attention_fast.c), which is made large
+ * enough for it. */
 static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     const llm_config *c = &e->cfg;
-    const uint32_t D = c->kv_dim, L = c->n_layers, S = c->seq_len;
+    const uint32_t L = c->n_layers, S = c->seq_len;
     /* the dots are int4 codes times int8 activations: every layer's qkv int4
-     * and one group (Q8 and F32M matrices keep V as floats) */
-    e->v_dots = 1;
+     * and one group (Q8 and F32M matrices keep K and V as floats) */
+    e->kv_dots = 1;
     for (uint32_t l = 0; l < L; l++) {
         llm_wmat qkv;
         llm_image_matrix_view(&e->image, LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l + LLM_LSEC_QKV, &qkv);
-        e->v_dots &= qkv.kind == LLM_IMAGE_KIND_Q4 && qkv.n_groups == 1u;
+        e->kv_dots &= qkv.kind == LLM_IMAGE_KIND_Q4 && qkv.n_groups == 1u;
     }
-    const int v_floats = !e->v_dots || v_can_widen(e);
+    const int v_floats = !e->kv_dots || v_can_widen(e);
     /* in 64 bits: size_t is 32 bits on the board, and a valid-looking
      * config could wrap it to a tiny allocation */
-    const uint64_t cells = (uint64_t)L * S * D;
-    const uint64_t floats_bytes = value_floats_bytes(c);
-    const uint64_t dots_bytes = llm_align_up(e->v_dots ? cells * 2u : 0u, 64u);
+    const uint64_t k_bytes = kv_rows_bytes(c);
+    const uint64_t v_bytes = v_floats ? k_bytes
+                                      : llm_align_up((uint64_t)L * S * c->kv_dim * 2u, 64u);
     const uint64_t scale_bytes = llm_align_up((uint64_t)L * S * sizeof(float), 64u);
     const uint64_t rng_bytes = llm_align_up((uint64_t)(S + 1u) * sizeof(llm_rng), 64u);
-    const uint64_t kv64 = floats_bytes * (v_floats ? 2u : 1u) + dots_bytes + scale_bytes +
-                          rng_bytes;
+    const uint64_t exact = k_bytes + v_bytes + scale_bytes;
+    const uint64_t fast = llm_align_up(llm_fast_kv_need(c), 64u);
+    const uint64_t kv64 = (exact > fast ? exact : fast) + rng_bytes;
     if (kv64 > (uint64_t)SIZE_MAX / 2u)
         return llm_fail(err, LLM_E_NOMEM, "the KV cache (%llu bytes) exceeds this machine's "
                         "address space", (unsigned long long)kv64);
@@ -547,16 +572,11 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
         return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
                         (unsigned long)kv64);
     memset(kv, 0, (size_t)kv64);
-    size_t at = 0;
-    e->s.key_cache = (float *)(void *)(kv + at);
-    at += (size_t)floats_bytes;
-    e->s.value_cache = v_floats ? (float *)(void *)(kv + at) : NULL;
-    at += v_floats ? (size_t)floats_bytes : 0u;
-    e->s.value_dots = e->v_dots ? (int16_t *)(void *)(kv + at) : NULL;
-    at += (size_t)dots_bytes;
-    e->s.value_scale = (float *)(void *)(kv + at);
-    at += (size_t)scale_bytes;
-    e->s.rng_at = (llm_rng *)(void *)(kv + at);
+    e->s.kv_k = (float *)(void *)kv;
+    e->s.kv_v = (int16_t *)(void *)(kv + k_bytes);
+    e->s.v_stride = (v_floats ? 2u : 1u) * c->kv_dim;
+    e->s.kv_scale = (float *)(void *)(kv + k_bytes + v_bytes);
+    e->s.rng_at = (llm_rng *)(void *)(kv + (kv64 - rng_bytes));
     return LLM_OK;
 }
 

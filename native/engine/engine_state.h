@@ -106,20 +106,35 @@ typedef struct llm_run_state {
      * col[c].head_in's (int8 and fp32 matrices only) */
     llm_src src[LLM_BATCH_MAX][2];
     uint32_t n_cols;
-    /* the KV cache, rows 64-byte aligned (whole cache lines: llm_open) */
-    float *key_cache;   /* [n_layers][seq_len][kv_dim] */
-    int16_t *value_dots; /* [n_layers][seq_len][kv_dim] V as the exact integer dots */
-    float *value_scale; /* [n_layers][seq_len] the position's activation scale */
-    /* [n_layers][seq_len][kv_dim] V as floats: every row without dots; with
-     * dots, wide rows and plain mode's (NULL until plain mode is first on
-     * when no row can be wide: llm_open's v_can_widen) */
-    float *value_cache;
-    uint8_t *value_wide; /* [n_layers][seq_len] 1: the row is in value_cache */
+    /* the KV cache (engine_open.c place_kv_cache), arrays on 64-byte lines;
+     * row = layer * seq_len + position:
+     * kv_k[row]: [kv_dim] K as floats after RoPE, or (K not wide) as its
+     *   exact integer dots before RoPE, int16 in the row's first half
+     * kv_v[row]: [v_stride] int16: V's exact integer dots, or (V wide) V as
+     *   kv_dim floats when v_stride is 2 kv_dim (some V row can be wide:
+     *   llm_open's v_can_widen; or no dots)
+     * kv_v_floats[row]: [kv_dim] V as floats where v_stride is kv_dim
+     *   (plain mode only: NULL until it is first on)
+     * kv_scale[row]: the position's activation scale, the dots' xscale
+     * kv_wide[row]: LLM_K_WIDE | LLM_V_WIDE, the rows held as floats (dots
+     *   wider than int16; K unless llm_set_k_dots; both in plain mode and
+     *   without dots) */
+    float *kv_k;
+    int16_t *kv_v;
+    uint32_t v_stride;
+    float *kv_v_floats;
+    float *kv_scale;
+    uint8_t *kv_wide;
     /* [seq_len + 1] the sampler's stream once position p was decoded (after
      * the draws of the head evaluation there; inside a prompt, no draws) */
     llm_rng *rng_at;
     llm_fast_kv fast;   /* fast mode only */
     float *ones;        /* [dim] 1.0f: scales that make the kernel return dots */
+    /* [n_heads][4][head_dim] ks rebuilt from dots: a call of attention over
+     * heads [h0, h1) uses h0's four rows (the calls' ranges never overlap;
+     * here, not on the stack: the board's worker task has 4 KiB). NULL until
+     * llm_set_k_dots first turns K as dots on (no row is dots before). */
+    float *k_rebuilt;
     float *logits;   /* [vocab_out] dense route and llm_logits() only */
     llm_head_scratch head; /* bounds, heap, one wave of values */
     llm_candidates cand;   /* the sampler's k best of the last evaluation */
@@ -136,7 +151,7 @@ struct llm_engine {
     llm_weights w;
     llm_run_state s;
     llm_region kv_region, logits_region;
-    int v_dots; /* V cached as int16 dots (its rows are one scale group) */
+    int kv_dots; /* K and V cached as int16 dots (qkv rows are one int4 scale group) */
     int core_q4; /* some layer (or PLE) matrix is int4: quantize() makes q at once */
 
     /* constants of the forward pass, computed once */
@@ -152,6 +167,7 @@ struct llm_engine {
     int have_logits; /* s.logits holds that evaluation's logits */
     int plain;
     int fast;        /* attention over the int8 KV cache (lossy, opt-in) */
+    int k_dots;      /* K stored as dots from the next token on (llm_set_k_dots) */
     int (*interrupt_poll)(void *ctx); /* llm_set_interrupt */
     void *interrupt_ctx;
     llm_sampler_options sampler;
@@ -165,6 +181,10 @@ struct llm_engine {
     uint64_t spilled_bytes; /* weights meant for RAM, read in place instead */
 };
 
+/* kv_wide's bits */
+#define LLM_K_WIDE 1u
+#define LLM_V_WIDE 2u
+
 /* Fast mode's attention (attention_fast.c): store position p's k and v of
  * layer l; attention of heads [h0, h1) for the pass's m positions; bytes
  * read for `positions` cached positions. */
@@ -172,6 +192,9 @@ void llm_fast_store_kv(llm_engine *e, uint32_t l, uint32_t p, const float *k, co
 void llm_fast_attention_heads(llm_engine *e, uint32_t l, uint32_t pos, uint32_t m, uint32_t h0,
                               uint32_t h1);
 uint64_t llm_fast_kv_bytes(const llm_engine *e, uint32_t positions);
+/* The bytes fast mode's arrays take for config c (they lie over the exact
+ * cache, which llm_open makes at least this large). */
+uint64_t llm_fast_kv_need(const llm_config *c);
 
 /* The status every successful call leaves in *err. */
 static inline llm_status llm_engine_ok(llm_error *err) {

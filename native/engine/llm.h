@@ -117,6 +117,7 @@ typedef struct llm_stats {
     uint64_t head_ids;          /* token ids read: rows that could enter a candidate list */
     uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
     uint32_t v_wide;            /* V rows cached as floats: their dots did not fit int16 */
+    uint32_t k_wide;            /* K rows cached as floats: their dots did not fit int16 */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;
@@ -235,16 +236,31 @@ uint32_t llm_draft_max(const llm_engine *e);
 const float *llm_logits(llm_engine *e);
 
 /* Plain mode: every speed-up off: the dense head into a logits buffer,
- * nothing split across cores, V rows cached as floats, exp/erf one element
- * at a time. Same tokens and logits, slower: the reference the speed-ups are
- * tested against. Takes effect from the next token on (V rows cached before
- * keep the form they were stored in: both read back as the same floats).
- * When V is cached as int16 dots and no V row can outgrow them, llm_open
- * leaves out the float V array default mode never writes; the first switch
- * to plain mode places it through the port (LLM_E_NOMEM, plain mode left
- * off, when it finds no memory). */
+ * nothing split across cores, K and V rows cached as floats, exp/erf one
+ * element at a time. Same tokens and logits, slower: the reference the
+ * speed-ups are tested against. Takes effect from the next token on (K and V
+ * rows cached before keep the form they were stored in: both read back as the
+ * same floats). When V is cached as int16 dots and no V row can outgrow
+ * them, llm_open leaves out the float V array default mode never writes; the
+ * first switch to plain mode places it through the port (LLM_E_NOMEM, plain
+ * mode left off, when it finds no memory). */
 llm_status llm_set_plain(llm_engine *e, int plain, llm_error *err);
 int llm_plain(const llm_engine *e);
+
+/* K cached as its exact int16 integer dots (before RoPE) beside V's,
+ * instead of floats after RoPE: attention rebuilds each k with the kernel's
+ * operations and re-applies RoPE with the position's row of the image's
+ * table, so the same tokens and logits bits; half the K bytes read per
+ * cached row, for that compute and a RoPE row read per cached row. Off by
+ * default: the cost model prices it slower on the S3 (tools/mpllm/costmodel,
+ * the "with the int16 K cache" variants); a switch a board can A/B. From
+ * the next token on; rows cached before keep their form. Only where V is
+ * cached as dots (qkv rows of one scale group), not in plain or fast mode.
+ * The first switch on places the rebuilt ks' scratch (n_heads * 4 *
+ * head_dim floats) through the port: LLM_E_NOMEM, K left as floats, when it
+ * finds no memory. */
+llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err);
+int llm_k_dots(const llm_engine *e);
 
 /* Fast mode (opt-in, LOSSY): attention over an int8 KV cache with PIE
  * scores and a cheap exp (native/engine/attention_fast.c). Stories differ

@@ -383,6 +383,36 @@ static void check_plain_memory(const uint8_t *img, size_t len) {
            (unsigned long long)values);
 }
 
+/* K as dots places its scratch once, FAST else BULK (engine_open.c
+ * llm_set_k_dots); with no memory left the switch fails with LLM_E_NOMEM,
+ * leaving K as floats; closing frees it. */
+static void check_k_dots_memory(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint64_t fast = hp.in_use[LLM_REGION_FAST], bulk = hp.in_use[LLM_REGION_BULK];
+    const uint32_t blocks = hp.live_blocks;
+    llm_error err;
+    EXPECT(llm_set_k_dots(e, 1, &err) == LLM_OK && llm_set_k_dots(e, 0, &err) == LLM_OK &&
+           llm_set_k_dots(e, 1, &err) == LLM_OK && llm_k_dots(e) &&
+           hp.live_blocks == blocks + 1u && hp.in_use[LLM_REGION_FAST] > fast,
+           "set_k_dots: %s, %u blocks (%u at open)", err.message, hp.live_blocks, blocks);
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = fast;
+    hp.capacity[LLM_REGION_BULK] = bulk;
+    e = open_ok(img, len, &hp, "the image does not open in the memory it used");
+    if (e == NULL) return;
+    const llm_status st = llm_set_k_dots(e, 1, &err);
+    EXPECT(st == LLM_E_NOMEM && strstr(err.message, "K as dots' scratch") != NULL &&
+           !llm_k_dots(e), "set_k_dots without memory: status %d, %s", (int)st, err.message);
+    llm_close(e);
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked after close", hp.live_blocks);
+    printf("k_dots memory: its scratch placed once, refused without room\n");
+}
+
 /* Whether the model opens at `context` under these caps, in plain mode if
  * asked (its float V placed too); closed again. *spilled gets what it read
  * in place (llm_spilled_bytes). */
@@ -496,6 +526,7 @@ int main(int argc, char **argv) {
     check_port_books();
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
+    check_k_dots_memory(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);

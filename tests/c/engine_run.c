@@ -1,10 +1,11 @@
 /*
  * Run the engine on an image and print what a comparison needs:
  *
- *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast]]
+ *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast|k_dots]]
  *
  * prefills a fixed 4-token prompt, then steps N_STEPS times (greedy unless a
- * sampler is given; "plain" turns the speed-ups off), and
+ * sampler is given; "plain" turns the speed-ups off, "k_dots" caches K as
+ * dots), and
  * prints the build, the generated ids and the FNV-1a 64 hash of every logits
  * vector's raw bytes. tests/test_engine_on_pie_kernels.py builds it once with the
  * reference kernels and once with the PIE kernels (through the host model of
@@ -32,7 +33,8 @@ static uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast]]\n");
+        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED "
+                        "[plain|fast|k_dots]]\n");
         return 2;
     }
     llm_error err;
@@ -65,6 +67,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fast: %s\n", err.message);
             return 1;
         }
+    } else if (argc == 7 && strcmp(argv[6], "k_dots") == 0) {
+        llm_set_k_dots(e, 1, &err);
     } else if (llm_set_plain(e, argc == 7, &err) != LLM_OK) {
         fprintf(stderr, "plain: %s\n", err.message);
         return 1;

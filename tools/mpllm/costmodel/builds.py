@@ -96,6 +96,11 @@ class Build:
     #: bytes per cached V element: 4 (fp32) or 2 (the exact int16 integer dot,
     #: recomputed to the same float when read: engine.c attention())
     v_bytes: int = 4
+    #: bytes per cached K element: 4 (fp32, after RoPE) or 2 (the exact int16
+    #: integer dot before RoPE, sharing V's position scale; rebuilt and rotated
+    #: when read, with the position's RoPE row read from flash: engine.c
+    #: cached_k, s3.K_REBUILD_OPS)
+    k_bytes: int = 4
     #: attention reads one position's cache rows four at a time: four score
     #: sums at once (engine.c scores_rows4; s3.FDOT_ROWS4_OPS) and, for V rows
     #: held as dots, ao kept in a register across them with each value
@@ -271,7 +276,7 @@ BUILDS: dict[str, Build] = {
              "V as the exact int16 dots + one scale per position, each value recomputed with "
              "the kernel's two roundings when read (4 ops), one position's rows four at a "
              "time with the output in a register; split by heads (one hand-off per layer); no "
-             "other matvec split"),
+             "other matvec split; K as dots too is the set_k_dots switch, priced as variants"),
             ("softmax weights, SiLU and GELU four elements at a time (llm_expf4 / llm_erff4, "
              "unrolled: four independent chains for the in-order FPU; same bits)"),
             "quantization by the magic-number round half to even (no lrintf)",

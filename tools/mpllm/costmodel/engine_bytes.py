@@ -34,7 +34,7 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
                        *, head: bool = False, head_mode: str = "dense",
                        head_rows: float | None = None, head_ids: bool = True,
                        head_id_reads: float | None = None,
-                       v_dots: bool = True, weights: bool = True,
+                       kv_dots: bool = True, k_dots: bool = False, weights: bool = True,
                        kv_rows_read: int | None = None) -> dict[str, dict[str, float]]:
     """Bytes the engine (native/engine/engine.c) charges per stage and region
     for one token at `pos`; with `head`, one head evaluation as well
@@ -54,13 +54,18 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
     out["embed"]["flash"] += matrix_row_bytes(s, d)  # embedding row
     out["embed"]["flash"] += ple_record_bytes(s)
     out["embed"]["flash"] += s.head_dim * 4  # this position's RoPE row
-    # K rows as floats, V rows as int16 dots + the position's scale (engine.c
-    # attention(); rows that do not fit int16 stay floats: none in a checked
-    # run), or as floats in plain mode (v_dots False); kv_dim wide (GQA)
+    # each cache row written and each read (engine.c store_kv, kv_row_bytes):
+    # V as int16 dots + the position's scale, K as floats or (k_dots) as
+    # int16 dots too, with the RoPE row of every k rebuilt from its dots (in
+    # flash; rows that do not fit int16 stay floats: none in a checked run),
+    # or both as floats in plain mode (kv_dots False); kv_dim wide (GQA)
     kvd = s.kv_dim
-    v_row = 2 * kvd + 4 if v_dots else 4 * kvd
+    k_dots = kv_dots and k_dots
+    row = (2 if k_dots else 4) * kvd + 2 * kvd + 4 if kv_dots else 8 * kvd
     rows_read = pos + 1 if kv_rows_read is None else kv_rows_read
-    out["attn"][pl["kv"]] += L * (4 * kvd + v_row + rows_read * (4 * kvd + v_row))
+    out["attn"][pl["kv"]] += L * (1 + rows_read) * row
+    if k_dots:
+        out["attn"]["flash"] += L * rows_read * s.head_dim * 4
     # every rmsnorm charges its weights: the shared PLE-input norm once per layer slice;
     # each layer's attn_norm, ffn_norm and (with PLE) ple_norm
     out["embed"][pl["norms"]] += L * s.ple_dim * 4
@@ -120,7 +125,7 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
                      placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
                      head_rows: float | None = None, head_ids: bool = True,
                      head_id_reads: float | None = None,
-                     v_dots: bool = True) -> dict[str, int]:
+                     kv_dots: bool = True) -> dict[str, int]:
     """Region totals the engine reports after prefill(n_prompt tokens) and
     n_steps step() calls from position 0 (one head evaluation per call).
     `head_rows` is the engine's total of head rows scored (default: all rows
@@ -128,7 +133,7 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
     ids read (stats()["head_ids"]; default one per row scored)."""
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in range(n_prompt + n_steps):
-        for st in engine_stage_bytes(s, pos, placement, v_dots=v_dots,
+        for st in engine_stage_bytes(s, pos, placement, kv_dots=kv_dots,
                                      **_prompt_pass(pos, n_prompt)).values():  # type: ignore[arg-type]
             for r, b in st.items():
                 tot[r] += b
@@ -148,12 +153,12 @@ def check_bytes(measured_totals: Mapping[str, int], s: Shape, n_prompt: int, n_s
                 placement: Mapping[str, str] | None = None, *, head_mode: str = "dense",
                 head_rows: float | None = None, head_ids: bool = True,
                 head_id_reads: float | None = None,
-                v_dots: bool = True) -> dict[str, int]:
+                kv_dots: bool = True) -> dict[str, int]:
     """Analytic region totals for the same run; raises ValueError naming the
     regions where the engine's counters disagree with the formulas."""
     expect = run_region_bytes(s, n_prompt, n_steps, placement, head_mode=head_mode,
                               head_rows=head_rows, head_ids=head_ids,
-                              head_id_reads=head_id_reads, v_dots=v_dots)
+                              head_id_reads=head_id_reads, kv_dots=kv_dots)
     bad = {r: (int(measured_totals.get(r, 0)), expect[r]) for r in REGIONS
            if int(measured_totals.get(r, 0)) != expect[r]}
     if bad:
@@ -183,7 +188,7 @@ def placement_from_memory(memory: Iterable[tuple[str, str, int]]) -> dict[str, s
 
 def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] | None = None,
                       *, rows_read: float = 0.0, head_ids: bool = True,
-                      id_reads: float | None = None, v_dots: bool = True) -> dict[str, float]:
+                      id_reads: float | None = None, kv_dots: bool = True) -> dict[str, float]:
     """Bytes the engine charges per region for one llm_verify pass of m
     positions at pos (m >= 2, the many-positions head scan): the weights and
     the cache rows 0..pos+m-1 once, each position's flash rows, norms, cache
@@ -193,7 +198,7 @@ def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] |
     for c in range(m):
         kw: dict[str, object] = ({"kv_rows_read": pos + m} if c == 0
                                  else {"weights": False, "kv_rows_read": 0})
-        for regs in engine_stage_bytes(s, pos + c, placement, v_dots=v_dots,
+        for regs in engine_stage_bytes(s, pos + c, placement, kv_dots=kv_dots,
                                        **kw).values():  # type: ignore[arg-type]
             for r, v in regs.items():
                 tot[r] += v

@@ -30,6 +30,8 @@ from .s3 import (
     HEAP_OPS_PER_CMP,
     ICACHE_LINE,
     ICACHE_MISS_S,
+    K_DOTS_STORE_OPS,
+    K_REBUILD_OPS,
     LOGF_OPS,
     LRINTF_CYCLES,
     NEWLIB_EXPF_CYCLES,
@@ -146,6 +148,12 @@ def _v_row(b: Build, d: int) -> int:
     return 4 * d if b.v_bytes == 4 else b.v_bytes * d + 4
 
 
+def _k_row(b: Build, d: int) -> int:
+    """Bytes of one cached K row: fp32, or int16 dots (+ the position's scale
+    unless V's row carries it)."""
+    return 4 * d if b.k_bytes == 4 else b.k_bytes * d + (0 if b.v_bytes != 4 else 4)
+
+
 def _kv_offsets(b: Build) -> list[int]:
     return list(range(0, b.line, 16)) if b.kv_offset is None else [b.kv_offset]
 
@@ -184,7 +192,7 @@ def _kv_read_at(w: Work, b: Build, s: Shape, pos: int, *, split: bool) -> None:
         _kv_mem(w, b, nl, kvh * (t * dhp + dh * t16 + 8 * t), split=split)
         return
     if b.kv.startswith("fp32"):
-        row = 4 * kvd
+        row = _k_row(b, kvd)
         v_row = _v_row(b, kvd)
         total = (lines_touched(b.kv_offset, t * row, line)
                  + lines_touched(b.kv_offset, t * v_row, line))
@@ -266,6 +274,12 @@ def _attention_core(w: Work, b: Build, s: Shape, pos: int) -> None:
         w.compute(split=sp_vacc, ops=v4 * V_ROWS4_OPS * dh + (n - v4) * FAXPY_OPS * dh)
         if b.v_bytes != 4:  # recompute (float)g * scale_i * xscale per element read
             w.compute(split=sp_vacc, ops=(n - v4) * 4 * dh)
+        if b.k_bytes != 4:
+            # every cached k rebuilt and rotated once per row and kv head, with
+            # its position's RoPE row from flash (re-read every layer: the
+            # layer's KV stream evicts it)
+            w.compute(split=sp_score, ops=t * s.kv_dim * K_REBUILD_OPS)
+            w.flash(t * dh * 4, b.line)
         w.compute(split=sp_all, ops=h * dh * 2)
         chain_work(w, b, h * dh * DIV_OPS, split=sp_all)
         return
@@ -301,10 +315,13 @@ def kv_store_work(w: Work, b: Build, s: Shape) -> None:
         return
     if b.kv.startswith("fp32"):
         offs = _kv_offsets(b)
-        nl = sum(lines_touched(o, 4 * kvd, b.line) + lines_touched(o, _v_row(b, kvd), b.line)
+        k_row = _k_row(b, kvd)
+        nl = sum(lines_touched(o, k_row, b.line) + lines_touched(o, _v_row(b, kvd), b.line)
                  for o in offs) / len(offs)
-        _kv_mem(w, b, nl, 4 * kvd + _v_row(b, kvd))
+        _kv_mem(w, b, nl, k_row + _v_row(b, kvd))
         w.compute(ops=2 * 2 * kvd)  # memcpy: load + store per float
+        if b.k_bytes != 4:
+            w.compute(ops=kvd * K_DOTS_STORE_OPS)
         return
     dh, kvh, h = s.head_dim, s.n_kv_heads, s.n_heads
     pad = kvh * (cdiv(dh, 16) * 16 - dh) if b.kv == "int8-rows-pad" else 0

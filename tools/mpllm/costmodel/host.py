@@ -88,9 +88,10 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
             tok = m.step(tok)
         st = m.stats()
         memory = [tuple(x) for x in m.memory()]
-    if st.get("v_wide"):
-        raise ValueError(f"{st['v_wide']} V rows were cached as floats (dots wider than int16): "
-                         "the byte formulas assume none; measure on another prompt")
+    if st.get("v_wide") or st.get("k_wide"):
+        raise ValueError(f"{st['k_wide']} K and {st['v_wide']} V rows were cached as floats "
+                         "(dots wider than int16): the byte formulas assume none; measure on "
+                         "another prompt")
     placement = placement_from_memory(memory)
     totals = {r: int(st["bytes"][r]) for r in REGIONS}
     heads = int(st.get("heads", n_steps + 1))
@@ -100,16 +101,16 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     head_rows = float(st.get("head_rows", heads * s.vocab_out))
     head_id_reads = float(st["head_ids"]) if "head_ids" in st else None
     check_bytes(totals, s, len(ids), n_steps, placement, head_mode=mode, head_rows=head_rows,
-                v_dots=not plain, head_ids=has_ids, head_id_reads=head_id_reads)
+                kv_dots=not plain, head_ids=has_ids, head_id_reads=head_id_reads)
     # per generated token: subtract the prompt's layer passes but one token's
     # (a story's steady state does not pay them per token)
     prompt_only = dict.fromkeys(REGIONS, 0.0)
     for pos in range(len(ids)):
-        for regs in engine_stage_bytes(s, pos, placement, v_dots=not plain,
+        for regs in engine_stage_bytes(s, pos, placement, kv_dots=not plain,
                                        **_prompt_pass(pos, len(ids))).values():  # type: ignore[arg-type]
             for r, v in regs.items():
                 prompt_only[r] += v
-    for regs in engine_stage_bytes(s, len(ids) - 1, placement, v_dots=not plain).values():
+    for regs in engine_stage_bytes(s, len(ids) - 1, placement, kv_dots=not plain).values():
         for r, v in regs.items():
             prompt_only[r] -= v
     per_token = {r: (totals[r] - prompt_only[r]) / (n_steps + 1) for r in REGIONS}

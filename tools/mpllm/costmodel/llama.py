@@ -13,21 +13,22 @@ held-out prediction (no llama2.c model has been timed on an S3 here).
 What the engine does with a llama2.c image (native/engine/engine_open.c,
 native/engine/engine.c), and so what the builds here assume:
   * int4 weights in groups of `group` (convert.py's default: one group a row,
-    the dim rounded up to 32; --group 32 is finer). V is cached
-    as exact int16 dots only when the qkv rows are one scale group
-    (engine_open.c place_kv_cache: v_dots), and the head is certified only
-    when its rows are one group (stage_head: certified): at group 32 a
-    64-wide model has two groups a row, so V is cached as floats and the head
-    is dense. convert.py's default, the padded width (64 for stories260K),
-    makes both possible: the "one group a row" rows below.
+    the dim rounded up to 32; --group 32 is finer). V (and K with
+    set_k_dots) is cached as exact int16 dots only when the qkv rows are one
+    scale group (engine_open.c place_kv_cache: kv_dots), and the head is
+    certified only when its rows are one group (stage_head: certified): at
+    group 32 a 64-wide model has two groups a row, so V is cached as floats
+    and the head is dense. convert.py's default, the padded width (64 for
+    stories260K), makes both possible: the "one group a row" rows below.
   * The KV cache holds n_kv_heads x head_dim (kv_dim) a position and layer,
     for the context the engine was opened with (llm_open_with, Model(...,
-    context=N); a Shape's seq_len here): the engine allocates K floats, the
-    V dots and a scale per position, and V floats when V is not cached as
-    dots or when some V row could give dots too wide for int16
-    (engine_open.c v_can_widen; `v_rows_can_widen` here). The shapes here
-    assume none can (true of the published stories260K at group 64); plain
-    mode then places the float V later (llm_set_plain: "kv_values").
+    context=N); a Shape's seq_len here): per position and layer a K row of
+    floats (or, with set_k_dots, int16 dots) and a V row of int16 dots, float-
+    wide when some V row could give dots too wide for int16 (engine_open.c
+    v_can_widen; `v_rows_can_widen` here), and a scale per position. The
+    shapes here assume none can (true of the published stories260K at group
+    64); plain mode then places the float V later (llm_set_plain:
+    "kv_values").
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ __all__ = [
     "Board",
     "default_context",
     "engine_blocks",
+    "fast_kv_bytes",
     "fitting_context",
     "internal_placement",
     "llama_build",
@@ -180,10 +182,20 @@ _one_group_a_row = one_group_a_row
 def v_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
     """Whether some layer's V rows (qkv rows dim + kv_dim ..) could give int16
     dots a value they cannot hold: |dot| <= 127 * sum |code| over the row
-    (engine_open.c v_can_widen); then the engine places V floats at open.
+    (engine_open.c v_can_widen); then the engine's V rows are float-wide.
     `qkv_codes`: each layer's signed int4 codes [rows, cols]."""
     return any(int(np.abs(q[dim + kv_dim: dim + 2 * kv_dim].astype(np.int64)).sum(axis=1).max())
                * 127 > 32767 for q in qkv_codes)
+
+
+def fast_kv_bytes(s: Shape) -> int:
+    """Fast mode's arrays (attention_fast.c layout, llm_fast_kv_need), which
+    lie over the exact cache: int8 K rows and transposed V, their scales, the
+    quantized queries and weights and the integer scores of a pass."""
+    L, S, kvh, h, dh = s.n_layers, s.seq_len, s.n_kv_heads, s.n_heads, s.head_dim
+    dhp, sp = _a16(dh), _a16(S)
+    return sum(_a16(n) for n in (L * kvh * S * dhp, L * kvh * dh * sp, 4 * L * kvh * S,
+                                 4 * L * kvh * S, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * S))
 
 
 def engine_blocks(s: Shape, *, certified: bool,
@@ -196,7 +208,8 @@ def engine_blocks(s: Shape, *, certified: bool,
     from flash). The head is staged in tile order with its ids and tile index
     when `certified` (and the rows are one scale group), else staged dense.
     `v_can_widen`: the image's V rows could outgrow int16 dots (see
-    v_rows_can_widen), so V floats are placed at open beside the dots."""
+    v_rows_can_widen), so the V rows are float-wide (else 2 bytes a value,
+    and plain mode places the float V later: "kv_values")."""
     d, L, S = s.dim, s.n_layers, s.seq_len
     kvd, V = s.kv_dim, s.vocab_out
     cp = cdiv(d, 32) * 32
@@ -221,11 +234,12 @@ def engine_blocks(s: Shape, *, certified: bool,
     out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
     out.append(("logits", 4 * V, "bulk", "required"))
     cells = L * S * kvd
-    v_dots = _one_group_a_row(s)
-    v_floats = not v_dots or v_can_widen
-    # each array on a 64-byte line: K floats, V floats, V dots, scales, streams
-    kv = (_a64(4 * cells) * (2 if v_floats else 1) + (_a64(2 * cells) if v_dots else 0)
-          + _a64(4 * L * S) + _a64(16 * (S + 1)))
+    v_floats = not _one_group_a_row(s) or v_can_widen
+    # each array on a 64-byte line: K (floats, or dots with set_k_dots), V
+    # (dots, float-wide when a V row can be wide), the scales, at least fast
+    # mode's arrays; then the streams
+    exact = _a64(4 * cells) + _a64((4 if v_floats else 2) * cells) + _a64(4 * L * S)
+    kv = max(exact, _a64(fast_kv_bytes(s))) + _a64(16 * (S + 1))
     out.append(("kv_cache", kv, "bulk", "required"))
     per_layer = 3 if s.has_ple else 2  # attn, ffn (and PLE) norms
     out.append(("norms", (s.ple_dim + per_layer * L * d + d) * 4, "fast", "matrix"))

@@ -40,6 +40,7 @@ from .s3 import (
     FAXPY_OPS,
     FDOT_OPS,
     HEAP_OPS_PER_CMP,
+    K_REBUILD_OPS,
     ROW_OPS_PIE,
     TILE_ROWS,
 )
@@ -142,8 +143,9 @@ def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
     """One layer's attention for positions pos..pos+m-1 (engine.c
     attention_heads): every cached K/V row 0..pos+m-1 read once for all of
     them, scores, softmax and V accumulation per (position, head), each V row
-    recomputed from its int16 dots once for all positions, split by heads
-    across the two cores (one hand-off)."""
+    recomputed from its int16 dots once for all positions (and each K row
+    rebuilt and rotated, with its RoPE row from flash), split by heads across
+    the two cores (one hand-off)."""
     if not (b.kv.startswith("fp32") or b.kv == "int8-fast") or \
             b.attn_split not in ("heads", "none"):
         raise ValueError(f"{b.name}: passes are modelled for fp32 K rows or fast mode's int8 "
@@ -168,6 +170,9 @@ def _attention_pass(w: Work, b: Build, s: Shape, pos: int, m: int) -> None:
     w.compute(split=sp, ops=pairs * FAXPY_OPS * dh)
     if b.v_bytes != 4:
         w.compute(split=sp, ops=(last + 1) * h * dh * 4)
+    if b.k_bytes != 4:
+        w.compute(split=sp, ops=(last + 1) * s.kv_dim * K_REBUILD_OPS)
+        w.flash((last + 1) * dh * 4, b.line)
     w.compute(split=sp, ops=m * h * dh * 2)
     chain_work(w, b, m * h * dh * DIV_OPS, split=sp)
 

@@ -295,6 +295,8 @@ class Report:
                                "topk_ratio": self.fractions.topk_ratio,
                                "sampled": self.fractions.sampled},
             "variants": self.variants,
+            # the exact sampled build's PSRAM traffic, bytes per generated token
+            "psram_bytes_per_token": self.builds["mpllm-exact-sampled"]["psram_bytes_per_token"],
             "charges": self.charges,
             "sram": self.sram,
             "assumptions": {n: list(b.assumptions) for n, b in BUILDS.items()},
@@ -566,6 +568,10 @@ def _variants(ours: Mapping[str, Build], f: Fit, s: Shape, pos: Sequence[int],
             "the whole plan in SRAM, a spinning hand-off and no MicroPython loop at all")
     add("greedy without the int16 V cache (fp32 V)", dataclasses.replace(g, v_bytes=4),
         "V rows as floats: twice the V traffic, no recompute")
+    for mode, b in (("greedy", g), ("sampled", t)):
+        add(f"{mode} with the int16 K cache (set_k_dots)", dataclasses.replace(b, k_bytes=2),
+            "K rows as int16 dots, rebuilt and RoPE re-applied when read: half the K line "
+            "fills, 11 ops an element and a RoPE row from flash per cached row and layer")
     add("fast (lossy) sampled, no drafting", dataclasses.replace(t, kv="int8-fast", v_bytes=1),
         "fast mode's int8 KV cache, one position per pass")
     add("greedy without the four-wide exp/erf/div", dataclasses.replace(g, chain_interleave=1),

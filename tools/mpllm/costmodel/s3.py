@@ -72,9 +72,10 @@ ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
 #: the Xtensa sizes (an assumption; the LX7's 16/24-bit encodings are, if
 #: anything, denser). The engine: the functions marked LLM_HOT
 #: (native/engine/hot.h), measured by code_size.measure_engine_code_bytes
-#: (held equal by a test: engine.c 10,911, head.c 1,487, mathf.c 1,631,
+#: (held equal by a test: engine.c 13,343, head.c 3,309, mathf.c 1,631,
 #: sampler.c 883, llm_quantize_act 283, the q4 and s8 kernels 801 (the
-#: reference kernels standing for the PIE ones)): 15,996. The esp32 build
+#: reference kernels standing for the PIE ones)): 20,250 (K cached as dots,
+#: RoPE re-applied on read, added 1,280 to engine.c). The esp32 build
 #: places them in IRAM (LLM_HOT_SECTION), so none of it goes through the
 #: instruction cache. MicroPython's VM on the loop's path (py/*.o of the unix
 #: port built with _llm: mp_execute_bytecode 7,189, mp_binary_op 1,145,
@@ -87,7 +88,7 @@ ICACHE_MISS_S = (8 + 6 + 2 + 4 + 2 * ICACHE_LINE) / 80e6
 #: (firmware/boards/sdkconfig.mpllm: CONFIG_FREERTOS_PLACE_FUNCTIONS_INTO_FLASH
 #: moves the functions no ISR calls). The binding's step/verify glue: 1,024,
 #: an estimate.
-CODE_BYTES_ENGINE = 15996
+CODE_BYTES_ENGINE = 20250
 CODE_BYTES_MICROPYTHON = 13897
 CODE_BYTES_MICROPYTHON_IRAM = 7189 + 1145 + 821
 CODE_BYTES_FREERTOS = 4096
@@ -243,6 +244,17 @@ FAXPY_OPS = 5
 #: scale's load once per four rows (0.25). Row at a time it is FAXPY_OPS
 #: plus the recompute's 4 (load, convert, two multiplies), with v stored.
 V_ROWS4_OPS = 6 + 2 / 4 + 1 / 4
+#: A cached k rebuilt from its int16 dots with RoPE re-applied (engine.c
+#: cached_k), per element, once per cached row and kv head for all the
+#: query heads and positions that read it: the int16 load and convert, the
+#: scale's load, * scale, + to 0, * xscale (6); per pair of elements the
+#: cos and sin loads, four multiplies, the add and the subtract and two
+#: stores (10: 5 an element).
+K_REBUILD_OPS = 6 + 5
+#: Storing a K row as int16 dots instead of copying floats (engine.c
+#: store_kv), per element: the two range compares and their and, the
+#: convert (4 on top of the copy's load and store).
+K_DOTS_STORE_OPS = 4
 #: A scalar kernel reading int4 weights in place (core "int4-flash": llm.h
 #: matvec_q, esp32-ai before it staged weights) unpacks each one in the inner
 #: loop: byte load, parity test, shift or mask, -8, int->float, beside the MAC.

@@ -1,0 +1,162 @@
+"""Stories of the engine with its speed-ups against plain mode, bit for bit.
+
+A story is the token ids decoded after a prompt and the sha256 of the raw
+float32 logits row of every head evaluation that proposed one of them. Plain
+mode (every speed-up off: float K and V, the dense head, one position a pass)
+is the reference; the default engine, and the engine with K cached as dots
+(set_k_dots), must give the same story one step at a time and with
+speculative decoding (verify passes of drafted tokens, kept and rejected
+drafts, rewinds). With drafts, a verify pass leaves only its last
+kept evaluation's logits (llm_logits after rewind), so those rows are checked,
+and every token.
+
+tests/test_kv_dots.py runs a few prompts; the full matrix (20 prompts x 6
+samplers x the images given, both decodings, K as floats and as dots) runs by
+hand:
+
+    python tests/helpers/story_matrix.py IMAGE [IMAGE ...] [--tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: (temperature, top_k, seed): greedy; T 0.8 top-40 with two seeds; T 1.0
+#: over the whole vocabulary; T 0.5 top-10; T 1.2 top-40
+SAMPLERS: list[tuple[float, int, int]] = [
+    (0.0, 0, 0), (0.8, 40, 1), (0.8, 40, 2), (1.0, 0, 3), (0.5, 10, 4), (1.2, 40, 5)]
+
+
+@dataclass(frozen=True)
+class Story:
+    tokens: list[int]
+    rows: dict[int, str]  # index into tokens -> sha256 of the logits that proposed it
+
+
+def prompts(vocab: int, n: int, seed: int = 34) -> list[list[int]]:
+    """n prompts of 1..12 random token ids below vocab (the first of 4 fixed
+    ids), the same for a seed."""
+    rng = random.Random(seed)
+    out = [[433 % vocab, 447 % vocab, 259 % vocab, 405 % vocab]]
+    while len(out) < n:
+        out.append([rng.randrange(vocab) for _ in range(rng.randint(1, 12))])
+    return out
+
+
+def _sha(m: Any) -> str:
+    return hashlib.sha256(m.logits()).hexdigest()
+
+
+def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
+            n: int, *, plain: bool, k_dots: bool = False) -> Story:
+    """n tokens one step at a time (fewer when the context fills), every row."""
+    with llm.Model(image, plain=plain) as m:
+        m.set_k_dots(k_dots)
+        m.sampler(*sampler)
+        seq = m.config()["seq_len"]
+        tokens = [m.prefill(prompt)]
+        rows = {0: _sha(m)}
+        while len(tokens) < n and m.pos() < seq:
+            tokens.append(m.step(tokens[-1]))
+            rows[len(tokens) - 1] = _sha(m)
+        return Story(tokens, rows)
+
+
+def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
+                n: int, want: list[int], vocab: int, *, k_dots: bool = False) -> Story:
+    """n tokens through verify passes whose drafts are the reference story's next
+    tokens (1..7 of them, in turn), every other pass with its last draft made
+    wrong: passes of several positions, drafts kept and refused, rewinds."""
+    with llm.Model(image) as m:
+        m.set_k_dots(k_dots)
+        m.sampler(*sampler)
+        seq = m.config()["seq_len"]
+        tokens = [m.prefill(prompt)]
+        rows = {0: _sha(m)}
+        k = 0
+        while len(tokens) < n and m.pos() < seq:
+            k += 1
+            room = min(seq - m.pos() - 1, n - len(tokens), 7)
+            draft = list(want[len(tokens):len(tokens) + 1 + (k % 7)])[:room]
+            if draft and k % 2 == 0:
+                draft[-1] = (draft[-1] + 1) % vocab
+            pos0 = m.pos()
+            got = m.verify([tokens[-1]] + draft)
+            kept = 1
+            while kept <= len(draft) and draft[kept - 1] == got[kept - 1]:
+                kept += 1
+            tokens.extend(got[:kept])
+            m.rewind(pos0 + kept)
+            rows[len(tokens) - 1] = _sha(m)
+        return Story(tokens[:n], {i: h for i, h in rows.items() if i < n})
+
+
+def check(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
+          n: int, vocab: int, k_dots: tuple[bool, ...] = (False, True)) -> list[str]:
+    """The differences from plain mode of the engine (K as floats and, or, as
+    dots) stepped and with speculative decoding ([] when the stories are the
+    same)."""
+    ref = stepped(llm, image, prompt, sampler, n, plain=True)
+    bad = []
+    for kd in k_dots:
+        how = "K as dots" if kd else "K as floats"
+        got = stepped(llm, image, prompt, sampler, n, plain=False, k_dots=kd)
+        if got != ref:
+            bad.append(f"{how}, stepped: {_first_difference(ref, got)}")
+        spec = speculative(llm, image, prompt, sampler, n, ref.tokens, vocab, k_dots=kd)
+        if spec.tokens != ref.tokens or any(ref.rows[i] != h for i, h in spec.rows.items()):
+            bad.append(f"{how}, speculative: {_first_difference(ref, spec)}")
+    return bad
+
+
+def _first_difference(ref: Story, got: Story) -> str:
+    for i, (a, b) in enumerate(zip(ref.tokens, got.tokens)):
+        if a != b:
+            return f"token {i}: {b} instead of {a}"
+    for i in sorted(got.rows):
+        if ref.rows.get(i) != got.rows[i]:
+            return f"logits row {i} differ"
+    return f"{len(got.tokens)} tokens instead of {len(ref.tokens)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The default engine's stories (stepped and "
+                                 "speculative) against plain mode's, on 20 prompts x 6 "
+                                 "samplers per image: token ids and logits hashes.")
+    ap.add_argument("images", nargs="+", type=Path, help="engine images (.img)")
+    ap.add_argument("--tokens", type=int, default=120, help="tokens a story (default 120)")
+    ap.add_argument("--prompts", type=int, default=20, help="prompts an image (default 20)")
+    args = ap.parse_args(argv)
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here)]
+    import engine_ext
+
+    llm = engine_ext.load()
+    failed = total = 0
+    for image in args.images:
+        with llm.Model(str(image)) as m:
+            vocab = m.config()["vocab_out"]
+        t0 = time.time()
+        for p, prompt in enumerate(prompts(vocab, args.prompts)):
+            for sampler in SAMPLERS:
+                total += 1
+                bad = check(llm, str(image), prompt, sampler, args.tokens, vocab)
+                failed += bool(bad)
+                for b in bad:
+                    print(f"DIFFER {image.name} prompt {p} sampler {sampler}: {b}", flush=True)
+            print(f"{image.name}: prompt {p + 1}/{args.prompts} done "
+                  f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    print(f"\n{total - failed} of {total} (prompt, sampler, image) stories equal plain mode's, "
+          f"stepped and speculative, K as floats and as dots ({args.tokens} tokens each)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
