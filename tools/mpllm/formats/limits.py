@@ -22,11 +22,11 @@ MAX_SEQ_LEN = 65536  # LLM_MAX_SEQ_LEN: the context, in positions
 MAX_VOCAB = 1 << 24  # LLM_MAX_VOCAB: vocab_rows and vocab_out
 #: LLM_MAX_LAYERS: the section table (MAX_SECTIONS entries) holds the 6
 #: sections before the layers (tokenizer, rope, embed and PLE's three), 10 per
-#: layer (esp32-ai's count; the engine applies it to every arch) and 4 after
-#: them (out_norm, head, head_tiles, drafts)
+#: layer (esp32-ai's count; the engine applies it to every arch) and 5 after
+#: them (out_norm, head, head_tiles, drafts, weights)
 SECTIONS_BEFORE_LAYERS = 6
 SECTIONS_PER_LAYER = 10
-SECTIONS_AFTER_LAYERS = 4
+SECTIONS_AFTER_LAYERS = 5
 MAX_LAYERS = (MAX_SECTIONS - SECTIONS_BEFORE_LAYERS - SECTIONS_AFTER_LAYERS) // SECTIONS_PER_LAYER
 #: the image's tokenizer stores ids as u16 (formats.tokenizer.MAX_IDS), so a
 #: vocabulary, and with it the head, holds at most this many tokens
