@@ -21,7 +21,10 @@ tokenizer size), drop embedding/PLE rows the tokenizer can never produce, bake
 the RoPE table, fingerprint the sources, write the image (atomically), then,
 unless --drafter-stories 0, let the model write stories on this PC and store
 what it wrote as the image's n-gram drafter (speculative decoding's guesses;
-needs the host engine `_llm`), read the image back and check it equals what
+needs the host engine `_llm`) when it pays: its tokens per pass on those
+stories (held out) against what a pass costs by the cost model
+(mpllm.drafting.payoff; else the drafter is left out, and the output says
+so), read the image back and check it equals what
 was meant to be written. Bad input exits with status 2 and a one-line
 message, and leaves no output file behind.
 """
@@ -37,6 +40,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -76,6 +80,10 @@ from .formats.model import (
 from .formats.tokenizer import TokenizerFormatError, TokenizerTables
 from .llama2c_weights import QUALITY_POSITIONS
 
+if TYPE_CHECKING:
+    from .drafting import Payoff
+    from .formats.drafts_table import DraftsTable
+
 #: stories the model writes for its drafter when converting from the command
 #: line or flash.py (a few seconds for the demo model)
 DRAFTER_STORIES = 200
@@ -100,6 +108,9 @@ class ConvertReport:
     sections: list[Section]
     drafts_records: int = 0  # contexts in the n-gram drafter (0: none built)
     drafts_seconds: float = 0.0
+    #: why the drafter was left out ("": kept, or none built): what it measured
+    #: on the converter's stories and what a pass costs (drafting.Payoff)
+    drafter_left_out: str = ""
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
     certified_head: bool = False  # the image has head tiles (formats.head_tiles)
@@ -239,6 +250,7 @@ def convert(
     progress: bool | Callable[[str, int, int], None] = True,
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
+    drafter_always: bool = False,
     group: int | None = None,
     weights: str = "auto",
     quality_positions: int = QUALITY_POSITIONS,
@@ -251,6 +263,9 @@ def convert(
     drafter_stories: stories the model writes (on this PC, through `_llm`) for
     the self-distilled n-gram drafter; 0 (the default here, not on the command
     line) stores an empty table: the image decodes the same, without guesses.
+    A drafter that does not pay (drafting.payoff) is left out the same way
+    (the report's drafter_left_out says why), unless drafter_always (tests
+    that exercise drafting on models too small for it to pay).
     group: the int4 group a llama2.c checkpoint is quantized to (a multiple of
     32; None: mpllm.llama2c_weights.default_group, one scale per row of the
     head, which the certified head needs); an esp32-ai model.bin keeps the
@@ -362,6 +377,7 @@ def convert(
         raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
     drafts = None
     drafts_seconds = 0.0
+    left_out = ""
     choice, boards = WeightsChoice(), {}
     with atomic_path(out) as staging:
         def write(w: Weights, drafts: object = None,
@@ -384,7 +400,12 @@ def convert(
                 lambda w: tile_rows > 0 and certifiable(w.output_head()) is None)
             report = write(trimmed, choice=choice)
         if drafter_stories:
-            drafts, drafts_seconds = _build_drafter(staging, drafter_stories, progress is True)
+            drafts, worth, drafts_seconds = _build_drafter(staging, drafter_stories,
+                                                           progress is True)
+            if worth is not None and not worth.pays:
+                left_out = str(worth)
+                if drafter_always:
+                    drafts, left_out = worth.table, ""
             report = write(trimmed, drafts, choice)
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
@@ -405,7 +426,7 @@ def convert(
                          vocab_in_source=cfg.vocab_in, rows_dropped=cfg.vocab_in - keep,
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
-                         drafts_seconds=drafts_seconds,
+                         drafts_seconds=drafts_seconds, drafter_left_out=left_out,
                          family="llama2c" if llama else "esp32ai", checkpoint_version=version,
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
@@ -510,9 +531,11 @@ def _read_tokenizer(path: Path, data: bytes, llama2c: bool) -> TokenizerTables:
         raise ConvertError(msg if str(path) in msg else f"{path}: {msg}") from None
 
 
-def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, float]:
+def _build_drafter(image: Path, n_stories: int, show: bool
+                   ) -> tuple[DraftsTable, Payoff | None, float]:
     """The n-gram drafter for the image just written (its model writes the
-    stories), and the seconds it took."""
+    stories; empty when it does not pay), what it is worth (drafting.Payoff)
+    and the seconds it took."""
     import time
 
     from .checkout import NotBuilt, board_module
@@ -529,11 +552,11 @@ def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, flo
 
         with tqdm(total=n_stories, desc="drafter", unit="story", file=sys.stderr,
                   leave=False) as bar:
-            table = build_drafts(image, n_stories, llm_module=_llm,
-                                 progress=lambda k: bar.update(k - bar.n))
+            table, worth = build_drafts(image, n_stories, llm_module=_llm,
+                                        progress=lambda k: bar.update(k - bar.n))
     else:
-        table = build_drafts(image, n_stories, llm_module=_llm)
-    return table, time.perf_counter() - t0
+        table, worth = build_drafts(image, n_stories, llm_module=_llm)
+    return table, worth, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -616,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         if rep.drafts_records:
             print(f"n-gram drafter: {rep.drafts_records:,} contexts from "
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
+        if rep.drafter_left_out:
+            print(f"drafter left out: {rep.drafter_left_out}")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     return 0
 

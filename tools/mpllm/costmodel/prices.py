@@ -11,10 +11,11 @@ import dataclasses
 from .builds import BUILDS, SPEC_BUILD_MODE
 from .calibration import fit
 from .passes import _Passes
+from .s3 import python_loop_s
 from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
 from .spec_inputs import SpecInputs
 
-__all__ = ["draft_prices", "pass_ms"]
+__all__ = ["draft_prices", "pass_ms", "verify_loop_steps"]
 
 
 def verify_starts(s: Shape) -> list[int]:
@@ -52,3 +53,17 @@ def draft_prices(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
     accepted pays for its position."""
     ms = pass_ms(s, build=build, rows_fraction=rows_fraction)
     return [(ms[k] - ms[k - 1]) / ms[0] for k in range(1, VERIFY_MAX)]
+
+
+def verify_loop_steps(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled"
+                      ) -> tuple[float, float]:
+    """What decoding in verify passes costs beyond its drafts, in plain steps
+    of shape `s` (a step with llm.py's step loop): (a pass of one position,
+    with llm.py's per-pass loop; llm.py's loop per story token in verify
+    passes). A drafter pays only when its tokens per pass outweigh these: on
+    a small model the loop is most of a step."""
+    b = BUILDS[build]
+    first = pass_ms(s, build=build)[0]
+    loop = (lambda kind: 1e3 * python_loop_s(kind)) if b.python_loop else (lambda _k: 0.0)
+    step = first - loop("pass") + loop("step")
+    return first / step, loop("token") / step
