@@ -308,6 +308,45 @@ def test_stories260k_leaves_its_drafter_out(tmp_path: Path,
     assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(bare.read_bytes()).digest()
 
 
+@pytest.mark.skipif(not (SHARED / "stories260K.bin").is_file(),
+                    reason="../shared/llama2c/stories260K.bin is not here")
+def test_stories260k_int4_leaves_its_certified_head_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At int4 stories260K's certified head scores every row on the
+    converter's stories, so a step costs more with it than with the dense
+    head (the S3 cost model): the converter writes no tiles and says why.
+    The stories and every logit are the bits of the certified image's."""
+    src, out, cert = SHARED / "stories260K.bin", tmp_path / "d.img", tmp_path / "cert.img"
+    common = [str(src), str(DEMO / "tokenizer.bin"), "--weights", "int4",
+              "--quality-positions", "0"]
+    assert convert_main([*common, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = [ln for ln in text.splitlines() if ln.startswith("certified head left out: ")]
+    assert len(line) == 1, text
+    share, with_it, without = re.search(  # type: ignore[union-attr]
+        r"it scored (\d+\.\d) % of its rows on the drafter's stories; a step costs "
+        r"(\d+\.\d\d) ms with it, (\d+\.\d\d) ms without", line[0]).groups()
+    assert float(share) > 90.0 and float(with_it) >= float(without), line
+    assert "(no certified head: it would not save time here, see below)" in text
+    assert read_image(out).head_tiles.n_tiles == 0
+    assert convert_main([*common, "-o", str(cert), "-q", "--drafter-stories", "0"]) == 0
+    assert read_image(cert).head_tiles.n_tiles > 0
+    _llm = _engine()
+    got = {}
+    for img in (out, cert):
+        h = hashlib.sha256()
+        with _llm.Model(str(img)) as m:  # type: ignore[attr-defined]
+            for smp in SAMPLERS[:3]:
+                m.reset()
+                m.sampler(*smp)
+                tok = m.prefill([1, 403, 407])
+                for _ in range(80):
+                    h.update(struct.pack("<i", tok) + bytes(m.logits()))
+                    tok = m.step(tok)
+        got[img] = h.hexdigest()
+    assert got[out] == got[cert]
+
+
 # ---- under the C engine ------------------------------------------------------------
 
 #: 20 prompts (as text in the 512-token tokenizer) and 6 samplers: greedy and 5 seeds

@@ -81,6 +81,7 @@ from .formats.tokenizer import TokenizerFormatError, TokenizerTables
 from .llama2c_weights import QUALITY_POSITIONS
 
 if TYPE_CHECKING:
+    from .costmodel.shape import Shape
     from .drafting import Payoff
     from .formats.drafts_table import DraftsTable
 
@@ -111,6 +112,10 @@ class ConvertReport:
     #: why the drafter was left out ("": kept, or none built): what it measured
     #: on the converter's stories and what a pass costs (drafting.Payoff)
     drafter_left_out: str = ""
+    #: why the certified head was left out ("": kept, or the image has none):
+    #: the share of rows it scored on the drafter's stories and a step's
+    #: modeled cost with and without it
+    head_left_out: str = ""
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
     certified_head: bool = False  # the image has head tiles (formats.head_tiles)
@@ -377,7 +382,7 @@ def convert(
         raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
     drafts = None
     drafts_seconds = 0.0
-    left_out = ""
+    left_out = head_left_out = ""
     choice, boards = WeightsChoice(), {}
     with atomic_path(out) as staging:
         def write(w: Weights, drafts: object = None,
@@ -406,6 +411,11 @@ def convert(
                 left_out = str(worth)
                 if drafter_always:
                     drafts, left_out = worth.table, ""
+            if (worth is not None and worth.rows_scored is not None and tile_rows > 0
+                    and certifiable(trimmed.output_head()) is None):
+                head_left_out = _head_left_out(trimmed, worth.rows_scored)
+                if head_left_out:
+                    tile_rows = 0  # (write() reads it): every row scored, no certificate
             report = write(trimmed, drafts, choice)
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
@@ -427,6 +437,7 @@ def convert(
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
                          drafts_seconds=drafts_seconds, drafter_left_out=left_out,
+                         head_left_out=head_left_out,
                          family="llama2c" if llama else "esp32ai", checkpoint_version=version,
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
@@ -446,7 +457,6 @@ def _choose_weights(
     boards."""
     from .checkout import NotBuilt, board_module
     from .costmodel.llama import S3_BOARDS, where_it_lives
-    from .costmodel.shape import Shape
     from .llama2c_weights import quality
 
     try:
@@ -464,10 +474,7 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        c = w.config
-        shape = Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn, ple_dim=0,
-                      vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
-                      n_kv_heads=c.kv_heads, weights=fmt)
+        shape = _shape(w)
         boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w))
                        for b, board in S3_BOARDS.items()}
         if q.greedy_agree >= AUTO_AGREEMENT:
@@ -477,6 +484,29 @@ def _choose_weights(
         chosen = max(tried, key=lambda t: t.agreement).name
     choice = WeightsChoice(KIND_OF[chosen], min(positions, ck.config.seq_len), tuple(tried))
     return candidates[chosen], choice, boards
+
+
+def _shape(w: Weights) -> Shape:
+    """The cost model's shape of these weights."""
+    from .costmodel.shape import Shape
+
+    c = w.config
+    return Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn,
+                 ple_dim=c.ple_dim, vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
+                 n_kv_heads=c.kv_heads, weights=weight_format(w.layers[0].qkv))
+
+
+def _head_left_out(w: Weights, rows_scored: float) -> str:
+    """Why the certified head is left out ("": it saves time): a plain step
+    with it, scoring `rows_scored` of the rows (measured on the converter's
+    stories), costs no less than with the dense head (the S3 cost model)."""
+    from .costmodel.prices import head_step_ms
+
+    cert, dense = head_step_ms(_shape(w), rows_scored)
+    if cert < dense:
+        return ""
+    return (f"it scored {100 * rows_scored:.1f} % of its rows on the drafter's stories; a step "
+            f"costs {cert:.2f} ms with it, {dense:.2f} ms without (modeled S3)")
 
 
 #: --weights name -> the section kind of its matrices
@@ -628,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         print(rep.size_table())
         if rep.family == "llama2c":
             cert = ("the certified head" if rep.certified_head else
+                    "no certified head: it would not save time here, see below"
+                    if rep.head_left_out else
                     "no certified head: it needs an int4 head with one scale per row")
             fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
                    "int8": "int8 in groups of 32 (or whole rows) with f32 scales",
@@ -641,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
         if rep.drafter_left_out:
             print(f"drafter left out: {rep.drafter_left_out}")
+        if rep.head_left_out:
+            print(f"certified head left out: {rep.head_left_out}")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     return 0
 

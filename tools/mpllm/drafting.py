@@ -210,6 +210,9 @@ class Payoff:
     #: the drafter measured (stored only when it pays, or when asked to)
     table: drafts_table.DraftsTable = field(default_factory=drafts_table.DraftsTable,
                                             compare=False, repr=False)
+    #: the share of head rows the engine scored writing those stories (1.0
+    #: without a certified head; None: not measured)
+    rows_scored: float | None = None
 
     @property
     def pays(self) -> bool:
@@ -269,11 +272,11 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         if not prompts or not verify_starts(shape):
             return drafts_table.DraftsTable(), None
         # (a llama2.c model's story ends at BOS or EOS: the tokenizer's stop ids)
-        counts = self_distilled(m, prompts, n_stories, n_tokens, tok.stop_ids,
-                                progress=progress)
+        writer = ImageStories(m, tok.stop_ids)
+        counts = distill(writer, prompts, n_stories, n_tokens, progress=progress)
     prices = draft_prices(shape)
     worth = dataclasses.replace(payoff(counts, prices, verify_loop_steps(shape)),
-                                table=counts.table(prices))
+                                table=counts.table(prices), rows_scored=writer.rows_scored)
     return (worth.table if worth.pays else drafts_table.DraftsTable()), worth
 
 
@@ -404,12 +407,23 @@ class ImageStories(StoryWriter):
                  name: str = "image") -> None:
         self.model, self.eot, self.name = model, eot, name
         self.prompts = [list(p) for p in prompts]
+        self.head_rows = self.heads = 0  # summed over the stories (the engine's stats)
+        self.vocab = int(model.config()["vocab_out"])  # type: ignore[attr-defined]
+
+    @property
+    def rows_scored(self) -> float | None:
+        """The share of head rows the engine scored over the stories written
+        (what the certified head kept; None before any)."""
+        return self.head_rows / (self.heads * self.vocab) if self.heads else None
 
     def write(self, jobs: Sequence[Job], n_tokens: int,
               progress: Callable[[int], None] | None = None) -> list[list[int]]:
         out = []
         for k, (prompt, smp) in enumerate(jobs):
             out.append(decode_stories(self.model, [prompt], smp, n_tokens, self.eot)[0][1])
+            st = self.model.stats()  # type: ignore[attr-defined]  # (each story resets them)
+            self.head_rows += st["head_rows"]
+            self.heads += st["heads"]
             if progress is not None:
                 progress(k + 1)
         return out

@@ -15,7 +15,7 @@ from .s3 import python_loop_s
 from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
 from .spec_inputs import SpecInputs
 
-__all__ = ["draft_prices", "pass_ms", "verify_loop_steps"]
+__all__ = ["draft_prices", "head_step_ms", "pass_ms", "verify_loop_steps"]
 
 
 def verify_starts(s: Shape) -> list[int]:
@@ -67,3 +67,19 @@ def verify_loop_steps(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled"
     loop = (lambda kind: 1e3 * python_loop_s(kind)) if b.python_loop else (lambda _k: 0.0)
     step = first - loop("pass") + loop("step")
     return first / step, loop("token") / step
+
+
+def head_step_ms(s: Shape, rows_fraction: float, *, build: str = "mpllm-spec-sampled"
+                 ) -> tuple[float, float]:
+    """Modeled ms of a plain step on the S3 for shape `s` with the certified
+    head scoring `rows_fraction` of the rows, and with the dense head (every
+    row, no bounds): whether the certificate saves time on this model."""
+    b = BUILDS[build]
+    sp = SpecInputs.default()
+    passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
+                     scale=(1.0, 1.0))
+    union, starts = sp.union[SPEC_BUILD_MODE[build]], (verify_starts(s)
+                                                    or [p for p in story_positions() if p < s.seq_len])
+    cert = dataclasses.replace(b, head="certified", rows_fraction=rows_fraction)
+    dense = dataclasses.replace(b, head="dense", rows_fraction=1.0)
+    return passes.ms(cert, 1, union, starts), passes.ms(dense, 1, union, starts)
