@@ -606,7 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-stories", type=int, default=DRAFTER_STORIES, metavar="N",
                     help=f"stories the model writes on this PC for its n-gram drafter "
                          f"(speculative decoding's guesses; default {DRAFTER_STORIES}; 0 "
-                         "stores none: same stories, no guesses)")
+                         "stores none: same stories, no guesses). The drafter is kept only "
+                         "where it pays on those stories, the certified head only where it "
+                         "saves time there; the output says what was left out and why")
     ap.add_argument("--group", type=int, metavar="N",
                     help=f"llama2.c checkpoints: the int4 group (a multiple of {BLOCK_COLS}; "
                          f"default: dim rounded up to {BLOCK_COLS}, one scale per head row, "
