@@ -185,7 +185,7 @@ def demo_image(model_cache_dir: Path) -> Path:
         if not out.exists():
             demo = ROOT / "models" / "demo"
             convert(demo / "model.bin", demo / "tokenizer.json", out, progress=False,
-                    drafter_stories=20)
+                    drafter_stories=20, drafter_always=True)
     return out
 
 

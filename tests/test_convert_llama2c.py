@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import struct
 from pathlib import Path
 
@@ -283,6 +284,69 @@ def test_command_line_says_what_it_made(tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 2 and err == "error: --group 40: must be a positive multiple of 32\n"
 
 
+@pytest.mark.skipif(not (SHARED / "stories260K.bin").is_file(),
+                    reason="../shared/llama2c/stories260K.bin is not here")
+def test_stories260k_leaves_its_drafter_out(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """On stories260K the drafter does not pay (about 1.02 tokens per pass on
+    the converter's own stories, while llm.py's verify loop makes a pass cost
+    more than a step on so small a model): the converter says so in one line
+    and stores the empty table, so the image is byte for byte the one
+    --drafter-stories 0 writes (the same stories, step by step)."""
+    src, out, bare = SHARED / "stories260K.bin", tmp_path / "d.img", tmp_path / "none.img"
+    assert convert_main([str(src), str(DEMO / "tokenizer.bin"), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = [ln for ln in text.splitlines() if ln.startswith("drafter left out: ")]
+    assert len(line) == 1, text
+    tpp, steps = re.fullmatch(r"drafter left out: (\d+\.\d\d) tokens per pass, a pass costs "
+                              r"(\d+\.\d\d) steps", line[0]).groups()  # type: ignore[union-attr]
+    assert 1.0 <= float(tpp) <= float(steps), line
+    assert "n-gram drafter:" not in text
+    assert read_image(out).drafts.max_draft == 0
+    assert convert_main([str(src), str(DEMO / "tokenizer.bin"), "-o", str(bare), "-q",
+                         "--drafter-stories", "0"]) == 0
+    assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(bare.read_bytes()).digest()
+
+
+@pytest.mark.skipif(not (SHARED / "stories260K.bin").is_file(),
+                    reason="../shared/llama2c/stories260K.bin is not here")
+def test_stories260k_int4_leaves_its_certified_head_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At int4 stories260K's certified head scores every row on the
+    converter's stories, so a step costs more with it than with the dense
+    head (the S3 cost model): the converter writes no tiles and says why.
+    The stories and every logit are the bits of the certified image's."""
+    src, out, cert = SHARED / "stories260K.bin", tmp_path / "d.img", tmp_path / "cert.img"
+    common = [str(src), str(DEMO / "tokenizer.bin"), "--weights", "int4",
+              "--quality-positions", "0"]
+    assert convert_main([*common, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = [ln for ln in text.splitlines() if ln.startswith("certified head left out: ")]
+    assert len(line) == 1, text
+    share, with_it, without = re.search(  # type: ignore[union-attr]
+        r"it scored (\d+\.\d) % of its rows on the drafter's stories; a step costs "
+        r"(\d+\.\d\d) ms with it, (\d+\.\d\d) ms without", line[0]).groups()
+    assert float(share) > 90.0 and float(with_it) >= float(without), line
+    assert "(no certified head: it would not save time here, see below)" in text
+    assert read_image(out).head_tiles.n_tiles == 0
+    assert convert_main([*common, "-o", str(cert), "-q", "--drafter-stories", "0"]) == 0
+    assert read_image(cert).head_tiles.n_tiles > 0
+    _llm = _engine()
+    got = {}
+    for img in (out, cert):
+        h = hashlib.sha256()
+        with _llm.Model(str(img)) as m:  # type: ignore[attr-defined]
+            for smp in SAMPLERS[:3]:
+                m.reset()
+                m.sampler(*smp)
+                tok = m.prefill([1, 403, 407])
+                for _ in range(80):
+                    h.update(struct.pack("<i", tok) + bytes(m.logits()))
+                    tok = m.step(tok)
+        got[img] = h.hexdigest()
+    assert got[out] == got[cert]
+
+
 # ---- under the C engine ------------------------------------------------------------
 
 #: 20 prompts (as text in the 512-token tokenizer) and 6 samplers: greedy and 5 seeds
@@ -306,7 +370,7 @@ def stories260k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not src.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     out = tmp_path_factory.mktemp("s260k") / "s.img"
-    convert(src, DEMO / "tokenizer.bin", out, progress=False, drafter_stories=20)
+    convert(src, DEMO / "tokenizer.bin", out, progress=False, drafter_stories=20, drafter_always=True)
     return out
 
 

@@ -198,7 +198,7 @@ def llama2c_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     demo = ROOT / "models" / "llama2c-demo"
     out = tmp_path_factory.mktemp("l2c") / "l2c.img"
     convert(demo / "model.bin", demo / "tokenizer.bin", out, progress=False,
-            drafter_stories=20)
+            drafter_stories=20, drafter_always=True)
     return out
 
 

@@ -488,7 +488,7 @@ def test_report_from_the_unix_port(micropython: Path, tmp_path: Path) -> None:
     demo = ROOT / "models" / "demo"
     img = tmp_path / "demo.img"
     convert(demo / "model.bin", demo / "tokenizer.json", img, progress=False,
-            drafter_stories=10)
+            drafter_stories=10, drafter_always=True)
 
     def on_board(port: str, code: str) -> str:
         chunks: list[bytes] = []

@@ -21,7 +21,10 @@ tokenizer size), drop embedding/PLE rows the tokenizer can never produce, bake
 the RoPE table, fingerprint the sources, write the image (atomically), then,
 unless --drafter-stories 0, let the model write stories on this PC and store
 what it wrote as the image's n-gram drafter (speculative decoding's guesses;
-needs the host engine `_llm`), read the image back and check it equals what
+needs the host engine `_llm`) when it pays: its tokens per pass on those
+stories (held out) against what a pass costs by the cost model
+(mpllm.drafting.payoff; else the drafter is left out, and the output says
+so), read the image back and check it equals what
 was meant to be written. Bad input exits with status 2 and a one-line
 message, and leaves no output file behind.
 """
@@ -37,6 +40,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -76,6 +80,11 @@ from .formats.model import (
 from .formats.tokenizer import TokenizerFormatError, TokenizerTables
 from .llama2c_weights import QUALITY_POSITIONS
 
+if TYPE_CHECKING:
+    from .costmodel.shape import Shape
+    from .drafting import Payoff
+    from .formats.drafts_table import DraftsTable
+
 #: stories the model writes for its drafter when converting from the command
 #: line or flash.py (a few seconds for the demo model)
 DRAFTER_STORIES = 200
@@ -100,6 +109,13 @@ class ConvertReport:
     sections: list[Section]
     drafts_records: int = 0  # contexts in the n-gram drafter (0: none built)
     drafts_seconds: float = 0.0
+    #: why the drafter was left out ("": kept, or none built): what it measured
+    #: on the converter's stories and what a pass costs (drafting.Payoff)
+    drafter_left_out: str = ""
+    #: why the certified head was left out ("": kept, or the image has none):
+    #: the share of rows it scored on the drafter's stories and a step's
+    #: modeled cost with and without it
+    head_left_out: str = ""
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
     certified_head: bool = False  # the image has head tiles (formats.head_tiles)
@@ -239,6 +255,7 @@ def convert(
     progress: bool | Callable[[str, int, int], None] = True,
     tile_rows: int = TILE_ROWS,
     drafter_stories: int = 0,
+    drafter_always: bool = False,
     group: int | None = None,
     weights: str = "auto",
     quality_positions: int = QUALITY_POSITIONS,
@@ -251,6 +268,9 @@ def convert(
     drafter_stories: stories the model writes (on this PC, through `_llm`) for
     the self-distilled n-gram drafter; 0 (the default here, not on the command
     line) stores an empty table: the image decodes the same, without guesses.
+    A drafter that does not pay (drafting.payoff) is left out the same way
+    (the report's drafter_left_out says why), unless drafter_always (tests
+    that exercise drafting on models too small for it to pay).
     group: the int4 group a llama2.c checkpoint is quantized to (a multiple of
     32; None: mpllm.llama2c_weights.default_group, one scale per row of the
     head, which the certified head needs); an esp32-ai model.bin keeps the
@@ -362,6 +382,7 @@ def convert(
         raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
     drafts = None
     drafts_seconds = 0.0
+    left_out = head_left_out = ""
     choice, boards = WeightsChoice(), {}
     with atomic_path(out) as staging:
         def write(w: Weights, drafts: object = None,
@@ -384,7 +405,17 @@ def convert(
                 lambda w: tile_rows > 0 and certifiable(w.output_head()) is None)
             report = write(trimmed, choice=choice)
         if drafter_stories:
-            drafts, drafts_seconds = _build_drafter(staging, drafter_stories, progress is True)
+            drafts, worth, drafts_seconds = _build_drafter(staging, drafter_stories,
+                                                           progress is True)
+            if worth is not None and not worth.pays:
+                left_out = str(worth)
+                if drafter_always:
+                    drafts, left_out = worth.table, ""
+            if (worth is not None and worth.rows_scored is not None and tile_rows > 0
+                    and certifiable(trimmed.output_head()) is None):
+                head_left_out = _head_left_out(trimmed, worth.rows_scored)
+                if head_left_out:
+                    tile_rows = 0  # (write() reads it): every row scored, no certificate
             report = write(trimmed, drafts, choice)
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
@@ -405,7 +436,8 @@ def convert(
                          vocab_in_source=cfg.vocab_in, rows_dropped=cfg.vocab_in - keep,
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
-                         drafts_seconds=drafts_seconds,
+                         drafts_seconds=drafts_seconds, drafter_left_out=left_out,
+                         head_left_out=head_left_out,
                          family="llama2c" if llama else "esp32ai", checkpoint_version=version,
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
@@ -425,7 +457,6 @@ def _choose_weights(
     boards."""
     from .checkout import NotBuilt, board_module
     from .costmodel.llama import S3_BOARDS, where_it_lives
-    from .costmodel.shape import Shape
     from .llama2c_weights import quality
 
     try:
@@ -443,10 +474,7 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        c = w.config
-        shape = Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn, ple_dim=0,
-                      vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
-                      n_kv_heads=c.kv_heads, weights=fmt)
+        shape = _shape(w)
         boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w))
                        for b, board in S3_BOARDS.items()}
         if q.greedy_agree >= AUTO_AGREEMENT:
@@ -456,6 +484,29 @@ def _choose_weights(
         chosen = max(tried, key=lambda t: t.agreement).name
     choice = WeightsChoice(KIND_OF[chosen], min(positions, ck.config.seq_len), tuple(tried))
     return candidates[chosen], choice, boards
+
+
+def _shape(w: Weights) -> Shape:
+    """The cost model's shape of these weights."""
+    from .costmodel.shape import Shape
+
+    c = w.config
+    return Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn,
+                 ple_dim=c.ple_dim, vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
+                 n_kv_heads=c.kv_heads, weights=weight_format(w.layers[0].qkv))
+
+
+def _head_left_out(w: Weights, rows_scored: float) -> str:
+    """Why the certified head is left out ("": it saves time): a plain step
+    with it, scoring `rows_scored` of the rows (measured on the converter's
+    stories), costs no less than with the dense head (the S3 cost model)."""
+    from .costmodel.prices import head_step_ms
+
+    cert, dense = head_step_ms(_shape(w), rows_scored)
+    if cert < dense:
+        return ""
+    return (f"it scored {100 * rows_scored:.1f} % of its rows on the drafter's stories; a step "
+            f"costs {cert:.2f} ms with it, {dense:.2f} ms without (modeled S3)")
 
 
 #: --weights name -> the section kind of its matrices
@@ -510,9 +561,11 @@ def _read_tokenizer(path: Path, data: bytes, llama2c: bool) -> TokenizerTables:
         raise ConvertError(msg if str(path) in msg else f"{path}: {msg}") from None
 
 
-def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, float]:
+def _build_drafter(image: Path, n_stories: int, show: bool
+                   ) -> tuple[DraftsTable, Payoff | None, float]:
     """The n-gram drafter for the image just written (its model writes the
-    stories), and the seconds it took."""
+    stories; empty when it does not pay), what it is worth (drafting.Payoff)
+    and the seconds it took."""
     import time
 
     from .checkout import NotBuilt, board_module
@@ -529,11 +582,11 @@ def _build_drafter(image: Path, n_stories: int, show: bool) -> tuple[object, flo
 
         with tqdm(total=n_stories, desc="drafter", unit="story", file=sys.stderr,
                   leave=False) as bar:
-            table = build_drafts(image, n_stories, llm_module=_llm,
-                                 progress=lambda k: bar.update(k - bar.n))
+            table, worth = build_drafts(image, n_stories, llm_module=_llm,
+                                        progress=lambda k: bar.update(k - bar.n))
     else:
-        table = build_drafts(image, n_stories, llm_module=_llm)
-    return table, time.perf_counter() - t0
+        table, worth = build_drafts(image, n_stories, llm_module=_llm)
+    return table, worth, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -553,7 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-stories", type=int, default=DRAFTER_STORIES, metavar="N",
                     help=f"stories the model writes on this PC for its n-gram drafter "
                          f"(speculative decoding's guesses; default {DRAFTER_STORIES}; 0 "
-                         "stores none: same stories, no guesses)")
+                         "stores none: same stories, no guesses). The drafter is kept only "
+                         "where it pays on those stories, the certified head only where it "
+                         "saves time there; the output says what was left out and why")
     ap.add_argument("--group", type=int, metavar="N",
                     help=f"llama2.c checkpoints: the int4 group (a multiple of {BLOCK_COLS}; "
                          f"default: dim rounded up to {BLOCK_COLS}, one scale per head row, "
@@ -605,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         print(rep.size_table())
         if rep.family == "llama2c":
             cert = ("the certified head" if rep.certified_head else
+                    "no certified head: it would not save time here, see below"
+                    if rep.head_left_out else
                     "no certified head: it needs an int4 head with one scale per row")
             fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
                    "int8": "int8 in groups of 32 (or whole rows) with f32 scales",
@@ -616,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         if rep.drafts_records:
             print(f"n-gram drafter: {rep.drafts_records:,} contexts from "
                   f"{args.drafter_stories} stories in {rep.drafts_seconds:.1f} s")
+        if rep.drafter_left_out:
+            print(f"drafter left out: {rep.drafter_left_out}")
+        if rep.head_left_out:
+            print(f"certified head left out: {rep.head_left_out}")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     return 0
 

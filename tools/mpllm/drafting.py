@@ -35,6 +35,7 @@ speculative-decoding.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections import Counter
@@ -62,7 +63,7 @@ def prompt_lookup(context: Sequence[int], max_len: int, *, max_ngram: int = 3) -
 
 #: how the table convert stores is made, for caches of converted images: a
 #: table made by another rule must be made again
-TABLE_RULE = "calibrated-shares-1"
+TABLE_RULE = "calibrated-shares-1-pays"
 #: the calibration's bins: a context's order, its count (powers of two up to
 #: 2^(COUNT_BINS - 1) and more) and its top continuation's share in tenths
 COUNT_BINS = 8
@@ -196,15 +197,65 @@ def distill(writer: StoryWriter, prompts: Sequence[Sequence[int]], n_stories: in
     return table
 
 
+@dataclass(frozen=True)
+class Payoff:
+    """What a drafter is worth on its model: tokens per pass on stories its
+    table did not count, and what such a pass costs in plain steps (its
+    drafts priced by min_odds' prices, llm.py's verify loop by the cost
+    model: costmodel.prices.verify_loop_steps). It pays when a pass yields
+    more tokens than it costs steps."""
+
+    tokens_per_pass: float
+    pass_steps: float
+    #: the drafter measured (stored only when it pays, or when asked to)
+    table: drafts_table.DraftsTable = field(default_factory=drafts_table.DraftsTable,
+                                            compare=False, repr=False)
+    #: the share of head rows the engine scored writing those stories (1.0
+    #: without a certified head; None: not measured)
+    rows_scored: float | None = None
+
+    @property
+    def pays(self) -> bool:
+        return self.tokens_per_pass > self.pass_steps
+
+    def __str__(self) -> str:
+        return (f"{self.tokens_per_pass:.2f} tokens per pass, a pass costs "
+                f"{self.pass_steps:.2f} steps")
+
+
+def payoff(counts: NgramTable, prices: Sequence[float], loop: tuple[float, float],
+           folds: int = CAL_FOLDS, max_draft: int = drafts_table.MAX_DRAFT) -> Payoff:
+    """The drafter `counts` makes, measured on the stories it was counted
+    from, held out: each fold of them is drafted by the table (made as
+    `NgramTable.table` makes it, at `prices`) counted on the other folds, as
+    the board drafts stories the table never saw. loop: costmodel.prices.
+    verify_loop_steps (a pass of one position, the loop per story token)."""
+    total = Study()
+    for f in range(folds):
+        fit = NgramTable(counts.order)
+        for k, s in enumerate(counts.stories):
+            if k % folds != f:
+                fit.add(s)
+        table = fit.table(prices, max_draft)
+        # a story's prompt is not kept with it: its first guesses see a shorter context
+        total += simulate([([], s) for s in counts.stories[f::folds]], table.draft, max_draft)
+    first, per_token = loop
+    cost = total.cost(prices) * first + total.story_tokens * per_token
+    return Payoff(total.tokens_per_pass, cost / total.passes if total.passes else 0.0)
+
+
 def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int = 200,
                  llm_module: object | None = None,
-                 progress: Callable[[int], None] | None = None) -> drafts_table.DraftsTable:
+                 progress: Callable[[int], None] | None = None
+                 ) -> tuple[drafts_table.DraftsTable, Payoff | None]:
     """The drafts section for `image` (what convert stores): the model's own
     stories counted, each guess's share calibrated on those stories
     (`Calibration`), each draft priced by the cost model for the image's
-    shape on the S3."""
+    shape on the S3; and what it is worth (`payoff`). A drafter that does
+    not pay is left out: the empty table (the image decodes the same, step
+    by step). The payoff is None when the context holds no verify pass."""
     from .checkout import import_llm
-    from .costmodel.prices import draft_prices, verify_starts
+    from .costmodel.prices import draft_prices, verify_loop_steps, verify_starts
     from .costmodel.shape import Shape
 
     if llm_module is None:
@@ -217,12 +268,16 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         # a context too short for a prompt and a verify pass after it has
         # nothing to draft in: the empty table (the image decodes the same)
         prompts = [p for p in prompts if len(p) < cfg["seq_len"]]
-        if not prompts or not verify_starts(Shape.from_config(cfg)):
-            return drafts_table.DraftsTable()
+        shape = Shape.from_config(cfg)
+        if not prompts or not verify_starts(shape):
+            return drafts_table.DraftsTable(), None
         # (a llama2.c model's story ends at BOS or EOS: the tokenizer's stop ids)
-        counts = self_distilled(m, prompts, n_stories, n_tokens, tok.stop_ids,
-                                progress=progress)
-    return counts.table(draft_prices(Shape.from_config(cfg)))
+        writer = ImageStories(m, tok.stop_ids)
+        counts = distill(writer, prompts, n_stories, n_tokens, progress=progress)
+    prices = draft_prices(shape)
+    worth = dataclasses.replace(payoff(counts, prices, verify_loop_steps(shape)),
+                                table=counts.table(prices), rows_scored=writer.rows_scored)
+    return (worth.table if worth.pays else drafts_table.DraftsTable()), worth
 
 
 def both(table: drafts_table.DraftsTable) -> Drafter:
@@ -352,12 +407,23 @@ class ImageStories(StoryWriter):
                  name: str = "image") -> None:
         self.model, self.eot, self.name = model, eot, name
         self.prompts = [list(p) for p in prompts]
+        self.head_rows = self.heads = 0  # summed over the stories (the engine's stats)
+        self.vocab = int(model.config()["vocab_out"])  # type: ignore[attr-defined]
+
+    @property
+    def rows_scored(self) -> float | None:
+        """The share of head rows the engine scored over the stories written
+        (what the certified head kept; None before any)."""
+        return self.head_rows / (self.heads * self.vocab) if self.heads else None
 
     def write(self, jobs: Sequence[Job], n_tokens: int,
               progress: Callable[[int], None] | None = None) -> list[list[int]]:
         out = []
         for k, (prompt, smp) in enumerate(jobs):
             out.append(decode_stories(self.model, [prompt], smp, n_tokens, self.eot)[0][1])
+            st = self.model.stats()  # type: ignore[attr-defined]  # (each story resets them)
+            self.head_rows += st["head_rows"]
+            self.heads += st["heads"]
             if progress is not None:
                 progress(k + 1)
         return out
