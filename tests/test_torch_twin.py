@@ -10,7 +10,6 @@ rounding (summation order). With it, they agree to within the int8 error.
 from __future__ import annotations
 
 import dataclasses
-import struct
 
 import numpy as np
 import pytest
@@ -274,9 +273,13 @@ def test_export_round_trip_llama2c(tmp_path) -> None:  # type: ignore[no-untyped
     w = to_weights(model)
     assert w.config == LLAMA2C and w.ple_table is None and w.layers[0].ple_norm is None
     assert w.layers[0].qkv.q.shape == (LLAMA2C.dim + 2 * LLAMA2C.kv_dim, LLAMA2C.dim)
-    tok = struct.pack("<4I", 512, 0, 1, 0) + bytes(64)
-    write_image(tmp_path / "m.img", w, tokenizer_section=tok, rope=rope_table(LLAMA2C),
-                source_sha256=bytes(32))
+    from llama2c_models import synthetic_vocab
+    from mpllm.formats import llama2c
+    from mpllm.formats.tokenizer import tokenizer_section
+
+    tables = llama2c.tokenizer_tables(*synthetic_vocab(LLAMA2C.vocab_out))
+    write_image(tmp_path / "m.img", w, tokenizer_section=tokenizer_section(tables),
+                rope=rope_table(LLAMA2C), source_sha256=bytes(32), eot_id=tables.eot_id)
     back = read_image(tmp_path / "m.img").weights
     x = torch.tensor([TOKENS[:10]])
     with torch.no_grad():

@@ -125,13 +125,13 @@ def test_a_story_the_model_ends_at_once_says_so(demo_served) -> None:  # type: i
     """A line after which the model writes <|endoftext|> first gets no reply
     text: the page says why (as chat.py does), instead of nothing."""
     served, image = demo_served
-    line = "The cat sat on a mat."
-    # the demo model ends its story right after this line at seed 2 (chat.py too)
-    assert chat_py_replies(image, [line], 2) == [llm_chat.ENDED_AT_ONCE]
+    line = "They all went home and lived happily ever after. The end."
+    # the demo model ends its story right after this line at seed 0 (chat.py too)
+    assert chat_py_replies(image, [line], 0) == [llm_chat.ENDED_AT_ONCE]
     with chromium() as browser:
         page = browser.new_page()
         errors = console_errors(page)
-        page.goto(f"{served.url}/?seed=2")
+        page.goto(f"{served.url}/?seed=0")
         page.wait_for_selector("body[data-state=idle]", timeout=30_000)
         page.fill("#line", line)
         page.press("#line", "Enter")

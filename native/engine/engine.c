@@ -388,10 +388,12 @@ typedef struct attn_job {
 } attn_job;
 
 /* Cached row t's k for kv head kv (head_dim floats, rotated): the floats
- * where the row is wide, else rebuilt into buf from its dots (from_dot,
+ * where the row is wide, else rebuilt into slot `slot` of buf (head_dim
+ * floats each) from its dots (from_dot,
  * then rope_pair with position t's RoPE row: the operations that made the
  * floats plain mode stores, so the same bits). */
-static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv, float *buf) {
+static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv, float *buf,
+                                     uint32_t slot) {
     const llm_run_state *s = j->s;
     const size_t row = (size_t)j->layer * j->S + t;
     if (s->kv_wide[row] & LLM_K_WIDE) return s->kv_k + row * j->KVD + kv;
@@ -399,12 +401,13 @@ static LLM_HOT const float *cached_k(const attn_job *j, uint32_t t, uint32_t kv,
     const float *sc = j->k_scale + kv, *rope = rope_at(j->e, t);
     const float xs = s->kv_scale[row];
     const uint32_t half = j->Dh / 2u;
+    float *out = buf + (size_t)slot * j->Dh; /* (buf is placed once a row is dots) */
     /* each pair rebuilt and rotated in registers */
     for (uint32_t i = 0; i < half; i++)
         rope_pair(from_dot((float)g[i], sc[i], xs),
                   from_dot((float)g[i + half], sc[i + half], xs), rope[i], rope[half + i],
-                  &buf[i], &buf[i + half]);
-    return buf;
+                  &out[i], &out[i + half]);
+    return out;
 }
 
 /* Phase 1 for one position over four rows t..t+3: four independent sums,
@@ -415,16 +418,17 @@ static void LLM_HOT scores_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
     llm_col *col = &j->s->col[0];
     const uint32_t Dh = j->Dh;
     const float inv = j->e->inv_sqrt_head_dim;
-    float *buf = j->s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's four rows */
+    /* this call's four rows (NULL while K is floats: no row is rebuilt) */
+    float *buf = j->s->k_rebuilt != NULL ? j->s->k_rebuilt + (size_t)h0 * 4u * Dh : NULL;
     const float *k0 = NULL, *k1 = NULL, *k2 = NULL, *k3 = NULL;
     uint32_t have = UINT32_MAX;
     for (uint32_t h = h0; h < h1; h++) {
         const uint32_t kv = (h / j->group) * Dh;
         if (kv != have) {
-            k0 = cached_k(j, t, kv, buf);
-            k1 = cached_k(j, t + 1u, kv, buf + Dh);
-            k2 = cached_k(j, t + 2u, kv, buf + 2u * Dh);
-            k3 = cached_k(j, t + 3u, kv, buf + 3u * Dh);
+            k0 = cached_k(j, t, kv, buf, 0);
+            k1 = cached_k(j, t + 1u, kv, buf, 1);
+            k2 = cached_k(j, t + 2u, kv, buf, 2);
+            k3 = cached_k(j, t + 3u, kv, buf, 3);
             have = kv;
         }
         const float *q = col->qkv + h * Dh;
@@ -454,7 +458,8 @@ static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1
     llm_run_state *s = j->s;
     const uint32_t Dh = j->Dh, S = j->S, pos = j->pos;
     const int rows4 = j->m == 1u && !j->e->plain;
-    float *buf = s->k_rebuilt + (size_t)h0 * 4u * Dh; /* this call's rows */
+    /* this call's rows (NULL while K is floats: no row is rebuilt) */
+    float *buf = s->k_rebuilt != NULL ? s->k_rebuilt + (size_t)h0 * 4u * Dh : NULL;
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
     for (uint32_t t = 0; t <= j->last; t++) {
@@ -468,7 +473,7 @@ static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1
         for (uint32_t h = h0; h < h1; h++) {
             const uint32_t kv = (h / j->group) * Dh;
             if (kv != have) {
-                k = cached_k(j, t, kv, buf);
+                k = cached_k(j, t, kv, buf, 0);
                 have = kv;
             }
             for (uint32_t c = t > pos ? t - pos : 0u; c < j->m; c++) {
