@@ -327,17 +327,26 @@ def fitting_context(s: Shape, board: Board, *, certified: bool = False) -> int:
     return lo
 
 
-#: The shortest context Model() prefers with every weight in RAM to a longer
-#: one with some read in place (native/binding/llm_bind.c FIT_MIN_CONTEXT),
-#: or half the seq_len when that is less.
+#: The context Model() opens at when the seq_len finds no memory but this
+#: does, weights read in place from flash if need be: room for a whole story
+#: (native/binding/llm_bind.c STORY_CONTEXT), or the seq_len when that is less.
+STORY_CONTEXT = 256
+
+#: Where STORY_CONTEXT does not open: the shortest context Model() prefers
+#: with every weight in RAM to a longer one with some read in place
+#: (llm_bind.c FIT_MIN_CONTEXT), or half the seq_len when that is less.
 FIT_MIN_CONTEXT = 64
 
 
 def default_context(s: Shape, fits_at: int, opens_at: int) -> int:
     """The context Model() opens with no context asked where the seq_len
-    finds no memory (llm_bind.c open_fitting): the longest with every weight
-    in RAM (`fits_at`) if it holds FIT_MIN_CONTEXT positions (or half the
-    seq_len), else the longest that opens (`opens_at`)."""
+    finds no memory (llm_bind.c open_fitting): STORY_CONTEXT (or the seq_len)
+    if it opens (`opens_at` is the longest that does), or the longest with
+    every weight in RAM (`fits_at`) if longer; else `fits_at` if it holds
+    FIT_MIN_CONTEXT positions (or half the seq_len), else `opens_at`."""
+    story = min(STORY_CONTEXT, s.seq_len)
+    if opens_at >= story:
+        return max(fits_at, story)
     return fits_at if fits_at >= min(FIT_MIN_CONTEXT, s.seq_len // 2) else opens_at
 
 
@@ -508,19 +517,23 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                 # (placement priced, what-if label, shape, positions); a board
                 # without PSRAM is also priced as the engine really places the
                 # model: at the context Model() opens by default when the
-                # seq_len finds no memory (the binding's open_fitting: the
-                # longest with every weight in RAM, else the longest that
-                # opens), and at the longest that opens (Model(context=N)),
-                # the core that finds no RAM read in place from flash
+                # seq_len finds no memory (the binding's open_fitting:
+                # default_context), at the fastest (the longest with every
+                # weight in RAM: nothing read from flash; Model(context=N)),
+                # and at the longest that opens (Model(context=N)), the core
+                # that finds no RAM read in place from flash
                 pricings = [(priced, what_if, s, pos)]
                 fits_at = fitting_context(s, board, certified=certified)
                 opens_at = opening_context(s, board, certified=certified)
                 contexts: list[tuple[int, str]] = []
                 if not board.psram_bytes and not p["opens"]:
                     default = default_context(s, fits_at, opens_at)
-                    contexts.append((default, "by default"))
-                    if opens_at != default:
-                        contexts.append((opens_at, "asked for"))
+                    contexts.append((default, "by default" + (", the fastest"
+                                                             if default == fits_at else "")))
+                    if fits_at not in (0, default):
+                        contexts.append((fits_at, "the fastest, asked for"))
+                    if opens_at not in (default, fits_at):
+                        contexts.append((opens_at, "the longest, asked for"))
                 for ctx, how in contexts:
                     if not pos[0] < ctx < s.seq_len:
                         continue
@@ -580,6 +593,27 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
         "core_flash_bytes": sum(n for _, n in b.flash_stages),
         "v_cached_as": "int16 dots" if b.v_bytes == 2 else "floats",
     }
+
+
+def _placed_summary(rep: dict[str, object]) -> list[str]:
+    """One line per board without PSRAM, variant and head: sampled tok/s
+    (mid, band) at each context the engine was priced at as it places the
+    model (by default, the fastest, the longest)."""
+    out: list[str] = []
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for r in rep["rows"]:  # type: ignore[attr-defined]
+        what = str(r["what_if"])
+        if not what.startswith("as the engine places it") or not str(r["mode"]).startswith(
+                "sampled"):
+            continue
+        how = what.split(", ", 1)[1].split(" (positions")[0]
+        seen.setdefault((r["board_label"], r["variant"].split(" (")[0], r["head"]), []).append(
+            f"context {r['seq_len']} ({how}) {r['tok_s']:.0f} tok/s "
+            f"({r['tok_s_band']['low']:.0f}-{r['tok_s_band']['high']:.0f})")
+    for (board, variant, head), parts in seen.items():
+        out.append(f"{board}, {variant}, {head} head, sampled, as the engine places it: "
+                   + "; ".join(parts))
+    return out + ([""] if out else [])
 
 
 def shape_table(rep: dict[str, object]) -> str:
@@ -651,6 +685,7 @@ def shape_table(rep: dict[str, object]) -> str:
             lines.append(f"  {r['head']}, {r['mode']}: " + ", ".join(
                 f"{c['charge']} {c['total_ms']:.2f}" for c in r["charges"]) + " ms")
         lines.append("")
+    lines += _placed_summary(rep)
     lines += rep["not_priced"]  # type: ignore[arg-type]
     if any(r["head"] == "certified" for r in rep["rows"]):  # type: ignore[attr-defined]
         lines.append("certified head rows: " + "/".join(f"{100 * x:.0f}" for x in SMALL_HEAD_ROWS)
