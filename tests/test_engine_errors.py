@@ -438,5 +438,6 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     # tiny's V rows (dim 32) cannot outgrow int16 dots: the float V waits for plain mode
     placed_by_plain = "plain memory: the float V (" in result.stdout
     assert placed_by_plain == name.startswith("tiny"), out
+    assert "head gives way: at " in result.stdout, out
     assert "logits identical" in result.stdout, out
     assert "sampled split: 24 top-40 tokens identical" in result.stdout, out

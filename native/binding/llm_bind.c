@@ -141,9 +141,11 @@ llm_bind_kind llm_bind_context(llm_bind_int context, uint32_t *out, llm_bind_err
     return ok(err);
 }
 
+/* In plain mode its float V is placed at open, so that the head gives way to
+ * it as to the KV cache (llm_open_options). */
 static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t len,
-                          uint32_t context, llm_engine **out, llm_error *e) {
-    const llm_open_options options = {context};
+                          uint32_t context, int plain, llm_engine **out, llm_error *e) {
+    const llm_open_options options = {context, plain};
     return llm_open_with(out, data, len, m->port, &options, e);
 }
 
@@ -165,7 +167,7 @@ static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, ui
                     int plain, int in_ram) {
     llm_engine *probe = NULL;
     llm_error e;
-    if (open_at(m, data, len, context, &probe, &e) != LLM_OK) return 0;
+    if (open_at(m, data, len, context, plain, &probe, &e) != LLM_OK) return 0;
     const int ok = (!plain || llm_set_plain(probe, 1, &e) == LLM_OK) &&
                    (!in_ram || llm_spilled_bytes(probe) == 0);
     llm_close(probe);
@@ -197,7 +199,7 @@ static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len
  * opens for a seq_len of 512, each closed before the next. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
-    llm_status st = open_at(m, data, len, context, out, e);
+    llm_status st = open_at(m, data, len, context, plain, out, e);
     if (context != 0) return st;
     if (st == LLM_OK) {
         if (!plain) return st;
@@ -209,7 +211,7 @@ static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, siz
     if (st != LLM_E_NOMEM) return st;
     llm_engine *probe = NULL;
     llm_error probe_err;
-    if (open_at(m, data, len, 1, &probe, &probe_err) != LLM_OK) return st; /* e says why */
+    if (open_at(m, data, len, 1, 0, &probe, &probe_err) != LLM_OK) return st; /* e says why */
     const uint32_t seq_len = llm_image_seq_len(probe);
     llm_close(probe);
     if (!opens_at(m, data, len, 1, plain, 0)) return st;
@@ -222,7 +224,7 @@ static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, siz
     if (opens >= story) chosen = in_ram > story ? in_ram : story;
     else if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
         chosen = in_ram;
-    return open_at(m, data, len, chosen, out, e);
+    return open_at(m, data, len, chosen, plain, out, e);
 }
 
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,

@@ -392,7 +392,7 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     llm_port_host_init(&hp);
     hp.capacity[LLM_REGION_FAST] = fast_cap;
     hp.capacity[LLM_REGION_BULK] = bulk_cap;
-    const llm_open_options o = {context};
+    const llm_open_options o = {context, plain};
     llm_engine *e = NULL;
     llm_error err;
     if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
@@ -414,6 +414,56 @@ static uint64_t least_cap(const uint8_t *img, size_t len, uint32_t context, uint
         else lo = mid + 1u;
     }
     return hi;
+}
+
+/* The region of the engine's placement named `name` (LLM_REGION_COUNT if none). */
+static llm_region region_of(const llm_engine *e, const char *name) {
+    for (uint32_t i = 0; i < llm_placement_count(e); i++)
+        if (strcmp(llm_placement_at(e, i)->name, name) == 0) return llm_placement_at(e, i)->region;
+    return LLM_REGION_COUNT;
+}
+
+/* The head gives way to the required buffers: everything in one capped
+ * region (as a board's internal SRAM without PSRAM), at the least cap under
+ * which the model opens at its seq_len the head is read in place from flash
+ * (its staged copy would have left the KV cache no room: llm_open_with's
+ * second try) and the logits are those of the default placement. */
+static void check_head_gives_way(const uint8_t *img, size_t len) {
+    const char *head = "head"; /* tied or not (image.c) */
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint32_t seq = llm_get_config(e)->seq_len, vocab = llm_get_config(e)->vocab_out;
+    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
+    EXPECT(region_of(e, head) == LLM_REGION_BULK, "unlimited: the head is not staged");
+    float *want = malloc(7u * vocab * sizeof(float)), *got = malloc(7u * vocab * sizeof(float));
+    uint32_t n_want = 0, n_got = 0;
+    llm_error err;
+    EXPECT(run_script(e, want, &n_want, &err) == LLM_OK, "script failed: %s", err.message);
+    llm_close(e);
+    const uint64_t cap = least_cap(img, len, seq, 1u, everything, 0);
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = 1u;
+    hp.capacity[LLM_REGION_BULK] = cap;
+    e = NULL;
+    const llm_open_options o = {seq, 0};
+    EXPECT(llm_open_with(&e, img, len, &hp.port, &o, &err) == LLM_OK, "least cap: %s",
+           err.message);
+    if (e != NULL) {
+        EXPECT(region_of(e, head) == LLM_REGION_FLASH && region_of(e, "kv_cache") == LLM_REGION_BULK,
+               "least cap %llu: head in %d, KV cache in %d", (unsigned long long)cap,
+               (int)region_of(e, head), (int)region_of(e, "kv_cache"));
+        EXPECT(run_script(e, got, &n_got, &err) == LLM_OK && n_got == n_want &&
+                   memcmp(want, got, (size_t)n_want * vocab * sizeof(float)) == 0,
+               "the head read in place changed the logits");
+        llm_close(e);
+    }
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked", hp.live_blocks);
+    free(want);
+    free(got);
+    printf("head gives way: at %llu bytes in one region the head is read in place and the KV "
+           "cache opens\n", (unsigned long long)cap);
 }
 
 /* Model() with no context (llm_bind_open, context 0) against every context
@@ -524,6 +574,7 @@ int main(int argc, char **argv) {
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
+    check_head_gives_way(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);
     free(img);

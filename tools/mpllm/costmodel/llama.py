@@ -247,10 +247,12 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
     native/port/esp32/port_esp32.c: FAST only while the board's reserve stays
     free; BULK in PSRAM, or in internal SRAM under the same reserve on a board
     without PSRAM). Fragmentation is not modelled (total free, not the
-    largest block). `head_in_place`: the head read from flash (a what-if:
-    today the head is the first BULK block). Returns the blocks with their
-    regions ("sram", "psram", "flash", or "none" for a block that found no
-    memory), whether the model opens, and what is left."""
+    largest block). `head_in_place`: the head read from flash, as llm_open_with
+    opens it again when a required buffer found no memory after the head's
+    staged copy took some (the dense route: no certificate tables), which this
+    does too. Returns the blocks with their regions ("sram", "psram", "flash",
+    or "none" for a block that found no memory), whether the model opens, and
+    what is left."""
     internal = board.engine_room
     psram = board.psram_bytes
     blocks: list[dict[str, object]] = []
@@ -285,6 +287,8 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
             if kind == "required" and opens:
                 opens, failed = False, name
         blocks.append({"name": name, "bytes": nbytes, "region": region, "kind": kind})
+    if not opens and not head_in_place and _region_of_blocks(blocks, "head") != "flash":
+        return placement(s, board, certified=False, head_in_place=True)
     by_region: dict[str, int] = {}
     for blk in blocks:
         by_region[str(blk["region"])] = by_region.get(str(blk["region"]), 0) + int(blk["bytes"])
@@ -293,6 +297,10 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
             "psram_left": psram if board.psram_bytes else None,
             "internal_for_engine": board.engine_room,
             "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place}
+
+
+def _region_of_blocks(blocks: list[dict[str, object]], name: str) -> str:
+    return next(str(b["region"]) for b in blocks if b["name"] == name)
 
 
 def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> dict[str, object]:
@@ -485,11 +493,6 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     # priced with every block in internal SRAM; `p` says if it fits
                     priced = internal_placement(s, board, certified=certified)
                     what_if = "everything in internal SRAM"
-                elif not p["opens"] and _region_of(p, "head") != "flash":
-                    if certified:
-                        continue  # a certified head needs its staged copy
-                    priced = placement(s, board, head_in_place=True)
-                    what_if = "head read in place from flash (what-if: the engine stages it first)"
                 else:
                     priced = p
                 needs = {} if board.psram_bytes else {
@@ -497,7 +500,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                         dataclasses.replace(s, seq_len=n), board,
                         certified=certified)["blocks"])  # type: ignore[attr-defined]
                     for n in NEED_CONTEXTS if n <= s.seq_len}
-                places.append({"board": board.name, "variant": vlabel, "certified": certified,
+                places.append({"board": board.name, "variant": vlabel,
                                "what_if": what_if,
                                "fitting_context": fitting_context(s, board, certified=certified),
                                "opening_context": opening_context(s, board, certified=certified),
@@ -505,7 +508,8 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                                "priced_opens": priced["opens"],
                                "short_by": priced.get("short_by"),
                                **{k: v for k, v in p.items() if k != "blocks"},
-                               "blocks": p["blocks"]})
+                               # the head asked for (p's: the route it opens with)
+                               "certified": certified, "blocks": p["blocks"]})
                 if board.psram_bytes and not priced["opens"]:
                     kv = next(int(b["bytes"]) for b in priced["blocks"]  # type: ignore[attr-defined]
                               if b["name"] == "kv_cache")
