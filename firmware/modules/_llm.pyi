@@ -115,10 +115,13 @@ class Model:
         tokens and logits of every position are the same bits as without a
         cap. A context past the image's seq_len is Error "bad argument".
         None: the image's seq_len; where that finds no memory (a board without
-        PSRAM), the longest context at which every weight is in RAM if that
-        holds at least 64 positions (else, as for a model whose weights never
-        all fit, the longest that opens; plain=True: with its float V too),
-        found by opening it at about 20 contexts (two bisections).
+        PSRAM), 256 positions (a whole story; the seq_len if shorter) if they
+        open at all, the weights that find no RAM read in place from flash (or
+        the longest context with every weight in RAM, if longer); where 256
+        do not open, the longest context with every weight in RAM if that
+        holds at least 64 positions (else the longest that opens); plain=True:
+        with its float V too. Found by opening it at about 20 contexts (two
+        bisections).
         MicroPython: Model(the open model's path) without context keeps the
         open model's; with another one the model is opened again.
 

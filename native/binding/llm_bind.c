@@ -141,14 +141,23 @@ llm_bind_kind llm_bind_context(llm_bind_int context, uint32_t *out, llm_bind_err
     return ok(err);
 }
 
+/* In plain mode its float V is placed at open, so that the head gives way to
+ * it as to the KV cache (llm_open_options). */
 static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t len,
-                          uint32_t context, llm_engine **out, llm_error *e) {
-    const llm_open_options options = {context};
+                          uint32_t context, int plain, llm_engine **out, llm_error *e) {
+    const llm_open_options options = {context, plain};
     return llm_open_with(out, data, len, m->port, &options, e);
 }
 
-/* The shortest context open_fitting prefers with every weight in RAM to a
- * longer one with some read in place: room for a prompt and a short story
+/* The context open_fitting opens at by default when the image's seq_len
+ * finds no memory but this does (or the seq_len, if shorter): room for a
+ * prompt and a whole story of ~200 tokens. A weight read in place from flash
+ * costs less than a story cut short, so it is taken with weights in flash
+ * rather than a shorter context with every weight in RAM. */
+#define STORY_CONTEXT 256u
+
+/* Where STORY_CONTEXT does not open either: the shortest context open_fitting
+ * prefers with every weight in RAM to a longer one with some read in place
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
@@ -158,7 +167,7 @@ static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, ui
                     int plain, int in_ram) {
     llm_engine *probe = NULL;
     llm_error e;
-    if (open_at(m, data, len, context, &probe, &e) != LLM_OK) return 0;
+    if (open_at(m, data, len, context, plain, &probe, &e) != LLM_OK) return 0;
     const int ok = (!plain || llm_set_plain(probe, 1, &e) == LLM_OK) &&
                    (!in_ram || llm_spilled_bytes(probe) == 0);
     llm_close(probe);
@@ -177,17 +186,20 @@ static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len
 }
 
 /* No context asked (0): the image's seq_len. Where that finds no memory (on
- * a board without PSRAM the KV cache of every position finds no room), the
- * longest context at which every weight is in RAM, unless that is shorter
- * than FIT_MIN_CONTEXT (then, as for a model whose weights never all fit,
- * the longest that opens, the rest read in place): llm.story() then works on
- * such a board without a context to choose. In plain mode its float V must
+ * a board without PSRAM the KV cache of every position finds no room):
+ * STORY_CONTEXT if it opens at all (weights that find no RAM read in place),
+ * or the longest context at which every weight is in RAM if that is longer;
+ * where STORY_CONTEXT does not open, the longest context with every weight in
+ * RAM, unless that is shorter than FIT_MIN_CONTEXT (then, as for a model
+ * whose weights never all fit, the longest that opens, the rest read in
+ * place). llm.story() then works on such a board without a context to
+ * choose; Model(context=N) chooses another. In plain mode its float V must
  * fit too. Opening is monotone in the context (the KV cache grows with it
  * and is placed before the weights), so two bisections find it: about 20
  * opens for a seq_len of 512, each closed before the next. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
-    llm_status st = open_at(m, data, len, context, out, e);
+    llm_status st = open_at(m, data, len, context, plain, out, e);
     if (context != 0) return st;
     if (st == LLM_OK) {
         if (!plain) return st;
@@ -199,19 +211,20 @@ static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, siz
     if (st != LLM_E_NOMEM) return st;
     llm_engine *probe = NULL;
     llm_error probe_err;
-    if (open_at(m, data, len, 1, &probe, &probe_err) != LLM_OK) return st; /* e says why */
+    if (open_at(m, data, len, 1, 0, &probe, &probe_err) != LLM_OK) return st; /* e says why */
     const uint32_t seq_len = llm_image_seq_len(probe);
     llm_close(probe);
     if (!opens_at(m, data, len, 1, plain, 0)) return st;
     /* seq_len itself did not open */
     const uint32_t opens = longest(m, data, len, 1, seq_len - 1u, plain, 0);
+    const uint32_t story = STORY_CONTEXT < seq_len ? STORY_CONTEXT : seq_len;
+    const uint32_t in_ram =
+        opens_at(m, data, len, 1, plain, 1) ? longest(m, data, len, 1, opens, plain, 1) : 0u;
     uint32_t chosen = opens;
-    if (opens_at(m, data, len, 1, plain, 1)) {
-        const uint32_t in_ram = longest(m, data, len, 1, opens, plain, 1);
-        const uint32_t least = FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u;
-        if (in_ram >= least) chosen = in_ram;
-    }
-    return open_at(m, data, len, chosen, out, e);
+    if (opens >= story) chosen = in_ram > story ? in_ram : story;
+    else if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
+        chosen = in_ram;
+    return open_at(m, data, len, chosen, plain, out, e);
 }
 
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,

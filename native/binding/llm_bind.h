@@ -96,8 +96,8 @@ llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len,
                              const uint8_t **placed, llm_bind_error *err);
 /* Open the engine on the placed bytes in the modes asked for (plain and fast
  * exclude each other) holding `context` positions (0: the image's seq_len,
- * or where that finds no memory the longest context that keeps every weight
- * in RAM: see open_fitting), polling `poll` between a long prefill's passes.
+ * or where that finds no memory a whole story's context, weights read in
+ * place if need be: see open_fitting), polling `poll` between a long prefill's passes.
  * On a failure m is closed (its copy freed). */
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
                             int fast, uint32_t context, int (*poll)(void *ctx),

@@ -307,8 +307,10 @@ static void stage_tiles(llm_engine *e, const llm_tiles *t) {
 
 /* The head: staged into BULK in the certificate's row order when the image
  * has one (each staged row checked against its tile's box), else staged or
- * read in place in id order with no certificate. */
-static llm_status stage_head(llm_engine *e, llm_error *err) {
+ * read in place in id order with no certificate; read in place outright when
+ * `in_place` (its staged copy left the required buffers no room:
+ * llm_open_with's second try). */
+static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
     const llm_config *c = &e->cfg;
     llm_head *h = &e->w.head;
     int tied = (c->flags & LLM_IMAGE_FLAG_TIED_HEAD) != 0;
@@ -331,7 +333,13 @@ static llm_status stage_head(llm_engine *e, llm_error *err) {
         if (st != LLM_OK) return st;
     }
     llm_region got = LLM_REGION_BULK;
-    uint8_t *p = certified ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
+    uint8_t *p = certified && !in_place ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
+    if (p == NULL && in_place) {
+        h->w = src;
+        record(e, name, LLM_REGION_FLASH, bytes, NULL);
+        e->spilled_bytes += bytes;
+        return LLM_OK;
+    }
     if (p == NULL) {
         /* no room for the staged copy in its tile order: the dense route on
          * the rows in id order (staged elsewhere or read in place); the
@@ -667,31 +675,30 @@ static void stage_core(llm_engine *e) {
  * batch. With PSRAM the two never compete (FAST and BULK); without it both
  * come from internal SRAM, and the batch must not take what the weights would
  * otherwise get (the emulated N8 read 76 KB of the core from flash at context
- * 64 while the batch took 75 KB of internal SRAM). */
-llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
-                         const llm_port *port, const llm_open_options *options,
-                         llm_error *err) {
-    if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
-    *out = NULL;
-    if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
-        return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
-    llm_image_info info;
-    llm_status st = check_open(image, len, options, &info, err);
-    if (st != LLM_OK) return st;
-    const uint32_t context = options != NULL ? options->context : 0u;
-    llm_engine *e = engine_block(&info, port, err);
+ * 64 while the batch took 75 KB of internal SRAM). `head_in_place`: the head
+ * read in place from flash (llm_open_with's second try); `plain`: plain
+ * mode's float V placed as a required buffer; *head_staged: the head's rows
+ * took RAM (set on a failure too). */
+static llm_status open_placed(llm_engine **out, const llm_image_info *info, const llm_port *port,
+                              uint32_t context, int plain, int head_in_place, int *head_staged,
+                              llm_error *err) {
+    llm_engine *e = engine_block(info, port, err);
     if (e == NULL) return LLM_E_NOMEM;
     /* every buffer sized by seq_len is sized by the context; the RoPE table
      * (in the image) keeps the image's */
     if (context != 0u) e->cfg.seq_len = context;
     read_in_place(e);
-    st = stage_head(e, err);
+    llm_status st = stage_head(e, head_in_place, err);
     col_layout lay;
     const col_needs needs = col_needs_of(e);
     col_layout_init(&lay, &e->cfg, e->w.head.cols_padded, &needs);
     if (st == LLM_OK) st = place_activations(e, &lay, err);
     if (st == LLM_OK) st = place_logits(e, err);
     if (st == LLM_OK) st = place_kv_cache(e, err);
+    /* (the rule of llm_set_plain: V rows that hold only dots get their floats) */
+    if (st == LLM_OK && plain && e->s.v_stride == e->cfg.kv_dim && e->s.kv_v_floats == NULL)
+        st = place_v_floats(e, err);
+    *head_staged = e->w.head.rows_region != LLM_REGION_FLASH;
     if (st != LLM_OK) return open_fail(e, st);
     stage_norms(e);
     stage_core(e);
@@ -703,6 +710,29 @@ llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
     llm_reset(e);
     *out = e;
     return llm_engine_ok(err);
+}
+
+/* Opened as open_placed says; where a required buffer then finds no memory
+ * while the head's staged copy took some, opened again with the head read in
+ * place from flash: a head read from flash costs less than a context that
+ * does not open (on a board without PSRAM the head and the KV cache compete
+ * for the same internal SRAM). Placement never changes a result. */
+llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                         const llm_port *port, const llm_open_options *options,
+                         llm_error *err) {
+    if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
+    *out = NULL;
+    if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
+        return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
+    llm_image_info info;
+    llm_status st = check_open(image, len, options, &info, err);
+    if (st != LLM_OK) return st;
+    const uint32_t context = options != NULL ? options->context : 0u;
+    const int plain = options != NULL && options->plain != 0;
+    int head_staged = 0;
+    st = open_placed(out, &info, port, context, plain, 0, &head_staged, err);
+    if (st != LLM_E_NOMEM || !head_staged) return st;
+    return open_placed(out, &info, port, context, plain, 1, &head_staged, err);
 }
 
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,

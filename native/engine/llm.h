@@ -134,6 +134,11 @@ typedef struct llm_open_options {
      * refused with LLM_E_CONTEXT as at the image's seq_len. The tokens and
      * logits of every position below it are the same bits as without a cap. */
     uint32_t context;
+    /* Nonzero: plain mode's float V placed at open, as a required buffer
+     * (llm_set_plain then finds it), so that a head staged in RAM gives way
+     * to it as to the KV cache (llm_open_with). The mode itself is still
+     * llm_set_plain's. */
+    int plain;
 } llm_open_options;
 /* llm_open with options (NULL: llm_open). LLM_E_ARG for a context past the
  * image's seq_len. */

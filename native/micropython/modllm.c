@@ -94,7 +94,7 @@ static llm_bind_kind llm_model_open(llm_model_obj_t *self, llm_model_obj_t *open
         return e->kind;
     }
     if (open != NULL) {
-        const llm_open_options options = {context};
+        const llm_open_options options = {context, 0}; /* a check only: plain changes no check */
         if (llm_check_open(data, len, &options, &err) != LLM_OK) {
             return llm_bind_status(&err, e);
         }

@@ -422,7 +422,7 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     llm_port_host_init(&hp);
     hp.capacity[LLM_REGION_FAST] = fast_cap;
     hp.capacity[LLM_REGION_BULK] = bulk_cap;
-    const llm_open_options o = {context};
+    const llm_open_options o = {context, plain};
     llm_engine *e = NULL;
     llm_error err;
     if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
@@ -432,13 +432,83 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     return ok;
 }
 
+/* The least BULK cap (FAST capped at fast_cap) under which the model opens
+ * at `context`, found by bisection in 1..hi (hi opens it): the head and the
+ * required buffers just fit, the core matrices mostly read in place. */
+static uint64_t least_cap(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
+                          uint64_t hi, int plain) {
+    uint64_t lo = 1u, spilled = 0;
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2u;
+        if (opens_under(img, len, context, fast_cap, mid, plain, &spilled)) hi = mid;
+        else lo = mid + 1u;
+    }
+    return hi;
+}
+
+/* The region of the engine's placement named `name` (LLM_REGION_COUNT if none). */
+static llm_region region_of(const llm_engine *e, const char *name) {
+    for (uint32_t i = 0; i < llm_placement_count(e); i++)
+        if (strcmp(llm_placement_at(e, i)->name, name) == 0) return llm_placement_at(e, i)->region;
+    return LLM_REGION_COUNT;
+}
+
+/* The head gives way to the required buffers: everything in one capped
+ * region (as a board's internal SRAM without PSRAM), at the least cap under
+ * which the model opens at its seq_len the head is read in place from flash
+ * (its staged copy would have left the KV cache no room: llm_open_with's
+ * second try) and the logits are those of the default placement. */
+static void check_head_gives_way(const uint8_t *img, size_t len) {
+    const char *head = "head"; /* tied or not (image.c) */
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint32_t seq = llm_get_config(e)->seq_len, vocab = llm_get_config(e)->vocab_out;
+    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
+    EXPECT(region_of(e, head) == LLM_REGION_BULK, "unlimited: the head is not staged");
+    float *want = malloc(7u * vocab * sizeof(float)), *got = malloc(7u * vocab * sizeof(float));
+    uint32_t n_want = 0, n_got = 0;
+    llm_error err;
+    EXPECT(run_script(e, want, &n_want, &err) == LLM_OK, "script failed: %s", err.message);
+    llm_close(e);
+    const uint64_t cap = least_cap(img, len, seq, 1u, everything, 0);
+    llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = 1u;
+    hp.capacity[LLM_REGION_BULK] = cap;
+    e = NULL;
+    const llm_open_options o = {seq, 0};
+    EXPECT(llm_open_with(&e, img, len, &hp.port, &o, &err) == LLM_OK, "least cap: %s",
+           err.message);
+    if (e != NULL) {
+        EXPECT(region_of(e, head) == LLM_REGION_FLASH && region_of(e, "kv_cache") == LLM_REGION_BULK,
+               "least cap %llu: head in %d, KV cache in %d", (unsigned long long)cap,
+               (int)region_of(e, head), (int)region_of(e, "kv_cache"));
+        EXPECT(run_script(e, got, &n_got, &err) == LLM_OK && n_got == n_want &&
+                   memcmp(want, got, (size_t)n_want * vocab * sizeof(float)) == 0,
+               "the head read in place changed the logits");
+        llm_close(e);
+    }
+    EXPECT(hp.live_blocks == 0, "%u blocks leaked", hp.live_blocks);
+    free(want);
+    free(got);
+    printf("head gives way: at %llu bytes in one region the head is read in place and the KV "
+           "cache opens\n", (unsigned long long)cap);
+}
+
 /* Model() with no context (llm_bind_open, context 0) against every context
  * tried one by one, over a sweep of memory caps on two boards (FAST
  * unlimited with BULK capped; FAST gone, everything competing for BULK as
  * for a board's one internal SRAM), plain and not: the image's seq_len if
- * it opens; else the longest context with every weight in RAM if that holds
- * at least min(64, seq_len / 2) positions; else the longest that opens; a
- * memory error if none does. A context asked for is never changed. */
+ * it opens; else, when a whole story's context (min(256, seq_len)) opens with
+ * weights read in place, that context, or the longest with every weight in
+ * RAM if longer (a weight in flash costs less than a story cut short);
+ * else the longest context with every weight in RAM if that holds at least
+ * min(64, seq_len / 2) positions; else the longest that opens; a memory
+ * error if none does. A context asked for is never changed. The caps: none,
+ * sixteenths of twice what an unlimited open takes, and the least under
+ * which a story's context opens (weights in flash: a sweep in sixteenths
+ * steps over that narrow band). */
 static void check_fitting_context(const uint8_t *img, size_t len) {
     llm_host_port hp;
     llm_port_host_init(&hp);
@@ -448,13 +518,17 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
     const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
     llm_close(e);
     const uint32_t least = seq / 2u < 64u ? seq / 2u : 64u;
-    int by_seq = 0, in_ram = 0, longest = 0, refused = 0;
+    const uint32_t story = seq < 256u ? seq : 256u;
+    int by_seq = 0, by_story = 0, in_ram = 0, longest = 0, refused = 0;
     uint8_t *opens = malloc(seq + 1u), *whole = malloc(seq + 1u);
     for (int shared = 0; shared < 2; shared++) {
         for (int plain = 0; plain < 2; plain++) {
-            for (uint32_t k = 0; k <= 16; k++) {
+            for (uint32_t k = 0; k <= 17; k++) {
                 const uint64_t fast_cap = shared ? 1u : 0u;
-                const uint64_t bulk_cap = k == 0 ? 1u : everything * k / 16u; /* 1: none */
+                const uint64_t bulk_cap =
+                    k == 0    ? 1u /* none */
+                    : k <= 16 ? everything * k / 16u
+                              : least_cap(img, len, story, fast_cap, everything, plain);
                 uint64_t spilled = 0;
                 uint32_t any = 0, ram = 0;
                 for (uint32_t c = 1; c <= seq; c++) {
@@ -466,6 +540,7 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
                 }
                 uint32_t want = 0;
                 if (opens[seq]) want = seq;
+                else if (opens[story]) want = ram > story ? ram : story;
                 else if (any && ram >= least) want = ram;
                 else want = any;
                 llm_port_host_init(&hp);
@@ -490,6 +565,7 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
                        hp.live_blocks);
                 if (!want) refused++;
                 else if (want == seq) by_seq++;
+                else if (want == story) by_story++;
                 else if (want == ram) in_ram++;
                 else longest++;
             }
@@ -497,8 +573,9 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
     }
     free(opens);
     free(whole);
-    printf("fitting context: %d caps by the seq_len, %d with every weight in RAM, %d the longest "
-           "that opens, %d refused\n", by_seq, in_ram, longest, refused);
+    printf("fitting context: %d caps by the seq_len, %d by a story's context (%u), %d with "
+           "every weight in RAM, %d the longest that opens, %d refused\n", by_seq, by_story,
+           story, in_ram, longest, refused);
 }
 
 int main(int argc, char **argv) {
@@ -528,6 +605,7 @@ int main(int argc, char **argv) {
     check_plain_memory(img, (size_t)n);
     check_k_dots_memory(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
+    check_head_gives_way(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);
     free(img);

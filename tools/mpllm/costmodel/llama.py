@@ -261,10 +261,12 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
     native/port/esp32/port_esp32.c: FAST only while the board's reserve stays
     free; BULK in PSRAM, or in internal SRAM under the same reserve on a board
     without PSRAM). Fragmentation is not modelled (total free, not the
-    largest block). `head_in_place`: the head read from flash (a what-if:
-    today the head is the first BULK block). Returns the blocks with their
-    regions ("sram", "psram", "flash", or "none" for a block that found no
-    memory), whether the model opens, and what is left."""
+    largest block). `head_in_place`: the head read from flash, as llm_open_with
+    opens it again when a required buffer found no memory after the head's
+    staged copy took some (the dense route: no certificate tables), which this
+    does too. Returns the blocks with their regions ("sram", "psram", "flash",
+    or "none" for a block that found no memory), whether the model opens, and
+    what is left."""
     internal = board.engine_room
     psram = board.psram_bytes
     blocks: list[dict[str, object]] = []
@@ -299,6 +301,8 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
             if kind == "required" and opens:
                 opens, failed = False, name
         blocks.append({"name": name, "bytes": nbytes, "region": region, "kind": kind})
+    if not opens and not head_in_place and _region_of_blocks(blocks, "head") != "flash":
+        return placement(s, board, certified=False, head_in_place=True)
     by_region: dict[str, int] = {}
     for blk in blocks:
         by_region[str(blk["region"])] = by_region.get(str(blk["region"]), 0) + int(blk["bytes"])
@@ -307,6 +311,10 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
             "psram_left": psram if board.psram_bytes else None,
             "internal_for_engine": board.engine_room,
             "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place}
+
+
+def _region_of_blocks(blocks: list[dict[str, object]], name: str) -> str:
+    return next(str(b["region"]) for b in blocks if b["name"] == name)
 
 
 def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> dict[str, object]:
@@ -341,17 +349,26 @@ def fitting_context(s: Shape, board: Board, *, certified: bool = False) -> int:
     return lo
 
 
-#: The shortest context Model() prefers with every weight in RAM to a longer
-#: one with some read in place (native/binding/llm_bind.c FIT_MIN_CONTEXT),
-#: or half the seq_len when that is less.
+#: The context Model() opens at when the seq_len finds no memory but this
+#: does, weights read in place from flash if need be: room for a whole story
+#: (native/binding/llm_bind.c STORY_CONTEXT), or the seq_len when that is less.
+STORY_CONTEXT = 256
+
+#: Where STORY_CONTEXT does not open: the shortest context Model() prefers
+#: with every weight in RAM to a longer one with some read in place
+#: (llm_bind.c FIT_MIN_CONTEXT), or half the seq_len when that is less.
 FIT_MIN_CONTEXT = 64
 
 
 def default_context(s: Shape, fits_at: int, opens_at: int) -> int:
     """The context Model() opens with no context asked where the seq_len
-    finds no memory (llm_bind.c open_fitting): the longest with every weight
-    in RAM (`fits_at`) if it holds FIT_MIN_CONTEXT positions (or half the
-    seq_len), else the longest that opens (`opens_at`)."""
+    finds no memory (llm_bind.c open_fitting): STORY_CONTEXT (or the seq_len)
+    if it opens (`opens_at` is the longest that does), or the longest with
+    every weight in RAM (`fits_at`) if longer; else `fits_at` if it holds
+    FIT_MIN_CONTEXT positions (or half the seq_len), else `opens_at`."""
+    story = min(STORY_CONTEXT, s.seq_len)
+    if opens_at >= story:
+        return max(fits_at, story)
     return fits_at if fits_at >= min(FIT_MIN_CONTEXT, s.seq_len // 2) else opens_at
 
 
@@ -490,11 +507,6 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     # priced with every block in internal SRAM; `p` says if it fits
                     priced = internal_placement(s, board, certified=certified)
                     what_if = "everything in internal SRAM"
-                elif not p["opens"] and _region_of(p, "head") != "flash":
-                    if certified:
-                        continue  # a certified head needs its staged copy
-                    priced = placement(s, board, head_in_place=True)
-                    what_if = "head read in place from flash (what-if: the engine stages it first)"
                 else:
                     priced = p
                 needs = {} if board.psram_bytes else {
@@ -502,7 +514,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                         dataclasses.replace(s, seq_len=n), board,
                         certified=certified)["blocks"])  # type: ignore[attr-defined]
                     for n in NEED_CONTEXTS if n <= s.seq_len}
-                places.append({"board": board.name, "variant": vlabel, "certified": certified,
+                places.append({"board": board.name, "variant": vlabel,
                                "what_if": what_if,
                                "fitting_context": fitting_context(s, board, certified=certified),
                                "opening_context": opening_context(s, board, certified=certified),
@@ -510,7 +522,8 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                                "priced_opens": priced["opens"],
                                "short_by": priced.get("short_by"),
                                **{k: v for k, v in p.items() if k != "blocks"},
-                               "blocks": p["blocks"]})
+                               # the head asked for (p's: the route it opens with)
+                               "certified": certified, "blocks": p["blocks"]})
                 if board.psram_bytes and not priced["opens"]:
                     kv = next(int(b["bytes"]) for b in priced["blocks"]  # type: ignore[attr-defined]
                               if b["name"] == "kv_cache")
@@ -522,19 +535,23 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                 # (placement priced, what-if label, shape, positions); a board
                 # without PSRAM is also priced as the engine really places the
                 # model: at the context Model() opens by default when the
-                # seq_len finds no memory (the binding's open_fitting: the
-                # longest with every weight in RAM, else the longest that
-                # opens), and at the longest that opens (Model(context=N)),
-                # the core that finds no RAM read in place from flash
+                # seq_len finds no memory (the binding's open_fitting:
+                # default_context), at the fastest (the longest with every
+                # weight in RAM: nothing read from flash; Model(context=N)),
+                # and at the longest that opens (Model(context=N)), the core
+                # that finds no RAM read in place from flash
                 pricings = [(priced, what_if, s, pos)]
                 fits_at = fitting_context(s, board, certified=certified)
                 opens_at = opening_context(s, board, certified=certified)
                 contexts: list[tuple[int, str]] = []
                 if not board.psram_bytes and not p["opens"]:
                     default = default_context(s, fits_at, opens_at)
-                    contexts.append((default, "by default"))
-                    if opens_at != default:
-                        contexts.append((opens_at, "asked for"))
+                    contexts.append((default, "by default" + (", the fastest"
+                                                             if default == fits_at else "")))
+                    if fits_at not in (0, default):
+                        contexts.append((fits_at, "the fastest, asked for"))
+                    if opens_at not in (default, fits_at):
+                        contexts.append((opens_at, "the longest, asked for"))
                 for ctx, how in contexts:
                     if not pos[0] < ctx < s.seq_len:
                         continue
@@ -594,6 +611,27 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
         "core_flash_bytes": sum(n for _, n in b.flash_stages),
         "v_cached_as": "int16 dots" if b.v_bytes == 2 else "floats",
     }
+
+
+def _placed_summary(rep: dict[str, object]) -> list[str]:
+    """One line per board without PSRAM, variant and head: sampled tok/s
+    (mid, band) at each context the engine was priced at as it places the
+    model (by default, the fastest, the longest)."""
+    out: list[str] = []
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for r in rep["rows"]:  # type: ignore[attr-defined]
+        what = str(r["what_if"])
+        if not what.startswith("as the engine places it") or not str(r["mode"]).startswith(
+                "sampled"):
+            continue
+        how = what.split(", ", 1)[1].split(" (positions")[0]
+        seen.setdefault((r["board_label"], r["variant"].split(" (")[0], r["head"]), []).append(
+            f"context {r['seq_len']} ({how}) {r['tok_s']:.0f} tok/s "
+            f"({r['tok_s_band']['low']:.0f}-{r['tok_s_band']['high']:.0f})")
+    for (board, variant, head), parts in seen.items():
+        out.append(f"{board}, {variant}, {head} head, sampled, as the engine places it: "
+                   + "; ".join(parts))
+    return out + ([""] if out else [])
 
 
 def shape_table(rep: dict[str, object]) -> str:
@@ -665,6 +703,7 @@ def shape_table(rep: dict[str, object]) -> str:
             lines.append(f"  {r['head']}, {r['mode']}: " + ", ".join(
                 f"{c['charge']} {c['total_ms']:.2f}" for c in r["charges"]) + " ms")
         lines.append("")
+    lines += _placed_summary(rep)
     lines += rep["not_priced"]  # type: ignore[arg-type]
     if any(r["head"] == "certified" for r in rep["rows"]):  # type: ignore[attr-defined]
         lines.append("certified head rows: " + "/".join(f"{100 * x:.0f}" for x in SMALL_HEAD_ROWS)
