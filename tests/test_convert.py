@@ -230,9 +230,13 @@ def test_cli_builds_the_drafter_by_default(tiny_model: ModelFiles, tmp_path: Pat
     out = tmp_path / "tiny.img"
     r = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert re.search(r"n-gram drafter: [\d,]+ contexts from 200 stories", r.stdout)
+    # the drafter is measured on 200 stories by default; on this random tiny model it does
+    # not pay, so it is left out and the converter says so (the demo keeps its drafter:
+    # test_convert_llama2c.py::test_the_demo_keeps_its_drafter)
+    assert re.search(r"drafter left out: [\d.]+ tokens per pass, a pass costs [\d.]+ steps",
+                     r.stdout), r.stdout
     drafts = read_image(out).drafts
-    assert drafts.max_draft == 7 and drafts.entries > 100
+    assert drafts.max_draft == 0 and drafts.entries == 0
     bad = run_cli(str(tiny_model.model_bin), str(tiny_model.tokenizer_json), "-o",
                   str(tmp_path / "x.img"), "--drafter-stories", "-1")
     assert bad.returncode == 2 and "--drafter-stories -1: must be >= 0" in bad.stderr

@@ -441,13 +441,17 @@ def test_download_convert_and_flash_model(http_dir: tuple[str, Path], tmp_path: 
     assert flash.main(args) == 0, capfd.readouterr().err
     images = list((cache / "images").glob("*.img"))
     assert len(images) == 1
-    # the fixture's own conversion plus the n-gram drafter flash.py builds by default
+    # the fixture's own conversion, but flash.py's converter writes its 200 stories and
+    # keeps the drafter and the certified head only where they pay (on this random
+    # tiny model neither does: test_convert_llama2c holds that rule)
     from mpllm.formats.image import read_image
 
     got, want = read_image(images[0]), read_image(tiny_model.image)
-    # all but the drafts and the weights choice after them (which the drafts move)
-    assert got.sections[:-2] == want.sections[:-2] and got.sections[-2].name == "drafts"
-    assert got.drafts.max_draft == 7 and got.drafts.entries > 0
+    names = [s.name for s in got.sections]
+    assert names == [s.name for s in want.sections]
+    at = names.index("head_tiles")
+    assert got.sections[:at] == want.sections[:at]
+    assert got.head_tiles.n_tiles in (0, want.head_tiles.n_tiles)
     write = next(c for c in calls(fake_esptool) if "write-flash" in c)
     assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
     # a second run uses the verified cache: no new files, same image
@@ -707,7 +711,8 @@ def test_stories260k_download_convert_and_flash(http_dir: tuple[str, Path], tmp_
     images = list((cache / "images").glob("*.img"))
     assert len(images) == 1
     img = read_image(images[0])
-    assert img.weights.config.family == "llama2c" and img.drafts.entries > 0
+    # (whether the drafter is stored is the converter's measured choice: test_convert_llama2c)
+    assert img.weights.config.family == "llama2c"
     write = next(c for c in calls(fake_esptool) if "write-flash" in c)
     assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
 
