@@ -132,8 +132,60 @@ def check_options(options):
     return max_tokens, float(temperature), top_k, seed
 
 
-def drafter(model, draft="auto"):
-    """The drafting function a draft= option names (None: decode plainly)."""
+class Pacer:
+    """The image's drafter, used only while it pays on this machine's clock
+    (draft="auto"). A verify pass is worth its time when the tokens it
+    writes cost less each than a plain step; how much less depends on the
+    board (the S3 streams weights from PSRAM, a PC computes), on the model
+    and on the story, so it is measured here, as the story is written,
+    never assumed. Either way the story is the same (a pass keeps only what
+    plain decoding writes): pacing changes the time, not the tokens.
+
+    The decoding loop asks drafting() before each token it must decode,
+    then reports the time of what it did: stepped(us) for a plain step,
+    passed(us, tokens) for a verify pass. Both costs are running means
+    (each new reading weighs 1/8), so one slow pass (a garbage collection,
+    a line printed) does not decide. One decision in PROBE goes the other
+    way, so that a cost that changed along the story is seen again."""
+
+    PROBE = 32
+
+    def __init__(self, draft):
+        self.draft = draft
+        self.step_us = 0.0  # a plain step (0: not measured yet)
+        self.pass_us = 0.0  # a verify pass
+        self.pass_tokens = 0.0  # tokens a verify pass writes
+        self.decisions = 0
+
+    def __call__(self, context, n):
+        return self.draft(context, n)
+
+    def drafting(self):
+        """Whether the next token comes from a verify pass (True) or a plain
+        step: first one of each, then the cheaper per token, except at a probe."""
+        self.decisions += 1
+        if not self.step_us:
+            return False
+        if not self.pass_us:
+            return True
+        better = self.pass_us < self.pass_tokens * self.step_us
+        return better != (self.decisions % self.PROBE == 0)
+
+    def stepped(self, us):
+        self.step_us = us if not self.step_us else self.step_us + (us - self.step_us) / 8
+
+    def passed(self, us, tokens):
+        if not self.pass_us:
+            self.pass_us, self.pass_tokens = us, tokens
+        else:
+            self.pass_us += (us - self.pass_us) / 8
+            self.pass_tokens += (tokens - self.pass_tokens) / 8
+
+
+def drafter(model, draft="auto", paced=True):
+    """The drafting function a draft= option names (None: decode plainly).
+    "auto" gives the image's drafter in a Pacer (unless paced=False: a
+    benchmark of the drafter itself), used only while it pays."""
     if draft == "none":
         draft = None
     if draft is not None and not callable(draft) and draft not in ("auto", "ngram", "lookup"):
@@ -142,14 +194,17 @@ def drafter(model, draft="auto"):
     if not (hasattr(model, "verify") and hasattr(model, "rewind")):
         return None  # an engine without verify passes decodes plainly
     has_table = hasattr(model, "draft") and model.config().get("max_draft", 0) > 0
+    pace = False
     if draft == "auto":
         plain = model.plain() if hasattr(model, "plain") else False
         draft = "ngram" if has_table and not plain else None
+        pace = paced
     if draft == "ngram":
         if not has_table:
             raise ValueError("draft='ngram': this image has no n-gram drafter table "
                              "(convert it without --drafter-stories 0)")
-        return lambda context, n: model.draft(context[-3:], n)
+        ngram = lambda context, n: model.draft(context[-3:], n)  # noqa: E731
+        return Pacer(ngram) if pace else ngram
     if draft == "lookup":
         return prompt_lookup
     return draft
@@ -163,26 +218,37 @@ def decode_tokens(model, token, n, draft=None, context=None, stops=(), counts=No
     and keep what plain decoding would have chosen, so the tokens are the
     same. No guess is kept past a stop id (`stops`: the tokenizer's
     stop_ids, or None). `counts` (a dict) gets produced
-    (tokens the engine chose), passes, drafted and accepted added to it."""
+    (tokens the engine chose), passes, drafted and accepted added to it, and
+    steps (plain steps a Pacer took between passes)."""
     if counts is None:
         counts = {}
-    for key in ("produced", "passes", "drafted", "accepted"):
+    for key in ("produced", "steps", "passes", "drafted", "accepted"):
         counts.setdefault(key, 0)
     if stops is None:
         stops = ()
     cfg = model.config()
     seq_len = cfg["seq_len"]
     vocab = cfg["vocab_out"]
+    pacer = draft if isinstance(draft, Pacer) else None
     made = 0
     while made < n:
-        if draft is None:
+        if draft is None or pacer is not None and not pacer.drafting():
+            t = _ticks_us()
+            if pacer is not None:
+                context.append(token)  # (the drafter's context, as verify_pass keeps it)
             token = model.step(token)
+            if pacer is not None:
+                pacer.stepped(_ticks_diff(_ticks_us(), t))
+                counts["steps"] += 1
             counts["produced"] += 1
             made += 1
             yield token
         else:
+            t = _ticks_us()
             chosen = verify_pass(model, token, n - made, draft, context, stops, counts,
                                  seq_len, vocab)
+            if pacer is not None:
+                pacer.passed(_ticks_diff(_ticks_us(), t), len(chosen))
             made += len(chosen)
             yield from chosen
             token = chosen[-1]
@@ -238,6 +304,7 @@ def _new_stats(n_prompt, kept, max_tokens, seq_len, temperature, top_k, seed):
         "tok_per_s": None,
         "head_rows_fraction": None,
         "produced": 0,
+        "steps": 0,
         "passes": 0,
         "drafted": 0,
         "accepted": 0,
@@ -260,7 +327,7 @@ def _end_stats(stats, model, stop, start, at_prefill, vocab_out):
     if produced > 0:
         stats["engine_ms_per_token"] = (end["total_ms"] - at_prefill["total_ms"]) / produced
     if stats["passes"]:
-        stats["tokens_per_pass"] = produced / stats["passes"]
+        stats["tokens_per_pass"] = (produced - stats["steps"]) / stats["passes"]
     if end.get("heads") and "head_rows" in end:  # (a test double has no counters)
         stats["head_rows_fraction"] = end["head_rows"] / (end["heads"] * vocab_out)
 
@@ -555,6 +622,7 @@ class Session:
             remembered = texts.get
             story_append = story.append
             out_append = out.append
+            pacer = draft if isinstance(draft, Pacer) else None
             if draft is not None:
                 fed = context + healed  # the drafter's context: the ids fed so far
                 vocab = self.vocab_out
@@ -596,9 +664,20 @@ class Session:
                 elif taken < len(chosen):
                     token = chosen[taken]
                     taken += 1
+                elif pacer is not None and not pacer.drafting():
+                    # (a plain step between passes: the story is the same)
+                    t = _ticks_us()
+                    fed.append(token)
+                    token = step(token)
+                    pacer.stepped(_ticks_diff(_ticks_us(), t))
+                    stats["produced"] += 1
+                    stats["steps"] += 1
                 else:
+                    t = _ticks_us()
                     chosen = verify_pass(model, token, budget - n, draft, fed, stops, stats,
                                          seq_len, vocab)
+                    if pacer is not None:
+                        pacer.passed(_ticks_diff(_ticks_us(), t), len(chosen))
                     token = chosen[0]
                     taken = 1
             if token in stops:
@@ -845,7 +924,8 @@ def stats():
     head_rows_fraction (share of the head's rows the engine scored: the
     certified head skips rows that cannot be chosen; 1.0 in plain mode);
     with a drafter: passes (verify passes), drafted and accepted (guessed
-    tokens, and those the engine agreed with), tokens_per_pass.
+    tokens, and those the engine agreed with), tokens_per_pass; steps (plain
+    steps taken between passes where drafting did not pay: see Pacer).
     """
     return default_session.stats()
 

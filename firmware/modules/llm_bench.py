@@ -102,7 +102,7 @@ def bench(runs, n_tokens, draft="auto", image=None, private=False, plain=False, 
         model = using.model
         cfg = model.config()
         tok = using.tokenizer
-        drafter = llm.drafter(model, draft)
+        drafter = llm.drafter(model, draft, paced=False)  # (the drafter itself is measured)
         mode = "fast" if model.fast() else "plain" if model.plain() else "exact"
         info = {"build_info": _llm.build_info(), "config": cfg, "mode": mode,
                 "drafter": None if drafter is None else "ngram" if draft == "auto" else draft,
