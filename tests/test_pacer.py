@@ -145,3 +145,19 @@ def test_auto_paces_and_a_named_drafter_does_not(demo_image: Path) -> None:
         plain, _ = _story(prompt, (0.8, 40, 5), None)
         assert paced == plain
         assert s["steps"] + s["passes"] >= 1
+
+
+def test_a_session_keeps_its_pacer_from_story_to_story(demo_image: Path,
+                                                      engine_image: Callable[[str], Path]) -> None:
+    session = llm.default_session
+    model = llm.load(str(demo_image), plain=False)
+    first = session.paced(llm.drafter(model, "auto"))
+    "".join(llm.generate("Once upon a time", seed=3, max_tokens=40))
+    assert first.decisions > 0  # generate() paced with the session's pacer
+    assert session.paced(llm.drafter(model, "auto")) is first
+    assert session.paced(None) is None and session.paced(llm.prompt_lookup) is llm.prompt_lookup
+    llm.load(str(engine_image("release")), plain=False)  # another model: its own costs
+    fresh = llm.Pacer(llm.prompt_lookup)
+    assert session.paced(fresh) is fresh
+    llm.unload()
+    assert session._pacer is None

@@ -44,6 +44,21 @@ except AttributeError:  # CPython
         return end - start
 
 
+# The Pacer's clock: the work of this thread. On a board that is the wall
+# clock; on a PC other programs' work would otherwise count as ours.
+try:
+    _thread_time = time.thread_time
+
+    def _work_us():
+        return int(_thread_time() * 1000000)
+
+    def _work_diff(end, start):
+        return end - start
+except AttributeError:  # MicroPython
+    _work_us = _ticks_us
+    _work_diff = _ticks_diff
+
+
 def _ms_since(start):
     """Wall milliseconds since a _ticks_us() reading."""
     return _ticks_diff(_ticks_us(), start) / 1000
@@ -233,22 +248,22 @@ def decode_tokens(model, token, n, draft=None, context=None, stops=(), counts=No
     made = 0
     while made < n:
         if draft is None or pacer is not None and not pacer.drafting():
-            t = _ticks_us()
+            t = _work_us()
             if pacer is not None:
                 context.append(token)  # (the drafter's context, as verify_pass keeps it)
             token = model.step(token)
             if pacer is not None:
-                pacer.stepped(_ticks_diff(_ticks_us(), t))
+                pacer.stepped(_work_diff(_work_us(), t))
                 counts["steps"] += 1
             counts["produced"] += 1
             made += 1
             yield token
         else:
-            t = _ticks_us()
+            t = _work_us()
             chosen = verify_pass(model, token, n - made, draft, context, stops, counts,
                                  seq_len, vocab)
             if pacer is not None:
-                pacer.passed(_ticks_diff(_ticks_us(), t), len(chosen))
+                pacer.passed(_work_diff(_work_us(), t), len(chosen))
             made += len(chosen)
             yield from chosen
             token = chosen[-1]
@@ -395,6 +410,7 @@ class Session:
         self._inside = None  # _inside_word()'s bitmap, once it is needed
         self._texts = None  # run()'s remembered token texts, by id, once it is needed
         self.last = {}  # stats of the last (or running) generation
+        self._pacer = None  # (model, Pacer): draft="auto"'s costs, kept from story to story
         # The ids the model's context holds, in order, as far as this session
         # knows (a prefix of them at least). One list for the model, not one
         # per CoWriter: stories that share the model (the web server's, a
@@ -451,6 +467,7 @@ class Session:
             raise
         self.model = model
         self.source = image
+        self._pacer = None  # (a new model's costs are its own)
         self.forget_context()
         self.tokenizer = tok
         self.seq_len = cfg["seq_len"]
@@ -490,6 +507,7 @@ class Session:
         self.model = None
         self.source = None
         self.tokenizer = None
+        self._pacer = None
         self._inside = None
         self._texts = None
         self.forget_context()
@@ -533,13 +551,23 @@ class Session:
         # checked now rather than once the story has started
         model.reset()
         model.sampler(temperature, top_k, 0)
-        draft = drafter(model, options.get("draft", "auto"))
+        draft = self.paced(drafter(model, options.get("draft", "auto")))
         ids = self.prompt_ids(prompt)
         if temperature == 0:
             seed = None
         elif seed is None:
             seed = fresh_seed()
         return self.run(ids, max_tokens, temperature, top_k, seed, draft)
+
+    def paced(self, draft):
+        """`draft`, or for a Pacer the one this session's model already
+        measured: the next story starts from what the last one learned."""
+        if isinstance(draft, Pacer):
+            kept = self._pacer
+            if kept is not None and kept[0] is self.model:
+                return kept[1]
+            self._pacer = (self.model, draft)
+        return draft
 
     def run(self, ids, max_tokens, temperature, top_k, seed, draft=None, kept=0, out=None,
             heal=None, finish=0):
@@ -666,18 +694,18 @@ class Session:
                     taken += 1
                 elif pacer is not None and not pacer.drafting():
                     # (a plain step between passes: the story is the same)
-                    t = _ticks_us()
+                    t = _work_us()
                     fed.append(token)
                     token = step(token)
-                    pacer.stepped(_ticks_diff(_ticks_us(), t))
+                    pacer.stepped(_work_diff(_work_us(), t))
                     stats["produced"] += 1
                     stats["steps"] += 1
                 else:
-                    t = _ticks_us()
+                    t = _work_us()
                     chosen = verify_pass(model, token, budget - n, draft, fed, stops, stats,
                                          seq_len, vocab)
                     if pacer is not None:
-                        pacer.passed(_ticks_diff(_ticks_us(), t), len(chosen))
+                        pacer.passed(_work_diff(_work_us(), t), len(chosen))
                     token = chosen[0]
                     taken = 1
             if token in stops:

@@ -76,7 +76,7 @@ class CoWriter:
         self.seed = llm.fresh_seed() if seed is None else seed
         model = self.session.load()
         model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
-        self.draft = llm.drafter(model, options.get("draft", "auto"))
+        self.draft = self.session.paced(llm.drafter(model, options.get("draft", "auto")))
         self.new()
 
     def new(self):
