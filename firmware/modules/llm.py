@@ -918,8 +918,10 @@ def generate(prompt, **options):
                    stats()["seed"]). seed=0 is greedy (the engine's rule).
       draft        speculative decoding: "auto" (the default: "ngram" when
                    the image has a drafter table and the model is not in
-                   plain mode, else None), None or "none" (off), "ngram"
-                   (the image's self-distilled n-gram table, Model.draft),
+                   plain mode, paced: used only while a pass costs less per
+                   token than a step on this machine, see Pacer; else None),
+                   None or "none" (off), "ngram" (the image's self-distilled
+                   n-gram table, Model.draft, at every token),
                    "lookup" (prompt_lookup), or a function (context ids, n)
                    -> up to n guessed next ids. The engine checks a guess
                    and the tokens after it in one pass and keeps what plain
