@@ -11,9 +11,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 import llm
+import pytest
 
 PROMPTS = ("Once upon a time", "The little dog", "Tom and Sue went to the park", "One day")
 #: (temperature, top_k, seed): greedy, and sampled with and without top-k

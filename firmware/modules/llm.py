@@ -218,7 +218,7 @@ def drafter(model, draft="auto", paced=True):
         if not has_table:
             raise ValueError("draft='ngram': this image has no n-gram drafter table "
                              "(convert it without --drafter-stories 0)")
-        ngram = lambda context, n: model.draft(context[-3:], n)  # noqa: E731
+        ngram = lambda context, n: model.draft(context[-3:], n)
         return Pacer(ngram) if pace else ngram
     if draft == "lookup":
         return prompt_lookup
