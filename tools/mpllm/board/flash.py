@@ -8,6 +8,7 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n8 --port /dev/ttyUSB0  # no PSRAM: llama2.c's stories260K
     python tools/flash.py --board host                     # the same preparation for the PC
     python tools/flash.py --board host --model stories260k # a model by name (mpllm.models)
+    python tools/flash.py --board n16r8 --port COM5 --model stories15m  # llama2.c's stories15M
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
