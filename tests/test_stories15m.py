@@ -39,6 +39,7 @@ from mpllm.costmodel.llama import (
     placement,
     shape_report,
     v_rows_can_widen,
+    where_it_lives,
 )
 from mpllm.formats.image import read_image
 from stories15m import PUBLISHED_BYTES, STORIES15M
@@ -216,6 +217,20 @@ def test_it_opens_under_the_n16r8s_memory_as_designed(stories15m_image: Stories1
     tier = {"fast": "sram", "bulk": "psram", "flash": "flash"}
     for n in ("head", "kv_cache", "logits", "batch", *CORE):
         assert priced[n] == tier[mem[n][0]], n
+
+
+def test_the_converter_says_where_it_lives(stories15m_image: Stories15m) -> None:
+    """The line convert.py prints for each board (its weights table): on the
+    N16R8 the head from flash beside the float-wide KV cache; the N8 cannot
+    open it."""
+    from mpllm.convert import _shape, _v_can_widen
+
+    w = read_image(stories15m_image.image).weights
+    assert _v_can_widen(w)
+    kw = {"certified": True, "v_can_widen": True}
+    assert where_it_lives(_shape(w), N16R8, **kw) == (
+        "context 256: core psram+sram, head flash, KV psram")
+    assert where_it_lives(_shape(w), S3_BOARDS["n8"], **kw) == "does not open"
 
 
 def test_the_cost_model_prices_that_placement() -> None:

@@ -405,17 +405,19 @@ def opening_context(s: Shape, board: Board, *, certified: bool = False,
     return lo
 
 
-def where_it_lives(s: Shape, board: Board, *, certified: bool = False) -> str:
+def where_it_lives(s: Shape, board: Board, *, certified: bool = False,
+                   v_can_widen: bool = False) -> str:
     """One line: the context Model() opens `s` with on `board` with no context
     asked (default_context) and where the core matrices, the head and the KV
-    cache go there (placement), or that it does not open."""
-    fits, opens = fitting_context(s, board, certified=certified), \
-        opening_context(s, board, certified=certified)
+    cache go there (placement), or that it does not open. `v_can_widen`:
+    as placement."""
+    kw = {"certified": certified, "v_can_widen": v_can_widen}
+    fits, opens = fitting_context(s, board, **kw), opening_context(s, board, **kw)
     if opens == 0:
         return "does not open"
-    ctx = s.seq_len if placement(s, board, certified=certified)["opens"] and fits == s.seq_len \
+    ctx = s.seq_len if placement(s, board, **kw)["opens"] and fits == s.seq_len \
         else default_context(s, fits, opens)
-    p = placement(dataclasses.replace(s, seq_len=ctx), board, certified=certified)
+    p = placement(dataclasses.replace(s, seq_len=ctx), board, **kw)
     core = set(core_matrix_bytes(s))
     tiers = sorted({str(b["region"]) for b in p["blocks"]  # type: ignore[attr-defined]
                     if b["name"] in core})
