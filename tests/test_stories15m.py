@@ -14,8 +14,10 @@ board's caps: tests/c/engine_run.c --caps, the cost model's figures):
     none of it read from flash;
   * activations, norms and the engine in internal SRAM.
 The placement never changes a result: the capped engine writes the host's
-ids and logits, and default decoding (drafts, verify passes, the certified
-head on the host) writes plain mode's and --draft none's.
+ids and logits; default decoding (the certified head on the host, verify
+passes with kept and refused drafts) writes plain mode's ids and logits, and
+llm.py's loop the same ids with the default drafter, 'lookup', --draft none
+and a plain model.
 """
 
 from __future__ import annotations
@@ -246,6 +248,13 @@ def test_the_cost_model_prices_that_placement() -> None:
             "flash", "psram", "floats", 0), r
         band = r["tok_s_band"]
         assert band["low"] <= r["tok_s"] <= band["high"]
+
+
+@pytest.mark.parametrize("caps", ["0,5", "5", "5,", "x,5", "5,5,5"])
+def test_the_driver_refuses_bad_caps(caps: str) -> None:
+    result = cbuild.run(_driver(), "--caps", caps, "no-image", "1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"--caps {caps}: give FAST,BULK, two byte counts above 0")
 
 
 @pytest.mark.parametrize("sampler", [(), ("0.8", "40", "1"), ("1.0", "0", "7")])
