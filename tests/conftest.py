@@ -209,6 +209,36 @@ def llama2c_image(model_cache_dir: Path) -> Callable[[str], Path]:
     return get
 
 
+@dataclass(frozen=True)
+class Stories15m:
+    model_bin: Path  # the stories15M-shaped checkpoint (legacy v0, as published)
+    tokenizer_bin: Path
+    image: Path
+
+
+@pytest.fixture(scope="session")
+def stories15m_image(model_cache_dir: Path) -> Stories15m:
+    """A stories15M-shaped llama2.c checkpoint with random weights
+    (tests/helpers/stories15m.py) converted once per run (a minute: its 4
+    drafter stories; shared by the xdist workers) as flash.py converts
+    stories15M for the N16R8 (models/stories15m.json: int4, the one format
+    whose image fits the model partition), its quality not measured (random
+    weights have none) and its n-gram drafter kept whatever it pays, so that
+    default decoding drafts. (mpllm.image_cache converts with 200 drafter
+    stories and measures every format: many minutes at this size.)"""
+    from mpllm.convert import convert
+    from stories15m import write_stories15m
+
+    d = model_cache_dir / "stories15m"
+    out = d / "model.img"
+    with _locked(model_cache_dir / "stories15m.lock"):
+        if not out.exists():
+            model_bin, tok = write_stories15m(d)
+            convert(model_bin, tok, out, progress=False, weights="int4", quality_positions=0,
+                    drafter_stories=4, drafter_always=True)
+    return Stories15m(d / "stories15M.bin", d / "tokenizer.bin", out)
+
+
 @pytest.fixture(scope="session")
 def engine_image(test_model: Callable[[str], ModelFiles],
                  llama2c_image: Callable[[str], Path]) -> Callable[[str], Path]:

@@ -717,6 +717,48 @@ def test_stories260k_download_convert_and_flash(http_dir: tuple[str, Path], tmp_
     assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
 
 
+def test_stories15m_download_converts_as_int4_and_flashes(
+        http_dir: tuple[str, Path], tmp_path: Path, fake_esptool: Path, stories15m_image,  # type: ignore[no-untyped-def]
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """--model stories15m on the N16R8, served from 127.0.0.1 (a stories15M-
+    shaped checkpoint and tokenizer.bin under the published names, pinned as
+    models/stories15m.json pins them): verified, converted in the weights its
+    pins name (int4: the only format that fits the model partition; its
+    quality measured, no other format tried) and written. (Two drafter
+    stories instead of 200 keep it to a minute.)"""
+    import mpllm.convert
+    from mpllm.formats.image import read_image
+    from mpllm.models import NAMED_MODELS, NamedModel
+
+    base, root = http_dir
+    files = {"stories15M.bin": stories15m_image.model_bin.read_bytes(),
+             "tokenizer.bin": stories15m_image.tokenizer_bin.read_bytes()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    served = json.loads(_release(tmp_path / "pins.json", base, files).read_text())
+    pins_json = tmp_path / "stories15m.json"
+    published = json.loads((ROOT / "models" / "stories15m.json").read_text())
+    pins_json.write_text(json.dumps({**published, "files": served["files"]}))
+    monkeypatch.setitem(NAMED_MODELS, "stories15m",
+                        NamedModel("stories15m", "served here", pins=pins_json))
+    monkeypatch.setattr(mpllm.convert, "DRAFTER_STORIES", 2)
+    cache = tmp_path / "cache"
+    rc = flash.main(["--board", "n16r8", "--port", "/dev/ttyFAKE", "--only", "model",
+                     "--model", "stories15m", "--cache", str(cache)])
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    assert f"weights: int4, as its pins say: {published['weights_why']}" in out
+    images = list((cache / "images").glob("*.img"))
+    assert len(images) == 1
+    img = read_image(images[0])
+    choice = img.weights_choice
+    assert img.weights.config.dim == 288 and choice.positions == 256
+    assert [t.name for t in choice.tried] == ["int4"] and choice.chosen == choice.tried[0].kind
+    assert images[0].stat().st_size < pins.BOARDS["n16r8"].model_bytes
+    write = next(c for c in calls(fake_esptool) if "write-flash" in c)
+    assert write[-2:] == [f"{MODEL_OFFSET:#x}", str(images[0])]
+
+
 # ---------------------------------------------------------------------------
 # checks first, then work
 

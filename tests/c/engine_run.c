@@ -1,7 +1,7 @@
 /*
  * Run the engine on an image and print what a comparison needs:
  *
- *   engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast|k_dots]]
+ *   engine_run [--caps FAST,BULK] IMAGE N_STEPS [TEMPERATURE TOP_K SEED [plain|fast|k_dots]]
  *
  * prefills a fixed 4-token prompt, then steps N_STEPS times (greedy unless a
  * sampler is given; "plain" turns the speed-ups off, "k_dots" caches K as
@@ -11,7 +11,16 @@
  * reference kernels and once with the PIE kernels (through the host model of
  * the vector unit) and demands identical output; the PIE build also prints
  * the PIE instructions executed per token (prefill tokens and head included).
+ *
+ * --caps FAST,BULK plays a board on the host: the port then has FAST bytes of
+ * internal SRAM and BULK bytes of PSRAM for the engine (port_host.h: a FAST
+ * request over its cap lands in BULK, a BULK one over its cap fails, and a
+ * matrix that finds no memory is read in place), and the driver prints where
+ * every block went ("memory NAME REGION BYTES", as Model.memory() lists them)
+ * and "peak FAST BULK". tests/test_stories15m.py gives it the N16R8's figures
+ * (the cost model's S3_BOARDS), so the host opens a model as that board would.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +40,35 @@ static uint64_t fnv1a64(uint64_t h, const void *data, size_t n) {
     return h;
 }
 
+/* "FAST,BULK": two byte counts, each > 0; else 0 with a message. */
+static int parse_caps(const char *text, uint64_t caps[2]) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long fast = strtoull(text, &end, 10);
+    if (errno == 0 && end != text && *end == ',') {
+        const char *b = end + 1;
+        unsigned long long bulk = strtoull(b, &end, 10);
+        if (errno == 0 && end != b && *end == '\0' && fast > 0 && bulk > 0) {
+            caps[0] = fast;
+            caps[1] = bulk;
+            return 1;
+        }
+    }
+    fprintf(stderr, "--caps %s: give FAST,BULK, two byte counts above 0 (e.g. "
+                    "--caps 301263,8323072)\n", text);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    uint64_t caps[2] = {0, 0};
+    if (argc >= 3 && strcmp(argv[1], "--caps") == 0) {
+        if (!parse_caps(argv[2], caps)) return 2;
+        argc -= 2;
+        argv += 2;
+    }
     if (argc != 3 && argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: engine_run IMAGE N_STEPS [TEMPERATURE TOP_K SEED "
-                        "[plain|fast|k_dots]]\n");
+        fprintf(stderr, "usage: engine_run [--caps FAST,BULK] IMAGE N_STEPS [TEMPERATURE "
+                        "TOP_K SEED [plain|fast|k_dots]]\n");
         return 2;
     }
     llm_error err;
@@ -46,10 +80,21 @@ int main(int argc, char **argv) {
     }
     llm_host_port hp;
     llm_port_host_init(&hp);
+    hp.capacity[LLM_REGION_FAST] = caps[0];
+    hp.capacity[LLM_REGION_BULK] = caps[1];
     llm_engine *e = NULL;
     if (llm_open(&e, map.data, map.len, &hp.port, &err) != LLM_OK) {
         fprintf(stderr, "open: %s\n", err.message);
         return 1;
+    }
+    if (caps[0] != 0) {
+        static const char *const region[LLM_REGION_COUNT] = {"flash", "fast", "bulk"};
+        for (uint32_t i = 0; i < llm_placement_count(e); i++) {
+            const llm_placement *p = llm_placement_at(e, i);
+            printf("memory %s %s %u\n", p->name, region[p->region], (unsigned)p->bytes);
+        }
+        printf("peak %llu %llu\n", (unsigned long long)hp.peak[LLM_REGION_FAST],
+               (unsigned long long)hp.peak[LLM_REGION_BULK]);
     }
     const llm_config *c = llm_get_config(e);
     uint32_t steps = (uint32_t)strtoul(argv[2], NULL, 10);

@@ -474,8 +474,8 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        shape = _shape(w)
-        boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w))
+        shape, wide = _shape(w), _v_can_widen(w)
+        boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w), v_can_widen=wide)
                        for b, board in S3_BOARDS.items()}
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
@@ -494,6 +494,20 @@ def _shape(w: Weights) -> Shape:
     return Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn,
                  ple_dim=c.ple_dim, vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
                  n_kv_heads=c.kv_heads, weights=weight_format(w.layers[0].qkv))
+
+
+def _v_can_widen(w: Weights) -> bool:
+    """Whether the engine keeps these weights' V rows float-wide (some V row's
+    int16 dots could overflow: costmodel.llama.v_rows_can_widen), which
+    makes the KV cache larger (stories15M's leaves its head no PSRAM on the
+    N16R8); only int4 rows of one scale group are cached as dots at all."""
+    from .costmodel.llama import v_rows_can_widen
+    from .costmodel.shape import one_group_a_row
+
+    if not one_group_a_row(_shape(w)):
+        return False
+    c = w.config
+    return v_rows_can_widen(c.dim, c.kv_dim, [ly.qkv.q for ly in w.layers])  # type: ignore[union-attr]
 
 
 def _head_left_out(w: Weights, rows_scored: float) -> str:

@@ -28,11 +28,26 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def pinned_choice(model_bin: Path, weights: str = "auto",
+                  model_sha256: str | None = None) -> tuple[str, str]:
+    """(weights, why) a conversion of model_bin uses: `weights` as asked,
+    except that "auto" becomes the format a pinned model's pins name for
+    exactly these bytes (mpllm.models.pinned_weights; why says so), else
+    ("auto", ""). `model_sha256`: model_bin's, if already known."""
+    if weights != "auto":
+        return weights, ""
+    from .models import pinned_weights
+
+    pinned = pinned_weights(model_sha256 or sha256_file(model_bin))
+    return pinned if pinned is not None else (weights, "")
+
+
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
                       weights: str = "auto") -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
-    and the image format version, so a newer format never reads a stale image, and the
-    drafter's story count (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE),
+    and the image format version, so a newer format never reads a stale image, the
+    weights the conversion uses (pinned_choice), the drafter's story count
+    (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE),
     and the cost model's sources: the converter writes its draft prices into the
     table as the min_odds, so a changed cost model converts again (hashing its
     files costs a millisecond; computing the prices, a tenth of a second at every
@@ -41,10 +56,12 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
     from .drafting import TABLE_RULE
     from .formats.image import VERSION
 
+    model_sha = sha256_file(model_bin)
+    weights = pinned_choice(model_bin, weights, model_sha)[0]
     costmodel = hashlib.sha256()
     for src in sorted((Path(__file__).parent / "costmodel").glob("*.py")):
         costmodel.update(src.read_bytes())
-    key = hashlib.sha256((sha256_file(model_bin) + sha256_file(tokenizer)
+    key = hashlib.sha256((model_sha + sha256_file(tokenizer)
                           + f"image-v{VERSION}-weights-{weights}"
                           + f"-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
                           + f"-costmodel{costmodel.hexdigest()}").encode()).hexdigest()
@@ -54,8 +71,9 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
 def converted(model_bin: Path, tokenizer: Path, cache: Path,
               out: Callable[[str], None] = print, weights: str = "auto") -> Path:
     """The cached image of these sources, converting them first if needed (with
-    progress; convert writes atomically, so no partial image is ever cached).
-    Raises convert.ConvertError or OSError."""
+    progress; convert writes atomically, so no partial image is ever cached),
+    in the weights asked for, or for a pinned model's bytes the ones its pins
+    name (pinned_choice). Raises convert.ConvertError or OSError."""
     from .convert import DRAFTER_STORIES, convert
 
     img = cached_image_path(model_bin, tokenizer, cache, weights)
@@ -63,7 +81,10 @@ def converted(model_bin: Path, tokenizer: Path, cache: Path,
         out(f"model image: {img} (already converted from these files)")
         return img
     img.parent.mkdir(parents=True, exist_ok=True)
+    weights, why = pinned_choice(model_bin, weights)
     out(f"convert {model_bin} {tokenizer} -> {img}{drafter_note()}")
+    if why:
+        out(f"weights: {weights}, as its pins say: {why}")
     rep = convert(model_bin, tokenizer, img, progress=True, drafter_stories=DRAFTER_STORIES,
                   weights=weights)
     out(rep.size_table())

@@ -8,6 +8,7 @@ each with its size and sha256; the flasher refuses any other bytes).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,36 @@ NAMED_MODELS: dict[str, NamedModel] = {m.name: m for m in (
                pins=MODELS_DIR / "release.json"),
     NamedModel("stories260k", "llama2.c's published stories260K with tok512, downloaded "
                "(models/stories260k.json)", pins=MODELS_DIR / "stories260k.json"),
+    NamedModel("stories15m", "llama2.c's published stories15M with its 32,000-token "
+               "tokenizer.bin, downloaded, for the N16R8 (models/stories15m.json)",
+               pins=MODELS_DIR / "stories15m.json"),
 )}
+
+
+def pinned_weights(model_sha256: str) -> tuple[str, str] | None:
+    """(weights, why) when these model bytes are a pinned model's whose pins
+    name the weight format it is converted to (models/stories15m.json: int4,
+    the one format whose image fits the N16R8), else None. Keyed by the
+    bytes, not the name, so every tool that converts the published file
+    (flash.py, chat.py, serve.py, bench.py through mpllm.image_cache) makes
+    the same image of it."""
+    for m in NAMED_MODELS.values():
+        if m.pins is None:
+            continue
+        try:
+            data = json.loads(m.pins.read_text())
+        except (OSError, ValueError):
+            continue  # (a broken pins file is flash.load_pins' to report)
+        if not isinstance(data, dict) or "weights" not in data:
+            continue
+        files = data.get("files")
+        entries = ([{"name": k, **v} for k, v in files.items()] if isinstance(files, dict)
+                   else files if isinstance(files, list) else [])
+        for f in entries:
+            if (isinstance(f, dict) and f.get("name") == data.get("model")
+                    and str(f.get("sha256", "")).lower() == model_sha256.lower()):
+                return str(data["weights"]), str(data.get("weights_why", ""))
+    return None
 
 
 def names_help() -> str:

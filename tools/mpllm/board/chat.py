@@ -105,9 +105,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--model", metavar="NAME",
                     help="a model by name instead of --image: demo (the default, bundled), "
                          "llama2c-demo (bundled, llama2.c's format), release (the esp32-ai "
-                         "release model) or stories260k (llama2.c's); release and stories260k "
-                         "are downloaded once (sizes and sha256 pinned in models/NAME.json); "
-                         "each is converted once, then cached")
+                         "release model), stories260k or stories15m (llama2.c's); release, "
+                         "stories260k and stories15m are downloaded once (sizes and sha256 "
+                         "pinned in models/NAME.json); each is converted once, then cached")
     ap.add_argument("--max-tokens", type=int,
                     help=f"story tokens at most ({llm.MAX_TOKENS}); in the chat, per reply "
                          f"({llm_chat.TURN_TOKENS}), and a reply goes on to the end of its sentence, "

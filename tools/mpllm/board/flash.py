@@ -8,6 +8,7 @@ firmware, check the chip, write both at their partition offsets, verify by hash.
     python tools/flash.py --board n8 --port /dev/ttyUSB0  # no PSRAM: llama2.c's stories260K
     python tools/flash.py --board host                     # the same preparation for the PC
     python tools/flash.py --board host --model stories260k # a model by name (mpllm.models)
+    python tools/flash.py --board n16r8 --port COM5 --model stories15m  # llama2.c's stories15M
 
 esptool, git, make and pip do the work under their own names (each run as a
 subprocess whose output streams to the terminal, which is also the progress
@@ -477,23 +478,57 @@ def check_chip(info: ChipInfo, skip_psram: bool,
 
 
 def pinned_image_floor(pins_json: Path) -> int | None:
-    """Bytes a pinned esp32-ai model's image holds at least, from the
-    architecture its pins JSON records (models/release.json): the int4 codes
-    and scales of its weights, the rows the tokenizer can produce only (the
+    """Bytes a pinned model's image holds at least, from the architecture its
+    pins JSON records: for an esp32-ai model (models/release.json) the int4
+    codes and scales of its weights, the rows the tokenizer can produce only;
+    for a llama2.c one (family "llama2c", models/stories15m.json) its matrices
+    in the format the pins name, int4 at convert.py's default group (one
+    scale a row) unless they say otherwise, as the cost model sizes them (the
     image adds the tokenizer, RoPE, head tiles and drafter). None when the
     JSON records no architecture (then the converted image is checked)."""
     from ..formats.esp32ai import Config, expected_size
 
     try:
-        a = json.loads(pins_json.read_text())["architecture"]
+        data = json.loads(pins_json.read_text())
+        a = data["architecture"]
+        if a.get("family") == "llama2c":
+            return _llama2c_floor(a, str(data.get("weights", "int4")))
         rows = min(int(a["vocab_in"]), int(a["vocab_out"]))
         cfg = Config(vocab_in=rows, vocab_out=int(a["vocab_out"]), dim=int(a["dim"]),
                      n_layers=int(a["n_layers"]), n_heads=int(a["n_heads"]), ffn=int(a["ffn"]),
                      ple_dim=int(a["ple_dim"]), seq_len=int(a["seq_len"]),
                      group=int(a["group"]), tied_head=bool(a["tied_head"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return expected_size(cfg, header_bytes=0)
+
+
+def _llama2c_floor(a: dict[str, object], weights: str) -> int:
+    """The matrices' bytes of a llama2.c architecture (pinned_image_floor)."""
+    from ..costmodel.shape import Shape, cdiv, matrix_row_bytes
+    from ..costmodel.sram import core_matrix_bytes
+
+    def n(key: str) -> int:
+        return int(a[key])  # type: ignore[call-overload]
+
+    s = Shape(dim=n("dim"), n_layers=n("n_layers"), n_heads=n("n_heads"), ffn=n("hidden_dim"),
+              ple_dim=0, vocab_out=n("vocab_size"), seq_len=n("seq_len"),
+              group=cdiv(n("dim"), 32) * 32, n_kv_heads=n("n_kv_heads"),
+              weights="int4" if weights == "auto" else weights)
+    heads = 1 if a.get("shared_classifier", True) else 2  # the embedding, and a head of its own
+    return (heads * s.vocab_out * matrix_row_bytes(s, s.dim)
+            + sum(b for _, b in core_matrix_bytes(s).values()))
+
+
+def _fitting(model_limit: int, but: str) -> list[str]:
+    """The named models other than `but` whose image can fit a partition of
+    model_limit bytes (the bundled ones, and the pinned ones whose floor fits)."""
+    out = []
+    for n, m in NAMED_MODELS.items():
+        floor = pinned_image_floor(m.pins) if m.pins is not None else None
+        if n != but and (floor is None or floor <= model_limit):
+            out.append(n)
+    return out
 
 
 def port_missing(port: str) -> bool:
@@ -521,7 +556,7 @@ def preflight(args: argparse.Namespace, run: Runner, env: dict[str, str],
                             f"at least {floor:,} bytes of weights, the board's "
                             f"'{pins.MODEL_PARTITION}' partition {model_limit:,} (--board "
                             f"n16r8 takes it; --board {board.name} takes "
-                            f"{', '.join(n for n in NAMED_MODELS if n != name)})")
+                            f"{', '.join(_fitting(model_limit, name))})")
     if esptool_major() is None:
         problems.append("esptool is not installed: pip install 'mpllm[board]' (or pip "
                         "install esptool)")

@@ -53,7 +53,7 @@ def demo_sources(demo_dir: Path = DEMO_DIR) -> tuple[Path, Path]:
 
 def named_sources(name: str, cache: Path | None = None) -> tuple[Path, Path]:
     """(model, tokenizer) of a model named as mpllm.models names it: a bundled
-    one's files, or a pinned one's (release, stories260k), downloaded once
+    one's files, or a pinned one's (release, stories260k, stories15m), downloaded once
     into the cache's models/NAME and verified (the flasher's download, shared
     with `tools/flash.py --board host --model NAME`)."""
     from ..models import NAMED_MODELS

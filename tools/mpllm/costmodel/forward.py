@@ -404,6 +404,9 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     if b.head_tier == "sram":  # a board without PSRAM: the rows are loads in the kernel
         w.sram(total_b)
         return
+    if b.head_tier == "flash":  # read in place: the rows it scores through the flash cache
+        w.flash(total_b, b.line)
+        return
     w.psram(inline * (lines + id_lines), b.line, inline * total_b)
     w.psram((1 - inline) * (lines + id_lines), b.line, (1 - inline) * total_b, split=True)
 

@@ -80,6 +80,7 @@ __all__ = [
     "S3_BOARDS",
     "SHAPES",
     "SMALL_HEAD_ROWS",
+    "WIDE_V_SHAPES",
     "Board",
     "default_context",
     "engine_blocks",
@@ -116,6 +117,16 @@ PUBLIC_PORTS: tuple[tuple[str, str, float], ...] = (
     ("a WebSocket port", "ESP32-S3 (~33)", 33.0),
 )
 PUBLIC_PORTS_TOK_S = (17.0, 33.0)
+
+#: Shapes whose V rows the engine keeps float-wide at one scale group a row
+#: (v_rows_can_widen; engine_open.c v_can_widen): a row of 288 int4 codes
+#: whose largest is 7 holds more than 258 |codes| in all unless nearly every
+#: weight is far below the row's largest (a normal row: ~540), so its int16
+#: dots could overflow and the KV cache keeps V as floats: 3,549,248 B at
+#: seq_len 256, not 2,664,512 B (the stories15M-shaped image of
+#: tests/test_stories15m.py, every layer). The 4.7 MB head then finds no
+#: PSRAM beside it and is read in place from flash.
+WIDE_V_SHAPES = frozenset({"stories15m"})
 
 #: Share of head rows the certified head scores on a small llama2.c head, as a
 #: band (fast end, mid, slow end). Not measured: no llama2.c head with a
@@ -256,7 +267,7 @@ def engine_blocks(s: Shape, *, certified: bool,
 
 
 def placement(s: Shape, board: Board, *, certified: bool = False,
-              head_in_place: bool = False) -> dict[str, object]:
+              head_in_place: bool = False, v_can_widen: bool = False) -> dict[str, object]:
     """Where llm_open would put every block on `board` (the port's rules,
     native/port/esp32/port_esp32.c: FAST only while the board's reserve stays
     free; BULK in PSRAM, or in internal SRAM under the same reserve on a board
@@ -266,7 +277,7 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
     staged copy took some (the dense route: no certificate tables), which this
     does too. Returns the blocks with their regions ("sram", "psram", "flash",
     or "none" for a block that found no memory), whether the model opens, and
-    what is left."""
+    what is left. `v_can_widen`: as engine_blocks (V rows float-wide)."""
     internal = board.engine_room
     psram = board.psram_bytes
     blocks: list[dict[str, object]] = []
@@ -287,7 +298,8 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
                 return t
         return None
 
-    for name, nbytes, wanted, kind in engine_blocks(s, certified=certified):
+    for name, nbytes, wanted, kind in engine_blocks(s, certified=certified,
+                                                    v_can_widen=v_can_widen):
         if name == "head" and head_in_place:
             region: str | None = "flash"
         elif kind == "matrix" and name == "head":
@@ -302,7 +314,8 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
                 opens, failed = False, name
         blocks.append({"name": name, "bytes": nbytes, "region": region, "kind": kind})
     if not opens and not head_in_place and _region_of_blocks(blocks, "head") != "flash":
-        return placement(s, board, certified=False, head_in_place=True)
+        return placement(s, board, certified=False, head_in_place=True,
+                         v_can_widen=v_can_widen)
     by_region: dict[str, int] = {}
     for blk in blocks:
         by_region[str(blk["region"])] = by_region.get(str(blk["region"]), 0) + int(blk["bytes"])
@@ -310,7 +323,8 @@ def placement(s: Shape, board: Board, *, certified: bool = False,
             "by_region": by_region, "internal_left": internal,
             "psram_left": psram if board.psram_bytes else None,
             "internal_for_engine": board.engine_room,
-            "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place}
+            "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place,
+            "v_can_widen": v_can_widen}
 
 
 def _region_of_blocks(blocks: list[dict[str, object]], name: str) -> str:
@@ -332,11 +346,14 @@ def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> di
             "certified": certified and _one_group_a_row(s), "head_in_place": False}
 
 
-def fitting_context(s: Shape, board: Board, *, certified: bool = False) -> int:
+def fitting_context(s: Shape, board: Board, *, certified: bool = False,
+                    v_can_widen: bool = False) -> int:
     """The longest context (seq_len) at which the model opens on `board` with
-    every core matrix in RAM (none read from flash); 0 if none does."""
+    every core matrix in RAM (none read from flash); 0 if none does.
+    `v_can_widen`: as placement."""
     def ok(n: int) -> bool:
-        p = placement(dataclasses.replace(s, seq_len=n), board, certified=certified)
+        p = placement(dataclasses.replace(s, seq_len=n), board, certified=certified,
+                      v_can_widen=v_can_widen)
         return bool(p["opens"]) and all(b["region"] != "flash" for b in p["blocks"]
                                         if b["kind"] == "matrix")
     lo, hi = 0, s.seq_len
@@ -372,30 +389,35 @@ def default_context(s: Shape, fits_at: int, opens_at: int) -> int:
     return fits_at if fits_at >= min(FIT_MIN_CONTEXT, s.seq_len // 2) else opens_at
 
 
-def opening_context(s: Shape, board: Board, *, certified: bool = False) -> int:
+def opening_context(s: Shape, board: Board, *, certified: bool = False,
+                    v_can_widen: bool = False) -> int:
     """The longest context at which the model opens on `board` at all (core
-    matrices that find no RAM read in place from flash); 0 if none does."""
+    matrices that find no RAM read in place from flash); 0 if none does.
+    `v_can_widen`: as placement."""
     lo, hi = 0, s.seq_len
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if placement(dataclasses.replace(s, seq_len=mid), board, certified=certified)["opens"]:
+        if placement(dataclasses.replace(s, seq_len=mid), board, certified=certified,
+                     v_can_widen=v_can_widen)["opens"]:
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
-def where_it_lives(s: Shape, board: Board, *, certified: bool = False) -> str:
+def where_it_lives(s: Shape, board: Board, *, certified: bool = False,
+                   v_can_widen: bool = False) -> str:
     """One line: the context Model() opens `s` with on `board` with no context
     asked (default_context) and where the core matrices, the head and the KV
-    cache go there (placement), or that it does not open."""
-    fits, opens = fitting_context(s, board, certified=certified), \
-        opening_context(s, board, certified=certified)
+    cache go there (placement), or that it does not open. `v_can_widen`:
+    as placement."""
+    kw = {"certified": certified, "v_can_widen": v_can_widen}
+    fits, opens = fitting_context(s, board, **kw), opening_context(s, board, **kw)
     if opens == 0:
         return "does not open"
-    ctx = s.seq_len if placement(s, board, certified=certified)["opens"] and fits == s.seq_len \
+    ctx = s.seq_len if placement(s, board, **kw)["opens"] and fits == s.seq_len \
         else default_context(s, fits, opens)
-    p = placement(dataclasses.replace(s, seq_len=ctx), board, certified=certified)
+    p = placement(dataclasses.replace(s, seq_len=ctx), board, **kw)
     core = set(core_matrix_bytes(s))
     tiers = sorted({str(b["region"]) for b in p["blocks"]  # type: ignore[attr-defined]
                     if b["name"] in core})
@@ -439,7 +461,7 @@ def llama_build(s: Shape, board: Board, p: dict[str, object], *, sampled: bool,
         "name": f"{base.name}@{board.name}", "spill_stages": tuple(sorted(spill.items())),
         "flash_stages": tuple(sorted(flash.items())), "kv_tier": tier("kv_cache"),
         "head_tier": tier("head"), "icache_bytes": board.icache_bytes,
-        "v_bytes": 2 if _one_group_a_row(s) else 4,
+        "v_bytes": 2 if _one_group_a_row(s) and not p.get("v_can_widen") else 4,
     }
     if cert:
         kw.update(rows_fraction=rows_fraction, label=base.label + ", certified head")
@@ -468,14 +490,17 @@ def _band(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, flo
     return out
 
 
-def _variants(s: Shape) -> list[tuple[str, Shape]]:
+def _variants(s: Shape, wide_v: bool = False) -> list[tuple[str, Shape]]:
     """The shape at its own group, and as convert.py writes it by default,
-    one scale group a row (the padded width), where that differs."""
+    one scale group a row (the padded width), where that differs. `wide_v`:
+    the shape is in WIDE_V_SHAPES."""
     out = [(f"group {s.group} (convert.py --group {s.group})", s)]
     wide = cdiv(s.dim, 32) * 32
     if not _one_group_a_row(s):
         label = (f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
-                 "certified head possible)")
+                 "certified head possible)") if not wide_v else (
+            f"group {wide} (convert.py's default, one group a row: V as floats, its rows "
+            "can outgrow int16 dots; a certificate, unused once the head is read in place)")
         out.append((label, dataclasses.replace(s, group=wide)))
     return out
 
@@ -497,11 +522,12 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
             not_priced.append(f"{board.label}: not priced: the weights alone are {weights:,} B, "
                               f"more than the S3's {SRAM_TOTAL_BYTES // 1024} KB of internal SRAM")
             continue
-        for vlabel, s in _variants(s0):
+        for vlabel, s in _variants(s0, name in WIDE_V_SHAPES):
             for certified in (False, True):
                 if certified and not _one_group_a_row(s):
                     continue
-                p = placement(s, board, certified=certified)
+                wide = name in WIDE_V_SHAPES and _one_group_a_row(s)
+                p = placement(s, board, certified=certified, v_can_widen=wide)
                 what_if = ""
                 if not board.psram_bytes:
                     # priced with every block in internal SRAM; `p` says if it fits
@@ -516,8 +542,10 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     for n in NEED_CONTEXTS if n <= s.seq_len}
                 places.append({"board": board.name, "variant": vlabel,
                                "what_if": what_if,
-                               "fitting_context": fitting_context(s, board, certified=certified),
-                               "opening_context": opening_context(s, board, certified=certified),
+                               "fitting_context": fitting_context(s, board, certified=certified,
+                                                                  v_can_widen=wide),
+                               "opening_context": opening_context(s, board, certified=certified,
+                                                                  v_can_widen=wide),
                                "internal_needs": needs,
                                "priced_opens": priced["opens"],
                                "short_by": priced.get("short_by"),
@@ -610,6 +638,7 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
         "core_psram_bytes": sum(n for _, n in b.spill_stages),
         "core_flash_bytes": sum(n for _, n in b.flash_stages),
         "v_cached_as": "int16 dots" if b.v_bytes == 2 else "floats",
+        "head_from_flash": b.head_tier == "flash",
     }
 
 

@@ -83,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                     "bundled demo model)")
     ap.add_argument("--model", metavar="NAME",
                     help="host board: a model by name instead of --image (as tools/chat.py "
-                         "--model takes it: demo, llama2c-demo, release, stories260k; "
-                         "release and stories260k are downloaded once and verified)")
+                         "--model takes it: demo, llama2c-demo, release, stories260k, "
+                         "stories15m; the last three are downloaded once and verified)")
     ap.add_argument("--engines", type=_count, default=None,
                     help="host board: engine processes, at least 1 (default: one per core)")
     ap.add_argument("--host", default="127.0.0.1",
