@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+import cbuild
 import engine_ext
 import pytest
 from mpllm import costmodel as cm
@@ -1215,18 +1216,25 @@ def test_format_code_bytes_are_the_measured_ones() -> None:
     assert b.code_bytes < b.icache_bytes  # still fits the 16 KB cache: no refills charged
 
 
-def test_the_default_format_is_convert_pys_choice(llm_mod, tmp_path) -> None:
-    """The formats the model prices for stories260K and their quality are
-    what convert.py measures and chooses with its defaults (--weights auto) on
-    the shared checkpoint, and the blocks the model places for that image are
-    the host engine's, at the N8's default context too."""
+@pytest.fixture(scope="module")
+def auto_260k(tmp_path_factory) -> Path:
+    """stories260K as convert.py writes it with its defaults (--weights auto)."""
     if not SHARED_260K.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     from mpllm.convert import convert
 
-    image = tmp_path / "auto.img"
+    image = tmp_path_factory.mktemp("auto260k") / "auto.img"
     convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False)
+    return image
+
+
+def test_the_default_format_is_convert_pys_choice(llm_mod, auto_260k) -> None:
+    """The formats the model prices for stories260K and their quality are
+    what convert.py measures and chooses with its defaults (--weights auto) on
+    the shared checkpoint, and the blocks the model places for that image are
+    the host engine's, at the N8's default context too."""
+    image = auto_260k
     with llm_mod.Model(str(image)) as m:
         cfg, memory = m.config(), m.memory()
     choice = cfg["weights_choice"]
@@ -1250,3 +1258,52 @@ def test_the_default_format_is_convert_pys_choice(llm_mod, tmp_path) -> None:
         dataclasses.replace(shape, seq_len=ctx), certified=False)}
     assert {n: b for n, b in placed.items() if n in want_blocks and n != "engine"} == \
         {n: b for n, b in want_blocks.items() if n != "engine"}
+
+
+def test_the_engine_opens_stories260k_on_the_n8_where_the_model_says(auto_260k) -> None:
+    """The engine itself (the binding's Model() path, tests/c/n8_open.c) on
+    the N8's memory (one region, capped at what the engine may use there)
+    with stories260K as convert.py writes it (fp32): 256 positions do not
+    open (the KV cache of K and V as floats alone, 336,960 B, is more than the
+    room); by default it opens at the longest context that does, within a
+    position of the model's (which prices the engine's struct a little
+    larger), the KV cache in internal SRAM and every weight read in place
+    from flash, as the model places it."""
+    binding = cbuild.ROOT / "native" / "binding"
+    try:
+        program = cbuild.build("n8_open", [*cbuild.engine_sources(),
+                                           cbuild.PORT_HOST / "port_host.c",
+                                           binding / "llm_bind.c", cbuild.CTESTS / "n8_open.c"],
+                               cbuild.ROOT / "build" / "ctests", opt="-O1",
+                               extra=["-I", str(binding)])
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    n8 = cm.S3_BOARDS["n8"]
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32", group=64)
+    model_ctx = cm.opening_context(s, n8)
+    assert cm.llama.default_context(s, cm.fitting_context(s, n8), model_ctx) == model_ctx
+    out = cbuild.run(program, str(auto_260k), str(n8.engine_room), "256", "0", str(model_ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    opened: dict[str, list[list[str]]] = {}
+    for ln in out.stdout.splitlines():
+        if ln.startswith("context "):
+            head = ln
+            opened[head] = []
+        else:
+            opened[head].append(ln.split())
+    heads = list(opened)
+    assert heads[0] == "context 256: refused: out of memory: no memory for the KV cache " \
+        "(336960 bytes)", out.stdout
+    m = re.fullmatch(r"context 0: opens at (\d+)", heads[1])
+    assert m, out.stdout
+    assert model_ctx <= int(m.group(1)) <= model_ctx + 1 < 256
+    assert heads[2] == f"context {model_ctx}: opens at {model_ctx}"
+    placed = {p[1]: (int(p[2]), p[3]) for p in opened[heads[2]]}
+    model = {str(b["name"]): (int(b["bytes"]), str(b["region"])) for b in cm.placement(
+        dataclasses.replace(s, seq_len=model_ctx), n8)["blocks"]}  # type: ignore[union-attr]
+    assert placed["kv_cache"] == model["kv_cache"] and placed["kv_cache"][1] == "sram"
+    for name, (nbytes, region) in model.items():
+        if name in ("engine", "batch"):  # its own struct: priced, not measured; batch: none
+            continue
+        assert placed[name] == (nbytes, region), name
+    assert {r for n, (_, r) in placed.items() if n.startswith("L") or n == "head"} == {"flash"}
