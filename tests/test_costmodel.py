@@ -1197,6 +1197,20 @@ def test_stories260k_formats_where_the_engine_opens_them(s260) -> None:
                                        "agreement 100.0 %")
     text = cm.llama.shape_table(s260)
     assert "weights int8: greedy agreement 83.6 %" in text
+    # fp32's ceiling: every block in internal SRAM, its matvecs alone on one core
+    # (the scalar instructions of llm_matvec_f32_pie at C_OP)
+    wi = {w["weights"]: w for w in s260["format_what_ifs"]}
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32")
+    instructions = sum(m.per_token * m.rows * (m.cols * cm.F32_WEIGHT_OPS + cm.F32_ROW_OPS
+                                               + -(-m.cols // 8) * cm.F32_STEP_OPS)
+                       for m in cm.matrices(s))
+    assert instructions == 1190264
+    assert wi["fp32"]["matvec_compute_ms"] == pytest.approx(
+        1e3 * instructions * cm.fit().c_op / cm.CPU_HZ)
+    tok_s = wi["fp32"]["tok_s"]
+    assert tok_s["as placed"] == pytest.approx(1e3 / _FORMAT_ROWS_MS[("n16r8", "fp32", 512)])
+    assert tok_s["as placed"] < tok_s["core in internal SRAM"] < tok_s[
+        "core, KV cache and head in internal SRAM"] < 1e3 / wi["fp32"]["matvec_compute_ms"] < 300
 
 
 def test_format_code_bytes_are_the_measured_ones() -> None:

@@ -47,7 +47,7 @@ import numpy as np
 from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
-from .forward import predict
+from .forward import _matvec, predict
 from .reporting import _charges
 from .s3 import (
     CODE_BYTES_FORMATS,
@@ -62,6 +62,7 @@ from .shape import (
     MODEL_STAGES,
     Shape,
     cdiv,
+    matrices,
     matrix_row_bytes,
     one_group_a_row,
     story_positions,
@@ -78,7 +79,7 @@ from .sram import (
     core_matrix_bytes,
     head_scratch_bytes,
 )
-from .work import Fit
+from .work import Fit, Work, stage_seconds
 
 __all__ = [
     "CONVERT_FORMATS",
@@ -530,6 +531,33 @@ def _variants(s: Shape, name: str = "") -> list[tuple[str, Shape]]:
     return (others + out) if formats[0][0] != "int4" else (out + others)
 
 
+def _format_what_ifs(name: str, pos: Sequence[int], f: Fit) -> list[dict[str, object]]:
+    """What would move an int8 or fp32 figure on the N16R8 (sampled, the
+    dense head): its blocks in internal SRAM that the engine cannot put there
+    (what-ifs, not placements), and what its matvecs alone cost on one core,
+    the floor no placement lowers."""
+    out: list[dict[str, object]] = []
+    board = S3_BOARDS["n16r8"]
+    for fmt, _, _ in CONVERT_FORMATS.get(name, ()):
+        if fmt == "int4":
+            continue
+        s = dataclasses.replace(SHAPES[name], weights=fmt, group=cdiv(SHAPES[name].dim, 32) * 32)
+        b = llama_build(s, board, placement(s, board), sampled=True, certified=False)
+        kernel = Work()
+        for m in matrices(s):
+            one = Work()
+            _matvec(one, b, s, m, None)
+            kernel.add(one.scaled(m.per_token))
+        kernel.lines, kernel.flash_bytes = {}, 0.0  # compute only
+        ifs = {"as placed": b, "core in internal SRAM": dataclasses.replace(b, spill_stages=()),
+               "core, KV cache and head in internal SRAM": dataclasses.replace(
+                   b, spill_stages=(), kv_tier="sram", head_tier="sram", logits="sram")}
+        out.append({"weights": fmt, "board": board.name,
+                    "tok_s": {k: 1e3 / predict(v, f, s, pos)["total"] for k, v in ifs.items()},
+                    "matvec_compute_ms": 1e3 * stage_seconds(kernel, f)})
+    return out
+
+
 def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str, object]:
     """Every board x group variant x head x decoding mode of shape `name`:
     placement, per-stage ms (mid), band, tok/s; JSON-ready."""
@@ -642,6 +670,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
         "small_head_rows": list(SMALL_HEAD_ROWS),
         "weights_bytes": weights,
         "not_priced": not_priced,
+        "format_what_ifs": _format_what_ifs(name, pos, f),
         "formats": [{"weights": w, "agreement": a, "mean_abs_logit_diff": d,
                      "default": k == 0} for k, (w, a, d) in enumerate(CONVERT_FORMATS.get(name, ()))],
     }
@@ -773,6 +802,12 @@ def shape_table(rep: dict[str, object]) -> str:
                      f"mean |logit diff| {fmt['mean_abs_logit_diff']:.3g} (convert.py, 256 "
                      "positions)" + (": convert.py's default (--weights auto)"
                                      if fmt["default"] else ""))
+    for wi in rep.get("format_what_ifs", ()):  # type: ignore[attr-defined]
+        lines.append(f"what-if, {wi['weights']} on the {wi['board'].upper()}, dense, sampled "
+                     "(internal SRAM holds none of these at once with the rest): "
+                     + "; ".join(f"{k} {v:.0f} tok/s" for k, v in wi["tok_s"].items())
+                     + f"; its matvecs alone {wi['matvec_compute_ms']:.2f} ms a token on one "
+                     "core, whatever the placement")
     lines += rep["not_priced"]  # type: ignore[arg-type]
     if any(r["head"] == "certified" for r in rep["rows"]):  # type: ignore[attr-defined]
         lines.append("certified head rows: " + "/".join(f"{100 * x:.0f}" for x in SMALL_HEAD_ROWS)
