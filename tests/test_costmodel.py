@@ -1274,50 +1274,78 @@ def test_the_default_format_is_convert_pys_choice(llm_mod, auto_260k) -> None:
         {n: b for n, b in want_blocks.items() if n != "engine"}
 
 
-def test_the_engine_opens_stories260k_on_the_n8_where_the_model_says(auto_260k) -> None:
-    """The engine itself (the binding's Model() path, tests/c/n8_open.c) on
-    the N8's memory (one region, capped at what the engine may use there)
-    with stories260K as convert.py writes it (fp32): 256 positions do not
-    open (the KV cache of K and V as floats alone, 336,960 B, is more than the
-    room); by default it opens at the longest context that does, within a
-    position of the model's (which prices the engine's struct a little
-    larger), the KV cache in internal SRAM and every weight read in place
-    from flash, as the model places it."""
+def _board_open(image: Path, fast: int, bulk: int, *contexts: int) -> dict[str, list[list[str]]]:
+    """tests/c/board_open.c on `image`: per context its header line and its
+    blocks (name, bytes, fast|bulk|flash)."""
     binding = cbuild.ROOT / "native" / "binding"
-    try:
-        program = cbuild.build("n8_open", [*cbuild.engine_sources(),
-                                           cbuild.PORT_HOST / "port_host.c",
-                                           binding / "llm_bind.c", cbuild.CTESTS / "n8_open.c"],
-                               cbuild.ROOT / "build" / "ctests", opt="-O1",
-                               extra=["-I", str(binding)])
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    n8 = cm.S3_BOARDS["n8"]
-    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32", group=64)
-    model_ctx = cm.opening_context(s, n8)
-    assert cm.llama.default_context(s, cm.fitting_context(s, n8), model_ctx) == model_ctx
-    out = cbuild.run(program, str(auto_260k), str(n8.engine_room), "256", "0", str(model_ctx))
+    program = cbuild.build("board_open", [*cbuild.engine_sources(),
+                                          cbuild.PORT_HOST / "port_host.c",
+                                          binding / "llm_bind.c", cbuild.CTESTS / "board_open.c"],
+                           cbuild.ROOT / "build" / "ctests", opt="-O1",
+                           extra=["-I", str(binding)])
+    out = cbuild.run(program, str(image), str(fast), str(bulk), *map(str, contexts))
     assert out.returncode == 0, out.stdout + out.stderr
     opened: dict[str, list[list[str]]] = {}
+    head = ""
     for ln in out.stdout.splitlines():
         if ln.startswith("context "):
             head = ln
             opened[head] = []
         else:
-            opened[head].append(ln.split())
-    heads = list(opened)
-    assert heads[0] == "context 256: refused: out of memory: no memory for the KV cache " \
-        "(336960 bytes)", out.stdout
-    m = re.fullmatch(r"context 0: opens at (\d+)", heads[1])
-    assert m, out.stdout
-    assert model_ctx <= int(m.group(1)) <= model_ctx + 1 < 256
-    assert heads[2] == f"context {model_ctx}: opens at {model_ctx}"
-    placed = {p[1]: (int(p[2]), p[3]) for p in opened[heads[2]]}
-    model = {str(b["name"]): (int(b["bytes"]), str(b["region"])) for b in cm.placement(
-        dataclasses.replace(s, seq_len=model_ctx), n8)["blocks"]}  # type: ignore[union-attr]
-    assert placed["kv_cache"] == model["kv_cache"] and placed["kv_cache"][1] == "sram"
-    for name, (nbytes, region) in model.items():
-        if name in ("engine", "batch"):  # its own struct: priced, not measured; batch: none
-            continue
-        assert placed[name] == (nbytes, region), name
-    assert {r for n, (_, r) in placed.items() if n.startswith("L") or n == "head"} == {"flash"}
+            opened[head].append(ln.split()[1:])
+    return opened
+
+
+def _assert_placed_as_modeled(blocks: list[list[str]], model: dict[str, object],
+                              regions: dict[str, str]) -> None:
+    """The engine's blocks (board_open) where the model places them: every
+    block the model lists but the engine's own struct (priced, not measured)."""
+    placed = {n: (int(b), regions[r]) for n, b, r in blocks}
+    for blk in model["blocks"]:  # type: ignore[attr-defined]
+        if blk["name"] != "engine":
+            region = "none" if blk["name"] not in placed else placed[blk["name"]][1]
+            want = (int(blk["bytes"]), str(blk["region"]))
+            assert (placed.get(blk["name"], (want[0], "none"))[0], region) == want, blk["name"]
+
+
+def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
+    """The engine itself (the binding's Model() path, tests/c/board_open.c)
+    with stories260K as convert.py writes it (fp32), on each board's memory as
+    the model has it (less the difference between the engine struct's
+    modeled and real size, so that both place the rest in the same room).
+    The N16R8 (internal SRAM for FAST, PSRAM for BULK): its seq_len, block
+    for block where the model puts them. The N8 (one region): 256 positions
+    do not open (the KV cache of K and V as floats alone, 336,960 B, is more
+    than the room); by default it opens at the longest context that does,
+    the model's, the KV cache in internal SRAM and every weight read in place
+    from flash, as the model places it."""
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32", group=64)
+    n16, n8 = cm.S3_BOARDS["n16r8"], cm.S3_BOARDS["n8"]
+    try:
+        got = _board_open(auto_260k, n16.engine_room, n16.psram_bytes, 0)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    struct = next(int(b) for n, b, _ in got["context 0: opens at 512"] if n == "engine")
+    less = cm.ENGINE_STRUCT_BYTES - struct
+    assert 0 <= less < 1024  # the model prices it at the 64-bit host's size, or a little more
+    got = _board_open(auto_260k, n16.engine_room - less, n16.psram_bytes, 0)
+    assert list(got) == ["context 0: opens at 512"]
+    model = cm.placement(s, n16)
+    _assert_placed_as_modeled(got["context 0: opens at 512"], model,
+                              {"fast": "sram", "bulk": "psram", "flash": "flash"})
+    regions = {str(b["name"]): b["region"] for b in model["blocks"]}  # type: ignore[attr-defined]
+    assert regions["kv_cache"] == regions["head"] == regions["L4.down"] == "psram"
+    assert regions["L0.qkv"] == "sram"
+
+    model_ctx = cm.opening_context(s, n8)
+    assert cm.llama.default_context(s, cm.fitting_context(s, n8), model_ctx) == model_ctx
+    got = _board_open(auto_260k, 0, n8.engine_room - less, 256, 0)
+    heads = list(got)
+    assert heads == [("context 256: refused: out of memory: no memory for the KV cache "
+                     "(336960 bytes)"), f"context 0: opens at {model_ctx}"], heads
+    assert model_ctx < 256
+    model = cm.placement(dataclasses.replace(s, seq_len=model_ctx), n8)
+    _assert_placed_as_modeled(got[heads[1]], model, {"bulk": "sram", "flash": "flash"})
+    regions = {str(b["name"]): b["region"] for b in model["blocks"]}  # type: ignore[attr-defined]
+    assert regions["kv_cache"] == "sram"
+    assert {r for n, r in regions.items() if n.startswith("L") or n == "head"} == {"flash"}

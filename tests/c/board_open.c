@@ -1,14 +1,15 @@
-/* An image opened as the N8 (no PSRAM) places it: one region for everything
- * (FAST refused, so every request lands in BULK) capped at what the engine may
- * use there, through the binding's Model() path (llm_bind_open: context 0 is
- * the default, open_fitting's choice). tests/test_costmodel.py runs it on
- * stories260K as convert.py writes it by default and holds the cost model's
- * N8 placement to what it prints.
+/* An image opened as a board places it, through the binding's Model() path
+ * (llm_bind_open: context 0 is the default, open_fitting's choice), with the
+ * host port's regions capped as the board's memory: FAST (internal SRAM) at
+ * FAST_CAP, BULK at BULK_CAP (the N16R8: PSRAM; the N8 without PSRAM: FAST_CAP
+ * 0 refuses FAST, so everything lands in BULK, its one internal SRAM).
+ * tests/test_costmodel.py runs it on stories260K as convert.py writes it by
+ * default and holds the cost model's placement on both boards to what it prints.
  *
- *   n8_open IMAGE CAP CONTEXT...
+ *   board_open IMAGE FAST_CAP BULK_CAP CONTEXT...
  *
  * For each context: "context N: opens at S" and one "block NAME BYTES REGION"
- * line per placement (REGION: sram or flash), or "context N: refused: WHY". */
+ * line per placement (REGION: fast, bulk or flash), or "context N: refused: WHY". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,12 @@
 #include "port_host.h"
 
 static const char *region_name(llm_region r) {
-    return r == LLM_REGION_FLASH ? "flash" : "sram"; /* both RAM regions are internal SRAM */
+    return r == LLM_REGION_FLASH ? "flash" : r == LLM_REGION_FAST ? "fast" : "bulk";
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: n8_open IMAGE CAP CONTEXT...\n");
+    if (argc < 5) {
+        fprintf(stderr, "usage: board_open IMAGE FAST_CAP BULK_CAP CONTEXT...\n");
         return 2;
     }
     llm_host_map map;
@@ -33,13 +34,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.message);
         return 2;
     }
-    const unsigned long long cap = strtoull(argv[2], NULL, 10);
-    for (int a = 3; a < argc; a++) {
+    const unsigned long long fast = strtoull(argv[2], NULL, 10);
+    const unsigned long long bulk = strtoull(argv[3], NULL, 10);
+    for (int a = 4; a < argc; a++) {
         const uint32_t context = (uint32_t)strtoul(argv[a], NULL, 10);
         llm_host_port hp;
         llm_port_host_init(&hp);
-        hp.capacity[LLM_REGION_FAST] = 1u;
-        hp.capacity[LLM_REGION_BULK] = cap;
+        hp.capacity[LLM_REGION_FAST] = fast ? fast : 1u; /* 0 would mean unlimited */
+        hp.capacity[LLM_REGION_BULK] = bulk;
         llm_bind_model m;
         memset(&m, 0, sizeof m);
         m.port = &hp.port;
