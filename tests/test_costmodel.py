@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+import cbuild
 import engine_ext
 import pytest
 from mpllm import costmodel as cm
@@ -870,7 +871,7 @@ def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
     assert all(not w.lines and not w.lines_split for w in work.values())
     as_placed = defaults = 0
     for r in s260["rows"]:
-        if r["board"] == "n8":
+        if r["board"] == "n8" and r["weights"] == "int4":  # int8 and fp32: their own tests
             assert (r["kv"], r["core_psram_bytes"]) == ("sram", 0)
             assert r["head_rows_in"] in ("sram", "flash")
             if r["what_if"] == "everything in internal SRAM":
@@ -1068,3 +1069,283 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     fits = cm.placement(dataclasses.replace(shape, seq_len=m), n8, certified=certified)
     assert fits["blocks"][-1]["name"] == "batch" and fits["blocks"][-1]["region"] == "none"
     assert all(b["region"] == "sram" for b in fits["blocks"][:-1] if b["kind"] == "matrix")
+
+
+# ---- int8 and fp32 weights (convert.py's other formats) -----------------------
+
+def test_q8_pie_counts_measured_equal_closed_form() -> None:
+    """llm_matvec_q8_pie's PIE instructions, counted by the host model of the
+    vector unit, equal the closed form the model prices int8 matrices with:
+    groups of 32, a whole row of 172 (stories260K's down input), wide rows."""
+    shapes = [(128, 64, 32), (172, 64, 32), (64, 172, 172), (512, 64, 32), (3, 32, 32),
+              (5, 96, 32), (7, 288, 32), (9, 64, 64), (0, 64, 32)]
+    try:
+        counts = cm.measure_q8_pie_counts(shapes)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    for sh in shapes:
+        assert counts[sh] == cm.pie_q8_matvec_instructions(*sh), sh
+    # 16 int8 products an instruction: fewer than one PIE instruction per 6 weights
+    assert cm.pie_q8_matvec_instructions(512, 64, 32) == 512 * 18
+
+
+def _formats_build(weights: str, board: str = "n16r8", *, context: int = 0):
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights=weights, group=64)
+    if context:
+        s = dataclasses.replace(s, seq_len=context)
+    b = cm.S3_BOARDS[board]
+    return s, cm.llama_build(s, b, cm.placement(s, b), sampled=True, certified=False)
+
+
+def test_int8_and_fp32_are_priced_from_their_own_kernels() -> None:
+    """An fp32 image's matvecs are the scalar FPU's instructions (s3.F32_*,
+    read off llm_matvec_f32_pie) with no PIE work and no input quantization;
+    an int8 image's are llm_matvec_q8_pie's PIE count plus its float steps,
+    its inputs quantized in groups; each reads its own bytes."""
+    def f32_row(cols: int) -> int:  # llm_matvec_f32_pie's instructions for one row
+        return cols * cm.F32_WEIGHT_OPS + -(-cols // 8) * cm.F32_STEP_OPS + cm.F32_ROW_OPS
+
+    s, b = _formats_build("fp32")
+    assert (b.core, b.head_fmt, b.head, b.v_bytes) == (("f32", "sram"), "f32", "dense", 4)
+    one = cm.token_work(b, s, 100)
+    assert all(not w.serial.get("pie") and not w.split.get("pie") for w in one.values())
+    # the head stage: the final rmsnorm, x into the head's own copy, 512 fp32 rows
+    # streamed from PSRAM (the head is staged there), the logits written there
+    head = cm.Work()
+    cm.forward.rmsnorm_work(head, 64)
+    assert one["head"].serial["ops"] == head.serial["ops"] + 2 * 64 + 512 * f32_row(64)
+    assert one["head"].serial["chain"] == head.serial["chain"]  # no quantization, no chain
+    logits = 512 * 4 / 64
+    assert one["head"].lines == {64: 512 * 64 * 4 / 64 + logits}
+    # the ffn stage's kernel ops: gate and up (172 x 64) and down (64 x 172) a layer
+    ffn = 5 * (2 * 172 * f32_row(64) + 64 * f32_row(172))
+    assert ffn < one["ffn"].serial["ops"] < ffn + 5 * 172 * 20
+    assert "cycles" not in one["ffn"].serial  # QUANT_CYCLES: no input is quantized
+
+    s8, b8 = _formats_build("int8")
+    assert (b8.core, b8.head_fmt) == (("q8", "sram"), "q8")
+    one8 = cm.token_work(b8, s8, 100)
+    pie = 5 * (2 * cm.pie_q8_matvec_instructions(172, 64, 32)
+               + cm.pie_q8_matvec_instructions(64, 172, 172))
+    assert one8["ffn"].serial["pie"] == pie
+    assert one8["head"].serial["pie"] == cm.pie_q8_matvec_instructions(512, 64, 32)
+    # the ffn's inputs, quantized once each (gate and up share theirs): 64 + 172 a layer
+    assert one8["ffn"].serial["cycles"] == 5 * (64 + 172) * cm.QUANT_CYCLES
+    assert one8["head"].lines == {64: 512 * (64 + 2 * 4) / 64 + logits}
+    # the same positions cost more at fp32 than int8, and int8 more than int4's PIE
+    s4, b4 = _formats_build("int4")
+    ms = {w: cm.predict(bb, cm.fit(), ss)["total"] for w, ss, bb in
+          (("fp32", s, b), ("int8", s8, b8), ("int4", s4, b4))}
+    assert ms["fp32"] > 3 * ms["int8"] > 3 * ms["int4"]
+    with pytest.raises(ValueError, match="priced on a int4 shape"):
+        cm.token_work(dataclasses.replace(b, core=("f32", "sram")), s4, 100)
+
+
+#: Modeled ms/token (sampled, positions 4..203, or 4..179 at the N8's context
+#: 180) of stories260K at fp32 and int8, where the engine opens them; pinned so
+#: that a change of their pricing shows.
+_FORMAT_ROWS_MS = {
+    ("n16r8", "fp32", 512): 19.02582472007786,
+    ("n16r8", "int8", 512): 4.773434127620636,
+    ("n8", "fp32", 180): 49.49536727722046,
+    ("n8", "int8", 180): 14.576619709382218,
+}
+
+
+def test_stories260k_formats_where_the_engine_opens_them(s260) -> None:
+    """bench.py --model-s3 --shape stories260k prices convert.py's formats
+    where the engine opens them: every format on the N16R8 at its seq_len; on
+    the N8 fp32 and int8 at the context Model() opens by default (their
+    weights never all fit: the longest that opens, the head and core read in
+    place from flash, the KV cache in internal SRAM: 256 positions do not
+    open, K and V as floats alone are more than the engine's room), each with
+    a band whose ends move with the scalar op price (their matvecs are
+    scalar work); fp32 is not priced wholly in internal SRAM."""
+    n8 = cm.S3_BOARDS["n8"]
+    got = {}
+    for r in s260["rows"]:
+        if r["weights"] == "int4" or not r["mode"].startswith("sampled"):
+            continue
+        if r["board"] == "n8" and not r["what_if"].startswith("as the engine places it"):
+            assert r["weights"] == "int8"  # fp32's weights are more than the internal SRAM
+            continue
+        got[(r["board"], r["weights"], r["seq_len"])] = r["total_ms"]
+        bd = r["band"]
+        assert bd["low"] < bd["mid"] < bd["high"], r["variant"]
+        assert r["head"] == "dense" and r["v_cached_as"] == "floats"
+        if r["board"] == "n8":
+            s = dataclasses.replace(cm.SHAPES["stories260k"], weights=r["weights"], group=64)
+            assert cm.fitting_context(s, n8) == 0  # the weights never all fit
+            opens = cm.opening_context(s, n8)
+            assert r["seq_len"] == opens == cm.llama.default_context(s, 0, opens) < 256
+            assert ", by default" in r["what_if"] and r["positions"] == [4, opens - 1]
+            assert (r["kv"], r["head_rows_in"]) == ("sram", "flash") and r["core_flash_bytes"]
+            kv = next(b for n, b, _, _ in cm.engine_blocks(
+                dataclasses.replace(s, seq_len=256), certified=False) if n == "kv_cache")
+            assert kv == 336960 > n8.engine_room
+    assert got == pytest.approx(_FORMAT_ROWS_MS, rel=1e-9)
+    assert any("fp32: everything in internal SRAM not priced" in n for n in s260["not_priced"])
+    # int4's figures are unchanged by the formats' band: no scalar op price in it
+    for r in s260["rows"]:
+        if r["weights"] == "int4" and r["board"] == "n8" and r["what_if"].startswith("as the"):
+            assert r["band"]["high"] - r["band"]["low"] < 0.02 * r["total_ms"]
+    # the report says the format and its quality, convert.py's default first
+    fmts = s260["formats"]
+    assert [f["weights"] for f in fmts] == ["fp32", "int8", "int4"] and fmts[0]["default"]
+    first = next(r for r in s260["rows"] if r["board"] == "n16r8")
+    assert first["variant"].startswith("fp32 (convert.py's default, --weights auto; greedy "
+                                       "agreement 100.0 %")
+    text = cm.llama.shape_table(s260)
+    assert "weights int8: greedy agreement 83.6 %" in text
+    # fp32's ceiling: every block in internal SRAM, its matvecs alone on one core
+    # (the scalar instructions of llm_matvec_f32_pie at C_OP)
+    wi = {w["weights"]: w for w in s260["format_what_ifs"]}
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32")
+    instructions = sum(m.per_token * m.rows * (m.cols * cm.F32_WEIGHT_OPS + cm.F32_ROW_OPS
+                                               + -(-m.cols // 8) * cm.F32_STEP_OPS)
+                       for m in cm.matrices(s))
+    assert instructions == 1190264
+    assert wi["fp32"]["matvec_compute_ms"] == pytest.approx(
+        1e3 * instructions * cm.fit().c_op / cm.CPU_HZ)
+    tok_s = wi["fp32"]["tok_s"]
+    assert tok_s["as placed"] == pytest.approx(1e3 / _FORMAT_ROWS_MS[("n16r8", "fp32", 512)])
+    assert tok_s["as placed"] < tok_s["core in internal SRAM"] < tok_s[
+        "core, KV cache and head in internal SRAM"] < 1e3 / wi["fp32"]["matvec_compute_ms"] < 300
+
+
+def test_format_code_bytes_are_the_measured_ones() -> None:
+    """The code an int8 or fp32 token runs beyond the int4 path (from flash,
+    through the instruction cache) is what the host compiler measures."""
+    try:
+        sizes = {w: cm.measure_format_code_bytes(w) for w in ("int8", "fp32")}
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    for w, n in sizes.items():
+        assert n == pytest.approx(cm.CODE_BYTES_FORMATS[w], rel=0.2), w
+    with pytest.raises(ValueError):
+        cm.measure_format_code_bytes("int4")
+    b = _formats_build("int8", "n8", context=180)[1]
+    assert b.code_bytes == (cm.BUILDS["mpllm-exact-sampled"].code_bytes
+                            + cm.CODE_BYTES_FORMATS["int8"])
+    assert b.code_bytes < b.icache_bytes  # still fits the 16 KB cache: no refills charged
+
+
+@pytest.fixture(scope="module")
+def auto_260k(tmp_path_factory) -> Path:
+    """stories260K as convert.py writes it with its defaults (--weights auto)."""
+    if not SHARED_260K.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    from mpllm.convert import convert
+
+    image = tmp_path_factory.mktemp("auto260k") / "auto.img"
+    convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
+            / "tokenizer.bin", image, progress=False)
+    return image
+
+
+def test_the_default_format_is_convert_pys_choice(llm_mod, auto_260k) -> None:
+    """The formats the model prices for stories260K and their quality are
+    what convert.py measures and chooses with its defaults (--weights auto) on
+    the shared checkpoint, and the blocks the model places for that image are
+    the host engine's, at the N8's default context too."""
+    image = auto_260k
+    with llm_mod.Model(str(image)) as m:
+        cfg, memory = m.config(), m.memory()
+    choice = cfg["weights_choice"]
+    want = cm.CONVERT_FORMATS["stories260k"]
+    assert choice["chosen"] == cfg["weights"] == want[0][0]
+    assert choice["positions"] == 256
+    for fmt, agree, diff in want:
+        assert choice[fmt][0] == pytest.approx(agree, abs=1e-6), fmt
+        assert choice[fmt][1] == pytest.approx(diff, rel=5e-3), fmt
+    shape = cm.Shape.from_config(cfg)
+    assert shape.weights == want[0][0]
+    # V is cached as floats whatever its rows (no int4 dots to widen)
+    want_blocks = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=False)}
+    assert {n: b for n, _, b in memory if n in want_blocks and n != "engine"} == \
+        {n: b for n, b in want_blocks.items() if n != "engine"}
+    ctx = next(r["seq_len"] for r in cm.shape_report("stories260k")["rows"]
+               if r["board"] == "n8" and r["weights"] == shape.weights)
+    with llm_mod.Model(str(image), context=ctx) as m:
+        placed = {n: b for n, _, b in m.memory()}
+    want_blocks = {n: b for n, b, _, _ in cm.engine_blocks(
+        dataclasses.replace(shape, seq_len=ctx), certified=False)}
+    assert {n: b for n, b in placed.items() if n in want_blocks and n != "engine"} == \
+        {n: b for n, b in want_blocks.items() if n != "engine"}
+
+
+def _board_open(image: Path, fast: int, bulk: int, *contexts: int) -> dict[str, list[list[str]]]:
+    """tests/c/board_open.c on `image`: per context its header line and its
+    blocks (name, bytes, fast|bulk|flash)."""
+    binding = cbuild.ROOT / "native" / "binding"
+    program = cbuild.build("board_open", [*cbuild.engine_sources(),
+                                          cbuild.PORT_HOST / "port_host.c",
+                                          binding / "llm_bind.c", cbuild.CTESTS / "board_open.c"],
+                           cbuild.ROOT / "build" / "ctests", opt="-O1",
+                           extra=["-I", str(binding)])
+    out = cbuild.run(program, str(image), str(fast), str(bulk), *map(str, contexts))
+    assert out.returncode == 0, out.stdout + out.stderr
+    opened: dict[str, list[list[str]]] = {}
+    head = ""
+    for ln in out.stdout.splitlines():
+        if ln.startswith("context "):
+            head = ln
+            opened[head] = []
+        else:
+            opened[head].append(ln.split()[1:])
+    return opened
+
+
+def _assert_placed_as_modeled(blocks: list[list[str]], model: dict[str, object],
+                              regions: dict[str, str]) -> None:
+    """The engine's blocks (board_open) where the model places them: every
+    block the model lists but the engine's own struct (priced, not measured)."""
+    placed = {n: (int(b), regions[r]) for n, b, r in blocks}
+    for blk in model["blocks"]:  # type: ignore[attr-defined]
+        if blk["name"] != "engine":
+            region = "none" if blk["name"] not in placed else placed[blk["name"]][1]
+            want = (int(blk["bytes"]), str(blk["region"]))
+            assert (placed.get(blk["name"], (want[0], "none"))[0], region) == want, blk["name"]
+
+
+def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
+    """The engine itself (the binding's Model() path, tests/c/board_open.c)
+    with stories260K as convert.py writes it (fp32), on each board's memory as
+    the model has it (less the difference between the engine struct's
+    modeled and real size, so that both place the rest in the same room).
+    The N16R8 (internal SRAM for FAST, PSRAM for BULK): its seq_len, block
+    for block where the model puts them. The N8 (one region): 256 positions
+    do not open (the KV cache of K and V as floats alone, 336,960 B, is more
+    than the room); by default it opens at the longest context that does,
+    the model's, the KV cache in internal SRAM and every weight read in place
+    from flash, as the model places it."""
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32", group=64)
+    n16, n8 = cm.S3_BOARDS["n16r8"], cm.S3_BOARDS["n8"]
+    try:
+        got = _board_open(auto_260k, n16.engine_room, n16.psram_bytes, 0)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    struct = next(int(b) for n, b, _ in got["context 0: opens at 512"] if n == "engine")
+    less = cm.ENGINE_STRUCT_BYTES - struct
+    assert 0 <= less < 1024  # the model prices it at the 64-bit host's size, or a little more
+    got = _board_open(auto_260k, n16.engine_room - less, n16.psram_bytes, 0)
+    assert list(got) == ["context 0: opens at 512"]
+    model = cm.placement(s, n16)
+    _assert_placed_as_modeled(got["context 0: opens at 512"], model,
+                              {"fast": "sram", "bulk": "psram", "flash": "flash"})
+    regions = {str(b["name"]): b["region"] for b in model["blocks"]}  # type: ignore[attr-defined]
+    assert regions["kv_cache"] == regions["head"] == regions["L4.down"] == "psram"
+    assert regions["L0.qkv"] == "sram"
+
+    model_ctx = cm.opening_context(s, n8)
+    assert cm.llama.default_context(s, cm.fitting_context(s, n8), model_ctx) == model_ctx
+    got = _board_open(auto_260k, 0, n8.engine_room - less, 256, 0)
+    heads = list(got)
+    assert heads == [("context 256: refused: out of memory: no memory for the KV cache "
+                     "(336960 bytes)"), f"context 0: opens at {model_ctx}"], heads
+    assert model_ctx < 256
+    model = cm.placement(dataclasses.replace(s, seq_len=model_ctx), n8)
+    _assert_placed_as_modeled(got[heads[1]], model, {"bulk": "sram", "flash": "flash"})
+    regions = {str(b["name"]): b["region"] for b in model["blocks"]}  # type: ignore[attr-defined]
+    assert regions["kv_cache"] == "sram"
+    assert {r for n, r in regions.items() if n.startswith("L") or n == "head"} == {"flash"}

@@ -100,7 +100,22 @@ The package, one idea a module (each imports only modules listed above it):
   spec_report   the report's speculative builds and their what-ifs
   reporting     `report`, `Report` (table and JSON), the what-ifs, `plot`
   llama         llama2.c's shapes on the N16R8 and the N8 (no PSRAM): placement
-                and bands (`shape_report`, `bench.py --model-s3 --shape NAME`)
+                and bands (`shape_report`, `bench.py --model-s3 --shape NAME`),
+                at each weight format convert.py measures (`CONVERT_FORMATS`),
+                its choice first
+
+The int8 and fp32 images (convert.py --weights) are priced the same way as
+int4, from their own kernels: int8 (llm_matvec_q8_pie, Q8_0 groups) by its
+PIE count (`pie_q8_matvec_instructions`, equal to the host model's count,
+`measure_q8_pie_counts`) at PIE_CYCLES, its float steps per group and its
+input quantized in groups at QUANT_CYCLES an element (the board-measured
+esp32-ai quantize loop, as int4's); fp32 (llm_matvec_f32_pie, the scalar
+FPU) by its instructions read off the source (s3.F32_*: per weight FDOT_OPS,
+the mix of the stock attention's dot products that C_OP is fitted on). Both
+read their own bytes where the placement put them (PSRAM lines at the pinned
+bus rate, flash at FLASH_BPS) and run their code from flash through the
+instruction cache (`CODE_BYTES_FORMATS`, measured). Their band adds the
+scalar op price: C_OP (mid), one op a cycle (low), mirrored (high).
 
 mpllm.drafting imports `Shape` (shape) and `draft_prices` (prices), whose
 modules import nothing that imports drafting; spec_measure imports drafting
@@ -175,6 +190,7 @@ __all__ = [
     "measure_head_fraction",
     "measure_host",
     "measure_pie_counts",
+    "measure_q8_pie_counts",
     "measure_spec",
     "measure_union",
     "pass_build_work",
@@ -182,6 +198,7 @@ __all__ = [
     "pass_work",
     "pie_cols_instructions",
     "pie_matvec_instructions",
+    "pie_q8_matvec_instructions",
     "plot",
     "predict",
     "python_loop_s",

@@ -28,12 +28,21 @@ __all__ = [
     "BUILDS",
     "FAST_TARGET_MS",
     "OURS",
+    "OUR_FORMATS",
     "SPEC",
     "SPEC_BUILD_MODE",
     "SPEC_TARGET_MS",
     "UPSTREAM",
     "Build",
 ]
+
+
+#: Our engine's weight formats: the image's name (Shape.weights,
+#: formats.model.WEIGHT_FORMATS) -> Build.core's and head_fmt's. int4 runs
+#: llm_matvec_q4_pie, int8 llm_matvec_q8_pie (Q8_0 groups, ee.vmulas.s8.accx,
+#: its input quantized in the same groups), fp32 llm_matvec_f32_pie (the
+#: scalar FPU, no input quantization).
+OUR_FORMATS = {"int4": "int4", "int8": "q8", "fp32": "f32"}
 
 
 @dataclass(frozen=True)
@@ -49,9 +58,11 @@ class Build:
     #: kernels), "pie" (ours, counted by the host model)
     kernels: str
     #: weight format and tier of the core (all matrices but the head):
-    #: ("int4-flash"|"int8"|"int4", "flash"|"psram"|"sram")
+    #: ("int4-flash"|"int8"|"int4"|"q8"|"f32", "flash"|"psram"|"sram"); "int8" is
+    #: esp32-ai's staged int8 (scalar dots), "q8" and "f32" our engine's int8
+    #: groups and fp32 matrices (OUR_FORMATS)
     core: tuple[str, str]
-    head_fmt: str  # "int8" | "int4"; the head is always in PSRAM
+    head_fmt: str  # "int8" | "int4" | "q8" | "f32"
     line: int  # PSRAM data-cache line, bytes
     #: head: "dense" (every row) or "certified" (tiles in bound order)
     head: str = "dense"

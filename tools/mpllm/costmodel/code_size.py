@@ -20,12 +20,29 @@ from pathlib import Path
 
 from .pie_counter import repo_root
 
-__all__ = ["PIE_STAND_INS", "hot_functions", "measure_engine_code_bytes"]
+__all__ = ["FORMAT_PATHS", "PIE_STAND_INS", "hot_functions", "measure_engine_code_bytes",
+           "measure_format_code_bytes"]
 
 #: the PIE kernels a token runs on the board -> the reference kernel measured
 #: in its place (kernels_ref.c; the PIE assembly is of the same order)
 PIE_STAND_INS = {"llm_matvec_q4_pie": "llm_matvec_q4_ref",
                  "llm_matvec_s8_pie": "llm_matvec_s8_ref"}
+
+#: The functions an int8 or an fp32 image's token runs besides the int4 path,
+#: per source file: none is LLM_HOT (kernels.h: an int4 image never runs them,
+#: so the board's IRAM holds only the int4 path), so on the board they run from
+#: flash through the instruction cache (engine.c act_in, matvec_other,
+#: head_input_other; head.c's dense head; wmat.c's dispatch; the kernel and,
+#: for int8, the input's quantization in groups). The int8 kernel is PIE,
+#: measured by its reference (as PIE_STAND_INS); the fp32 one is C either way.
+FORMAT_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
+    "int8": {"engine.c": ("act_in", "matvec_other", "head_input_other"),
+             "head.c": ("llm_head_dense", "dense_other"), "wmat.c": ("llm_wmat_matvec",),
+             "kernels_ref.c": ("llm_quantize_act_groups", "llm_matvec_q8_ref")},
+    "fp32": {"engine.c": ("act_in", "matvec_other", "head_input_other"),
+             "head.c": ("llm_head_dense", "dense_other"), "wmat.c": ("llm_wmat_matvec",),
+             "kernels_pie.c": ("llm_matvec_f32_pie",)},
+}
 
 #: a definition marked hot: "... LLM_HOT [const] type [*]name(" or
 #: "type LLM_HOT name(" at the start of a line
@@ -93,3 +110,50 @@ def measure_engine_code_bytes(*, engine_dir: Path | None = None,
                 raise RuntimeError(f"kernels_ref.c: no function {ref} (the stand-in for {pie})")
             out[f"kernels_pie.c:{pie}"] = sizes[ref]
     return out
+
+
+def _symbol_bytes(sizes: dict[str, int], name: str) -> int:
+    """A function's bytes among nm's text symbols: the name itself, its
+    default clone (a multi-versioned function: the one a board would have),
+    or the compiler's renamed copy (name.isra.0, name.part.0)."""
+    for key in (f"{name}.default", name):
+        if key in sizes:
+            return sizes[key]
+    copies = [v for k, v in sizes.items() if k.startswith(name + ".")]
+    if not copies:
+        raise RuntimeError(f"no function {name} in the compiled engine")
+    return max(copies)
+
+
+def measure_format_code_bytes(weights: str, *, engine_dir: Path | None = None,
+                              compiler: str | None = None) -> int:
+    """Bytes of the code an image in `weights` ("int8" or "fp32") runs per
+    token beyond the int4 path (FORMAT_PATHS), compiled as
+    measure_engine_code_bytes compiles the engine. Raises ValueError for
+    another format, FileNotFoundError without the sources or the tools,
+    RuntimeError when a build fails or a function is missing."""
+    if weights not in FORMAT_PATHS:
+        raise ValueError(f"weights {weights!r}: one of {', '.join(FORMAT_PATHS)}")
+    engine = _engine_dir(engine_dir)
+    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    nm = shutil.which("nm")
+    if not cc or not nm:
+        raise FileNotFoundError("measuring code sizes needs a C compiler and nm")
+    total = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for source, names in FORMAT_PATHS[weights].items():
+            src = engine / source
+            if not src.is_file():
+                raise FileNotFoundError(f"code sizes need {src} (run from a source checkout)")
+            obj = Path(tmp) / (src.stem + ".o")
+            built = subprocess.run([cc, "-std=c11", "-O2", "-ffp-contract=off",
+                                    "-ffunction-sections", "-I", str(engine), "-c", str(src),
+                                    "-o", str(obj)], capture_output=True, text=True, check=False)
+            if built.returncode != 0:
+                raise RuntimeError(f"compiling {src} failed:\n{built.stderr}")
+            listed = subprocess.run([nm, "-S", "-t", "d", "--defined-only", str(obj)],
+                                    capture_output=True, text=True, check=True).stdout
+            sizes = {p[3]: int(p[1]) for p in (ln.split() for ln in listed.splitlines())
+                     if len(p) == 4 and p[2] in "tT"}
+            total += sum(_symbol_bytes(sizes, n) for n in names)
+    return total

@@ -10,8 +10,14 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from ..quantize import int8_group
 from .builds import Build
-from .pie import pie_matvec_instructions, pie_row_instructions, upstream_pie_instructions
+from .pie import (
+    pie_matvec_instructions,
+    pie_q8_matvec_instructions,
+    pie_row_instructions,
+    upstream_pie_instructions,
+)
 from .s3 import (
     BOUND_OPS_PER_TILE,
     BOUND_PIE_PER_TILE,
@@ -21,6 +27,9 @@ from .s3 import (
     DIV_OPS,
     ERFF_OPS,
     EXPF_OPS,
+    F32_ROW_OPS,
+    F32_STEP_OPS,
+    F32_WEIGHT_OPS,
     FAST_EXPF_CHAIN_OPS,
     FAXPY_OPS,
     FDOT_OPS,
@@ -38,6 +47,9 @@ from .s3 import (
     NEWLIB_TRIG_CYCLES,
     PCG32_OPS,
     Q4_UNPACK_OPS,
+    Q8_GROUP_OPS,
+    Q8_QUANT_GROUP_CHAIN,
+    Q8_ROW_OPS,
     QSORT_CMP_CYCLES,
     QUANT_CYCLES,
     RADIX_OPS_PER_KEY,
@@ -61,6 +73,7 @@ from .shape import (
     cdiv,
     lines_touched,
     matrices,
+    matrix_row_bytes,
     n_groups,
     ple_record_bytes,
     q4_row_bytes,
@@ -76,6 +89,7 @@ __all__ = [
     "build_work",
     "charge_port",
     "charge_spill",
+    "matvec_input_work",
     "predict",
     "token_work",
 ]
@@ -85,6 +99,22 @@ def quantize_work(w: Work, b: Build, n: int, *, split: bool = False, pad: int = 
     """Activation quantization of an n-vector (plus zeroing a pad)."""
     cyc = n * (QUANT_CYCLES + (LRINTF_CYCLES if b.quant == "lrintf" else 0.0))
     w.compute(split=split, cycles=cyc, ops=pad)
+
+
+def matvec_input_work(w: Work, b: Build, fmt: str, n: int) -> None:
+    """An n-vector made the input of the matvecs that read it, in the form
+    their format reads (engine.c quantize / act_in): int4 (and esp32-ai's
+    formats) one int8 scale for the vector; our int8 groups (fmt "q8") the
+    same loop on each group alone (kernels.h llm_quantize_act_groups, in the
+    groups of int8_group(n)) and the padding to 32 zeroed; fp32 ("f32") reads
+    the floats as they are."""
+    if fmt == "f32":
+        return
+    if fmt == "q8":
+        w.compute(cycles=n * QUANT_CYCLES, ops=cdiv(n, 32) * 32 - n,
+                  chain=n_groups(n, int8_group(n)) * Q8_QUANT_GROUP_CHAIN)
+        return
+    quantize_work(w, b, n)
 
 
 def rmsnorm_work(w: Work, n: int) -> None:
@@ -112,6 +142,9 @@ def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | 
     rows, cols = m.rows, m.cols
     ng = n_groups(cols, s.group)
     split = b.split_rows is not None and rows >= b.split_rows
+    if fmt in ("q8", "f32"):
+        _matvec_ours(w, b, s, m, fmt, tier)
+        return
     if split:
         w.handoff(1, b.handoff_s)
     if fmt == "int8":
@@ -141,6 +174,37 @@ def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | 
         pie = (pie_calls[m.name] if pie_calls and m.name in pie_calls
                else pie_matvec_instructions(rows, cols, s.group))
         w.compute(split=split, pie=pie, ops=rows * ROW_OPS_PIE)
+
+
+def _matvec_ours(w: Work, b: Build, s: Shape, m: Mat, fmt: str, tier: str) -> None:
+    """One call of our int8-groups ("q8") or fp32 ("f32") matvec, on the
+    calling core (engine.c matvec_other, head.c dense_other: neither is
+    split): the weights' bytes where they are, and the kernel's own count,
+    the PIE instructions of llm_matvec_q8_pie with its float steps per group,
+    or llm_matvec_f32_pie's scalar instructions (s3.F32_*)."""
+    rows, cols = m.rows, m.cols
+    width = cdiv(cols, 32) * 32
+    if fmt == "q8":
+        group = int8_group(cols)
+        ng = 1 if group >= cols else cdiv(width, group)
+        code_b, scale_b = rows * width, rows * ng * 4
+    else:
+        code_b, scale_b = rows * cdiv(cols, 4) * 4 * 4, 0
+    if rows * matrix_row_bytes(s, cols) != code_b + scale_b:
+        raise ValueError(f"{m.name}: a {fmt} build priced on a {s.weights} shape")
+    if tier == "psram":
+        w.psram(stream_lines(code_b, b.line) + stream_lines(scale_b, b.line), b.line,
+                code_b + scale_b)
+    elif tier == "flash":
+        w.flash(code_b + scale_b, b.line)
+    else:
+        w.sram(code_b + scale_b)
+    if fmt == "q8":
+        w.compute(pie=pie_q8_matvec_instructions(rows, cols, group),
+                  ops=rows * (Q8_ROW_OPS + ng * Q8_GROUP_OPS))
+    else:
+        w.compute(ops=rows * (cols * F32_WEIGHT_OPS + cdiv(cols, 8) * F32_STEP_OPS
+                              + F32_ROW_OPS))
 
 
 def _v_row(b: Build, d: int) -> int:
@@ -336,7 +400,10 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
           counts: HeadCounts | None, bound_pie: float | None) -> None:
     d = s.dim
     rmsnorm_work(w, d)
-    quantize_work(w, b, d)
+    if b.head_fmt == "f32":  # head.c head_input_other: x into the head's own copy
+        w.compute(ops=2 * d)
+    else:
+        matvec_input_work(w, b, b.head_fmt, d)
     head = next(m for m in matrices(s) if m.name == "head")
     if b.head == "dense":
         _matvec(w, b, s, head, pie_calls)
@@ -453,8 +520,8 @@ def embed_position_work(e: Work, b: Build, s: Shape) -> None:
     d, L, p, dh = s.dim, s.n_layers, s.ple_dim, s.head_dim
     lp = L * p
     ng = n_groups(d, s.group)
-    if b.rows_from == "image":
-        e.flash(q4_row_bytes(d) + 4 * ng, b.line)
+    if b.rows_from == "image":  # a row of the embedding in the image's format
+        e.flash(matrix_row_bytes(s, d), b.line)
         if s.has_ple:
             e.flash(ple_record_bytes(s), b.line)
     else:  # model.bin in place: packed nibbles + fp16 scales
@@ -464,7 +531,8 @@ def embed_position_work(e: Work, b: Build, s: Shape) -> None:
     e.compute(ops=3 * d + (lp * 4 + L * HALF2FLOAT_OPS + lp + lp * 3 if s.has_ple else 0))
     for _ in range(L if s.has_ple else 0):
         rmsnorm_work(e, p)
-    quantize_work(e, b, d)
+    if b.core[0] not in ("q8", "f32"):  # engine.c quantize: only int4 quantizes at once
+        quantize_work(e, b, d)
     if b.rope == "libm":
         e.compute(cycles=3 * (dh // 2) * NEWLIB_TRIG_CYCLES, ops=dh * 3)
     else:
@@ -490,19 +558,20 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     charge_spill(work, b)
     one = {st: Work() for st in ("attn", "ffn", "ple")}
     a = one["attn"]
+    fmt = b.core[0]
     rmsnorm_work(a, d)
-    quantize_work(a, b, d)
+    matvec_input_work(a, b, fmt, d)
     _matvec(a, b, s, mats["qkv"], pie_calls)
     a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
     kv_store_work(a, b, s)
     _attention_core(a, b, s, pos)
-    quantize_work(a, b, d)
+    matvec_input_work(a, b, fmt, d)
     _matvec(a, b, s, mats["attn_proj"], pie_calls)
     a.compute(ops=3 * d)
 
     fw = one["ffn"]
     rmsnorm_work(fw, d)
-    quantize_work(fw, b, d)
+    matvec_input_work(fw, b, fmt, d)
     if b.quant_per_matvec:
         quantize_work(fw, b, d)  # gate and up each quantize their (same) input
     _matvec(fw, b, s, mats["gate"], pie_calls)
@@ -510,7 +579,7 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     fw.compute(ops=f * 4)  # silu's 1 + e, * up
     chain_work(fw, b, f * DIV_OPS)  # x / (1 + e)
     exp_work(fw, b, b.act_exp, f)
-    quantize_work(fw, b, f)
+    matvec_input_work(fw, b, fmt, f)
     _matvec(fw, b, s, mats["down"], pie_calls)
     fw.compute(ops=3 * d)
 

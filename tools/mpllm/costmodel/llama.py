@@ -29,6 +29,11 @@ native/engine/engine.c), and so what the builds here assume:
     shapes here assume none can (true of the published stories260K at group
     64); plain mode then places the float V later (llm_set_plain:
     "kv_values").
+  * int8 (Q8_0 groups) and fp32 images (convert.py --weights; auto chooses by
+    measured quality, CONVERT_FORMATS) cache K and V as floats and score
+    every head row (no certificate: it needs int4 rows of one group); their
+    matvecs run on the calling core (engine.c matvec_other, head.c
+    dense_other), from code outside IRAM (s3.CODE_BYTES_FORMATS).
 """
 
 from __future__ import annotations
@@ -40,11 +45,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
-from .builds import BUILDS, Build
+from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
-from .forward import predict
+from .forward import _matvec, predict
 from .reporting import _charges
 from .s3 import (
+    CODE_BYTES_FORMATS,
     ICACHE_BYTES_N8,
     ICACHE_BYTES_OURS,
     ICACHE_LINE,
@@ -56,6 +62,7 @@ from .shape import (
     MODEL_STAGES,
     Shape,
     cdiv,
+    matrices,
     matrix_row_bytes,
     one_group_a_row,
     story_positions,
@@ -72,9 +79,10 @@ from .sram import (
     core_matrix_bytes,
     head_scratch_bytes,
 )
-from .work import Fit
+from .work import Fit, Work, stage_seconds
 
 __all__ = [
+    "CONVERT_FORMATS",
     "PUBLIC_PORTS",
     "PUBLIC_PORTS_TOK_S",
     "S3_BOARDS",
@@ -106,6 +114,19 @@ SHAPES: dict[str, Shape] = {
                         seq_len=256, group=32),
     "stories42m": Shape(dim=512, n_layers=8, n_heads=8, ffn=1376, ple_dim=0, vocab_out=32000,
                         seq_len=1024, group=32),
+}
+
+#: The weight formats convert.py measures on a shape's checkpoint, its choice
+#: first (--weights auto: the smallest format whose teacher-forced greedy
+#: agreement with the fp32 forward over 256 positions is >= 85 %, else the
+#: best): (format, agreement, mean |logit difference|), as it measured them on
+#: llama2.c's stories260K (the tests' ../shared/llama2c/stories260K.bin
+#: converted with its defaults: Model.config()["weights_choice"];
+#: test_costmodel holds them equal). shape_report prices each; a shape not
+#: listed is priced at int4 only.
+CONVERT_FORMATS: dict[str, tuple[tuple[str, float, float], ...]] = {
+    "stories260k": (("fp32", 1.0, 6.37e-06), ("int8", 0.8359375, 0.362),
+                    ("int4", 0.23828125, 3.15)),
 }
 
 #: The public llama2.c ports on microcontrollers, stories260K with fp32
@@ -462,6 +483,9 @@ def llama_build(s: Shape, board: Board, p: dict[str, object], *, sampled: bool,
         "flash_stages": tuple(sorted(flash.items())), "kv_tier": tier("kv_cache"),
         "head_tier": tier("head"), "icache_bytes": board.icache_bytes,
         "v_bytes": 2 if _one_group_a_row(s) and not p.get("v_can_widen") else 4,
+        # the image's weight format: every matrix, the head too (convert.py)
+        "core": (OUR_FORMATS[s.weights], "sram"), "head_fmt": OUR_FORMATS[s.weights],
+        "code_bytes": base.code_bytes + CODE_BYTES_FORMATS[s.weights],
     }
     if cert:
         kw.update(rows_fraction=rows_fraction, label=base.label + ", certified head")
@@ -480,28 +504,83 @@ def _band(b: Build, s: Shape, f: Fit, positions: Sequence[int]) -> dict[str, flo
     cache, the model's rule; low: only the lines beyond the cache)."""
     rows = SMALL_HEAD_ROWS if b.head == "certified" else (None, None, None)
     overlap = (1.0, f.overlap, max(0.0, 2 * f.overlap - 1.0))
+    # int8 and fp32 images: their matvecs are scalar work (fp32: all of it),
+    # priced at C_OP, fitted on the stock build's attention, fp32 dot products
+    # with one accumulator; the fp32 kernel's eight independent lanes may issue
+    # faster, down to one op a cycle (low); the high end mirrors it
+    c_op = (f.c_op,) * 3 if s.weights == "int4" else (1.0, f.c_op, 2 * f.c_op - 1.0)
     out = {}
     for i, key in enumerate(("low", "mid", "high")):
         bb = b if rows[i] is None else dataclasses.replace(b, rows_fraction=rows[i])
         if key == "low" and bb.code_bytes > bb.icache_bytes:
             bb = dataclasses.replace(bb, code_bytes=bb.code_bytes - bb.icache_bytes,
                                      icache_bytes=0)
-        out[key] = predict(bb, dataclasses.replace(f, overlap=overlap[i]), s, positions)["total"]
+        out[key] = predict(bb, dataclasses.replace(f, overlap=overlap[i], c_op=c_op[i]), s,
+                           positions)["total"]
     return out
 
 
-def _variants(s: Shape, wide_v: bool = False) -> list[tuple[str, Shape]]:
+def _variants(s: Shape, name: str = "") -> list[tuple[str, Shape]]:
     """The shape at its own group, and as convert.py writes it by default,
-    one scale group a row (the padded width), where that differs. `wide_v`:
-    the shape is in WIDE_V_SHAPES."""
-    out = [(f"group {s.group} (convert.py --group {s.group})", s)]
+    one scale group a row (the padded width), where that differs; where
+    convert.py's formats are known (CONVERT_FORMATS), its choice first, then
+    the others, each labelled with its format and quality. A shape in
+    WIDE_V_SHAPES caches V as floats."""
+    wide_v = name in WIDE_V_SHAPES
     wide = cdiv(s.dim, 32) * 32
+    formats = CONVERT_FORMATS.get(name)
+    int4 = f"int4, convert.py --weights int4 --group {s.group}" if formats else \
+        f"convert.py --group {s.group}"
+    out = [(f"group {s.group} ({int4})", s)]
     if not _one_group_a_row(s):
         label = (f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
                  "certified head possible)") if not wide_v else (
             f"group {wide} (convert.py's default, one group a row: V as floats, its rows "
             "can outgrow int16 dots; a certificate, unused once the head is read in place)")
         out.append((label, dataclasses.replace(s, group=wide)))
+    if not formats:
+        return out
+    quality = {fmt: f"greedy agreement {100 * a:.1f} %, mean |logit diff| {d:.3g}"
+               for fmt, a, d in formats}
+    # int4 was measured at convert.py's default group (one group a row)
+    label = (f"group {wide} (int4, --weights int4 at convert.py's default group, one group "
+             f"a row: V as int16 dots, certified head possible; {quality['int4']})")
+    out = [out[0], (label, dataclasses.replace(s, group=wide))]
+    others = []
+    for k, (fmt, _, _) in enumerate(formats):
+        if fmt == "int4":
+            continue
+        how = "convert.py's default, --weights auto" if k == 0 else f"--weights {fmt}"
+        grouped = " in groups of 32 (Q8_0; a 172-wide input one group)" if fmt == "int8" else ""
+        others.append((f"{fmt}{grouped} ({how}; {quality[fmt]})",
+                       dataclasses.replace(s, weights=fmt, group=wide)))
+    return (others + out) if formats[0][0] != "int4" else (out + others)
+
+
+def _format_what_ifs(name: str, pos: Sequence[int], f: Fit) -> list[dict[str, object]]:
+    """What would move an int8 or fp32 figure on the N16R8 (sampled, the
+    dense head): its blocks in internal SRAM that the engine cannot put there
+    (what-ifs, not placements), and what its matvecs alone cost on one core,
+    the floor no placement lowers."""
+    out: list[dict[str, object]] = []
+    board = S3_BOARDS["n16r8"]
+    for fmt, _, _ in CONVERT_FORMATS.get(name, ()):
+        if fmt == "int4":
+            continue
+        s = dataclasses.replace(SHAPES[name], weights=fmt, group=cdiv(SHAPES[name].dim, 32) * 32)
+        b = llama_build(s, board, placement(s, board), sampled=True, certified=False)
+        kernel = Work()
+        for m in matrices(s):
+            one = Work()
+            _matvec(one, b, s, m, None)
+            kernel.add(one.scaled(m.per_token))
+        kernel.lines, kernel.flash_bytes = {}, 0.0  # compute only
+        ifs = {"as placed": b, "core in internal SRAM": dataclasses.replace(b, spill_stages=()),
+               "core, KV cache and head in internal SRAM": dataclasses.replace(
+                   b, spill_stages=(), kv_tier="sram", head_tier="sram", logits="sram")}
+        out.append({"weights": fmt, "board": board.name,
+                    "tok_s": {k: 1e3 / predict(v, f, s, pos)["total"] for k, v in ifs.items()},
+                    "matvec_compute_ms": 1e3 * stage_seconds(kernel, f)})
     return out
 
 
@@ -522,7 +601,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
             not_priced.append(f"{board.label}: not priced: the weights alone are {weights:,} B, "
                               f"more than the S3's {SRAM_TOTAL_BYTES // 1024} KB of internal SRAM")
             continue
-        for vlabel, s in _variants(s0, name in WIDE_V_SHAPES):
+        for vlabel, s in _variants(s0, name):
             for certified in (False, True):
                 if certified and not _one_group_a_row(s):
                     continue
@@ -569,6 +648,17 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                 # and at the longest that opens (Model(context=N)), the core
                 # that finds no RAM read in place from flash
                 pricings = [(priced, what_if, s, pos)]
+                vweights = sum(b for _, b, _, k in engine_blocks(s, certified=False)
+                               if k == "matrix")
+                if not board.psram_bytes and vweights > SRAM_TOTAL_BYTES:
+                    # wholly in internal SRAM is no what-if for weights larger than
+                    # it: only the engine's own placement below is priced
+                    pricings = []
+                    if not certified:
+                        not_priced.append(
+                            f"{board.label}, {vlabel.split(' (')[0]}: everything in internal "
+                            f"SRAM not priced: the weights alone are {vweights:,} B, more than "
+                            f"the S3's {SRAM_TOTAL_BYTES // 1024} KB of internal SRAM")
                 fits_at = fitting_context(s, board, certified=certified)
                 opens_at = opening_context(s, board, certified=certified)
                 contexts: list[tuple[int, str]] = []
@@ -609,6 +699,9 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
         "small_head_rows": list(SMALL_HEAD_ROWS),
         "weights_bytes": weights,
         "not_priced": not_priced,
+        "format_what_ifs": _format_what_ifs(name, pos, f),
+        "formats": [{"weights": w, "agreement": a, "mean_abs_logit_diff": d,
+                     "default": k == 0} for k, (w, a, d) in enumerate(CONVERT_FORMATS.get(name, ()))],
     }
 
 
@@ -621,7 +714,8 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
     band = _band(b, s, f, pos)
     return {
         "board": board.name, "board_label": board.label, "variant": vlabel,
-        "group": s.group, "head": "certified" if certified else "dense",
+        "group": s.group, "weights": s.weights,
+        "head": "certified" if certified else "dense",
         "mode": "sampled (T 0.8, top-40)" if sampled else "greedy",
         "opens": opens, "fails_at": fails_at, "what_if": what_if,
         "priced_opens": priced["opens"], "seq_len": s.seq_len,
@@ -733,6 +827,17 @@ def shape_table(rep: dict[str, object]) -> str:
                 f"{c['charge']} {c['total_ms']:.2f}" for c in r["charges"]) + " ms")
         lines.append("")
     lines += _placed_summary(rep)
+    for fmt in rep.get("formats", ()):  # type: ignore[attr-defined]
+        lines.append(f"weights {fmt['weights']}: greedy agreement {100 * fmt['agreement']:.1f} %, "
+                     f"mean |logit diff| {fmt['mean_abs_logit_diff']:.3g} (convert.py, 256 "
+                     "positions)" + (": convert.py's default (--weights auto)"
+                                     if fmt["default"] else ""))
+    for wi in rep.get("format_what_ifs", ()):  # type: ignore[attr-defined]
+        lines.append(f"what-if, {wi['weights']} on the {wi['board'].upper()}, dense, sampled "
+                     "(internal SRAM holds none of these at once with the rest): "
+                     + "; ".join(f"{k} {v:.0f} tok/s" for k, v in wi["tok_s"].items())
+                     + f"; its matvecs alone {wi['matvec_compute_ms']:.2f} ms a token on one "
+                     "core, whatever the placement")
     lines += rep["not_priced"]  # type: ignore[arg-type]
     if any(r["head"] == "certified" for r in rep["rows"]):  # type: ignore[attr-defined]
         lines.append("certified head rows: " + "/".join(f"{100 * x:.0f}" for x in SMALL_HEAD_ROWS)

@@ -1,6 +1,6 @@
 """PIE instruction counts in closed form: our kernels (kernels_pie.c: the
-single-vector and the many-columns int4 matvecs) and esp32-ai's int4
-kernels. The host model of the vector unit counts the same (pie_counter;
+single-vector and the many-columns int4 matvecs, the int8-in-groups matvec)
+and esp32-ai's int4 kernels. The host model of the vector unit counts the same (pie_counter;
 tests/test_costmodel.py and tests/test_pie_kernels_equal_ref.py hold them equal).
 """
 
@@ -13,6 +13,7 @@ __all__ = [
     "cols_resident",
     "pie_cols_instructions",
     "pie_matvec_instructions",
+    "pie_q8_matvec_instructions",
     "pie_row_instructions",
     "upstream_pie_instructions",
 ]
@@ -35,6 +36,21 @@ def pie_matvec_instructions(rows: int, cols: int, group: int) -> int:
     per_call = 3 + sum(5 + 2 * nb for nb in groups)
     per_row = 1 + 4 + 6 * n_blocks - 4 + 4 * len(groups)
     return per_call + rows * per_row
+
+
+def pie_q8_matvec_instructions(rows: int, cols: int, group: int) -> int:
+    """PIE instructions of one llm_matvec_q8_pie call (kernels_pie.c, int8
+    weights in groups, Q8_0): a row is cols rounded up to 32 bytes, 16 int8
+    products a ee.vmulas.s8.accx; per group of v 16-byte vectors (v even) the
+    zero.accx, the two first loads, 4 per further pair of vectors (a weight
+    load and a fused multiply-and-load, twice), the last weight load and two
+    multiplies, 2 nops and rur: 2 v + 5. Nothing per call: the codes are
+    signed already, so there is no -8 * sum(x) correction as in int4.
+    (pie_counter.measure_q8_pie_counts counts the same through the host model;
+    tests/test_costmodel.py holds the two equal.)"""
+    width = cdiv(cols, 32) * 32
+    n_groups_ = 1 if group >= cols else cdiv(width, group)
+    return rows * (2 * (width // 16) + 5 * n_groups_)
 
 
 def pie_row_instructions(cols: int, group: int) -> int:

@@ -1,7 +1,7 @@
 """PIE instruction counts measured by the exact host model of the vector
 unit (native/engine/pie_model.c), built with the host C compiler: the
-driver count_driver.c (beside this file) for llm_matvec_q4_pie and
-llm_matvec_s8_pie, tests/c/pie_kernels_test.c for the many-columns kernel.
+driver count_driver.c (beside this file) for llm_matvec_q4_pie,
+llm_matvec_s8_pie and llm_matvec_q8_pie, tests/c/pie_kernels_test.c for the many-columns kernel.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .shape import VERIFY_MAX
 
-__all__ = ["measure_cols_pie", "measure_pie_counts", "repo_root"]
+__all__ = ["measure_cols_pie", "measure_pie_counts", "measure_q8_pie_counts", "repo_root"]
 
 #: The instruction-counting driver (C source shipped beside this module),
 #: built by measure_pie_counts against the engine's kernels and pie_model.c.
@@ -30,9 +30,41 @@ def repo_root() -> Path:
     return ROOT
 
 
-def _has_s8_matvec(engine: Path) -> bool:
+def _declares(engine: Path, kernel: str) -> bool:
     header = engine / "kernels.h"
-    return header.is_file() and re.search(r"\bllm_matvec_s8_pie\s*\(", header.read_text()) is not None
+    return header.is_file() and re.search(rf"\b{kernel}\s*\(", header.read_text()) is not None
+
+
+def _has_s8_matvec(engine: Path) -> bool:
+    return _declares(engine, "llm_matvec_s8_pie")
+
+
+def _run_driver(args: list[str], defines: list[str], engine: Path, build_dir: Path | None,
+                compiler: str | None) -> list[list[str]]:
+    """Build count_driver.c against `engine`'s kernels_pie.c and pie_model.c
+    with `defines`, run it on `args` and return its lines, split."""
+    sources = [engine / "kernels_pie.c", engine / "pie_model.c"]
+    for src in sources:
+        if not src.is_file():
+            raise FileNotFoundError(f"PIE counters need {src} (run from a source checkout)")
+    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FileNotFoundError("PIE counters need a C compiler (set CC or install gcc)")
+    with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
+        driver = Path(tmp) / "pie_count.c"
+        driver.write_text(_COUNT_DRIVER.read_text())
+        exe = Path(tmp) / "pie_count"
+        cmd = [cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+               *defines, "-I", str(engine), str(driver), *map(str, sources), "-o", str(exe),
+               "-lm"]
+        built = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            raise RuntimeError(f"building the PIE counter failed:\n{built.stderr}")
+        ran = subprocess.run([str(exe), *args], capture_output=True, text=True, check=False,
+                             timeout=300)
+        if ran.returncode != 0:
+            raise RuntimeError(f"the PIE counter failed:\n{ran.stdout}\n{ran.stderr}")
+    return [line.split() for line in ran.stdout.splitlines()]
 
 
 def measure_pie_counts(
@@ -55,37 +87,43 @@ def measure_pie_counts(
     RuntimeError when the build or the run fails."""
     shapes = [tuple(int(v) for v in sh) for sh in shapes]
     engine = engine_dir or repo_root() / "native" / "engine"
-    sources = [engine / "kernels_pie.c", engine / "pie_model.c"]
-    for src in sources:
-        if not src.is_file():
-            raise FileNotFoundError(f"PIE counters need {src} (run from a source checkout)")
     with_s8 = _has_s8_matvec(engine)
     bounds = [tuple(int(v) for v in sh) for sh in bound_shapes] if with_s8 else []
-    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise FileNotFoundError("PIE counters need a C compiler (set CC or install gcc)")
-    with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
-        driver = Path(tmp) / "pie_count.c"
-        driver.write_text(_COUNT_DRIVER.read_text())
-        exe = Path(tmp) / "pie_count"
-        cmd = [cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-               *(["-DCOUNT_S8"] if with_s8 else []),
-               "-I", str(engine), str(driver), *map(str, sources), "-o", str(exe), "-lm"]
-        built = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if built.returncode != 0:
-            raise RuntimeError(f"building the PIE counter failed:\n{built.stderr}")
-        args = [v for sh in shapes for v in ("q", *map(str, sh))]
-        args += [v for sh in bounds for v in ("s", *map(str, sh))]
-        ran = subprocess.run([str(exe), *args], capture_output=True, text=True, check=False,
-                             timeout=300)
-        if ran.returncode != 0:
-            raise RuntimeError(f"the PIE counter failed:\n{ran.stdout}\n{ran.stderr}")
+    args = [v for sh in shapes for v in ("q", *map(str, sh))]
+    args += [v for sh in bounds for v in ("s", *map(str, sh))]
+    lines = _run_driver(args, ["-DCOUNT_S8"] if with_s8 else [], engine, build_dir, compiler)
     out: dict[tuple[int, ...], int] = {}
-    for line in ran.stdout.splitlines():
-        _kind, *vals = line.split()
+    for _kind, *vals in lines:
         nums = [int(v) for v in vals]
         out[tuple(nums[:-1])] = nums[-1]
     missing = [sh for sh in [*shapes, *bounds] if sh not in out]
+    if missing:
+        raise RuntimeError(f"the PIE counter printed nothing for {missing}")
+    return out
+
+
+def measure_q8_pie_counts(
+    shapes: Iterable[tuple[int, int, int]],
+    *,
+    engine_dir: Path | None = None,
+    build_dir: Path | None = None,
+    compiler: str | None = None,
+) -> dict[tuple[int, int, int], int]:
+    """PIE instructions of one llm_matvec_q8_pie call (int8 weights in groups)
+    for each (rows, cols, group) in `shapes`, counted by the exact host model
+    of the vector unit, as measure_pie_counts counts the int4 kernel. Raises
+    FileNotFoundError without the sources, a compiler or the kernel (an
+    engine older than the int8 format), RuntimeError when the build or the
+    run fails."""
+    shapes = [(int(r), int(c), int(g)) for r, c, g in shapes]
+    engine = engine_dir or repo_root() / "native" / "engine"
+    if not _declares(engine, "llm_matvec_q8_pie"):
+        raise FileNotFoundError(f"{engine / 'kernels.h'} declares no llm_matvec_q8_pie")
+    args = [v for sh in shapes for v in ("e", *map(str, sh))]
+    out = {(int(r), int(c), int(g)): int(n)
+           for kind, r, c, g, n in _run_driver(args, ["-DCOUNT_Q8"], engine, build_dir, compiler)
+           if kind == "e"}
+    missing = [sh for sh in shapes if sh not in out]
     if missing:
         raise RuntimeError(f"the PIE counter printed nothing for {missing}")
     return out

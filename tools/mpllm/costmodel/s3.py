@@ -93,6 +93,12 @@ CODE_BYTES_MICROPYTHON = 13897
 CODE_BYTES_MICROPYTHON_IRAM = 7189 + 1145 + 821
 CODE_BYTES_FREERTOS = 4096
 CODE_BYTES_BINDING = 1024
+#: An int8 or fp32 image's token also runs code that is not LLM_HOT (an int4
+#: image never does, so IRAM holds only the int4 path): the format's dispatch,
+#: dense head, kernel and (int8) the input's quantization in groups, measured
+#: by code_size.measure_format_code_bytes (held equal by a test); on the board
+#: it runs from flash through the instruction cache.
+CODE_BYTES_FORMATS = {"int4": 0, "int8": 2772, "fp32": 2574}
 
 #: llm.py's per-token loop around the engine (Session.run's loop: a token's
 #: remembered text, or the tokenizer's bytes through the UTF-8 decoder the
@@ -273,6 +279,31 @@ UPSTREAM_BLOCK_OPS = 2
 SCALAR_DOT_MACS_PER_S = 24.8e6
 #: esp32-ai's half2float, normal-number path.
 HALF2FLOAT_OPS = 8
+#: Our int8-in-groups matvec (llm_matvec_q8_pie, kernels_pie.c; Q8_0 as
+#: llama2.c's runq.c) besides its PIE instructions (pie.pie_q8_matvec_instructions),
+#: read off the source: per group the group sum's int -> float, the scale's and
+#: the input scale's loads, the two multiplies and the add to the row's sum (6);
+#: per row the row pointers, the sum zeroed, the store and the loop (4).
+Q8_GROUP_OPS = 6
+Q8_ROW_OPS = 4
+#: Its input (llm_quantize_act_groups: quantize_span, the loop llm_quantize_act
+#: runs, on each group alone) costs QUANT_CYCLES an element as int4's does, and
+#: per group the two divides of its scale (127 / xmax, xmax / 127), as chains.
+Q8_QUANT_GROUP_CHAIN = 2 * DIV_OPS
+#: Our fp32 matvec (llm_matvec_f32_pie, kernels_pie.c: the S3 has no float SIMD,
+#: so this is the scalar FPU, eight named accumulators), read off the source as
+#: the instructions the in-order LX7 issues. Per weight: the weight's load, the
+#: input's load, mul.s and add.s: FDOT_OPS, the mix of the stock build's
+#: attention dot products that C_OP is fitted on (no fused multiply-add:
+#: -ffp-contract=off). The eight lanes are independent, so no add waits on the
+#: one before it (no chain) ...
+F32_WEIGHT_OPS = FDOT_OPS
+#: ... per step of eight columns the index add and the loop's branch (the
+#: eight loads take immediate offsets) ...
+F32_STEP_OPS = 2
+#: ... and per row the eight lanes zeroed, the row pointer, the seven tail
+#: tests, the seven adds of the fixed reduction, the store and the loop.
+F32_ROW_OPS = 8 + 1 + 7 + 7 + 1 + 1
 #: llm_matvec_q4_cols_pie (kernels_pie.c) keeps a row of up to this many
 #: 32-column blocks in q0..q5 and multiplies it with every column; wider or
 #: multi-group rows go through the single-vector kernel once per column.
