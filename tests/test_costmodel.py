@@ -468,7 +468,7 @@ def test_ours_is_computed_from_the_measured_counters(measured: cm.Measured) -> N
 
 
 def test_rows_fractions_measured_on_the_demo(llm_mod) -> None:
-    demo = bench._default_image()
+    demo = bench.default_image()
     if demo is None:
         pytest.skip("no demo model image")
     _needs_head_counters(llm_mod, demo)
@@ -491,9 +491,9 @@ def _draft(tpp: float, m: float) -> cm.DraftFigures:
 
 
 def _spec_ms(b: cm.Build, tpp: float, m: float, **passes: object) -> float:
-    p = cm._Passes(cm.fit(), cm.RELEASE, pie_calls=None, bound_pie=None, cols_pie=None,
+    p = cm.Passes(cm.fit(), cm.RELEASE, pie_calls=None, bound_pie=None, cols_pie=None,
                    scale=(1.0, 1.0), **passes)
-    e = cm._spec_entry(b, p, _draft(tpp, m), cm.DEFAULT_UNION["sampled"], SPEC_STARTS)
+    e = cm.spec_entry(b, p, _draft(tpp, m), cm.DEFAULT_UNION["sampled"], SPEC_STARTS)
     return float(e["total_ms"])
 
 
@@ -576,7 +576,7 @@ def test_union_ratios_and_draft_figures() -> None:
 
 
 def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
-    demo = bench._default_image()
+    demo = bench.default_image()
     if demo is None:
         pytest.skip("no demo model image")
     _needs_head_counters(llm_mod, demo)

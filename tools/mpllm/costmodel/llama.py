@@ -43,7 +43,7 @@ from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one pla
 from .builds import BUILDS, Build
 from .calibration import fit
 from .forward import predict
-from .reporting import _charges
+from .reporting import port_charges
 from .s3 import (
     ICACHE_BYTES_N8,
     ICACHE_BYTES_OURS,
@@ -600,7 +600,7 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
         "positions": [pos[0], pos[-1]],
         "charges": [{"charge": str(c["charge"]).replace("measured placement", "placement"),
                      "total_ms": c["total_ms"]}
-                    for c in _charges(b, f, s, pos, None, None, (1.0, 1.0))],
+                    for c in port_charges(b, f, s, pos, None, None, (1.0, 1.0))],
         "stages": {st: ms[st] for st in MODEL_STAGES}, "total_ms": ms["total"],
         "band": band, "tok_s": 1e3 / ms["total"],
         "tok_s_band": {"low": 1e3 / band["high"], "mid": 1e3 / band["mid"],
