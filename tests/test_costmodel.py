@@ -18,6 +18,7 @@ from pathlib import Path
 
 import engine_ext
 import pytest
+from llama2c_models import STORIES260K_BIN
 from mpllm import costmodel as cm
 from mpllm.board import bench, bench_cli
 
@@ -1021,7 +1022,6 @@ def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
     _assert_blocks_are_the_engines(memory, shape, certified, image)
 
 
-SHARED_260K = Path(__file__).resolve().parent.parent.parent / "shared" / "llama2c" / "stories260K.bin"
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -1031,12 +1031,12 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     places at Model(context=N) (every block but the optional batch; the engine's own
     struct priced at sram.ENGINE_STRUCT_BYTES); the opening context is the longest
     that opens on the N8 estimate."""
-    if not SHARED_260K.is_file():
+    if not STORIES260K_BIN.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     from mpllm.convert import convert
 
     image = tmp_path / "s.img"
-    convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
+    convert(STORIES260K_BIN, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False, group=group, weights="int4",
             quality_positions=0)
     assert not _can_widen(image)

@@ -119,3 +119,33 @@ def test_private_uses_finds_each_form() -> None:
     assert list(private_uses("from . import _own\n", "mpllm.pkg", modules)) == []
     assert list(private_uses("from mpllm.b import _mine\n", "mpllm.b", modules)) == []
 
+
+
+def imported_modules(source: str) -> set[str]:
+    """The modules `source` imports by absolute name, anywhere in it (a function's own
+    imports too): `import a.b` and `from a.b import c` both give a.b."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/helpers (imported by name) and fixtures in
+    conftest.py: a test module imported by another would run its setup there and tie
+    the two files together (moving one breaks the other)."""
+    tests = cbuild.ROOT / "tests"
+    test_modules = {p.stem for p in tests.rglob("test_*.py")}
+    found = [f"{path.relative_to(cbuild.ROOT)} imports {name}"
+             for path in sorted(tests.rglob("*.py"))
+             for name in sorted(imported_modules(path.read_text(encoding="utf-8")))
+             if name.split(".")[0] in test_modules]
+    assert not found, "\n".join(found)
+
+
+def test_imported_modules_sees_each_form() -> None:
+    src = "import a.b\nfrom c import d\nfrom . import e\ndef f():\n    import test_g as h\n"
+    assert imported_modules(src) == {"a.b", "c", "test_g"}
