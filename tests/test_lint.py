@@ -149,3 +149,49 @@ def test_no_test_module_imports_another() -> None:
 def test_imported_modules_sees_each_form() -> None:
     src = "import a.b\nfrom c import d\nfrom . import e\ndef f():\n    import test_g as h\n"
     assert imported_modules(src) == {"a.b", "c", "test_g"}
+
+
+def round_ups(source: str) -> list[int]:
+    """Lines of `source` that round up to a multiple by hand: `-(-n // a) * a` or
+    `(n + a - 1) // a * a` (either order of the product)."""
+    def same(a: ast.expr, b: ast.expr) -> bool:
+        return ast.dump(a) == ast.dump(b)
+
+    def ceil_div(e: ast.expr) -> ast.expr | None:
+        """The divisor of `-(-n // a)` or `(n + a - 1) // a`, else None."""
+        if (isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub)
+                and isinstance(e.operand, ast.BinOp) and isinstance(e.operand.op, ast.FloorDiv)
+                and isinstance(e.operand.left, ast.UnaryOp) and isinstance(e.operand.left.op, ast.USub)):
+            return e.operand.right
+        if (isinstance(e, ast.BinOp) and isinstance(e.op, ast.FloorDiv)
+                and isinstance(e.left, ast.BinOp) and isinstance(e.left.op, ast.Sub)
+                and isinstance(e.left.right, ast.Constant) and e.left.right.value == 1
+                and isinstance(e.left.left, ast.BinOp) and isinstance(e.left.left.op, ast.Add)
+                and same(e.left.left.right, e.right)):
+            return e.right
+        return None
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for div, mul in ((node.left, node.right), (node.right, node.left)):
+                d = ceil_div(div)
+                if d is not None and same(d, mul):
+                    found.append(node.lineno)
+    return found
+
+
+def test_one_round_up_helper_in_tools() -> None:
+    """tools/ rounds up to a multiple only through mpllm.formats.align.align_up (as native/
+    does through llm_align_up): a second spelling is a second place to get it wrong."""
+    helper = TOOLS / "mpllm" / "formats" / "align.py"
+    found = [f"{path.relative_to(cbuild.ROOT)}:{line}"
+             for path in sorted(TOOLS.rglob("*.py")) if path != helper
+             for line in round_ups(path.read_text(encoding="utf-8"))]
+    assert not found, "round up with align_up:\n" + "\n".join(found)
+
+
+def test_round_ups_finds_each_spelling() -> None:
+    src = ("a = -(-n // 16) * 16\nb = 32 * -(-cols // 32)\nc = (x + k - 1) // k * k\n"
+           "d = -(-n // g)\ne = -(-n // 16) * 32\n")
+    assert round_ups(src) == [1, 2, 3]
