@@ -9,8 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import engine_ext
 import numpy as np
+import pytest
 from mpllm import convert as convert_mod
+from mpllm import costmodel as cm
 from mpllm.board import firmware_pins as pins
 from mpllm.board import flash
 from mpllm.web.server import Limits
@@ -95,3 +98,67 @@ def test_golden_max_diff(golden_sets) -> None:  # type: ignore[no-untyped-def]
         worst = max(worst, float(np.abs(rows.astype(np.float64) - g.logits).max()))
     said = quoted(doc("README.md"), r"the logits differ by at most (\d\.\de-\d+)")[0]
     assert said == f"{worst:.1e}".replace("e-0", "e-")
+
+
+# ---- the S3 cost model, as `bench.py --model-s3` prints it -------------------
+
+@pytest.fixture(scope="module")
+def s3_report(demo_image: Path) -> cm.Report:
+    """What `bench.py --model-s3` reports for the exact builds: the analytic counts, the
+    published greedy rows fraction scaled by the demo model's measured top-40/greedy ratio
+    (bench_cli's own steps; the speculative builds, which need the drafter's stories
+    measured, are left out)."""
+    llm = engine_ext.load()
+    fractions = cm.measure_fractions(str(demo_image), None, llm_module=llm, n_steps=200)
+    fractions.greedy = cm.RELEASE_GREEDY_FRACTION
+    return cm.report(None, fractions)
+
+
+def band(rep: cm.Report, name: str, digits: int) -> list[str]:
+    b = rep.builds[name]["band"]
+    return [f"{b[k]:.{digits}f}" for k in ("low", "mid", "high")]
+
+
+def test_exact_builds_bands(s3_report: cm.Report) -> None:
+    readme = doc("README.md")
+    assert list(quoted(readme, r"exact greedy \*\*([\d.]+) / ([\d.]+) / ([\d.]+)\*\*")[0]) == \
+        band(s3_report, "mpllm-exact-greedy", 1)
+    assert list(quoted(readme, r"exact sampled \(T 0\.8, top-40\) \*\*([\d.]+) / ([\d.]+) / "
+                               r"([\d.]+)\*\*")[0]) == band(s3_report, "mpllm-exact-sampled", 1)
+    perf = doc("performance.md")
+    for name, label in (("mpllm-exact-greedy", r"mpllm exact, greedy\*\* \(([\d.]+) % of head rows\)"),
+                        ("mpllm-exact-sampled", r"mpllm exact, sampled T 0\.8 top-40\*\* \(([\d.]+) %\)")):
+        b = s3_report.builds[name]
+        rows, *cells = quoted(perf, r"\| \*\*" + label + r" \|" + r" ([\d.]+) \|" * 8
+                              + r" \*\*([\d.]+) / ([\d.]+) / ([\d.]+)\*\* \|")[0]
+        assert rows == f"{100 * b['rows_fraction']:.1f}", name
+        assert cells[:7] == [f"{b['stages'][s]:.2f}" for s in
+                             ("embed", "attn", "ffn", "ple", "head", "sample", "python")], name
+        assert cells[8:] == band(s3_report, name, 1), name
+
+
+def test_anchors_as_modeled(s3_report: cm.Report) -> None:
+    """The anchors table's modeled column, every anchor once."""
+    table = (ROOT / "docs" / "performance.md").read_text().split("| anchor |", 1)[1].split("\n\n")[0]
+    modeled = [x for row in table.splitlines()[2:] for x in row.split("|")[3].split("/")]
+    assert sorted(float(x) for x in modeled) == sorted(
+        round(a["predicted_ms"], 2) for a in s3_report.anchors)
+
+
+def test_what_each_charge_adds(s3_report: cm.Report) -> None:
+    said = quoted(doc("performance.md"), r"the engine alone ([\d.]+) ms; \+ the semaphore hand-off "
+                  r"([\d.]+) \(7 a token\); \+ the measured placement ([\d.]+); \+ the instruction "
+                  r"cache ([\d.]+); \+ the MicroPython loop ([\d.]+)")[0]
+    assert list(said) == [f"{c['total_ms']:.2f}" for c in s3_report.charges["mpllm-exact-sampled"]]
+
+
+def test_why_in_bytes(s3_report: cm.Report) -> None:
+    """The sampled target's bus figures: what the tool prints under its target line."""
+    printed = s3_report.target_line("mpllm-exact-sampled")
+    kib, bus_ms = quoted(printed, r"line fills \((\d+) KiB from PSRAM\) and flash reads ([\d.]+) ms")[0]
+    other, hidden = quoted(printed, r"compute, loop and hand-offs ([\d.]+) ms: (\d+) % hidden")[0]
+    text = doc("performance.md")
+    assert quoted(text, r"an exact sampled token reads (\d+) KiB from PSRAM")[0] == kib
+    assert quoted(text, r"those fills take ([\d.]+) ms")[0] == bus_ms
+    assert quoted(text, r"hand-offs take ([\d.]+) ms more")[0] == other
+    assert quoted(text, r"hides (\d+) % of them")[0] == hidden
