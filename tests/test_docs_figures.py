@@ -162,3 +162,24 @@ def test_why_in_bytes(s3_report: cm.Report) -> None:
     assert quoted(text, r"those fills take ([\d.]+) ms")[0] == bus_ms
     assert quoted(text, r"hand-offs take ([\d.]+) ms more")[0] == other
     assert quoted(text, r"hides (\d+) % of them")[0] == hidden
+
+
+def test_convert_size_table(demo_image: Path) -> None:
+    """docs/using.md's size table is convert.py's for the demo model: every section row
+    whose bytes do not depend on how many stories the drafter was built from (the
+    fixture's image has a 20-story drafter, convert's default 200)."""
+    from mpllm.convert import format_size_table
+    from mpllm.formats.image import read_image
+
+    text = (ROOT / "docs" / "using.md").read_text()
+    shown = text.split("    section            kind", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    img = read_image(demo_image)
+    printed = {ln.split()[0]: ln.split()[1:4] for ln in
+               format_size_table(img.sections, demo_image.stat().st_size).splitlines()[1:-2]}
+    rows = [ln.split() for ln in shown if ln.strip() not in ("...",)]
+    rows = [r for r in rows if r[0] not in ("drafts", "header+table+pad", "total")]
+    assert rows, "no section rows in docs/using.md's size table"
+    for name, kind, count, size, _share in rows:
+        assert printed[name] == [kind, count, size], name
+    assert set(printed) - {"drafts"} >= {r[0] for r in rows}
+    assert "weights" in {r[0] for r in rows}  # the table ends as convert's does
