@@ -183,3 +183,48 @@ def test_convert_size_table(demo_image: Path) -> None:
         assert printed[name] == [kind, count, size], name
     assert set(printed) - {"drafts"} >= {r[0] for r in rows}
     assert "weights" in {r[0] for r in rows}  # the table ends as convert's does
+
+
+# ---- llama2.c's stories260K on the two boards (bench.py --model-s3 --shape stories260k) --
+
+@pytest.fixture(scope="module")
+def s260_printed() -> str:
+    import contextlib
+    import io
+
+    from mpllm.board import bench_cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert bench_cli.main(["--model-s3", "--shape", "stories260k", "--no-plot"]) == 0
+    return out.getvalue()
+
+
+def test_stories260k_on_the_n8(s260_printed: str) -> None:
+    text, printed = doc("performance.md"), s260_printed
+    # llm.load()'s default: int4 group 64, dense head (the converter leaves the certified
+    # head out at int4), the fastest context
+    ctx, toks = quoted(printed, r"group 64, dense head, sampled, as the engine places it: "
+                                r"context (\d+) \(by default, the fastest\) (\d+) tok/s")[0]
+    said_ctx, said_toks = quoted(text, r"(\d+) by the model \(256 do not open there: below\)\. "
+                                       r"There the model gives (\d+) tok/s sampled")[0]
+    assert (said_ctx, said_toks) == (ctx, toks)
+    # the certified head's row of the table, at its own default context
+    ctx, mid, lo, hi = quoted(printed, r"group 64, certified head, sampled, as the engine places "
+                                       r"it: context (\d+) \(by default, the fastest\) (\d+) "
+                                       r"tok/s \((\d+)-(\d+)\)")[0]
+    row = quoted(text, r"certified, context (\d+) by the model [^|]*\| [\d.]+ \| [\d.]+ \| "
+                       r"[\d.]+ / [\d.]+ / [\d.]+ \| (\d+) / (\d+) / (\d+) \|")[0]
+    assert row == (ctx, lo, mid, hi)
+    # the longest context that opens, asked for
+    longest, toks = quoted(printed, r"group 64, dense head, sampled, as the engine places it: "
+                                    r"context \d+ \(by default, the fastest\) \d+ tok/s \(\d+-\d+\); "
+                                    r"context (\d+) \(the longest, asked for\) (\d+) tok/s")[0]
+    assert quoted(text, r"\((\d+) by the model now, which counts free bytes") == [longest]
+    assert quoted(text, r"read in place from flash \((\d+) tok/s\)") == [toks]
+    # wholly in internal SRAM, group 64, dense head
+    needs = quoted(printed, r"group 64 \(convert\.py's default[^\n]*dense head: does NOT open[^\n]*\n"
+                            r"  wholly in internal SRAM [^\n]*needs ([\d,]+) B at context 128, "
+                            r"([\d,]+) B at context 256, ([\d,]+) B at context 512")[0]
+    assert quoted(text, r"needs ([\d,]+) / ([\d,]+) / ([\d,]+) B at contexts 128 / 256 / 512 "
+                        r"\(group 64\)")[0] == needs
