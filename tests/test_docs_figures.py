@@ -228,3 +228,46 @@ def test_stories260k_on_the_n8(s260_printed: str) -> None:
                             r"([\d,]+) B at context 256, ([\d,]+) B at context 512")[0]
     assert quoted(text, r"needs ([\d,]+) / ([\d,]+) / ([\d,]+) B at contexts 128 / 256 / 512 "
                         r"\(group 64\)")[0] == needs
+
+
+def test_model_file_sizes() -> None:
+    """The release model's pinned sizes and the demo model's, in MB as the README gives them."""
+    import json
+
+    readme = doc("README.md")
+    pinned = {f["name"]: f["size"] for f in
+              json.loads((ROOT / "models" / "release.json").read_text())["files"]}
+    model_mb, tok_mb = quoted(readme, r"model\.bin ([\d.]+) MB and tokenizer\.json ([\d.]+) MB")[0]
+    assert model_mb == f"{pinned['model.bin'] / 1e6:.1f}"
+    assert tok_mb == f"{pinned['tokenizer.json'] / 1e6:.1f}"
+    demo_mb = quoted(readme, r"\(`models/demo/`, ([\d.]+) MB")[0]
+    assert demo_mb == f"{(ROOT / 'models' / 'demo' / 'model.bin').stat().st_size / 1e6:.1f}"
+
+
+def test_a_plain_steps_price() -> None:
+    """The plain step the drafter's prices are relative to: costmodel.prices.pass_ms's
+    one-position pass, release shape."""
+    from mpllm.costmodel.prices import pass_ms
+
+    sampled = f"{pass_ms(build='mpllm-spec-sampled')[0]:.2f}"
+    greedy = f"{pass_ms(build='mpllm-spec-greedy')[0]:.2f}"
+    assert quoted(doc("performance.md"), r"models it \(([\d.]+) ms sampled, ([\d.]+) ms greedy, "
+                                         r"mid\)") == [(sampled, greedy)]
+    assert quoted(doc("speculative-decoding.md"), r"A plain step is ([\d.]+) ms sampled and "
+                                                  r"([\d.]+) ms greedy here") == [(sampled, greedy)]
+
+
+def test_fuzz_target_count() -> None:
+    """"N libFuzzer targets": tests/fuzz/fuzzrun.py's list."""
+    import importlib
+    import sys
+
+    fuzz_dir = str(ROOT / "tests" / "fuzz")  # imported by name, as test_fuzz.py does
+    if fuzz_dir not in sys.path:
+        sys.path.insert(0, fuzz_dir)
+    fuzzrun = importlib.import_module("fuzzrun")
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+             "eleven", "twelve"]
+    for name in ("README.md", "ARCHITECTURE.md"):
+        said = quoted(doc(name), r"(\w+) libFuzzer targets")
+        assert said == [words[len(fuzzrun.TARGETS) - 1]], name
