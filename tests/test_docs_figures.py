@@ -271,3 +271,18 @@ def test_fuzz_target_count() -> None:
     for name in ("README.md", "ARCHITECTURE.md"):
         said = quoted(doc(name), r"(\w+) libFuzzer targets")
         assert said == [words[len(fuzzrun.TARGETS) - 1]], name
+
+
+def test_the_chats_budgets() -> None:
+    """The chat's reply budget and its run to the sentence's end (llm_chat), the story
+    budget and the sampler's defaults (llm), as docs/using.md gives them."""
+    import llm
+    import llm_chat
+
+    text = doc("using.md")
+    turn, finish = quoted(text, r"\(`--max-tokens`, (\d+) tokens in the chat\) to the end of its "
+                                r"sentence, (\d+) tokens more at most")[0]
+    assert (int(turn), int(finish)) == (llm_chat.TURN_TOKENS, llm_chat.FINISH_TOKENS)
+    t, k = quoted(text, r"sampled like upstream's firmware \(temperature ([\d.]+), top-k (\d+)\)")[0]
+    assert (float(t), int(k)) == (llm.TEMPERATURE, llm.TOP_K)
+    assert quoted(text, r"`--max-tokens (\d+)`") == [str(llm.MAX_TOKENS)]
