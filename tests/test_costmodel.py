@@ -617,7 +617,7 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
 def test_k_as_dots_is_priced(report: cm.Report) -> None:
     """K cached as int16 dots (set_k_dots): half the K bytes from PSRAM, its RoPE
     rows from flash and the rebuild's ops charged; the model prices it slower than
-    K as floats (README: off by default), and the JSON's psram_bytes_per_token is
+    K as floats (docs/performance.md: off by default), and the JSON's psram_bytes_per_token is
     the exact sampled build's (bytes)."""
     data = json.loads(json.dumps(report.to_json()))
     sampled = data["builds"]["mpllm-exact-sampled"]
