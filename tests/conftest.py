@@ -38,6 +38,7 @@ for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inpl
         sys.path.insert(0, str(_p))
 
 import setup_dev
+import unix_micropython
 from locking import locked as _locked  # (the tests' name for it)
 from mpllm import image_cache
 from mpllm.formats.model import Config, QMatrix, Weights
@@ -266,6 +267,12 @@ class GoldenSet:
 
 
 GOLDEN_SETS = ("small", "medium")
+
+
+@pytest.fixture(scope="module")
+def micropython() -> Path:
+    """MicroPython's unix port with the real `_llm` (skips without MICROPY_DIR)."""
+    return unix_micropython.unix_port()
 
 
 def load_golden(name: str) -> GoldenSet:

@@ -10,21 +10,18 @@ The rows-scored counters show the certificate actually skips rows.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import engine_ext
 import numpy as np
 import pytest
 from conftest import ROOT
+from model_edit import tied_image
 from mpllm.convert import convert
 from mpllm.formats import head_tiles
-from mpllm.formats.esp32ai import read_model_bin, write_model_bin
 from mpllm.formats.image import read_image
-from mpllm.formats.model import QMatrix
 
 _llm = engine_ext.load()
 
@@ -120,26 +117,11 @@ def test_small_model_every_sampler_shape(small_model) -> None:  # type: ignore[n
                 run(img, prompt, sampler, 12, plain=True)[0], sampler
 
 
-def _tied_image(tmp_path: Path, small_model, rows: Iterator[tuple[int, int]],  # type: ignore[no-untyped-def]
-                name: str) -> Path:
-    """The small model with embedding row dst replaced by row src for each pair:
-    exact ties in the head between those ids."""
-    w = read_model_bin(small_model.model_bin.read_bytes())
-    q, s = w.tok_emb.q.copy(), w.tok_emb.scales.copy()
-    for src, dst in rows:
-        q[dst], s[dst] = q[src], s[src]
-    mb = tmp_path / f"{name}.bin"
-    write_model_bin(dataclasses.replace(w, tok_emb=QMatrix(q, s, w.tok_emb.group)), mb)
-    out = tmp_path / f"{name}.img"
-    convert(mb, small_model.tokenizer_json, out, progress=False)
-    return out
-
-
 def test_exact_ties_lowest_id_wins_on_both_routes(tmp_path: Path, small_model) -> None:  # type: ignore[no-untyped-def]
     # many duplicated rows, spread so that copies land in different tiles
     rng = random.Random(5)
     pairs = [(rng.randrange(900), rng.randrange(900)) for _ in range(300)]
-    img = _tied_image(tmp_path, small_model, iter(pairs), "ties")
+    img = tied_image(tmp_path, small_model, iter(pairs), "ties")
     tiles = read_image(img).head_tiles
     assert tiles.n_tiles > 1
     for sampler in SAMPLERS[:3] + [(0.8, 3, 4)]:
@@ -159,7 +141,7 @@ def test_greedy_tie_goes_to_the_lowest_id(tmp_path: Path, small_model) -> None: 
             picked.add(tok)
             tok = m.step(tok)
     pairs = [(p, p - 1 - (p % 37)) for p in sorted(picked) if p > 40]
-    img = _tied_image(tmp_path, small_model, iter(pairs), "twins")
+    img = tied_image(tmp_path, small_model, iter(pairs), "twins")
     a = run(img, [5, 6, 7], (0.0, 0, 0), 10, plain=False)[0]
     b = run(img, [5, 6, 7], (0.0, 0, 0), 10, plain=True)[0]
     assert a == b

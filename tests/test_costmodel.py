@@ -19,6 +19,7 @@ from pathlib import Path
 import cbuild
 import engine_ext
 import pytest
+from llama2c_models import STORIES260K_BIN
 from mpllm import costmodel as cm
 from mpllm.board import bench, bench_cli
 
@@ -469,7 +470,7 @@ def test_ours_is_computed_from_the_measured_counters(measured: cm.Measured) -> N
 
 
 def test_rows_fractions_measured_on_the_demo(llm_mod) -> None:
-    demo = bench._default_image()
+    demo = bench.default_image()
     if demo is None:
         pytest.skip("no demo model image")
     _needs_head_counters(llm_mod, demo)
@@ -492,9 +493,9 @@ def _draft(tpp: float, m: float) -> cm.DraftFigures:
 
 
 def _spec_ms(b: cm.Build, tpp: float, m: float, **passes: object) -> float:
-    p = cm._Passes(cm.fit(), cm.RELEASE, pie_calls=None, bound_pie=None, cols_pie=None,
+    p = cm.Passes(cm.fit(), cm.RELEASE, pie_calls=None, bound_pie=None, cols_pie=None,
                    scale=(1.0, 1.0), **passes)
-    e = cm._spec_entry(b, p, _draft(tpp, m), cm.DEFAULT_UNION["sampled"], SPEC_STARTS)
+    e = cm.spec_entry(b, p, _draft(tpp, m), cm.DEFAULT_UNION["sampled"], SPEC_STARTS)
     return float(e["total_ms"])
 
 
@@ -577,7 +578,7 @@ def test_union_ratios_and_draft_figures() -> None:
 
 
 def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
-    demo = bench._default_image()
+    demo = bench.default_image()
     if demo is None:
         pytest.skip("no demo model image")
     _needs_head_counters(llm_mod, demo)
@@ -617,7 +618,7 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
 def test_k_as_dots_is_priced(report: cm.Report) -> None:
     """K cached as int16 dots (set_k_dots): half the K bytes from PSRAM, its RoPE
     rows from flash and the rebuild's ops charged; the model prices it slower than
-    K as floats (README: off by default), and the JSON's psram_bytes_per_token is
+    K as floats (docs/performance.md: off by default), and the JSON's psram_bytes_per_token is
     the exact sampled build's (bytes)."""
     data = json.loads(json.dumps(report.to_json()))
     sampled = data["builds"]["mpllm-exact-sampled"]
@@ -1022,7 +1023,6 @@ def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
     _assert_blocks_are_the_engines(memory, shape, certified, image)
 
 
-SHARED_260K = Path(__file__).resolve().parent.parent.parent / "shared" / "llama2c" / "stories260K.bin"
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -1032,12 +1032,12 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     places at Model(context=N) (every block but the optional batch; the engine's own
     struct priced at sram.ENGINE_STRUCT_BYTES); the opening context is the longest
     that opens on the N8 estimate."""
-    if not SHARED_260K.is_file():
+    if not STORIES260K_BIN.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     from mpllm.convert import convert
 
     image = tmp_path / "s.img"
-    convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
+    convert(STORIES260K_BIN, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False, group=group, weights="int4",
             quality_positions=0)
     assert not _can_widen(image)
@@ -1233,12 +1233,12 @@ def test_format_code_bytes_are_the_measured_ones() -> None:
 @pytest.fixture(scope="module")
 def auto_260k(tmp_path_factory) -> Path:
     """stories260K as convert.py writes it with its defaults (--weights auto)."""
-    if not SHARED_260K.is_file():
+    if not STORIES260K_BIN.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     from mpllm.convert import convert
 
     image = tmp_path_factory.mktemp("auto260k") / "auto.img"
-    convert(SHARED_260K, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
+    convert(STORIES260K_BIN, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False)
     return image
 

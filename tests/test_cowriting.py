@@ -624,14 +624,9 @@ def test_the_terminal_chat_keeps_the_story(tmp_path) -> None:  # type: ignore[no
 def test_typed_chat_is_the_same_on_micropython(tiny) -> None:  # type: ignore[no-untyped-def]
     """The same typed session on the real MicroPython unix binding prints the
     same bytes as on CPython (needs MICROPY_DIR)."""
-    from conftest import _locked
-    from test_micropython_binding import MICROPY_DIR, _build_unix
+    from unix_micropython import unix_port
 
-    if not MICROPY_DIR:
-        pytest.skip("MICROPY_DIR is not set")
-    mp = Path(MICROPY_DIR)
-    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-        exe = _build_unix(mp)
+    exe = unix_port()
     keys = typed_session("Once upon a time there was a little dog who liked to run")
     code = CHAT.format(modules=str(ROOT / "firmware" / "modules"), ext=str(engine_ext.EXT_DIR),
                        image=str(tiny.image), typed=True)
@@ -858,15 +853,12 @@ def test_a_reply_closed_midway_keeps_the_story_whole(tiny) -> None:  # type: ign
     """A turn's iterator closed after its first piece leaves a story whose
     ids spell its text (the line's last word included), on CPython and on
     the MicroPython unix binding (needs MICROPY_DIR for the latter)."""
-    from conftest import _locked
-    from test_micropython_binding import MICROPY_DIR, _build_unix
+    from unix_micropython import MICROPY_DIR, unix_port
 
     code = ABANDON.format(modules=str(ROOT / "firmware" / "modules"), image=str(tiny.image))
     exes = [sys.executable]
     if MICROPY_DIR:
-        mp = Path(MICROPY_DIR)
-        with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-            exes.append(str(_build_unix(mp)))
+        exes.append(str(unix_port()))
     for exe in exes:
         r = subprocess.run([exe, "-c", code], capture_output=True, text=True, timeout=120,
                            check=False)

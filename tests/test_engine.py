@@ -18,6 +18,7 @@ from collections.abc import Callable
 import engine_ext
 import numpy as np
 import pytest
+from mpllm.formats.align import align_up
 from mpllm.formats.image import read_image
 from mpllm.formats.model import Config
 from mpllm.reference.forward import Reference
@@ -243,15 +244,12 @@ def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None 
     kvh = cfg.kv_dim // dh
     cells = L * s * cfg.kv_dim
     v_dots = -(-cfg.dim // cfg.group) == 1
-
-    def a(n: int, to: int) -> int:
-        return -(-n // to) * to
-    exact = (a(4 * cells, 64) + a((4 if v_floats or not v_dots else 2) * cells, 64)
-             + a(4 * L * s, 64))
-    dhp, sp = a(dh, 16), a(s, 16)
-    fast = sum(a(n, 16) for n in (L * kvh * s * dhp, L * kvh * dh * sp, 4 * L * kvh * s,
-                                  4 * L * kvh * s, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * s))
-    return max(exact, a(fast, 64)) + a(16 * (s + 1), 64)
+    exact = (align_up(4 * cells, 64) + align_up((4 if v_floats or not v_dots else 2) * cells, 64)
+             + align_up(4 * L * s, 64))
+    dhp, sp = align_up(dh, 16), align_up(s, 16)
+    fast = sum(align_up(n, 16) for n in (L * kvh * s * dhp, L * kvh * dh * sp, 4 * L * kvh * s,
+                                         4 * L * kvh * s, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * s))
+    return max(exact, align_up(fast, 64)) + align_up(16 * (s + 1), 64)
 
 
 def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]

@@ -18,31 +18,11 @@ from pathlib import Path
 import cbuild
 import pytest
 
-PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
-
-
-def _build(pie: bool) -> Path:
-    sources = cbuild.engine_sources()
-    sources += [cbuild.PORT_HOST / "port_host.c", cbuild.CTESTS / "engine_run.c"]
-    defines = {"LLM_PORT_NAME": '"host"'}
-    if pie:
-        sources += [cbuild.ENGINE / s for s in PIE_SOURCES]
-        defines["LLM_KERNELS_PIE"] = ""
-    name = "engine_run_pie" if pie else "engine_run_ref"
-    return cbuild.build(name, sources, cbuild.ROOT / "build" / "ctests", defines=defines)
-
 
 def _run(program: Path, image: Path, steps: int) -> str:
     result = cbuild.run(program, str(image), str(steps), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
-
-
-def _ids_and_hash(out: str) -> tuple[str, str]:
-    ids = re.search(r"^ids (.*)$", out, re.MULTILINE)
-    digest = re.search(r"^logits_fnv1a64 (\S+ over \d+ heads)$", out, re.MULTILINE)
-    assert ids and digest, out
-    return ids.group(1), digest.group(1)
 
 
 @pytest.mark.parametrize(("name", "steps"), [("tiny", 60), ("tiny_untied", 44),
@@ -52,15 +32,15 @@ def _ids_and_hash(out: str) -> tuple[str, str]:
                                              ("llama2c_mixed", 64)])
 def test_pie_engine_equals_ref_engine(engine_image, name: str, steps: int) -> None:  # type: ignore[no-untyped-def]
     image = engine_image(name)
-    ref_out = _run(_build(pie=False), image, steps)
-    pie_out = _run(_build(pie=True), image, steps)
+    ref_out = _run(cbuild.engine_run(pie=False), image, steps)
+    pie_out = _run(cbuild.engine_run(pie=True), image, steps)
     assert "kernels=ref" in ref_out and "kernels=pie-emu" in pie_out, (ref_out, pie_out)
-    assert _ids_and_hash(pie_out) == _ids_and_hash(ref_out)
+    assert cbuild.ids_and_hash(pie_out) == cbuild.ids_and_hash(ref_out)
     counts = re.search(r"^pie_instructions (\d+) for (\d+) tokens and (\d+) heads$", pie_out,
                        re.MULTILINE)
     # fp32 matrices run on the scalar FPU and an fp32 head has no certificate
     assert counts and (int(counts.group(1)) > 0) == (name != "llama2c_fp32"), pie_out
-    print(f"\n{name}: PIE == ref over {_ids_and_hash(ref_out)[1]}; "
+    print(f"\n{name}: PIE == ref over {cbuild.ids_and_hash(ref_out)[1]}; "
           f"{int(counts.group(1)):,} PIE instructions for {counts.group(2)} tokens, "
           f"{counts.group(3)} heads")
 
@@ -73,7 +53,7 @@ def test_pie_engine_equals_ref_engine_per_format(engine_image, name: str,  # typ
     """The int8, fp32 and mixed-format images, sampled and in plain mode too:
     the PIE-kernel engine writes the reference-kernel engine's ids and logits."""
     image = engine_image(name)
-    ref = cbuild.run(_build(pie=False), str(image), "40", *mode, timeout=600)
-    pie = cbuild.run(_build(pie=True), str(image), "40", *mode, timeout=600)
+    ref = cbuild.run(cbuild.engine_run(pie=False), str(image), "40", *mode, timeout=600)
+    pie = cbuild.run(cbuild.engine_run(pie=True), str(image), "40", *mode, timeout=600)
     assert ref.returncode == 0 and pie.returncode == 0, ref.stderr + pie.stderr
-    assert _ids_and_hash(pie.stdout) == _ids_and_hash(ref.stdout)
+    assert cbuild.ids_and_hash(pie.stdout) == cbuild.ids_and_hash(ref.stdout)

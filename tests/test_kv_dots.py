@@ -20,7 +20,6 @@ import cbuild
 import engine_ext
 import pytest
 import story_matrix
-from test_engine_on_pie_kernels import _build, _ids_and_hash
 
 _llm = engine_ext.load()
 
@@ -72,11 +71,11 @@ def test_pie_engine_equals_plain_mode(engine_image, name: str,  # type: ignore[n
     """The engine with the PIE kernels with K and V as dots against the
     reference-kernel engine in plain mode: the same ids and logits hash."""
     image = engine_image(name)
-    pie = cbuild.run(_build(pie=True), str(image), "48", *sampler, "k_dots", timeout=600)
-    plain = cbuild.run(_build(pie=False), str(image), "48", *sampler, "plain", timeout=600)
+    pie = cbuild.run(cbuild.engine_run(pie=True), str(image), "48", *sampler, "k_dots", timeout=600)
+    plain = cbuild.run(cbuild.engine_run(pie=False), str(image), "48", *sampler, "plain", timeout=600)
     assert pie.returncode == 0 and plain.returncode == 0, pie.stdout + plain.stdout
     assert "kernels=pie-emu" in pie.stdout and re.search(r"^ids \d", pie.stdout, re.MULTILINE)
-    assert _ids_and_hash(pie.stdout) == _ids_and_hash(plain.stdout)
+    assert cbuild.ids_and_hash(pie.stdout) == cbuild.ids_and_hash(plain.stdout)
 
 
 def test_story_matrix_cli(tiny_model, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]

@@ -11,24 +11,9 @@ import struct
 
 import numpy as np
 import pytest
+from llama2c_models import STORIES260K_BIN, random_checkpoint
 from mpllm.formats import llama2c
 from mpllm.formats.llama2c import CheckpointError, Llama2cCheckpoint, Llama2cConfig
-from tokenizer_cases import ROOT
-
-STORIES260K = ROOT.parent / "shared" / "llama2c" / "stories260K.bin"
-
-
-def random_checkpoint(shared: bool = True, seed: int = 0) -> Llama2cCheckpoint:
-    cfg = Llama2cConfig(dim=32, hidden_dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
-                        vocab_size=96, seq_len=40, shared_classifier=shared)
-    rng = np.random.default_rng(seed)
-
-    def w(*shape: int) -> np.ndarray:
-        return rng.normal(0, 0.2, shape).astype(np.float32)
-
-    layers = {name: w(cfg.n_layers, *cfg.matrix_shape(name)) for name in llama2c.LAYER_MATRICES}
-    return Llama2cCheckpoint(0, cfg, w(96, 32), 1 + w(2, 32), 1 + w(2, 32), 1 + w(32), layers,
-                             None if shared else w(96, 32))
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -103,11 +88,11 @@ def test_v2_group_size_is_checked():
 
 
 def test_stories260k_reads():
-    if not STORIES260K.is_file():
-        pytest.skip(f"stories260K.bin is not at {STORIES260K}")
-    data = STORIES260K.read_bytes()
+    if not STORIES260K_BIN.is_file():
+        pytest.skip(f"stories260K.bin is not at {STORIES260K_BIN}")
+    data = STORIES260K_BIN.read_bytes()
     assert hashlib.sha256(data).hexdigest().startswith("9414d5a2")
-    ck = llama2c.read_checkpoint(data, str(STORIES260K))
+    ck = llama2c.read_checkpoint(data, str(STORIES260K_BIN))
     assert ck.version == 0 and ck.config == Llama2cConfig(64, 172, 5, 8, 4, 512, 512, True)
     assert ck.layers["wk"].shape == (5, 32, 64)  # 4 kv heads of 8
     # written back as v0, every tensor but the RoPE tables (recomputed) is the same bytes

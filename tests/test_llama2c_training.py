@@ -13,12 +13,12 @@ import llm_tokenizer
 import numpy as np
 import pytest
 import torch
+from llama2c_models import STORIES260K_BIN, random_checkpoint
 from mpllm.formats import llama2c
 from mpllm.formats.tokenizer import tokenizer_section
 from mpllm.reference.torch_llama import LlamaModel
 from mpllm.training import corpus
 from mpllm.training.llama2c_vocab import train_vocab
-from test_llama2c_checkpoint import STORIES260K, random_checkpoint
 from tokenizer_cases import llama2c_encode
 
 
@@ -31,9 +31,9 @@ def _greedy(model: LlamaModel, n: int) -> list[int]:
 
 
 def test_stories260k_greedy_puts_a_newline_after_19_tokens():
-    if not STORIES260K.is_file():
-        pytest.skip(f"stories260K.bin is not at {STORIES260K}")
-    model = LlamaModel.from_checkpoint(llama2c.read_checkpoint(STORIES260K.read_bytes()))
+    if not STORIES260K_BIN.is_file():
+        pytest.skip(f"stories260K.bin is not at {STORIES260K_BIN}")
+    model = LlamaModel.from_checkpoint(llama2c.read_checkpoint(STORIES260K_BIN.read_bytes()))
     ids = _greedy(model, 20)
     assert ids.index(13) == 19, ids
 

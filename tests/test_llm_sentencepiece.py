@@ -259,18 +259,12 @@ def test_llm_chat_with_the_llama2c_demo(llama2c_image: Path, tmp_path: Path) -> 
 def test_the_llama2c_demo_on_the_micropython_unix_port(llama2c_image: Path,
                                                        tmp_path: Path) -> None:
     """The same script on MicroPython's unix port prints the same bytes."""
-    from test_micropython_binding import MICROPY_DIR, _build_unix, _run_mp
+    from unix_micropython import run_mp, unix_port
 
-    if not MICROPY_DIR:
-        pytest.skip("MICROPY_DIR is not set: the unix port with _llm is built from it")
-    from conftest import _locked
-
-    mp = Path(MICROPY_DIR)
-    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-        exe = _build_unix(mp)
+    exe = unix_port()
     code = STORY.format(image=str(llama2c_image))
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600, check=False,
                           env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH))
     assert host.returncode == 0, host.stderr
-    assert _run_mp(exe, code, tmp_path) == host.stdout
+    assert run_mp(exe, code, tmp_path) == host.stdout

@@ -13,11 +13,9 @@ from pathlib import Path
 import engine_ext
 import llm
 import pytest
-import test_micropython_binding
+from unix_micropython import run_mp
 
 ROOT = Path(__file__).resolve().parent.parent
-# the fixture: the unix port built with the real binding (under MICROPY_DIR)
-micropython = test_micropython_binding.micropython
 
 
 SERVE_SESSION = """
@@ -54,7 +52,7 @@ def test_llm_serve_on_the_real_micropython_binding(micropython, tmp_path) -> Non
                 {"op": "turn", "sid": "a", "line": "The cat was sad"},
                 {"op": "turn", "sid": "a", "line": "  "}]
     code = SERVE_SESSION.format(image=image, requests=requests)
-    out = test_micropython_binding._run_mp(micropython, code, tmp_path)
+    out = run_mp(micropython, code, tmp_path)
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": engine_ext.PYTHONPATH}, timeout=300,
                           check=False)

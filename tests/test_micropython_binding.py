@@ -9,7 +9,6 @@ every token and logit byte with the CPython `_llm` on the same image.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
@@ -18,12 +17,10 @@ from pathlib import Path
 
 import cbuild
 import pytest
-from conftest import _locked
-from mpllm.board import firmware_pins as pins
+from unix_micropython import VARIANTS, run_mp, unix_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MP_BINDING = ROOT / "native" / "micropython"
-MICROPY_DIR = os.environ.get("MICROPY_DIR")
 
 
 def _c_table(text: str, table: str, pattern: str) -> list[str]:
@@ -102,66 +99,6 @@ def test_every_build_compiles_the_one_engine_list() -> None:
 # the real binding on the unix port
 
 
-#: unix port builds: the default one (Ctrl-C raises from the signal handler,
-#: MICROPY_ASYNC_KBD_INTR), the GIL build (Ctrl-C is a pending exception) and
-#: one with 32-bit floats (as on the board)
-VARIANTS = {"default": [], "gil": ["MICROPY_PY_THREAD=1", "MICROPY_PY_THREAD_GIL=1"],
-            "f32": ["CFLAGS_EXTRA=-DMICROPY_FLOAT_IMPL=MICROPY_FLOAT_IMPL_FLOAT"]}
-#: and the coverage build, the one unix build whose exit runs gc_sweep_all(),
-#: which is what a soft reset on the board runs: every finaliser
-BUILDS = {**VARIANTS, "coverage": ["VARIANT=coverage"]}
-
-
-def _build_unix(mp: Path, variant: str = "default") -> Path:
-    """Build (incrementally) the unix port with our module; returns the binary.
-    Options avoid the submodules a bare checkout lacks (berkeley-db, mbedtls)
-    and the frozen micropython-lib manifest; STRIP= keeps the symbols and
-    debug information that python_loop --count tells the engine by."""
-    port = mp / "ports" / "unix"
-    # one build directory per checkout: make keeps objects newer than their
-    # sources, so another checkout with older files would silently reuse them
-    build = "build-mpllm-test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
-    if variant != "default":
-        build += "-" + variant
-    # MPLLM_TEST_HOOKS: SIGINT forced at named points of the binding (MPLLM_TEST_SIGINT)
-    base = ["make", "-C", str(port), f"BUILD={build}", "FROZEN_MANIFEST=",
-            "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", "STRIP=",
-            f"USER_C_MODULES={ROOT / 'native'}",
-            "MPLLM_TEST_HOOKS=1", *BUILDS[variant]]
-    mpy_cross = mp / "mpy-cross"
-    if not (mpy_cross / "build" / "mpy-cross").exists():
-        r = subprocess.run(["make", "-C", str(mpy_cross), "-j2"], capture_output=True,
-                           text=True, check=False)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = subprocess.run([*base, "-j2"], capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    # micropython.mk renames the program (see there): micropython/ holds our objects
-    return port / build / "micropython-llm"
-
-
-@pytest.fixture(scope="module")
-def micropython() -> Path:
-    if not MICROPY_DIR:
-        pytest.skip("MICROPY_DIR is not set: point it at a MicroPython "
-                    f"{pins.MICROPYTHON_TAG} checkout to build the unix port with _llm")
-    mp = Path(MICROPY_DIR)
-    if not (mp / "ports" / "unix" / "Makefile").is_file():
-        pytest.fail(f"MICROPY_DIR={mp} is not a MicroPython checkout")
-    # one build at a time: pytest-xdist workers share the build directory
-    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-        return _build_unix(mp)
-
-
-def _run_mp(exe: Path, code: str, tmp_path: Path, **env_extra: str) -> str:
-    script = tmp_path / "script.py"
-    script.write_text(code)
-    env = dict(os.environ, MICROPYPATH=f"{ROOT / 'firmware' / 'modules'}:.frozen", **env_extra)
-    r = subprocess.run([str(exe), str(script)], capture_output=True, text=True, env=env,
-                       timeout=300, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
-
-
 BAD_IMAGE = b"MPLLMIMG" + bytes(200)
 
 DRIVE = """
@@ -231,7 +168,7 @@ def _cpython_reference(image: Path, t: float, k: int, seed: int, prompt: list[in
 def test_unix_binding_matches_cpython(micropython: Path, tiny_model, tmp_path: Path,
                                       t: float, k: int, seed: int) -> None:
     prompt, n = [5, 17, 42, 7], 20
-    out = _run_mp(micropython, DRIVE.format(image=str(tiny_model.image), t=t, k=k, seed=seed,
+    out = run_mp(micropython, DRIVE.format(image=str(tiny_model.image), t=t, k=k, seed=seed,
                                             prompt=prompt, n=n, bad=BAD_IMAGE), tmp_path)
     lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     print(lines["INFO"])
@@ -270,7 +207,7 @@ llm.load(fast=True)
 print("MODE", llm.mode())
 llm.story("Once upon a time", seed=3, max_tokens=60)
 """
-    out = _run_mp(micropython, code, tmp_path)
+    out = run_mp(micropython, code, tmp_path)
     host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=engine_ext.PYTHONPATH),
                           timeout=300, check=False)
@@ -286,12 +223,7 @@ llm.story("Once upon a time", seed=3, max_tokens=60)
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def micropython_variant(request: pytest.FixtureRequest) -> Path:
-    if not MICROPY_DIR:
-        pytest.skip("MICROPY_DIR is not set: point it at a MicroPython "
-                    f"{pins.MICROPYTHON_TAG} checkout to build the unix port with _llm")
-    mp = Path(MICROPY_DIR)
-    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-        return _build_unix(mp, request.param)
+    return unix_port(request.param)
 
 
 INTERRUPTED = """
@@ -443,7 +375,7 @@ def test_both_bindings_decide_alike(micropython_variant: Path, tiny_model,
 
     code = OUTCOMES.format(image=str(tiny_model.image), cases=SAME_OUTCOME,
                            not_there=str(tmp_path / "missing.img"), a_dir=str(tmp_path))
-    mp_out = _run_mp(micropython_variant, code, tmp_path)
+    mp_out = run_mp(micropython_variant, code, tmp_path)
     ns: dict[str, object] = {}
     lines = []
     import contextlib
@@ -606,7 +538,7 @@ def test_tokenizer_is_read_in_place_on_micropython(micropython: Path, tiny_model
     from mpllm.formats.image import read_image
 
     want = read_image(tiny_model.image).tokenizer_section
-    out = _run_mp(micropython, SECTION.format(image=str(tiny_model.image)), tmp_path)
+    out = run_mp(micropython, SECTION.format(image=str(tiny_model.image)), tmp_path)
     lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     assert lines["TYPE"] == (f"Section {len(want)} {want[0]} {want[-1]} {list(want[4:8])} "
                              f"{want[:4]!r}")
@@ -652,7 +584,7 @@ def test_a_kept_tokenizer_view_never_reads_freed_memory(micropython: Path, tiny_
     CPython's view keeps the bytes (test_bindings.py)."""
     other = tmp_path / "other.img"
     other.write_bytes(tiny_model.image.read_bytes())
-    out = _run_mp(micropython, KEPT_VIEW.format(a=str(tiny_model.image), b=str(other)),
+    out = run_mp(micropython, KEPT_VIEW.format(a=str(tiny_model.image), b=str(other)),
                   tmp_path)
     no_buffer = ("TypeError: a Section lends no buffer (a view could outlive the model's image): "
                  "t[a:b] gives bytes")
@@ -697,7 +629,7 @@ def test_ctrl_c_right_after_munmap(micropython_variant: Path, tiny_model,
         images.append(tmp_path / f"{name}.img")
         images[-1].write_bytes(tiny_model.image.read_bytes())
     code = FORCED_RELEASE.format(**{k: str(v) for k, v in zip("abc", images)})
-    out = _run_mp(micropython_variant, code, tmp_path, MPLLM_TEST_SIGINT="released,unmapped")
+    out = run_mp(micropython_variant, code, tmp_path, MPLLM_TEST_SIGINT="released,unmapped")
     assert out.splitlines() == ["CLOSE KeyboardInterrupt", "AGAIN no interrupt",
                                 "REPLACE KeyboardInterrupt", "OLD no interrupt",
                                 "STILL True"], out
@@ -728,7 +660,7 @@ def test_the_finaliser_frees_the_model_like_a_soft_reset(micropython: Path, tiny
     tokenizer section then say so (no read of freed memory), and the next
     Model() opens afresh (the root pointer no longer names the dead object)
     and decodes what the first did."""
-    out = _run_mp(micropython, SOFT_RESET.format(image=str(tiny_model.image)), tmp_path)
+    out = run_mp(micropython, SOFT_RESET.format(image=str(tiny_model.image)), tmp_path)
     assert "MODEL bad state: the model is closed" in out
     assert "SECTION bad state: the model is closed" in out
     assert "AGAIN True True" in out
@@ -740,13 +672,9 @@ def test_gc_sweep_at_exit_unmaps_the_open_model(tiny_model, tmp_path: Path) -> N
     mapping of the image's size is unmapped after the script's last line)."""
     import shutil
 
-    if not MICROPY_DIR:
-        pytest.skip("MICROPY_DIR is not set")
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed")
-    mp = Path(MICROPY_DIR)
-    with _locked(mp / "ports" / "unix" / ".mpllm-test-build.lock"):
-        exe = _build_unix(mp, "coverage")
+    exe = unix_port("coverage")
     script = tmp_path / "open.py"
     script.write_text(f"import _llm\nm = _llm.Model({str(tiny_model.image)!r})\n"
                       "m.prefill([1, 2, 3])\nprint('OPEN', m.pos())\n")

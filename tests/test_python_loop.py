@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, missing_tool
-from test_micropython_binding import MICROPY_DIR, micropython  # noqa: F401 (the fixture)
+from unix_micropython import MICROPY_DIR
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +29,7 @@ def test_a_missing_binary_is_one_clear_line(tmp_path: Path) -> None:
                                                       "no such file")
 
 
-def test_the_loop_is_measured_on_the_unix_port(micropython: Path, demo_image: Path,  # noqa: F811
+def test_the_loop_is_measured_on_the_unix_port(micropython: Path, demo_image: Path,
                                                tmp_path: Path) -> None:
     """At a tiny size: every way timed and positive, the same stories every
     way, the per-pass solve finite, the heap and (with MicroPython's
@@ -114,7 +114,7 @@ def test_callgrind_costs_split_the_engine_from_the_loop(tmp_path: Path) -> None:
         callgrind_costs(bad)
 
 
-def test_the_loop_is_counted_on_the_unix_port(micropython: Path, demo_image: Path,  # noqa: F811
+def test_the_loop_is_counted_on_the_unix_port(micropython: Path, demo_image: Path,
                                               tmp_path: Path) -> None:
     """--count at a tiny size: every way counted and positive, the per-pass
     solve finite, and (with MicroPython's perf_bench) pystone counted."""

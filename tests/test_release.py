@@ -10,8 +10,8 @@ import json
 import tarfile
 from pathlib import Path
 
-import conftest
 import pytest
+from conftest import web_tools_tarball
 from mpllm.board import firmware_pins as pins
 from mpllm.board import release
 from mpllm.formats.partitions import find, load_partitions
@@ -110,12 +110,6 @@ def test_manifest_errors_are_named(built: tuple[Path, Path], tmp_path: Path, edi
         release.parse_release_manifest(json.dumps(data), "m.json")
     with pytest.raises(release.ReleaseError, match="not valid JSON"):
         release.parse_release_manifest("{", "m.json")
-
-
-def web_tools_tarball() -> Path:
-    """The pinned esp-web-tools tarball that `python tools/setup_dev.py` fetched;
-    never from the network here (skip, or fail under CI=true, when it is not there)."""
-    return conftest.web_tools_tarball()
 
 
 def test_vendored_web_tools_are_the_pinned_bundle(tmp_path: Path) -> None:

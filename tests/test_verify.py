@@ -155,11 +155,11 @@ def test_one_scan_for_all_positions_reads_the_head_once(release_model) -> None: 
 
 
 def test_verify_on_a_model_full_of_ties(tmp_path, small_model) -> None:  # type: ignore[no-untyped-def]
-    from test_certified_head import _tied_image
+    from model_edit import tied_image
 
     rng = random.Random(8)
     pairs = [(rng.randrange(900), rng.randrange(900)) for _ in range(300)]
-    img = _tied_image(tmp_path, small_model, iter(pairs), "ties")
+    img = tied_image(tmp_path, small_model, iter(pairs), "ties")
     for sampler in SAMPLERS[:3] + [(0.8, 3, 4)]:
         with _llm.Model(img) as a, _llm.Model(img) as b:
             for m in (a, b):

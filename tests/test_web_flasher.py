@@ -25,9 +25,9 @@ import llm
 import llm_chat
 import pytest
 from browser import chromium, console_errors, save_screenshot
+from conftest import web_tools_tarball
 from mpllm.board import release
 from mpllm.web.engine_process import parse_events
-from test_release import web_tools_tarball
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_WEB = ROOT / "tests" / "web"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -97,3 +98,29 @@ def run(program: Path, *args: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     return subprocess.run([str(program), *args], check=False, capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+#: what the PIE-kernel build of the engine adds: the kernels and the host model
+#: of the S3's vector unit they run on
+PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
+
+
+def engine_run(pie: bool) -> Path:
+    """tests/c/engine_run.c on the host port, with the reference kernels or the PIE
+    ones (`pie`): it prints a run's token ids and a hash of every logits vector."""
+    sources = engine_sources()
+    sources += [PORT_HOST / "port_host.c", CTESTS / "engine_run.c"]
+    defines = {"LLM_PORT_NAME": '"host"'}
+    if pie:
+        sources += [ENGINE / s for s in PIE_SOURCES]
+        defines["LLM_KERNELS_PIE"] = ""
+    name = "engine_run_pie" if pie else "engine_run_ref"
+    return build(name, sources, ROOT / "build" / "ctests", defines=defines)
+
+
+def ids_and_hash(out: str) -> tuple[str, str]:
+    """engine_run's token ids and logits hash, from its output."""
+    ids = re.search(r"^ids (.*)$", out, re.MULTILINE)
+    digest = re.search(r"^logits_fnv1a64 (\S+ over \d+ heads)$", out, re.MULTILINE)
+    assert ids and digest, out
+    return ids.group(1), digest.group(1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-from mpllm.formats.image import HEADER_BYTES, SECTION, SECTION_BYTES, Section, align_up, read_header
+from mpllm.formats.align import align_up
+from mpllm.formats.image import ALIGN, HEADER_BYTES, SECTION, SECTION_BYTES, Section, read_header
 
 
 def with_section(image: bytes, name: str, payload: bytes) -> bytes:
@@ -18,11 +19,11 @@ def with_section(image: bytes, name: str, payload: bytes) -> bytes:
                 for s in sections]
     if all(s.name != name for s in sections):
         raise KeyError(f"the image has no section {name!r}")
-    pos = align_up(HEADER_BYTES + SECTION_BYTES * len(sections))
+    pos = align_up(HEADER_BYTES + SECTION_BYTES * len(sections), ALIGN)
     out = bytearray(pos)
     moved = []
     for s, p in zip(sections, payloads):
-        out += bytes(align_up(len(out)) - len(out))
+        out += bytes(align_up(len(out), ALIGN) - len(out))
         moved.append(Section(s.name, s.kind, len(out), len(p), zlib.crc32(p)))
         out += p
     header = dataclasses.replace(header, file_bytes=len(out), header_crc32=0)

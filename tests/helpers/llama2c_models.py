@@ -9,13 +9,34 @@ import dataclasses
 import random
 from pathlib import Path
 
+import numpy as np
 from mpllm.formats import llama2c
 from mpllm.formats.image import write_image
+from mpllm.formats.llama2c import Llama2cCheckpoint, Llama2cConfig
 from mpllm.formats.model import Config, F32Matrix, Matrix, Weights
 from mpllm.formats.rope import rope_table
 from mpllm.formats.tokenizer import tokenizer_section
 from mpllm.quantize import quantize_int8
 from mpllm.training.generate import make_weights
+
+#: llama2.c's own stories260K checkpoint, beside the checkout (../shared/llama2c): read
+#: there when present, never copied; the tests that need it skip without it
+STORIES260K_BIN = Path(__file__).resolve().parents[3] / "shared" / "llama2c" / "stories260K.bin"
+
+
+def random_checkpoint(shared: bool = True, seed: int = 0) -> Llama2cCheckpoint:
+    """A small llama2.c checkpoint of random weights (grouped-query attention,
+    a shared or own classifier), as llama2c.read_checkpoint returns one."""
+    cfg = Llama2cConfig(dim=32, hidden_dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
+                        vocab_size=96, seq_len=40, shared_classifier=shared)
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return rng.normal(0, 0.2, shape).astype(np.float32)
+
+    layers = {name: w(cfg.n_layers, *cfg.matrix_shape(name)) for name in llama2c.LAYER_MATRICES}
+    return Llama2cCheckpoint(0, cfg, w(96, 32), 1 + w(2, 32), 1 + w(2, 32), 1 + w(32), layers,
+                             None if shared else w(96, 32))
 
 
 def synthetic_vocab(n: int = 512, seed: int = 5) -> tuple[list[bytes], list[float]]:

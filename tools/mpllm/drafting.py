@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "mpllm.reference.llama2c runs it), e.g. stories260K.bin")
     ap.add_argument("--prices", choices=("image", "release"), default="image",
                     help="price guesses for the image's own shape (what convert stores) or for "
-                         "the release shape (the README's figures); a llama2.c model is always "
+                         "the release shape (docs/performance.md's figures); a llama2.c model is always "
                          "priced at the release shape (its acceptance stands in for the release "
                          "model's on real text)")
     ap.add_argument("--tokens", type=int, default=200, help="story tokens per run (default 200)")

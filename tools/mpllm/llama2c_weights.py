@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from .formats.align import align_up
 from .formats.image import BLOCK_COLS
 from .formats.llama2c import Llama2cCheckpoint
 from .formats.model import (
@@ -68,7 +69,7 @@ from .quantize import quantize_int4, quantize_int8
 
 def default_group(dim: int) -> int:
     """The int4 group a checkpoint of this dim gets (see the module doc)."""
-    return -(-dim // BLOCK_COLS) * BLOCK_COLS
+    return align_up(dim, BLOCK_COLS)
 #: llama2.c's RMSNorm epsilon (run.c: 1e-5f)
 NORM_EPS = 1e-5
 #: llama2.c's RoPE base

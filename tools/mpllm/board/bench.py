@@ -92,7 +92,7 @@ class _TimedWriter(io.TextIOBase):
         return len(s)
 
 
-def _import_llm_modules(llm_module: object | None) -> object:
+def import_llm_modules(llm_module: object | None) -> object:
     if llm_module is not None:
         sys.modules["_llm"] = llm_module  # type: ignore[assignment]
     return _board("_llm")
@@ -104,12 +104,12 @@ def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: i
     """The bench on the host board: the board's own llm_bench.bench() in-process
     with the CPython `_llm` on a model of its own (mode: exact, plain = every
     speed-up off, fast = lossy; draft: llm.drafter's option)."""
-    _import_llm_modules(llm_module)
+    import_llm_modules(llm_module)
     args = _bench_args(runs, n_tokens, mode, draft, os.fspath(image), private=True)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
     with contextlib.redirect_stdout(_TimedWriter(rec)):
         _board("llm_bench").bench(*args)
-    _progress_close()
+    progress_close()
     return parse_stream(rec, runs, "host")
 
 
@@ -127,7 +127,7 @@ def run_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *, soft_reset: b
     rec = StreamRecorder(_progress_callback(len(runs), progress))
     err = run_port_snippet(port, code, consumer=rec.feed, soft_reset=soft_reset,
                            timeout=timeout)
-    _progress_close()
+    progress_close()
     if err:
         raise RuntimeError(f"{port}: the bench raised on the board:\n"
                            f"{err.decode('utf-8', 'replace')}")
@@ -173,7 +173,7 @@ def _progress_callback(n_runs: int, enabled: bool) -> Callable[[str], None] | No
     return on_text
 
 
-def _progress_close() -> None:
+def progress_close() -> None:
     for bar in _BAR:
         bar.close()  # type: ignore[attr-defined]
     _BAR.clear()
@@ -199,7 +199,7 @@ def _progress_close() -> None:
 # CLI
 # ---------------------------------------------------------------------------
 
-def _default_image() -> Path | None:
+def default_image() -> Path | None:
     """The bundled demo model's image (converted once into the cache), if there is one."""
     from . import hostboard
 
@@ -232,7 +232,7 @@ def make_release_shaped(out_dir: Path, seed: int = 104) -> Path:
     return img
 
 
-def _release_dir() -> Path:
+def release_dir() -> Path:
     return Path(tempfile.gettempdir()) / "mpllm-bench-release-shaped"
 
 

@@ -32,12 +32,12 @@ from ..image_cache import ImageFileError, check_image_file
 from . import gate
 from .bench import (
     DRAFTS,
-    _default_image,
-    _import_llm_modules,
-    _progress_close,
-    _release_dir,
+    default_image,
+    import_llm_modules,
     make_release_shaped,
     port_gate,
+    progress_close,
+    release_dir,
     report_info,
     run_host,
     run_port,
@@ -46,10 +46,10 @@ from .bench_runs import (
     PROMPTS,
     STAGES,
     BenchResult,
-    _memory_summary,
     compare_plain,
     default_runs,
     format_result,
+    memory_summary,
     plot_stages,
     to_json,
     write_json,
@@ -204,8 +204,8 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
     """--report FILE: build, self-test, gate, the bench per stage, placement and
     free memory in one JSON, and a summary to paste into an issue. On a board
     the model the user has open stays open (the bench and gate share it)."""
-    _import_llm_modules(llm_module)
-    image = args.image or (None if args.port else _default_image())
+    import_llm_modules(llm_module)
+    image = args.image or (None if args.port else default_image())
     if args.port is None and image is None:
         print("bench.py --report: no demo model found; give --image", file=sys.stderr)
         return 2
@@ -249,7 +249,7 @@ def _report_main(args: argparse.Namespace, llm_module: object | None) -> int:
     lines = [f"mpllm report ({data['where']}): {info['build_info']}",
              f"selftest: {selftest_text}", f"gate: {gate_text}", speed,
              f"per stage (ms/token): {stages}",
-             f"heap free: {info.get('heap_free')}; memory: {_memory_summary(res.memory)}",
+             f"heap free: {info.get('heap_free')}; memory: {memory_summary(res.memory)}",
              f"weights: {weights_summary(res.config)}",
              f"json: {args.report}"]
     print("\n".join(lines))
@@ -279,7 +279,7 @@ def _quality_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print("--fast --quality runs on the host board (it reads logits at every "
               "position)", file=sys.stderr)
         return 2
-    image = args.image or _default_image()
+    image = args.image or default_image()
     if image is None:
         print("bench.py --quality: no demo model found; give --image", file=sys.stderr)
         return 2
@@ -300,8 +300,8 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print("bench.py --port --gate needs --image: the image the board runs (or "
               "--release-shaped)", file=sys.stderr)
         return 2
-    image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped
-                           else _default_image())
+    image = args.image or (make_release_shaped(release_dir()) if args.release_shaped
+                           else default_image())
     if image is None:
         print("bench.py --gate: no demo model found; give --image or --release-shaped",
               file=sys.stderr)
@@ -310,7 +310,7 @@ def _gate_main(args: argparse.Namespace, llm_module: object | None) -> int:
         other = port_gate(args.port, soft_reset=args.soft_reset, timeout=max(args.timeout, 300),
                           port_image=args.port_image)
     else:
-        _import_llm_modules(llm_module)
+        import_llm_modules(llm_module)
         other = gate.engine_gate(image)
     if args.expect:
         want = args.expect.strip().lower()
@@ -367,10 +367,10 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     step = _Steps()
     if args.release_shaped and not args.image:
         step("a release-shaped image (made once, then cached)")
-    image = args.image or (make_release_shaped(_release_dir()) if args.release_shaped else None)
+    image = args.image or (make_release_shaped(release_dir()) if args.release_shaped else None)
     _llm = None
     try:
-        _llm = _import_llm_modules(llm_module)
+        _llm = import_llm_modules(llm_module)
     except ImportError as e:
         print(f"_llm not importable ({e}): analytic counters only", file=sys.stderr)
     if image is not None and _llm is not None:
@@ -383,7 +383,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         else:
             step(f"the engine's counters on {image}")
             measured = costmodel.measure_host(os.fspath(image), llm_module=_llm)
-    demo = _default_image() if _llm is not None else None
+    demo = default_image() if _llm is not None else None
     if _llm is not None:
         step(f"the certified head's rows fractions, {args.fraction_tokens} tokens a run")
     fractions = (costmodel.measure_fractions(demo, os.fspath(image) if image else None,
@@ -553,11 +553,11 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
                 results.append(r)
         else:
             images: list[tuple[str, Path]] = []
-            img = args.image or _default_image()
+            img = args.image or default_image()
             if img is not None:
                 images.append((f"host:{img.name}" if args.image else "host:demo", img))
             if args.release_shaped:
-                images.append(("host:release-shaped", make_release_shaped(_release_dir())))
+                images.append(("host:release-shaped", make_release_shaped(release_dir())))
             if not images:
                 print("no model: give --image PATH or --release-shaped (no demo model found "
                       "under models/demo)", file=sys.stderr)
@@ -592,6 +592,6 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         print(f"bench.py: {e}", file=sys.stderr)
         return 2
     except (RuntimeError, ValueError, OSError) as e:
-        _progress_close()  # a bar left open would print again after the message
+        progress_close()  # a bar left open would print again after the message
         print(f"bench.py: {e}", file=sys.stderr)
         return 1

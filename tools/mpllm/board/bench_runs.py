@@ -215,7 +215,7 @@ def parse_stream(rec: StreamRecorder, runs: Sequence[RunSpec], board: str) -> Be
     return result
 
 
-def _memory_summary(memory: list) -> str:
+def memory_summary(memory: list) -> str:
     """Region totals, then the placements outside the per-layer matrices."""
     totals: dict[str, int] = {}
     named = []
@@ -238,7 +238,7 @@ def format_result(res: BenchResult) -> str:
     label = {"fast": "fast (LOSSY, opt-in)", "plain": "plain (every speed-up off)"}
     lines = [f"board: {res.board}", f"build_info: {res.build_info}",
              f"mode: {label.get(res.mode, res.mode)}; {drafting}",
-             "memory: " + _memory_summary(res.memory),
+             "memory: " + memory_summary(res.memory),
              (f"{'prompt':<36} {'mode':<8} {'tok':>4} {'engine ms/tok':>13} "
              f"{'engine tok/s':>12} {'round-trip tok/s':>16} {'TTFT ms (eng/rt)':>17}")]
     for r in res.runs:

@@ -90,7 +90,7 @@ The package, one idea a module (each imports only modules listed above it):
   spec_inputs   `DraftFigures`, `UnionRatios`, `SpecInputs` and their defaults
   work          `Work`, `HeadCounts`, `Fit`; a stage's seconds (`stage_breakdown`)
   forward       one token's work per stage (`token_work`, `build_work`, `predict`)
-  passes        one verify pass's work (`pass_work`, `PassHead`, `_Passes`)
+  passes        one verify pass's work (`pass_work`, `PassHead`, `Passes`)
   calibration   the anchors (`ANCHORS`) and the fit (`fit`)
   prices        `draft_prices`: what a draft position costs
   engine_bytes  the engine's byte accounting, checked against its counters
@@ -123,8 +123,7 @@ modules import nothing that imports drafting; spec_measure imports drafting
 """
 
 # Each module's __all__ lists the names it defines, once; the star imports
-# hand them all on. The two private names are there for tests/test_costmodel.py.
-# ruff: noqa: F401 (every import here is a re-export)
+# hand them all on.
 
 from .bands import *
 from .builds import *
@@ -135,7 +134,6 @@ from .forward import *
 from .host import *
 from .llama import *
 from .passes import *
-from .passes import _Passes
 from .pie import *
 from .pie_counter import *
 from .prices import *
@@ -144,7 +142,7 @@ from .s3 import *
 from .shape import *
 from .spec_inputs import *
 from .spec_measure import *
-from .spec_report import _spec_entry
+from .spec_report import *
 from .sram import *
 from .work import *
 
@@ -170,6 +168,7 @@ __all__ = [
     "HeadFractions",
     "Measured",
     "PassHead",
+    "Passes",
     "Report",
     "Shape",
     "SpecInputs",
@@ -204,6 +203,7 @@ __all__ = [
     "python_loop_s",
     "report",
     "run_region_bytes",
+    "spec_entry",
     "sram_plan",
     "stage_seconds",
     "story_positions",

@@ -1,6 +1,6 @@
 """Bytes per region (flash/fast/bulk) as the engine accounts them
 (native/engine/engine.c): per stage and token, per run, per verify pass;
-checked against the engine's counters (`check_bytes`, `_check_pass_bytes`),
+checked against the engine's counters (`check_bytes`, `check_pass_bytes`),
 with the placement report read into regions (`placement_from_memory`).
 """
 
@@ -110,7 +110,7 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
     return out
 
 
-def _prompt_pass(pos: int, n_prompt: int) -> dict[str, object]:
+def prompt_pass(pos: int, n_prompt: int) -> dict[str, object]:
     """A prompt runs in passes of PREFILL_BATCH tokens: the first token of a
     pass is charged the pass's weights and its cache reads (rows 0 .. the
     pass's last, once), the others neither. Steps are passes of one."""
@@ -134,7 +134,7 @@ def run_region_bytes(s: Shape, n_prompt: int, n_steps: int,
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in range(n_prompt + n_steps):
         for st in engine_stage_bytes(s, pos, placement, kv_dots=kv_dots,
-                                     **_prompt_pass(pos, n_prompt)).values():  # type: ignore[arg-type]
+                                     **prompt_pass(pos, n_prompt)).values():  # type: ignore[arg-type]
             for r, b in st.items():
                 tot[r] += b
     heads = n_steps + 1
@@ -212,7 +212,7 @@ def pass_region_bytes(s: Shape, pos: int, m: int, placement: Mapping[str, str] |
     return tot
 
 
-def _check_pass_bytes(delta: Mapping[str, int], s: Shape, pos: int, m: int, tiles: int,
+def check_pass_bytes(delta: Mapping[str, int], s: Shape, pos: int, m: int, tiles: int,
                       placement: Mapping[str, str], head_ids: bool, id_reads: int) -> None:
     """The engine's bytes for one pass equal pass_region_bytes with the head
     rows it read and the `id_reads` token ids (its head_ids): a whole number
@@ -232,7 +232,7 @@ def _check_pass_bytes(delta: Mapping[str, int], s: Shape, pos: int, m: int, tile
                          f"the pass formulas ({tiles} tiles, {rows} head rows; {bad})")
 
 
-def _formula_per_token(s: Shape, positions: Sequence[int], placement: Mapping[str, str] | None,
+def formula_per_token(s: Shape, positions: Sequence[int], placement: Mapping[str, str] | None,
                        **head: object) -> dict[str, float]:
     tot = dict.fromkeys(REGIONS, 0.0)
     for pos in positions:

@@ -90,6 +90,7 @@ __all__ = [
     "charge_port",
     "charge_spill",
     "matvec_input_work",
+    "matvec_work",
     "predict",
     "token_work",
 ]
@@ -136,7 +137,7 @@ def exp_work(w: Work, b: Build, kind: str, count: float, *, split: bool = False)
         raise ValueError(f"unknown exp {kind!r}")
 
 
-def _matvec(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | None) -> None:
+def matvec_work(w: Work, b: Build, s: Shape, m: Mat, pie_calls: Mapping[str, int] | None) -> None:
     """One call of a matvec (the caller multiplies by per_token)."""
     fmt, tier = (b.head_fmt, b.head_tier) if m.name == "head" else b.core
     rows, cols = m.rows, m.cols
@@ -406,7 +407,7 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
         matvec_input_work(w, b, b.head_fmt, d)
     head = next(m for m in matrices(s) if m.name == "head")
     if b.head == "dense":
-        _matvec(w, b, s, head, pie_calls)
+        matvec_work(w, b, s, head, pie_calls)
         v = s.vocab_out
         split = b.split_rows is not None and v >= b.split_rows
         if b.logits == "psram":
@@ -553,7 +554,7 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     e = work["embed"]
     embed_position_work(e, b, s)
     if s.has_ple:
-        _matvec(e, b, s, mats["ple_model_proj"], pie_calls)
+        matvec_work(e, b, s, mats["ple_model_proj"], pie_calls)
 
     charge_spill(work, b)
     one = {st: Work() for st in ("attn", "ffn", "ple")}
@@ -561,12 +562,12 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     fmt = b.core[0]
     rmsnorm_work(a, d)
     matvec_input_work(a, b, fmt, d)
-    _matvec(a, b, s, mats["qkv"], pie_calls)
+    matvec_work(a, b, s, mats["qkv"], pie_calls)
     a.compute(ops=(h + s.n_kv_heads) * (dh // 2) * 6)  # RoPE on the q and k heads
     kv_store_work(a, b, s)
     _attention_core(a, b, s, pos)
     matvec_input_work(a, b, fmt, d)
-    _matvec(a, b, s, mats["attn_proj"], pie_calls)
+    matvec_work(a, b, s, mats["attn_proj"], pie_calls)
     a.compute(ops=3 * d)
 
     fw = one["ffn"]
@@ -574,26 +575,26 @@ def token_work(b: Build, s: Shape, pos: int, *, pie_calls: Mapping[str, int] | N
     matvec_input_work(fw, b, fmt, d)
     if b.quant_per_matvec:
         quantize_work(fw, b, d)  # gate and up each quantize their (same) input
-    _matvec(fw, b, s, mats["gate"], pie_calls)
-    _matvec(fw, b, s, mats["up"], pie_calls)
+    matvec_work(fw, b, s, mats["gate"], pie_calls)
+    matvec_work(fw, b, s, mats["up"], pie_calls)
     fw.compute(ops=f * 4)  # silu's 1 + e, * up
     chain_work(fw, b, f * DIV_OPS)  # x / (1 + e)
     exp_work(fw, b, b.act_exp, f)
     matvec_input_work(fw, b, fmt, f)
-    _matvec(fw, b, s, mats["down"], pie_calls)
+    matvec_work(fw, b, s, mats["down"], pie_calls)
     fw.compute(ops=3 * d)
 
     if s.has_ple:  # llama2.c has no PLE branch: its stage stays empty
         pw = one["ple"]
         quantize_work(pw, b, d)
-        _matvec(pw, b, s, mats["ple_gate"], pie_calls)
+        matvec_work(pw, b, s, mats["ple_gate"], pie_calls)
         if b.act_exp == "newlib":
             pw.compute(erff=p)  # priced by Fit.erff_cycles
         else:
             chain_work(pw, b, p * ERFF_OPS)
         pw.compute(ops=p * 5)  # 0.5*v*(1+erf(v*c)) * ple
         quantize_work(pw, b, p)
-        _matvec(pw, b, s, mats["ple_proj"], pie_calls)
+        matvec_work(pw, b, s, mats["ple_proj"], pie_calls)
         rmsnorm_work(pw, d)
         pw.compute(ops=3 * d)
     for st, wk in one.items():

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .builds import Build
-from .engine_bytes import _prompt_pass, check_bytes, engine_stage_bytes, placement_from_memory
+from .engine_bytes import check_bytes, engine_stage_bytes, placement_from_memory, prompt_pass
 from .pie import pie_row_instructions
 from .pie_counter import measure_pie_counts
 from .s3 import RELEASE_GREEDY_FRACTION, RELEASE_GREEDY_RANGE
@@ -107,7 +107,7 @@ def measure_host(image: object, *, prompt: Sequence[int] | None = None, n_steps:
     prompt_only = dict.fromkeys(REGIONS, 0.0)
     for pos in range(len(ids)):
         for regs in engine_stage_bytes(s, pos, placement, kv_dots=not plain,
-                                       **_prompt_pass(pos, len(ids))).values():  # type: ignore[arg-type]
+                                       **prompt_pass(pos, len(ids))).values():  # type: ignore[arg-type]
             for r, v in regs.items():
                 prompt_only[r] += v
     for regs in engine_stage_bytes(s, len(ids) - 1, placement, kv_dots=not plain).values():

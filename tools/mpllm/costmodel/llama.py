@@ -47,8 +47,8 @@ import numpy as np
 from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
-from .forward import _matvec, predict
-from .reporting import _charges
+from .forward import matvec_work, predict
+from .reporting import port_charges
 from .s3 import (
     CODE_BYTES_FORMATS,
     ICACHE_BYTES_N8,
@@ -572,7 +572,7 @@ def _format_what_ifs(name: str, pos: Sequence[int], f: Fit) -> list[dict[str, ob
         kernel = Work()
         for m in matrices(s):
             one = Work()
-            _matvec(one, b, s, m, None)
+            matvec_work(one, b, s, m, None)
             kernel.add(one.scaled(m.per_token))
         kernel.lines, kernel.flash_bytes = {}, 0.0  # compute only
         ifs = {"as placed": b, "core in internal SRAM": dataclasses.replace(b, spill_stages=()),
@@ -722,7 +722,7 @@ def _row(s: Shape, board: Board, vlabel: str, priced: dict[str, object], what_if
         "positions": [pos[0], pos[-1]],
         "charges": [{"charge": str(c["charge"]).replace("measured placement", "placement"),
                      "total_ms": c["total_ms"]}
-                    for c in _charges(b, f, s, pos, None, None, (1.0, 1.0))],
+                    for c in port_charges(b, f, s, pos, None, None, (1.0, 1.0))],
         "stages": {st: ms[st] for st in MODEL_STAGES}, "total_ms": ms["total"],
         "band": band, "tok_s": 1e3 / ms["total"],
         "tok_s_band": {"low": 1e3 / band["high"], "mid": 1e3 / band["mid"],

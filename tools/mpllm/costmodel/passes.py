@@ -1,7 +1,7 @@
 """Speculative decoding: one verification pass of m positions (llm_verify)
 as work per stage (`pass_work`, `pass_build_work`): every weight read once,
 the KV cache once per layer, the many-positions head scan (`PassHead`),
-positions 1..m-1's batch buffers in PSRAM; and `_Passes`, which caches the
+positions 1..m-1's batch buffers in PSRAM; and `Passes`, which caches the
 work and ms of such passes for the report and for draft_prices.
 """
 
@@ -53,6 +53,7 @@ __all__ = [
     "MANY_POP_HEAP_LINES",
     "SCORE_LINE_TRANSFERS",
     "PassHead",
+    "Passes",
     "pass_build_work",
     "pass_work",
 ]
@@ -297,7 +298,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
                          "context")
     if m == 1:
         work = token_work(b, s, pos, pie_calls=pie_calls, bound_pie=bound_pie)
-        # llm.py's loop: a pass's share instead of a step's (per token: _spec_entry)
+        # llm.py's loop: a pass's share instead of a step's (per token: spec_entry)
         work["python"] = Work()
         charge_port(work, b, "pass", icache=False)
         return work
@@ -360,7 +361,7 @@ def pass_work(b: Build, s: Shape, pos: int, m: int, *, head: PassHead | None = N
     for _ in range(m):
         sample_work(work["sample"], b, s)
     _batch_buffers(work, b, s, pos, m, ph)
-    charge_port(work, b, "pass")  # per pass; per story token: _spec_entry
+    charge_port(work, b, "pass")  # per pass; per story token: spec_entry
     return work
 
 
@@ -382,7 +383,7 @@ def pass_build_work(b: Build, s: Shape, starts: Sequence[int], m: int, *,
     return {st: w.scaled(1.0 / len(starts)) for st, w in total.items()}
 
 
-class _Passes:
+class Passes:
     """Pass work of builds at whole m over given start positions, cached
     (across reports too: the key holds everything the work depends on)."""
 
@@ -398,7 +399,7 @@ class _Passes:
         self._key = (s, tuple(sorted((pie_calls or {}).items())), bound_pie,
                      tuple(sorted((cols_pie or {}).items())), scale)
 
-    def with_fit(self, f: Fit) -> _Passes:
+    def with_fit(self, f: Fit) -> Passes:
         """The same passes priced with other constants (the work is shared)."""
         other = copy.copy(self)
         other.f = f

@@ -10,7 +10,7 @@ import dataclasses
 
 from .builds import BUILDS, SPEC_BUILD_MODE
 from .calibration import fit
-from .passes import _Passes
+from .passes import Passes
 from .s3 import python_loop_s
 from .shape import RELEASE, VERIFY_MAX, Shape, story_positions
 from .spec_inputs import SpecInputs
@@ -34,7 +34,7 @@ def pass_ms(s: Shape = RELEASE, *, build: str = "mpllm-spec-sampled",
     if rows_fraction is not None:
         b = dataclasses.replace(b, rows_fraction=rows_fraction)
     sp = SpecInputs.default()
-    passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
+    passes = Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
                      scale=(1.0, 1.0))
     union = sp.union[SPEC_BUILD_MODE[build]]
     starts = verify_starts(s)
@@ -76,7 +76,7 @@ def head_step_ms(s: Shape, rows_fraction: float, *, build: str = "mpllm-spec-sam
     row, no bounds): whether the certificate saves time on this model."""
     b = BUILDS[build]
     sp = SpecInputs.default()
-    passes = _Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
+    passes = Passes(fit(), s, pie_calls=None, bound_pie=None, cols_pie=sp.cols_pie,
                      scale=(1.0, 1.0))
     union, starts = sp.union[SPEC_BUILD_MODE[build]], (verify_starts(s)
                                                     or [p for p in story_positions() if p < s.seq_len])

@@ -40,10 +40,10 @@ from .calibration import (
     anchor_stages,
     fit,
 )
-from .engine_bytes import _formula_per_token, placement_from_memory
+from .engine_bytes import formula_per_token, placement_from_memory
 from .forward import build_work
 from .host import HeadFractions, Measured
-from .passes import _Passes
+from .passes import Passes
 from .s3 import (
     CODE_BYTES_ENGINE,
     HANDOFF_S,
@@ -56,7 +56,7 @@ from .s3 import (
 )
 from .shape import MODEL_STAGES, RELEASE, STAGES, Shape, story_positions
 from .spec_inputs import SpecInputs
-from .spec_report import _spec_builds, _spec_variants
+from .spec_report import spec_builds, spec_variants
 from .sram import MEASURED_CORE_BULK_KIB, MEASURED_PLACEMENT, sram_plan
 from .work import Fit, HeadCounts, Work, scale_memory, stage_breakdown, stage_seconds
 
@@ -78,7 +78,7 @@ class Report:
     measured: Measured | None
     positions: list[int]
     spec: SpecInputs | None = None
-    #: our exact builds with the port's charges added one at a time (`_charges`)
+    #: our exact builds with the port's charges added one at a time (`port_charges`)
     charges: dict[str, list[dict[str, object]]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -454,7 +454,7 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
     if measured is not None:
         placement = placement_from_memory(measured.memory) if measured.memory else None
         rows = (measured.head_rows_fraction or 1.0) * s.vocab_out
-        formula = _formula_per_token(s, measured.positions, placement,
+        formula = formula_per_token(s, measured.positions, placement,
                                      head_mode=measured.head_mode, head_rows=rows,
                                      head_ids=measured.head_ids,
                                      head_id_reads=measured.head_id_reads)
@@ -481,19 +481,19 @@ def report(measured: Measured | None = None, fractions: HeadFractions | None = N
     progress("pricing: the variants (each lever alone and together)")
     variants = _variants(ours, f, s, pos, fr, sram, pie_calls, bound_pie, measured)
     sp = spec or SpecInputs.default()
-    passes = _Passes(f, s, pie_calls=pie_calls, bound_pie=bound_pie, cols_pie=sp.cols_pie,
+    passes = Passes(f, s, pie_calls=pie_calls, bound_pie=bound_pie, cols_pie=sp.cols_pie,
                      scale=scale)
     progress("pricing: the speculative builds")
-    spec_builds, spec_entries = _spec_builds(ours, passes, sp, pos, sampled_ratios=ratios)
+    speculative, spec_entries = spec_builds(ours, passes, sp, pos, sampled_ratios=ratios)
     builds.update(spec_entries)
     progress("pricing: the speculative variants")
-    variants.update(_spec_variants(spec_builds, spec_entries, passes, sp, pos, sram))
-    charges = {n: _charges(ours[n], f, s, pos, pie_calls, bound_pie, scale)
+    variants.update(spec_variants(speculative, spec_entries, passes, sp, pos, sram))
+    charges = {n: port_charges(ours[n], f, s, pos, pie_calls, bound_pie, scale)
                for n in ("mpllm-exact-greedy", "mpllm-exact-sampled")}
     return Report(f, anchors, builds, variants, fr, sram, measured, pos, sp, charges)
 
 
-def _charges(b: Build, f: Fit, s: Shape, pos: Sequence[int], pie_calls: Mapping[str, int] | None,
+def port_charges(b: Build, f: Fit, s: Shape, pos: Sequence[int], pie_calls: Mapping[str, int] | None,
              bound_pie: float | None, scale: tuple[float, float]) -> list[dict[str, object]]:
     """Build `b` with what the board's port charges added one at a time (the
     engine alone: free hand-offs, its core all in SRAM, no instruction-cache

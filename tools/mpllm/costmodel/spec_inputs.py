@@ -37,7 +37,7 @@ SPEC_SEEDS = (1, 2, 3, 4, 5)
 SPEC_MODES = ("greedy", "sampled")
 
 
-def _samplers(mode: str, seeds: Sequence[int]) -> list[tuple[float, int, int]]:
+def samplers(mode: str, seeds: Sequence[int]) -> list[tuple[float, int, int]]:
     if mode == "greedy":
         return [(0.0, 0, 0)]
     if mode == "sampled":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .engine_bytes import _check_pass_bytes, placement_from_memory
+from .engine_bytes import check_pass_bytes, placement_from_memory
 from .pie_counter import measure_cols_pie
 from .prices import draft_prices
 from .shape import REGIONS, VERIFY_MAX, Shape
@@ -26,7 +26,7 @@ from .spec_inputs import (
     DraftFigures,
     SpecInputs,
     UnionRatios,
-    _samplers,
+    samplers,
 )
 
 __all__ = ["measure_adaptive", "measure_drafting", "measure_spec", "measure_union"]
@@ -83,12 +83,12 @@ def measure_union(image: object, *, llm_module: object | None = None,
         placement = placement_from_memory(memory)
         has_ids = any(name == "head_ids" for name, _, _ in memory)
         # a story and its passes per bar step (at a terminal: a minute in all)
-        bar = tqdm(total=sum(len(list(_samplers(m, seeds))) for m in modes) * len(ids),
+        bar = tqdm(total=sum(len(list(samplers(m, seeds))) for m in modes) * len(ids),
                    desc="union ratios", unit="story", file=sys.stderr, leave=False, disable=None)
         for mode in modes:
             sums = {k: [0, 0, 0, 0, 0] for k in ms}  # pass tiles, step tiles, rows, rows, passes
             steps = step_tiles = step_rows = 0
-            for smp in _samplers(mode, seeds):
+            for smp in samplers(mode, seeds):
                 for prompt in ids:
                     mdl.reset()
                     mdl.sampler(*smp)
@@ -126,7 +126,7 @@ def measure_union(image: object, *, llm_module: object | None = None,
                                 raise ValueError("V rows cached as floats: the byte formulas "
                                                  "assume none")
                             pt = z["head_tiles"] - a["head_tiles"]
-                            _check_pass_bytes({r: z["bytes"][r] - a["bytes"][r] for r in REGIONS},
+                            check_pass_bytes({r: z["bytes"][r] - a["bytes"][r] for r in REGIONS},
                                               s, pos, k, pt, placement, has_ids,
                                               z["head_ids"] - a["head_ids"])
                             acc = sums[k]
@@ -176,7 +176,7 @@ def measure_adaptive(image: object, *, llm_module: object | None = None,
         bar = tqdm(total=len(SPEC_MODES) * (1 + len(odds) * len(caps)), desc="drafter sweep",
                    unit="setting", file=sys.stderr, leave=False, disable=None)
         for mode in SPEC_MODES:
-            stories = [pair for smp in _samplers(mode, seeds)
+            stories = [pair for smp in samplers(mode, seeds)
                        for pair in drafting.decode_stories(mdl, ids, smp, n_tokens, eot)]
             r = drafting.simulate(stories, table.table(draft_prices()).draft)
             rows = [DraftFigures("ngram priced", r.tokens_per_pass, r.drafted / r.passes,

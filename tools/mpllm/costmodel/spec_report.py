@@ -1,7 +1,7 @@
 """The report's speculative builds: one build in verify passes, per generated
-token (`_spec_entry`), the drafter that minimises it (`_best_draft`), the
-speculative builds themselves (`_spec_builds`) and their what-ifs
-(`_spec_variants`).
+token (`spec_entry`), the drafter that minimises it (`_best_draft`), the
+speculative builds themselves (`spec_builds`) and their what-ifs
+(`spec_variants`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 
 from .bands import SAMPLED_RATIOS_DEFAULT, band
 from .builds import BUILDS, SPEC, SPEC_BUILD_MODE, Build
-from .passes import _Passes
+from .passes import Passes
 from .s3 import python_loop_s
 from .shape import MODEL_STAGES, VERIFY_MAX
 
-__all__ = ["story_token_loop_ms"]
+__all__ = ["spec_entry", "story_token_loop_ms"]
 
 
 def story_token_loop_ms(b: Build) -> float:
@@ -36,7 +36,7 @@ def _pass_mix(m: float) -> dict[int, float]:
     return {lo: 1.0} if a < 1e-12 or lo == VERIFY_MAX else {lo: 1.0 - a, lo + 1: a}
 
 
-def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRatios,
+def spec_entry(b: Build, passes: Passes, draft: DraftFigures, union: UnionRatios,
                 positions: Sequence[int], *, by_m: bool = False) -> dict[str, object]:
     """One speculative build, in _build_entry's schema (per generated token:
     the pass's time / tokens per pass) plus the pass itself."""
@@ -101,7 +101,7 @@ def _spec_entry(b: Build, passes: _Passes, draft: DraftFigures, union: UnionRati
     return out
 
 
-def _best_draft(b: Build, passes: _Passes, drafts: Mapping[str, DraftFigures],
+def _best_draft(b: Build, passes: Passes, drafts: Mapping[str, DraftFigures],
                 union: UnionRatios, positions: Sequence[int]
                 ) -> tuple[DraftFigures, dict[str, dict[str, float]]]:
     """The drafter with the lowest modelled ms/token, and every drafter's figure."""
@@ -109,7 +109,7 @@ def _best_draft(b: Build, passes: _Passes, drafts: Mapping[str, DraftFigures],
     for name, d in drafts.items():
         if not d.usable:
             continue
-        e = _spec_entry(b, passes, d, union, positions)
+        e = spec_entry(b, passes, d, union, positions)
         table[name] = {"total_ms": float(e["total_ms"]),  # type: ignore[arg-type]
                        "tokens_per_pass": d.tokens_per_pass,
                        "positions_per_pass": d.positions_per_pass,
@@ -120,7 +120,7 @@ def _best_draft(b: Build, passes: _Passes, drafts: Mapping[str, DraftFigures],
     return drafts[best], table
 
 
-def _spec_builds(ours: Mapping[str, Build], passes: _Passes, spec: SpecInputs,
+def spec_builds(ours: Mapping[str, Build], passes: Passes, spec: SpecInputs,
                  positions: Sequence[int], *,
                  sampled_ratios: tuple[float, ...] = SAMPLED_RATIOS_DEFAULT
                  ) -> tuple[dict[str, Build], dict[str, dict[str, object]]]:
@@ -135,24 +135,24 @@ def _spec_builds(ours: Mapping[str, Build], passes: _Passes, spec: SpecInputs,
         b = dataclasses.replace(BUILDS[name], rows_fraction=exact.rows_fraction)
         union = spec.union[mode]
         best, table = _best_draft(b, passes, spec.drafts[mode], union, positions)
-        e = _spec_entry(b, passes, best, union, positions, by_m=True)
+        e = spec_entry(b, passes, best, union, positions, by_m=True)
         e["drafters"] = table
         e["band"], e["band_inputs"] = band(
-            b, passes.f, lambda bb, ff, best=best, union=union: float(_spec_entry(  # type: ignore[misc]
+            b, passes.f, lambda bb, ff, best=best, union=union: float(spec_entry(  # type: ignore[misc]
                 bb, passes.with_fit(ff), best, union, positions)["total_ms"]),
             sampled_ratios=sampled_ratios)
         builds[name], entries[name] = b, e
     return builds, entries
 
 
-def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mapping[str, object]],
-                   passes: _Passes, spec: SpecInputs, positions: Sequence[int],
+def spec_variants(speculative: Mapping[str, Build], entries: Mapping[str, Mapping[str, object]],
+                   passes: Passes, spec: SpecInputs, positions: Sequence[int],
                    sram: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """What-ifs of the speculative builds (none of them exists as such)."""
     out: dict[str, dict[str, object]] = {}
 
     def add(key: str, b: Build, draft: DraftFigures, union: UnionRatios, note: str) -> None:
-        e = _spec_entry(b, passes, draft, union, positions)
+        e = spec_entry(b, passes, draft, union, positions)
         out[key] = {"total_ms": e["total_ms"], "stages": e["stages"],
                     "rows_fraction": e["rows_fraction"], "tokens_per_pass": e["tokens_per_pass"],
                     "positions_per_pass": e["positions_per_pass"], "pass_ms": e["pass_ms"],
@@ -160,7 +160,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
 
     for name in SPEC:
         mode = SPEC_BUILD_MODE[name]
-        b, union = spec_builds[name], spec.union[mode]
+        b, union = speculative[name], spec.union[mode]
         best = spec.drafts[mode][str(entries[name]["drafter"])]
         short = ("fast " if b.kv == "int8-fast" else "") + "spec " + mode
         add(f"{short}, the whole plan in SRAM", dataclasses.replace(b, spill_stages=()), best,
@@ -186,7 +186,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
                 "union and rows ratios measured on the release-shaped random model")
     for mode, rows in spec.adaptive.items():
         name = f"mpllm-spec-{mode}"
-        base, union = spec_builds[name], spec.union[mode]
+        base, union = speculative[name], spec.union[mode]
         usable = [d for d in rows if d.usable]
         if not usable:
             continue
@@ -196,7 +196,7 @@ def _spec_variants(spec_builds: Mapping[str, Build], entries: Mapping[str, Mappi
                         (" + batch buffers in SRAM, head scan on one core",
                          dataclasses.replace(base, batch="sram", many_split=False))]
         for extra, b in whatifs:
-            d = min(usable, key=lambda x, b=b: float(_spec_entry(b, passes, x, union,
+            d = min(usable, key=lambda x, b=b: float(spec_entry(b, passes, x, union,
                                                                  positions)["total_ms"]))
             add(f"spec {mode}, adaptive draft{extra}", b, d, union,
                 f"the n-gram threshold and cap the model picks, {d.drafter}: "

@@ -19,6 +19,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .align import align_up
+
 ORDER = 3  # LLM_IMAGE_DRAFTS_ORDER
 MAX_DRAFT = 7  # LLM_IMAGE_DRAFTS_MAX
 ONE = 0xFFFF  # share and odds units: 65535 is certainty
@@ -34,10 +36,6 @@ def top_next(counts: Mapping[int, int]) -> tuple[int, int]:
     """The next token a context's counts guess and its count: the most
     frequent, ties to the smaller id."""
     return max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
-
-
-def _pad16(n: int) -> int:
-    return -(-n // 16) * 16
 
 
 @dataclass
@@ -108,7 +106,7 @@ class DraftsTable:
         for n, recs in enumerate(self.records, 1):
             body = b"".join(struct.pack(f"<{n + 2}H", *ctx, nxt, share)
                             for ctx, (nxt, share) in sorted(recs.items()))
-            parts.append(body + bytes(_pad16(len(body)) - len(body)))
+            parts.append(body + bytes(align_up(len(body), 16) - len(body)))
         return b"".join(parts)
 
     @classmethod
@@ -123,7 +121,7 @@ class DraftsTable:
             raise DraftsError(f"drafts: max_draft {max_draft} exceeds {MAX_DRAFT}")
         if any(min_odds[max_draft:]):
             raise DraftsError("drafts: min_odds past max_draft is not zero")
-        want = HEADER.size + sum(_pad16(c * (n + 2) * 2) for n, c in enumerate(counts, 1))
+        want = HEADER.size + sum(align_up(c * (n + 2) * 2, 16) for n, c in enumerate(counts, 1))
         if len(p) != want:
             raise DraftsError(f"drafts: {len(p)} bytes, layout needs {want}")
         t = cls(max_draft, tuple(min_odds))
@@ -143,9 +141,9 @@ class DraftsTable:
                 prev = tuple(ctx)
                 t.records[n - 1][prev] = (nxt, share)
             used = c * (n + 2) * 2
-            if any(p[at + used:at + _pad16(used)]):
+            if any(p[at + used:at + align_up(used, 16)]):
                 raise DraftsError("drafts: padding is not zero")
-            at += _pad16(used)
+            at += align_up(used, 16)
         return t
 
 

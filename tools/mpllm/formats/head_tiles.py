@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .align import align_up
 from .model import Matrix, QMatrix
 
 #: Rows per tile (the release head's 25,353 rows make 199 tiles).
@@ -61,12 +62,8 @@ class HeadTiles:
         return int(self.scales.shape[0])
 
 
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
-
-
 def cols_padded(cols: int) -> int:
-    return -(-cols // 32) * 32
+    return align_up(cols, 32)
 
 
 def _weights(head: QMatrix) -> np.ndarray:
@@ -147,15 +144,15 @@ def pack(tiles: HeadTiles) -> bytes:
         return hdr
     order = tiles.order.astype("<u2").tobytes()
     scales = tiles.scales.astype("<f4").tobytes()
-    return b"".join([hdr, order, bytes(_align16(len(order)) - len(order)), scales,
-                     bytes(_align16(len(scales)) - len(scales)),
+    return b"".join([hdr, order, bytes(align_up(len(order), 16) - len(order)), scales,
+                     bytes(align_up(len(scales), 16) - len(scales)),
                      np.ascontiguousarray(tiles.boxes, np.int8).tobytes()])
 
 
 def packed_size(rows: int, cols: int, n_tiles: int) -> int:
     if n_tiles == 0:
         return TILES_HEADER.size
-    return (TILES_HEADER.size + _align16(2 * rows) + _align16(4 * n_tiles)
+    return (TILES_HEADER.size + align_up(2 * rows, 16) + align_up(4 * n_tiles, 16)
             + n_tiles * 2 * cols_padded(cols))
 
 
@@ -172,14 +169,14 @@ def unpack(payload: bytes | memoryview, what: str = "head_tiles") -> HeadTiles:
     if not 1 <= tile_rows <= MAX_TILE_ROWS or n_tiles != -(-rows // tile_rows):
         raise HeadTilesError(f"section {what}: {n_tiles} tiles of {tile_rows} rows do not "
                              f"cover {rows} rows")
-    want = TILES_HEADER.size + _align16(2 * rows) + _align16(4 * n_tiles) + n_tiles * 2 * cp
+    want = TILES_HEADER.size + align_up(2 * rows, 16) + align_up(4 * n_tiles, 16) + n_tiles * 2 * cp
     if len(payload) != want:
         raise HeadTilesError(f"section {what}: {len(payload)} bytes, layout needs {want}")
     at = TILES_HEADER.size
     order = np.frombuffer(payload, "<u2", rows, at).astype(np.uint16)
-    at += _align16(2 * rows)
+    at += align_up(2 * rows, 16)
     scales = np.frombuffer(payload, "<f4", n_tiles, at).astype(np.float32)
-    at += _align16(4 * n_tiles)
+    at += align_up(4 * n_tiles, 16)
     boxes = np.frombuffer(payload, np.int8, n_tiles * 2 * cp, at).reshape(n_tiles, 2 * cp).copy()
     return HeadTiles(rows, tile_rows, cp, order, scales, boxes)
 

@@ -34,6 +34,7 @@ from ..atomic import atomic_path
 from ..checkout import board_module
 from . import drafts_table
 from . import head_tiles as tiles_mod
+from .align import align_up
 from .esp32ai import ModelFormatError, pack_nibbles, unpack_nibbles, validate_config
 from .model import (
     FAMILIES,
@@ -231,10 +232,6 @@ class Image:
 
 # --------------------------------------------------------------------------- #
 # layout
-
-
-def align_up(n: int, a: int = ALIGN) -> int:
-    return -(-n // a) * a
 
 
 def section_plan(cfg: Config) -> list[tuple[str, int, tuple[int, int]]]:
@@ -687,10 +684,10 @@ def write_image(
         raise ValueError(f"{cfg.n_layers} layers need {len(plan)} sections, the format allows "
                          f"{MAX_SECTIONS}")
     offsets, sizes = [], []
-    pos = align_up(HEADER_BYTES + SECTION_BYTES * len(plan))
+    pos = align_up(HEADER_BYTES + SECTION_BYTES * len(plan), ALIGN)
     tensors = _tensors(weights)
     for name, kind, shape in plan:
-        pos = align_up(pos)
+        pos = align_up(pos, ALIGN)
         size = (len(tiles_payload) if kind == KIND_HEAD_TILES
                 else len(drafts_payload) if kind == KIND_DRAFTS
                 else len(weights_payload) if kind == KIND_WEIGHTS
@@ -836,9 +833,9 @@ def read_header(data: bytes) -> tuple[ImageHeader, list[Section]]:
         if s.offset % ALIGN:
             raise ImageFormatError(f"section {name!r} at offset {s.offset} is not "
                                    f"{ALIGN}-byte aligned")
-        if s.offset != align_up(pos):
+        if s.offset != align_up(pos, ALIGN):
             raise ImageFormatError(f"section {name!r} at offset {s.offset}, expected "
-                                   f"{align_up(pos)} (overlap or gap in the layout)")
+                                   f"{align_up(pos, ALIGN)} (overlap or gap in the layout)")
         if s.offset + s.size > file_bytes:
             raise ImageFormatError(f"section {name!r} [{s.offset}, {s.offset + s.size}) runs "
                                    f"past the end of the {file_bytes}-byte file")

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .align import align_up
+
 # ESP-IDF places the partition table itself at 0x8000 (one 4 KiB sector);
 # partitions start after it.
 TABLE_OFFSET = 0x8000
@@ -95,7 +97,7 @@ def parse_partitions(text: str, source: str = "partitions.csv") -> list[Partitio
         if poff:
             offset = _number(poff, f"{where} offset")
         else:
-            offset = (next_free + align - 1) // align * align
+            offset = align_up(next_free, align)
         if not psize:
             raise PartitionError(f"{where}: size is empty")
         size = _number(psize, f"{where} size")

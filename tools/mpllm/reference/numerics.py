@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.align import align_up
 from ..formats.model import F32Matrix, Matrix, Q8Matrix, QMatrix
 
 F32 = np.float32
@@ -337,7 +338,7 @@ class F32Matvec:
 
     @classmethod
     def of(cls, m: F32Matrix) -> F32Matvec:
-        width = -(-m.cols // F32_LANES) * F32_LANES
+        width = align_up(m.cols, F32_LANES)
         w = np.zeros((m.rows, width), dtype=np.float32)
         w[:, : m.cols] = m.w
         return cls(w.reshape(m.rows, width // F32_LANES, F32_LANES), m.rows, m.cols)

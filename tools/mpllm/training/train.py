@@ -43,6 +43,7 @@ import torch
 from torch.nn import functional as F
 
 from ..atomic import atomic_write_bytes
+from ..formats.align import align_up
 from ..formats.esp32ai import write_model_bin
 from ..formats.model import Config
 from ..reference.torch_model import PLEModel, TorchTwin, to_weights
@@ -345,7 +346,7 @@ def run(args: argparse.Namespace) -> dict:
         return run_llama2c(args, out, t_start)
 
     data = make_data(args)
-    vocab_in = args.vocab_in or -(-data.vocab_out // 64) * 64
+    vocab_in = args.vocab_in or align_up(data.vocab_out, 64)
     cfg = Config(vocab_in=vocab_in, vocab_out=data.vocab_out, dim=args.dim,
                  n_layers=args.layers, n_heads=args.heads, ffn=args.ffn, ple_dim=args.ple,
                  seq_len=args.ctx, group=args.group)
