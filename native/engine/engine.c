@@ -26,6 +26,7 @@
 #include "llm_error.h"
 #include "llm_names.h"
 #include "mathf.h"
+#include "simd.h"
 
 /* ---- state ------------------------------------------------------------- */
 
@@ -450,6 +451,50 @@ static void LLM_HOT scores_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
     }
 }
 
+#if LLM_SIMD
+/* Phase 1 on the host's vector lanes, one position (m == 1, not plain mode),
+ * over rows 0.. four at a time while their k are floats: lane r holds row
+ * t + r's sum, which runs in i order from +0 like the scalar one (q[i]
+ * times k_{t+r}[i], added), then is scaled: the same bits as
+ * scores_rows4. Each kv head's four rows are transposed once (moves only)
+ * for the query heads sharing it. The max runs over the stored scores in
+ * the scalar order. Returns the first row it did not score. Not LLM_HOT,
+ * and kept out of line: host-only code, not the board's. */
+static __attribute__((noinline)) uint32_t scores_simd(const attn_job *j, uint32_t h0,
+                                                       uint32_t h1) {
+    llm_run_state *s = j->s;
+    llm_col *col = &s->col[0];
+    const uint32_t Dh = j->Dh, KVD = j->KVD;
+    const float inv = j->e->inv_sqrt_head_dim;
+    const uint8_t *wide = s->kv_wide + (size_t)j->layer * j->S;
+    uint32_t t = 0;
+    for (; t + 3u <= j->last && (wide[t] & wide[t + 1u] & wide[t + 2u] & wide[t + 3u] &
+                                 LLM_K_WIDE); t += 4u) {
+        const float *k0 = s->kv_k + ((size_t)j->layer * j->S + t) * KVD;
+        uint32_t have = UINT32_MAX;
+        llm_f4 kt[LLM_MAX_HEAD_DIM]; /* kt[i] = {k_t[i], .., k_{t+3}[i]} */
+        for (uint32_t h = h0; h < h1; h++) {
+            const uint32_t kv = (h / j->group) * Dh;
+            if (kv != have) {
+                for (uint32_t i = 0; i < Dh; i += 4u)
+                    llm_f4_transpose(llm_f4_load(k0 + kv + i), llm_f4_load(k0 + KVD + kv + i),
+                                     llm_f4_load(k0 + 2u * KVD + kv + i),
+                                     llm_f4_load(k0 + 3u * KVD + kv + i), kt + i);
+                have = kv;
+            }
+            const float *q = col->qkv + h * Dh;
+            llm_f4 acc = llm_f4_splat(0.0f);
+            for (uint32_t i = 0; i < Dh; i++) acc += llm_f4_splat(q[i]) * kt[i];
+            float *sc = col->scores + (size_t)h * j->S + t;
+            llm_f4_store(sc, acc * inv);
+            for (uint32_t r = 0; r < 4u; r++)
+                if (sc[r] > col->att_max[h]) col->att_max[h] = sc[r];
+        }
+    }
+    return t;
+}
+#endif
+
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
  * scaled) for every cached t a position sees, and their max; each row's k
  * fetched (or rebuilt) once per kv head for all m positions; one position's
@@ -462,7 +507,11 @@ static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1
     float *buf = s->k_rebuilt != NULL ? s->k_rebuilt + (size_t)h0 * 4u * Dh : NULL;
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
-    for (uint32_t t = 0; t <= j->last; t++) {
+    uint32_t t0 = 0;
+#if LLM_SIMD
+    if (rows4 && Dh % 4u == 0) t0 = scores_simd(j, h0, h1);
+#endif
+    for (uint32_t t = t0; t <= j->last; t++) {
         if (rows4 && t + 3u <= j->last) {
             scores_rows4(j, t, h0, h1);
             t += 3u;
@@ -500,6 +549,13 @@ static void LLM_HOT attention_weights(const attn_job *j, uint32_t h0, uint32_t h
             float *w = col->scores + (size_t)h * S;
             const float mx = col->att_max[h];
             uint32_t t = 0;
+#if LLM_SIMD
+            /* the host's vector lanes, the same bits (mathf.h) */
+            if (!j->e->plain) {
+                llm_expf_sub_n(w, mx, w, pos + c + 1u);
+                t = pos + c + 1u;
+            }
+#endif
             for (; !j->e->plain && t + 4u <= pos + c + 1u; t += 4u) {
                 float d[4] = {w[t] - mx, w[t + 1u] - mx, w[t + 2u] - mx, w[t + 3u] - mx};
                 llm_expf4(d, w + t);
@@ -564,6 +620,39 @@ static LLM_HOT float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD)
     return (float *)(void *)(s->kv_v + row * s->v_stride);
 }
 
+#if LLM_SIMD
+/* Phase 3 on the host's vector lanes, one position (m == 1, not plain mode),
+ * over rows 0.. while their V are floats: lane i of a head's output holds
+ * ao[i], which adds w_t * v_t[i] in ascending t as the scalar loop does
+ * (lane-wise: the same bits), kept in a register across the rows; denom
+ * adds w_t in ascending t. Returns the first row it did not read. Host-only,
+ * out of line (as scores_simd). */
+static __attribute__((noinline)) uint32_t values_simd(const attn_job *j, uint32_t h0,
+                                                       uint32_t h1) {
+    llm_run_state *s = j->s;
+    llm_col *col = &s->col[0];
+    const uint32_t Dh = j->Dh, KVD = j->KVD;
+    const size_t row0 = (size_t)j->layer * j->S;
+    uint32_t end = 0;
+    while (end <= j->last && (s->kv_wide[row0 + end] & LLM_V_WIDE)) end++;
+    for (uint32_t h = h0; h < h1; h++) {
+        const uint32_t kv = (h / j->group) * Dh;
+        const float *w = col->scores + (size_t)h * j->S;
+        float den = col->att_den[h];
+        for (uint32_t t = 0; t < end; t++) den += w[t];
+        col->att_den[h] = den;
+        float *ao = col->att + h * Dh;
+        for (uint32_t i = 0; i < Dh; i += 4u) {
+            llm_f4 a = llm_f4_load(ao + i);
+            for (uint32_t t = 0; t < end; t++)
+                a += llm_f4_splat(w[t]) * llm_f4_load(v_floats(s, row0 + t, KVD) + kv + i);
+            llm_f4_store(ao + i, a);
+        }
+    }
+    return end;
+}
+#endif
+
 /* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
  * once for all m positions (from its dots and scale, or as floats where
  * wide); one position's rows four at a time where they are dots. */
@@ -572,7 +661,11 @@ static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1
     const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
-    for (uint32_t t = 0; t <= j->last; t++) {
+    uint32_t t0 = 0;
+#if LLM_SIMD
+    if (j->m == 1u && !j->e->plain && Dh % 4u == 0) t0 = values_simd(j, h0, h1);
+#endif
+    for (uint32_t t = t0; t <= j->last; t++) {
         if (rows4_as_dots(j, t)) {
             values_rows4(j, t, h0, h1);
             t += 3u;

@@ -8,6 +8,7 @@
 
 #include "hot.h"
 #include "kernels.h"
+#include "simd.h"
 
 #include <float.h>
 
@@ -212,12 +213,68 @@ static inline float lanes_sum(const llm_lanes *a) {
            ((a->hi[0] + a->hi[1]) + (a->hi[2] + a->hi[3]));
 }
 
+#if LLM_SIMD
+/* The host's vector registers (simd.h): a row's eight lanes as one 8-float
+ * vector (one AVX register, or two SSE/NEON ones), lane k still column k's
+ * sum in ascending j, so lanes_step's very operations; then the contract's
+ * tree for four rows at once: the rows' lanes transposed (moves only) so
+ * that vector lane q adds row q's l0..l7 in the tree's order. The same bits
+ * as the loop below, which the board keeps. */
+typedef float llm_v8f __attribute__((vector_size(32)));
+
+/* (a macro: a function returning a 32-byte vector has no fixed ABI without AVX) */
+#define V8_MULADD(acc, w, xv)                                                                   \
+    do {                                                                                       \
+        llm_v8f w8_;                                                                           \
+        memcpy(&w8_, (w), sizeof w8_);                                                         \
+        (acc) += w8_ * (xv);                                                                   \
+    } while (0)
+
+static inline void rows4_f32(const float *w0, size_t stride, const float *x, size_t full,
+                             size_t cols, float *y) {
+    llm_v8f a0 = {0.f}, a1 = {0.f}, a2 = {0.f}, a3 = {0.f}; /* +0.f in every lane */
+    for (size_t j = 0; j < full; j += LLM_F32_LANES) {
+        llm_v8f xv;
+        memcpy(&xv, x + j, sizeof xv);
+        V8_MULADD(a0, w0 + j, xv);
+        V8_MULADD(a1, w0 + stride + j, xv);
+        V8_MULADD(a2, w0 + 2u * stride + j, xv);
+        V8_MULADD(a3, w0 + 3u * stride + j, xv);
+    }
+    if (full < cols) { /* one more step of zeros past cols, as lanes_tail */
+        float tx[LLM_F32_LANES] = {0.f}, tw[4][LLM_F32_LANES] = {{0.f}};
+        for (size_t k = 0; full + k < cols; k++) {
+            tx[k] = x[full + k];
+            for (size_t q = 0; q < 4u; q++) tw[q][k] = w0[q * stride + full + k];
+        }
+        llm_v8f xv;
+        memcpy(&xv, tx, sizeof xv);
+        V8_MULADD(a0, tw[0], xv);
+        V8_MULADD(a1, tw[1], xv);
+        V8_MULADD(a2, tw[2], xv);
+        V8_MULADD(a3, tw[3], xv);
+    }
+    llm_f4 h[4][2], lo[4], hi[4];
+    memcpy(h[0], &a0, sizeof a0);
+    memcpy(h[1], &a1, sizeof a1);
+    memcpy(h[2], &a2, sizeof a2);
+    memcpy(h[3], &a3, sizeof a3);
+    llm_f4_transpose(h[0][0], h[1][0], h[2][0], h[3][0], lo); /* lo[k]: lane k of rows 0..3 */
+    llm_f4_transpose(h[0][1], h[1][1], h[2][1], h[3][1], hi); /* hi[k]: lane 4 + k */
+    llm_f4_store(y, ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3])));
+}
+#endif
+
 LLM_WIDE_CLONES
 void llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
                         uint32_t row_end) {
     const size_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
     const size_t stride = w->row_floats;
     uint32_t r = row_begin;
+#if LLM_SIMD
+    for (; r + 4u <= row_end; r += 4u)
+        rows4_f32(w->w + (size_t)r * stride, stride, x, full, cols, y + r);
+#endif
     for (; r + 4u <= row_end; r += 4u) {
         const float *w0 = w->w + (size_t)r * stride;
         llm_lanes a[4];
