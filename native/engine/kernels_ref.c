@@ -143,6 +143,57 @@ static inline int32_t dot_s8(const int8_t *a, const int8_t *b, size_t n) {
     return g;
 }
 
+#if LLM_SIMD && defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+/* Four rows at once with SSE2 (every x86-64; both clones). Each group's four
+ * exact int32 dots come from pmaddwd on the codes widened to int16 (the
+ * products and their pairwise sums are exact in int32, and integer sums
+ * give the same value in any order), reduced for the four rows together;
+ * then lane q runs row q's float steps, acc += ((float)g * scale) * xscale,
+ * in group order: the scalar loop's operations, so its bits. Groups are
+ * whole 16-byte steps (kernels.h: multiples of 32 bytes). */
+#define LLM_Q8_ROWS4 1
+
+static inline __m128i s8_lo16(__m128i v) { return _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8); }
+static inline __m128i s8_hi16(__m128i v) { return _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8); }
+
+static inline __m128i s8_dot16(const int8_t *a, __m128i xl, __m128i xh) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)a);
+    return _mm_add_epi32(_mm_madd_epi16(s8_lo16(v), xl), _mm_madd_epi16(s8_hi16(v), xh));
+}
+
+static inline void rows4_q8(const llm_q8 *w, uint32_t r, const int8_t *xq, const float *xscale,
+                            uint32_t group, float *y) {
+    const uint32_t width = w->row_bytes, ng = w->n_groups;
+    const int8_t *row = w->codes + (size_t)r * width;
+    const float *sc = w->scales + (size_t)r * ng;
+    llm_f4 acc = llm_f4_splat(0.f);
+    uint32_t k = 0;
+    for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
+        const uint32_t end = j0 + group < width ? j0 + group : width;
+        __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
+        for (uint32_t j = j0; j < end; j += 16u) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(xq + j));
+            const __m128i xl = s8_lo16(x), xh = s8_hi16(x);
+            s0 = _mm_add_epi32(s0, s8_dot16(row + j, xl, xh));
+            s1 = _mm_add_epi32(s1, s8_dot16(row + width + j, xl, xh));
+            s2 = _mm_add_epi32(s2, s8_dot16(row + 2u * width + j, xl, xh));
+            s3 = _mm_add_epi32(s3, s8_dot16(row + 3u * width + j, xl, xh));
+        }
+        /* lane q of g: the sum of s_q's four lanes */
+        const __m128i u0 = _mm_add_epi32(_mm_unpacklo_epi32(s0, s1), _mm_unpackhi_epi32(s0, s1));
+        const __m128i u1 = _mm_add_epi32(_mm_unpacklo_epi32(s2, s3), _mm_unpackhi_epi32(s2, s3));
+        const __m128i g = _mm_add_epi32(_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1));
+        llm_f4 gf;
+        const __m128 gc = _mm_cvtepi32_ps(g); /* rounds as (float)g does */
+        memcpy(&gf, &gc, sizeof gf);
+        const llm_f4 scale = {sc[k], sc[ng + k], sc[2u * ng + k], sc[3u * ng + k]};
+        acc += (gf * scale) * xscale[k];
+    }
+    llm_f4_store(y + r, acc);
+}
+#endif
+
 /* Contract (kernels.h): per group an exact int32 dot, then acc += ((float)g *
  * scale) * xscale in group order. Padded columns are zero in both operands. */
 LLM_WIDE_CLONES
@@ -151,7 +202,12 @@ void llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, f
     const uint32_t width = w->row_bytes;
     uint32_t group = w->group >= w->cols ? width : w->group;
     if (group == 0) group = width; /* contract broken: never hang */
-    for (uint32_t r = row_begin; r < row_end; r++) {
+    uint32_t r = row_begin;
+#ifdef LLM_Q8_ROWS4
+    if (width % 16u == 0 && group % 16u == 0)
+        for (; r + 4u <= row_end; r += 4u) rows4_q8(w, r, xq, xscale, group, y);
+#endif
+    for (; r < row_end; r++) {
         const int8_t *row = w->codes + (size_t)r * w->row_bytes;
         const float *sc = w->scales + (size_t)r * w->n_groups;
         float acc = 0.f;

@@ -116,20 +116,32 @@ static inline void expf_f4(llm_f4 x, float *y) {
             if (!ok[i]) y[i] = llm_expf(x[i]);
 }
 
-void llm_expf_sub_n(const float *x, float sub, float *y, uint32_t n) {
+/* y[i] = llm_expf(x[i] - sub), or llm_expf(x[i]) without `sub` (has_sub a
+ * constant in the two callers: the subtraction is there or not at all). */
+static inline void expf_n(const float *x, float sub, float *y, uint32_t n, const int has_sub) {
     uint32_t i = 0;
     /* two vectors a step: independent chains for the pipeline */
     for (; i + 8u <= n; i += 8u) {
-        const llm_f4 a = llm_f4_load(x + i) - sub, b = llm_f4_load(x + i + 4u) - sub;
+        llm_f4 a = llm_f4_load(x + i), b = llm_f4_load(x + i + 4u);
+        if (has_sub) {
+            a -= sub;
+            b -= sub;
+        }
         expf_f4(a, y + i);
         expf_f4(b, y + i + 4u);
     }
     if (i + 4u <= n) {
-        expf_f4(llm_f4_load(x + i) - sub, y + i);
+        llm_f4 a = llm_f4_load(x + i);
+        if (has_sub) a -= sub;
+        expf_f4(a, y + i);
         i += 4u;
     }
-    for (; i < n; i++) y[i] = llm_expf(x[i] - sub);
+    for (; i < n; i++) y[i] = llm_expf(has_sub ? x[i] - sub : x[i]);
 }
+
+void llm_expf_sub_n(const float *x, float sub, float *y, uint32_t n) { expf_n(x, sub, y, n, 1); }
+
+void llm_expf_n(const float *x, float *y, uint32_t n) { expf_n(x, 0.0f, y, n, 0); }
 #endif
 
 float LLM_HOT llm_logf(float x) {
