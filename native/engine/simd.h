@@ -10,7 +10,9 @@
  * LLM_SIMD is 1 only where these lanes are real vector registers. Elsewhere
  * (the ESP32-S3: Xtensa, whose float unit is scalar and whose vector unit is
  * reached through the PIE kernels) it is 0 and the engine keeps its scalar
- * loops, so the board's code is unchanged.
+ * loops, so the board's code is unchanged. A host build with LLM_NO_SIMD
+ * defined keeps them too: tests/test_engine_on_pie_kernels.py runs that
+ * build beside the vector one and demands the same ids and logits bits.
  */
 #ifndef LLM_SIMD_H
 #define LLM_SIMD_H
@@ -18,7 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if (defined(__GNUC__) || defined(__clang__)) && \
+#if !defined(LLM_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && \
     ((defined(__x86_64__) && defined(__SSE2__)) || \
      (defined(__aarch64__) && defined(__ARM_NEON)))
 #define LLM_SIMD 1
