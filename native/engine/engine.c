@@ -129,10 +129,6 @@ static void LLM_HOT rmsnorm(llm_engine *e, float *out, const float *x, const flo
     e->stats.bytes[e->w.norms_region] += (uint64_t)n * sizeof(float);
 }
 
-/* out[i] = silu(a[i]) * b[i] with silu(v) = v / (1 + expf(-v)), and
- * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
- * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
- * at a time; independent chains let the S3's FPU overlap its latencies). */
 #if LLM_SIMD
 /* silu_mul on the host's vector lanes: the exps through llm_expf_n (the same
  * bits), then (a / (1 + e)) * b lane-wise, the scalar operations. Host-only,
@@ -153,6 +149,10 @@ static __attribute__((noinline)) void silu_mul_simd(float *out, const float *a, 
 }
 #endif
 
+/* out[i] = silu(a[i]) * b[i] with silu(v) = v / (1 + expf(-v)), and
+ * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
+ * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
+ * at a time; independent chains let the S3's FPU overlap its latencies). */
 static void LLM_HOT silu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
 #if LLM_SIMD
