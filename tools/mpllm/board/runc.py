@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ACHIEVED = re.compile(r"achieved tok/s:\s*([0-9.]+)")
+#: interleaved runs of each side, the best kept: a run of a small model is tens
+#: of milliseconds, so one pause of a busy machine's scheduler is a large share
+#: of it, and the best of a few runs is often still a disturbed one
+REPEATS = 9
 #: repeated into a prompt longer than the positions timed
 PARAGRAPH = ("Once upon a time, there was a little girl named Lily. She loved to play outside "
              "in the park with her friends. One day, she saw a big red ball under a tree. ")
@@ -92,7 +96,7 @@ def ours_ms_per_token(image: Path, prompt_ids: list[int], steps: int) -> float:
 
 
 def compare(binary: Path, checkpoint: Path, tokenizer: Path, image: Path, prompt_ids: list[int],
-            prompt: str, steps: int = 256, repeats: int = 3) -> tuple[Side, Side]:
+            prompt: str, steps: int = 256, repeats: int = REPEATS) -> tuple[Side, Side]:
     """(run.c, mpllm): the best ms/token of each over `repeats` interleaved runs."""
     if steps < 2 or steps >= len(prompt_ids):
         raise ValueError(f"the prompt's {len(prompt_ids)} ids must outnumber steps {steps}")
