@@ -499,7 +499,9 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
     if args.json:
         write_json({"steps": steps, "prompt_ids": ids[:steps],
                     "runc_ms_per_token": a.ms_per_token, "mpllm_ms_per_token": b.ms_per_token,
-                    "ratio": a.ms_per_token / b.ms_per_token}, args.json)
+                    "ratio": a.ms_per_token / b.ms_per_token,
+                    "runc_cpu_ms_per_token": a.cpu_ms_per_token,
+                    "mpllm_cpu_ms_per_token": b.cpu_ms_per_token}, args.json)
         print(f"json: {args.json}")
     return 0
 
