@@ -386,6 +386,18 @@ def stories260k_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def stories260k_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stories260K at int8 (Q8_0: group 32, the whole 172-column row)."""
+    src = SHARED / "stories260K.bin"
+    if not src.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    out = tmp_path_factory.mktemp("s260k8") / "s.img"
+    convert(src, DEMO / "tokenizer.bin", out, progress=False, weights="int8",
+            quality_positions=0)
+    return out
+
+
 def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int],
             plain: bool) -> tuple[list[int], str]:
     """n tokens and the sha256 of every step's logits, step by step."""
@@ -401,16 +413,22 @@ def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int
     return ids, h.hexdigest()
 
 
-def test_engine_equals_the_reference_of_the_quantized_model(stories260k: Path) -> None:
+@pytest.mark.parametrize("which", ["stories260k", "stories260k_int8"])
+def test_engine_equals_the_reference_of_the_quantized_model(
+        request: pytest.FixtureRequest, which: str) -> None:
     """The C engine's ids and logits are the numpy reference's, bit for bit
-    (mpllm.reference.forward on the image's own weights), greedy and sampled."""
+    (mpllm.reference.forward on the image's own weights), greedy and sampled:
+    at convert.py's choice (fp32) and at int8, so the host's vector matvec
+    kernels (fp32 eight lanes in one vector, int8 four rows at once) against
+    an independent reference."""
     from mpllm.reference.forward import Reference
     from mpllm.reference.sampler import Sampler
 
+    image = request.getfixturevalue(which)
     _llm = _engine()
     tok = _tokenizer()
-    ref = Reference.from_image(stories260k)
-    with _llm.Model(str(stories260k)) as m:  # type: ignore[attr-defined]
+    ref = Reference.from_image(image)
+    with _llm.Model(str(image)) as m:  # type: ignore[attr-defined]
         for prompt in PROMPTS[:4]:
             ids = tok.encode(prompt)
             for smp in SAMPLERS[:3]:
@@ -450,6 +468,41 @@ def test_plain_and_default_agree_on_stories260k(stories260k: Path) -> None:
                 drafted = [first, *llm.decode_tokens(
                     m, first, 39, lambda c, k: m.draft(c[-3:], k), list(ids), ())]
                 assert drafted == plain[0], (prompt, smp)
+
+
+@pytest.mark.parametrize("which", ["stories260k", "stories260k_int8", "stories260k_int4"])
+def test_default_equals_plain_over_long_stories(request: pytest.FixtureRequest,
+                                                which: str) -> None:
+    """Default decoding (the host's vector softmax, attention over float K/V
+    rows and SiLU; drafting where the image has a drafter) against plain mode
+    (every speed-up off, one element at a time): the same ids and the same
+    logits (sha256 of every step's) for stories long enough that attention
+    runs over hundreds of rows, at fp32, int8 (float K/V) and int4 (K/V as
+    dots), greedy and sampled with several seeds and temperatures, prompts of
+    several lengths (so the rows' four-at-a-time blocks end everywhere)."""
+    import llm
+
+    image = request.getfixturevalue(which)
+    _llm = _engine()
+    tok = _tokenizer()
+    samplers = [(0.0, 0, 0), (1.0, 0, 11), (0.8, 40, 12), (1.3, 5, 13)]
+    prompts = [tok.encode(p) for p in PROMPTS[:5]]  # type: ignore[attr-defined]
+    prompts.append(tok.encode(" ".join(PROMPTS)))  # type: ignore[attr-defined]
+    with _llm.Model(str(image)) as m:  # type: ignore[attr-defined]
+        seq = m.config()["seq_len"]
+        for ids in prompts:
+            n = min(300, seq - len(ids))
+            for smp in samplers:
+                plain = _decode(m, ids, n, smp, True)
+                assert _decode(m, ids, n, smp, False) == plain, (which, len(ids), smp)
+                if m.config()["max_draft"] > 0:
+                    m.reset()
+                    m.set_plain(False)
+                    m.sampler(*smp)
+                    first = m.prefill(ids)
+                    drafted = [first, *llm.decode_tokens(
+                        m, first, n - 1, lambda c, k: m.draft(c[-3:], k), list(ids), ())]
+                    assert drafted == plain[0], (which, len(ids), smp)
 
 
 def _tokenizer() -> object:

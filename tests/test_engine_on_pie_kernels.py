@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cbuild
 import pytest
+from llama2c_models import STORIES260K_BIN
 
 
 def _run(program: Path, image: Path, steps: int) -> str:
@@ -57,3 +58,45 @@ def test_pie_engine_equals_ref_engine_per_format(engine_image, name: str,  # typ
     pie = cbuild.run(cbuild.engine_run(pie=True), str(image), "40", *mode, timeout=600)
     assert ref.returncode == 0 and pie.returncode == 0, ref.stderr + pie.stderr
     assert cbuild.ids_and_hash(pie.stdout) == cbuild.ids_and_hash(ref.stdout)
+
+
+@pytest.fixture(scope="module")
+def stories260k_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real stories260K at fp32 (convert.py's choice), int8 and int4."""
+    from mpllm.convert import convert
+
+    src = STORIES260K_BIN
+    if not src.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    tok = cbuild.ROOT / "models" / "llama2c-demo" / "tokenizer.bin"
+    out = {}
+    for weights in ("fp32", "int8", "int4"):
+        out[weights] = tmp_path_factory.mktemp("s260k") / f"{weights}.img"
+        convert(src, tok, out[weights], progress=False, weights=weights, quality_positions=0)
+    return out
+
+
+@pytest.mark.parametrize("mode", [(), ("0.8", "40", "7"), ("1.0", "0", "3"),
+                                  ("0.8", "40", "7", "plain"), ("0", "0", "0", "k_dots")])
+@pytest.mark.parametrize(("name", "steps"), [("tiny", 60), ("small", 64), ("release", 3),
+                                             ("llama2c_tied", 64), ("llama2c_int8", 64),
+                                             ("llama2c_fp32", 64), ("llama2c_mixed", 64),
+                                             ("stories260k_fp32", 300),
+                                             ("stories260k_int8", 300),
+                                             ("stories260k_int4", 300)])
+def test_vector_engine_equals_scalar_engine(request: pytest.FixtureRequest, name: str,
+                                            steps: int, mode: tuple[str, ...]) -> None:
+    """The host's vector code (simd.h: softmax's exp, attention over float
+    K/V rows, SiLU, the fp32 and int8 matvecs) against the same engine built
+    with LLM_NO_SIMD, the board's scalar loops: the same ids and the same bits
+    of every logits vector, greedy, sampled, plain and with K as dots; the
+    stories260K images over 300 positions."""
+    if name.startswith("stories260k_"):
+        image = request.getfixturevalue("stories260k_images")[name.removeprefix("stories260k_")]
+    else:
+        image = request.getfixturevalue("engine_image")(name)
+    vec = cbuild.run(cbuild.engine_run(pie=False), str(image), str(steps), *mode, timeout=600)
+    scalar = cbuild.run(cbuild.engine_run(pie=False, simd=False), str(image), str(steps), *mode,
+                        timeout=600)
+    assert vec.returncode == 0 and scalar.returncode == 0, vec.stderr + scalar.stderr
+    assert cbuild.ids_and_hash(vec.stdout) == cbuild.ids_and_hash(scalar.stdout)

@@ -5,6 +5,7 @@ accuracy bounds against float64 and the kernels.h quantization contract."""
 from __future__ import annotations
 
 import math
+import platform
 import re
 import subprocess
 from pathlib import Path
@@ -395,3 +396,18 @@ def test_four_wide_transcendentals_equal_one_at_a_time(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     n, bad = (int(v) for v in re.fullmatch(r"compared=(\d+) mismatches=(\d+)\n", r.stdout).groups())
     assert n > 80_000_000 and bad == 0
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"),
+                    reason="llm_expf_sub_n is built where simd.h has vector lanes "
+                           "(x86-64, ARM64)")
+def test_vector_softmax_exp_equals_one_at_a_time(tmp_path: Path) -> None:
+    """llm_expf_sub_n (softmax's weights on the host's vector lanes) gives
+    llm_expf(x - sub)'s bits element by element: ~44 million patterns in runs
+    of every length 1..19 (every lane position, the 8- and 4-wide steps and
+    the scalar tail), edges and specials in every lane, in place too."""
+    exe = build("mathf_vec_check", [ENGINE / "mathf.c", CTESTS / "mathf_vec_check.c"], tmp_path)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n, bad = (int(v) for v in re.fullmatch(r"compared=(\d+) mismatches=(\d+)\n", r.stdout).groups())
+    assert n > 40_000_000 and bad == 0

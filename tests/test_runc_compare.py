@@ -49,6 +49,31 @@ def test_the_comparison_feeds_both_the_same_ids(tmp_path: Path) -> None:
     assert len(data["prompt_ids"]) == 64 and data["prompt_ids"][0] == 1  # BOS first
     assert data["runc_ms_per_token"] == 0.5 and data["mpllm_ms_per_token"] > 0
     assert data["ratio"] == pytest.approx(0.5 / data["mpllm_ms_per_token"])
+    assert data["mpllm_cpu_ms_per_token"] > 0
+
+
+#: a run.c whose CPU time grows with the positions asked (about 2 ms each)
+RUNC_BUSY = RUNC_LIKE + """
+import time
+end = time.process_time() + steps * 0.002
+while time.process_time() < end:
+    pass
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="children's CPU time: POSIX getrusage")
+def test_cpu_time_beside_the_clock(tmp_path: Path, demo_image: Path) -> None:
+    """run.c's CPU time per token is a run's CPU time less a two-position
+    run's (the loading cancels); ours is the stepping thread's CPU time."""
+    exe = fake_runc(tmp_path, RUNC_BUSY)
+    ids = [1] + list(range(3, 40))
+    a, b = runc.compare(exe, DEMO / "model.bin", DEMO / "tokenizer.bin", demo_image, ids,
+                        runc.PARAGRAPH * 4, steps=24, repeats=2)
+    assert a.cpu_ms_per_token == pytest.approx(2.0, rel=0.25)
+    assert b.cpu_ms_per_token is not None and 0 < b.cpu_ms_per_token < 50
+    text = runc.format_comparison(a, b, 24, 2)
+    assert "x run.c's speed by the clock, " in text and "x in CPU time" in text
+    assert "(CPU 2." in text or "(CPU 1." in text or "(CPU 3." in text
 
 
 def test_a_prompt_longer_than_the_positions() -> None:

@@ -26,6 +26,7 @@
 #include "llm_error.h"
 #include "llm_names.h"
 #include "mathf.h"
+#include "simd.h"
 
 /* ---- state ------------------------------------------------------------- */
 
@@ -128,12 +129,38 @@ static void LLM_HOT rmsnorm(llm_engine *e, float *out, const float *x, const flo
     e->stats.bytes[e->w.norms_region] += (uint64_t)n * sizeof(float);
 }
 
+#if LLM_SIMD
+/* silu_mul on the host's vector lanes: the exps through llm_expf_n (the same
+ * bits), then (a / (1 + e)) * b lane-wise, the scalar operations. Host-only,
+ * out of line (not the board's code). */
+static __attribute__((noinline)) void silu_mul_simd(float *out, const float *a, const float *b,
+                                                    uint32_t n) {
+    float e[256];
+    for (uint32_t i0 = 0; i0 < n; i0 += 256u) {
+        const uint32_t k = n - i0 < 256u ? n - i0 : 256u;
+        for (uint32_t i = 0; i < k; i++) e[i] = -a[i0 + i];
+        llm_expf_n(e, e, k);
+        uint32_t i = 0;
+        for (; i + 4u <= k; i += 4u)
+            llm_f4_store(out + i0 + i, (llm_f4_load(a + i0 + i) / (1.0f + llm_f4_load(e + i))) *
+                                           llm_f4_load(b + i0 + i));
+        for (; i < k; i++) out[i0 + i] = (a[i0 + i] / (1.0f + e[i])) * b[i0 + i];
+    }
+}
+#endif
+
 /* out[i] = silu(a[i]) * b[i] with silu(v) = v / (1 + expf(-v)), and
  * out[i] = gelu(a[i]) * b[i] with gelu(v) = (0.5 v)(1 + erff(v * 0.70710678)):
  * four elements at a time through llm_expf4 / llm_erff4 (the same bits as one
  * at a time; independent chains let the S3's FPU overlap its latencies). */
 static void LLM_HOT silu_mul(float *out, const float *a, const float *b, uint32_t n, int one_at_a_time) {
     uint32_t i = 0;
+#if LLM_SIMD
+    if (!one_at_a_time) {
+        silu_mul_simd(out, a, b, n);
+        return;
+    }
+#endif
     for (; !one_at_a_time && i + 4u <= n; i += 4u) {
         float e[4] = {-a[i], -a[i + 1u], -a[i + 2u], -a[i + 3u]};
         llm_expf4(e, e);
@@ -450,6 +477,82 @@ static void LLM_HOT scores_rows4(const attn_job *j, uint32_t t, uint32_t h0, uin
     }
 }
 
+#if LLM_SIMD
+/* Phase 1 on the host's vector lanes, one position (m == 1, not plain mode),
+ * over rows 0.. four at a time while their k are floats: lane r holds row
+ * t + r's sum, which runs in i order from +0 like the scalar one (q[i]
+ * times k_{t+r}[i], added), then is scaled: the same bits as
+ * scores_rows4. The four rows' k are transposed (moves only) so that a
+ * vector holds one i of four rows.
+ *
+ * The max: lane r keeps the running max of rows t = r mod 4 by the scalar
+ * rule (s > max), then the lanes are taken in order. That is the scalar
+ * max's value (NaN skipped the same way); only which zero wins a tie of +0
+ * and -0 could differ, so a zero max is taken again row by row in t order.
+ * The same bits either way. Dh is a constant in the callers below, so the
+ * loops over i unroll. */
+static inline __attribute__((always_inline)) uint32_t scores_head(const attn_job *j,
+                                                                   uint32_t h, uint32_t end,
+                                                                   const uint32_t Dh) {
+    llm_col *col = &j->s->col[0];
+    const uint32_t KVD = j->KVD;
+    const uint32_t kv = (h / j->group) * Dh;
+    const float *k0 = j->s->kv_k + (size_t)j->layer * j->S * KVD + kv;
+    const float *q = col->qkv + h * Dh;
+    float *sc = col->scores + (size_t)h * j->S;
+    const llm_f4 inv = llm_f4_splat(j->e->inv_sqrt_head_dim);
+    llm_f4 mx = llm_f4_splat(col->att_max[h]);
+    uint32_t t = 0;
+    for (; t < end; t += 4u) {
+        const float *k = k0 + (size_t)t * KVD;
+        llm_f4 acc = llm_f4_splat(0.0f);
+        for (uint32_t i = 0; i < Dh; i += 4u) {
+            llm_f4 kt[4];
+            llm_f4_transpose(llm_f4_load(k + i), llm_f4_load(k + KVD + i),
+                             llm_f4_load(k + 2u * KVD + i), llm_f4_load(k + 3u * KVD + i), kt);
+            acc += llm_f4_splat(q[i]) * kt[0];
+            acc += llm_f4_splat(q[i + 1u]) * kt[1];
+            acc += llm_f4_splat(q[i + 2u]) * kt[2];
+            acc += llm_f4_splat(q[i + 3u]) * kt[3];
+        }
+        acc *= inv;
+        llm_f4_store(sc + t, acc);
+        const llm_i4 gt = acc > mx; /* per lane: all ones or 0 (NaN: 0) */
+        mx = (llm_f4)(((llm_i4)acc & gt) | ((llm_i4)mx & ~gt));
+    }
+    float m = col->att_max[h];
+    for (uint32_t r = 0; r < 4u; r++)
+        if (mx[r] > m) m = mx[r];
+    if (m == 0.0f) { /* +0 or -0: the first in t order, as the scalar loop */
+        m = col->att_max[h];
+        for (uint32_t u = 0; u < end; u++)
+            if (sc[u] > m) m = sc[u];
+    }
+    col->att_max[h] = m;
+    return t;
+}
+
+/* Returns the first row it did not score. Not LLM_HOT, and kept out of
+ * line: host-only code, not the board's. */
+static __attribute__((noinline)) uint32_t scores_simd(const attn_job *j, uint32_t h0,
+                                                       uint32_t h1) {
+    const uint8_t *wide = j->s->kv_wide + (size_t)j->layer * j->S;
+    uint32_t end = 0; /* rows [0, end): blocks of four float k rows */
+    while (end + 3u <= j->last &&
+           (wide[end] & wide[end + 1u] & wide[end + 2u] & wide[end + 3u] & LLM_K_WIDE))
+        end += 4u;
+    for (uint32_t h = h0; h < h1; h++) {
+        switch (j->Dh) {
+        case 8u: scores_head(j, h, end, 8u); break;
+        case 16u: scores_head(j, h, end, 16u); break;
+        case 32u: scores_head(j, h, end, 32u); break;
+        default: scores_head(j, h, end, j->Dh); break;
+        }
+    }
+    return end;
+}
+#endif
+
 /* Phase 1: scores s_t = dot(q, k_t) / sqrt(head_dim) (summed in i order, then
  * scaled) for every cached t a position sees, and their max; each row's k
  * fetched (or rebuilt) once per kv head for all m positions; one position's
@@ -462,7 +565,11 @@ static void LLM_HOT attention_scores(const attn_job *j, uint32_t h0, uint32_t h1
     float *buf = s->k_rebuilt != NULL ? s->k_rebuilt + (size_t)h0 * 4u * Dh : NULL;
     for (uint32_t c = 0; c < j->m; c++)
         for (uint32_t h = h0; h < h1; h++) s->col[c].att_max[h] = -1e30f;
-    for (uint32_t t = 0; t <= j->last; t++) {
+    uint32_t t0 = 0;
+#if LLM_SIMD
+    if (rows4 && Dh % 4u == 0) t0 = scores_simd(j, h0, h1);
+#endif
+    for (uint32_t t = t0; t <= j->last; t++) {
         if (rows4 && t + 3u <= j->last) {
             scores_rows4(j, t, h0, h1);
             t += 3u;
@@ -500,6 +607,13 @@ static void LLM_HOT attention_weights(const attn_job *j, uint32_t h0, uint32_t h
             float *w = col->scores + (size_t)h * S;
             const float mx = col->att_max[h];
             uint32_t t = 0;
+#if LLM_SIMD
+            /* the host's vector lanes, the same bits (mathf.h) */
+            if (!j->e->plain) {
+                llm_expf_sub_n(w, mx, w, pos + c + 1u);
+                t = pos + c + 1u;
+            }
+#endif
             for (; !j->e->plain && t + 4u <= pos + c + 1u; t += 4u) {
                 float d[4] = {w[t] - mx, w[t + 1u] - mx, w[t + 2u] - mx, w[t + 3u] - mx};
                 llm_expf4(d, w + t);
@@ -564,6 +678,61 @@ static LLM_HOT float *v_floats(const llm_run_state *s, size_t row, uint32_t KVD)
     return (float *)(void *)(s->kv_v + row * s->v_stride);
 }
 
+#if LLM_SIMD
+/* Phase 3 on the host's vector lanes, one position (m == 1, not plain mode),
+ * over rows [0, end) whose V are floats, for NH heads at once (Dh and NH
+ * constants in the callers, so the accumulators stay in registers): lane i
+ * of a head's output holds ao[i], which adds w_t * v_t[i] in ascending t as
+ * the scalar loop does (lane-wise: the same bits); denom adds w_t in
+ * ascending t. The heads' sums are independent chains run side by side. */
+static inline __attribute__((always_inline)) void values_heads(const attn_job *j, uint32_t h,
+                                                                uint32_t end, const uint32_t NH,
+                                                                const uint32_t Dh) {
+    llm_run_state *s = j->s;
+    llm_col *col = &s->col[0];
+    const size_t row0 = (size_t)j->layer * j->S;
+    llm_f4 a[4][LLM_MAX_HEAD_DIM / 4u];
+    float den[4];
+    const float *w[4];
+    uint32_t kv[4];
+    for (uint32_t q = 0; q < NH; q++) {
+        kv[q] = ((h + q) / j->group) * Dh;
+        w[q] = col->scores + (size_t)(h + q) * j->S;
+        den[q] = col->att_den[h + q];
+        for (uint32_t c = 0; c < Dh / 4u; c++) a[q][c] = llm_f4_load(col->att + (h + q) * Dh + 4u * c);
+    }
+    for (uint32_t t = 0; t < end; t++) {
+        const float *v = v_floats(s, row0 + t, j->KVD);
+        for (uint32_t q = 0; q < NH; q++) {
+            const float wt = w[q][t];
+            den[q] += wt;
+            const llm_f4 ws = llm_f4_splat(wt);
+            for (uint32_t c = 0; c < Dh / 4u; c++) a[q][c] += ws * llm_f4_load(v + kv[q] + 4u * c);
+        }
+    }
+    for (uint32_t q = 0; q < NH; q++) {
+        col->att_den[h + q] = den[q];
+        for (uint32_t c = 0; c < Dh / 4u; c++) llm_f4_store(col->att + (h + q) * Dh + 4u * c, a[q][c]);
+    }
+}
+
+/* Returns the first row it did not read. Host-only, out of line (as
+ * scores_simd). */
+static __attribute__((noinline)) uint32_t values_simd(const attn_job *j, uint32_t h0,
+                                                       uint32_t h1) {
+    const uint8_t *wide = j->s->kv_wide + (size_t)j->layer * j->S;
+    uint32_t end = 0;
+    while (end <= j->last && (wide[end] & LLM_V_WIDE)) end++;
+    uint32_t h = h0;
+    if (j->Dh == 8u)
+        for (; h + 4u <= h1; h += 4u) values_heads(j, h, end, 4u, 8u);
+    else if (j->Dh == 16u)
+        for (; h + 2u <= h1; h += 2u) values_heads(j, h, end, 2u, 16u);
+    for (; h < h1; h++) values_heads(j, h, end, 1u, j->Dh);
+    return end;
+}
+#endif
+
 /* Phase 3: denom += w_t and out += w_t v_t in ascending t, each V row read
  * once for all m positions (from its dots and scale, or as floats where
  * wide); one position's rows four at a time where they are dots. */
@@ -572,7 +741,11 @@ static void LLM_HOT attention_values(const attn_job *j, uint32_t h0, uint32_t h1
     const uint32_t KVD = j->KVD, Dh = j->Dh, S = j->S, pos = j->pos;
     const size_t row0 = (size_t)j->layer * S;
     float v[LLM_MAX_HEAD_DIM];
-    for (uint32_t t = 0; t <= j->last; t++) {
+    uint32_t t0 = 0;
+#if LLM_SIMD
+    if (j->m == 1u && !j->e->plain && Dh % 4u == 0) t0 = values_simd(j, h0, h1);
+#endif
+    for (uint32_t t = t0; t <= j->last; t++) {
         if (rows4_as_dots(j, t)) {
             values_rows4(j, t, h0, h1);
             t += 3u;

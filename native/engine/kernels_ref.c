@@ -1,6 +1,8 @@
 /*
  * Scalar reference kernels (kernels.h). Always compiled, on the board too, so
- * the PIE twins can be checked against them at run time.
+ * the PIE twins can be checked against them at run time. On a PC (simd.h's
+ * LLM_SIMD) the fp32 and int8 matvecs run four rows at a time in the host's
+ * vector registers, each row's sums in the contract's order: the same bits.
  */
 #include <math.h>
 #include <stddef.h>
@@ -8,6 +10,7 @@
 
 #include "hot.h"
 #include "kernels.h"
+#include "simd.h"
 
 #include <float.h>
 
@@ -142,6 +145,57 @@ static inline int32_t dot_s8(const int8_t *a, const int8_t *b, size_t n) {
     return g;
 }
 
+#if LLM_SIMD && defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+/* Four rows at once with SSE2 (every x86-64; both clones). Each group's four
+ * exact int32 dots come from pmaddwd on the codes widened to int16 (the
+ * products and their pairwise sums are exact in int32, and integer sums
+ * give the same value in any order), reduced for the four rows together;
+ * then lane q runs row q's float steps, acc += ((float)g * scale) * xscale,
+ * in group order: the scalar loop's operations, so its bits. Groups are
+ * whole 16-byte steps (kernels.h: multiples of 32 bytes). */
+#define LLM_Q8_ROWS4 1
+
+static inline __m128i s8_lo16(__m128i v) { return _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8); }
+static inline __m128i s8_hi16(__m128i v) { return _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8); }
+
+static inline __m128i s8_dot16(const int8_t *a, __m128i xl, __m128i xh) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)a);
+    return _mm_add_epi32(_mm_madd_epi16(s8_lo16(v), xl), _mm_madd_epi16(s8_hi16(v), xh));
+}
+
+static inline void rows4_q8(const llm_q8 *w, uint32_t r, const int8_t *xq, const float *xscale,
+                            uint32_t group, float *y) {
+    const uint32_t width = w->row_bytes, ng = w->n_groups;
+    const int8_t *row = w->codes + (size_t)r * width;
+    const float *sc = w->scales + (size_t)r * ng;
+    llm_f4 acc = llm_f4_splat(0.f);
+    uint32_t k = 0;
+    for (uint32_t j0 = 0; j0 < width; j0 += group, k++) {
+        const uint32_t end = j0 + group < width ? j0 + group : width;
+        __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
+        for (uint32_t j = j0; j < end; j += 16u) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(xq + j));
+            const __m128i xl = s8_lo16(x), xh = s8_hi16(x);
+            s0 = _mm_add_epi32(s0, s8_dot16(row + j, xl, xh));
+            s1 = _mm_add_epi32(s1, s8_dot16(row + width + j, xl, xh));
+            s2 = _mm_add_epi32(s2, s8_dot16(row + 2u * width + j, xl, xh));
+            s3 = _mm_add_epi32(s3, s8_dot16(row + 3u * width + j, xl, xh));
+        }
+        /* lane q of g: the sum of s_q's four lanes */
+        const __m128i u0 = _mm_add_epi32(_mm_unpacklo_epi32(s0, s1), _mm_unpackhi_epi32(s0, s1));
+        const __m128i u1 = _mm_add_epi32(_mm_unpacklo_epi32(s2, s3), _mm_unpackhi_epi32(s2, s3));
+        const __m128i g = _mm_add_epi32(_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1));
+        llm_f4 gf;
+        const __m128 gc = _mm_cvtepi32_ps(g); /* rounds as (float)g does */
+        memcpy(&gf, &gc, sizeof gf);
+        const llm_f4 scale = {sc[k], sc[ng + k], sc[2u * ng + k], sc[3u * ng + k]};
+        acc += (gf * scale) * xscale[k];
+    }
+    llm_f4_store(y + r, acc);
+}
+#endif
+
 /* Contract (kernels.h): per group an exact int32 dot, then acc += ((float)g *
  * scale) * xscale in group order. Padded columns are zero in both operands. */
 LLM_WIDE_CLONES
@@ -150,7 +204,12 @@ void llm_matvec_q8_ref(const llm_q8 *w, const int8_t *xq, const float *xscale, f
     const uint32_t width = w->row_bytes;
     uint32_t group = w->group >= w->cols ? width : w->group;
     if (group == 0) group = width; /* contract broken: never hang */
-    for (uint32_t r = row_begin; r < row_end; r++) {
+    uint32_t r = row_begin;
+#ifdef LLM_Q8_ROWS4
+    if (width % 16u == 0 && group % 16u == 0)
+        for (; r + 4u <= row_end; r += 4u) rows4_q8(w, r, xq, xscale, group, y);
+#endif
+    for (; r < row_end; r++) {
         const int8_t *row = w->codes + (size_t)r * w->row_bytes;
         const float *sc = w->scales + (size_t)r * w->n_groups;
         float acc = 0.f;
@@ -212,12 +271,68 @@ static inline float lanes_sum(const llm_lanes *a) {
            ((a->hi[0] + a->hi[1]) + (a->hi[2] + a->hi[3]));
 }
 
+#if LLM_SIMD
+/* The host's vector registers (simd.h): a row's eight lanes as one 8-float
+ * vector (one AVX register, or two SSE/NEON ones), lane k still column k's
+ * sum in ascending j, so lanes_step's very operations; then the contract's
+ * tree for four rows at once: the rows' lanes transposed (moves only) so
+ * that vector lane q adds row q's l0..l7 in the tree's order. The same bits
+ * as the loop below, which the board keeps. */
+typedef float llm_v8f __attribute__((vector_size(32)));
+
+/* (a macro: a function returning a 32-byte vector has no fixed ABI without AVX) */
+#define V8_MULADD(acc, w, xv)                                                                   \
+    do {                                                                                       \
+        llm_v8f w8_;                                                                           \
+        memcpy(&w8_, (w), sizeof w8_);                                                         \
+        (acc) += w8_ * (xv);                                                                   \
+    } while (0)
+
+static inline void rows4_f32(const float *w0, size_t stride, const float *x, size_t full,
+                             size_t cols, float *y) {
+    llm_v8f a0 = {0.f}, a1 = {0.f}, a2 = {0.f}, a3 = {0.f}; /* +0.f in every lane */
+    for (size_t j = 0; j < full; j += LLM_F32_LANES) {
+        llm_v8f xv;
+        memcpy(&xv, x + j, sizeof xv);
+        V8_MULADD(a0, w0 + j, xv);
+        V8_MULADD(a1, w0 + stride + j, xv);
+        V8_MULADD(a2, w0 + 2u * stride + j, xv);
+        V8_MULADD(a3, w0 + 3u * stride + j, xv);
+    }
+    if (full < cols) { /* one more step of zeros past cols, as lanes_tail */
+        float tx[LLM_F32_LANES] = {0.f}, tw[4][LLM_F32_LANES] = {{0.f}};
+        for (size_t k = 0; full + k < cols; k++) {
+            tx[k] = x[full + k];
+            for (size_t q = 0; q < 4u; q++) tw[q][k] = w0[q * stride + full + k];
+        }
+        llm_v8f xv;
+        memcpy(&xv, tx, sizeof xv);
+        V8_MULADD(a0, tw[0], xv);
+        V8_MULADD(a1, tw[1], xv);
+        V8_MULADD(a2, tw[2], xv);
+        V8_MULADD(a3, tw[3], xv);
+    }
+    llm_f4 h[4][2], lo[4], hi[4];
+    memcpy(h[0], &a0, sizeof a0);
+    memcpy(h[1], &a1, sizeof a1);
+    memcpy(h[2], &a2, sizeof a2);
+    memcpy(h[3], &a3, sizeof a3);
+    llm_f4_transpose(h[0][0], h[1][0], h[2][0], h[3][0], lo); /* lo[k]: lane k of rows 0..3 */
+    llm_f4_transpose(h[0][1], h[1][1], h[2][1], h[3][1], hi); /* hi[k]: lane 4 + k */
+    llm_f4_store(y, ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3])));
+}
+#endif
+
 LLM_WIDE_CLONES
 void llm_matvec_f32_ref(const llm_f32m *w, const float *x, float *y, uint32_t row_begin,
                         uint32_t row_end) {
     const size_t cols = w->cols, full = cols - cols % LLM_F32_LANES;
     const size_t stride = w->row_floats;
     uint32_t r = row_begin;
+#if LLM_SIMD
+    for (; r + 4u <= row_end; r += 4u)
+        rows4_f32(w->w + (size_t)r * stride, stride, x, full, cols, y + r);
+#endif
     for (; r + 4u <= row_end; r += 4u) {
         const float *w0 = w->w + (size_t)r * stride;
         llm_lanes a[4];

@@ -11,6 +11,7 @@
 
 #include "f32_bits.h"
 #include "hot.h"
+#include "simd.h"
 
 #if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD != 0
 #error "llm mathf needs FLT_EVAL_METHOD == 0 (plain float32 arithmetic)"
@@ -82,6 +83,66 @@ void LLM_HOT llm_expf4(const float x[4], float y[4]) {
     for (int i = 0; i < 4; i++)
         y[i] = normal[i] ? v[i] * llm_f32_from_bits((uint32_t)(n[i] + 127) << 23) : llm_expf(x[i]);
 }
+
+#if LLM_SIMD
+/* expf_core on four lanes: the same operations in the same order, each lane
+ * rounding as the scalar one does (simd.h), so each lane's y and n are
+ * expf_core's for its x. (int32 conversion of k, an integer in [-126, 127]
+ * on the lanes that use it, is exact either way.) */
+static inline llm_f4 expf_core_f4(llm_f4 x, llm_i4 *n_out) {
+    llm_f4 t = x * LLM_LOG2E;
+    llm_f4 k = (t + LLM_ROUND_SHIFT) - LLM_ROUND_SHIFT;
+    *n_out = __builtin_convertvector(k, llm_i4);
+    llm_f4 r = x - k * LLM_LN2_HI;
+    r = r - k * LLM_LN2_LO;
+    llm_f4 q = llm_f4_splat(0x1.6a243ap-10f);
+    q = 0x1.1239ep-7f + r * q;
+    q = 0x1.5558f2p-5f + r * q;
+    q = 0x1.555492p-3f + r * q;
+    q = 0x1.fffffcp-2f + r * q;
+    return 1.0f + (r + (r * r) * q);
+}
+
+/* Four lanes of llm_expf(x): the plain `y * 2^n` path where every lane is in
+ * [-87, 88] (as llm_expf4), else llm_expf itself on the lanes outside. */
+static inline void expf_f4(llm_f4 x, float *y) {
+    const llm_i4 ok = (x >= -87.0f) & (x <= 88.0f); /* all ones, or 0 (NaN too) */
+    const llm_f4 v = (llm_f4)((llm_i4)x & ok);      /* +0 on the other lanes */
+    llm_i4 n;
+    const llm_f4 c = expf_core_f4(v, &n);
+    llm_f4_store(y, c * (llm_f4)((n + 127) << 23));
+    if (!(ok[0] & ok[1] & ok[2] & ok[3]))
+        for (int i = 0; i < 4; i++)
+            if (!ok[i]) y[i] = llm_expf(x[i]);
+}
+
+/* y[i] = llm_expf(x[i] - sub), or llm_expf(x[i]) without `sub` (has_sub a
+ * constant in the two callers: the subtraction is there or not at all). */
+static inline void expf_n(const float *x, float sub, float *y, uint32_t n, const int has_sub) {
+    uint32_t i = 0;
+    /* two vectors a step: independent chains for the pipeline */
+    for (; i + 8u <= n; i += 8u) {
+        llm_f4 a = llm_f4_load(x + i), b = llm_f4_load(x + i + 4u);
+        if (has_sub) {
+            a -= sub;
+            b -= sub;
+        }
+        expf_f4(a, y + i);
+        expf_f4(b, y + i + 4u);
+    }
+    if (i + 4u <= n) {
+        llm_f4 a = llm_f4_load(x + i);
+        if (has_sub) a -= sub;
+        expf_f4(a, y + i);
+        i += 4u;
+    }
+    for (; i < n; i++) y[i] = llm_expf(has_sub ? x[i] - sub : x[i]);
+}
+
+void llm_expf_sub_n(const float *x, float sub, float *y, uint32_t n) { expf_n(x, sub, y, n, 1); }
+
+void llm_expf_n(const float *x, float *y, uint32_t n) { expf_n(x, 0.0f, y, n, 0); }
+#endif
 
 float LLM_HOT llm_logf(float x) {
     uint32_t ix = llm_f32_bits(x);

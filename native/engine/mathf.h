@@ -43,6 +43,15 @@ float llm_erff(float x);
 void llm_expf4(const float x[4], float y[4]);
 void llm_erff4(const float x[4], float y[4]);
 
+/* y[i] = llm_expf(x[i] - sub) bit for bit, i < n (x - sub rounded once, as
+ * softmax computes it; x and y may be the same array). Softmax's weights on
+ * a host with vector registers (simd.h's LLM_SIMD): each lane runs
+ * llm_expf's operations, eight elements a step. Where LLM_SIMD is 0 (the
+ * ESP32-S3) it is not built: the engine keeps llm_expf4 there. */
+void llm_expf_sub_n(const float *x, float sub, float *y, uint32_t n);
+/* y[i] = llm_expf(x[i]) bit for bit, i < n, the same way (SiLU's exp). */
+void llm_expf_n(const float *x, float *y, uint32_t n);
+
 /* IEEE half -> float, exact (subnormals included): the PLE rows' scales. */
 float llm_half_to_float(uint16_t h);
 

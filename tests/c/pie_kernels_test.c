@@ -444,6 +444,29 @@ static int mode_cols(uint64_t seed, uint32_t n) {
     return report();
 }
 
+/* Extreme values mixed into the fp32 weights and inputs and the int8 scales
+ * (mode_wide's second half): zeros of both signs, subnormals, the largest
+ * floats, infinities and a NaN, so the sums overflow, cancel to zero and turn
+ * NaN, and each kernel must round (and propagate) exactly as the other. */
+static int extreme;
+static const float EXTREMES[] = {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1.8p-127f,
+                                 3.4028235e38f, -3.4028235e38f, 1e20f, -1e20f,
+                                 (float)INFINITY, -(float)INFINITY, (float)NAN};
+
+/* The same bits, except that any NaN equals any NaN: which NaN a sum of
+ * NaNs (or inf - inf) gives depends on the operand order the compiler picks
+ * for a commutative add, so only "NaN" is part of the contract. */
+static int same_floats(const float *p, const float *q, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (memcmp(&p[i], &q[i], sizeof(float)) != 0 && !(p[i] != p[i] && q[i] != q[i])) return 0;
+    return 1;
+}
+
+static float maybe_extreme(float v) {
+    return extreme && rnd_below(5) == 0 ? EXTREMES[rnd_below(sizeof EXTREMES / sizeof EXTREMES[0])]
+                                        : v;
+}
+
 /* One int8 matrix of random codes (padding 0) and scales, m activation
  * vectors quantized in its groups: the PIE kernels (single and _cols) against
  * the reference, bit for bit. */
@@ -457,7 +480,11 @@ static void compare_q8(uint32_t rows, uint32_t cols, uint32_t group, uint32_t m)
         for (uint32_t j = 0; j < cols; j++)
             codes[(size_t)r * padded + j] = (int8_t)(rnd_below(6) ? (int)rnd_below(255) - 127
                                                                    : (rnd_below(2) ? 127 : -127));
-        for (uint32_t g = 0; g < ng; g++) scales[(size_t)r * ng + g] = rnd_float(1e-4f, 0.3f);
+        if (extreme) /* the whole int8 range, -128 too: the widest products */
+            for (uint32_t j = 0; j < cols; j++)
+                if (rnd_below(4) == 0) codes[(size_t)r * padded + j] = rnd_below(2) ? 127 : -128;
+        for (uint32_t g = 0; g < ng; g++)
+            scales[(size_t)r * ng + g] = maybe_extreme(rnd_float(1e-4f, 0.3f));
     }
     llm_q8 w = {codes, scales, rows, cols, group, ng, padded};
     int8_t *xq = xalloc((size_t)m * padded);
@@ -487,7 +514,7 @@ static void compare_q8(uint32_t rows, uint32_t cols, uint32_t group, uint32_t m)
     for (uint32_t c = 0; c < m; c++) {
         llm_matvec_q8_ref(&w, xp[c], sp[c], yr, a, b);
         compared++;
-        if (memcmp(yr + a, yv[c] + a, (b - a) * sizeof(float)) != 0 && mismatches++ < 5)
+        if (!same_floats(yr + a, yv[c] + a, b - a) && mismatches++ < 5)
             fprintf(stderr, "MISMATCH q8 %ux%u group %u m=%u column %u rows [%u,%u)\n", rows,
                     cols, group, m, c, a, b);
     }
@@ -509,11 +536,12 @@ static void compare_f32(uint32_t rows, uint32_t cols, uint32_t m) {
     memset(wv, 0, (size_t)rows * rf * sizeof(float));
     for (uint32_t r = 0; r < rows; r++)
         for (uint32_t j = 0; j < cols; j++)
-            wv[(size_t)r * rf + j] = rnd_below(16) ? rnd_float(-1.f, 1.f) : rnd_float(-1e3f, 1e3f);
+            wv[(size_t)r * rf + j] = maybe_extreme(rnd_below(16) ? rnd_float(-1.f, 1.f)
+                                                                 : rnd_float(-1e3f, 1e3f));
     llm_f32m w = {wv, rows, cols, rf};
     const uint32_t off = rnd_below(4), stride = cols + off + rnd_below(3);
     float *xs = xalloc(((size_t)m * stride + off) * sizeof(float));
-    for (size_t k = 0; k < (size_t)m * stride + off; k++) xs[k] = rnd_float(-4.f, 4.f);
+    for (size_t k = 0; k < (size_t)m * stride + off; k++) xs[k] = maybe_extreme(rnd_float(-4.f, 4.f));
     uint32_t a = rnd_below(rows), b = a + 1 + rnd_below(rows - a);
     float *yp = xalloc((size_t)m * rows * sizeof(float)), *yr = xalloc(rows * sizeof(float));
     memset(yp, 0xA5, (size_t)m * rows * sizeof(float));
@@ -530,7 +558,7 @@ static void compare_f32(uint32_t rows, uint32_t cols, uint32_t m) {
     for (uint32_t c = 0; c < m; c++) {
         llm_matvec_f32_ref(&w, xp[c], yr, a, b);
         compared++;
-        if (memcmp(yr + a, yv[c] + a, (b - a) * sizeof(float)) != 0 && mismatches++ < 5)
+        if (!same_floats(yr + a, yv[c] + a, b - a) && mismatches++ < 5)
             fprintf(stderr, "MISMATCH f32 %ux%u m=%u column %u rows [%u,%u)\n", rows, cols, m,
                     c, a, b);
     }
@@ -557,6 +585,14 @@ static int mode_wide(uint64_t seed, uint32_t n) {
     compare_q8(64, 172, 172, 8);
     compare_f32(172, 64, 1);
     compare_f32(64, 172, 8);
+    extreme = 1;
+    for (uint32_t t = 0; t < n / 4u + 1u; t++) {
+        uint32_t rows = 1 + rnd_below(200);
+        uint32_t cols = 1 + rnd_below(400);
+        compare_q8(rows, cols, cols > 32u && rnd_below(2) ? 32u : cols, 1 + rnd_below(4));
+        compare_f32(1 + rnd_below(200), 1 + rnd_below(400), 1 + rnd_below(4));
+    }
+    extreme = 0;
     return report();
 }
 

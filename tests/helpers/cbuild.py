@@ -105,16 +105,19 @@ def run(program: Path, *args: str, env: dict[str, str] | None = None,
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 
 
-def engine_run(pie: bool) -> Path:
+def engine_run(pie: bool, simd: bool = True) -> Path:
     """tests/c/engine_run.c on the host port, with the reference kernels or the PIE
-    ones (`pie`): it prints a run's token ids and a hash of every logits vector."""
+    ones (`pie`): it prints a run's token ids and a hash of every logits vector.
+    simd=False: without the host's vector lanes (simd.h), the board's scalar loops."""
     sources = engine_sources()
     sources += [PORT_HOST / "port_host.c", CTESTS / "engine_run.c"]
     defines = {"LLM_PORT_NAME": '"host"'}
     if pie:
         sources += [ENGINE / s for s in PIE_SOURCES]
         defines["LLM_KERNELS_PIE"] = ""
-    name = "engine_run_pie" if pie else "engine_run_ref"
+    if not simd:
+        defines["LLM_NO_SIMD"] = ""
+    name = ("engine_run_pie" if pie else "engine_run_ref") + ("" if simd else "_scalar")
     return build(name, sources, ROOT / "build" / "ctests", defines=defines)
 
 

@@ -490,15 +490,18 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
     finally:
         m.close()
     try:
-        a, b = runc.compare(args.vs_runc, model_bin, tokenizer_bin, image, ids, prompt, steps)
+        a, b = runc.compare(args.vs_runc, model_bin, tokenizer_bin, image, ids, prompt, steps,
+                            runc.REPEATS)
     except runc.RuncError as e:
         print(f"bench.py: {e}", file=sys.stderr)
         return 1
-    print(runc.format_comparison(a, b, steps, 3))
+    print(runc.format_comparison(a, b, steps, runc.REPEATS))
     if args.json:
         write_json({"steps": steps, "prompt_ids": ids[:steps],
                     "runc_ms_per_token": a.ms_per_token, "mpllm_ms_per_token": b.ms_per_token,
-                    "ratio": a.ms_per_token / b.ms_per_token}, args.json)
+                    "ratio": a.ms_per_token / b.ms_per_token,
+                    "runc_cpu_ms_per_token": a.cpu_ms_per_token,
+                    "mpllm_cpu_ms_per_token": b.cpu_ms_per_token}, args.json)
         print(f"json: {args.json}")
     return 0
 
