@@ -223,11 +223,31 @@ def test_stories260k_on_the_n8(s260_printed: str) -> None:
     assert quoted(text, r"\((\d+) by the model now, which counts free bytes") == [longest]
     assert quoted(text, r"read in place from flash \((\d+) tok/s\)") == [toks]
     # wholly in internal SRAM, group 64, dense head
-    needs = quoted(printed, r"group 64 \(convert\.py's default[^\n]*dense head: does NOT open[^\n]*\n"
+    needs = quoted(printed, r"group 64 \(int4, --weights int4 at convert\.py's default group"
+                            r"[^\n]*dense head: does NOT open[^\n]*\n"
                             r"  wholly in internal SRAM [^\n]*needs ([\d,]+) B at context 128, "
                             r"([\d,]+) B at context 256, ([\d,]+) B at context 512")[0]
     assert quoted(text, r"needs ([\d,]+) / ([\d,]+) / ([\d,]+) B at contexts 128 / 256 / 512 "
                         r"\(group 64\)")[0] == needs
+
+
+def test_stories260k_at_convert_pys_default_format(s260_printed: str) -> None:
+    """performance.md's fp32 rows (convert.py's choice for stories260K) and its
+    what-ifs, as `bench.py --model-s3 --shape stories260k` prints them."""
+    text, printed = doc("performance.md"), s260_printed
+    ctx, mid, lo, hi = quoted(printed, r"N8 \(no PSRAM\), fp32, dense head, sampled, as the "
+                                       r"engine places it: context (\d+) \(by default\) (\d+) "
+                                       r"tok/s \((\d+)-(\d+)\)")[0]
+    row = quoted(text, r"\| fp32 \(the default\) \| N8 at its default context, (\d+) \| "
+                       r"[^|]*\| (\d+) / (\d+) / (\d+) \|")[0]
+    assert row == (ctx, lo, mid, hi)
+    core, everything, ms = quoted(printed, r"what-if, fp32 on the N16R8[^\n]*core in internal "
+                                           r"SRAM (\d+) tok/s; core, KV cache and head in "
+                                           r"internal SRAM (\d+) tok/s; its matvecs alone "
+                                           r"([\d.]+) ms")[0]
+    assert quoted(text, r"with the core in internal SRAM the model gives (\d+)") == [core]
+    assert quoted(text, r"with core, KV cache and head there (\d+)") == [everything]
+    assert quoted(text, r"fp32's matvecs alone cost ([\d.]+) ms") == [f"{float(ms):.1f}"]
 
 
 def test_model_file_sizes() -> None:
