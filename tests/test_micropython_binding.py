@@ -396,6 +396,14 @@ SAME_OUTCOME = [
     "_llm.Model(IMAGE, context=0)", "_llm.Model(IMAGE, context=2**70)",
     "_llm.Model(IMAGE, context=True)", "_llm.Model(IMAGE, context=65)",
     "print('CTX', m.pos(), _llm.Model(IMAGE, context=20).config()['seq_len'])",
+    # best_of: its rules, its ids' range (the head's), None as omitted, a bitmap of the
+    # head's ids (280 ids: 35 bytes)
+    "m.reset() or m.best_of([1])", "m.prefill([1]) and m.best_of([])", "m.best_of(5)",
+    "m.prefill([1]) and m.best_of([280])", "m.prefill([1]) and m.best_of([-1])",
+    "m.prefill([1]) and m.best_of(skip=bytes(34))", "m.prefill([1]) and m.best_of(skip=[0])",
+    "m.prefill([1]) and m.best_of(skip=b'\\xff' * 35)",
+    ("print('BEST', m.prefill([1, 2]), m.best_of([3, 4, 3]), m.best_of(None, None), "
+     "m.best_of(skip=bytearray(35)), m.best_of(tokens=(9, 8), skip=memoryview(bytes(35))))"),
 ]
 
 OUTCOMES = """
