@@ -1,6 +1,6 @@
 /*
- * Image loader and validator (format: image_format.h). One file on purpose
- * (~850 lines): every check of the format, in the order the spec states it.
+ * Image loader and validator (format: image_format.h). One file on purpose:
+ * every check of the format, in the order the spec states it.
  *
  * Order of checks: what must hold before anything else can be read safely
  * comes first (length, magic, version, table bounds, header CRC), then the
