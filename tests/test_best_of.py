@@ -182,7 +182,8 @@ def test_bad_calls(tiny_model) -> None:  # type: ignore[no-untyped-def]
             m.best_of([])
         with pytest.raises(TypeError, match="best_of\\(\\) takes a sequence of token ids"):
             m.best_of(5)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="best_of\\(\\) skip takes a bytes-like object "
+                           "\\(a bit per head id\\), not list"):
             m.best_of([1], skip=[0, 1])
         need = (vocab + 7) // 8
         with pytest.raises(ValueError, match=f"a bit per head id: {need} bytes for {vocab} ids, "

@@ -51,6 +51,11 @@ llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name,
                 type_name);
 }
 
+llm_bind_kind llm_bind_not_bits(const char *what, const char *type_name, llm_bind_error *out) {
+    return fail(out, LLM_BIND_TYPE_ERROR, "%s takes a bytes-like object (a bit per head id), "
+                "not %.100s", what, type_name);
+}
+
 llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
     if (m->busy)
         return state(err, "the model is in use (by another thread, or by the call that is "

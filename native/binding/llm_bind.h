@@ -58,6 +58,10 @@ llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind
  * list that is not iterable */
 llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name, llm_bind_error *out);
 
+/* TypeError "<what> takes a bytes-like object (a bit per head id), not
+ * <type_name>": a BITS argument without the buffer protocol */
+llm_bind_kind llm_bind_not_bits(const char *what, const char *type_name, llm_bind_error *out);
+
 /* ---- Model()'s source --------------------------------------------------- */
 
 /* TypeError: Model() given neither a path nor a bytes-like object. */

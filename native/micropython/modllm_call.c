@@ -215,7 +215,10 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
             /* copied: a scheduled callback (mp_handle_pending below) could
              * resize a bytearray before the engine reads it */
             mp_buffer_info_t buf;
-            mp_get_buffer_raise(o, &buf, MP_BUFFER_READ);
+            if (!mp_get_buffer(o, &buf, MP_BUFFER_READ)) {
+                llm_bind_not_bits(p->what, mp_obj_get_type_str(o), &e);
+                llm_raise(&e);
+            }
             bits[j] = m_new(uint8_t, buf.len + 1);
             memcpy(bits[j], buf.buf, buf.len);
             a[j].bits = bits[j];

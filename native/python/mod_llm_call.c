@@ -162,6 +162,11 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
             /* copied: the engine reads it with the GIL released, when another
              * thread could change the caller's buffer */
             Py_buffer view;
+            if (!PyObject_CheckBuffer(o)) {
+                llm_bind_not_bits(p->what, Py_TYPE(o)->tp_name, &e);
+                raise_bind(self->error, &e);
+                goto done;
+            }
             if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) != 0) goto done;
             bits[j] = PyMem_Malloc(view.len > 0 ? (size_t)view.len : 1u);
             if (bits[j] != NULL) memcpy(bits[j], view.buf, (size_t)view.len);
