@@ -187,9 +187,10 @@ class Model:
         ids, without that vector: for a list only the listed ids' head rows
         are computed (the same bits the full head gives them); for every id
         the full head runs once, inside the engine. Token healing's choice
-        (llm.py). ValueError for an id out of range or a skip of the wrong
-        length; Error ("bad argument") for a NaN logit among them or no id
-        left, ("bad state") before the first prefill/step."""
+        (llm.py). ValueError for an id out of range, no ids, or a skip of the
+        wrong length; TypeError for a skip that is not bytes-like; Error ("bad
+        argument") for a NaN logit among them or no id left, ("bad state")
+        before the first prefill/step. Not counted in stats()."""
     def set_plain(self, on: bool) -> None:
         """Plain mode on or off from the next token on (see __init__). When V is
         cached as int16 dots that no row can outgrow, the float V cache only
