@@ -198,6 +198,13 @@ def test_bad_calls(tiny_model) -> None:  # type: ignore[no-untyped-def]
         one = bytearray(every)
         one[7 >> 3] &= ~(1 << (7 & 7))
         assert m.best_of(skip=bytes(one)) == 7 == m.best_of([3, 7, 9], skip=one)
+        # not decoding work: the counters stay (as for logits())
+        before = m.stats()
+        m.best_of([5, 6, 7])
+        m.best_of()
+        after = m.stats()
+        for key in ("heads", "head_rows", "head_ids", "tokens", "bytes"):
+            assert after[key] == before[key], key
         # None is an argument omitted
         assert m.best_of(None, None) == m.best_of() == m.best_of(tokens=None, skip=None)
         # a mutable skip is read during the call only
