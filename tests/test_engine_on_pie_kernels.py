@@ -1,7 +1,8 @@
 """The whole engine built with the PIE kernels (run through the exact host model
 of the ESP32-S3 vector unit) computes the same logits bits as the engine built
 with the reference kernels (one forward pass; kernels change, bits
-do not). Also reports the PIE instructions the engine executes per token.
+do not), and token healing's llm_best_of, from a few ids' rows alone, makes
+the choice a scan of each logits vector makes with both. Also reports the PIE instructions the engine executes per token.
 
 The emulated head costs ~1 s per evaluation at the release shape, so the
 release check runs a short script; the small shapes run to 64+ positions.
@@ -37,6 +38,8 @@ def test_pie_engine_equals_ref_engine(engine_image, name: str, steps: int) -> No
     pie_out = _run(cbuild.engine_run(pie=True), image, steps)
     assert "kernels=ref" in ref_out and "kernels=pie-emu" in pie_out, (ref_out, pie_out)
     assert cbuild.ids_and_hash(pie_out) == cbuild.ids_and_hash(ref_out)
+    for out in (ref_out, pie_out):  # token healing's rows alone: the dense head's choice
+        assert re.search(r"^best_of_mismatches 0 over [1-9]\d* *$", out, re.MULTILINE), out
     counts = re.search(r"^pie_instructions (\d+) for (\d+) tokens and (\d+) heads$", pie_out,
                        re.MULTILINE)
     # fp32 matrices run on the scalar FPU and an fp32 head has no certificate
@@ -58,6 +61,8 @@ def test_pie_engine_equals_ref_engine_per_format(engine_image, name: str,  # typ
     pie = cbuild.run(cbuild.engine_run(pie=True), str(image), "40", *mode, timeout=600)
     assert ref.returncode == 0 and pie.returncode == 0, ref.stderr + pie.stderr
     assert cbuild.ids_and_hash(pie.stdout) == cbuild.ids_and_hash(ref.stdout)
+    for out in (ref.stdout, pie.stdout):
+        assert re.search(r"^best_of_mismatches 0 over [1-9]", out, re.MULTILINE), out
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ compare every value with the Python side, so the two cannot drift apart."""
 from __future__ import annotations
 
 import re
+import struct
 
 import cbuild
-from mpllm.formats import drafts_table, image
+from mpllm.formats import drafts_table, head_tiles, image, tokenizer
 
 PROBE = r"""
 #include <stddef.h>
@@ -32,6 +33,33 @@ int main(void) {
     printf("OFF_ROPE_THETA %zu\nOFF_SHA %zu\n", offsetof(llm_image_header, rope_theta),
            offsetof(llm_image_header, source_sha256));
     printf("OFF_SECTION_KIND %zu\n", offsetof(llm_image_section, kind));
+    /* the structs image.c reads sections through (READ_STRUCT): field offsets */
+    printf("SECTION_FIELDS %zu %zu %zu %zu\n", offsetof(llm_image_section, kind),
+           offsetof(llm_image_section, offset), offsetof(llm_image_section, size),
+           offsetof(llm_image_section, crc32));
+    printf("Q4_FIELDS %zu %zu %zu %zu\n", offsetof(llm_image_q4_header, rows),
+           offsetof(llm_image_q4_header, cols), offsetof(llm_image_q4_header, group),
+           offsetof(llm_image_q4_header, row_bytes));
+    printf("TILES_FIELDS %zu %zu %zu %zu %zu\n", offsetof(llm_image_tiles_header, rows),
+           offsetof(llm_image_tiles_header, tile_rows), offsetof(llm_image_tiles_header, n_tiles),
+           offsetof(llm_image_tiles_header, cols_padded), sizeof(llm_image_tiles_header));
+    printf("DRAFTS_FIELDS %zu %zu %zu\n", offsetof(llm_image_drafts_header, contexts),
+           offsetof(llm_image_drafts_header, max_draft),
+           offsetof(llm_image_drafts_header, min_odds));
+    printf("WEIGHTS_FIELDS %zu %zu %zu %zu %zu\n", offsetof(llm_image_weights_header, chosen),
+           offsetof(llm_image_weights_header, n_tried),
+           offsetof(llm_image_weights_header, positions),
+           offsetof(llm_image_weights_header, reserved), sizeof(llm_image_weights_header));
+    printf("TRIED_FIELDS %zu %zu %zu %zu %zu\n", offsetof(llm_image_weights_tried, kind),
+           offsetof(llm_image_weights_tried, agreement),
+           offsetof(llm_image_weights_tried, mean_abs_diff),
+           offsetof(llm_image_weights_tried, bytes), sizeof(llm_image_weights_tried));
+    printf("TOKENIZER_FIELDS %zu %zu %zu %zu %zu %zu\n",
+           offsetof(llm_image_tokenizer_header, n_vocab),
+           offsetof(llm_image_tokenizer_header, n_merges),
+           offsetof(llm_image_tokenizer_header, n_special),
+           offsetof(llm_image_tokenizer_header, flags),
+           offsetof(llm_image_tokenizer_header, byte_ids), sizeof(llm_image_tokenizer_header));
     printf("ARCH_ESP32AI %u\nARCH_LLAMA %u\nARCH_COUNT %u\n", LLM_ARCH_ESP32AI, LLM_ARCH_LLAMA,
            LLM_ARCH_COUNT);
     printf("OFF_ARCH %zu\nOFF_N_KV_HEADS %zu\nOFF_NORM_EPS %zu\nOFF_RESERVED %zu\n",
@@ -62,6 +90,28 @@ def test_header_constants_match_the_python_side(tmp_path) -> None:  # type: igno
     assert int(got.pop("DRAFTS_ORDER")) == drafts_table.ORDER
     assert int(got.pop("DRAFTS_MAX")) == drafts_table.MAX_DRAFT
     assert int(got.pop("DRAFTS_HEADER")) == drafts_table.HEADER.size
+
+    def offsets(py: struct.Struct, fields: list[str]) -> list[int]:
+        """The offset of each C field (its struct format, an array one field)
+        and the size, after checking that the fields spell the Python format's
+        types in its order."""
+        def flat(fmt: str) -> str:
+            return "".join(code if code == "s" else code * int(n or 1)
+                           for n, code in re.findall(r"(\d*)([A-Za-z])", fmt.lstrip("<")))
+        assert flat("".join(fields)) == flat(py.format), (fields, py.format)
+        at = [struct.calcsize("<" + "".join(fields[:k])) for k in range(len(fields) + 1)]
+        assert at[-1] == py.size
+        return at
+
+    fields = {k: [int(x) for x in got.pop(k).split()] for k in list(got) if k.endswith("_FIELDS")}
+    assert fields["SECTION_FIELDS"] == offsets(image.SECTION, ["16s", "I", "I", "I", "I"])[1:5]
+    assert fields["Q4_FIELDS"] == offsets(image.Q4_HEADER, ["I"] * 4)[:4]
+    assert fields["TILES_FIELDS"] == offsets(head_tiles.TILES_HEADER, ["I"] * 4)
+    # contexts[3], max_draft, min_odds[8]
+    assert fields["DRAFTS_FIELDS"] == offsets(drafts_table.HEADER, ["3I", "I", "8H"])[:3]
+    assert fields["WEIGHTS_FIELDS"] == offsets(image.WEIGHTS_HEADER, ["I"] * 4)
+    assert fields["TRIED_FIELDS"] == offsets(image.WEIGHTS_TRIED, ["I", "f", "f", "I"])
+    assert fields["TOKENIZER_FIELDS"] == offsets(tokenizer.HEADER, ["I"] * 4 + ["256H"])
     for name, value in got.items():
         assert int(value) == getattr(image, name), name
     assert image.HEADER.size == image.HEADER_BYTES

@@ -179,18 +179,24 @@ def test_replay_double_is_strict(recorded, tiny_model):
         m.step(t)
     with pytest.raises(double.ReplayMiss, match="no logits recorded"):
         m.logits()
-    # token healing read logits where the engine's choice went on inside a
-    # word: the double gives the real engine's bytes for that context only
+    # token healing asked the engine for the likeliest of some ids where its
+    # choice went on inside a word: the double gives the real engine's answer
+    # for that context and those ids only
     data = json.loads((rec / "replay.json").read_text())
-    read = [(r, e) for e in data["logits"] for r in data["runs"] if r["prompt"] == e["context"]]
-    assert read, "the scenarios never read logits after a prefill"
+    assert data["logits"] == [], "token healing copies no logits (Model.best_of)"
+    read = [(r, e) for e in data["best_of"] for r in data["runs"] if r["prompt"] == e["context"]]
+    assert read, "the scenarios never asked best_of() after a prefill"
     run, entry = read[0]
     m.reset()
     m.sampler(*run["sampler"])
     m.prefill(run["prompt"])
+    skip = None if entry["skip"] is None else bytes.fromhex(entry["skip"])
     with _llm.Model(str(tiny_model.image)) as real:
         real.prefill(run["prompt"])
-        assert m.logits() == real.logits() == bytes.fromhex(entry["hex"])
+        assert m.best_of(entry["tokens"], skip) == real.best_of(entry["tokens"], skip) \
+            == entry["best"]
+    with pytest.raises(double.ReplayMiss, match="no best_of"):
+        m.best_of([0] if entry["tokens"] != [0] else [1])
     m.close()
     with pytest.raises(double.Error):
         m.config()

@@ -328,6 +328,14 @@ SAME_OUTCOME = [
     "_llm.Model(IMAGE, context=0)", "_llm.Model(IMAGE, context=2**70)",
     "_llm.Model(IMAGE, context=True)", "_llm.Model(IMAGE, context=65)",
     "print('CTX', m.pos(), _llm.Model(IMAGE, context=20).config()['seq_len'])",
+    # best_of: its rules, its ids' range (the head's), None as omitted, a bitmap of the
+    # head's ids (280 ids: 35 bytes); MicroPython's Model(IMAGE) is the shared model
+    "m.reset() or m.best_of([1])", "[m.prefill([1]), m.best_of([])]", "m.best_of(5)",
+    "[m.prefill([1]), m.best_of([280])]", "[m.prefill([1]), m.best_of([-1])]",
+    "[m.prefill([1]), m.best_of(skip=bytes(34))]", "[m.prefill([1]), m.best_of(skip=[0])]",
+    "[m.prefill([1]), m.best_of(skip=b'\\xff' * 35)]",
+    ("m.reset() or print('BEST', m.prefill([1, 2]), m.best_of([3, 4, 3]), m.best_of(None, None), "
+     "m.best_of(skip=bytearray(35)), m.best_of(tokens=(9, 8), skip=memoryview(bytes(35))))"),
 ]
 
 OUTCOMES = """
@@ -544,6 +552,31 @@ def test_tokenizer_is_read_in_place_on_micropython(micropython: Path, tiny_model
                              f"{want[:4]!r}")
     assert lines["HEX"] == want.hex() and "READONLY" in out
     assert lines["CLOSED"] == "bad state: the model is closed"
+
+
+#: a bytearray image, zeroed once the model is open: the tokens are those of the file
+MUTABLE = """
+import _llm
+data = bytearray(open({image!r}, "rb").read())
+m = _llm.Model(data)
+got = [m.prefill([1, 2, 3])]
+data[:] = bytes(len(data))
+got += [m.step(got[-1]) for _ in range(8)]
+m.close()
+m = _llm.Model({image!r})
+want = [m.prefill([1, 2, 3])]
+want += [m.step(want[-1]) for _ in range(8)]
+print("SAME", got == want, len(set(want)) > 1)
+"""
+
+
+def test_a_mutable_image_is_copied_on_micropython(micropython: Path, tiny_model,
+                                                  tmp_path: Path) -> None:
+    """Model(bytearray) on MicroPython copies the image at open (llm_bind_place),
+    so zeroing the caller's buffer afterwards changes no token: the twin of
+    test_bindings.py::test_empty_and_mutable_buffers."""
+    out = run_mp(micropython, MUTABLE.format(image=str(tiny_model.image)), tmp_path)
+    assert "SAME True True" in out, out
 
 
 #: a view of tokenizer() kept while its model is closed or replaced, then read

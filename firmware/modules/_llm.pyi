@@ -177,6 +177,20 @@ class Model:
         Decoding does not keep logits (the certified head picks the token
         without them), so the first call after an evaluation runs the full head
         once on that evaluation's input: the same bits plain mode computes."""
+    def best_of(self, tokens: list[int] | None = None,
+                skip: bytes | bytearray | memoryview | None = None) -> int:
+        """The likeliest of some token ids at the last head evaluation: the id
+        of the largest logit (the lowest id on a tie) among `tokens` (head
+        ids 0..vocab_out-1, repeats allowed; None: every id), leaving out those
+        whose bit is set in `skip` (bit i & 7 of byte i >> 3, vocab_out bits
+        rounded up to bytes). The same choice as a scan of logits() over those
+        ids, without that vector: for a list only the listed ids' head rows
+        are computed (the same bits the full head gives them); for every id
+        the full head runs once, inside the engine. Token healing's choice
+        (llm.py). ValueError for an id out of range, no ids, or a skip of the
+        wrong length; TypeError for a skip that is not bytes-like; Error ("bad
+        argument") for a NaN logit among them or no id left, ("bad state")
+        before the first prefill/step. Not counted in stats()."""
     def set_plain(self, on: bool) -> None:
         """Plain mode on or off from the next token on (see __init__). When V is
         cached as int16 dots that no row can outgrow, the float V cache only

@@ -51,6 +51,11 @@ llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name,
                 type_name);
 }
 
+llm_bind_kind llm_bind_not_bits(const char *what, const char *type_name, llm_bind_error *out) {
+    return fail(out, LLM_BIND_TYPE_ERROR, "%s takes a bytes-like object (a bit per head id), "
+                "not %.100s", what, type_name);
+}
+
 llm_bind_kind llm_bind_ready(const llm_bind_model *m, llm_bind_error *err) {
     if (m->busy)
         return state(err, "the model is in use (by another thread, or by the call that is "
@@ -283,28 +288,32 @@ static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
     [LLM_BIND_M_config] = {"config", 0, 0, 0, {{0}}},
     [LLM_BIND_M_reset] = {"reset", 0, 0, 0, {{0}}},
     [LLM_BIND_M_sampler] = {"sampler", 3, 0, 0,
-                            {{"temperature", "temperature", LLM_BIND_P_FLOAT, 0, 0},
-                             {"top_k", "top_k", LLM_BIND_P_INT, 0, 0},
-                             {"seed", "seed", LLM_BIND_P_U64, 0, 0}}},
+                            {{"temperature", "temperature", LLM_BIND_P_FLOAT, 0, 0, 0, 0},
+                             {"top_k", "top_k", LLM_BIND_P_INT, 0, 0, 0, 0},
+                             {"seed", "seed", LLM_BIND_P_U64, 0, 0, 0, 0}}},
     [LLM_BIND_M_prefill] = {"prefill", 1, 1, 1, {{"tokens", "prefill()", LLM_BIND_P_TOKENS, 1,
-                                               ANY_LENGTH}}},
-    [LLM_BIND_M_step] = {"step", 1, 1, 1, {{"token", "a token id", LLM_BIND_P_TOKEN, 0, 0}}},
+                                               ANY_LENGTH, 0, 0}}},
+    [LLM_BIND_M_step] = {"step", 1, 1, 1,
+                         {{"token", "a token id", LLM_BIND_P_TOKEN, 0, 0, 0, 0}}},
     [LLM_BIND_M_verify] = {"verify", 1, 1, 1, {{"tokens", "verify()", LLM_BIND_P_TOKENS, 1,
-                                             LLM_VERIFY_MAX}}},
+                                             LLM_VERIFY_MAX, 0, 0}}},
     [LLM_BIND_M_draft] = {"draft", 2, 2, 0,
-                          {{"context", "draft()", LLM_BIND_P_TOKENS, 0, ANY_LENGTH},
-                           {"max_len", "draft() max_len", LLM_BIND_P_INT, 0, 0}}},
+                          {{"context", "draft()", LLM_BIND_P_TOKENS, 0, ANY_LENGTH, 0, 0},
+                           {"max_len", "draft() max_len", LLM_BIND_P_INT, 0, 0, 0, 0}}},
     [LLM_BIND_M_logits] = {"logits", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_best_of] = {"best_of", 2, 0, 1,
+                            {{"tokens", "best_of()", LLM_BIND_P_TOKENS, 1, ANY_LENGTH, 1, 1},
+                             {"skip", "best_of() skip", LLM_BIND_P_BITS, 0, 0, 0, 1}}},
     [LLM_BIND_M_pos] = {"pos", 0, 0, 0, {{0}}},
     [LLM_BIND_M_rewind] = {"rewind", 1, 1, 0, {{"pos", "rewind() position", LLM_BIND_P_INT, 0,
-                                             0}}},
+                                             0, 0, 0}}},
     [LLM_BIND_M_stats] = {"stats", 0, 0, 0, {{0}}},
     [LLM_BIND_M_memory] = {"memory", 0, 0, 0, {{0}}},
-    [LLM_BIND_M_set_plain] = {"set_plain", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_set_plain] = {"set_plain", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_plain] = {"plain", 0, 0, 0, {{0}}},
-    [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_set_fast] = {"set_fast", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_fast] = {"fast", 0, 0, 0, {{0}}},
-    [LLM_BIND_M_set_k_dots] = {"set_k_dots", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_set_k_dots] = {"set_k_dots", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_k_dots] = {"k_dots", 0, 0, 0, {{0}}},
 };
 
@@ -353,9 +362,10 @@ llm_bind_kind llm_bind_tokens(const llm_bind_model *m, const llm_bind_param *p, 
     return ok(err);
 }
 
-llm_bind_kind llm_bind_token(const llm_bind_model *m, llm_bind_int v, int32_t *out,
-                             llm_bind_error *err) {
-    const uint32_t rows = llm_get_config(m->engine)->vocab_rows;
+llm_bind_kind llm_bind_token(const llm_bind_model *m, const llm_bind_param *p, llm_bind_int v,
+                             int32_t *out, llm_bind_error *err) {
+    const llm_config *c = llm_get_config(m->engine);
+    const uint32_t rows = p != NULL && p->head ? c->vocab_out : c->vocab_rows;
     char buf[24];
     if (v.overflow || v.value < 0 || v.value >= (int64_t)rows)
         return fail(err, LLM_BIND_VALUE_ERROR, "token id %s out of range 0..%lu", shown(v, buf),
@@ -396,6 +406,22 @@ static llm_bind_kind rewind_to(llm_engine *e, llm_bind_int pos, llm_bind_error *
     return engine(llm_rewind(e, (uint32_t)pos.value, &le), &le, err);
 }
 
+/* best_of(tokens=None, skip=None): of the ids given (or every head id),
+ * those whose bit in skip is clear; skip has a bit per head id. */
+static llm_bind_kind best_of(llm_engine *e, const llm_bind_arg a[2], llm_bind_out *out,
+                             llm_bind_error *err) {
+    const uint32_t vocab = llm_get_config(e)->vocab_out, bytes = (vocab + 7u) / 8u;
+    if (a[1].given && a[1].n != bytes)
+        return fail(err, LLM_BIND_VALUE_ERROR, "best_of() skip takes a bit per head id: %lu "
+                    "bytes for %lu ids, got %lu", (unsigned long)bytes, (unsigned long)vocab,
+                    (unsigned long)a[1].n);
+    llm_error le;
+    out->n = 1;
+    return engine(llm_best_of(e, a[0].given ? a[0].ids : NULL, a[0].given ? (uint32_t)a[0].n : 0u,
+                              a[1].given ? a[1].bits : NULL, out->ids, &le),
+                  &le, err);
+}
+
 static llm_bind_kind draft(llm_engine *e, const llm_bind_arg a[2], llm_bind_out *out,
                            llm_bind_error *err) {
     const llm_bind_int n = a[1].i;
@@ -426,7 +452,7 @@ llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
         out->n = 1;
         return engine(llm_prefill(e, a[0].ids, (uint32_t)a[0].n, out->ids, &le), &le, err);
     case LLM_BIND_M_step:
-        if (llm_bind_token(m, a[0].i, &token, err) != LLM_BIND_OK) return err->kind;
+        if (llm_bind_token(m, NULL, a[0].i, &token, err) != LLM_BIND_OK) return err->kind;
         out->n = 1;
         return engine(llm_step(e, token, out->ids, &le), &le, err);
     case LLM_BIND_M_verify:
@@ -437,6 +463,7 @@ llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
         if (llm_logits(e) == NULL)
             return state(err, "no logits yet: call prefill() or step() first");
         break;
+    case LLM_BIND_M_best_of: return best_of(e, a, out, err);
     case LLM_BIND_M_rewind: return rewind_to(e, a[0].i, err);
     case LLM_BIND_M_set_plain: return set_plain(e, a[0].on, err);
     case LLM_BIND_M_set_fast: return engine(llm_set_fast(e, a[0].on, &le), &le, err);
@@ -582,7 +609,8 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
     switch (id) {
     case LLM_BIND_M_config: return config(e, s);
     case LLM_BIND_M_prefill:
-    case LLM_BIND_M_step: return put_int(s, NULL, out->ids[0]);
+    case LLM_BIND_M_step:
+    case LLM_BIND_M_best_of: return put_int(s, NULL, out->ids[0]);
     case LLM_BIND_M_verify:
     case LLM_BIND_M_draft: return ids(out, s);
     case LLM_BIND_M_logits:

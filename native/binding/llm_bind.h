@@ -58,6 +58,10 @@ llm_bind_kind llm_bind_not_int(const char *what, const char *type_name, llm_bind
  * list that is not iterable */
 llm_bind_kind llm_bind_not_tokens(const char *what, const char *type_name, llm_bind_error *out);
 
+/* TypeError "<what> takes a bytes-like object (a bit per head id), not
+ * <type_name>": a BITS argument without the buffer protocol */
+llm_bind_kind llm_bind_not_bits(const char *what, const char *type_name, llm_bind_error *out);
+
 /* ---- Model()'s source --------------------------------------------------- */
 
 /* TypeError: Model() given neither a path nor a bytes-like object. */
@@ -144,6 +148,7 @@ void llm_bind_close(llm_bind_model *m);
     X(verify, "verify(tokens) -> the next token after each prefix, in one pass.")               \
     X(draft, "draft(context, max_len) -> up to max_len guesses from the image's n-gram table.") \
     X(logits, "logits() -> bytes: float32 little-endian logits of the last head evaluation.")   \
+    X(best_of, "best_of(tokens=None, skip=None) -> the likeliest of these ids (their rows only).") \
     X(pos, "pos() -> tokens in the context.")                                                   \
     X(rewind, "rewind(pos): drop positions >= pos, as if they were never decoded.")             \
     X(stats, "stats() -> dict: ms per stage, token counts, TTFT, bytes read per region.")       \
@@ -170,6 +175,7 @@ typedef enum llm_bind_param_kind {
     LLM_BIND_P_TOKENS, /* any iterable of token ids, min_n..max_n of them */
     LLM_BIND_P_FLOAT,  /* anything with __float__ */
     LLM_BIND_P_BOOL,   /* anything with __bool__ */
+    LLM_BIND_P_BITS,   /* a bytes-like object: a bit per token id (best_of's skip) */
 } llm_bind_param_kind;
 
 typedef struct llm_bind_param {
@@ -177,6 +183,9 @@ typedef struct llm_bind_param {
     const char *what; /* its name in messages: "rewind() position" */
     llm_bind_param_kind kind;
     uint32_t min_n, max_n; /* LLM_BIND_P_TOKENS */
+    int head;              /* LLM_BIND_P_TOKENS: head rows (0..vocab_out-1), not
+                            * embedding rows (0..vocab_rows-1) */
+    int or_none;           /* None is read as the argument omitted */
 } llm_bind_param;
 
 #define LLM_BIND_MAX_PARAMS 3
@@ -222,15 +231,17 @@ typedef struct llm_bind_arg {
     double f;           /* FLOAT */
     int on;             /* BOOL */
     const int32_t *ids; /* TOKENS: n ids, checked by llm_bind_tokens */
+    const uint8_t *bits; /* BITS: n bytes, the binding's own (no caller's buffer) */
     size_t n;
 } llm_bind_arg;
 
 /* TOKENS: the count is within the parameter's limits (before the ids are
- * read), then each id in the embedding's range (llm_bind_token). */
+ * read), then each id in the embedding's range, or the head's for a `head`
+ * parameter (p; NULL: a single token, the embedding's) (llm_bind_token). */
 llm_bind_kind llm_bind_tokens(const llm_bind_model *m, const llm_bind_param *p, size_t n,
                               llm_bind_error *err);
-llm_bind_kind llm_bind_token(const llm_bind_model *m, llm_bind_int v, int32_t *out,
-                             llm_bind_error *err);
+llm_bind_kind llm_bind_token(const llm_bind_model *m, const llm_bind_param *p, llm_bind_int v,
+                             int32_t *out, llm_bind_error *err);
 
 /* What a computing method returned, kept until llm_bind_result reads it. */
 #define LLM_BIND_MAX_IDS \

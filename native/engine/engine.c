@@ -1191,6 +1191,61 @@ const float *llm_logits(llm_engine *e) {
     return e->s.logits;
 }
 
+/* The head input of the last evaluation in the form the head's kind reads
+ * (what head_dense passes). */
+static llm_vin last_head_in(llm_engine *e) {
+    const llm_act *in = &e->s.col[e->head_col].head_in;
+    if (e->w.head.w.kind == LLM_IMAGE_KIND_Q4) {
+        const llm_vin vin = {NULL, in->q, in->scale, NULL, NULL};
+        return vin;
+    }
+    return act_in(e, e->head_col, 1, &e->w.head.w);
+}
+
+/* Whether (v, id) comes before (bv, best) in the sampler's order: larger
+ * value first, lower id on a tie (best < 0: nothing chosen yet). */
+static int beats(float v, int32_t id, float bv, int32_t best) {
+    return best < 0 || v > bv || (v == bv && id < best);
+}
+
+static int skipped(const uint8_t *skip, uint32_t id) {
+    return skip != NULL && ((skip[id >> 3] >> (id & 7u)) & 1u) != 0;
+}
+
+llm_status llm_best_of(llm_engine *e, const int32_t *ids, uint32_t n, const uint8_t *skip,
+                       int32_t *best, llm_error *err) {
+    if (e == NULL || best == NULL || (ids != NULL && n == 0) || (ids == NULL && n != 0))
+        return llm_fail(err, LLM_E_ARG, "llm_best_of: no engine, no output, or no token ids");
+    const uint32_t V = e->cfg.vocab_out;
+    for (uint32_t i = 0; ids != NULL && i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= V)
+            return llm_fail(err, LLM_E_ARG, "token id %ld is not a head row (0..%lu)",
+                            (long)ids[i], (unsigned long)V - 1u);
+    if (!e->have_head)
+        return llm_fail(err, LLM_E_STATE, "no head evaluation yet: prefill or step first");
+    /* every id: the dense head once (or the logits it already wrote) */
+    const float *logits = ids == NULL || e->have_logits ? llm_logits(e) : NULL;
+    llm_vin in = {NULL, NULL, 0.0f, NULL, NULL};
+    if (logits == NULL) in = last_head_in(e);
+    const uint32_t count = ids == NULL ? V : n;
+    int32_t chosen = -1;
+    float top = 0.0f;
+    for (uint32_t i = 0; i < count; i++) {
+        const int32_t id = ids == NULL ? (int32_t)i : ids[i];
+        if (skipped(skip, (uint32_t)id)) continue;
+        const float v = logits != NULL ? logits[id] : llm_head_row(&e->w.head, &in, (uint32_t)id);
+        if (v != v) return llm_fail(err, LLM_E_ARG, "logit %ld is NaN", (long)id);
+        if (beats(v, id, top, chosen)) {
+            chosen = id;
+            top = v;
+        }
+    }
+    if (chosen < 0)
+        return llm_fail(err, LLM_E_ARG, "no candidate left: every token id given is skipped");
+    *best = chosen;
+    return LLM_OK;
+}
+
 static llm_status check_tokens(const llm_engine *e, const int32_t *tokens, uint32_t n,
                                llm_error *err) {
     for (uint32_t i = 0; i < n; i++)

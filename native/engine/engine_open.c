@@ -334,6 +334,7 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
     }
     llm_region got = LLM_REGION_BULK;
     uint8_t *p = certified && !in_place ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
+    h->by_id = src; /* (tied: the embedding's first vocab_out rows) */
     if (p == NULL && in_place) {
         h->w = src;
         record(e, name, LLM_REGION_FLASH, bytes, NULL);
@@ -347,7 +348,7 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
         if (certified) e->spilled_bytes += bytes;
         llm_mat m;
         stage_mat(e, name, &src, &m, LLM_REGION_BULK);
-        h->w = m.w;
+        h->w = h->by_id = m.w;
         h->rows_region = m.region;
         return LLM_OK;
     }

@@ -179,6 +179,13 @@ static __attribute__((noinline)) void dense_other(const llm_head *h, const llm_v
     work->waves = 1;
 }
 
+float llm_head_row(const llm_head *h, const llm_vin *in, uint32_t id) {
+    const llm_wmat row = llm_wmat_rows(&h->by_id, id, 1u);
+    float value = 0.0f, *y = &value;
+    llm_wmat_matvec(&row, &in, 1u, &y, 0, 1u);
+    return value;
+}
+
 void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
                     const llm_splitter *sp, llm_head_work *work) {
     if (h->w.kind != LLM_IMAGE_KIND_Q4) {

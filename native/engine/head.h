@@ -36,6 +36,8 @@ typedef struct llm_head {
     llm_wmat w;             /* [rows][row_bytes] codes or values, [rows][n_groups] scales;
                              * only an int4 head has a certificate (image.c) */
     const uint16_t *ids;    /* [rows] token id of staged row i; NULL: row i is id i */
+    llm_wmat by_id;         /* the same rows in id order (the image's, when w holds
+                             * them in tile order; else w itself): llm_head_row */
     /* the certificate; n_tiles == 0 when there is none */
     const int8_t *boxes;    /* [n_tiles][2*cols_padded]: mid then half */
     const float *tile_scale; /* [n_tiles] sigma_t, powers of two */
@@ -85,6 +87,13 @@ int llm_head_certifiable(const llm_head *h, float xscale);
  * head's kind reads (wmat.h). */
 void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, float *logits,
                     const llm_splitter *sp, llm_head_work *work);
+
+/* The logit of token id `id` (< rows) alone: its row of by_id through the
+ * kernel of the head's kind, as llm_wmat_matvec runs it for one row. The
+ * same bits llm_head_dense writes to logits[id]: every kernel computes each
+ * row on its own (kernels.h), and the staged rows are copies of the image's.
+ * `in` as for llm_head_dense. */
+float llm_head_row(const llm_head *h, const llm_vin *in, uint32_t id);
 
 /* Offer every row that can still matter to `cand` (already initialised with
  * its k). Fails only on a NaN value, which the preconditions rule out. */

@@ -1,6 +1,6 @@
 /*
- * Image loader and validator (format: image_format.h). One file on purpose
- * (~850 lines): every check of the format, in the order the spec states it.
+ * Image loader and validator (format: image_format.h). One file on purpose:
+ * every check of the format, in the order the spec states it.
  *
  * Order of checks: what must hold before anything else can be read safely
  * comes first (length, magic, version, table bounds, header CRC), then the
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "align_up.h"
+#include "f32_bits.h"
 #include "llm_error.h"
 
 static const uint32_t crc_table[256] = {
@@ -73,6 +74,18 @@ static uint32_t rd32(const uint8_t *p) {
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* One of image_format.h's structs (section entry, q4/tiles/drafts/weights/
+ * tokenizer headers) read from the image's bytes into its named fields: a
+ * copy, as header_read does for the header. The image's numbers are
+ * little-endian and only a little-endian host opens one (check_host), so the
+ * struct's layout is the file's (image_format.h asserts every size). */
+#define READ_STRUCT(dst, src) memcpy((dst), (src), sizeof *(dst))
+
+/* Record k of a "weights" payload (after its header). */
+static const uint8_t *weights_tried_at(const uint8_t *p, uint32_t k) {
+    return p + sizeof(llm_image_weights_header) + (size_t)k * sizeof(llm_image_weights_tried);
+}
 
 static int f32_bits_finite(uint32_t bits) { return (bits & 0x7F800000u) != 0x7F800000u; }
 
@@ -181,13 +194,7 @@ void llm_image_section_name(const llm_config *c, uint32_t slot, char name[LLM_IM
 
 /* Table entry `index` (a table position, not a slot). */
 static void section_at(const llm_image_info *info, uint32_t index, llm_image_section *out) {
-    const uint8_t *p =
-        info->data + LLM_IMAGE_HEADER_BYTES + (size_t)index * LLM_IMAGE_SECTION_BYTES;
-    memcpy(out->name, p, LLM_IMAGE_NAME_BYTES);
-    out->kind = rd32(p + 16);
-    out->offset = rd32(p + 20);
-    out->size = rd32(p + 24);
-    out->crc32 = rd32(p + 28);
+    READ_STRUCT(out, info->data + LLM_IMAGE_HEADER_BYTES + (size_t)index * LLM_IMAGE_SECTION_BYTES);
 }
 
 static const uint8_t *payload_at(const llm_image_info *info, uint32_t index, uint32_t *size) {
@@ -209,12 +216,7 @@ const uint8_t *llm_image_payload(const llm_image_info *info, uint32_t slot, uint
     return payload_at(info, llm_image_slot_index(&info->config, slot), size);
 }
 
-static void q4_header(const uint8_t *p, llm_image_q4_header *h) {
-    h->rows = rd32(p);
-    h->cols = rd32(p + 4);
-    h->group = rd32(p + 8);
-    h->row_bytes = rd32(p + 12);
-}
+static void q4_header(const uint8_t *p, llm_image_q4_header *h) { READ_STRUCT(h, p); }
 
 static uint32_t ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0); }
 
@@ -251,17 +253,13 @@ void llm_image_matrix_view(const llm_image_info *info, uint32_t i, llm_wmat *out
 
 void llm_image_weights_view(const llm_image_info *info, llm_image_weights *out) {
     const uint8_t *p = payload_at(info, info->n_sections - 1u, NULL);
+    llm_image_weights_header h;
+    READ_STRUCT(&h, p);
     memset(out, 0, sizeof *out);
-    out->chosen = rd32(p);
-    out->n_tried = rd32(p + 4);
-    out->positions = rd32(p + 8);
-    for (uint32_t k = 0; k < out->n_tried; k++) {
-        const uint8_t *r = p + sizeof(llm_image_weights_header) + 16u * k;
-        out->tried[k].kind = rd32(r);
-        memcpy(&out->tried[k].agreement, r + 4, 4);
-        memcpy(&out->tried[k].mean_abs_diff, r + 8, 4);
-        out->tried[k].bytes = rd32(r + 12);
-    }
+    out->chosen = h.chosen;
+    out->n_tried = h.n_tried;
+    out->positions = h.positions;
+    for (uint32_t k = 0; k < out->n_tried; k++) READ_STRUCT(&out->tried[k], weights_tried_at(p, k));
 }
 
 void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) {
@@ -271,11 +269,13 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
     const uint8_t *p = payload_at(info, info->n_sections - 3u, NULL);
+    llm_image_tiles_header h;
+    READ_STRUCT(&h, p);
     memset(out, 0, sizeof *out);
-    out->rows = rd32(p);
-    out->tile_rows = rd32(p + 4);
-    out->n_tiles = rd32(p + 8);
-    out->cols_padded = rd32(p + 12);
+    out->rows = h.rows;
+    out->tile_rows = h.tile_rows;
+    out->n_tiles = h.n_tiles;
+    out->cols_padded = h.cols_padded;
     if (out->n_tiles == 0) return;
     const uint8_t *q = p + sizeof(llm_image_tiles_header);
     out->order = (const uint16_t *)(const void *)q;
@@ -291,13 +291,14 @@ static uint64_t drafts_table_bytes(uint32_t n, uint64_t records) {
 
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
     const uint8_t *p = payload_at(info, info->n_sections - 2u, NULL);
+    llm_image_drafts_header h;
+    READ_STRUCT(&h, p);
     memset(out, 0, sizeof *out);
-    out->max_draft = rd32(p + 12);
-    for (uint32_t k = 0; k <= LLM_IMAGE_DRAFTS_MAX; k++)
-        out->min_odds[k] = (uint16_t)(p[16 + 2 * k] | (p[17 + 2 * k] << 8));
-    const uint8_t *q = p + sizeof(llm_image_drafts_header);
+    out->max_draft = h.max_draft;
+    memcpy(out->min_odds, h.min_odds, sizeof out->min_odds);
+    const uint8_t *q = p + sizeof h;
     for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
-        out->contexts[n - 1] = rd32(p + 4u * (n - 1));
+        out->contexts[n - 1] = h.contexts[n - 1];
         out->records[n - 1] = (const uint16_t *)(const void *)q;
         q += drafts_table_bytes(n, out->contexts[n - 1]);
     }
@@ -609,26 +610,33 @@ static llm_status check_weights(const char *name, const uint8_t *p, uint32_t siz
     if (size < sizeof(llm_image_weights_header))
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
                         name, (unsigned long)size);
-    const uint32_t chosen = rd32(p), n = rd32(p + 4);
-    if (n > LLM_IMAGE_WEIGHTS_MAX_TRIED || (chosen == 0) != (n == 0) || rd32(p + 12) != 0)
+    llm_image_weights_header h;
+    READ_STRUCT(&h, p);
+    const uint32_t chosen = h.chosen, n = h.n_tried;
+    if (n > LLM_IMAGE_WEIGHTS_MAX_TRIED || (chosen == 0) != (n == 0) || h.reserved != 0)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': chosen %lu with %lu formats tried",
                         name, (unsigned long)chosen, (unsigned long)n);
-    if ((uint64_t)size != sizeof(llm_image_weights_header) + 16u * (uint64_t)n)
+    const uint64_t want = sizeof h + sizeof(llm_image_weights_tried) * (uint64_t)n;
+    if ((uint64_t)size != want)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, %lu records need %llu", name,
-                        (unsigned long)size, (unsigned long)n,
-                        (unsigned long long)(sizeof(llm_image_weights_header) + 16u * (uint64_t)n));
+                        (unsigned long)size, (unsigned long)n, (unsigned long long)want);
     int seen_chosen = chosen == 0;
     for (uint32_t k = 0; k < n; k++) {
-        const uint8_t *r = p + sizeof(llm_image_weights_header) + 16u * k;
-        const uint32_t kind = rd32(r);
+        llm_image_weights_tried r;
+        READ_STRUCT(&r, weights_tried_at(p, k));
+        const uint32_t kind = r.kind;
         if (kind != LLM_IMAGE_KIND_Q4 && kind != LLM_IMAGE_KIND_Q8 && kind != LLM_IMAGE_KIND_F32M)
             return llm_fail(err, LLM_E_FORMAT, "section '%s': record %lu names kind %lu", name,
                             (unsigned long)k, (unsigned long)kind);
-        for (uint32_t j = 0; j < k; j++)
-            if (rd32(p + sizeof(llm_image_weights_header) + 16u * j) == kind)
+        for (uint32_t j = 0; j < k; j++) {
+            llm_image_weights_tried before;
+            READ_STRUCT(&before, weights_tried_at(p, j));
+            if (before.kind == kind)
                 return llm_fail(err, LLM_E_FORMAT, "section '%s': kind %lu tried twice", name,
                                 (unsigned long)kind);
-        if (!f32_bits_finite(rd32(r + 4)) || !f32_bits_finite(rd32(r + 8)))
+        }
+        if (!f32_bits_finite(llm_f32_bits(r.agreement)) ||
+            !f32_bits_finite(llm_f32_bits(r.mean_abs_diff)))
             return llm_fail(err, LLM_E_FORMAT, "section '%s': record %lu is NaN or Inf", name,
                             (unsigned long)k);
         seen_chosen |= kind == chosen;
@@ -665,10 +673,12 @@ static int has_eot_special(const uint8_t *ids, uint32_t n_special, const uint8_t
  * accepts; tests/test_tokenizer_section_agrees.py holds them equal). */
 static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t size,
                                   const llm_config *c, llm_error *err) {
-    if (size < 16u + 512u)
+    llm_image_tokenizer_header h;
+    if (size < sizeof h)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
                         name, (unsigned long)size);
-    uint32_t n_vocab = rd32(p), n_merges = rd32(p + 4), n_special = rd32(p + 8);
+    READ_STRUCT(&h, p);
+    uint32_t n_vocab = h.n_vocab, n_merges = h.n_merges, n_special = h.n_special;
     if (n_vocab != c->vocab_out)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
                         (unsigned long)n_vocab, (unsigned long)c->vocab_out);
@@ -678,7 +688,7 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
                         name, (unsigned long)n_vocab);
     /* flags: bit 0 = llama2.c's sentencepiece rules (a rank per merge follows
      * the merges); image_format.h, KIND_TOKENIZER */
-    const uint32_t flags = rd32(p + 12);
+    const uint32_t flags = h.flags;
     if (flags & ~1u)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': unknown flags %#lx (newer format?)",
                         name, (unsigned long)flags);
@@ -686,12 +696,12 @@ static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t s
         return llm_fail(err, LLM_E_FORMAT,
                         "section '%s': no special tokens (needs an end-of-text id)", name);
     for (uint32_t b = 0; b < 256; b++) {
-        uint16_t id = rd16(p + 16 + 2 * b);
+        uint16_t id = h.byte_ids[b];
         if (id != 0xFFFFu && id >= n_vocab)
             return llm_fail(err, LLM_E_FORMAT, "section '%s': byte %lu maps to id %u >= n_vocab "
                             "%lu", name, (unsigned long)b, id, (unsigned long)n_vocab);
     }
-    const uint64_t specials = 16u + 512u;
+    const uint64_t specials = sizeof h;
     uint64_t at = specials;
     if ((uint64_t)n_special * 2u > size - at)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': special ids run past the end", name);
@@ -752,7 +762,8 @@ static llm_status check_tiles(const char *name, const uint8_t *p, uint32_t size,
     if (size < sizeof(llm_image_tiles_header))
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
                         name, (unsigned long)size);
-    llm_image_tiles_header h = {rd32(p), rd32(p + 4), rd32(p + 8), rd32(p + 12)};
+    llm_image_tiles_header h;
+    READ_STRUCT(&h, p);
     const uint32_t cp = ceil_div(x->cols, LLM_IMAGE_BLOCK_COLS) * LLM_IMAGE_BLOCK_COLS;
     if (h.rows != x->rows || h.cols_padded != cp)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': [%lu rows, %lu cols], the head is "
@@ -810,17 +821,19 @@ static llm_status check_drafts(const char *name, const uint8_t *p, uint32_t size
     if (size < sizeof(llm_image_drafts_header))
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
                         name, (unsigned long)size);
-    const uint32_t max_draft = rd32(p + 12);
+    llm_image_drafts_header h;
+    READ_STRUCT(&h, p);
+    const uint32_t max_draft = h.max_draft;
     if (max_draft > LLM_IMAGE_DRAFTS_MAX)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': max_draft %lu exceeds %u", name,
                         (unsigned long)max_draft, (unsigned)LLM_IMAGE_DRAFTS_MAX);
     for (uint32_t k = max_draft; k <= LLM_IMAGE_DRAFTS_MAX; k++)
-        if (p[16 + 2 * k] | p[17 + 2 * k])
+        if (h.min_odds[k] != 0)
             return llm_fail(err, LLM_E_FORMAT, "section '%s': min_odds[%lu] past max_draft is "
                             "not zero", name, (unsigned long)k);
-    uint64_t want = sizeof(llm_image_drafts_header);
+    uint64_t want = sizeof h;
     for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
-        const uint64_t records = rd32(p + 4u * (n - 1));
+        const uint64_t records = h.contexts[n - 1];
         if (records > ((uint64_t)size + 1u))  /* keeps the sums below far from overflow */
             return llm_fail(err, LLM_E_FORMAT, "section '%s': %llu records do not fit", name,
                             (unsigned long long)records);
@@ -829,9 +842,9 @@ static llm_status check_drafts(const char *name, const uint8_t *p, uint32_t size
     if ((uint64_t)size != want)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, layout needs %llu", name,
                         (unsigned long)size, (unsigned long long)want);
-    const uint8_t *q = p + sizeof(llm_image_drafts_header);
+    const uint8_t *q = p + sizeof h;
     for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
-        const uint32_t records = rd32(p + 4u * (n - 1));
+        const uint32_t records = h.contexts[n - 1];
         const uint32_t stride = 2u * (n + 2u);
         for (uint32_t r = 0; r < records; r++) {
             const uint8_t *rec = q + (size_t)r * stride;
@@ -1079,7 +1092,9 @@ static llm_status check_head_kind(const llm_image_info *info, llm_error *err) {
                                    : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
     section_at(info, llm_image_slot_index(c, head_slot), &head);
     section_at(info, info->n_sections - 3u, &tiles);
-    if (head.kind != LLM_IMAGE_KIND_Q4 && rd32(info->data + tiles.offset + 8) != 0)
+    llm_image_tiles_header t;
+    READ_STRUCT(&t, info->data + tiles.offset);
+    if (head.kind != LLM_IMAGE_KIND_Q4 && t.n_tiles != 0)
         return llm_fail(err, LLM_E_FORMAT, "section 'head_tiles': a certificate for a %s head "
                         "(only int4 heads are certified)", kind_name(head.kind));
     return LLM_OK;

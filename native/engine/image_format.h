@@ -323,6 +323,12 @@ typedef struct llm_image_drafts_header {
     uint16_t min_odds[LLM_IMAGE_DRAFTS_MAX + 1u];
 } llm_image_drafts_header;
 
+/* KIND_TOKENIZER's fixed start: the counts, then the byte table. */
+typedef struct llm_image_tokenizer_header {
+    uint32_t n_vocab, n_merges, n_special, flags;
+    uint16_t byte_ids[256];
+} llm_image_tokenizer_header;
+
 typedef struct llm_image_weights_header {
     uint32_t chosen, n_tried, positions, reserved;
 } llm_image_weights_header;
@@ -333,6 +339,7 @@ typedef struct llm_image_weights_tried {
     uint32_t bytes;
 } llm_image_weights_tried;
 
+_Static_assert(sizeof(llm_image_tokenizer_header) == 16 + 512, "tokenizer header size");
 _Static_assert(sizeof(llm_image_weights_header) == 16, "weights header size");
 _Static_assert(sizeof(llm_image_weights_tried) == 16, "weights record size");
 _Static_assert(sizeof(llm_image_tiles_header) == 16, "tiles header size");

@@ -1,9 +1,13 @@
 /*
  * Kernel family: the matvec of each weight format (int4 and int8 weights x
- * int8 activations, fp32 x fp32) and int8 dot products.
- * Every kernel has a scalar reference (kernels_ref.c, always compiled, also on
- * the board so it can self-test) and a PIE twin (kernels_pie.c) with the SAME
- * signature and the same bits. The dispatch at the bottom picks one per build.
+ * int8 activations, fp32 x fp32), int8 dot products, and the activation
+ * quantizers that feed them.
+ * Every matvec and dot kernel has a scalar reference (kernels_ref.c, always
+ * compiled, also on the board so it can self-test) and a PIE twin
+ * (kernels_pie.c) with the SAME signature and the same bits; the dispatch at
+ * the bottom picks one per build. The quantizers (llm_quantize_act,
+ * llm_quantize_act_groups) have no twin: every build runs kernels_ref.c's
+ * scalar code, once per vector rather than once per row.
  */
 #ifndef LLM_KERNELS_H
 #define LLM_KERNELS_H

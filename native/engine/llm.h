@@ -240,6 +240,20 @@ uint32_t llm_draft_max(const llm_engine *e);
  * gives. Not counted in llm_stats (it is not decoding work). */
 const float *llm_logits(llm_engine *e);
 
+/* The likeliest of some token ids at the last head evaluation: of ids[0..n)
+ * (each 0..vocab_out-1, repeats allowed), or of every id when ids is NULL (n
+ * 0), leaving out those whose bit is set in `skip` (bit id & 7 of byte id >>
+ * 3; NULL: none): the id of the largest logit, the lowest id on a tie, into
+ * *best. The same choice, ties included, as a scan of llm_logits() over
+ * those ids, without that vector: for a list, only the listed ids' head rows
+ * are computed (llm_head_row: the dense route's bits); for every id, the
+ * dense head runs once (the logits llm_logits() then returns). LLM_E_ARG for
+ * an id out of range, a NaN logit among them, or none left; LLM_E_STATE
+ * before any evaluation. Token healing's choice (firmware/modules/llm.py).
+ * Not counted in llm_stats (as llm_logits). */
+llm_status llm_best_of(llm_engine *e, const int32_t *ids, uint32_t n, const uint8_t *skip,
+                       int32_t *best, llm_error *err);
+
 /* Plain mode: every speed-up off: the dense head into a logits buffer,
  * nothing split across cores, K and V rows cached as floats, exp/erf one
  * element at a time. Same tokens and logits, slower: the reference the

@@ -197,9 +197,13 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     llm_ready(args[0]);
     llm_bind_arg a[LLM_BIND_MAX_PARAMS] = {{0}};
     mp_obj_t seq[LLM_BIND_MAX_PARAMS];
+    uint8_t *bits[LLM_BIND_MAX_PARAMS] = {NULL, NULL, NULL};
     for (int j = 0; j < meth->n_params; j++) {
         const llm_bind_param *p = &meth->params[j];
         mp_obj_t o = slot[j] < 0 ? MP_OBJ_NULL : vals[slot[j]];
+        if (p->or_none && o == mp_const_none) {
+            o = MP_OBJ_NULL;
+        }
         a[j].given = o != MP_OBJ_NULL;
         if (!a[j].given) {
             continue;
@@ -207,6 +211,18 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
             a[j].f = (double)mp_obj_get_float(o);
         } else if (p->kind == LLM_BIND_P_BOOL) {
             a[j].on = mp_obj_is_true(o);
+        } else if (p->kind == LLM_BIND_P_BITS) {
+            /* copied: a scheduled callback (mp_handle_pending below) could
+             * resize a bytearray before the engine reads it */
+            mp_buffer_info_t buf;
+            if (!mp_get_buffer(o, &buf, MP_BUFFER_READ)) {
+                llm_bind_not_bits(p->what, mp_obj_get_type_str(o), &e);
+                llm_raise(&e);
+            }
+            bits[j] = m_new(uint8_t, buf.len + 1);
+            memcpy(bits[j], buf.buf, buf.len);
+            a[j].bits = bits[j];
+            a[j].n = buf.len;
         } else if (p->kind == LLM_BIND_P_TOKENS) {
             const bool array = mp_obj_is_type(o, &mp_type_list) || mp_obj_is_type(o, &mp_type_tuple);
             seq[j] = array ? o : llm_token_list(o, p->what);
@@ -223,8 +239,8 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
             llm_check(llm_bind_tokens(&self->m, &meth->params[j], a[j].n, &e), &e);
             a[j].ids = ids[j] = m_new(int32_t, a[j].n + 1);
             for (size_t i = 0; i < a[j].n; i++) {
-                llm_check(llm_bind_token(&self->m, llm_int(items[i], "a token id", 63), &ids[j][i],
-                    &e), &e);
+                llm_check(llm_bind_token(&self->m, &meth->params[j],
+                    llm_int(items[i], "a token id", 63), &ids[j][i], &e), &e);
             }
         }
     }
@@ -235,6 +251,7 @@ mp_obj_t llm_call(llm_bind_method_id id, size_t n_args, const mp_obj_t *args,
     llm_bind_kind kind = llm_bind_call(&self->m, id, a, &out, &e);
     for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
         m_del(int32_t, ids[j], a[j].n + 1);
+        m_del(uint8_t, bits[j], a[j].n + 1);
     }
     llm_interrupts_allow(held);
     llm_check(kind, &e);

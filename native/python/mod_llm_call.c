@@ -147,15 +147,36 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
     if (!ready(self)) return NULL;
     llm_bind_arg a[LLM_BIND_MAX_PARAMS] = {{0}};
     int32_t *ids[LLM_BIND_MAX_PARAMS] = {NULL};
+    uint8_t *bits[LLM_BIND_MAX_PARAMS] = {NULL};
     PyObject *ret = NULL;
     for (int j = 0; j < meth->n_params; j++) {
         const llm_bind_param *p = &meth->params[j];
         PyObject *o = slot[j] < 0 ? NULL : vals[slot[j]];
+        if (p->or_none && o == Py_None) o = NULL;
         if (!(a[j].given = o != NULL)) continue;
         if (p->kind == LLM_BIND_P_FLOAT) {
             if ((a[j].f = PyFloat_AsDouble(o)) == -1.0 && PyErr_Occurred()) goto done;
         } else if (p->kind == LLM_BIND_P_BOOL) {
             if ((a[j].on = PyObject_IsTrue(o)) < 0) goto done;
+        } else if (p->kind == LLM_BIND_P_BITS) {
+            /* copied: the engine reads it with the GIL released, when another
+             * thread could change the caller's buffer */
+            Py_buffer view;
+            if (!PyObject_CheckBuffer(o)) {
+                llm_bind_not_bits(p->what, Py_TYPE(o)->tp_name, &e);
+                raise_bind(self->error, &e);
+                goto done;
+            }
+            if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) != 0) goto done;
+            bits[j] = PyMem_Malloc(view.len > 0 ? (size_t)view.len : 1u);
+            if (bits[j] != NULL) memcpy(bits[j], view.buf, (size_t)view.len);
+            a[j].bits = bits[j];
+            a[j].n = (size_t)view.len;
+            PyBuffer_Release(&view);
+            if (bits[j] == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
         } else if (p->kind == LLM_BIND_P_TOKENS) {
             /* the core's message replaces only "not iterable" */
             llm_bind_not_tokens(p->what, Py_TYPE(o)->tp_name, &e);
@@ -179,7 +200,7 @@ PyObject *call(ModelObject *self, llm_bind_method_id id, PyObject *args, PyObjec
         for (size_t i = 0; i < a[j].n; i++) {
             llm_bind_int v;
             if (!int_arg(PySequence_Fast_ITEMS(seq[j])[i], "a token id", 0, &v)) goto done;
-            if (llm_bind_token(&self->m, v, &ids[j][i], &e) != LLM_BIND_OK) {
+            if (llm_bind_token(&self->m, &meth->params[j], v, &ids[j][i], &e) != LLM_BIND_OK) {
                 raise_bind(self->error, &e);
                 goto done;
             }
@@ -208,6 +229,7 @@ done:
     for (int j = 0; j < LLM_BIND_MAX_PARAMS; j++) {
         Py_XDECREF(seq[j]);
         PyMem_Free(ids[j]);
+        PyMem_Free(bits[j]);
     }
     return ret;
 }

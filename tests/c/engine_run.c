@@ -7,7 +7,8 @@
  * sampler is given; "plain" turns the speed-ups off, "k_dots" caches K as
  * dots), and
  * prints the build, the generated ids and the FNV-1a 64 hash of every logits
- * vector's raw bytes. tests/test_engine_on_pie_kernels.py builds it once with the
+ * vector's raw bytes, and how many llm_best_of choices (made from a few
+ * ids' rows before each vector) differ from a scan of the vector. tests/test_engine_on_pie_kernels.py builds it once with the
  * reference kernels and once with the PIE kernels (through the host model of
  * the vector unit) and demands identical output; the PIE build also prints
  * the PIE instructions executed per token (prefill tokens and head included).
@@ -57,6 +58,48 @@ static int parse_caps(const char *text, uint64_t caps[2]) {
     fprintf(stderr, "--caps %s: give FAST,BULK, two byte counts above 0 (e.g. "
                     "--caps 301263,8323072)\n", text);
     return 0;
+}
+
+/* Token healing's call on a few ids (llm_best_of, their head rows alone),
+ * made before llm_logits computes the vector, then checked against a scan of
+ * it: the rows give the dense head's choice, largest value and lowest id on
+ * a tie, with either kernel family. 8 ids spread over the vocabulary and a
+ * repeat. */
+#define BEST_N 9u
+static uint32_t best_checks, best_mismatches;
+#if defined(LLM_KERNELS_PIE)
+static uint64_t best_pie; /* PIE instructions best_of ran, left out of the count printed */
+#endif
+
+static int best_of_rows(llm_engine *e, uint32_t vocab, uint32_t salt, int32_t *ids,
+                        int32_t *chosen) {
+    for (uint32_t j = 0; j + 1u < BEST_N; j++)
+        ids[j] = (int32_t)((salt * 2654435761u + j * 40503u) % vocab);
+    ids[BEST_N - 1u] = ids[2];
+    llm_error err;
+#if defined(LLM_KERNELS_PIE)
+    const uint64_t before = llm_pie_counts_total();
+#endif
+    const int ok = llm_best_of(e, ids, BEST_N, NULL, chosen, &err) == LLM_OK;
+#if defined(LLM_KERNELS_PIE)
+    best_pie += llm_pie_counts_total() - before;
+#endif
+    if (!ok) fprintf(stderr, "best_of: %s\n", err.message);
+    return ok;
+}
+
+static void best_of_check(const float *logits, const int32_t *ids, int32_t chosen) {
+    int32_t best = -1;
+    float top = 0.0f;
+    for (uint32_t j = 0; j < BEST_N; j++) {
+        const float v = logits[ids[j]];
+        if (best < 0 || v > top || (v == top && ids[j] < best)) {
+            best = ids[j];
+            top = v;
+        }
+    }
+    best_checks++;
+    best_mismatches += best != chosen;
 }
 
 int main(int argc, char **argv) {
@@ -128,7 +171,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "prefill: %s\n", err.message);
         return 1;
     }
+    int32_t best_ids[BEST_N], chosen;
+    if (!best_of_rows(e, c->vocab_out, 0u, best_ids, &chosen)) return 1;
     uint64_t hash = fnv1a64(0xcbf29ce484222325ull, llm_logits(e), c->vocab_out * sizeof(float));
+    best_of_check(llm_logits(e), best_ids, chosen);
     printf("build %s\nids %d", llm_build_info(), (int)next);
     uint32_t heads = 1;
     int32_t fed[512], got[512];
@@ -140,7 +186,9 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (n_fed < 512) got[n_fed++] = next;
+        if (!best_of_rows(e, c->vocab_out, k + 1u, best_ids, &chosen)) return 1;
         hash = fnv1a64(hash, llm_logits(e), c->vocab_out * sizeof(float));
+        best_of_check(llm_logits(e), best_ids, chosen);
         printf(" %d", (int)next);
     }
     /* the last few steps again as one verify pass: the same tokens */
@@ -167,10 +215,11 @@ int main(int argc, char **argv) {
         printf("\ndrafts %u fnv1a64 %016llx", drafted, (unsigned long long)dh);
     }
     printf("\nlogits_fnv1a64 %016llx over %u heads\n", (unsigned long long)hash, heads);
+    printf("best_of_mismatches %u over %u\n", best_mismatches, best_checks);
 #if defined(LLM_KERNELS_PIE)
     /* tokens through the layers: 4 prompt + (heads - 1) steps; heads as counted */
     printf("pie_instructions %llu for %u tokens and %u heads\n",
-           (unsigned long long)llm_pie_counts_total(), 4u + heads - 1u, heads);
+           (unsigned long long)(llm_pie_counts_total() - best_pie), 4u + heads - 1u, heads);
 #endif
     llm_close(e);
     llm_host_unmap(&map);

@@ -8,9 +8,10 @@
  * its keyword names (the real ones, wrong ones, empty, arbitrary bytes) and
  * then each argument's value as a binding would have read it: ints with
  * their overflow side, any double (NaN, inf), bools, token lists of any
- * length. Checked, besides ASan/UBSan: every refusal has a kind and a
- * one-line message; a match never gives two parameters one argument; a
- * result is a well-formed value stream; closing frees every block.
+ * length, best_of's skip bitmaps of any length. Checked, besides
+ * ASan/UBSan: every refusal has a kind and a one-line message; a match
+ * never gives two parameters one argument; a result is a well-formed value
+ * stream; closing frees every block.
  *
  * The model is $MPLLM_FUZZ_IMAGE (tests/fuzz/fuzzrun.py makes it and builds
  * this file). Runs, the corpus and the long run: tests/fuzz/fuzzrun.py.
@@ -144,10 +145,11 @@ static int put(void *ctx, const llm_bind_value *v) {
 /* ---- one call, as a binding makes it ------------------------------------- */
 
 #define MAX_IDS 64 /* token lists longer than this test only the count check */
+#define MAX_BITS 8192 /* best_of skip bitmaps: 65536 head ids */
 
 static const char *const NAMES[] = {
     "temperature", "top_k", "seed", "tokens", "token", "context", "max_len", "pos", "on",
-    "", "Temperature", "tokens ", "plain",
+    "skip", "", "Temperature", "tokens ", "plain",
 };
 #define N_NAMES (sizeof NAMES / sizeof NAMES[0])
 
@@ -191,6 +193,7 @@ static void call(llm_bind_model *m, reader *r, uint8_t op) {
     llm_bind_arg args[LLM_BIND_MAX_PARAMS];
     llm_bind_int raw[LLM_BIND_MAX_PARAMS][MAX_IDS];
     int32_t ids[LLM_BIND_MAX_PARAMS][MAX_IDS];
+    static uint8_t bits[LLM_BIND_MAX_PARAMS][MAX_BITS];
     memset(args, 0, sizeof args);
     for (int j = 0; j < meth->n_params; j++) {
         const llm_bind_param *p = &meth->params[j];
@@ -231,6 +234,18 @@ static void call(llm_bind_model *m, reader *r, uint8_t op) {
             a->ids = ids[j];
             break;
         }
+        case LLM_BIND_P_BITS: {
+            /* mostly a bit per head id (what the call accepts), else any length */
+            const size_t want =
+                m->engine != NULL ? (llm_get_config(m->engine)->vocab_out + 7u) / 8u : 1u;
+            uint8_t how = u8(r);
+            size_t n = how < 0xC0 ? want : (size_t)(how - 0xC0) * 3u;
+            if (n > MAX_BITS) return;
+            for (size_t i = 0; i < n; i++) bits[j][i] = how & 1 ? u8(r) : (uint8_t)(0xFF ^ u8(r));
+            a->n = n;
+            a->bits = bits[j];
+            break;
+        }
         default: abort();
         }
     }
@@ -242,7 +257,7 @@ static void call(llm_bind_model *m, reader *r, uint8_t op) {
     for (int j = 0; j < meth->n_params; j++) {
         if (meth->params[j].kind != LLM_BIND_P_TOKENS || !args[j].given) continue;
         for (size_t i = 0; i < args[j].n; i++) {
-            kind = llm_bind_token(m, raw[j][i], &ids[j][i], &err);
+            kind = llm_bind_token(m, &meth->params[j], raw[j][i], &ids[j][i], &err);
             check_error(kind, &err);
             if (kind != LLM_BIND_OK) return;
         }

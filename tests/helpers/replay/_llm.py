@@ -14,7 +14,9 @@ Recording (a directory): replay.json = {"version": 2, "config": {...},
 top_k, seed], "prompt": [ids...], "tokens": [next tokens returned by
 prefill, then by each step...], "fed": [the token each step fed...]}],
 "logits": [{"context": [ids...], "hex": the logits' bytes after that
-context, in hex}], "refused_samplers": [[temperature, top_k, the engine's
+context, in hex}], "best_of": [{"context": [ids...], "tokens": [ids...] or
+null, "skip": the skip bitmap in hex or null, "best": the id best_of()
+chose}], "refused_samplers": [[temperature, top_k, the engine's
 ValueError message], ...]}; tokenizer.bin = the image's tokenizer section.
 Runs with the same sampler and prompt differ in what was fed (token
 healing feeds its own choice): a step picks the runs that fed its token.
@@ -75,6 +77,12 @@ class Model:
         self._logits = {}
         for entry in rec.get("logits", []):
             self._logits[tuple(entry["context"])] = entry["hex"]
+        self._best_of = {}
+        for entry in rec.get("best_of", []):
+            tokens = entry["tokens"]
+            key = (tuple(entry["context"]), None if tokens is None else tuple(tokens),
+                   entry["skip"])
+            self._best_of[key] = entry["best"]
         self._refused = rec.get("refused_samplers", [])
         self._open = True
         self._plain = bool(plain)  # recordings are the same tokens either way
@@ -189,6 +197,18 @@ class Model:
         import binascii
 
         return binascii.unhexlify(h)
+
+    def best_of(self, tokens=None, skip=None):
+        self._ready()
+        import binascii
+
+        key = (tuple(self._ctx), None if tokens is None else tuple(tokens),
+               None if skip is None else binascii.hexlify(bytes(skip)).decode())
+        b = self._best_of.get(key) if self._heads else None
+        if b is None:
+            raise ReplayMiss("no best_of() recorded after context " + str(self._ctx)
+                             + " for these ids")
+        return b
 
     def set_plain(self, on):
         self._ready()

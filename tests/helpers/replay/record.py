@@ -3,8 +3,8 @@
 CPython only. install(out_dir) puts a recording proxy in sys.modules["_llm"]
 (before `import llm`); every Model it opens is the real engine, watched:
 the sampler settings, each prompt given to prefill(), every token fed by
-step() and every token the engine returns are kept, and the logits llm.py
-reads (token healing), keyed by the context. save() writes
+step() and every token the engine returns are kept, and the logits and the
+best_of() choices llm.py reads (token healing), keyed by the context. save() writes
 out_dir/replay.json and out_dir/tokenizer.bin in the format
 tests/helpers/replay/_llm.py reads.
 
@@ -32,6 +32,8 @@ class _Recorder:
         # (sampler, prompt, tokens returned, tokens fed by step())
         self.runs: list[tuple[tuple[float, int, int], list[int], list[int], list[int]]] = []
         self.logits: dict[tuple[int, ...], str] = {}  # context -> logits() bytes, in hex
+        # (context, tokens or None, skip in hex or None) -> what best_of() chose
+        self.best_of: dict[tuple[tuple[int, ...], tuple[int, ...] | None, str | None], int] = {}
         self.config: dict[str, Any] | None = None
         self.tokenizer: bytes | None = None
         self.memory: list[list[Any]] | None = None
@@ -62,6 +64,8 @@ class _Recorder:
             "runs": [{"sampler": list(s), "prompt": p, "tokens": t, "fed": f} for s, p, t, f in
                      merged],
             "logits": [{"context": list(c), "hex": h} for c, h in self.logits.items()],
+            "best_of": [{"context": list(c), "tokens": None if t is None else list(t),
+                         "skip": k, "best": b} for (c, t, k), b in self.best_of.items()],
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, blob in (("replay.json", json.dumps(data).encode()),
@@ -131,6 +135,13 @@ def _proxy_module(rec: _Recorder) -> types.ModuleType:
         def logits(self) -> bytes:
             b: bytes = self._m.logits()
             rec.logits[tuple(self._ctx)] = b.hex()
+            return b
+
+        def best_of(self, tokens: list[int] | None = None, skip: bytes | None = None) -> int:
+            b: int = self._m.best_of(tokens, skip)
+            key = (tuple(self._ctx), None if tokens is None else tuple(tokens),
+                   None if skip is None else bytes(skip).hex())
+            rec.best_of[key] = b
             return b
 
         def close(self) -> None:

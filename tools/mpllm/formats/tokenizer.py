@@ -24,6 +24,9 @@ MAX_IDS = 65536  # ids are stored as u16
 _NO_ID = 0xFFFF
 #: KIND_TOKENIZER header flag (image_format.h): llama2.c's sentencepiece rules
 SENTENCEPIECE_FLAG = 1
+#: KIND_TOKENIZER's fixed start (image_format.h llm_image_tokenizer_header):
+#: n_vocab, n_merges, n_special, flags, then byte_ids[256]
+HEADER = struct.Struct("<4I256H")
 
 
 class TokenizerFormatError(ValueError):
@@ -288,9 +291,8 @@ def tokenizer_section(tables: TokenizerTables) -> bytes:
     sentencepiece = tables.ranks is not None
     _require(not sentencepiece or len(tables.ranks) == len(tables.merges),  # type: ignore[arg-type]
              "sentencepiece tables need one rank per merge")
-    out = bytearray(struct.pack("<4I", n, len(tables.merges), len(tables.special_ids),
-                                SENTENCEPIECE_FLAG if sentencepiece else 0))
-    out += struct.pack("<256H", *tables.byte_ids)
+    out = bytearray(HEADER.pack(n, len(tables.merges), len(tables.special_ids),
+                                SENTENCEPIECE_FLAG if sentencepiece else 0, *tables.byte_ids))
     out += struct.pack(f"<{len(tables.special_ids)}H", *tables.special_ids)
     out += bytes(-len(out) % 4)
     out += bytes(len(t) for t in tables.token_bytes)
