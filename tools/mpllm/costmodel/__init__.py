@@ -115,7 +115,7 @@ the mix of the stock attention's dot products that C_OP is fitted on). Both
 read their own bytes where the placement put them (PSRAM lines at the pinned
 bus rate, flash at FLASH_BPS) and run their code from flash through the
 instruction cache (`CODE_BYTES_FORMATS`, measured). Their band adds the
-scalar op price: C_OP (mid), one op a cycle (low), mirrored (high).
+scalar op price: C_OP (mid), one op a cycle (low), the same distance above mid (high).
 
 mpllm.drafting imports `Shape` (shape) and `draft_prices` (prices), whose
 modules import nothing that imports drafting; spec_measure imports drafting
