@@ -10,9 +10,9 @@
  * Formatted output: flags '-' '0' '+' ' ', width and precision (or '*'),
  * length hh h l ll z, conversions d i u x X c s p a f %. %a prints a double
  * exactly (glibc's form: 0x1.8p+0); %f is exact for the integer part and
- * rounds the fraction through a 64-bit integer, good to about 18 digits,
- * enough for the tables these programs print (no result is compared through
- * %f). Anything else prints as "%?" so an unsupported format is visible.
+ * rounds the fraction (ties to even) through a 64-bit integer after one
+ * double multiply, so a digit far down can differ from glibc's: enough for
+ * the tables these programs print (no result is compared through %f). Anything else prints as "%?" so an unsupported format is visible.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -290,7 +290,7 @@ static void fmt_f(sink *s, const spec *sp, double x) {
     if (x != x || x > 1.8e19) {
         spec plain = *sp;
         plain.zero = 0;
-        emit(s, &plain, sign_prefix(sp, neg), x != x ? "nan" : x > 1.8e308 ? "inf" : "big", 3);
+        emit(s, &plain, sign_prefix(sp, neg), x != x ? "nan" : x == __builtin_inf() ? "inf" : "big", 3);
         return;
     }
     int prec = sp->prec < 0 ? 6 : sp->prec > 17 ? 17 : sp->prec;
@@ -298,7 +298,9 @@ static void fmt_f(sink *s, const spec *sp, double x) {
     for (int i = 0; i < prec; i++) scale *= 10u;
     unsigned long long ip = (unsigned long long)x;
     double frac = (x - (double)ip) * (double)scale;
-    unsigned long long fp = (unsigned long long)(frac + 0.5);
+    unsigned long long fp = (unsigned long long)frac;
+    double rest = frac - (double)fp; /* ties to even, as glibc rounds */
+    if (rest > 0.5 || (rest == 0.5 && ((prec ? fp : ip) & 1u))) fp++;
     if (fp >= scale) {
         ip++;
         fp -= scale;
@@ -515,23 +517,54 @@ int fclose(FILE *f) {
 
 void perror(const char *str) { fprintf(stderr, "%s: error %ld\n", str, fs_errno); }
 
-/* ---- the sqrtf GCC calls on the errno path of __builtin_sqrtf: only for a
- * negative or NaN argument, where the inline FPU sequence already gave NaN.
- * Any other argument reaching it means the compiler chose a library sqrtf
- * this harness does not have: stop loudly rather than compute it apart. ---- */
+/* ---- sqrtf: GCC 12 has no inline square root for this core, so sqrtf is a
+ * library call on the S3 too (newlib's, correctly rounded as IEEE 754 asks).
+ * Here: x = f * 2^p with f in [1, 4), p even; F = f * 2^46 is an integer
+ * whose integer square root q is sqrt(f) * 2^23 truncated to 24 bits; the
+ * exact root exceeds q + 1/2 exactly when F - q^2 > q (never a tie). ---- */
+static uint64_t isqrt64(uint64_t n) {
+    uint64_t r = 0, bit = 1ull << 62;
+    while (bit > n) bit >>= 2;
+    while (bit) {
+        if (n >= r + bit) {
+            n -= r + bit;
+            r = (r >> 1) + bit;
+        } else {
+            r >>= 1;
+        }
+        bit >>= 2;
+    }
+    return r;
+}
+
 #undef sqrtf
 float sqrtf(float x) {
     uint32_t b;
     memcpy(&b, &x, 4);
-    if (b > 0x80000000u || (b & 0x7fffffffu) > 0x7f800000u) {
-        if ((b & 0x7fffffffu) <= 0x7f800000u) b = 0x7fc00000u; /* negative: default NaN */
-        else b |= 0x00400000u;                                  /* NaN: quieted */
-        memcpy(&x, &b, 4);
-        return x;
+    if ((b & 0x7fffffffu) == 0 || b == 0x7f800000u) return x; /* +-0, +inf */
+    if ((b & 0x7fffffffu) > 0x7f800000u) {                     /* NaN: quieted */
+        b |= 0x00400000u;
+    } else if (b >> 31) {                                      /* negative: NaN */
+        b = 0x7fc00000u;
+    } else {
+        int e = (int)(b >> 23);
+        uint32_t mm = b & 0x7fffffu;
+        if (e == 0) { /* subnormal: normalise the significand */
+            e = 1;
+            while (mm < 0x800000u) mm <<= 1, e--;
+        } else {
+            mm |= 0x800000u;
+        }
+        int p = e - 127; /* x = (mm / 2^23) * 2^p */
+        uint64_t big = (uint64_t)mm << 23;
+        if (p & 1) big <<= 1, p -= 1;
+        uint64_t q = isqrt64(big);
+        if (big - q * q > q) q++;
+        /* q in [2^23, 2^24]: 2^24 carries into the exponent, as it should */
+        b = ((uint32_t)(p / 2 + 127) << 23) + (uint32_t)(q - 0x800000u);
     }
-    static const char msg[] = "fs_libc: sqrtf called for a non-negative number\n";
-    write_all(2, msg, sizeof msg - 1);
-    abort();
+    memcpy(&x, &b, 4);
+    return x;
 }
 
 /* start.S calls this with the loader's argc and argv */

@@ -1,7 +1,6 @@
 /* math.h subset for the freestanding S3 test programs: only what the engine
- * sources and the drivers use, as the compiler's builtins (fabsf is abs.s;
- * sqrtf is the FPU sequence, with fs_libc.c's sqrtf behind it for the
- * errno path GCC keeps for negative inputs). */
+ * sources and the drivers use (fabsf is abs.s; sqrtf is a call to
+ * fs_libc.c's, as GCC makes it a call to newlib's on the firmware). */
 #ifndef FS_MATH_H
 #define FS_MATH_H
 float sqrtf(float x);
