@@ -48,7 +48,8 @@ from mpllm.formats.model import Config, QMatrix, Weights
 USER_CACHE = image_cache.default_cache_dir()
 # MPLLM_* variables that name a tool or ask for a longer run, not a setting:
 # kept for the tests. Every other one is removed.
-KEPT_MPLLM_VARS = ("MPLLM_CHROMIUM", "MPLLM_FUZZ_EXAMPLES")
+KEPT_MPLLM_VARS = ("MPLLM_CHROMIUM", "MPLLM_FUZZ_EXAMPLES", "MPLLM_XTENSA_CC",
+                   "MPLLM_QEMU_XTENSA")
 
 
 def missing_tool(reason: str) -> NoReturn:
