@@ -161,70 +161,87 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
-/* Whether the model opens at `context` in plain mode if asked (its float V
- * finds room too), with every weight in RAM if `in_ram`; closed again. */
-static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
-                    int plain, int in_ram) {
-    llm_engine *probe = NULL;
-    llm_error e;
-    if (open_at(m, data, len, context, plain, &probe, &e) != LLM_OK) return 0;
-    const int ok = (!plain || llm_set_plain(probe, 1, &e) == LLM_OK) &&
-                   (!in_ram || llm_spilled_bytes(probe) == 0);
-    llm_close(probe);
-    return ok;
+/* What Model() plans against: the memory its port can still give (a port
+ * that cannot say: unlimited, so the one open decides). */
+typedef struct fit {
+    const uint8_t *data;
+    size_t len;
+    const llm_port *port;
+    llm_memory memory;
+    int plain;
+} fit;
+
+/* Whether the plan at `context` opens (in plain mode if asked: its float V
+ * placed at open finds room too), with every weight in RAM if `in_ram`. A
+ * plan places nothing. */
+static int plans_at(const fit *f, uint32_t context, int in_ram, llm_plan *plan, llm_error *e) {
+    const llm_open_options options = {context, f->plain};
+    *plan = (llm_plan){NULL, 0, 0, 0, 0, 0};
+    if (llm_plan_open(plan, f->data, f->len, f->port, &f->memory, &options, e) != LLM_OK)
+        return 0;
+    return !in_ram || plan->spilled == 0;
 }
 
-/* The longest context in lo..hi that opens_at (lo does). */
-static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t lo,
-                        uint32_t hi, int plain, int in_ram) {
+/* The longest context in lo..hi that plans_at (lo does): opening is monotone
+ * in the context (the KV cache grows with it and is placed before the
+ * weights). */
+static uint32_t longest(const fit *f, uint32_t lo, uint32_t hi, int in_ram) {
+    llm_plan plan;
+    llm_error e;
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo + 1u) / 2u;
-        if (opens_at(m, data, len, mid, plain, in_ram)) lo = mid;
+        if (plans_at(f, mid, in_ram, &plan, &e)) lo = mid;
         else hi = mid - 1u;
     }
     return lo;
 }
 
-/* No context asked (0): the image's seq_len. Where that finds no memory (on
- * a board without PSRAM the KV cache of every position finds no room):
- * STORY_CONTEXT if it opens at all (weights that find no RAM read in place),
- * or the longest context at which every weight is in RAM if that is longer;
- * where STORY_CONTEXT does not open, the longest context with every weight in
- * RAM, unless that is shorter than FIT_MIN_CONTEXT (then, as for a model
- * whose weights never all fit, the longest that opens, the rest read in
- * place). llm.story() then works on such a board without a context to
- * choose; Model(context=N) chooses another. In plain mode its float V must
- * fit too. Opening is monotone in the context (the KV cache grows with it
- * and is placed before the weights), so two bisections find it: about 20
- * opens for a seq_len of 512, each closed before the next. */
+/* The context Model() opens at when none is asked (0 if none opens; *e then
+ * says why, as the open at the image's seq_len would): the image's seq_len
+ * if it opens. Where that finds no memory (on a board without PSRAM the KV
+ * cache of every position finds no room): STORY_CONTEXT if it opens at all
+ * (weights that find no RAM read in place), or the longest context at which
+ * every weight is in RAM if that is longer; where STORY_CONTEXT does not
+ * open, the longest context with every weight in RAM, unless that is
+ * shorter than FIT_MIN_CONTEXT (then, as for a model whose weights never all
+ * fit, the longest that opens, the rest read in place). llm.story() then
+ * works on such a board without a context to choose; Model(context=N)
+ * chooses another. Found over plans (two bisections, about 20 for a seq_len
+ * of 512), so the model is opened once. */
+static uint32_t fitting_context(const fit *f, llm_error *e) {
+    llm_plan plan;
+    llm_error probe_err;
+    if (plans_at(f, 0, 0, &plan, e)) return plan.seq_len;
+    const uint32_t seq_len = plan.image_seq_len;
+    if (e->status != LLM_E_NOMEM || !plans_at(f, 1, 0, &plan, &probe_err)) return 0;
+    const uint32_t opens = longest(f, 1, seq_len - 1u, 0);
+    const uint32_t story = STORY_CONTEXT < seq_len ? STORY_CONTEXT : seq_len;
+    const uint32_t in_ram =
+        plans_at(f, 1, 1, &plan, &probe_err) ? longest(f, 1, opens, 1) : 0u;
+    if (opens >= story) return in_ram > story ? in_ram : story;
+    if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
+        return in_ram;
+    return opens;
+}
+
+/* Model()'s one open: at the context asked, else at fitting_context's. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
+    if (context == 0 && m->port->memory != NULL) {
+        fit f = {data, len, m->port, {{0}, 0, 0}, plain};
+        m->port->memory(m->port->ctx, &f.memory);
+        context = fitting_context(&f, e);
+        if (context == 0) return e->status;
+    }
+    /* (a port that cannot say its memory: opened at the image's seq_len, or refused) */
     llm_status st = open_at(m, data, len, context, plain, out, e);
-    if (context != 0) return st;
-    if (st == LLM_OK) {
-        if (!plain) return st;
-        st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
-        if (st == LLM_OK) return st;
+    if (st != LLM_OK || !plain) return st;
+    st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
+    if (st != LLM_OK) {
         llm_close(*out);
         *out = NULL;
     }
-    if (st != LLM_E_NOMEM) return st;
-    llm_engine *probe = NULL;
-    llm_error probe_err;
-    if (open_at(m, data, len, 1, 0, &probe, &probe_err) != LLM_OK) return st; /* e says why */
-    const uint32_t seq_len = llm_image_seq_len(probe);
-    llm_close(probe);
-    if (!opens_at(m, data, len, 1, plain, 0)) return st;
-    /* seq_len itself did not open */
-    const uint32_t opens = longest(m, data, len, 1, seq_len - 1u, plain, 0);
-    const uint32_t story = STORY_CONTEXT < seq_len ? STORY_CONTEXT : seq_len;
-    const uint32_t in_ram =
-        opens_at(m, data, len, 1, plain, 1) ? longest(m, data, len, 1, opens, plain, 1) : 0u;
-    uint32_t chosen = opens;
-    if (opens >= story) chosen = in_ram > story ? in_ram : story;
-    else if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
-        chosen = in_ram;
-    return open_at(m, data, len, chosen, plain, out, e);
+    return st;
 }
 
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
