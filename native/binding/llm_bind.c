@@ -616,6 +616,75 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
     }
 }
 
+/* ---- _llm.plan() ------------------------------------------------------- */
+
+/* A region's free bytes as given: a non-negative int (past 2**63: as good
+ * as unlimited). */
+static llm_bind_kind region_bytes(const char *what, llm_bind_int v, uint64_t *out,
+                                  llm_bind_error *err) {
+    char buf[24];
+    if (v.overflow < 0 || (v.overflow == 0 && v.value < 0))
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() %s must be a number of bytes >= 0 (or "
+                    "None: the port's), not %s", what, shown(v, buf));
+    *out = v.overflow > 0 ? LLM_MEMORY_UNLIMITED : (uint64_t)v.value;
+    return ok(err);
+}
+
+/* The memory plan() counts against: the port's, as Model() would plan,
+ * with what the arguments give in its place. */
+static llm_bind_kind plan_memory(const llm_port *port, const llm_bind_plan_args *a,
+                                 llm_memory *m, llm_bind_error *err) {
+    *m = (llm_memory){{0, LLM_MEMORY_UNLIMITED, LLM_MEMORY_UNLIMITED}, 0, 0};
+    if (port->memory != NULL) port->memory(port->ctx, m);
+    char buf[24];
+    const llm_bind_int o = a->block_overhead;
+    if (a->overhead_given && (o.overflow || o.value < 0 || o.value > 4096))
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() block_overhead must be 0..4096 bytes, "
+                    "not %s", shown(o, buf));
+    if (a->overhead_given) m->block_overhead = (uint32_t)o.value;
+    if (a->bulk_is_fast_given) m->bulk_is_fast = a->bulk_is_fast;
+    if (a->fast_given && region_bytes("fast", a->fast, &m->free[LLM_REGION_FAST], err))
+        return err->kind;
+    if (a->bulk_given && region_bytes("bulk", a->bulk, &m->free[LLM_REGION_BULK], err))
+        return err->kind;
+    return ok(err);
+}
+
+llm_bind_kind llm_bind_plan(const llm_port *port, const uint8_t *data, size_t len,
+                            const llm_bind_plan_args *a, llm_placement *blocks, uint32_t cap,
+                            llm_bind_plan_out *out, llm_bind_error *err) {
+    llm_memory memory;
+    char buf[24];
+    memset(out, 0, sizeof *out);
+    if (plan_memory(port, a, &memory, err) != LLM_BIND_OK) return err->kind;
+    if (a->context.overflow || a->context.value < 0 || a->context.value > (int64_t)UINT32_MAX)
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() context must be 0 (the image's seq_len) "
+                    "or a number of positions, not %s", shown(a->context, buf));
+    const llm_open_options options = {(uint32_t)a->context.value, a->plain};
+    out->plan = (llm_plan){blocks, cap, 0, 0, 0, 0};
+    llm_error e;
+    const llm_status st = llm_plan_open(&out->plan, data, len, port, &memory, &options, &e);
+    if (st != LLM_OK && st != LLM_E_NOMEM) return llm_bind_status(&e, err);
+    out->opens = st == LLM_OK;
+    if (!out->opens) snprintf(out->why, sizeof out->why, "%s: %s", llm_status_name(st), e.message);
+    return ok(err);
+}
+
+int llm_bind_plan_result(const llm_bind_plan_out *out, const llm_bind_sink *sink) {
+    emitter em = {sink, 0, {0}, {0}}, *s = &em;
+    const llm_plan *p = &out->plan;
+    const uint32_t n = out->opens ? (p->n < p->cap ? p->n : p->cap) : 0u;
+    int good = open_container(s, LLM_BIND_DICT, NULL, 5) && put_bool(s, "opens", out->opens) &&
+               put_str(s, "why", out->why) && put_int(s, "context", p->seq_len) &&
+               put_int(s, "spilled", (int64_t)p->spilled) &&
+               open_container(s, LLM_BIND_LIST, "blocks", n);
+    for (uint32_t i = 0; good && i < n; i++)
+        good = open_container(s, LLM_BIND_TUPLE, NULL, 3) && put_str(s, NULL, p->blocks[i].name) &&
+               put_str(s, NULL, llm_region_name(p->blocks[i].region)) &&
+               put_int(s, NULL, p->blocks[i].bytes);
+    return good;
+}
+
 /* ---- _llm.selftest() --------------------------------------------------- */
 
 static int starts(const char *s, const char *prefix) {
