@@ -149,20 +149,20 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
     return llm_open_with(out, data, len, m->port, &options, e);
 }
 
-/* The context open_fitting opens at by default when the image's seq_len
+/* The context fitting_context chooses by default when the image's seq_len
  * finds no memory but this does (or the seq_len, if shorter): room for a
  * prompt and a whole story of ~200 tokens. A weight read in place from flash
  * costs less than a story cut short, so it is taken with weights in flash
  * rather than a shorter context with every weight in RAM. */
 #define STORY_CONTEXT 256u
 
-/* Where STORY_CONTEXT does not open either: the shortest context open_fitting
+/* Where STORY_CONTEXT does not open either: the shortest context fitting_context
  * prefers with every weight in RAM to a longer one with some read in place
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
-/* What Model() plans against: the memory its port can still give (a port
- * that cannot say: unlimited, so the one open decides). */
+/* What Model() plans against: the image, and the memory its port says it
+ * can still give (port->memory; open_fitting plans only with one). */
 typedef struct fit {
     const uint8_t *data;
     size_t len;

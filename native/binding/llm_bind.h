@@ -97,7 +97,7 @@ llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len,
 /* Open the engine on the placed bytes in the modes asked for (plain and fast
  * exclude each other) holding `context` positions (0: the image's seq_len,
  * or where that finds no memory a whole story's context, weights read in
- * place if need be: see open_fitting), polling `poll` between a long prefill's passes.
+ * place if need be: see fitting_context), polling `poll` between a long prefill's passes.
  * On a failure m is closed (its copy freed). */
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
                             int fast, uint32_t context, int (*poll)(void *ctx),
