@@ -432,6 +432,7 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     plans = re.search(r"plans: (\d+) checked against their opens; Model\(\) opened at most "
                       r"(\d+) time", result.stdout)
     assert plans and int(plans[1]) > 0 and plans[2] == "1", out
+    assert "plan reuse: the checks kept for the same bytes, refused for others" in result.stdout, out
     fit = re.search(r"fitting context: (\d+) caps by the seq_len, (\d+) by a story's context "
                     r"\((\d+)\), (\d+) with every weight in RAM, (\d+) the longest that opens, "
                     r"(\d+) refused", result.stdout)

@@ -162,30 +162,32 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
 #define FIT_MIN_CONTEXT 64u
 
 /* What Model() plans against: the image, and the memory its port says it
- * can still give (port->memory; open_fitting plans only with one). */
+ * can still give (port->memory; open_fitting plans only with one); the
+ * image as the first plan checked it, so that the others skip its checks. */
 typedef struct fit {
     const uint8_t *data;
     size_t len;
     const llm_port *port;
     llm_memory memory;
     int plain;
+    struct llm_checked checked;
 } fit;
 
 /* Whether the plan at `context` opens (in plain mode if asked: its float V
  * placed at open finds room too), with every weight in RAM if `in_ram`. A
  * plan places nothing. */
-static int plans_at(const fit *f, uint32_t context, int in_ram, llm_plan *plan, llm_error *e) {
+static int plans_at(fit *f, uint32_t context, int in_ram, llm_plan *plan, llm_error *e) {
     const llm_open_options options = {context, f->plain};
-    *plan = (llm_plan){NULL, 0, 0, 0, 0, 0};
-    if (llm_plan_open(plan, f->data, f->len, f->port, &f->memory, &options, e) != LLM_OK)
-        return 0;
-    return !in_ram || plan->spilled == 0;
+    *plan = (llm_plan){.checked = f->checked};
+    const llm_status st = llm_plan_open(plan, f->data, f->len, f->port, &f->memory, &options, e);
+    f->checked = plan->checked;
+    return st == LLM_OK && (!in_ram || plan->spilled == 0);
 }
 
 /* The longest context in lo..hi that plans_at (lo does): opening is monotone
  * in the context (the KV cache grows with it and is placed before the
  * weights). */
-static uint32_t longest(const fit *f, uint32_t lo, uint32_t hi, int in_ram) {
+static uint32_t longest(fit *f, uint32_t lo, uint32_t hi, int in_ram) {
     llm_plan plan;
     llm_error e;
     while (lo < hi) {
@@ -208,7 +210,7 @@ static uint32_t longest(const fit *f, uint32_t lo, uint32_t hi, int in_ram) {
  * works on such a board without a context to choose; Model(context=N)
  * chooses another. Found over plans (two bisections, about 20 for a seq_len
  * of 512), so the model is opened once. */
-static uint32_t fitting_context(const fit *f, llm_error *e) {
+static uint32_t fitting_context(fit *f, llm_error *e) {
     llm_plan plan;
     llm_error probe_err;
     if (plans_at(f, 0, 0, &plan, e)) return plan.seq_len;
@@ -228,7 +230,7 @@ static uint32_t fitting_context(const fit *f, llm_error *e) {
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
     if (context == 0 && m->port->memory != NULL) {
-        fit f = {data, len, m->port, {{0}, 0, 0}, plain};
+        fit f = {data, len, m->port, {{0}, 0, 0}, plain, {NULL, 0, {0}, 0}};
         m->port->memory(m->port->ctx, &f.memory);
         context = fitting_context(&f, e);
         if (context == 0) return e->status;
@@ -661,7 +663,7 @@ llm_bind_kind llm_bind_plan(const llm_port *port, const uint8_t *data, size_t le
         return fail(err, LLM_BIND_VALUE_ERROR, "plan() context must be 0 (the image's seq_len) "
                     "or a number of positions, not %s", shown(a->context, buf));
     const llm_open_options options = {(uint32_t)a->context.value, a->plain};
-    out->plan = (llm_plan){blocks, cap, 0, 0, 0, 0};
+    out->plan = (llm_plan){.blocks = blocks, .cap = cap};
     llm_error e;
     const llm_status st = llm_plan_open(&out->plan, data, len, port, &memory, &options, &e);
     if (st != LLM_OK && st != LLM_E_NOMEM) return llm_bind_status(&e, err);

@@ -395,17 +395,22 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
     return LLM_OK;
 }
 
-/* What llm_open_with checks before it allocates: the bytes, then the options
- * against them. */
-static llm_status check_open(const uint8_t *image, size_t len, const llm_open_options *options,
-                             llm_image_info *info, llm_error *err) {
-    llm_status st = llm_image_check(image, len, info, err);
-    if (st != LLM_OK) return st;
+/* The options against a checked image. */
+static llm_status check_context(const llm_image_info *info, const llm_open_options *options,
+                                llm_error *err) {
     const uint32_t context = options != NULL ? options->context : 0u;
     if (context > info->config.seq_len)
         return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
                         (unsigned long)context, (unsigned long)info->config.seq_len);
     return llm_engine_ok(err);
+}
+
+/* What llm_open_with checks before it allocates: the bytes, then the options
+ * against them. */
+static llm_status check_open(const uint8_t *image, size_t len, const llm_open_options *options,
+                             llm_image_info *info, llm_error *err) {
+    llm_status st = llm_image_check(image, len, info, err);
+    return st != LLM_OK ? st : check_context(info, options, err);
 }
 
 llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
@@ -778,18 +783,22 @@ static llm_status open_placed(llm_engine **out, const llm_image_info *info, cons
  * place from flash: a head read from flash costs less than a context that
  * does not open (on a board without PSRAM the head and the KV cache compete
  * for the same internal SRAM). Placement never changes a result. */
+/* `checked`: the image's llm_image_check already passed (a plan's), or NULL.
+ * A dry run's info goes back through *checked_out. */
 static llm_status open_or_plan(llm_engine **out, const uint8_t *image, size_t len,
                                const llm_port *port, const llm_open_options *options,
-                               const llm_memory *dry, uint32_t *image_seq_len,
-                               llm_error *err) {
+                               const llm_memory *dry, const llm_image_info *checked,
+                               llm_image_info *checked_out, llm_error *err) {
     if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
     *out = NULL;
     if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
         return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
     llm_image_info info;
-    llm_status st = check_open(image, len, options, &info, err);
+    llm_status st = checked != NULL ? check_context(checked, options, err)
+                                    : check_open(image, len, options, &info, err);
     if (st != LLM_OK) return st;
-    if (image_seq_len != NULL) *image_seq_len = info.config.seq_len;
+    if (checked != NULL) info = *checked;
+    if (checked_out != NULL) *checked_out = info;
     open_how how = {options != NULL ? options->context : 0u,
                     options != NULL && options->plain != 0, 0, dry};
     int head_staged = 0;
@@ -802,7 +811,7 @@ static llm_status open_or_plan(llm_engine **out, const uint8_t *image, size_t le
 llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
                          const llm_port *port, const llm_open_options *options,
                          llm_error *err) {
-    return open_or_plan(out, image, len, port, options, NULL, NULL, err);
+    return open_or_plan(out, image, len, port, options, NULL, NULL, NULL, err);
 }
 
 /* llm_open_with's own steps run dry (open_placed's `dry`): the plan is what
@@ -812,12 +821,22 @@ llm_status llm_plan_open(llm_plan *out, const uint8_t *image, size_t len, const 
                          llm_error *err) {
     if (out == NULL || memory == NULL || (out->blocks == NULL && out->cap != 0))
         return llm_fail(err, LLM_E_ARG, "llm_plan_open: out, its blocks and memory are needed");
+    const struct llm_checked was = out->checked;
+    const int reuse = was.data != NULL && was.data == image && was.len == len;
+    if (was.data != NULL && !reuse)
+        return llm_fail(err, LLM_E_ARG, "llm_plan_open: out->checked is another image's");
+    const llm_image_info known = {was.data, was.len, was.config, was.n_sections};
+    llm_image_info info = known;
     out->n = 0;
     out->spilled = 0;
     out->seq_len = out->image_seq_len = 0;
     llm_engine *e = NULL;
-    const llm_status st =
-        open_or_plan(&e, image, len, port, options, memory, &out->image_seq_len, err);
+    const llm_status st = open_or_plan(&e, image, len, port, options, memory,
+                                       reuse ? &known : NULL, &info, err);
+    if (info.data != NULL) {
+        out->checked = (struct llm_checked){info.data, info.len, info.config, info.n_sections};
+        out->image_seq_len = info.config.seq_len;
+    }
     if (st != LLM_OK) return st;
     out->n = e->n_placements;
     for (uint32_t i = 0; i < e->n_placements && i < out->cap; i++)

@@ -326,6 +326,17 @@ typedef struct llm_plan {
     uint32_t cap, n;
     uint64_t spilled;
     uint32_t seq_len, image_seq_len;
+    /* The image as its checks left it (zeroed: not checked). Kept from one
+     * call to the next on the same bytes (checked.data == image, same len),
+     * the next plan skips the image's checks (its checksums read every
+     * byte): the bytes must not have changed since, as for an open engine.
+     * Anything else in it is refused. */
+    struct llm_checked {
+        const uint8_t *data;
+        size_t len;
+        llm_config config;
+        uint32_t n_sections;
+    } checked;
 } llm_plan;
 llm_status llm_plan_open(llm_plan *out, const uint8_t *image, size_t len, const llm_port *port,
                          const llm_memory *memory, const llm_open_options *options,

@@ -451,7 +451,7 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     hp.capacity[LLM_REGION_BULK] = bulk_cap;
     const llm_open_options o = {context, plain};
     llm_placement blocks[256];
-    llm_plan plan = {blocks, 256u, 0, 0, 0, 0};
+    llm_plan plan = {.blocks = blocks, .cap = 256u};
     llm_memory memory;
     hp.port.memory(hp.port.ctx, &memory);
     llm_error plan_err, err;
@@ -465,6 +465,34 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     *spilled = llm_spilled_bytes(e);
     llm_close(e);
     return ok;
+}
+
+/* A plan's `checked` (the image as its checks left it) handed to the next
+ * plan of the same bytes gives the same plan; handed to other bytes (a
+ * copy, or a corrupted image) it is refused, never trusted. */
+static void check_plan_reuse(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_memory memory;
+    hp.port.memory(hp.port.ctx, &memory);
+    llm_placement first[256], again[256];
+    llm_plan a = {.blocks = first, .cap = 256u}, b = {.blocks = again, .cap = 256u};
+    llm_error err;
+    EXPECT(llm_plan_open(&a, img, len, &hp.port, &memory, NULL, &err) == LLM_OK &&
+               a.checked.data == img && a.checked.len == len,
+           "plan: %s", err.message);
+    b.checked = a.checked;
+    EXPECT(llm_plan_open(&b, img, len, &hp.port, &memory, NULL, &err) == LLM_OK && b.n == a.n &&
+               memcmp(first, again, a.n * sizeof first[0]) == 0,
+           "a plan reusing the checks differs: %s", err.message);
+    uint8_t *copy = aligned_copy(img, len);
+    b.checked = a.checked;
+    const llm_status st = llm_plan_open(&b, copy, len, &hp.port, &memory, NULL, &err);
+    EXPECT(st == LLM_E_ARG && strstr(err.message, "another image's") != NULL,
+           "another image's checks: status %d, %s", (int)st, err.message);
+    free(copy);
+    EXPECT(hp.live_blocks == 0, "plans left %u blocks", hp.live_blocks);
+    printf("plan reuse: the checks kept for the same bytes, refused for others\n");
 }
 
 /* The opens made: engine_check is linked with --wrap=llm_open_with
@@ -664,6 +692,7 @@ int main(int argc, char **argv) {
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
     check_k_dots_memory(img, (size_t)n);
+    check_plan_reuse(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
     check_head_gives_way(img, (size_t)n);
     check_arguments(img, (size_t)n);
