@@ -1308,6 +1308,38 @@ def _assert_placed_as_modeled(blocks: list[list[str]], model: dict[str, object],
             assert (placed.get(blk["name"], (want[0], "none"))[0], region) == want, blk["name"]
 
 
+def test_the_models_placement_is_the_engines_plan(auto_260k, llm_mod) -> None:
+    """The cost model's placement of stories260K (as convert.py writes it)
+    is the engine's own plan (_llm.plan: the open run dry, the one set of
+    placement rules) on each board's memory as the model has it: the N16R8
+    at its seq_len (FAST internal SRAM, BULK PSRAM), the N8 (one region:
+    BULK served from internal SRAM) at the model's opening context, and 256
+    positions refused there for the KV cache as the engine words it."""
+    s = dataclasses.replace(cm.SHAPES["stories260k"], weights="fp32", group=64)
+    n16, n8 = cm.S3_BOARDS["n16r8"], cm.S3_BOARDS["n8"]
+    data = auto_260k.read_bytes()
+    struct = next(b for n, _r, b in llm_mod.plan(data)["blocks"] if n == "engine")
+    less = cm.ENGINE_STRUCT_BYTES - struct  # the model prices the struct at its own size
+    assert 0 <= less < 1024
+
+    def blocks(plan: dict) -> list[list[str]]:
+        assert plan["opens"], plan["why"]
+        return [[n, str(b), r] for n, r, b in plan["blocks"]]
+
+    plan = llm_mod.plan(data, fast=n16.engine_room - less, bulk=n16.psram_bytes)
+    assert plan["context"] == s.seq_len == 512
+    _assert_placed_as_modeled(blocks(plan), cm.placement(s, n16),
+                              {"fast": "sram", "bulk": "psram", "flash": "flash"})
+    ctx = cm.opening_context(s, n8)
+    n8_memory = {"fast": n8.engine_room - less, "bulk": 0, "bulk_is_fast": True}
+    plan = llm_mod.plan(data, context=ctx, **n8_memory)
+    _assert_placed_as_modeled(blocks(plan), cm.placement(dataclasses.replace(s, seq_len=ctx), n8),
+                              {"fast": "sram", "flash": "flash"})
+    assert not llm_mod.plan(data, context=ctx + 1, **n8_memory)["opens"]
+    refused = llm_mod.plan(data, context=256, **n8_memory)
+    assert refused["why"] == "out of memory: no memory for the KV cache (336960 bytes)"
+
+
 def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
     """The engine itself (the binding's Model() path, tests/c/board_open.c)
     with stories260K as convert.py writes it (fp32), on each board's memory as

@@ -627,3 +627,45 @@ def test_context_argument_is_checked(tiny_model) -> None:  # type: ignore[no-unt
         m.prefill([1])
         with pytest.raises(_llm.Error, match="context full"):
             m.step(1)
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama2c_tied"])
+def test_plan_is_the_open(engine_image, name: str) -> None:  # type: ignore[no-untyped-def]
+    """_llm.plan is the open run dry: with the memory this host gives (no
+    limit) its blocks are Model.memory()'s after the real open, at every
+    context and mode; a plan that finds no memory says why as the open
+    would; bad arguments and images are refused."""
+    data = engine_image(name).read_bytes()
+    for context in (0, 1, 7):
+        for plain in (False, True):
+            p = _llm.plan(data, context=context, plain=plain)
+            with _llm.Model(data, context=context or None, plain=plain) as m:
+                assert p["opens"] and p["why"] == ""
+                assert p["blocks"] == m.memory()
+                assert p["context"] == m.config()["seq_len"] and p["spilled"] == 0
+    # a misaligned buffer is copied: the same plan
+    buf = bytearray(len(data) + 1)
+    buf[1:] = data
+    assert _llm.plan(memoryview(buf)[1:]) == _llm.plan(data)
+    # everything in one capped region (a board without PSRAM): weights spill first
+    whole = sum(b for _n, r, b in _llm.plan(data)["blocks"] if r != "flash")
+    lo, hi = 0, whole  # the least memory it opens in, by bisection over plans
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _llm.plan(data, fast=0, bulk=mid)["opens"] else (mid + 1, hi)
+    tight = _llm.plan(data, fast=0, bulk=lo)
+    assert tight["opens"] and tight["spilled"] > 0 and not _llm.plan(data, fast=0, bulk=lo - 1)["opens"]
+    assert {r for _n, r, _b in tight["blocks"]} <= {"flash", "bulk"}
+    none = _llm.plan(data, fast=0, bulk=0)
+    assert not none["opens"] and none["blocks"] == [] and none["context"] == 0
+    assert none["why"].startswith("out of memory: no memory for the engine state")
+    shared = _llm.plan(data, fast=whole, bulk=0, bulk_is_fast=True)
+    assert shared["opens"] and {r for _n, r, _b in shared["blocks"]} <= {"flash", "fast"}
+    with pytest.raises(ValueError, match="plan\\(\\) fast must be a number of bytes"):
+        _llm.plan(data, fast=-1)
+    with pytest.raises(TypeError):
+        _llm.plan(data, bulk="1")
+    with pytest.raises(_llm.Error, match="exceeds the image's seq_len"):
+        _llm.plan(data, context=10**6)
+    with pytest.raises(_llm.Error, match="bad image|checksum"):
+        _llm.plan(data[:-1] + bytes([data[-1] ^ 1]))

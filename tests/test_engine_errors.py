@@ -414,7 +414,8 @@ def _engine_check() -> Path:
     tag = zlib.crc32(b"".join(h.read_bytes() for h in headers))
     return cbuild.build("engine_check", sources, cbuild.ROOT / "build" / "ctests",
                         sanitize=True, opt="-O1", defines={"LLM_HEADERS_TAG": f"{tag}u"},
-                        extra=["-I", str(binding)])
+                        # every llm_open_with call counted (engine_check.c: opens_made)
+                        extra=["-I", str(binding), "-Wl,--wrap=llm_open_with"])
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny_untied", "llama2c_tied"])
@@ -427,6 +428,11 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     assert result.returncode == 0, out
     assert "0 failures" in result.stdout, out
     assert "capacity sweep:" in result.stdout and "bit flips" in result.stdout, out
+    # every plan was checked against its open, and Model() opened once at most
+    plans = re.search(r"plans: (\d+) checked against their opens; Model\(\) opened at most "
+                      r"(\d+) time", result.stdout)
+    assert plans and int(plans[1]) > 0 and plans[2] == "1", out
+    assert "plan reuse: the checks kept for the same bytes, refused for others" in result.stdout, out
     fit = re.search(r"fitting context: (\d+) caps by the seq_len, (\d+) by a story's context "
                     r"\((\d+)\), (\d+) with every weight in RAM, (\d+) the longest that opens, "
                     r"(\d+) refused", result.stdout)

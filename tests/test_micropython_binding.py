@@ -722,3 +722,37 @@ def test_gc_sweep_at_exit_unmaps_the_open_model(tiny_model, tmp_path: Path) -> N
     assert len(mapped) == 1, calls
     printed = next(i for i, c in enumerate(calls) if c.startswith('write(1, "OPEN'))
     assert any(c.startswith(f"munmap({mapped[0]}, {size})") for c in calls[printed:]), calls
+
+
+#: plan() on the same image and memory as the CPython binding's
+PLAN = """
+import _llm
+data = open({image!r}, "rb").read()
+for kw in ({{}}, {{"context": 5, "plain": True}}, {{"fast": 0, "bulk": 0}},
+           {{"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32}}):
+    print("PLAN", repr(_llm.plan(data, **kw)))
+try:
+    _llm.plan(data, fast=-1)
+except ValueError as e:
+    print("ERROR", e)
+"""
+
+
+def test_plan_agrees_with_cpython(micropython: Path, tiny_model, tmp_path: Path) -> None:
+    """_llm.plan on MicroPython gives the CPython binding's dict for the same
+    image and memory (both are the core's llm_bind_plan), and its errors."""
+    import ast
+
+    import _llm
+
+    out = run_mp(micropython, PLAN.format(image=str(tiny_model.image)), tmp_path)
+    data = tiny_model.image.read_bytes()
+    got = [ast.literal_eval(line[5:]) for line in out.splitlines() if line.startswith("PLAN ")]
+    want = [_llm.plan(data, **kw) for kw in (
+        {}, {"context": 5, "plain": True}, {"fast": 0, "bulk": 0},
+        {"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32})]
+    # MicroPython's repr of a tuple list is Python's: compare as values
+    assert [{**g, "blocks": [tuple(b) for b in g["blocks"]]} for g in got] == want
+    with pytest.raises(ValueError) as e:
+        _llm.plan(data, fast=-1)
+    assert f"ERROR {e.value}" in out

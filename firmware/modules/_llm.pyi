@@ -93,6 +93,35 @@ def build_info() -> str:
     kernels is "ref" (scalar C), "pie" (ESP32-S3 vector unit) or "pie-emu"
     (the PIE kernels run through the exact host model of the vector unit)."""
 
+def plan(image: object, *, fast: int | None = None, bulk: int | None = None,
+         context: int | None = 0, plain: bool = False, bulk_is_fast: bool | None = None,
+         block_overhead: int | None = None) -> dict[str, object]:
+    """Where Model(image, context=..., plain=...) would place every block, and
+    whether it opens, WITHOUT opening it: the engine's own open run dry, every
+    block counted against the memory below instead of allocated (one set of
+    placement rules: the plan is Model.memory() after that open). Cheap: no
+    copy, no KV cache; Model() searches its default context over plans.
+
+    The memory: fast / bulk, the bytes internal SRAM / PSRAM can still give
+    (None: what this port says: on the board its free bytes, the port's
+    reserve kept; on a PC no limit); bulk_is_fast: BULK requests served from
+    internal SRAM (a board without PSRAM; None: the port's); block_overhead:
+    bytes a block costs beyond its own, rounded up to 16 (None: the port's: 0
+    on a PC, 32 on the board). The port's rule: a FAST request that does not
+    fit goes to BULK (unless bulk_is_fast), a BULK one that does not fit
+    fails (the weights are then read in place from flash, the head gives way
+    to the KV cache, as at open). context: 0 or None for the image's seq_len.
+    A buffer that is not 16-byte aligned is copied.
+
+    Returns {"opens": bool, "why": "" or the open's error ("out of memory:
+    ..."), "context": the positions it holds (0 if it does not open),
+    "spilled": bytes of weights read in place for want of RAM
+    (0: every weight in RAM), "blocks": [(name, region, bytes), ...] as
+    Model.memory() ([] if it does not open)}. A bad image, or a context past
+    its seq_len, is Error as for Model(); a negative size ValueError. The
+    board's heap can be fragmented: a plan that fits its free bytes may
+    still find no single block for the KV cache (Model() then says so)."""
+
 class Model:
     def __init__(self, image: object, *, plain: bool = False, fast: bool = False,
                  context: int | None = None) -> None:
@@ -120,8 +149,10 @@ class Model:
         the longest context with every weight in RAM, if longer); where 256
         do not open, the longest context with every weight in RAM if that
         holds at least 64 positions (else the longest that opens); plain=True:
-        with its float V too. Found by opening it at about 20 contexts (two
-        bisections).
+        with its float V too. Found over plans (plan(): about 20, two
+        bisections, against the memory the port says it can give), then
+        opened once; where none opens, Error "out of memory" with the
+        message of the open at the image's seq_len.
         MicroPython: Model(the open model's path) without context keeps the
         open model's; with another one the model is opened again.
 

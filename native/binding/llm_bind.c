@@ -154,82 +154,101 @@ static llm_status open_at(const llm_bind_model *m, const uint8_t *data, size_t l
     return llm_open_with(out, data, len, m->port, &options, e);
 }
 
-/* The context open_fitting opens at by default when the image's seq_len
+/* The context fitting_context chooses by default when the image's seq_len
  * finds no memory but this does (or the seq_len, if shorter): room for a
  * prompt and a whole story of ~200 tokens. A weight read in place from flash
  * costs less than a story cut short, so it is taken with weights in flash
  * rather than a shorter context with every weight in RAM. */
 #define STORY_CONTEXT 256u
 
-/* Where STORY_CONTEXT does not open either: the shortest context open_fitting
+/* Where STORY_CONTEXT does not open either: the shortest context fitting_context
  * prefers with every weight in RAM to a longer one with some read in place
  * (or half the image's seq_len, for a small test model). */
 #define FIT_MIN_CONTEXT 64u
 
-/* Whether the model opens at `context` in plain mode if asked (its float V
- * finds room too), with every weight in RAM if `in_ram`; closed again. */
-static int opens_at(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t context,
-                    int plain, int in_ram) {
-    llm_engine *probe = NULL;
-    llm_error e;
-    if (open_at(m, data, len, context, plain, &probe, &e) != LLM_OK) return 0;
-    const int ok = (!plain || llm_set_plain(probe, 1, &e) == LLM_OK) &&
-                   (!in_ram || llm_spilled_bytes(probe) == 0);
-    llm_close(probe);
-    return ok;
+/* What Model() plans against: the image, and the memory its port says it
+ * can still give (port->memory; open_fitting plans only with one); the
+ * image as the first plan checked it, so that the others skip its checks. */
+typedef struct fit {
+    const uint8_t *data;
+    size_t len;
+    const llm_port *port;
+    llm_memory memory;
+    int plain;
+    struct llm_checked checked;
+} fit;
+
+/* Whether the plan at `context` opens (in plain mode if asked: its float V
+ * placed at open finds room too), with every weight in RAM if `in_ram`. A
+ * plan places nothing. */
+static int plans_at(fit *f, uint32_t context, int in_ram, llm_plan *plan, llm_error *e) {
+    const llm_open_options options = {context, f->plain};
+    *plan = (llm_plan){.checked = f->checked};
+    const llm_status st = llm_plan_open(plan, f->data, f->len, f->port, &f->memory, &options, e);
+    f->checked = plan->checked;
+    return st == LLM_OK && (!in_ram || plan->spilled == 0);
 }
 
-/* The longest context in lo..hi that opens_at (lo does). */
-static uint32_t longest(const llm_bind_model *m, const uint8_t *data, size_t len, uint32_t lo,
-                        uint32_t hi, int plain, int in_ram) {
+/* The longest context in lo..hi that plans_at (lo does): opening is monotone
+ * in the context (the KV cache grows with it and is placed before the
+ * weights). */
+static uint32_t longest(fit *f, uint32_t lo, uint32_t hi, int in_ram) {
+    llm_plan plan;
+    llm_error e;
     while (lo < hi) {
         const uint32_t mid = lo + (hi - lo + 1u) / 2u;
-        if (opens_at(m, data, len, mid, plain, in_ram)) lo = mid;
+        if (plans_at(f, mid, in_ram, &plan, &e)) lo = mid;
         else hi = mid - 1u;
     }
     return lo;
 }
 
-/* No context asked (0): the image's seq_len. Where that finds no memory (on
- * a board without PSRAM the KV cache of every position finds no room):
- * STORY_CONTEXT if it opens at all (weights that find no RAM read in place),
- * or the longest context at which every weight is in RAM if that is longer;
- * where STORY_CONTEXT does not open, the longest context with every weight in
- * RAM, unless that is shorter than FIT_MIN_CONTEXT (then, as for a model
- * whose weights never all fit, the longest that opens, the rest read in
- * place). llm.story() then works on such a board without a context to
- * choose; Model(context=N) chooses another. In plain mode its float V must
- * fit too. Opening is monotone in the context (the KV cache grows with it
- * and is placed before the weights), so two bisections find it: about 20
- * opens for a seq_len of 512, each closed before the next. */
+/* The context Model() opens at when none is asked (0 if none opens; *e then
+ * says why, as the open at the image's seq_len would): the image's seq_len
+ * if it opens. Where that finds no memory (on a board without PSRAM the KV
+ * cache of every position finds no room): STORY_CONTEXT if it opens at all
+ * (weights that find no RAM read in place), or the longest context at which
+ * every weight is in RAM if that is longer; where STORY_CONTEXT does not
+ * open, the longest context with every weight in RAM, unless that is
+ * shorter than FIT_MIN_CONTEXT (then, as for a model whose weights never all
+ * fit, the longest that opens, the rest read in place). llm.story() then
+ * works on such a board without a context to choose; Model(context=N)
+ * chooses another. Found over plans (two bisections, about 20 for a seq_len
+ * of 512), so the model is opened once. */
+static uint32_t fitting_context(fit *f, llm_error *e) {
+    llm_plan plan;
+    llm_error probe_err;
+    if (plans_at(f, 0, 0, &plan, e)) return plan.seq_len;
+    const uint32_t seq_len = plan.image_seq_len;
+    if (e->status != LLM_E_NOMEM || !plans_at(f, 1, 0, &plan, &probe_err)) return 0;
+    const uint32_t opens = longest(f, 1, seq_len - 1u, 0);
+    const uint32_t story = STORY_CONTEXT < seq_len ? STORY_CONTEXT : seq_len;
+    const uint32_t in_ram =
+        plans_at(f, 1, 1, &plan, &probe_err) ? longest(f, 1, opens, 1) : 0u;
+    if (opens >= story) return in_ram > story ? in_ram : story;
+    if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
+        return in_ram;
+    return opens;
+}
+
+/* Model()'s one open: at the context asked, else at fitting_context's. */
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
+    if (context == 0 && m->port->memory != NULL) {
+        fit f = {data, len, m->port, {{0}, 0, 0}, plain, {NULL, 0, {0}, 0}};
+        m->port->memory(m->port->ctx, &f.memory);
+        context = fitting_context(&f, e);
+        if (context == 0) return e->status;
+    }
+    /* (a port that cannot say its memory: opened at the image's seq_len, or refused) */
     llm_status st = open_at(m, data, len, context, plain, out, e);
-    if (context != 0) return st;
-    if (st == LLM_OK) {
-        if (!plain) return st;
-        st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
-        if (st == LLM_OK) return st;
+    if (st != LLM_OK || !plain) return st;
+    st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
+    if (st != LLM_OK) {
         llm_close(*out);
         *out = NULL;
     }
-    if (st != LLM_E_NOMEM) return st;
-    llm_engine *probe = NULL;
-    llm_error probe_err;
-    if (open_at(m, data, len, 1, 0, &probe, &probe_err) != LLM_OK) return st; /* e says why */
-    const uint32_t seq_len = llm_image_seq_len(probe);
-    llm_close(probe);
-    if (!opens_at(m, data, len, 1, plain, 0)) return st;
-    /* seq_len itself did not open */
-    const uint32_t opens = longest(m, data, len, 1, seq_len - 1u, plain, 0);
-    const uint32_t story = STORY_CONTEXT < seq_len ? STORY_CONTEXT : seq_len;
-    const uint32_t in_ram =
-        opens_at(m, data, len, 1, plain, 1) ? longest(m, data, len, 1, opens, plain, 1) : 0u;
-    uint32_t chosen = opens;
-    if (opens >= story) chosen = in_ram > story ? in_ram : story;
-    else if (in_ram >= (FIT_MIN_CONTEXT < seq_len / 2u ? FIT_MIN_CONTEXT : seq_len / 2u))
-        chosen = in_ram;
-    return open_at(m, data, len, chosen, plain, out, e);
+    return st;
 }
 
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
@@ -625,6 +644,75 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
     case LLM_BIND_M_k_dots: return put_bool(s, NULL, llm_k_dots(e));
     default: return put(s, LLM_BIND_NONE, NULL, 0, 0, NULL, 0);
     }
+}
+
+/* ---- _llm.plan() ------------------------------------------------------- */
+
+/* A region's free bytes as given: a non-negative int (past 2**63: as good
+ * as unlimited). */
+static llm_bind_kind region_bytes(const char *what, llm_bind_int v, uint64_t *out,
+                                  llm_bind_error *err) {
+    char buf[24];
+    if (v.overflow < 0 || (v.overflow == 0 && v.value < 0))
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() %s must be a number of bytes >= 0 (or "
+                    "None: the port's), not %s", what, shown(v, buf));
+    *out = v.overflow > 0 ? LLM_MEMORY_UNLIMITED : (uint64_t)v.value;
+    return ok(err);
+}
+
+/* The memory plan() counts against: the port's, as Model() would plan,
+ * with what the arguments give in its place. */
+static llm_bind_kind plan_memory(const llm_port *port, const llm_bind_plan_args *a,
+                                 llm_memory *m, llm_bind_error *err) {
+    *m = (llm_memory){{0, LLM_MEMORY_UNLIMITED, LLM_MEMORY_UNLIMITED}, 0, 0};
+    if (port->memory != NULL) port->memory(port->ctx, m);
+    char buf[24];
+    const llm_bind_int o = a->block_overhead;
+    if (a->overhead_given && (o.overflow || o.value < 0 || o.value > 4096))
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() block_overhead must be 0..4096 bytes, "
+                    "not %s", shown(o, buf));
+    if (a->overhead_given) m->block_overhead = (uint32_t)o.value;
+    if (a->bulk_is_fast_given) m->bulk_is_fast = a->bulk_is_fast;
+    if (a->fast_given && region_bytes("fast", a->fast, &m->free[LLM_REGION_FAST], err))
+        return err->kind;
+    if (a->bulk_given && region_bytes("bulk", a->bulk, &m->free[LLM_REGION_BULK], err))
+        return err->kind;
+    return ok(err);
+}
+
+llm_bind_kind llm_bind_plan(const llm_port *port, const uint8_t *data, size_t len,
+                            const llm_bind_plan_args *a, llm_placement *blocks, uint32_t cap,
+                            llm_bind_plan_out *out, llm_bind_error *err) {
+    llm_memory memory;
+    char buf[24];
+    memset(out, 0, sizeof *out);
+    if (plan_memory(port, a, &memory, err) != LLM_BIND_OK) return err->kind;
+    if (a->context.overflow || a->context.value < 0 || a->context.value > (int64_t)UINT32_MAX)
+        return fail(err, LLM_BIND_VALUE_ERROR, "plan() context must be 0 (the image's seq_len) "
+                    "or a number of positions, not %s", shown(a->context, buf));
+    const llm_open_options options = {(uint32_t)a->context.value, a->plain};
+    out->plan = (llm_plan){.blocks = blocks, .cap = cap};
+    llm_error e;
+    const llm_status st = llm_plan_open(&out->plan, data, len, port, &memory, &options, &e);
+    if (st != LLM_OK && st != LLM_E_NOMEM) return llm_bind_status(&e, err);
+    out->opens = st == LLM_OK;
+    if (!out->opens) snprintf(out->why, sizeof out->why, "%s: %s", llm_status_name(st), e.message);
+    return ok(err);
+}
+
+int llm_bind_plan_result(const llm_bind_plan_out *out, const llm_bind_sink *sink) {
+    emitter em = {sink, 0, {0}, {0}}, *s = &em;
+    const llm_plan *p = &out->plan;
+    const uint32_t n = out->opens ? (p->n < p->cap ? p->n : p->cap) : 0u;
+    int good = open_container(s, LLM_BIND_DICT, NULL, 5) && put_bool(s, "opens", out->opens) &&
+               put_str(s, "why", out->why) && put_int(s, "context", p->seq_len) &&
+               put_int(s, "spilled", (int64_t)p->spilled) &&
+               open_container(s, LLM_BIND_LIST, "blocks", n);
+    for (uint32_t i = 0; good && i < n; i++)
+        good = open_container(s, LLM_BIND_TUPLE, NULL, 3) && put_str(s, NULL, p->blocks[i].name) &&
+               put_str(s, NULL, llm_region_name(p->blocks[i].region)) &&
+               put_int(s, NULL, p->blocks[i].bytes);
+    return good;
 }
 
 /* ---- _llm.selftest() --------------------------------------------------- */

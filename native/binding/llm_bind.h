@@ -101,7 +101,7 @@ llm_bind_kind llm_bind_place(llm_bind_model *m, const uint8_t *data, size_t len,
 /* Open the engine on the placed bytes in the modes asked for (plain and fast
  * exclude each other) holding `context` positions (0: the image's seq_len,
  * or where that finds no memory a whole story's context, weights read in
- * place if need be: see open_fitting), polling `poll` between a long prefill's passes.
+ * place if need be: see fitting_context), polling `poll` between a long prefill's passes.
  * On a failure m is closed (its copy freed). */
 llm_bind_kind llm_bind_open(llm_bind_model *m, const uint8_t *data, size_t len, int plain,
                             int fast, uint32_t context, int (*poll)(void *ctx),
@@ -293,6 +293,38 @@ typedef struct llm_bind_sink {
 /* The return value of a method llm_bind_call has just run. */
 int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bind_out *out,
                     const llm_bind_sink *sink);
+
+/* ---- _llm.plan() ------------------------------------------------------- */
+
+/* plan()'s arguments as the binding read them: fast / bulk the free bytes
+ * of each region (not given: what the port says it can give, unlimited if
+ * it cannot say), context (0: the image's seq_len), block_overhead and
+ * bulk_is_fast (not given: the port's). */
+typedef struct llm_bind_plan_args {
+    llm_bind_int fast, bulk, context, block_overhead;
+    int fast_given, bulk_given, overhead_given, bulk_is_fast, bulk_is_fast_given, plain;
+} llm_bind_plan_args;
+
+/* What llm_bind_plan found: whether it opens and, if not, why (the open's
+ * own message); the blocks in the caller's array (n may exceed cap: call
+ * again with n entries). */
+typedef struct llm_bind_plan_out {
+    int opens;
+    char why[192]; /* "<status>: <message>", as _llm.Error words it */
+    llm_plan plan;
+} llm_bind_plan_out;
+
+/* The plan of opening `data` (16-byte aligned: the binding copies a buffer
+ * that is not) through `port` (scratch only) under the memory the args
+ * describe. An image the engine refuses, or a context past its seq_len, is
+ * the engine's Error; a plan that finds no memory is not an error (opens
+ * False, why). */
+llm_bind_kind llm_bind_plan(const llm_port *port, const uint8_t *data, size_t len,
+                            const llm_bind_plan_args *a, llm_placement *blocks, uint32_t cap,
+                            llm_bind_plan_out *out, llm_bind_error *err);
+/* plan()'s dict: opens, why ("" when it opens), context, spilled, blocks (a
+ * list of (name, region, bytes) tuples, Model.memory()'s after that open). */
+int llm_bind_plan_result(const llm_bind_plan_out *out, const llm_bind_sink *sink);
 
 /* ---- _llm.selftest() --------------------------------------------------- */
 

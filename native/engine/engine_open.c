@@ -180,18 +180,45 @@ static col_needs col_needs_of(llm_engine *e) {
     return n;
 }
 
-/* Ask for `wanted`; the port may answer with another region. NULL if none. */
+/* What a dry run's place() returns: not NULL (placed), 64-byte aligned, and
+ * never memory: a write through it faults instead of corrupting. */
+#define LLM_DRY_BLOCK ((void *)(uintptr_t)64u)
+
+/* The port's rule (llm_memory) on the bytes left: the region `bytes` asked
+ * in `wanted` takes, charged to *m, or LLM_REGION_FLASH if none has room. */
+static llm_region memory_take(llm_memory *m, size_t bytes, llm_region wanted) {
+    const uint64_t cost =
+        m->block_overhead ? llm_align_up((uint64_t)bytes, 16u) + m->block_overhead : bytes;
+    llm_region r = wanted == LLM_REGION_BULK && m->bulk_is_fast ? LLM_REGION_FAST : wanted;
+    if (cost > m->free[r]) {
+        if (r != LLM_REGION_FAST || m->bulk_is_fast || cost > m->free[LLM_REGION_BULK])
+            return LLM_REGION_FLASH;
+        r = LLM_REGION_BULK;
+    }
+    if (m->free[r] != LLM_MEMORY_UNLIMITED) m->free[r] -= cost;
+    return r;
+}
+
+/* The port's alloc, or in a dry run its count (LLM_DRY_BLOCK). */
+static void *port_alloc(llm_engine *e, size_t bytes, llm_region wanted, llm_region *got) {
+    if (!e->dry) return e->port.alloc(e->port.ctx, bytes, wanted, got);
+    *got = memory_take(&e->left, bytes, wanted);
+    return *got == LLM_REGION_FLASH ? NULL : LLM_DRY_BLOCK;
+}
+
+/* Ask for `wanted`; the port may answer with another region. NULL if none.
+ * A dry run's blocks are recorded as not owned: llm_close frees none. */
 static void *place(llm_engine *e, const char *name, size_t bytes, llm_region wanted,
                    llm_region *placed) {
     llm_region got = wanted;
-    void *p = e->port.alloc(e->port.ctx, bytes, wanted, &got);
+    void *p = port_alloc(e, bytes, wanted, &got);
     if (p == NULL) return NULL;
     if ((uintptr_t)p % 16u != 0 || (unsigned)got >= LLM_REGION_COUNT) {
         /* a port breaking its contract would make PIE loads read wrong bytes */
         e->port.free(e->port.ctx, p);
         return NULL;
     }
-    record(e, name, got, bytes, p);
+    record(e, name, got, bytes, e->dry ? NULL : p);
     if (placed) *placed = got;
     return p;
 }
@@ -222,11 +249,12 @@ static void stage_mat(llm_engine *e, const char *name, const llm_wmat *src, llm_
         e->spilled_bytes += codes + scales;
         return;
     }
+    dst->region = got;
+    if (e->dry) return;
     memcpy(p, src->data, codes);
     if (scales) memcpy(p + codes, src->scales, scales);
     dst->w.data = p;
     dst->w.scales = src->scales != NULL ? (const float *)(void *)(p + codes) : NULL;
-    dst->region = got;
 }
 
 static const char *section_name(const llm_engine *e, uint32_t slot) {
@@ -254,8 +282,14 @@ static llm_status open_fail(llm_engine *e, llm_status st) {
 static llm_status check_certificate(llm_engine *e, const llm_wmat *src, const llm_tiles *t,
                                     llm_error *err) {
     const llm_q4 q = llm_wmat_q4(src); /* certified heads are int4 (image.c) */
+    const size_t seen_bytes = (t->rows + 7u) / 8u;
     llm_region seen_region;
-    uint8_t *seen = e->port.alloc(e->port.ctx, (t->rows + 7u) / 8u, LLM_REGION_FAST, &seen_region);
+    /* a dry run counts it (given back at once) and checks in real memory */
+    const llm_memory before = e->left;
+    if (e->dry && memory_take(&e->left, seen_bytes, LLM_REGION_FAST) == LLM_REGION_FLASH)
+        return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
+    e->left = before;
+    uint8_t *seen = e->port.alloc(e->port.ctx, seen_bytes, LLM_REGION_FAST, &seen_region);
     if (seen == NULL) return llm_fail(err, LLM_E_NOMEM, "no memory to check the head order");
     llm_status st = llm_head_check_order(t, seen, err);
     e->port.free(e->port.ctx, seen);
@@ -285,13 +319,13 @@ static void stage_tiles(llm_engine *e, const llm_tiles *t) {
     llm_head *h = &e->w.head;
     const size_t ids_bytes = llm_align_up((size_t)t->rows * 2u, 16u);
     uint16_t *ids = place(e, "head_ids", ids_bytes, LLM_REGION_BULK, &h->ids_region);
-    if (ids != NULL) memcpy(ids, t->order, (size_t)t->rows * 2u);
-    else e->spilled_bytes += ids_bytes;
-    h->ids = ids != NULL ? ids : t->order;
+    if (ids == NULL) e->spilled_bytes += ids_bytes;
+    else if (!e->dry) memcpy(ids, t->order, (size_t)t->rows * 2u);
+    h->ids = ids != NULL && !e->dry ? ids : t->order;
     const size_t box_bytes = (size_t)t->n_tiles * 2u * h->cols_padded;
     const size_t sc_bytes = llm_align_up((size_t)t->n_tiles * sizeof(float), 16u);
     uint8_t *b = place(e, "head_tiles", sc_bytes + box_bytes, LLM_REGION_FAST, &h->boxes_region);
-    if (b != NULL) {
+    if (b != NULL && !e->dry) {
         memcpy(b, t->scales, (size_t)t->n_tiles * sizeof(float));
         memcpy(b + sc_bytes, t->boxes, box_bytes);
         h->tile_scale = (const float *)(void *)b;
@@ -299,7 +333,7 @@ static void stage_tiles(llm_engine *e, const llm_tiles *t) {
     } else {
         h->tile_scale = t->scales;
         h->boxes = t->boxes;
-        e->spilled_bytes += sc_bytes + box_bytes;
+        if (b == NULL) e->spilled_bytes += sc_bytes + box_bytes;
     }
     h->tile_rows = t->tile_rows;
     h->n_tiles = t->n_tiles;
@@ -352,9 +386,24 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
         h->rows_region = m.region;
         return LLM_OK;
     }
-    stage_rows_in_tile_order(h, &src, &t, p, got);
+    if (e->dry) {
+        h->w = src;
+        h->rows_region = got;
+    } else {
+        stage_rows_in_tile_order(h, &src, &t, p, got);
+    }
     stage_tiles(e, &t);
     return LLM_OK;
+}
+
+/* The options against a checked image. */
+static llm_status check_context(const llm_image_info *info, const llm_open_options *options,
+                                llm_error *err) {
+    const uint32_t context = options != NULL ? options->context : 0u;
+    if (context > info->config.seq_len)
+        return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
+                        (unsigned long)context, (unsigned long)info->config.seq_len);
+    return llm_engine_ok(err);
 }
 
 /* What llm_open_with checks before it allocates: the bytes, then the options
@@ -362,12 +411,7 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
 static llm_status check_open(const uint8_t *image, size_t len, const llm_open_options *options,
                              llm_image_info *info, llm_error *err) {
     llm_status st = llm_image_check(image, len, info, err);
-    if (st != LLM_OK) return st;
-    const uint32_t context = options != NULL ? options->context : 0u;
-    if (context > info->config.seq_len)
-        return llm_fail(err, LLM_E_ARG, "context %lu exceeds the image's seq_len %lu",
-                        (unsigned long)context, (unsigned long)info->config.seq_len);
-    return llm_engine_ok(err);
+    return st != LLM_OK ? st : check_context(info, options, err);
 }
 
 llm_status llm_check_open(const uint8_t *image, size_t len, const llm_open_options *options,
@@ -381,8 +425,10 @@ llm_status llm_check_image(const uint8_t *image, size_t len, llm_error *err) {
 }
 
 /* The engine struct, its layer table and its placement list: one FAST
- * block, the first thing placed (NULL: no memory). */
-static llm_engine *engine_block(const llm_image_info *info, const llm_port *port, llm_error *err) {
+ * block, the first thing placed (NULL: no memory). `dry`: the memory a dry
+ * run counts against (NULL: a real open). */
+static llm_engine *engine_block(const llm_image_info *info, const llm_port *port,
+                                const llm_memory *dry, llm_error *err) {
     const uint32_t cap = info->n_sections + 16u;
     const size_t off_layers = llm_align_up(sizeof(llm_engine), 16u);
     const size_t off_place = off_layers + llm_align_up((size_t)info->config.n_layers *
@@ -390,7 +436,14 @@ static llm_engine *engine_block(const llm_image_info *info, const llm_port *port
     const size_t off_owned = off_place + llm_align_up((size_t)cap * sizeof(llm_placement), 16u);
     const size_t total = off_owned + (size_t)cap * sizeof(void *);
     llm_region got = LLM_REGION_FAST;
-    uint8_t *base = port->alloc(port->ctx, total, LLM_REGION_FAST, &got);
+    llm_memory left = dry != NULL ? *dry : (llm_memory){{0}, 0, 0};
+    /* a dry run's engine struct is real memory (its scratch) but counted in
+     * the plan where a real open's would go */
+    if (dry != NULL) got = memory_take(&left, total, LLM_REGION_FAST);
+    llm_region real_got = got;
+    uint8_t *base = got == LLM_REGION_FLASH ? NULL
+                                            : port->alloc(port->ctx, total, LLM_REGION_FAST,
+                                                          dry != NULL ? &real_got : &got);
     if (base == NULL) {
         llm_fail(err, LLM_E_NOMEM, "no memory for the engine state (%lu bytes)",
                  (unsigned long)total);
@@ -405,6 +458,8 @@ static llm_engine *engine_block(const llm_image_info *info, const llm_port *port
     e->placements = (llm_placement *)(void *)(base + off_place);
     e->owned = (void **)(void *)(base + off_owned);
     e->cap_placements = cap;
+    e->dry = dry != NULL;
+    e->left = left;
     record(e, "engine", got, total, e);
     return e;
 }
@@ -444,6 +499,7 @@ static llm_status place_activations(llm_engine *e, const col_layout *lay, llm_er
     if (a == NULL)
         return llm_fail(err, LLM_E_NOMEM, "no memory for activations (%lu bytes)",
                         (unsigned long)bytes);
+    if (e->dry) return LLM_OK;
     memset(a, 0, bytes);
     s->n_cols = 1;
     col_init(s, 0, a, lay);
@@ -504,7 +560,7 @@ static llm_status place_v_floats(llm_engine *e, llm_error *err) {
     if (v == NULL)
         return llm_fail(err, LLM_E_NOMEM, "no memory for plain mode's float V cache (%lu bytes)",
                         (unsigned long)bytes);
-    memset(v, 0, (size_t)bytes);
+    if (!e->dry) memset(v, 0, (size_t)bytes);
     e->s.kv_v_floats = v;
     return LLM_OK;
 }
@@ -580,10 +636,11 @@ static llm_status place_kv_cache(llm_engine *e, llm_error *err) {
     if (kv == NULL)
         return llm_fail(err, LLM_E_NOMEM, "no memory for the KV cache (%lu bytes)",
                         (unsigned long)kv64);
+    e->s.v_stride = (v_floats ? 2u : 1u) * c->kv_dim; /* (open_placed's plain rule reads it) */
+    if (e->dry) return LLM_OK;
     memset(kv, 0, (size_t)kv64);
     e->s.kv_k = (float *)(void *)kv;
     e->s.kv_v = (int16_t *)(void *)(kv + k_bytes);
-    e->s.v_stride = (v_floats ? 2u : 1u) * c->kv_dim;
     e->s.kv_scale = (float *)(void *)(kv + k_bytes + v_bytes);
     e->s.rng_at = (llm_rng *)(void *)(kv + (kv64 - rng_bytes));
     return LLM_OK;
@@ -600,7 +657,7 @@ static void place_batch(llm_engine *e, const col_layout *lay) {
         cols_bytes + cand_bytes +
         llm_align_up(LLM_HEAD_MANY_SCRATCH(e->w.head.n_tiles, e->w.head.tile_rows), 16u);
     uint8_t *batch = place(e, "batch", batch_bytes, LLM_REGION_BULK, NULL);
-    if (batch == NULL) return;
+    if (batch == NULL || e->dry) return;
     memset(batch, 0, batch_bytes);
     s->n_cols = LLM_BATCH_MAX;
     for (uint32_t k = 1; k < LLM_BATCH_MAX; k++)
@@ -632,6 +689,7 @@ static void stage_norms(llm_engine *e) {
         record(e, "norms", LLM_REGION_FLASH, bytes, NULL);
         e->spilled_bytes += bytes;
     }
+    if (e->dry) return;
     if (P != 0) e->w.ple_proj_norm = stage_norm(e, LLM_SEC_PLE_PROJ_NORM, P, &at);
     for (uint32_t l = 0; l < L; l++) {
         const uint32_t s0 = LLM_SEC_LAYER0 + LLM_LSEC_COUNT * l;
@@ -678,18 +736,25 @@ static void stage_core(llm_engine *e) {
  * otherwise get (the emulated N8 read 76 KB of the core from flash at context
  * 64 while the batch took 75 KB of internal SRAM). `head_in_place`: the head
  * read in place from flash (llm_open_with's second try); `plain`: plain
- * mode's float V placed as a required buffer; *head_staged: the head's rows
- * took RAM (set on a failure too). */
+ * mode's float V placed as a required buffer; `dry`: counted, not placed
+ * (llm_plan_open); *head_staged: the head's rows took RAM (set on a failure
+ * too). A dry run's engine is returned before the forward pass's state is
+ * set: it holds only the placement list. */
+typedef struct open_how {
+    uint32_t context;
+    int plain, head_in_place;
+    const llm_memory *dry;
+} open_how;
+
 static llm_status open_placed(llm_engine **out, const llm_image_info *info, const llm_port *port,
-                              uint32_t context, int plain, int head_in_place, int *head_staged,
-                              llm_error *err) {
-    llm_engine *e = engine_block(info, port, err);
+                              const open_how *how, int *head_staged, llm_error *err) {
+    llm_engine *e = engine_block(info, port, how->dry, err);
     if (e == NULL) return LLM_E_NOMEM;
     /* every buffer sized by seq_len is sized by the context; the RoPE table
      * (in the image) keeps the image's */
-    if (context != 0u) e->cfg.seq_len = context;
+    if (how->context != 0u) e->cfg.seq_len = how->context;
     read_in_place(e);
-    llm_status st = stage_head(e, head_in_place, err);
+    llm_status st = stage_head(e, how->head_in_place, err);
     col_layout lay;
     const col_needs needs = col_needs_of(e);
     col_layout_init(&lay, &e->cfg, e->w.head.cols_padded, &needs);
@@ -697,19 +762,20 @@ static llm_status open_placed(llm_engine **out, const llm_image_info *info, cons
     if (st == LLM_OK) st = place_logits(e, err);
     if (st == LLM_OK) st = place_kv_cache(e, err);
     /* (the rule of llm_set_plain: V rows that hold only dots get their floats) */
-    if (st == LLM_OK && plain && e->s.v_stride == e->cfg.kv_dim && e->s.kv_v_floats == NULL)
+    if (st == LLM_OK && how->plain && e->s.v_stride == e->cfg.kv_dim && e->s.kv_v_floats == NULL)
         st = place_v_floats(e, err);
     *head_staged = e->w.head.rows_region != LLM_REGION_FLASH;
     if (st != LLM_OK) return open_fail(e, st);
     stage_norms(e);
     stage_core(e);
     place_batch(e, &lay);
+    *out = e;
+    if (e->dry) return llm_engine_ok(err);
 
     e->inv_sqrt_dim = 1.0f / sqrtf((float)e->cfg.dim);
     e->sqrt_ple_dim = sqrtf((float)e->cfg.ple_dim);
     e->inv_sqrt_head_dim = 1.0f / sqrtf((float)e->cfg.head_dim);
     llm_reset(e);
-    *out = e;
     return llm_engine_ok(err);
 }
 
@@ -718,22 +784,68 @@ static llm_status open_placed(llm_engine **out, const llm_image_info *info, cons
  * place from flash: a head read from flash costs less than a context that
  * does not open (on a board without PSRAM the head and the KV cache compete
  * for the same internal SRAM). Placement never changes a result. */
-llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
-                         const llm_port *port, const llm_open_options *options,
-                         llm_error *err) {
+/* `checked`: the image's llm_image_check already passed (a plan's), or NULL.
+ * A dry run's info goes back through *checked_out. */
+static llm_status open_or_plan(llm_engine **out, const uint8_t *image, size_t len,
+                               const llm_port *port, const llm_open_options *options,
+                               const llm_memory *dry, const llm_image_info *checked,
+                               llm_image_info *checked_out, llm_error *err) {
     if (out == NULL) return llm_fail(err, LLM_E_ARG, "llm_open: out is NULL");
     *out = NULL;
     if (port == NULL || port->alloc == NULL || port->free == NULL || port->now_us == NULL)
         return llm_fail(err, LLM_E_ARG, "llm_open: port needs alloc, free and now_us");
     llm_image_info info;
-    llm_status st = check_open(image, len, options, &info, err);
+    llm_status st = checked != NULL ? check_context(checked, options, err)
+                                    : check_open(image, len, options, &info, err);
     if (st != LLM_OK) return st;
-    const uint32_t context = options != NULL ? options->context : 0u;
-    const int plain = options != NULL && options->plain != 0;
+    if (checked != NULL) info = *checked;
+    if (checked_out != NULL) *checked_out = info;
+    open_how how = {options != NULL ? options->context : 0u,
+                    options != NULL && options->plain != 0, 0, dry};
     int head_staged = 0;
-    st = open_placed(out, &info, port, context, plain, 0, &head_staged, err);
+    st = open_placed(out, &info, port, &how, &head_staged, err);
     if (st != LLM_E_NOMEM || !head_staged) return st;
-    return open_placed(out, &info, port, context, plain, 1, &head_staged, err);
+    how.head_in_place = 1;
+    return open_placed(out, &info, port, &how, &head_staged, err);
+}
+
+llm_status llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                         const llm_port *port, const llm_open_options *options,
+                         llm_error *err) {
+    return open_or_plan(out, image, len, port, options, NULL, NULL, NULL, err);
+}
+
+/* llm_open_with's own steps run dry (open_placed's `dry`): the plan is what
+ * the open would place because it is the open, minus the bytes. */
+llm_status llm_plan_open(llm_plan *out, const uint8_t *image, size_t len, const llm_port *port,
+                         const llm_memory *memory, const llm_open_options *options,
+                         llm_error *err) {
+    if (out == NULL || memory == NULL || (out->blocks == NULL && out->cap != 0))
+        return llm_fail(err, LLM_E_ARG, "llm_plan_open: out, its blocks and memory are needed");
+    const struct llm_checked was = out->checked;
+    const int reuse = was.data != NULL && was.data == image && was.len == len;
+    if (was.data != NULL && !reuse)
+        return llm_fail(err, LLM_E_ARG, "llm_plan_open: out->checked is another image's");
+    const llm_image_info known = {was.data, was.len, was.config, was.n_sections};
+    llm_image_info info = known;
+    out->n = 0;
+    out->spilled = 0;
+    out->seq_len = out->image_seq_len = 0;
+    llm_engine *e = NULL;
+    const llm_status st = open_or_plan(&e, image, len, port, options, memory,
+                                       reuse ? &known : NULL, &info, err);
+    if (info.data != NULL) {
+        out->checked = (struct llm_checked){info.data, info.len, info.config, info.n_sections};
+        out->image_seq_len = info.config.seq_len;
+    }
+    if (st != LLM_OK) return st;
+    out->n = e->n_placements;
+    for (uint32_t i = 0; i < e->n_placements && i < out->cap; i++)
+        out->blocks[i] = e->placements[i];
+    out->spilled = e->spilled_bytes;
+    out->seq_len = e->cfg.seq_len;
+    llm_close(e);
+    return LLM_OK;
 }
 
 llm_status llm_open(llm_engine **out, const uint8_t *image, size_t len, const llm_port *port,

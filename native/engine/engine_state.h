@@ -179,6 +179,11 @@ struct llm_engine {
     void **owned;
     uint32_t n_placements, cap_placements;
     uint64_t spilled_bytes; /* weights meant for RAM, read in place instead */
+    /* llm_plan_open's dry run: every block counted against `left` by the
+     * port's rule, none allocated (place() hands out LLM_DRY_BLOCK, which
+     * nothing writes) */
+    int dry;
+    llm_memory left;
 };
 
 /* kv_wide's bits */

@@ -59,6 +59,21 @@ typedef enum llm_region {
  */
 typedef void (*llm_rows_fn)(void *arg, uint32_t row_begin, uint32_t row_end);
 
+/* A board's memory as llm_plan counts it: the bytes FAST and BULK can still
+ * give (LLM_MEMORY_UNLIMITED: no limit; FLASH's entry is unused), what a
+ * block costs beyond its bytes, and whether BULK is served from FAST's bytes
+ * (a board without PSRAM). The port's rule, which llm_plan follows: a FAST
+ * request that does not fit goes to BULK (unless bulk_is_fast), a BULK
+ * request that does not fit fails. */
+#define LLM_MEMORY_UNLIMITED UINT64_MAX
+typedef struct llm_memory {
+    uint64_t free[LLM_REGION_COUNT];
+    /* 0: a block costs its bytes; else its bytes rounded up to 16 plus this
+     * (the ESP32 port's prefix) */
+    uint32_t block_overhead;
+    int bulk_is_fast;
+} llm_memory;
+
 typedef struct llm_port {
     void *ctx;
     void *(*alloc)(void *ctx, size_t bytes, llm_region wanted, llm_region *placed);
@@ -71,6 +86,9 @@ typedef struct llm_port {
      * the range. Each index is done by exactly one call and never reorders a
      * float reduction: results are identical however the range is divided. */
     void (*parallel_rows)(void *ctx, llm_rows_fn fn, void *arg, uint32_t rows);
+    /* Optional (NULL: unknown, a binding then opens without a plan): what
+     * alloc can still give, as llm_plan counts it. */
+    void (*memory)(void *ctx, llm_memory *out);
 } llm_port;
 
 typedef struct llm_config {
@@ -155,6 +173,7 @@ uint32_t llm_image_seq_len(const llm_engine *e);
  * in RAM as the image asks. */
 uint64_t llm_spilled_bytes(const llm_engine *e);
 void llm_close(llm_engine *e);
+
 /* What llm_open checks of the bytes (header, sections, checksums, layout),
  * without allocating: a binding can refuse a bad image before it gives up
  * the model it has open. */
@@ -305,6 +324,37 @@ typedef struct llm_placement {
 } llm_placement;
 uint32_t llm_placement_count(const llm_engine *e);
 const llm_placement *llm_placement_at(const llm_engine *e, uint32_t i);
+
+/* What llm_open_with would place in `memory`, without placing it: the same
+ * open run dry (every block counted against `memory` by the port's rule
+ * instead of allocated, nothing copied), so there is one set of placement
+ * rules. `port` gives only the dry run's own scratch (the engine struct and
+ * the head certificate's check, freed before return; counted in `memory`
+ * as a real open's). LLM_OK: it opens, and blocks[0..n) are what
+ * llm_placement_at would list after the open (n may exceed cap: only cap
+ * are written); spilled is llm_spilled_bytes, seq_len the context. Else the
+ * status and message the open would give. image_seq_len: the image's
+ * seq_len once its checks passed (whether or not it opens), else 0. */
+typedef struct llm_plan {
+    llm_placement *blocks; /* the caller's array of cap entries (may be NULL with cap 0) */
+    uint32_t cap, n;
+    uint64_t spilled;
+    uint32_t seq_len, image_seq_len;
+    /* The image as its checks left it (zeroed: not checked). Kept from one
+     * call to the next on the same bytes (checked.data == image, same len),
+     * the next plan skips the image's checks (its checksums read every
+     * byte): the bytes must not have changed since, as for an open engine.
+     * Anything else in it is refused. */
+    struct llm_checked {
+        const uint8_t *data;
+        size_t len;
+        llm_config config;
+        uint32_t n_sections;
+    } checked;
+} llm_plan;
+llm_status llm_plan_open(llm_plan *out, const uint8_t *image, size_t len, const llm_port *port,
+                         const llm_memory *memory, const llm_open_options *options,
+                         llm_error *err);
 
 /* "mpllm 0.1.0 kernels=ref numerics=exact-int8act" style summary. */
 const char *llm_build_info(void);

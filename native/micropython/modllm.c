@@ -339,6 +339,85 @@ static mp_obj_t llm_selftest_fn(void) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_0(llm_selftest_obj, llm_selftest_fn);
 
+/* An optional int argument (None: not given). */
+static int llm_opt_int(mp_obj_t o, const char *what, llm_bind_int *out) {
+    if (o == mp_const_none) {
+        return 0;
+    }
+    *out = llm_int(o, what, 63);
+    return 1;
+}
+
+/* One llm_bind_plan through a port of the platform taken for it (raising
+ * only once it is given back). */
+static void llm_plan_run(const uint8_t *data, size_t len, const llm_bind_plan_args *a,
+    llm_placement *blocks, uint32_t cap, llm_bind_plan_out *out, llm_bind_error *e) {
+    mpllm_port_t port;
+    llm_error err;
+    if (mpllm_port_init(&port, &err) != LLM_OK) {
+        llm_bind_status(&err, e);
+        llm_raise(e);
+    }
+    llm_bind_plan(mpllm_port_get(&port), data, len, a, blocks, cap, out, e);
+    mpllm_port_deinit(&port);
+    if (e->kind != LLM_BIND_OK) {
+        llm_raise(e);
+    }
+}
+
+/* plan(image, *, fast=None, bulk=None, context=0, plain=False,
+ * bulk_is_fast=None, block_overhead=None): _llm.pyi. Every argument is read
+ * (which may raise) before the port is taken, and the port given back
+ * before the result is built, so no exception leaves it taken. */
+static mp_obj_t llm_plan_fn(size_t n_args, const mp_obj_t *pos, mp_map_t *kw) {
+    enum { ARG_image, ARG_fast, ARG_bulk, ARG_context, ARG_plain, ARG_bulk_is_fast, ARG_overhead };
+    static const mp_arg_t allowed[] = {
+        { MP_QSTR_image, MP_ARG_REQUIRED | MP_ARG_OBJ, {.u_obj = MP_OBJ_NULL} },
+        { MP_QSTR_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+        { MP_QSTR_bulk, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+        { MP_QSTR_context, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+        { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_BOOL, {.u_bool = false} },
+        { MP_QSTR_bulk_is_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+        { MP_QSTR_block_overhead, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+    };
+    mp_arg_val_t v[MP_ARRAY_SIZE(allowed)];
+    mp_arg_parse_all(n_args, pos, kw, MP_ARRAY_SIZE(allowed), allowed, v);
+    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, v[ARG_plain].u_bool};
+    a.fast_given = llm_opt_int(v[ARG_fast].u_obj, "plan() fast", &a.fast);
+    a.bulk_given = llm_opt_int(v[ARG_bulk].u_obj, "plan() bulk", &a.bulk);
+    llm_opt_int(v[ARG_context].u_obj, "plan() context", &a.context);
+    a.overhead_given = llm_opt_int(v[ARG_overhead].u_obj, "plan() block_overhead",
+        &a.block_overhead);
+    a.bulk_is_fast_given = v[ARG_bulk_is_fast].u_obj != mp_const_none;
+    a.bulk_is_fast = a.bulk_is_fast_given && mp_obj_is_true(v[ARG_bulk_is_fast].u_obj);
+    mp_buffer_info_t buf;
+    mp_get_buffer_raise(v[ARG_image].u_obj, &buf, MP_BUFFER_READ);
+    const uint8_t *data = buf.buf;
+    /* volatile: held on the stack, where the GC finds it, until the result is built */
+    uint8_t *volatile copy = NULL;
+    if (((uintptr_t)data & 15u) != 0) { /* the engine reads the image 16-byte aligned */
+        copy = m_new(uint8_t, buf.len + 16u);
+        data = (const uint8_t *)(((uintptr_t)copy + 15u) & ~(uintptr_t)15u);
+        memcpy((uint8_t *)data, buf.buf, buf.len);
+    }
+    /* twice: the first plan says how many blocks the second keeps (a port is
+     * taken for each, its scratch, and given back before anything can raise) */
+    llm_placement *blocks = NULL;
+    llm_bind_plan_out out;
+    for (uint32_t cap = 0;; cap = out.plan.n) {
+        llm_bind_error e;
+        llm_plan_run(data, buf.len, &a, blocks, cap, &out, &e);
+        if (!out.opens || cap != 0) {
+            break;
+        }
+        blocks = m_new(llm_placement, out.plan.n + 1u);
+    }
+    mp_obj_t d = llm_plan_dict(&out);
+    copy = NULL;
+    return d;
+}
+static MP_DEFINE_CONST_FUN_OBJ_KW(llm_plan_obj, 1, llm_plan_fn);
+
 static const MP_DEFINE_STR_OBJ(llm_version_obj, LLM_VERSION);
 
 static const mp_rom_map_elem_t llm_module_globals_table[] = {
@@ -347,6 +426,7 @@ static const mp_rom_map_elem_t llm_module_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_Error), MP_ROM_PTR(&llm_type_Error) },
     { MP_ROM_QSTR(MP_QSTR_build_info), MP_ROM_PTR(&llm_build_info_obj) },
     { MP_ROM_QSTR(MP_QSTR_selftest), MP_ROM_PTR(&llm_selftest_obj) },
+    { MP_ROM_QSTR(MP_QSTR_plan), MP_ROM_PTR(&llm_plan_obj) },
     { MP_ROM_QSTR(MP_QSTR___version__), MP_ROM_PTR(&llm_version_obj) },
     { MP_ROM_QSTR(MP_QSTR_MAX_TOP_K), MP_ROM_INT(LLM_BIND_MAX_TOP_K) },
 };

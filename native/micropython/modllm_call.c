@@ -265,3 +265,10 @@ mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines) {
     mp_obj_dict_store(b.at[0], MP_OBJ_NEW_QSTR(MP_QSTR_lines), lines);
     return b.at[0];
 }
+
+mp_obj_t llm_plan_dict(const llm_bind_plan_out *out) {
+    llm_builder b = {{mp_const_none}};
+    const llm_bind_sink sink = {llm_put, &b};
+    llm_bind_plan_result(out, &sink);
+    return b.at[0];
+}

@@ -46,5 +46,7 @@ void llm_interrupts_allow(int held);
 llm_bind_int llm_int(mp_obj_t o, const char *what, int bits);
 /* selftest()'s dict: the core's summary plus the lines. */
 mp_obj_t llm_selftest_dict(const llm_bind_selftest *t, mp_obj_t lines);
+/* plan()'s dict (llm_bind_plan_result). */
+mp_obj_t llm_plan_dict(const llm_bind_plan_out *out);
 
 #endif

@@ -9,6 +9,8 @@
 #include "mod_llm_call.h"
 
 #include "selftest.h"
+#include "align_up.h"
+#include "port_host.h"
 
 
 #define METHOD(name, doc)                                                              \
@@ -231,10 +233,77 @@ static PyObject *mod_build_info(PyObject *module, PyObject *Py_UNUSED(ignored)) 
     return PyUnicode_FromString(llm_build_info());
 }
 
+/* An optional int argument: not given or None leaves *given 0. */
+static int opt_int(PyObject *obj, const char *what, llm_bind_int *out, int *given) {
+    *given = obj != NULL && obj != Py_None;
+    return !*given || int_arg(obj, what, 0, out);
+}
+
+/* The plan with n blocks kept (a second dry run once the first said how
+ * many), as the dict. `data` 16-byte aligned. */
+static PyObject *plan_of(PyObject *module, const uint8_t *data, size_t len,
+                         const llm_bind_plan_args *a) {
+    llm_host_port hp; /* scratch only: unlimited, the memory is the arguments' */
+    llm_port_host_init(&hp);
+    llm_bind_plan_out out;
+    llm_bind_error e;
+    llm_placement *blocks = NULL;
+    if (llm_bind_plan(&hp.port, data, len, a, NULL, 0, &out, &e) == LLM_BIND_OK && out.opens) {
+        const uint32_t n = out.plan.n;
+        blocks = PyMem_Malloc((size_t)n * sizeof *blocks + 1u);
+        if (blocks == NULL) return PyErr_NoMemory();
+        llm_bind_plan(&hp.port, data, len, a, blocks, n, &out, &e);
+    }
+    PyObject *d = e.kind == LLM_BIND_OK ? plan_dict(&out) : NULL;
+    if (e.kind != LLM_BIND_OK)
+        raise_bind(((module_state *)PyModule_GetState(module))->error, &e);
+    PyMem_Free(blocks);
+    return d;
+}
+
+static PyObject *mod_plan(PyObject *module, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"image", "fast", "bulk", "context", "plain", "bulk_is_fast",
+                         "block_overhead", NULL};
+    PyObject *image, *fast = NULL, *bulk = NULL, *context = NULL, *bulk_is_fast = NULL,
+                     *overhead = NULL;
+    int plain = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOpOO:plan", kw, &image, &fast, &bulk,
+                                     &context, &plain, &bulk_is_fast, &overhead))
+        return NULL;
+    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, plain};
+    int context_given;
+    if (!opt_int(fast, "plan() fast", &a.fast, &a.fast_given) ||
+        !opt_int(bulk, "plan() bulk", &a.bulk, &a.bulk_given) ||
+        !opt_int(context, "plan() context", &a.context, &context_given) ||
+        !opt_int(overhead, "plan() block_overhead", &a.block_overhead, &a.overhead_given))
+        return NULL;
+    a.bulk_is_fast_given = bulk_is_fast != NULL && bulk_is_fast != Py_None;
+    if (a.bulk_is_fast_given && (a.bulk_is_fast = PyObject_IsTrue(bulk_is_fast)) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(image, &view, PyBUF_SIMPLE) != 0) return NULL;
+    /* the engine reads the image 16-byte aligned: a buffer that is not is copied */
+    uint8_t *copy = NULL;
+    const uint8_t *data = view.buf;
+    if (((uintptr_t)data & 15u) != 0) {
+        copy = PyMem_Malloc((size_t)view.len + 16u);
+        if (copy == NULL) return PyBuffer_Release(&view), PyErr_NoMemory();
+        data = (const uint8_t *)llm_align_up((uintptr_t)copy, 16u);
+        memcpy((uint8_t *)data, view.buf, (size_t)view.len);
+    }
+    PyObject *d = plan_of(module, data, (size_t)view.len, &a);
+    PyMem_Free(copy);
+    PyBuffer_Release(&view);
+    return d;
+}
+
 static PyMethodDef module_methods[] = {
     {"selftest", mod_selftest, METH_NOARGS,
      "Every PIE kernel against its reference, and the silicon probes: a dict (and a "
      "summary line). On a PC the PIE kernels run through the host model."},
+    {"plan", (PyCFunction)(void (*)(void))mod_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(image, *, fast=None, bulk=None, context=0, plain=False, bulk_is_fast=None, "
+     "block_overhead=None) -> dict: where opening the image would place every block, without "
+     "opening it (opens, why, context, spilled, blocks)."},
     {"build_info", mod_build_info, METH_NOARGS,
      "Version, kernels (ref / pie / pie-emu), numerics mode and placement plan."},
     {NULL, NULL, 0, NULL},

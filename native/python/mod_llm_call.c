@@ -239,3 +239,9 @@ PyObject *selftest_dict(const llm_bind_selftest *t) {
     const llm_bind_sink sink = {put, &b};
     return result(&b, llm_bind_selftest_result(t, &sink));
 }
+
+PyObject *plan_dict(const llm_bind_plan_out *out) {
+    builder b = {{NULL}};
+    const llm_bind_sink sink = {put, &b};
+    return result(&b, llm_bind_plan_result(out, &sink));
+}

@@ -39,6 +39,8 @@ int poll_signals(void *ctx);
 /* An int as the core reads it (bool refused; u64: its 64 bits); 0 with the
  * exception set when it is not one. */
 int int_arg(PyObject *obj, const char *what, int u64, llm_bind_int *out);
+/* _llm.plan()'s dict (llm_bind_plan_result). */
+PyObject *plan_dict(const llm_bind_plan_out *out);
 /* selftest()'s dict: the core's summary (NULL with an exception on failure). */
 PyObject *selftest_dict(const llm_bind_selftest *t);
 

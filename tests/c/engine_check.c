@@ -413,9 +413,36 @@ static void check_k_dots_memory(const uint8_t *img, size_t len) {
     printf("k_dots memory: its scratch placed once, refused without room\n");
 }
 
+/* The plan (llm_plan_open) against the open it plans, under the same port:
+ * the same status and message, and when it opens the same blocks (name,
+ * region, bytes, in order), spilled bytes and context. Counted in
+ * plans_checked. */
+static uint32_t plans_checked;
+static void expect_plan_is_open(const llm_plan *plan, llm_status planned, const char *plan_msg,
+                                const llm_engine *e, llm_status opened, const char *open_msg,
+                                uint32_t context) {
+    plans_checked++;
+    EXPECT(planned == opened && (opened == LLM_OK || strcmp(plan_msg, open_msg) == 0),
+           "context %u: plan %d (%s), open %d (%s)", context, (int)planned, plan_msg,
+           (int)opened, open_msg);
+    if (planned != LLM_OK || opened != LLM_OK) return;
+    int same = plan->n == llm_placement_count(e) && plan->spilled == llm_spilled_bytes(e) &&
+               plan->seq_len == llm_get_config(e)->seq_len;
+    for (uint32_t i = 0; same && i < plan->n && i < plan->cap; i++) {
+        const llm_placement *p = llm_placement_at(e, i), *q = &plan->blocks[i];
+        same = strcmp(p->name, q->name) == 0 && p->region == q->region && p->bytes == q->bytes;
+        EXPECT(same, "context %u: block %u planned %s %d %u, placed %s %d %u", context, i,
+               q->name, (int)q->region, q->bytes, p->name, (int)p->region, p->bytes);
+    }
+    EXPECT(same, "context %u: plan of %u blocks (spilled %llu) is not the open's %u (%llu)",
+           context, plan->n, (unsigned long long)plan->spilled, llm_placement_count(e),
+           (unsigned long long)llm_spilled_bytes(e));
+}
+
 /* Whether the model opens at `context` under these caps, in plain mode if
  * asked (its float V placed too); closed again. *spilled gets what it read
- * in place (llm_spilled_bytes). */
+ * in place (llm_spilled_bytes). The plan of the same open is checked
+ * against it (expect_plan_is_open). */
 static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_t fast_cap,
                        uint64_t bulk_cap, int plain, uint64_t *spilled) {
     llm_host_port hp;
@@ -423,13 +450,66 @@ static int opens_under(const uint8_t *img, size_t len, uint32_t context, uint64_
     hp.capacity[LLM_REGION_FAST] = fast_cap;
     hp.capacity[LLM_REGION_BULK] = bulk_cap;
     const llm_open_options o = {context, plain};
+    llm_placement blocks[256];
+    llm_plan plan = {.blocks = blocks, .cap = 256u};
+    llm_memory memory;
+    hp.port.memory(hp.port.ctx, &memory);
+    llm_error plan_err, err;
+    const llm_status planned = llm_plan_open(&plan, img, len, &hp.port, &memory, &o, &plan_err);
+    EXPECT(hp.live_blocks == 0, "context %u: the plan left %u blocks", context, hp.live_blocks);
     llm_engine *e = NULL;
-    llm_error err;
-    if (llm_open_with(&e, img, len, &hp.port, &o, &err) != LLM_OK) return 0;
+    const llm_status opened = llm_open_with(&e, img, len, &hp.port, &o, &err);
+    expect_plan_is_open(&plan, planned, plan_err.message, e, opened, err.message, context);
+    if (opened != LLM_OK) return 0;
     const int ok = !plain || llm_set_plain(e, 1, &err) == LLM_OK;
     *spilled = llm_spilled_bytes(e);
     llm_close(e);
     return ok;
+}
+
+/* A plan's `checked` (the image as its checks left it) handed to the next
+ * plan of the same bytes gives the same plan; handed to other bytes (a
+ * copy, or a corrupted image) it is refused, never trusted. */
+static void check_plan_reuse(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_memory memory;
+    hp.port.memory(hp.port.ctx, &memory);
+    llm_placement first[256], again[256];
+    llm_plan a = {.blocks = first, .cap = 256u}, b = {.blocks = again, .cap = 256u};
+    llm_error err;
+    EXPECT(llm_plan_open(&a, img, len, &hp.port, &memory, NULL, &err) == LLM_OK &&
+               a.checked.data == img && a.checked.len == len,
+           "plan: %s", err.message);
+    b.checked = a.checked;
+    EXPECT(llm_plan_open(&b, img, len, &hp.port, &memory, NULL, &err) == LLM_OK && b.n == a.n &&
+               memcmp(first, again, a.n * sizeof first[0]) == 0,
+           "a plan reusing the checks differs: %s", err.message);
+    uint8_t *copy = aligned_copy(img, len);
+    b.checked = a.checked;
+    const llm_status st = llm_plan_open(&b, copy, len, &hp.port, &memory, NULL, &err);
+    EXPECT(st == LLM_E_ARG && strstr(err.message, "another image's") != NULL,
+           "another image's checks: status %d, %s", (int)st, err.message);
+    free(copy);
+    EXPECT(hp.live_blocks == 0, "plans left %u blocks", hp.live_blocks);
+    printf("plan reuse: the checks kept for the same bytes, refused for others\n");
+}
+
+/* The opens made: engine_check is linked with --wrap=llm_open_with
+ * (tests/test_engine_errors.py), so every call of it, the binding's
+ * included, comes here first. A plan (llm_plan_open) is not an open. */
+static uint32_t opens_made;
+llm_status __real_llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                                const llm_port *port, const llm_open_options *options,
+                                llm_error *err);
+llm_status __wrap_llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                                const llm_port *port, const llm_open_options *options,
+                                llm_error *err);
+llm_status __wrap_llm_open_with(llm_engine **out, const uint8_t *image, size_t len,
+                                const llm_port *port, const llm_open_options *options,
+                                llm_error *err) {
+    opens_made++;
+    return __real_llm_open_with(out, image, len, port, options, err);
 }
 
 /* The least BULK cap (FAST capped at fast_cap) under which the model opens
@@ -517,6 +597,7 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
     const uint32_t seq = llm_get_config(e)->seq_len;
     const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
     llm_close(e);
+    uint32_t most_opens = 0;
     const uint32_t least = seq / 2u < 64u ? seq / 2u : 64u;
     const uint32_t story = seq < 256u ? seq : 256u;
     int by_seq = 0, by_story = 0, in_ram = 0, longest = 0, refused = 0;
@@ -553,16 +634,21 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
                        "shared %d plain %d cap %llu: the seq_len asked for was changed", shared,
                        plain, (unsigned long long)bulk_cap);
                 if (asked == LLM_BIND_OK) llm_bind_close(&m);
+                opens_made = 0;
                 const llm_bind_kind kind = llm_bind_open(&m, img, len, plain, 0, 0, NULL, &err);
                 const uint32_t got = kind == LLM_BIND_OK ? llm_get_config(m.engine)->seq_len : 0u;
+                /* one open, or none where the plans say no context opens */
+                EXPECT(opens_made == (want != 0u), "shared %d plain %d cap %llu: %u opens",
+                       shared, plain, (unsigned long long)bulk_cap, opens_made);
+                if (opens_made > most_opens) most_opens = opens_made;
                 EXPECT(got == want && (kind == LLM_BIND_OK || kind == LLM_BIND_ENGINE_ERROR),
                        "shared %d plain %d cap %llu: context %u, expected %u (kind %d)", shared,
                        plain, (unsigned long long)bulk_cap, got, want, (int)kind);
                 EXPECT(kind != LLM_BIND_OK || llm_plain(m.engine) == plain,
                        "shared %d plain %d: opened in the wrong mode", shared, plain);
                 if (kind == LLM_BIND_OK) llm_bind_close(&m);
-                EXPECT(hp.live_blocks == 0, "shared %d plain %d: %u blocks leaked", shared, plain,
-                       hp.live_blocks);
+                EXPECT(hp.live_blocks == 0, "shared %d plain %d: %u blocks leaked", shared,
+                       plain, hp.live_blocks);
                 if (!want) refused++;
                 else if (want == seq) by_seq++;
                 else if (want == story) by_story++;
@@ -576,6 +662,8 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
     printf("fitting context: %d caps by the seq_len, %d by a story's context (%u), %d with "
            "every weight in RAM, %d the longest that opens, %d refused\n", by_seq, by_story,
            story, in_ram, longest, refused);
+    printf("plans: %u checked against their opens; Model() opened at most %u time(s)\n",
+           plans_checked, most_opens);
 }
 
 int main(int argc, char **argv) {
@@ -604,6 +692,7 @@ int main(int argc, char **argv) {
     check_placements(img, (size_t)n);
     check_plain_memory(img, (size_t)n);
     check_k_dots_memory(img, (size_t)n);
+    check_plan_reuse(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
     check_head_gives_way(img, (size_t)n);
     check_arguments(img, (size_t)n);

@@ -76,6 +76,24 @@ static void esp32_free(void *ctx, void *ptr) {
     if (pre != NULL) heap_caps_free(pre);
 }
 
+/* What esp32_alloc can still give, for llm_plan_open: internal SRAM's free
+ * bytes less the reserve take_internal keeps, PSRAM's free bytes (BULK asks
+ * go to internal SRAM without PSRAM). A block costs its bytes rounded to 16,
+ * the 16-byte prefix and the heap's own header and alignment slack (32 in
+ * all: an over-count by a few bytes a block costs a context of a few
+ * positions at most, an under-count an open the plan promised). The heap's
+ * fragmentation is not modelled: a plan that fits the free bytes but no
+ * block is refused by the real open, with its message. */
+static void esp32_memory(void *ctx, llm_memory *out) {
+    const llm_esp32_port *p = ctx;
+    const size_t fast = heap_caps_get_free_size(CAPS_FAST);
+    memset(out, 0, sizeof *out);
+    out->free[LLM_REGION_FAST] = fast > p->fast_reserve ? fast - p->fast_reserve : 0u;
+    out->free[LLM_REGION_BULK] = p->has_psram ? heap_caps_get_free_size(CAPS_BULK) : 0u;
+    out->block_overhead = 32u;
+    out->bulk_is_fast = !p->has_psram;
+}
+
 static uint64_t esp32_now_us(void *ctx) {
     (void)ctx;
     return (uint64_t)esp_timer_get_time();
@@ -117,6 +135,7 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.alloc = esp32_alloc;
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
+    p->port.memory = esp32_memory;
     p->has_psram = heap_caps_get_total_size(MALLOC_CAP_SPIRAM) > 0;
     p->fast_reserve = p->has_psram ? LLM_ESP32_FAST_RESERVE : LLM_ESP32_FAST_RESERVE_NO_PSRAM;
     p->fast_reserve_block = p->has_psram ? 0u : LLM_ESP32_FAST_RESERVE_NO_PSRAM;

@@ -51,6 +51,18 @@ static void host_free(void *ctx, void *ptr) {
     free(pre);
 }
 
+/* What host_alloc can still give: its capacity less what is in use. It
+ * charges a block its bytes (no overhead), and a FAST request over capacity
+ * goes to BULK: llm_memory's rule with block_overhead 0. */
+static void host_memory(void *ctx, llm_memory *out) {
+    const llm_host_port *hp = ctx;
+    memset(out, 0, sizeof *out);
+    for (int r = LLM_REGION_FAST; r < LLM_REGION_COUNT; r++)
+        out->free[r] = hp->capacity[r] == 0 ? LLM_MEMORY_UNLIMITED
+                       : hp->in_use[r] >= hp->capacity[r] ? 0u
+                                                          : hp->capacity[r] - hp->in_use[r];
+}
+
 static uint64_t host_now_us(void *ctx) {
     (void)ctx;
     struct timespec ts;
@@ -64,6 +76,7 @@ void llm_port_host_init(llm_host_port *hp) {
     hp->port.alloc = host_alloc;
     hp->port.free = host_free;
     hp->port.now_us = host_now_us;
+    hp->port.memory = host_memory;
 }
 
 static llm_status map_fail(llm_error *err, int *sys_errno, int e, const char *path,
