@@ -600,7 +600,7 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
     ngram = drafts["sampled"]["ngram"]
     assert ngram.tokens_per_pass >= 1.0 and ngram.positions_per_pass >= ngram.tokens_per_pass
     # the adaptive sweep replays the same stories through the same table: its priced
-    # row (the table convert stores) reproduces drafting.study's n-gram figure
+    # row (the table convert stores) reproduces drafting_study.study's n-gram figure
     sweep = cm.measure_adaptive(demo, llm_module=llm_mod, table_stories=4, n_tokens=40,
                                 seeds=(1,), odds=(0.5, 0.9), caps=(2, 7))
     assert len(sweep["sampled"]) == 1 + 2 * 2

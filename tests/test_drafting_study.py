@@ -1,4 +1,5 @@
-"""mpllm.drafting: the drafters and the replay that counts tokens per pass."""
+"""mpllm.drafting: the drafters and the replay that counts tokens per pass;
+mpllm.costmodel.drafting_study: the study that prices it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import ROOT
 from mpllm import drafting as D
 from mpllm.convert import convert
+from mpllm.costmodel import drafting_study as S
 from mpllm.formats import drafts_table as DT
 
 
@@ -52,7 +54,7 @@ def test_study_on_the_demo_model(tmp_path) -> None:  # type: ignore[no-untyped-d
     img = tmp_path / "demo.img"
     convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", img,
             progress=False)
-    res = D.study(str(img), n_tokens=80, table_stories=40, seeds=(1, 2),
+    res = S.study(str(img), n_tokens=80, table_stories=40, seeds=(1, 2),
                   llm_module=engine_ext.load())
     assert res["table"]["entries"]["contexts"] > 100
     for mode in ("greedy", "sampled"):
@@ -125,12 +127,12 @@ def test_study_cost_and_bootstrap() -> None:
     each = [D.Study(10, 5, 4, 3, Counter({0: 3, 2: 2})), D.Study(6, 6, 0, 0, Counter({0: 6}))]
     prices = [0.5, 0.25]
     assert each[0].cost(prices) == 3 * 1.0 + 2 * 1.75
-    f = D.figure(each, prices, plain_ms=10.0)
+    f = S.figure(each, prices, plain_ms=10.0)
     assert f.total.story_tokens == 16 and f.total.passes == 11
     assert f.cost == pytest.approx((6.5 + 6.0) / 16) and f.ms_per_token == pytest.approx(
         10 * 12.5 / 16)
     assert 0.0 < f.se["tpp"] < 1.0 and 0.0 < f.se["cost"] < 0.5
-    same = D.figure([each[0]] * 2, prices, plain_ms=10.0)
+    same = S.figure([each[0]] * 2, prices, plain_ms=10.0)
     assert same.se == pytest.approx({"tpp": 0.0, "cost": 0.0}, abs=1e-12)  # no spread
 
 
@@ -140,7 +142,7 @@ def test_calibration_on_an_unpredictable_engine_model(small_model) -> None:  # t
     prices = [0.4] * 7
     with engine_ext.load().Model(str(small_model.image)) as m:
         w = D.ImageStories(m, int(m.config()["eot_id"]), [[5, 6, 7], [9, 9], [40, 41]], "small")
-        res = D.measure(w, prices={"greedy": prices, "sampled": prices},
+        res = S.measure(w, prices={"greedy": prices, "sampled": prices},
                         plain_ms={"greedy": 1.0, "sampled": 1.0}, table_stories=60,
                         n_tokens=60, stories={"sampled": 60}, drafters=("ngram raw", "ngram"))
     raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
@@ -187,7 +189,7 @@ def test_cli_prints_both_models_labeled_with_spread(capsys) -> None:  # type: ig
              "--tokens", "40", "--prices", "release"]
     if llama2c.is_file():
         small += ["--llama2c", str(llama2c)]
-    assert D.main(small) == 0
+    assert S.main(small) == 0
     out = capsys.readouterr().out
     assert "priced for the release shape (modeled S3): a plain step" in out
     assert "demo: n-gram table from 20 of its own stories" in out
@@ -209,7 +211,7 @@ def test_cli_prints_both_models_labeled_with_spread(capsys) -> None:  # type: ig
 ])
 def test_cli_refuses_bad_arguments_in_one_line(capsys, args, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
-        D.main(args)
+        S.main(args)
     assert message in capsys.readouterr().err
 
 
@@ -227,7 +229,7 @@ def test_calibration_keeps_most_of_the_demo_gain(tmp_path) -> None:  # type: ign
         tok = import_llm().Tokenizer(m.tokenizer())
         w = D.ImageStories(m, int(m.config()["eot_id"]),
                            [tok.encode(p) for p in D.DEFAULT_PROMPTS], "demo")
-        res = D.measure(w, prices={"greedy": prices, "sampled": prices},
+        res = S.measure(w, prices={"greedy": prices, "sampled": prices},
                         plain_ms={"greedy": 1.0, "sampled": 1.0}, table_stories=60,
                         n_tokens=100, stories={"sampled": 40}, drafters=("ngram raw", "ngram"))
     raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
