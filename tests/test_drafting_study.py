@@ -162,13 +162,14 @@ def test_cached_images_are_keyed_by_the_table_rule(tmp_path, monkeypatch) -> Non
     assert image_cache.cached_image_path(*src) != now
 
 
-def test_cached_images_are_keyed_by_the_cost_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """An image cached before the cost model changed (its drafts table's
-    min_odds are the cost model's draft prices) is converted again, not
-    reused: a copy of the package with one price file edited gives another key."""
+def test_cached_images_are_keyed_by_the_prices_not_the_cost_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An image cached before the prices changed (its drafts table's min_odds are
+    draft_prices.json's) is converted again, not reused; an edit of the cost
+    model itself converts nothing again (the converter does not read it): a copy
+    of the package with a cost model file edited gives the same key."""
     import shutil
 
-    from mpllm import image_cache
+    from mpllm import draft_prices, image_cache
 
     src = (ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", tmp_path)
     now = image_cache.cached_image_path(*src)
@@ -178,8 +179,12 @@ def test_cached_images_are_keyed_by_the_cost_model(tmp_path, monkeypatch) -> Non
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(image_cache, "__file__", str(pkg / "image_cache.py"))
     assert image_cache.cached_image_path(*src) == now  # the same sources, the same key
-    prices = pkg / "costmodel" / "prices.py"
-    prices.write_text(prices.read_text() + "\n# an edit\n")
+    model = pkg / "costmodel" / "prices.py"
+    model.write_text(model.read_text() + "\n# an edit\n")
+    assert image_cache.cached_image_path(*src) == now
+    data = pkg / "draft_prices.json"
+    data.write_text(data.read_text().replace("0.", "0.0", 1))
+    monkeypatch.setattr(draft_prices, "DATA", data)
     assert image_cache.cached_image_path(*src) != now
 
 
@@ -248,3 +253,25 @@ def test_real_model_figures_for_the_cost_model() -> None:
         assert r.usable and r.passes > 1000 and r.drafter == "ngram"
         assert 1.0 < r.tokens_per_pass < demo[mode]["ngram"].tokens_per_pass
         assert r.positions_per_pass == pytest.approx(1 + r.drafted_per_pass)
+
+
+def test_draft_prices_data_exact_nearest_and_head() -> None:
+    """draft_prices.json gives a tabulated shape's own figures (the release
+    model's), prices another shape as the nearest tabulated one and says so, has
+    no draft prices for a context too short for a verify pass, and interpolates
+    the head's step between its tabulated rows fractions."""
+    from mpllm import draft_prices as P
+
+    release = {"dim": 96, "n_layers": 6, "n_heads": 4, "ffn": 66, "ple_dim": 128,
+               "vocab_out": 25353, "seq_len": 256, "group": 128}
+    p = P.prices_for(release)
+    assert p.name == "release" and p.exact and p.draft is not None and len(p.draft) == 7
+    near = P.prices_for({**release, "vocab_out": 25000})
+    assert near.name == "release" and not near.exact and near.draft == p.draft
+    tiny = P.prices_for({**release, "seq_len": 8})
+    assert tiny.draft is None and tiny.loop is None
+    a, b = p.head_step_ms(0.5)[0], p.head_step_ms(0.52)[0]
+    assert p.head_step_ms(0.51)[0] == pytest.approx((a + b) / 2)
+    assert p.head_step_ms(1.0)[1] == p.head_dense_ms
+    with pytest.raises(ValueError, match="rows_fraction 1.5"):
+        p.head_step_ms(1.5)

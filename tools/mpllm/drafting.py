@@ -200,7 +200,7 @@ class Payoff:
     """What a drafter is worth on its model: tokens per pass on stories its
     table did not count, and what such a pass costs in plain steps (its
     drafts priced by min_odds' prices, llm.py's verify loop by the cost
-    model: costmodel.prices.verify_loop_steps). It pays when a pass yields
+    model's figures: draft_prices.Prices.loop). It pays when a pass yields
     more tokens than it costs steps."""
 
     tokens_per_pass: float
@@ -211,6 +211,10 @@ class Payoff:
     #: the share of head rows the engine scored writing those stories (1.0
     #: without a certified head; None: not measured)
     rows_scored: float | None = None
+    #: the tabulated shape whose prices were used (draft_prices.json), and
+    #: whether it is the image's own (else the nearest)
+    priced_as: str = ""
+    priced_exactly: bool = True
 
     @property
     def pays(self) -> bool:
@@ -226,8 +230,8 @@ def payoff(counts: NgramTable, prices: Sequence[float], loop: tuple[float, float
     """The drafter `counts` makes, measured on the stories it was counted
     from, held out: each fold of them is drafted by the table (made as
     `NgramTable.table` makes it, at `prices`) counted on the other folds, as
-    the board drafts stories the table never saw. loop: costmodel.prices.
-    verify_loop_steps (a pass of one position, the loop per story token)."""
+    the board drafts stories the table never saw. loop: draft_prices.Prices.
+    loop (a pass of one position, the loop per story token)."""
     total = Study()
     for f in range(folds):
         fit = NgramTable(counts.order)
@@ -248,13 +252,13 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
                  ) -> tuple[drafts_table.DraftsTable, Payoff | None]:
     """The drafts section for `image` (what convert stores): the model's own
     stories counted, each guess's share calibrated on those stories
-    (`Calibration`), each draft priced by the cost model for the image's
-    shape on the S3; and what it is worth (`payoff`). A drafter that does
-    not pay is left out: the empty table (the image decodes the same, step
-    by step). The payoff is None when the context holds no verify pass."""
+    (`Calibration`), each draft priced for the image's shape on the S3 (the
+    cost model's figures as data: draft_prices.json); and what it is worth
+    (`payoff`). A drafter that does not pay is left out: the empty table (the
+    image decodes the same, step by step). The payoff is None when the context
+    holds no verify pass."""
     from .checkout import import_llm
-    from .costmodel.prices import draft_prices, verify_loop_steps, verify_starts
-    from .costmodel.shape import Shape
+    from .draft_prices import prices_for
 
     if llm_module is None:
         import _llm as llm_module  # type: ignore[no-redef]
@@ -266,15 +270,16 @@ def build_drafts(image: str | os.PathLike[str], n_stories: int, *, n_tokens: int
         # a context too short for a prompt and a verify pass after it has
         # nothing to draft in: the empty table (the image decodes the same)
         prompts = [p for p in prompts if len(p) < cfg["seq_len"]]
-        shape = Shape.from_config(cfg)
-        if not prompts or not verify_starts(shape):
+        priced = prices_for(cfg)
+        if not prompts or priced.draft is None or priced.loop is None:
             return drafts_table.DraftsTable(), None
         # (a llama2.c model's story ends at BOS or EOS: the tokenizer's stop ids)
         writer = ImageStories(m, tok.stop_ids)
         counts = distill(writer, prompts, n_stories, n_tokens, progress=progress)
-    prices = draft_prices(shape)
-    worth = dataclasses.replace(payoff(counts, prices, verify_loop_steps(shape)),
-                                table=counts.table(prices), rows_scored=writer.rows_scored)
+    prices = list(priced.draft)
+    worth = dataclasses.replace(payoff(counts, prices, priced.loop),
+                                table=counts.table(prices), rows_scored=writer.rows_scored,
+                                priced_as=priced.name, priced_exactly=priced.exact)
     return (worth.table if worth.pays else drafts_table.DraftsTable()), worth
 
 
