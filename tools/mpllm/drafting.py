@@ -430,3 +430,10 @@ class ImageStories(StoryWriter):
             if progress is not None:
                 progress(k + 1)
         return out
+
+
+if __name__ == "__main__":  # the study's command moved to the cost model, which prices it
+    import sys
+
+    sys.exit("python -m mpllm.drafting is now python -m mpllm.costmodel.drafting_study "
+             "(the same arguments)")
