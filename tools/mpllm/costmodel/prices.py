@@ -95,7 +95,9 @@ def _llama2c(name: str, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, 
              vocab: int, seq_len: int) -> list[tuple[str, Shape]]:
     """A llama2.c shape as convert.py writes it (int4 groups of one head row,
     its default: dim rounded up to 32) at each weight format it may choose."""
-    group = -(-dim // 32) * 32
+    from ..formats.align import align_up
+
+    group = align_up(dim, 32)
     return [(f"{name} {w}", Shape(dim=dim, n_layers=n_layers, n_heads=n_heads,
                                   n_kv_heads=n_kv_heads, ffn=ffn, ple_dim=0, vocab_out=vocab,
                                   seq_len=seq_len, group=group, weights=w))
