@@ -600,7 +600,7 @@ def test_spec_measurements_on_the_demo(llm_mod, release_model) -> None:
     ngram = drafts["sampled"]["ngram"]
     assert ngram.tokens_per_pass >= 1.0 and ngram.positions_per_pass >= ngram.tokens_per_pass
     # the adaptive sweep replays the same stories through the same table: its priced
-    # row (the table convert stores) reproduces drafting.study's n-gram figure
+    # row (the table convert stores) reproduces drafting_study.study's n-gram figure
     sweep = cm.measure_adaptive(demo, llm_module=llm_mod, table_stories=4, n_tokens=40,
                                 seeds=(1,), odds=(0.5, 0.9), caps=(2, 7))
     assert len(sweep["sampled"]) == 1 + 2 * 2
@@ -1381,3 +1381,18 @@ def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
     regions = {str(b["name"]): b["region"] for b in model["blocks"]}  # type: ignore[attr-defined]
     assert regions["kv_cache"] == "sram"
     assert {r for n, r in regions.items() if n.startswith("L") or n == "head"} == {"flash"}
+
+
+def test_the_converters_prices_data_is_the_cost_models_now() -> None:
+    """tools/mpllm/draft_prices.json (what convert reads: draft prices, verify loop,
+    head step) equals what the cost model computes now, so it cannot drift: after a
+    cost model change, `python -m mpllm.costmodel.prices --write` writes it again."""
+    from mpllm import draft_prices
+    from mpllm.costmodel import prices
+
+    assert draft_prices.DATA.read_text() == prices.tabulated_text(), (
+        "draft_prices.json is stale: python -m mpllm.costmodel.prices --write")
+    # and the reader finds each tabulated shape's own figures
+    release = draft_prices.prices_for(dict(draft_prices.shape_key(
+        {k: getattr(cm.RELEASE, k) for k in draft_prices.KEYS})))
+    assert release.exact and list(release.draft or []) == cm.draft_prices()

@@ -1,4 +1,5 @@
-"""mpllm.drafting: the drafters and the replay that counts tokens per pass."""
+"""mpllm.drafting: the drafters and the replay that counts tokens per pass;
+mpllm.costmodel.drafting_study: the study that prices it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import ROOT
 from mpllm import drafting as D
 from mpllm.convert import convert
+from mpllm.costmodel import drafting_study as S
 from mpllm.formats import drafts_table as DT
 
 
@@ -52,7 +54,7 @@ def test_study_on_the_demo_model(tmp_path) -> None:  # type: ignore[no-untyped-d
     img = tmp_path / "demo.img"
     convert(ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", img,
             progress=False)
-    res = D.study(str(img), n_tokens=80, table_stories=40, seeds=(1, 2),
+    res = S.study(str(img), n_tokens=80, table_stories=40, seeds=(1, 2),
                   llm_module=engine_ext.load())
     assert res["table"]["entries"]["contexts"] > 100
     for mode in ("greedy", "sampled"):
@@ -125,12 +127,12 @@ def test_study_cost_and_bootstrap() -> None:
     each = [D.Study(10, 5, 4, 3, Counter({0: 3, 2: 2})), D.Study(6, 6, 0, 0, Counter({0: 6}))]
     prices = [0.5, 0.25]
     assert each[0].cost(prices) == 3 * 1.0 + 2 * 1.75
-    f = D.figure(each, prices, plain_ms=10.0)
+    f = S.figure(each, prices, plain_ms=10.0)
     assert f.total.story_tokens == 16 and f.total.passes == 11
     assert f.cost == pytest.approx((6.5 + 6.0) / 16) and f.ms_per_token == pytest.approx(
         10 * 12.5 / 16)
     assert 0.0 < f.se["tpp"] < 1.0 and 0.0 < f.se["cost"] < 0.5
-    same = D.figure([each[0]] * 2, prices, plain_ms=10.0)
+    same = S.figure([each[0]] * 2, prices, plain_ms=10.0)
     assert same.se == pytest.approx({"tpp": 0.0, "cost": 0.0}, abs=1e-12)  # no spread
 
 
@@ -140,7 +142,7 @@ def test_calibration_on_an_unpredictable_engine_model(small_model) -> None:  # t
     prices = [0.4] * 7
     with engine_ext.load().Model(str(small_model.image)) as m:
         w = D.ImageStories(m, int(m.config()["eot_id"]), [[5, 6, 7], [9, 9], [40, 41]], "small")
-        res = D.measure(w, prices={"greedy": prices, "sampled": prices},
+        res = S.measure(w, prices={"greedy": prices, "sampled": prices},
                         plain_ms={"greedy": 1.0, "sampled": 1.0}, table_stories=60,
                         n_tokens=60, stories={"sampled": 60}, drafters=("ngram raw", "ngram"))
     raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
@@ -160,13 +162,14 @@ def test_cached_images_are_keyed_by_the_table_rule(tmp_path, monkeypatch) -> Non
     assert image_cache.cached_image_path(*src) != now
 
 
-def test_cached_images_are_keyed_by_the_cost_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """An image cached before the cost model changed (its drafts table's
-    min_odds are the cost model's draft prices) is converted again, not
-    reused: a copy of the package with one price file edited gives another key."""
+def test_cached_images_are_keyed_by_the_prices_not_the_cost_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An image cached before the prices changed (its drafts table's min_odds are
+    draft_prices.json's) is converted again, not reused; an edit of the cost
+    model itself converts nothing again (the converter does not read it): a copy
+    of the package with a cost model file edited gives the same key."""
     import shutil
 
-    from mpllm import image_cache
+    from mpllm import draft_prices, image_cache
 
     src = (ROOT / "models/demo/model.bin", ROOT / "models/demo/tokenizer.json", tmp_path)
     now = image_cache.cached_image_path(*src)
@@ -176,8 +179,12 @@ def test_cached_images_are_keyed_by_the_cost_model(tmp_path, monkeypatch) -> Non
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(image_cache, "__file__", str(pkg / "image_cache.py"))
     assert image_cache.cached_image_path(*src) == now  # the same sources, the same key
-    prices = pkg / "costmodel" / "prices.py"
-    prices.write_text(prices.read_text() + "\n# an edit\n")
+    model = pkg / "costmodel" / "prices.py"
+    model.write_text(model.read_text() + "\n# an edit\n")
+    assert image_cache.cached_image_path(*src) == now
+    data = pkg / "draft_prices.json"
+    data.write_text(data.read_text().replace("0.", "0.0", 1))
+    monkeypatch.setattr(draft_prices, "DATA", data)
     assert image_cache.cached_image_path(*src) != now
 
 
@@ -187,7 +194,7 @@ def test_cli_prints_both_models_labeled_with_spread(capsys) -> None:  # type: ig
              "--tokens", "40", "--prices", "release"]
     if llama2c.is_file():
         small += ["--llama2c", str(llama2c)]
-    assert D.main(small) == 0
+    assert S.main(small) == 0
     out = capsys.readouterr().out
     assert "priced for the release shape (modeled S3): a plain step" in out
     assert "demo: n-gram table from 20 of its own stories" in out
@@ -209,7 +216,7 @@ def test_cli_prints_both_models_labeled_with_spread(capsys) -> None:  # type: ig
 ])
 def test_cli_refuses_bad_arguments_in_one_line(capsys, args, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
-        D.main(args)
+        S.main(args)
     assert message in capsys.readouterr().err
 
 
@@ -227,7 +234,7 @@ def test_calibration_keeps_most_of_the_demo_gain(tmp_path) -> None:  # type: ign
         tok = import_llm().Tokenizer(m.tokenizer())
         w = D.ImageStories(m, int(m.config()["eot_id"]),
                            [tok.encode(p) for p in D.DEFAULT_PROMPTS], "demo")
-        res = D.measure(w, prices={"greedy": prices, "sampled": prices},
+        res = S.measure(w, prices={"greedy": prices, "sampled": prices},
                         plain_ms={"greedy": 1.0, "sampled": 1.0}, table_stories=60,
                         n_tokens=100, stories={"sampled": 40}, drafters=("ngram raw", "ngram"))
     raw, cal = res["sampled"]["ngram raw"], res["sampled"]["ngram"]  # type: ignore[index]
@@ -246,3 +253,25 @@ def test_real_model_figures_for_the_cost_model() -> None:
         assert r.usable and r.passes > 1000 and r.drafter == "ngram"
         assert 1.0 < r.tokens_per_pass < demo[mode]["ngram"].tokens_per_pass
         assert r.positions_per_pass == pytest.approx(1 + r.drafted_per_pass)
+
+
+def test_draft_prices_data_exact_nearest_and_head() -> None:
+    """draft_prices.json gives a tabulated shape's own figures (the release
+    model's), prices another shape as the nearest tabulated one and says so, has
+    no draft prices for a context too short for a verify pass, and interpolates
+    the head's step between its tabulated rows fractions."""
+    from mpllm import draft_prices as P
+
+    release = {"dim": 96, "n_layers": 6, "n_heads": 4, "ffn": 66, "ple_dim": 128,
+               "vocab_out": 25353, "seq_len": 256, "group": 128}
+    p = P.prices_for(release)
+    assert p.name == "release" and p.exact and p.draft is not None and len(p.draft) == 7
+    near = P.prices_for({**release, "vocab_out": 25000})
+    assert near.name == "release" and not near.exact and near.draft == p.draft
+    tiny = P.prices_for({**release, "seq_len": 8})
+    assert tiny.draft is None and tiny.loop is None
+    a, b = p.head_step_ms(0.5)[0], p.head_step_ms(0.52)[0]
+    assert p.head_step_ms(0.51)[0] == pytest.approx((a + b) / 2)
+    assert p.head_step_ms(1.0)[1] == p.head_dense_ms
+    with pytest.raises(ValueError, match="rows_fraction 1.5"):
+        p.head_step_ms(1.5)

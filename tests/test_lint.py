@@ -195,3 +195,147 @@ def test_round_ups_finds_each_spelling() -> None:
     src = ("a = -(-n // 16) * 16\nb = 32 * -(-cols // 32)\nc = (x + k - 1) // k * k\n"
            "d = -(-n // g)\ne = -(-n // 16) * 32\n")
     assert round_ups(src) == [1, 2, 3]
+
+
+# ---- the import graph: no circles, and the cost model an add-on ------------------
+
+BOARD_PY = cbuild.ROOT / "firmware" / "modules"
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Who imports whom among `modules` (name -> path), each edge with the line of its
+    first import: every import statement, at module level or inside a function (a
+    lazy import is still an arrow a reader follows), `from p import m` to the module
+    p.m when there is one, else to p. A package's __init__ is its own module; importing
+    p.m is an arrow to p.m alone."""
+    names = set(modules)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        package = module.split(".") if _is_package(module, names) else module.split(".")[:-1]
+        edges: dict[str, int] = {}
+
+        def add(target: str, line: int, module: str = module, edges: dict[str, int] = edges) -> None:
+            if target in names and target != module:
+                edges.setdefault(target, line)
+
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name, node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in names:
+                        add(f"{source}.{alias.name}", node.lineno)
+                    else:
+                        add(source, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def _house_modules() -> dict[str, Path]:
+    """The Python of tools/ (by import name; the commands tools/*.py as `tools.X`, no
+    module imports them) and of the board (firmware/modules, by file name)."""
+    mods = {("tools." + k if "." not in k and k != "mpllm" else k): p
+            for k, p in _module_names(TOOLS).items()}
+    mods.update({p.stem: p for p in BOARD_PY.glob("*.py")})
+    return mods
+
+
+def test_no_import_circle_in_tools_and_the_board() -> None:
+    """Imports point one way (docs/ARCHITECTURE.md's order): no two modules of tools/ or
+    firmware/modules reach each other, lazily or not."""
+    graph = import_graph(_house_modules())
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_import_graph_sees_each_form_and_finds_a_circle(tmp_path: Path) -> None:
+    files = {"p/__init__.py": "", "p/a.py": "from . import b\n",
+             "p/b.py": "def f():\n    from .c import g\n", "p/c.py": "import p.a\n",
+             "p/d.py": "from p.c import g\n", "top.py": "import p.d\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(_module_names(tmp_path))
+    assert graph["p.a"] == {"p.b": 1} and graph["p.b"] == {"p.c": 2}
+    assert graph["p.d"] == {"p.c": 1} and graph["top"] == {"p.d": 1}
+    assert circles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+#: The cost model's lazy entry: `bench.py --model-s3` (and its shape reports) is
+#: the cost model's own command, reached from the bench's command line.
+COSTMODEL_ENTRY = {"mpllm.board.bench_cli"}
+#: What still imports the cost model in the product, to be made data or moved
+#: (issue #36 part 1): this list only shrinks.
+COSTMODEL_NOT_YET = {
+    # where each weight format lives on the boards (its report's table, not the image):
+    # the placement rules (costmodel.llama.where_it_lives), for the engine's plan
+    "mpllm.convert",
+    # at module level: the --shape choices and the --rows-fraction default of --model-s3
+    "mpllm.board.bench_cli",
+    "mpllm.board.bench_runs",  # the bench's modeled columns
+    "mpllm.board.flash",  # a model's bytes by region (flash.py --model's check)
+    "mpllm.board.typing_latency",  # the modeled step time beside the measured
+}
+
+
+def costmodel_importers() -> dict[str, int]:
+    """The modules outside tools/mpllm/costmodel that import it, with a line."""
+    graph = import_graph(_house_modules())
+    inside = lambda m: m == "mpllm.costmodel" or m.startswith("mpllm.costmodel.")
+    return {m: min(line for t, line in edges.items() if inside(t))
+            for m, edges in sorted(graph.items())
+            if not inside(m) and any(inside(t) for t in edges)}
+
+
+def test_nothing_in_the_product_imports_the_cost_model() -> None:
+    """The cost model is an add-on: what the product needs of it is data with a version
+    (tools/mpllm/draft_prices.json) and board facts in a basic module; only the bench's
+    --model-s3 entry reaches it, lazily (inside the function that runs it)."""
+    found = costmodel_importers()
+    extra = sorted(set(found) - COSTMODEL_ENTRY - COSTMODEL_NOT_YET)
+    assert not extra, "\n".join(f"{m} line {found[m]} imports the cost model" for m in extra)
+    gone = sorted(COSTMODEL_NOT_YET - set(found))
+    assert not gone, f"no longer imports the cost model: drop from COSTMODEL_NOT_YET: {gone}"
+    for m in (COSTMODEL_ENTRY - COSTMODEL_NOT_YET) & set(found):  # lazily: not at module level
+        tree = ast.parse(_house_modules()[m].read_text(encoding="utf-8"))
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+               and "costmodel" in ast.unparse(n)]
+        assert not top, f"{m}: the cost model imported at module level: {ast.unparse(top[0])}"

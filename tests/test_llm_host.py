@@ -16,6 +16,7 @@ from pathlib import Path
 
 import engine_ext
 import llm
+import llm_session
 import pytest
 
 _llm = engine_ext.load()
@@ -255,11 +256,11 @@ def test_pieces_are_the_streams_text_whatever_came_before(tiny, monkeypatch):
 
 
 def test_remembered_texts_are_capped_and_change_nothing(tiny, monkeypatch):
-    """The session remembers at most llm._TEXTS_MAX token texts; the story is
+    """The session remembers at most llm_session._TEXTS_MAX token texts; the story is
     the same with any cap (none remembered, a few, the default)."""
     stories, held = [], []
-    for cap in (0, 3, llm._TEXTS_MAX):
-        monkeypatch.setattr(llm, "_TEXTS_MAX", cap)
+    for cap in (0, 3, llm_session._TEXTS_MAX):
+        monkeypatch.setattr(llm_session, "_TEXTS_MAX", cap)
         llm.default_session._texts = None
         stories.append("".join(llm.generate(PROMPT, seed=4, max_tokens=40, draft=None)))
         held.append(len(llm.default_session._texts))
@@ -470,7 +471,7 @@ def test_no_module_level_import_circle_on_the_board() -> None:
                 elif isinstance(sub, ast.ImportFrom) and sub.module:
                     deps.add(sub.module)
         graph[name] = deps & names
-    assert "llm" in graph["llm_chat"]  # the check sees imports at all
+    assert "llm_session" in graph["llm_chat"]  # the check sees imports at all
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
         return any(d == goal or (d not in seen and reaches(d, goal, seen | {d}))

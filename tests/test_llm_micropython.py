@@ -208,9 +208,9 @@ def test_replay_double_is_strict(recorded, tiny_model):
 HELPERS = r"""
 import sys
 sys.path[:0] = [{replay!r}, {modules!r}]
-import llm, llm_chat
+import llm, llm_chat, llm_session
 out = []
-llm.write = out.append
+llm_session.write = out.append  # the console the chat writes to (llm.write is the same function)
 w = llm_chat.Wrap(24)
 for piece in (" Once upon", " a time there", " was a little dog named", " Maximilian.",
               " He ran", " to the park\nand back again every single day."):

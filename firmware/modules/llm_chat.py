@@ -4,14 +4,14 @@ tools that keep stories themselves, such as llm_serve).
 The same file on the board (frozen next to llm.py), on MicroPython unix and on
 CPython. A module of its own so that a session that only tells stories never
 loads it: llm.chat() imports it when it is called. It drives the engine
-through an llm.Session (the open model, the tokenizer, the one generation
+through an llm_session.Session (the open model, the tokenizer, the one generation
 loop, and the one record of what the model's context holds).
 """
 
 import os
 import sys
 
-import llm
+import llm_session
 
 #: story tokens of one co-writing reply at most: a few sentences a turn
 TURN_TOKENS = 60
@@ -61,22 +61,22 @@ class CoWriter:
 
     def __init__(self, session=None, **options):
         """session: the llm.Session whose model writes (default
-        llm.default_session, opened if it is not); generate()'s options;
+        llm_session.default_session, opened if it is not); generate()'s options;
         max_tokens is per reply (default TURN_TOKENS) and seed is the
         story's (default: a fresh one); finish (default 0): a reply goes on
         past max_tokens to the end of its sentence, this many tokens more at
         most (Session.run's finish)."""
-        self.session = llm.default_session if session is None else session
+        self.session = llm_session.default_session if session is None else session
         options.setdefault("max_tokens", TURN_TOKENS)
         finish = options.pop("finish", 0)
         if not isinstance(finish, int) or isinstance(finish, bool) or finish < 0:
             raise ValueError(f"finish must be an int >= 0, got {finish!r}")
         self.finish = finish
-        self.max_tokens, self.temperature, self.top_k, seed = llm.check_options(options)
-        self.seed = llm.fresh_seed() if seed is None else seed
+        self.max_tokens, self.temperature, self.top_k, seed = llm_session.check_options(options)
+        self.seed = llm_session.fresh_seed() if seed is None else seed
         model = self.session.load()
         model.sampler(self.temperature, self.top_k, 0)  # the engine's rules, now
-        self.draft = self.session.paced(llm.drafter(model, options.get("draft", "auto")))
+        self.draft = self.session.paced(llm_session.drafter(model, options.get("draft", "auto")))
         self.new()
 
     def new(self):
@@ -105,10 +105,10 @@ class CoWriter:
         self._turns = list(turns)
 
     def set_seed(self, seed):
-        self.seed = llm.check_options({"seed": seed})[3]
+        self.seed = llm_session.check_options({"seed": seed})[3]
 
     def set_temperature(self, temperature):
-        self.temperature = llm.check_options({"temperature": temperature})[1]
+        self.temperature = llm_session.check_options({"temperature": temperature})[1]
 
     def _line(self, line, ends=None):
         """(text, ids) of a typed line as it joins the story: one space
@@ -193,7 +193,7 @@ class CoWriter:
         (None, 0)."""
         tok = self.session.tokenizer
         token_bytes = tok.token_bytes
-        if ids[-1] == tok.bos_id or not llm.word_byte(token_bytes(ids[-1])[-1]):
+        if ids[-1] == tok.bos_id or not llm_session.word_byte(token_bytes(ids[-1])[-1]):
             return None, 0
         if tok.sentencepiece:
             # one piece for the whole line (its merges cross words): the word
@@ -202,7 +202,7 @@ class CoWriter:
             n = 0
             while n < len(ids) and ids[-1 - n] != tok.bos_id:
                 n += 1
-                if not llm.word_byte(token_bytes(ids[-n])[0]):
+                if not llm_session.word_byte(token_bytes(ids[-n])[0]):
                     break
         else:
             n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
@@ -257,7 +257,7 @@ class _Console:
             self._poll.register(sys.stdin, select.POLLIN)
         except (ImportError, AttributeError, OSError, TypeError):
             pass
-        self._decoder = llm.Utf8Decoder()
+        self._decoder = llm_session.Utf8Decoder()
         self._read = getattr(getattr(sys.stdin, "buffer", None), "read", None)
 
     def raw(self, on):
@@ -305,7 +305,7 @@ def _read_line(console, writer, prompt, type_ahead):
     Ctrl-C clears the line (as a shell does); a second Ctrl-C in a row raises
     KeyboardInterrupt. Ctrl-D on an empty line is the end of input (EOFError)."""
     console.raw(True)  # before the prompt: a key typed at once is not echoed twice
-    llm.write(prompt)
+    llm_session.write(prompt)
     line = []
     cleared = False  # the last key was a Ctrl-C
     try:
@@ -325,24 +325,24 @@ def _read_line(console, writer, prompt, type_ahead):
                 hint = "" if line else "  " + AGAIN
                 line = []
                 console.raw(False)
-                llm.write("^C" + hint + "\n" + prompt)
+                llm_session.write("^C" + hint + "\n" + prompt)
                 console.raw(True)
                 continue
             cleared = False
             if c in ("\x7f", "\b"):
                 if line:
                     line.pop()
-                    llm.write("\b \b")
+                    llm_session.write("\b \b")
             elif c >= " ":
                 line.append(c)
-                llm.write(c)
+                llm_session.write(c)
             else:
                 continue
             if type_ahead and not console.waiting():
                 writer.type_ahead("".join(line))
     finally:
         console.raw(False)
-        llm.write("\n")
+        llm_session.write("\n")
 
 
 def terminal_width(console):
@@ -384,7 +384,7 @@ class Wrap:
 
     def write(self, text):
         if not self.width:
-            llm.write(text)
+            llm_session.write(text)
             return
         out = []
         for c in text:
@@ -411,7 +411,7 @@ class Wrap:
                 self.open = True
                 self._put(c, out)
         if out:
-            llm.write("".join(out))
+            llm_session.write("".join(out))
 
     def _put(self, c, out):
         if self.column + 1 > self.width:  # a word longer than the line
@@ -444,7 +444,7 @@ class Wrap:
             self.column += 1
             self.space = False
         if out:
-            llm.write("".join(out))
+            llm_session.write("".join(out))
 
 
 def _makedirs(path):
@@ -527,9 +527,9 @@ class _Keeper:
         it, the one copy left."""
         note = self.save(text) if text.strip() else ""
         if note:
-            llm.write(note + "\n")
+            llm_session.write(note + "\n")
         if note.startswith("[cannot"):
-            llm.write("[the story, so that it is not lost:]\n")
+            llm_session.write("[the story, so that it is not lost:]\n")
             _show(text, width)
 
 
@@ -544,49 +544,49 @@ def _chat_command(writer, line, keeper, wrap_width):
     word, _, arg = line.partition(" ")
     arg = arg.strip()
     if word in ("/help", "/new", "/undo", "/story", "/quit") and arg:
-        llm.write(f"[{word} takes no argument]\n")
+        llm_session.write(f"[{word} takes no argument]\n")
     elif word == "/help":
-        llm.write(HELP)
+        llm_session.write(HELP)
     elif word == "/quit":
         return "quit"
     elif word == "/new":
         keeper.keep(writer.text, wrap_width)
         writer.new()
-        llm.write("[a new story]\n")
+        llm_session.write("[a new story]\n")
     elif word == "/undo":
         if not writer.undo():
-            llm.write("[nothing to take back]\n")
+            llm_session.write("[nothing to take back]\n")
         else:
-            llm.write("[took back the last turn; the story now:]\n" if writer.text
+            llm_session.write("[took back the last turn; the story now:]\n" if writer.text
                       else "[took back the last turn; the story is empty]\n")
             _show(writer.text, wrap_width)
     elif word == "/story":
         if writer.text:
             _show(writer.text, wrap_width)
         else:
-            llm.write("[the story is empty]\n")
+            llm_session.write("[the story is empty]\n")
     elif word == "/save":
         if not arg:
-            llm.write("[/save needs a file name, e.g. /save story.txt]\n")
+            llm_session.write("[/save needs a file name, e.g. /save story.txt]\n")
         elif not writer.text.strip():
-            llm.write("[nothing to save yet]\n")
+            llm_session.write("[nothing to save yet]\n")
         else:
-            llm.write(keeper.save(writer.text, arg) + "\n")
+            llm_session.write(keeper.save(writer.text, arg) + "\n")
     elif word == "/seed":
         try:
             writer.set_seed(_number(arg, int))
-            llm.write(f"[seed {arg}]\n")
+            llm_session.write(f"[seed {arg}]\n")
         except (ValueError, TypeError):
-            llm.write("[/seed needs a whole number from 0 to 2**64-1, e.g. /seed 7]\n")
+            llm_session.write("[/seed needs a whole number from 0 to 2**64-1, e.g. /seed 7]\n")
     elif word == "/temp":
         try:
             writer.set_temperature(_number(arg, float))
-            llm.write(f"[temp {arg}]\n")
+            llm_session.write(f"[temp {arg}]\n")
         except (ValueError, TypeError):
-            llm.write("[/temp needs a number, 0 or more, e.g. /temp 0.8 (0: always the "
+            llm_session.write("[/temp needs a number, 0 or more, e.g. /temp 0.8 (0: always the "
                       "likeliest)]\n")
     elif word.startswith("/") and word[1:].isalpha():
-        llm.write(f"[no command {word}; /help lists them]\n")
+        llm_session.write(f"[no command {word}; /help lists them]\n")
     else:
         return False
     return True
@@ -594,9 +594,9 @@ def _chat_command(writer, line, keeper, wrap_width):
 
 def _show(text, width):
     w = Wrap(width)
-    w.write(llm.shown(text))
+    w.write(llm_session.shown(text))
     w.end()
-    llm.write("\n")
+    llm_session.write("\n")
 
 
 #: What the chat says when the model ends the story right after a line (it
@@ -610,7 +610,7 @@ AGAIN = "(Ctrl-C again or Ctrl-D leaves)"
 def chat(**options):
     """Write a story together, line by line, until told to stop (CoWriter).
 
-    Takes CoWriter's options: session (default llm.default_session),
+    Takes CoWriter's options: session (default llm_session.default_session),
     max_tokens per reply (default TURN_TOKENS), finish (default
     FINISH_TOKENS: a reply goes on to the end of its sentence, that many
     tokens past max_tokens at most), temperature, top_k, seed (one seed for
@@ -631,7 +631,7 @@ def chat(**options):
     options.setdefault("finish", FINISH_TOKENS)
     writer = CoWriter(**options)
     console = _Console.open()
-    llm.write(HELP)
+    llm_session.write(HELP)
     interrupted = False  # the last prompt ended in a Ctrl-C (input(): piped input)
     while True:
         pieces = None
@@ -646,14 +646,14 @@ def chat(**options):
                 if console is not None:
                     break  # (_read_line ended the line)
                 if interrupted:
-                    llm.write("\n")
+                    llm_session.write("\n")
                     break
                 interrupted = True
-                llm.write("\n" + AGAIN + "\n")
+                llm_session.write("\n" + AGAIN + "\n")
                 continue
             except EOFError:
                 if console is None:  # (_read_line ends its line)
-                    llm.write("\n")
+                    llm_session.write("\n")
                 break
             interrupted = False
             line = line.strip()
@@ -667,26 +667,26 @@ def chat(**options):
                 continue
             pieces = writer.turn(line)
             if writer.rolled:
-                llm.write(f"[the story is longer than the model's memory: it keeps the beginning "
+                llm_session.write(f"[the story is longer than the model's memory: it keeps the beginning "
                           f"and the latest part ({writer.rolled} tokens forgotten)]\n")
             wrap = Wrap(width)
             for piece in pieces:
-                wrap.write(llm.shown(piece))
+                wrap.write(llm_session.shown(piece))
             wrap.end()
             s = writer.session.stats()
-            note = llm.stop_message(s) if s["stop"] not in (llm.STOP_EOT, llm.STOP_BUDGET) else ""
-            if s["stop"] == llm.STOP_EOT and not s["tokens"]:
+            note = llm_session.stop_message(s) if s["stop"] not in (llm_session.STOP_EOT, llm_session.STOP_BUDGET) else ""
+            if s["stop"] == llm_session.STOP_EOT and not s["tokens"]:
                 # nothing written: else the line would be answered with an empty one
-                llm.write(ENDED_AT_ONCE + "\n")
+                llm_session.write(ENDED_AT_ONCE + "\n")
             else:
-                llm.write("\n" + note + "\n" if note else "\n")
+                llm_session.write("\n" + note + "\n" if note else "\n")
         except KeyboardInterrupt:
             wrap.end()
-            llm.write("\n[reply stopped]\n")
+            llm_session.write("\n[reply stopped]\n")
         except ValueError as e:
             if isinstance(e, UnicodeError):  # input that is not text: the caller's to say
                 raise
-            llm.write(str(e) + "\n")
+            llm_session.write(str(e) + "\n")
         finally:
             if pieces is not None:
                 pieces.close()  # MicroPython does not close an abandoned generator

@@ -116,6 +116,9 @@ class ConvertReport:
     #: the share of rows it scored on the drafter's stories and a step's
     #: modeled cost with and without it
     head_left_out: str = ""
+    #: the tabulated shape the drafts and the head were priced as when the
+    #: image's own has no prices in draft_prices.json ("": its own, or none built)
+    priced_as: str = ""
     family: str = "esp32ai"  # "esp32ai" (model.bin + tokenizer.json) or "llama2c"
     checkpoint_version: int = -1  # llama2.c's file version (0, 1, 2); -1 for esp32ai
     certified_head: bool = False  # the image has head tiles (formats.head_tiles)
@@ -382,7 +385,7 @@ def convert(
         raise ConvertError(f"drafter_stories must be >= 0, not {drafter_stories}")
     drafts = None
     drafts_seconds = 0.0
-    left_out = head_left_out = ""
+    left_out = head_left_out = priced_as = ""
     choice, boards = WeightsChoice(), {}
     with atomic_path(out) as staging:
         def write(w: Weights, drafts: object = None,
@@ -407,6 +410,8 @@ def convert(
         if drafter_stories:
             drafts, worth, drafts_seconds = _build_drafter(staging, drafter_stories,
                                                            progress is True)
+            if worth is not None and not worth.priced_exactly:
+                priced_as = worth.priced_as
             if worth is not None and not worth.pays:
                 left_out = str(worth)
                 if drafter_always:
@@ -437,7 +442,7 @@ def convert(
                          source_sha256=fingerprint, sections=report.sections,
                          drafts_records=drafts.entries if drafts is not None else 0,
                          drafts_seconds=drafts_seconds, drafter_left_out=left_out,
-                         head_left_out=head_left_out,
+                         head_left_out=head_left_out, priced_as=priced_as,
                          family="llama2c" if llama else "esp32ai", checkpoint_version=version,
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
@@ -510,13 +515,22 @@ def _v_can_widen(w: Weights) -> bool:
     return v_rows_can_widen(c.dim, c.kv_dim, [ly.qkv.q for ly in w.layers])  # type: ignore[union-attr]
 
 
+def _priced_shape(w: Weights) -> dict[str, object]:
+    """These weights' shape as draft_prices.prices_for reads it (the engine's config keys)."""
+    c = w.config
+    return {"dim": c.dim, "n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.kv_heads,
+            "ffn": c.ffn, "ple_dim": c.ple_dim, "vocab_out": c.vocab_out, "seq_len": c.seq_len,
+            "group": c.group, "weights": weight_format(w.layers[0].qkv)}
+
+
 def _head_left_out(w: Weights, rows_scored: float) -> str:
     """Why the certified head is left out ("": it saves time): a plain step
     with it, scoring `rows_scored` of the rows (measured on the converter's
-    stories), costs no less than with the dense head (the S3 cost model)."""
-    from .costmodel.prices import head_step_ms
+    stories), costs no less than with the dense head (the S3 cost model's
+    figures as data: draft_prices.json)."""
+    from .draft_prices import prices_for
 
-    cert, dense = head_step_ms(_shape(w), rows_scored)
+    cert, dense = prices_for(_priced_shape(w)).head_step_ms(rows_scored)
     if cert < dense:
         return ""
     return (f"it scored {100 * rows_scored:.1f} % of its rows on the drafter's stories; a step "
@@ -691,6 +705,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drafter left out: {rep.drafter_left_out}")
         if rep.head_left_out:
             print(f"certified head left out: {rep.head_left_out}")
+        if rep.priced_as:
+            print(f"priced as {rep.priced_as}'s shape: the nearest that tools/mpllm/"
+                  "draft_prices.json holds (python -m mpllm.costmodel.prices --write adds "
+                  "shapes)")
     print(f"wrote {rep.out} ({rep.file_bytes:,} bytes)")
     return 0
 

@@ -48,23 +48,21 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
     and the image format version, so a newer format never reads a stale image, the
     weights the conversion uses (pinned_choice), the drafter's story count
     (convert.DRAFTER_STORIES) and rule (drafting.TABLE_RULE),
-    and the cost model's sources: the converter writes its draft prices into the
-    table as the min_odds, so a changed cost model converts again (hashing its
-    files costs a millisecond; computing the prices, a tenth of a second at every
-    start of chat.py)."""
+    and the version of the cost model's figures the converter reads
+    (draft_prices.json: the drafts table's min_odds, whether the drafter and the
+    certified head pay), so new prices convert again and nothing else of the
+    cost model does."""
     from .convert import DRAFTER_STORIES
+    from .draft_prices import version
     from .drafting import TABLE_RULE
     from .formats.image import VERSION
 
     model_sha = sha256_file(model_bin)
     weights = pinned_choice(model_bin, weights, model_sha)[0]
-    costmodel = hashlib.sha256()
-    for src in sorted((Path(__file__).parent / "costmodel").glob("*.py")):
-        costmodel.update(src.read_bytes())
     key = hashlib.sha256((model_sha + sha256_file(tokenizer)
                           + f"image-v{VERSION}-weights-{weights}"
                           + f"-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
-                          + f"-costmodel{costmodel.hexdigest()}").encode()).hexdigest()
+                          + f"-prices{version()}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 

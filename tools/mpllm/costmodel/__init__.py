@@ -97,6 +97,9 @@ The package, one idea a module (each imports only modules listed above it):
   bands         a figure's low / mid / high from its three dominant unknowns
   host          measuring the host engine (`measure_host`, `measure_fractions`)
   spec_measure  measuring the speculative inputs (`measure_spec`; uses drafting)
+  drafting_study  each drafter's tokens per pass on a model, every pass priced
+                (`study`, `measure`; the command `python -m
+                mpllm.costmodel.drafting_study`)
   spec_report   the report's speculative builds and their what-ifs
   reporting     `report`, `Report` (table and JSON), the what-ifs, `plot`
   llama         llama2.c's shapes on the N16R8 and the N8 (no PSRAM): placement
@@ -117,9 +120,9 @@ bus rate, flash at FLASH_BPS) and run their code from flash through the
 instruction cache (`CODE_BYTES_FORMATS`, measured). Their band adds the
 scalar op price: C_OP (mid), one op a cycle (low), the same distance above mid (high).
 
-mpllm.drafting imports `Shape` (shape) and `draft_prices` (prices), whose
-modules import nothing that imports drafting; spec_measure imports drafting
-(inside the functions that use it). This module only hands the names on.
+drafting_study is the drafting study's command (`python -m
+mpllm.costmodel.drafting_study`): it imports drafting and convert, and is
+not handed on here. This module only hands the names on.
 """
 
 # Each module's __all__ lists the names it defines, once; the star imports

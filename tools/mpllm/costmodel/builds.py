@@ -309,8 +309,8 @@ OURS = ("mpllm-before-greedy", "mpllm-before-sampled", "mpllm-exact-greedy",
 _SPEC_NOTES = (
     ("speculative decoding: drafts verified in passes of m positions (llm_verify), output "
      "bit-identical to plain decoding; ms/token = the time of one pass / story tokens per pass, "
-     "m = drafted + 1 and tokens per pass measured on the demo model (mpllm.drafting.study; "
-     "the release model's acceptance cannot be measured here); passes of floor(m) and ceil(m) "
+     "m = drafted + 1 and tokens per pass measured on the demo model "
+     "(mpllm.costmodel.drafting_study.study; the release model's acceptance cannot be measured here); passes of floor(m) and ceil(m) "
      "positions mixed to the measured mean, starting at positions 4..203"),
     ("a pass: the core's weights once (they are in SRAM: what it saves is PIE work, the "
      "many-columns kernel's count per row per column, measured by the host model); KV rows "

@@ -28,11 +28,11 @@ __all__ = [
     "real_model_drafts",
 ]
 
-#: mpllm.drafting.study's story prompts (its defaults), used for every
+#: drafting_study.study's story prompts (its defaults), used for every
 #: measurement of the speculative inputs.
 SPEC_PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog",
                 "The sun was", "Once upon a time, there was")
-#: the sampled runs' seeds (drafting.study's defaults): T 0.8, top-k 40
+#: the sampled runs' seeds (drafting_study.study's defaults): T 0.8, top-k 40
 SPEC_SEEDS = (1, 2, 3, 4, 5)
 SPEC_MODES = ("greedy", "sampled")
 
@@ -69,7 +69,7 @@ class DraftFigures:
 
     @classmethod
     def from_study(cls, name: str, r: Mapping[str, float]) -> DraftFigures:
-        """From one drafting.study() row. The drafts per pass are its "drafted"
+        """From one drafting_study.study() row. The drafts per pass are its "drafted"
         count when it has one, else accepted / accept_rate, accepted = story
         tokens - passes (each pass emits its accepted drafts and one token)."""
         passes, story = int(r["passes"]), int(r["story_tokens"])
@@ -86,14 +86,14 @@ class DraftFigures:
 
 
 def _study_row(story_tokens: int, passes: int, drafted: int) -> dict[str, float]:
-    """A drafting.study() row from its three counts: each pass emits its own
+    """A drafting_study.study() row from its three counts: each pass emits its own
     token and the drafts it accepted, so accepted = story tokens - passes."""
     return {"tokens_per_pass": story_tokens / passes,
             "accept_rate": (story_tokens - passes) / drafted,
             "passes": passes, "drafted": drafted, "story_tokens": story_tokens}
 
 
-#: mpllm.drafting.study on the demo model (n_tokens 200, table_stories 200,
+#: drafting_study.study on the demo model (n_tokens 200, table_stories 200,
 #: seeds 1-5, the drafts table priced by draft_prices() for the release
 #: shape, its shares calibrated, as convert builds it): the figures used
 #: when it is not re-run
@@ -115,8 +115,8 @@ DEFAULT_STUDY: dict[str, dict[str, dict[str, float]]] = {
 #: The same drafter (the n-gram table convert stores: 200 of the model's own
 #: stories, shares calibrated, priced by draft_prices() for the release
 #: shape) on a real trained llama2.c model, stories260K by token ids, whose
-#: text is about as uncertain as the release model's: mpllm.drafting.measure
-#: (`python -m mpllm.drafting --llama2c stories260K.bin
+#: text is about as uncertain as the release model's: drafting_study.measure
+#: (`python -m mpllm.costmodel.drafting_study --llama2c stories260K.bin
 #: --prices release`; 200 sampled stories, 40 greedy, 200 tokens). The
 #: speculative rows' tokens per pass at a real model's acceptance, beside
 #: DEFAULT_STUDY's demo figures.
@@ -208,7 +208,7 @@ class SpecInputs:
         return cls({mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
                     for mode, rows in DEFAULT_STUDY.items()},
                    {k: dataclasses.replace(v) for k, v in DEFAULT_UNION.items()},
-                   source={"drafts": "default: drafting.study on the demo (200 table "
+                   source={"drafts": "default: drafting_study.study on the demo (200 table "
                                      "stories, release-priced drafts table)",
                            "union": DEFAULT_UNION["greedy"].source,
                            "cols_pie": "closed form (pie_cols_instructions)"})

@@ -1,8 +1,9 @@
 """Measuring the speculative inputs on the host engine: drafting
-(mpllm.drafting.study, and other n-gram thresholds and caps), the head's
+(drafting_study.study, and other n-gram thresholds and caps), the head's
 union ratios of verify passes against steps (each pass's bytes checked
 against the pass formulas), and all of them together (`measure_spec`).
-The package's only user of mpllm.drafting, imported where it is used.
+With drafting_study, the package's users of mpllm.drafting, imported where
+it is used.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ __all__ = ["measure_adaptive", "measure_drafting", "measure_spec", "measure_unio
 def measure_drafting(image: object, *, table_stories: int = 200, n_tokens: int = 200,
                      seeds: Sequence[int] = SPEC_SEEDS, llm_module: object | None = None
                      ) -> tuple[dict[str, dict[str, DraftFigures]], dict[str, object]]:
-    """mpllm.drafting.study on `image` (the demo model): per mode and drafter
+    """drafting_study.study on `image` (the demo model): per mode and drafter
     the tokens and drafts per pass; and the n-gram table's size."""
-    from .. import drafting
+    from . import drafting_study
 
-    res = drafting.study(os.fspath(image), n_tokens=n_tokens,  # type: ignore[arg-type]
-                         prices=draft_prices(),
-                         table_stories=table_stories, seeds=seeds, llm_module=llm_module)
+    res = drafting_study.study(os.fspath(image), n_tokens=n_tokens,  # type: ignore[arg-type]
+                               prices=draft_prices(),
+                               table_stories=table_stories, seeds=seeds, llm_module=llm_module)
     table = dict(res.pop("table").get("entries", {}))  # type: ignore[union-attr]
     drafts = {mode: {n: DraftFigures.from_study(n, r) for n, r in rows.items()}
               for mode, rows in res.items()}
@@ -160,7 +161,7 @@ def measure_adaptive(image: object, *, llm_module: object | None = None,
     """The self-distilled n-gram drafter with other (constant) thresholds on
     the chance that a whole draft is accepted (the drafts table's min_odds)
     and draft caps, replayed over the same stories as
-    drafting.study (its table built the same way: drafting.self_distilled),
+    drafting_study.study (its table built the same way: drafting.self_distilled),
     beside the table convert stores ("ngram priced": draft_prices()): the
     cost model picks the threshold and cap that minimise ms/token."""
     from .. import drafting
@@ -210,8 +211,8 @@ def measure_spec(demo_image: object, release_image: object | None = None, *,
     drafts, table = measure_drafting(demo_image, table_stories=table_stories,
                                      n_tokens=n_tokens, seeds=seeds, llm_module=llm_module)
     spec.drafts, spec.table = drafts, table
-    spec.source["drafts"] = (f"drafting.study on the demo: {n_tokens} tokens, {table_stories} "
-                             f"table stories, seeds {list(seeds)}")
+    spec.source["drafts"] = (f"drafting_study.study on the demo: {n_tokens} tokens, "
+                             f"{table_stories} table stories, seeds {list(seeds)}")
     progress("the head rows a verify pass scores (union ratios), demo model")
     spec.union = measure_union(demo_image, llm_module=llm_module, n_tokens=n_tokens, seeds=seeds)
     spec.source["union"] = spec.union["sampled"].source

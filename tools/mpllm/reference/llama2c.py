@@ -1,7 +1,7 @@
 """A float32 numpy forward pass of llama2.c's Llama (karpathy/llama2.c `run.c`),
 by token ids: enough to let a real trained llama2.c checkpoint write stories
 on this PC, so the drafter's tokens per pass can be measured on a model as
-unpredictable as real text (mpllm.drafting --llama2c).
+unpredictable as real text (mpllm.costmodel.drafting_study --llama2c).
 
 The checkpoint is read by mpllm.formats.llama2c (any of llama2.c's file
 versions). The model is run.c's: RMSNorm (eps 1e-5), RoPE
