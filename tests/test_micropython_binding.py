@@ -199,7 +199,7 @@ def test_llm_py_story_through_the_real_binding(micropython: Path, tmp_path: Path
     code = f"""
 import llm
 llm.load({str(img)!r})
-llm.story("Once upon a time", temperature=0)
+llm.story("Once upon a time", temperature=0, draft="ngram")  # (auto: paced by the clock)
 s = llm.stats()
 print("PASSES", s["passes"], s["accepted"], s["drafted"])
 llm.story("Tom and his dog", seed=7, max_tokens=60)
