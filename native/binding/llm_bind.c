@@ -232,9 +232,24 @@ static uint32_t fitting_context(fit *f, llm_error *e) {
 }
 
 /* Model()'s one open: at the context asked, else at fitting_context's. */
+/* A plan counts free bytes, not the heap's blocks: where the planned context
+ * still finds no block (a fragmented heap), a shorter one is opened for real,
+ * an eighth shorter each time, so that Model() never fails where a shorter
+ * context opens (the old search's promise, kept by real opens only here). */
+static llm_status open_shorter(const llm_bind_model *m, const uint8_t *data, size_t len,
+                               uint32_t context, int plain, llm_engine **out, llm_error *e) {
+    llm_status st = LLM_E_NOMEM;
+    while (st == LLM_E_NOMEM && context > 1u) {
+        context -= context / 8u > 0u ? context / 8u : 1u;
+        st = open_at(m, data, len, context, plain, out, e);
+    }
+    return st;
+}
+
 static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, size_t len,
                                uint32_t context, int plain, llm_engine **out, llm_error *e) {
-    if (context == 0 && m->port->memory != NULL) {
+    const int planned = context == 0 && m->port->memory != NULL;
+    if (planned) {
         fit f = {data, len, m->port, {{0}, 0, 0}, plain, {NULL, 0, {0}, 0}};
         m->port->memory(m->port->ctx, &f.memory);
         context = fitting_context(&f, e);
@@ -242,6 +257,7 @@ static llm_status open_fitting(const llm_bind_model *m, const uint8_t *data, siz
     }
     /* (a port that cannot say its memory: opened at the image's seq_len, or refused) */
     llm_status st = open_at(m, data, len, context, plain, out, e);
+    if (st == LLM_E_NOMEM && planned) st = open_shorter(m, data, len, context, plain, out, e);
     if (st != LLM_OK || !plain) return st;
     st = llm_set_plain(*out, 1, e); /* (llm_bind_open sets it again: a no-op) */
     if (st != LLM_OK) {

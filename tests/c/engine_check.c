@@ -666,6 +666,54 @@ static void check_fitting_context(const uint8_t *img, size_t len) {
            plans_checked, most_opens);
 }
 
+/* A port whose memory hook claims more than its allocator gives, as a
+ * fragmented heap does (free bytes in no one block): the plan then picks a
+ * context that does not open, and Model() must still open a shorter one, for
+ * real, rather than fail. */
+static void (*honest_memory)(void *ctx, llm_memory *out); /* the host port's own hook */
+static uint64_t lie_bytes;
+static void lying_memory(void *ctx, llm_memory *out) {
+    honest_memory(ctx, out);
+    if (out->free[LLM_REGION_BULK] != LLM_MEMORY_UNLIMITED) out->free[LLM_REGION_BULK] += lie_bytes;
+}
+
+static void check_planned_open_falls_back(const uint8_t *img, size_t len) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return;
+    const uint32_t seq = llm_get_config(e)->seq_len;
+    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
+    llm_close(e);
+    int tried = 0, fell_back = 0;
+    for (uint32_t k = 1; k <= 16; k++) { /* everything competing for BULK, as on the N8 */
+        llm_bind_model m = {NULL, &hp.port, NULL, 0};
+        llm_bind_error err;
+        llm_port_host_init(&hp);
+        hp.capacity[LLM_REGION_FAST] = 1u;
+        hp.capacity[LLM_REGION_BULK] = everything * k / 16u;
+        if (llm_bind_open(&m, img, len, 0, 0, 0, NULL, &err) != LLM_BIND_OK) continue;
+        const uint32_t honest = llm_get_config(m.engine)->seq_len;
+        llm_bind_close(&m);
+        if (honest == seq) continue; /* (only where Model() chooses a context) */
+        tried++;
+        honest_memory = hp.port.memory;
+        lie_bytes = everything / 16u;
+        hp.port.memory = lying_memory;
+        opens_made = 0;
+        const llm_bind_kind kind = llm_bind_open(&m, img, len, 0, 0, 0, NULL, &err);
+        EXPECT(kind == LLM_BIND_OK, "cap %u/16 with a lying memory hook: Model() failed (%s)", k,
+               err.message);
+        if (kind != LLM_BIND_OK) continue;
+        fell_back += opens_made > 1u;
+        llm_bind_close(&m);
+        EXPECT(hp.live_blocks == 0, "cap %u/16: %u blocks leaked", k, hp.live_blocks);
+    }
+    EXPECT(fell_back > 0, "the lying hook never made the planned open fail: the check is idle");
+    printf("planned open falls back: %d of %d caps opened a shorter context for real\n",
+           fell_back, tried);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
@@ -694,6 +742,7 @@ int main(int argc, char **argv) {
     check_k_dots_memory(img, (size_t)n);
     check_plan_reuse(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
+    check_planned_open_falls_back(img, (size_t)n);
     check_head_gives_way(img, (size_t)n);
     check_arguments(img, (size_t)n);
     check_mutations(img, (size_t)n);
