@@ -11,7 +11,13 @@ story, and the cost model's refit of the fill/compute overlap from that JSON
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import engine_ext
 import pytest
@@ -84,3 +90,148 @@ def test_preload_switch_at_runtime(demo_image) -> None:  # type: ignore[no-untyp
         assert all((n > 0) == on for on, n in counts), counts
         with pytest.raises(TypeError):
             m.set_preload()  # type: ignore[call-arg]
+
+
+# ---- bench.py --ab -----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "tools" / "bench.py"
+
+
+def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tools"), engine_ext.PYTHONPATH,
+                                         env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
+                          check=False, timeout=timeout, env=env)
+
+
+def _check_ab_json(data: dict, switches: tuple[str, ...]) -> None:
+    """The documented keys (costmodel.AB_KEYS, AB_SWITCH_KEYS) and their sense."""
+    from mpllm import costmodel as cm
+
+    assert set(data) == set(cm.AB_KEYS)
+    assert data["kind"] == "mpllm-ab" and data["version"] == 1
+    stages = {*cm.STAGES, "total"}
+    assert set(data["switches"]) == set(switches)
+    for sw in data["switches"].values():
+        assert set(sw) == set(cm.AB_SWITCH_KEYS)
+        assert sw["status"] == "measured" and sw["same_output"] is True
+        assert set(sw["off"]) == set(sw["on"]) == set(sw["ratio"]) == stages
+        assert sw["ratio"]["total"] == pytest.approx(sw["on"]["total"] / sw["off"]["total"])
+        assert sw["overlap"]["off"] == data["overlap"]["value"]
+    assert set(data["baseline"]) == {"greedy", "sampled"}
+    for base in data["baseline"].values():
+        assert set(base) == {"stage_ms", "positions", "rows_fraction", "runs"}
+        assert 0.0 < base["rows_fraction"] <= 1.0
+    assert set(data["overlap"]) == {"value", "physical", "stages", "was"}
+    # interleaved: per switch, each round off then on, every run in each
+    order = [(m["switch"], m["round"], m["on"]) for m in data["measurements"]]
+    n_runs = len(data["runs"])
+    want = [(s, r, on) for s in switches for r in range(data["rounds"])
+            for on in (False, True) for _ in range(n_runs)]
+    assert order == want
+
+
+def test_ab_on_the_host_board(demo_image, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """bench.py --board host --ab: both switches, two rounds, greedy and sampled;
+    the JSON has the documented keys, every switch kept every run's ids and
+    logits hash; its refit moves the overlap to what the JSON's stages say."""
+    out = tmp_path / "ab.json"
+    r = _bench("--board", "host", "--ab", "--image", str(demo_image), "--tokens", "16",
+               "--prompt", "Once upon a time", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preload    on/off" in r.stdout and "k_dots     on/off" in r.stdout
+    assert "fill/compute overlap fitted from the stages" in r.stdout
+    data = json.loads(out.read_text())
+    _check_ab_json(data, ("preload", "k_dots"))
+    assert all(m["preloads"] > 0 for m in data["measurements"]
+               if m["switch"] == "preload" and m["on"])
+    assert all(m["preloads"] == 0 for m in data["measurements"] if not m["on"])
+    _check_refit(data, tmp_path)
+
+
+def _check_refit(data: dict, tmp_path: Path) -> None:
+    """The refit takes the overlap the JSON's own stage times imply: as written
+    (a host's stages are no S3's: outside [0, 1], priced clamped), and with its
+    baseline rewritten to what an S3 at overlap 0.9 would time."""
+    from mpllm import costmodel as cm
+
+    f0 = cm.fit()
+    f1, detail = cm.refit(data)
+    assert detail["value"] == pytest.approx(data["overlap"]["value"], rel=1e-12)
+    assert f1.overlap == min(1.0, max(0.0, detail["value"]))
+    assert dataclasses.replace(f1, overlap=f0.overlap) == f0  # nothing else moved
+
+    board = json.loads(json.dumps(data))
+    for row in detail["stages"]:  # measured = base - 0.9 x hideable, per mode and stage
+        board["baseline"][row["mode"]]["stage_ms"][row["stage"]] = (
+            row["base_ms"] - 0.9 * row["hideable_ms"])
+    f2, d2 = cm.refit(board)
+    assert f2.overlap == pytest.approx(0.9, abs=1e-9) and d2["physical"]
+    summary = cm.refit_summary(board)
+    for mode, p in summary["release_ms"].items():  # more hidden than 0.62: faster
+        assert p["after_ms"] < p["before_ms"], mode
+        assert p["after_ms"] == pytest.approx(
+            cm.predict(cm.BUILDS[cm.AB_BUILDS[mode]], f2)["total"])
+    path = tmp_path / "board.json"
+    path.write_text(json.dumps(board))
+    r = _bench("--model-s3", "--refit", str(path), "--json", str(tmp_path / "refit.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "-> 0.900 fitted from its stages" in r.stdout, r.stdout
+    assert json.loads((tmp_path / "refit.json").read_text())["overlap"]["used"] == \
+        pytest.approx(0.9)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"kind": "mpllm-bench"}))
+    r = _bench("--model-s3", "--refit", str(wrong))
+    assert r.returncode == 1 and "not a bench.py --ab report" in r.stderr, r.stderr
+    r = _bench("--refit", str(path))
+    assert r.returncode == 2 and "give --model-s3 too" in r.stderr
+
+
+def test_ab_refuses_a_switch_that_changed_a_story(demo_image) -> None:  # type: ignore[no-untyped-def]
+    """A run whose ids or logits hash differ with the switch on is an error
+    naming the switch, the run and the state (the report is never written)."""
+    from mpllm.board import bench_ab, bench_runs
+
+    runs = bench_runs.default_runs(("Once upon a time",))
+    rep_args = (runs, 12, ("preload",), 1)
+    good = bench_ab.run_ab_host(demo_image, *rep_args[:2], switches=rep_args[2],
+                                rounds=rep_args[3])
+    parsed = {"info": {k: good[k] for k in ("build_info", "config", "memory")},
+              "measurements": good["measurements"], "skipped": {}}
+    parsed["info"]["mode"] = "exact"
+    again = bench_ab.ab_report(parsed, runs, 12, 1, bench_ab.AB_ROWS, "host")
+    assert again["switches"] == good["switches"]
+    for field, what in (("hash", "logits hash"), ("ids", "ids")):
+        bad = json.loads(json.dumps(parsed))
+        m = next(x for x in bad["measurements"] if x["on"] and x["run"] == 1)
+        m[field] = "0" * 16 if field == "hash" else m["ids"][:-1] + [m["ids"][-1] + 1]
+        with pytest.raises(ValueError, match=rf"switch preload changed the output of run 1 "
+                                             rf"\('Once upon a time', sampled\): its {what} "
+                                             r"with the switch on in round 0 differs"):
+            bench_ab.ab_report(bad, runs, 12, 1, bench_ab.AB_ROWS, "host")
+
+
+def test_ab_through_the_serial_peer(micropython, demo_image, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """bench.py --port PEER --ab: MicroPython's unix port with the real `_llm`
+    (the shared binding, the host port's preload hook) behind a pseudo-terminal;
+    the same ids and hashes as the host board, and a JSON the model refits from."""
+    from serial_peer import SerialPeer
+
+    out = tmp_path / "port.json"
+    with SerialPeer([ROOT / "firmware" / "modules"], micropython=str(micropython)) as peer:
+        r = _bench("--port", peer.port, "--port-image", str(demo_image), "--ab", "--tokens",
+                   "12", "--prompt", "Once upon a time", "--ab-rounds", "1", "--json",
+                   str(out), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    _check_ab_json(data, ("preload", "k_dots"))
+    host = _bench("--board", "host", "--ab", "--image", str(demo_image), "--tokens", "12",
+                  "--prompt", "Once upon a time", "--ab-rounds", "1", "--json",
+                  str(tmp_path / "host.json"))
+    assert host.returncode == 0, host.stdout + host.stderr
+    on_host = json.loads((tmp_path / "host.json").read_text())["measurements"]
+    assert [(m["ids"], m["hash"]) for m in data["measurements"]] == \
+        [(m["ids"], m["hash"]) for m in on_host]
+    _check_refit(data, tmp_path)
