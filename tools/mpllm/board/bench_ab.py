@@ -26,7 +26,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import costmodel
-from .bench import _board, _TimedWriter, import_llm_modules, progress_close
+from ..checkout import board_module
+from .bench import TimedWriter, import_llm_modules, progress_close
 from .bench_runs import RunSpec, StreamRecorder
 from .transport import run_port_snippet
 
@@ -42,7 +43,7 @@ def _ab_args(runs: Sequence[RunSpec], n_tokens: int, switches: Sequence[str], ro
         raise ValueError(f"--tokens must be at least 2, got {n_tokens}")
     if rounds < 1:
         raise ValueError(f"--ab-rounds must be at least 1, got {rounds}")
-    known = _board("llm_bench").SWITCHES
+    known = board_module("llm_bench").SWITCHES
     bad = [s for s in switches if s not in known]
     if bad:
         raise ValueError(f"no switch {', '.join(bad)} (known: {', '.join(known)})")
@@ -79,8 +80,8 @@ def run_ab_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens
     import_llm_modules(llm_module)
     args = _ab_args(runs, n_tokens, switches, rounds, rows)
     rec = StreamRecorder()
-    with contextlib.redirect_stdout(_TimedWriter(rec)):
-        _board("llm_bench").ab(*args, image=os.fspath(image), private=True)
+    with contextlib.redirect_stdout(TimedWriter(rec)):
+        board_module("llm_bench").ab(*args, image=os.fspath(image), private=True)
     progress_close()
     return ab_report(parse_ab(rec.text(), board), runs, n_tokens, rounds, rows, board)
 
@@ -88,7 +89,7 @@ def run_ab_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens
 def parse_ab(text: str, board: str) -> dict:
     """llm_bench.ab()'s lines: {"info", "measurements", "skipped"}; ValueError
     with the output's tail when the info line is missing."""
-    lb = _board("llm_bench")
+    lb = board_module("llm_bench")
     info, meas, skipped = None, [], {}
     for line in text.splitlines():
         line = line.strip()
