@@ -91,7 +91,9 @@ static uint64_t esp32_now_us(void *ctx) {
  *   uint32_t Cache_DCache_Preload_Done(void);
  *   void Cache_End_DCache_Preload(uint32_t autoload);
  * (order 0: ascending addresses; Start returns whether auto preload was on,
- * which End restores). The cache has one manual preload at a time: a hint
+ * which End restores). IDF's RGB LCD driver (esp_lcd_panel_rgb.c) makes the
+ * same Start call, (address, bytes, 0), to stage the next chunk of a PSRAM
+ * frame buffer. The cache has one manual preload at a time: a hint
  * that arrives while the last one still runs is dropped, so the engine never
  * waits for it. Only PSRAM and flash-mapped data go through the data cache;
  * other addresses are ignored. A preload only fills cache lines: no byte the
