@@ -163,10 +163,16 @@ def _check_refit(data: dict, tmp_path: Path) -> None:
     assert f1.overlap == min(1.0, max(0.0, detail["value"]))
     assert dataclasses.replace(f1, overlap=f0.overlap) == f0  # nothing else moved
 
+    # a board whose stages take what the model prices at overlap 0.9 (its own
+    # work: the JSON's shape, positions and head rows) refits to 0.9
     board = json.loads(json.dumps(data))
-    for row in detail["stages"]:  # measured = base - 0.9 x hideable, per mode and stage
-        board["baseline"][row["mode"]]["stage_ms"][row["stage"]] = (
-            row["base_ms"] - 0.9 * row["hideable_ms"])
+    shape = cm.Shape.from_config(data["config"])
+    at = dataclasses.replace(f0, overlap=0.9)
+    for mode, base in board["baseline"].items():
+        b = dataclasses.replace(cm.BUILDS[cm.AB_BUILDS[mode]], rows_fraction=base["rows_fraction"])
+        work = cm.build_work(b, shape, base["positions"])
+        for st in cm.STAGES:
+            base["stage_ms"][st] = 1e3 * cm.stage_seconds(work[st], at)
     f2, d2 = cm.refit(board)
     assert f2.overlap == pytest.approx(0.9, abs=1e-9) and d2["physical"]
     summary = cm.refit_summary(board)
