@@ -445,6 +445,8 @@ def test_c_engine_check_under_sanitizers(engine_image, name: str) -> None:  # ty
     placed_by_plain = "plain memory: the float V (" in result.stdout
     assert placed_by_plain == name.startswith("tiny"), out
     assert "k_dots memory: its scratch placed once, refused without room" in result.stdout, out
+    assert ("preload hook: counted by the host port when on, never when off, same tokens"
+            in result.stdout), out
     assert "head gives way: at " in result.stdout, out
     assert "logits identical" in result.stdout, out
     assert "sampled split: 24 top-40 tokens identical" in result.stdout, out

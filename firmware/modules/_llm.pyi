@@ -251,6 +251,17 @@ class Model:
         "out of memory", K left as floats, if it finds no room."""
     def k_dots(self) -> bool:
         """Whether K is cached as dots (set_k_dots)."""
+    def set_preload(self, on: bool) -> None:
+        """Cache preload hints (off by default; llm.h, llm_set_preload): before
+        the next weight matrix, the layer's cached K and V rows and the head's
+        next tile, the engine asks the port to stage their first bytes in the
+        data cache (on the ESP32-S3 the ROM's Cache_Start_DCache_Preload; on
+        the host and the unix port a counter only). A hint: the same tokens
+        and logits bits on or off; only a board can say whether it pays
+        (bench.py --port PORT --ab). Off in plain mode. Error "bad config"
+        when the port has no preload hook."""
+    def preload(self) -> bool:
+        """Whether cache preload hints are on (set_preload)."""
     def tokenizer(self) -> memoryview:
         """The image's tokenizer section (layout: native/engine/image_format.h),
         read in place, never copied: on CPython a read-only memoryview that
@@ -285,7 +296,8 @@ class Model:
         enter the candidate list), handoffs (int: pieces of work sent to the second core),
         v_wide, k_wide (int: cached V and K rows kept as floats because their
         integer dots did not fit int16; the others are kept as dots, the same
-        values)."""
+        values), preloads, preload_bytes (int: cache preload hints handed to
+        the port while set_preload is on, and the bytes they asked for)."""
     def memory(self) -> list[tuple[str, str, int]]:
         """(name, region, bytes) for every placed section and buffer; region is
         "flash" (read in place from the image), "fast" (internal SRAM) or "bulk"

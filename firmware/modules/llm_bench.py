@@ -12,6 +12,9 @@ and read the lines it prints:
   gate()    "MPLLM-GATE <hash> <n_prompt> <ids...>" (the definition is in
             tools/mpllm/board/gate.py's docstring).
   report()  "MPLLM-REPORT {json}": build, self-test, free memory.
+  ab()      one "MPLLM-BENCH-INFO {json}", then per switch, round, state and
+            run one "MPLLM-AB {json}" (or one "MPLLM-AB-SKIP {json}" for a
+            switch this engine or port does not have): bench.py --ab.
 
 Which model: by default the one the user's session shares (session=None:
 llm.default_session), left open in the modes it had. A runtime with no model
@@ -28,6 +31,11 @@ END = "MPLLM-BENCH-END"
 INFO = "MPLLM-BENCH-INFO"
 GATE = "MPLLM-GATE"
 REPORT = "MPLLM-REPORT"
+AB = "MPLLM-AB"
+AB_SKIP = "MPLLM-AB-SKIP"
+#: The engine's switches ab() can measure: name -> (setter, getter) of
+#: _llm.Model. Each leaves every token and logit as it was (llm.h).
+SWITCHES = {"preload": ("set_preload", "preload"), "k_dots": ("set_k_dots", "k_dots")}
 
 try:
     _now = time.ticks_us
@@ -129,6 +137,76 @@ def bench(runs, n_tokens, draft="auto", image=None, private=False, plain=False, 
             res = {"run": i, "prompt_ids": ids, "ids": out, "wall_us": _us(t0, t1),
                    "after_prefill": first, "final": model.stats(), "counts": counts}
             print(END, json.dumps(res))
+
+
+def ab(runs, n_tokens, switches, rounds, rows, image=None, private=False, session=None):
+    """Each switch off then on, `rounds` times (off, on, off, on, ...), each
+    time every run (prompt, temperature, top_k, seed) for n_tokens tokens
+    one step at a time in exact mode (no drafter: a pass is one token). Per
+    run one AB line: the ids, the FNV-1a 64 of the first `rows` logits rows
+    (the gate's hash) and the engine's ms per decoded token by stage. The
+    switch is put back as it was; a switch the model lacks or refuses (a port
+    without the preload hook) gets one AB_SKIP line."""
+    import _llm
+
+    with _Using(session, image, private, False, False) as using:
+        model = using.model
+        cfg = model.config()
+        tok = using.tokenizer
+        info = {"build_info": _llm.build_info(), "config": cfg, "mode": "exact",
+                "drafter": None, "memory": [list(m) for m in model.memory()]}
+        print(INFO, json.dumps(info))
+        for name in switches:
+            if name not in SWITCHES:
+                raise ValueError("no switch " + repr(name) + " (known: " + ", ".join(SWITCHES) + ")")
+            setter = getattr(model, SWITCHES[name][0], None)
+            getter = getattr(model, SWITCHES[name][1], None)
+            if setter is None or getter is None:
+                print(AB_SKIP, json.dumps({"switch": name, "why": "not in this engine"}))
+                continue
+            was = getter()
+            try:
+                setter(True)
+            except _llm.Error as e:  # the engine's own refusal (a port without the hook)
+                print(AB_SKIP, json.dumps({"switch": name, "why": str(e)}))
+                continue
+            try:
+                for rnd in range(rounds):
+                    for on in (False, True):
+                        setter(on)
+                        for i, (prompt, temperature, top_k, seed) in enumerate(runs):
+                            res = _ab_run(model, tok, cfg, prompt, temperature, top_k, seed,
+                                          n_tokens, rows)
+                            res.update({"switch": name, "on": on, "round": rnd, "run": i})
+                            print(AB, json.dumps(res))
+            finally:
+                setter(was)
+
+
+def _ab_run(model, tok, cfg, prompt, temperature, top_k, seed, n_tokens, rows):
+    ids = tok.encode(prompt)
+    n = min(n_tokens, cfg["seq_len"] - len(ids) + 1)
+    model.reset()
+    model.sampler(temperature, top_k, seed)
+    state = fnv_state()
+    t = model.prefill(ids)
+    a = model.stats()
+    if rows > 0:
+        fnv_update(state, model.logits())  # outside the stage timers (llm.h: llm_logits)
+    out = [t]
+    for k in range(1, n):
+        t = model.step(t)
+        if k < rows:
+            fnv_update(state, model.logits())
+        out.append(t)
+    f = model.stats()
+    steps = n - 1
+    stage = {st: (f["stage_ms"][st] - a["stage_ms"][st]) / steps if steps else 0.0
+             for st in f["stage_ms"]}
+    heads = f["heads"] - a["heads"]
+    return {"prompt_ids": ids, "ids": out, "hash": fnv_hex(state), "steps": steps,
+            "stage_ms": stage, "head_rows": f["head_rows"] - a["head_rows"], "heads": heads,
+            "preloads": f.get("preloads", 0) - a.get("preloads", 0)}
 
 
 # ---- the gate's hash: FNV-1a 64 ------------------------------------------------

@@ -350,6 +350,8 @@ static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
     [LLM_BIND_M_fast] = {"fast", 0, 0, 0, {{0}}},
     [LLM_BIND_M_set_k_dots] = {"set_k_dots", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_k_dots] = {"k_dots", 0, 0, 0, {{0}}},
+    [LLM_BIND_M_set_preload] = {"set_preload", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_preload] = {"preload", 0, 0, 0, {{0}}},
 };
 
 const llm_bind_method *llm_bind_method_at(llm_bind_method_id id) { return &METHODS[id]; }
@@ -503,6 +505,7 @@ llm_bind_kind llm_bind_call(llm_bind_model *m, llm_bind_method_id id,
     case LLM_BIND_M_set_plain: return set_plain(e, a[0].on, err);
     case LLM_BIND_M_set_fast: return engine(llm_set_fast(e, a[0].on, &le), &le, err);
     case LLM_BIND_M_set_k_dots: return engine(llm_set_k_dots(e, a[0].on, &le), &le, err);
+    case LLM_BIND_M_set_preload: return engine(llm_set_preload(e, a[0].on, &le), &le, err);
     default: break; /* the rest only read */
     }
     return ok(err);
@@ -602,6 +605,7 @@ static int stats(const llm_engine *e, emitter *s) {
         {"head_tiles", st.head_tiles}, {"head_waves", st.head_waves},
         {"handoffs", st.handoffs},     {"v_wide", st.v_wide},
         {"k_wide", st.k_wide},         {"head_ids", st.head_ids},
+        {"preloads", st.preloads},     {"preload_bytes", st.preload_bytes},
     };
     const size_t n = sizeof f / sizeof f[0];
     uint64_t total_us = 0;
@@ -658,6 +662,7 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
     case LLM_BIND_M_plain: return put_bool(s, NULL, llm_plain(e));
     case LLM_BIND_M_fast: return put_bool(s, NULL, llm_fast(e));
     case LLM_BIND_M_k_dots: return put_bool(s, NULL, llm_k_dots(e));
+    case LLM_BIND_M_preload: return put_bool(s, NULL, llm_preload(e));
     default: return put(s, LLM_BIND_NONE, NULL, 0, 0, NULL, 0);
     }
 }

@@ -158,7 +158,9 @@ void llm_bind_close(llm_bind_model *m);
     X(set_fast, "set_fast(on): attention over an int8 KV cache (LOSSY); at position 0 only.")  \
     X(fast, "fast() -> whether fast (lossy) mode is on.")                                       \
     X(set_k_dots, "set_k_dots(on): cache K as its exact int16 dots (RoPE re-applied on read).") \
-    X(k_dots, "k_dots() -> whether K is cached as dots.")
+    X(k_dots, "k_dots() -> whether K is cached as dots.")                                      \
+    X(set_preload, "set_preload(on): cache preload hints (same results; priced by a board).")  \
+    X(preload, "preload() -> whether cache preload hints are on.")
 
 typedef enum llm_bind_method_id {
 #define LLM_BIND_ID(name, doc) LLM_BIND_M_##name,

@@ -113,12 +113,58 @@ static void LLM_HOT lap(llm_engine *e, llm_stage stage, uint64_t *t) {
 
 /* The core split plain mode turns off. */
 static llm_splitter LLM_HOT splitter(const llm_engine *e) {
-    llm_splitter sp = {NULL, NULL};
-    if (!e->plain && e->port.parallel_rows != NULL) {
-        sp.split = e->port.parallel_rows;
-        sp.ctx = e->port.ctx;
-    }
+    llm_splitter sp = {NULL, e->port.ctx, NULL};
+    if (!e->plain && e->port.parallel_rows != NULL) sp.split = e->port.parallel_rows;
+    if (!e->plain && e->preload) sp.preload = e->port.preload;
     return sp;
+}
+
+/* ---- cache preload hints (llm_set_preload) ------------------------------- */
+
+/* Ask the port to start staging the first LLM_PRELOAD_MAX_BYTES of
+ * [addr, addr + bytes) while this core computes on what it has. A hint:
+ * nothing the engine computes reads anything it changes. Memory in internal
+ * SRAM has no cache in front of it and is never asked for. */
+static void LLM_HOT preload(llm_engine *e, const void *addr, size_t bytes, llm_region region) {
+    if (!e->preload || e->plain || bytes == 0 || region == LLM_REGION_FAST) return;
+    if (bytes > LLM_PRELOAD_MAX_BYTES) bytes = LLM_PRELOAD_MAX_BYTES;
+    e->port.preload(e->port.ctx, addr, bytes);
+    e->stats.preloads++;
+    e->stats.preload_bytes += bytes;
+}
+
+/* The matrix layer l's pass reads after `cur` (the next layer's qkv after
+ * the last of a layer; NULL after the last layer's). */
+static const llm_mat *LLM_HOT mat_after(const llm_engine *e, uint32_t l, const llm_mat *cur) {
+    const llm_layer_weights *ly = &e->w.layers[l];
+    if (cur == &ly->qkv) return &ly->attn_proj;
+    if (cur == &ly->attn_proj) return &ly->gate;
+    if (cur == &ly->gate) return &ly->up;
+    if (cur == &ly->up) return &ly->down;
+    if (cur == &ly->down && e->cfg.ple_dim != 0) return &ly->ple_gate;
+    if (cur == &ly->ple_gate) return &ly->ple_proj;
+    return l + 1u < e->cfg.n_layers ? &e->w.layers[l + 1u].qkv : NULL;
+}
+
+/* Before the matvec of `cur`: the start of the matrix after it. */
+static void LLM_HOT preload_after(llm_engine *e, uint32_t l, const llm_mat *cur) {
+    if (!e->preload) return;
+    const llm_mat *next = mat_after(e, l, cur);
+    if (next != NULL)
+        preload(e, next->w.data, (size_t)next->w.rows * next->w.row_bytes, next->region);
+}
+
+/* Before layer l's qkv matvec: its oldest cached K and V rows, which
+ * attention reads first (plain and fast mode keep other forms: no hint). */
+static void LLM_HOT preload_kv(llm_engine *e, uint32_t l, uint32_t rows) {
+    if (!e->preload || e->fast || rows == 0) return;
+    const llm_run_state *s = &e->s;
+    const size_t row0 = (size_t)l * e->cfg.seq_len;
+    preload(e, s->kv_k + row0 * e->cfg.kv_dim, (size_t)rows * e->cfg.kv_dim * sizeof(float),
+            e->kv_region);
+    if (s->kv_v != NULL)
+        preload(e, s->kv_v + row0 * s->v_stride, (size_t)rows * s->v_stride * sizeof(int16_t),
+                e->kv_region);
 }
 
 static void LLM_HOT rmsnorm(llm_engine *e, float *out, const float *x, const float *w, uint32_t n) {
@@ -974,6 +1020,8 @@ static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const
     const uint32_t D = cf->dim, Dh = cf->head_dim, half = Dh / 2u;
     llm_run_state *s = &e->s;
     norm_input(e, m, ly->attn_norm);
+    preload_kv(e, l, e->pos);
+    preload_after(e, l, &ly->qkv);
     /* V (and with k_dots K) as dots: a k kept as dots is rotated where it is
      * rebuilt (store_kv, attention) */
     const int dots = e->kv_dots && !e->plain && !e->fast;
@@ -987,6 +1035,7 @@ static void LLM_HOT attention_block(llm_engine *e, uint32_t l, uint32_t m, const
         for (uint32_t h = 0; h < rotated; h++) rope_rotate(s->col[c].qkv + h * Dh, rope[c], half);
     attention(e, l, e->pos, m, dots, k_dots, rope);
     for (uint32_t c = 0; c < m; c++) quantize(e, c, s->col[c].att, D);
+    preload_after(e, l, &ly->attn_proj);
     MATVEC(e, &ly->attn_proj, m, xb2);
     add_branch(e, m);
 }
@@ -1000,12 +1049,15 @@ static void LLM_HOT ffn_block(llm_engine *e, uint32_t l, uint32_t m) {
     const uint32_t F = e->cfg.ffn;
     llm_run_state *s = &e->s;
     norm_input(e, m, ly->ffn_norm);
+    preload_after(e, l, &ly->gate);
     MATVEC(e, &ly->gate, m, hb);
+    preload_after(e, l, &ly->up);
     MATVEC(e, &ly->up, m, hb2);
     for (uint32_t c = 0; c < m; c++) {
         silu_mul(s->col[c].hb, s->col[c].hb, s->col[c].hb2, F, e->plain);
         quantize(e, c, s->col[c].hb, F);
     }
+    preload_after(e, l, &ly->down);
     MATVEC(e, &ly->down, m, xb2);
     add_branch(e, m);
 }
@@ -1018,11 +1070,13 @@ static void LLM_HOT ple_block(llm_engine *e, uint32_t l, uint32_t m) {
     const uint32_t D = e->cfg.dim, P = e->cfg.ple_dim;
     llm_run_state *s = &e->s;
     for (uint32_t c = 0; c < m; c++) quantize(e, c, s->col[c].x, D);
+    preload_after(e, l, &ly->ple_gate);
     MATVEC(e, &ly->ple_gate, m, hb);
     for (uint32_t c = 0; c < m; c++) {
         gelu_mul(s->col[c].hb, s->col[c].hb, s->col[c].ple + l * P, P, e->plain);
         quantize(e, c, s->col[c].hb, P);
     }
+    preload_after(e, l, &ly->ple_proj);
     MATVEC(e, &ly->ple_proj, m, xb2);
     for (uint32_t c = 0; c < m; c++) {
         llm_col *col = &s->col[c];
@@ -1095,6 +1149,8 @@ static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int de
     e->stats.handoffs += work->handoffs;
     e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read * llm_wmat_row_cost(&h->w);
     e->stats.head_ids += work->ids;
+    e->stats.preloads += work->preloads;
+    e->stats.preload_bytes += work->preload_bytes;
     if (h->ids != NULL) e->stats.bytes[h->ids_region] += (uint64_t)work->ids * 2u;
     if (!dense)
         e->stats.bytes[h->boxes_region] += (uint64_t)evals * h->n_tiles *

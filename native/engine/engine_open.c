@@ -592,6 +592,16 @@ llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err) {
 
 int llm_k_dots(const llm_engine *e) { return e ? e->k_dots : 0; }
 
+llm_status llm_set_preload(llm_engine *e, int on, llm_error *err) {
+    if (e == NULL) return llm_fail(err, LLM_E_ARG, "llm_set_preload: NULL engine");
+    if (on && e->port.preload == NULL)
+        return llm_fail(err, LLM_E_CONFIG, "this port has no cache preload hook");
+    e->preload = on != 0;
+    return llm_engine_ok(err);
+}
+
+int llm_preload(const llm_engine *e) { return e ? e->preload : 0; }
+
 /* KV cache: required, BULK asked. V is kept as the exact int16 dots of its
  * qkv rows plus the position's activation scale when those rows are one
  * scale group: attention recomputes each value with the kernel's own two

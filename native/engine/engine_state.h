@@ -168,6 +168,7 @@ struct llm_engine {
     int plain;
     int fast;        /* attention over the int8 KV cache (lossy, opt-in) */
     int k_dots;      /* K stored as dots from the next token on (llm_set_k_dots) */
+    int preload;     /* cache preload hints on (llm_set_preload) */
     int (*interrupt_poll)(void *ctx); /* llm_set_interrupt */
     void *interrupt_ctx;
     llm_sampler_options sampler;

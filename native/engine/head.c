@@ -238,7 +238,22 @@ typedef struct many_job {
     float *ys[2];         /* [m][tile_rows] per lane */
     llm_head_work work[2];
     int32_t nan_id[2];    /* a NaN logit's id, -1: none */
+    const llm_splitter *sp; /* its preload hint (NULL: none) */
 } many_job;
+
+/* Ask the port to stage tile t's codes while this lane scores the one before
+ * (llm_set_preload): a hint, the scores are the same either way. */
+static void LLM_HOT preload_tile(const many_job *j, uint32_t t, llm_head_work *work) {
+    const llm_head *h = j->h;
+    if (j->sp == NULL || j->sp->preload == NULL || h->rows_region == LLM_REGION_FAST) return;
+    const uint32_t first = t * h->tile_rows;
+    const uint32_t count = h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
+    size_t bytes = (size_t)count * h->w.row_bytes;
+    if (bytes > LLM_PRELOAD_MAX_BYTES) bytes = LLM_PRELOAD_MAX_BYTES;
+    j->sp->preload(j->sp->ctx, h->w.data + (size_t)first * h->w.row_bytes, bytes);
+    work->preloads++;
+    work->preload_bytes += bytes;
+}
 
 /* Position c's floor in a lane: its list's, or the seed when that is higher. */
 static float LLM_HOT lane_floor(const many_job *j, llm_candidates *const *cand, uint32_t c) {
@@ -271,6 +286,7 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
                 who[n++] = c;
             }
             if (n == 0) continue;
+            if (r + 2u < j->T) preload_tile(j, j->order[r + 2u], work); /* this lane's next */
             /* the tile's rows, read once, scored for every position that needs them */
             const uint32_t first = (uint32_t)t * h->tile_rows;
             const uint32_t count =
@@ -314,6 +330,7 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
  * their work summed and lane 1's lists offered into lane 0's. */
 static llm_status LLM_HOT run_lanes(const llm_splitter *sp, int split, many_job *job,
                                     llm_head_work *work, llm_error *err) {
+    job->sp = sp;
     if (split && sp != NULL && sp->split != NULL) {
         sp->split(sp->ctx, many_lane, job, 2u);
         work->handoffs++;
@@ -327,6 +344,8 @@ static llm_status LLM_HOT run_lanes(const llm_splitter *sp, int split, many_job 
         work->tiles += job->work[lane].tiles;
         work->rows_read += job->work[lane].rows_read;
         work->ids += job->work[lane].ids;
+        work->preloads += job->work[lane].preloads;
+        work->preload_bytes += job->work[lane].preload_bytes;
     }
     for (uint32_t c = 0; c < job->m; c++) {
         const llm_candidates *from = job->cand[1][c];
@@ -406,7 +425,7 @@ llm_status LLM_HOT llm_head_certify(const llm_head *h, llm_head_scratch *s, cons
     llm_candidates *c0[1] = {cand}, *c1[1] = {s->lane1};
     const int8_t *xqs[1] = {xq};
     many_job lanes = {h, xqs, &xscale, 1u, n, s->bound, 0u, s->bound, s->order, &f0, {c0, c1},
-                      {s->wave_y, s->wave_y + h->tile_rows}, {{0}, {0}}, {-1, -1}};
+                      {s->wave_y, s->wave_y + h->tile_rows}, {{0}, {0}}, {-1, -1}, NULL};
     work->waves++;
     return run_lanes(sp, n > 1u /* one tile: lane 1 has none */, &lanes, work, err);
 }
@@ -464,7 +483,7 @@ llm_status llm_head_certify_many(const llm_head *h, llm_head_scratch *s, void *m
         llm_candidates_init(cand1[c], cand[c]->k);
     }
     many_job job = {h, xq, xscale, m, T, bound, stride, key, order, NULL, {cand, cand1},
-                    {s->wave_y, ys1}, {{0}, {0}}, {-1, -1}};
+                    {s->wave_y, ys1}, {{0}, {0}}, {-1, -1}, NULL};
     return run_lanes(sp, 1, &job, work, err);
 }
 

@@ -66,13 +66,18 @@ typedef struct llm_head_work {
     uint32_t ids;       /* token ids read: every row on the dense route; on the
                          * certified one only rows that could enter a list */
     uint32_t tiles, waves, handoffs;
+    uint32_t preloads;  /* tiles handed to the splitter's preload hint */
+    uint64_t preload_bytes;
 } llm_head_work;
 
 /* Runs fn over [0, n) split across cores (the port's parallel_rows), or
- * inline when split is NULL. */
+ * inline when split is NULL. `preload` (NULL: none) is the port's cache
+ * preload hint (llm_set_preload), called with `ctx` for the next tile a lane
+ * will score; a hint only, no result depends on it. */
 typedef struct llm_splitter {
     void (*split)(void *ctx, llm_rows_fn fn, void *arg, uint32_t n);
     void *ctx;
+    void (*preload)(void *ctx, const void *addr, size_t bytes);
 } llm_splitter;
 
 /* Bytes of scratch for a head of this shape (16-byte multiples). */

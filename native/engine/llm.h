@@ -89,6 +89,12 @@ typedef struct llm_port {
     /* Optional (NULL: unknown, a binding then opens without a plan): what
      * alloc can still give, as llm_plan counts it. */
     void (*memory)(void *ctx, llm_memory *out);
+    /* Optional (NULL: llm_set_preload refuses). A hint: start fetching
+     * [addr, addr + bytes) into the data cache and return at once, while the
+     * caller computes on what it already has. It must not change any memory
+     * the engine reads (a cache preload only moves lines), so no result can
+     * depend on it. Called only while llm_set_preload is on (llm_set_preload). */
+    void (*preload)(void *ctx, const void *addr, size_t bytes);
 } llm_port;
 
 typedef struct llm_config {
@@ -136,6 +142,8 @@ typedef struct llm_stats {
     uint32_t handoffs;          /* port parallel_rows calls (work sent to core 0) */
     uint32_t v_wide;            /* V rows cached as floats: their dots did not fit int16 */
     uint32_t k_wide;            /* K rows cached as floats: their dots did not fit int16 */
+    uint64_t preloads;          /* port preload calls (llm_set_preload) */
+    uint64_t preload_bytes;     /* bytes those calls asked the cache to stage */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;
@@ -299,6 +307,32 @@ int llm_plain(const llm_engine *e);
  * finds no memory. */
 llm_status llm_set_k_dots(llm_engine *e, int on, llm_error *err);
 int llm_k_dots(const llm_engine *e);
+
+/* Switches for what only a board can price (bench.py --ab measures each off
+ * and on, interleaved; tools/mpllm/board/bench_cli.py). Each is a hint or a
+ * schedule: with it on or off every token and logit is the same bits.
+ *
+ * Cache preload: before the engine works on the next piece of memory it asks
+ * the port (llm_port.preload) to start staging its first
+ * LLM_PRELOAD_MAX_BYTES in the data cache:
+ *   - the next weight matrix of the layer (the next layer's first after the
+ *     last), before the current matvec;
+ *   - the layer's cached K and V rows (the oldest ones, read first), before
+ *     its qkv matvec;
+ *   - the head's next tile in each lane, before the lane scores the current.
+ * Memory the port placed in internal SRAM (LLM_REGION_FAST) is never asked
+ * for: it has no cache in front of it. Off by default; off in plain mode.
+ * LLM_E_CONFIG when the port has no preload hook (the host port has one that
+ * only counts; the ESP32-S3 port's calls the ROM's data-cache preload).
+ * Takes effect at once. llm_stats counts the calls (preloads, preload_bytes).
+ *
+ * The data cache's size and line are not switches: they are ESP-IDF build
+ * settings (CONFIG_ESP32S3_DATA_CACHE_*KB, CONFIG_ESP32S3_DATA_CACHE_LINE_*B
+ * in each board's sdkconfig.board under firmware/boards), fixed when the firmware
+ * is built. */
+#define LLM_PRELOAD_MAX_BYTES 8192u
+llm_status llm_set_preload(llm_engine *e, int on, llm_error *err);
+int llm_preload(const llm_engine *e);
 
 /* Fast mode (opt-in, LOSSY): attention over an int8 KV cache with PIE
  * scores and a cheap exp (native/engine/attention_fast.c). Stories differ

@@ -714,6 +714,47 @@ static void check_planned_open_falls_back(const uint8_t *img, size_t len) {
            fell_back, tried);
 }
 
+/* The cache preload hint (llm_set_preload): the host port's hook counts
+ * exactly the calls and bytes the engine reports while the switch is on,
+ * none while it is off, and the same tokens either way; a port without the
+ * hook refuses the switch (LLM_E_CONFIG) and leaves it off. */
+static void check_preload_hook(const uint8_t *img, size_t len) {
+    int32_t ids[2][24] = {{0}};
+    llm_error err;
+    for (int on = 0; on < 2; on++) {
+        llm_host_port hp;
+        llm_port_host_init(&hp);
+        llm_engine *e = open_ok(img, len, &hp, "open for the preload check");
+        if (e == NULL) return;
+        EXPECT(llm_set_preload(e, on, &err) == LLM_OK && llm_preload(e) == on,
+               "set_preload(%d): %s", on, err.message);
+        llm_status st = sampled_ids(e, ids[on], &err);
+        EXPECT(st == LLM_OK, "sampled run (preload %d): %s", on, err.message);
+        llm_stats stats;
+        llm_get_stats(e, &stats);
+        EXPECT(hp.preloads == stats.preloads && hp.preload_bytes == stats.preload_bytes,
+               "preload %d: the port counted %llu calls (%llu bytes), the engine %llu (%llu)",
+               on, (unsigned long long)hp.preloads, (unsigned long long)hp.preload_bytes,
+               (unsigned long long)stats.preloads, (unsigned long long)stats.preload_bytes);
+        EXPECT((hp.preloads > 0) == on && hp.preload_bytes <= hp.preloads * LLM_PRELOAD_MAX_BYTES,
+               "preload %d: %llu calls, %llu bytes", on, (unsigned long long)hp.preloads,
+               (unsigned long long)hp.preload_bytes);
+        llm_close(e);
+    }
+    EXPECT(memcmp(ids[0], ids[1], sizeof ids[0]) == 0, "tokens differ with preload on");
+    llm_host_port bare;
+    llm_port_host_init(&bare);
+    bare.port.preload = NULL;
+    llm_engine *e = open_ok(img, len, &bare, "open without a preload hook");
+    if (e == NULL) return;
+    EXPECT(llm_set_preload(e, 1, &err) == LLM_E_CONFIG && !llm_preload(e),
+           "set_preload on a port without the hook: %s", err.message);
+    EXPECT(llm_set_preload(e, 0, &err) == LLM_OK, "set_preload(0) without the hook: %s",
+           err.message);
+    llm_close(e);
+    printf("preload hook: counted by the host port when on, never when off, same tokens\n");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
@@ -741,6 +782,7 @@ int main(int argc, char **argv) {
     check_plain_memory(img, (size_t)n);
     check_k_dots_memory(img, (size_t)n);
     check_plan_reuse(img, (size_t)n);
+    check_preload_hook(img, (size_t)n);
     check_fitting_context(img, (size_t)n);
     check_planned_open_falls_back(img, (size_t)n);
     check_head_gives_way(img, (size_t)n);

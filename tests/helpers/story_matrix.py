@@ -12,9 +12,9 @@ and every token.
 
 tests/test_kv_dots.py runs a few prompts; the full matrix (20 prompts x 6
 samplers x the images given, both decodings, K as floats and as dots) runs by
-hand:
+hand (--preload: the engine's stories with the cache preload hints on):
 
-    python tests/helpers/story_matrix.py IMAGE [IMAGE ...] [--tokens N]
+    python tests/helpers/story_matrix.py IMAGE [IMAGE ...] [--tokens N] [--preload]
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ def _sha(m: Any) -> str:
 
 
 def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-            n: int, *, plain: bool, k_dots: bool = False) -> Story:
+            n: int, *, plain: bool, k_dots: bool = False, preload: bool = False) -> Story:
     """n tokens one step at a time (fewer when the context fills), every row."""
     with llm.Model(image, plain=plain) as m:
         m.set_k_dots(k_dots)
+        if preload:
+            m.set_preload(True)
         m.sampler(*sampler)
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
@@ -70,12 +72,15 @@ def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, 
 
 
 def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-                n: int, want: list[int], vocab: int, *, k_dots: bool = False) -> Story:
+                n: int, want: list[int], vocab: int, *, k_dots: bool = False,
+                preload: bool = False) -> Story:
     """n tokens through verify passes whose drafts are the reference story's next
     tokens (1..7 of them, in turn), every other pass with its last draft made
     wrong: passes of several positions, drafts kept and refused, rewinds."""
     with llm.Model(image) as m:
         m.set_k_dots(k_dots)
+        if preload:
+            m.set_preload(True)
         m.sampler(*sampler)
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
@@ -99,18 +104,20 @@ def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, i
 
 
 def check(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-          n: int, vocab: int, k_dots: tuple[bool, ...] = (False, True)) -> list[str]:
+          n: int, vocab: int, k_dots: tuple[bool, ...] = (False, True),
+          preload: bool = False) -> list[str]:
     """The differences from plain mode of the engine (K as floats and, or, as
-    dots) stepped and with speculative decoding ([] when the stories are the
-    same)."""
+    dots; with the cache preload hints on when `preload`) stepped and with
+    speculative decoding ([] when the stories are the same)."""
     ref = stepped(llm, image, prompt, sampler, n, plain=True)
     bad = []
     for kd in k_dots:
-        how = "K as dots" if kd else "K as floats"
-        got = stepped(llm, image, prompt, sampler, n, plain=False, k_dots=kd)
+        how = ("K as dots" if kd else "K as floats") + (", preload on" if preload else "")
+        got = stepped(llm, image, prompt, sampler, n, plain=False, k_dots=kd, preload=preload)
         if got != ref:
             bad.append(f"{how}, stepped: {_first_difference(ref, got)}")
-        spec = speculative(llm, image, prompt, sampler, n, ref.tokens, vocab, k_dots=kd)
+        spec = speculative(llm, image, prompt, sampler, n, ref.tokens, vocab, k_dots=kd,
+                           preload=preload)
         if spec.tokens != ref.tokens or any(ref.rows[i] != h for i, h in spec.rows.items()):
             bad.append(f"{how}, speculative: {_first_difference(ref, spec)}")
     return bad
@@ -133,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("images", nargs="+", type=Path, help="engine images (.img)")
     ap.add_argument("--tokens", type=int, default=120, help="tokens a story (default 120)")
     ap.add_argument("--prompts", type=int, default=20, help="prompts an image (default 20)")
+    ap.add_argument("--preload", action="store_true",
+                    help="the engine's stories with the cache preload hints on (set_preload)")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here)]
@@ -147,14 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         for p, prompt in enumerate(prompts(vocab, args.prompts)):
             for sampler in SAMPLERS:
                 total += 1
-                bad = check(llm, str(image), prompt, sampler, args.tokens, vocab)
+                bad = check(llm, str(image), prompt, sampler, args.tokens, vocab,
+                            preload=args.preload)
                 failed += bool(bad)
                 for b in bad:
                     print(f"DIFFER {image.name} prompt {p} sampler {sampler}: {b}", flush=True)
             print(f"{image.name}: prompt {p + 1}/{args.prompts} done "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     print(f"\n{total - failed} of {total} (prompt, sampler, image) stories equal plain mode's, "
-          f"stepped and speculative, K as floats and as dots ({args.tokens} tokens each)")
+          f"stepped and speculative, K as floats and as dots"
+          f"{', preload on' if args.preload else ''} ({args.tokens} tokens each)")
     return 1 if failed else 0
 
 

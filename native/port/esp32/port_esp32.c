@@ -3,7 +3,9 @@
 
 #include <string.h>
 
+#include "esp32s3/rom/cache.h" /* Cache_Start_DCache_Preload: the ROM's data-cache preload */
 #include "esp_err.h"
+#include "esp_memory_utils.h" /* esp_ptr_external_ram, esp_ptr_in_drom */
 #include "esp_heap_caps.h"
 #include "esp_timer.h"
 #include "freertos/FreeRTOS.h"
@@ -99,6 +101,46 @@ static uint64_t esp32_now_us(void *ctx) {
     return (uint64_t)esp_timer_get_time();
 }
 
+/* ---- the data cache's preload (llm_set_preload) ---------------------------
+ *
+ * NOT COMPILED HERE (no ESP32-S3 toolchain where it was written): the ROM
+ * calls are those esp32s3/rom/cache.h of ESP-IDF v5.5 declares,
+ *   uint32_t Cache_Start_DCache_Preload(uint32_t addr, uint32_t size, uint32_t order);
+ *   uint32_t Cache_DCache_Preload_Done(void);
+ *   void Cache_End_DCache_Preload(uint32_t autoload);
+ * (order 0: ascending addresses; Start returns whether auto preload was on,
+ * which End restores). IDF's RGB LCD driver (esp_lcd_panel_rgb.c) makes the
+ * same Start call, (address, bytes, 0), to stage the next chunk of a PSRAM
+ * frame buffer. The cache has one manual preload at a time: a hint
+ * that arrives while the last one still runs is dropped, so the engine never
+ * waits for it. Only PSRAM and flash-mapped data go through the data cache;
+ * other addresses are ignored. A preload only fills cache lines: no byte the
+ * engine reads changes, so no result can. Both cores share the cache and may
+ * call this at once (the head's two lanes): a spinlock keeps Start/End in
+ * pairs. */
+
+static portMUX_TYPE preload_lock = portMUX_INITIALIZER_UNLOCKED;
+static int preload_running;
+static uint32_t preload_autoload;
+
+static void esp32_preload(void *ctx, const void *addr, size_t bytes) {
+    llm_esp32_port *p = ctx;
+    if (!(esp_ptr_external_ram(addr) || esp_ptr_in_drom(addr)) || bytes == 0) return;
+    portENTER_CRITICAL(&preload_lock);
+    if (preload_running && Cache_DCache_Preload_Done()) {
+        Cache_End_DCache_Preload(preload_autoload);
+        preload_running = 0;
+    }
+    if (!preload_running) {
+        preload_autoload = Cache_Start_DCache_Preload((uint32_t)(uintptr_t)addr, (uint32_t)bytes, 0);
+        preload_running = 1;
+        p->preloads++;
+    } else {
+        p->preloads_dropped++;
+    }
+    portEXIT_CRITICAL(&preload_lock);
+}
+
 /* ---- the core-0 worker -------------------------------------------------- */
 
 struct llm_esp32_worker {
@@ -136,6 +178,7 @@ llm_status llm_port_esp32_init(llm_esp32_port *p, llm_error *err) {
     p->port.free = esp32_free;
     p->port.now_us = esp32_now_us;
     p->port.memory = esp32_memory;
+    p->port.preload = esp32_preload;
     p->has_psram = heap_caps_get_total_size(MALLOC_CAP_SPIRAM) > 0;
     p->fast_reserve = p->has_psram ? LLM_ESP32_FAST_RESERVE : LLM_ESP32_FAST_RESERVE_NO_PSRAM;
     p->fast_reserve_block = p->has_psram ? 0u : LLM_ESP32_FAST_RESERVE_NO_PSRAM;

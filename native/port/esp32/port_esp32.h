@@ -70,6 +70,9 @@ typedef struct llm_esp32_port {
     uint32_t fast_fallbacks;             /* FAST requests that went to PSRAM */
     int has_psram;                       /* the board has PSRAM mapped into the heap */
     llm_esp32_worker *worker;            /* NULL: single core */
+    /* data-cache preloads started and dropped (one was still running) by the
+     * preload hook (port_esp32.c; llm_set_preload) */
+    uint32_t preloads, preloads_dropped;
 } llm_esp32_port;
 
 /* Fill the port and start the core-0 worker. On failure (no memory for the

@@ -70,6 +70,13 @@ static uint64_t host_now_us(void *ctx) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static void host_preload(void *ctx, const void *addr, size_t bytes) {
+    llm_host_port *hp = ctx;
+    (void)addr; /* a hint: nothing to stage on the host, only counted */
+    hp->preloads++;
+    hp->preload_bytes += bytes;
+}
+
 void llm_port_host_init(llm_host_port *hp) {
     memset(hp, 0, sizeof *hp);
     hp->port.ctx = hp;
@@ -77,6 +84,7 @@ void llm_port_host_init(llm_host_port *hp) {
     hp->port.free = host_free;
     hp->port.now_us = host_now_us;
     hp->port.memory = host_memory;
+    hp->port.preload = host_preload;
 }
 
 static llm_status map_fail(llm_error *err, int *sys_errno, int e, const char *path,

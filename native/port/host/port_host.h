@@ -23,6 +23,10 @@ typedef struct llm_host_port {
     uint64_t peak[LLM_REGION_COUNT];
     uint64_t asked[LLM_REGION_COUNT];     /* bytes requested per wanted region */
     uint32_t live_blocks;
+    /* The cache preload hook (llm_port.preload): the host has no cache to
+     * stage, so it only counts what it was asked (the tests' witness that
+     * the engine calls it when llm_set_preload is on, and never when off). */
+    uint64_t preloads, preload_bytes;
 } llm_host_port;
 
 /* Ready-to-use port, unlimited capacities. */

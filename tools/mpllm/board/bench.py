@@ -83,7 +83,9 @@ def _bench_args(runs: Sequence[RunSpec], n_tokens: int, mode: str, draft: str,
 # Host board and serial board
 # ---------------------------------------------------------------------------
 
-class _TimedWriter(io.TextIOBase):
+class TimedWriter(io.TextIOBase):
+    """stdout into a StreamRecorder (the host board's runs print as a board would)."""
+
     def __init__(self, rec: StreamRecorder) -> None:
         self.rec = rec
 
@@ -107,7 +109,7 @@ def run_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: i
     import_llm_modules(llm_module)
     args = _bench_args(runs, n_tokens, mode, draft, os.fspath(image), private=True)
     rec = StreamRecorder(_progress_callback(len(runs), progress))
-    with contextlib.redirect_stdout(_TimedWriter(rec)):
+    with contextlib.redirect_stdout(TimedWriter(rec)):
         _board("llm_bench").bench(*args)
     progress_close()
     return parse_stream(rec, runs, "host")
@@ -247,7 +249,7 @@ def report_info(port: str | None, *, timeout: float = 300) -> dict:
     marker = _board("llm_bench").REPORT
     if port is None:
         rec = StreamRecorder()
-        with contextlib.redirect_stdout(_TimedWriter(rec)):
+        with contextlib.redirect_stdout(TimedWriter(rec)):
             _board("llm_bench").report()
         out = rec.text()
     else:

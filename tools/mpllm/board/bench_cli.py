@@ -6,6 +6,9 @@ computes what the host does.
     python tools/bench.py --board host --release-shaped   ... plus a release-shaped model
     python tools/bench.py --gate --image IMG [--port PORT | --board host]
     python tools/bench.py --model-s3 [--release-shaped | --image IMG]   cost model
+    python tools/bench.py --port PORT --ab [--json AB.json]   each engine switch off/on
+    python tools/bench.py --board host --ab [--image IMG]     ... on the host board
+    python tools/bench.py --model-s3 --refit AB.json          the model refitted by it
 
 Two speeds are reported: engine ms/token (the engine's own stage
 timers, decode steps only) and round-trip tok/s (when the text reaches this
@@ -42,6 +45,7 @@ from .bench import (
     run_host,
     run_port,
 )
+from .bench_ab import AB_SWITCHES, format_ab, run_ab_host, run_ab_port
 from .bench_runs import (
     PROMPTS,
     STAGES,
@@ -138,6 +142,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --vs-runc: our image's weight format (convert.py --weights; "
                         "default auto, what convert.py chooses): fp32 beside run.c, int8 "
                         "beside runq.c")
+    p.add_argument("--ab", action="store_true",
+                   help="each engine switch (cache preload, K as int16 dots) off and on, "
+                        "interleaved (--ab-rounds times), on the fixed greedy and sampled "
+                        "runs: per-stage ms and the on/off ratio of each, the fill/compute "
+                        "overlap fitted from the stages; exit 1 if a switch changed any "
+                        "run's ids or logits hash. --board host runs a release-shaped "
+                        "image unless --image is given; a board runs its own")
+    p.add_argument("--ab-switch", action="append", metavar="NAME",
+                   help="with --ab: only this switch (repeat for several; default all)")
+    p.add_argument("--ab-rounds", type=int, default=2,
+                   help="with --ab: off/on rounds per switch (default %(default)s)")
+    p.add_argument("--refit", type=Path, metavar="AB.json",
+                   help="with --model-s3: the overlap refitted from a board's --ab report and "
+                        "what it moves (our exact builds at the release shape)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -170,6 +188,12 @@ def _bench_json(args: argparse.Namespace) -> Path:
     return args.json or Path(f"bench-{name}.json")
 
 
+def _ab_json(args: argparse.Namespace) -> Path:
+    """Where --ab writes its report."""
+    name = "host" if args.board else Path(args.port).name
+    return args.json or Path(f"ab-{name}.json")
+
+
 def _plot_path(args: argparse.Namespace) -> Path | None:
     """Where the chart goes: --plot, else beside the JSON (the cost model without
     --json: costmodel-s3.png here); None when the JSON is written in place (a
@@ -188,9 +212,13 @@ def _plot_path(args: argparse.Namespace) -> Path | None:
 def _outputs(args: argparse.Namespace) -> list[Path]:
     """Every file this run will write, known before it runs (so all are checked
     before any work is done or any file written)."""
+    if args.model_s3 and args.refit is not None:
+        return [args.json] if args.json else []
     if args.model_s3:
         plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []  # type: ignore[list-item]
         return plots + ([args.json] if args.json else [])
+    if args.ab:
+        return [_ab_json(args)]
     if args.report:
         return [args.report]
     if args.gate:
@@ -465,6 +493,61 @@ def _model_s3_shape(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ab_main(args: argparse.Namespace, llm_module: object | None) -> int:
+    """bench.py --ab: the switches off and on, interleaved; the report."""
+    if args.plain or args.fast or args.compare_plain or args.gate or args.report:
+        print("--ab measures exact mode's switches: not with --plain, --fast, "
+              "--compare-plain, --gate or --report", file=sys.stderr)
+        return 2
+    runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
+                        sampled=not args.greedy_only)
+    switches = tuple(args.ab_switch or AB_SWITCHES)
+    if args.port:
+        rep = run_ab_port(args.port, runs, args.tokens, switches=switches,
+                          rounds=args.ab_rounds, soft_reset=args.soft_reset,
+                          timeout=args.timeout, port_image=args.port_image)
+    else:
+        image = args.image or make_release_shaped(release_dir())
+        rep = run_ab_host(image, runs, args.tokens, switches=switches, rounds=args.ab_rounds,
+                          llm_module=llm_module,
+                          board="host:" + (args.image.name if args.image else "release-shaped"))
+    print(format_ab(rep))
+    path = _ab_json(args)
+    write_json(rep, path)
+    print(f"json: {path}")
+    return 0
+
+
+def _refit_main(args: argparse.Namespace) -> int:
+    """bench.py --model-s3 --refit AB.json."""
+    import json
+
+    try:
+        ab = json.loads(args.refit.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        print(f"bench.py: cannot read {args.refit}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(ab, dict):
+        print(f"bench.py: {args.refit} is not a bench.py --ab report", file=sys.stderr)
+        return 2
+    summary = costmodel.refit_summary(ab)
+    ov = summary["overlap"]
+    note = "" if ov["physical"] else " (outside [0, 1]: priced clamped)"
+    print(f"{args.refit} ({summary['board']}): overlap {ov['was']:.3f} (calibration) -> "
+          f"{ov['value']:.3f} fitted from its stages{note}, {ov['used']:.3f} used")
+    for row in ov["stages"]:
+        print(f"  {row['mode']:<8} {row['stage']:<5} measured {row['measured_ms']:.3f} ms, "
+              f"model without overlap {row['base_ms']:.3f}, hideable {row['hideable_ms']:.3f}: "
+              f"implies {row['implied']:.3f}")
+    for mode, p in summary["release_ms"].items():
+        print(f"exact {mode}, release shape, positions 4..203: {p['before_ms']:.2f} -> "
+              f"{p['after_ms']:.2f} ms/token")
+    if args.json:
+        write_json(summary, args.json)
+        print(f"json: {args.json}")
+    return 0
+
+
 def _vs_runc_main(args: argparse.Namespace) -> int:
     """--vs-runc RUN --llama2c MODEL TOKENIZER: run.c and our host engine side by side."""
     from ..image_cache import converted, default_cache_dir
@@ -520,6 +603,9 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             if args.json:
                 check_output(args.json)
             return _vs_runc_main(args)
+        if args.refit is not None and not args.model_s3:
+            print("--refit AB.json refits the cost model: give --model-s3 too", file=sys.stderr)
+            return 2
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
@@ -527,8 +613,12 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
             check_output(path)
         if args.image is not None:
             check_image_file(args.image)
+        if args.model_s3 and args.refit is not None:
+            return _refit_main(args)
         if args.model_s3:
             return _model_s3_main(args, llm_module)
+        if args.ab:
+            return _ab_main(args, llm_module)
         if args.report:
             return _report_main(args, llm_module)
         if args.gate:

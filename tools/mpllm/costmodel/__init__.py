@@ -106,6 +106,9 @@ The package, one idea a module (each imports only modules listed above it):
                 and bands (`shape_report`, `bench.py --model-s3 --shape NAME`),
                 at each weight format convert.py measures (`CONVERT_FORMATS`),
                 its choice first
+  ab            a board's `bench.py --ab` report read back: the overlap fitted
+                from its stage times (`overlap_from_stages`), the model refitted
+                (`refit`, `bench.py --model-s3 --refit AB.json`)
 
 The int8 and fp32 images (convert.py --weights) are priced the same way as
 int4, from their own kernels: int8 (llm_matvec_q8_pie, Q8_0 groups) by its
@@ -128,6 +131,7 @@ not handed on here. This module only hands the names on.
 # Each module's __all__ lists the names it defines, once; the star imports
 # hand them all on.
 
+from .ab import *
 from .bands import *
 from .builds import *
 from .calibration import *
@@ -150,6 +154,9 @@ from .sram import *
 from .work import *
 
 __all__ = [
+    "AB_BUILDS",
+    "AB_KEYS",
+    "AB_SWITCH_KEYS",
     "ANCHORS",
     "ANCHOR_TOLERANCE",
     "BAND_UNKNOWNS",
@@ -195,6 +202,7 @@ __all__ = [
     "measure_q8_pie_counts",
     "measure_spec",
     "measure_union",
+    "overlap_from_stages",
     "pass_build_work",
     "pass_region_bytes",
     "pass_work",
@@ -204,6 +212,8 @@ __all__ = [
     "plot",
     "predict",
     "python_loop_s",
+    "refit",
+    "refit_summary",
     "report",
     "run_region_bytes",
     "spec_entry",
