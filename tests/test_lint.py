@@ -313,6 +313,7 @@ COSTMODEL_NOT_YET = {
     "mpllm.board.bench_runs",  # the bench's modeled columns
     "mpllm.board.flash",  # a model's bytes by region (flash.py --model's check)
     "mpllm.board.typing_latency",  # the modeled step time beside the measured
+    "mpllm.board.bench_ab",  # --ab's report: the overlap fitted as the cost model prices it
 }
 
 

@@ -350,7 +350,7 @@ static const llm_bind_method METHODS[LLM_BIND_METHOD_COUNT] = {
     [LLM_BIND_M_fast] = {"fast", 0, 0, 0, {{0}}},
     [LLM_BIND_M_set_k_dots] = {"set_k_dots", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_k_dots] = {"k_dots", 0, 0, 0, {{0}}},
-    [LLM_BIND_M_set_preload] = {"set_preload", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0}}},
+    [LLM_BIND_M_set_preload] = {"set_preload", 1, 1, 0, {{"on", "on", LLM_BIND_P_BOOL, 0, 0, 0, 0}}},
     [LLM_BIND_M_preload] = {"preload", 0, 0, 0, {{0}}},
 };
 
