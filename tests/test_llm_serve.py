@@ -33,7 +33,7 @@ for req in {requests!r}:
         else:
             d = e["done"]
             out.append(" |" + " ".join(str(d.get(k)) for k in ("speculated", "tokens", "ok")))
-    print("".join(out))
+    print("".join(out).replace("\\n", "\\\\n"))  # a row a request (a story may hold newlines)
 """
 
 def test_llm_serve_on_the_real_micropython_binding(micropython, tmp_path) -> None:  # type: ignore[no-untyped-def]
