@@ -364,38 +364,31 @@ def _engine() -> object:
     return engine_ext.load()
 
 
-@pytest.fixture(scope="module")
-def stories260k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _stories260k(tmp_path_factory: pytest.TempPathFactory, name: str, **kw: object) -> Path:
+    """../shared's stories260K.bin converted with `kw` (skips where it is not here)."""
     src = SHARED / "stories260K.bin"
     if not src.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
-    out = tmp_path_factory.mktemp("s260k") / "s.img"
-    convert(src, DEMO / "tokenizer.bin", out, progress=False, drafter_stories=20, drafter_always=True)
+    out = tmp_path_factory.mktemp(name) / "s.img"
+    convert(src, DEMO / "tokenizer.bin", out, progress=False, **kw)
     return out
+
+
+@pytest.fixture(scope="module")
+def stories260k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _stories260k(tmp_path_factory, "s260k", drafter_stories=20, drafter_always=True)
 
 
 @pytest.fixture(scope="module")
 def stories260k_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """stories260K at int4 (the default group: one scale per row, V as dots)."""
-    src = SHARED / "stories260K.bin"
-    if not src.is_file():
-        pytest.skip("../shared/llama2c/stories260K.bin is not here")
-    out = tmp_path_factory.mktemp("s260k4") / "s.img"
-    convert(src, DEMO / "tokenizer.bin", out, progress=False, weights="int4",
-            quality_positions=0)
-    return out
+    return _stories260k(tmp_path_factory, "s260k4", weights="int4", quality_positions=0)
 
 
 @pytest.fixture(scope="module")
 def stories260k_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """stories260K at int8 (Q8_0: group 32, the whole 172-column row)."""
-    src = SHARED / "stories260K.bin"
-    if not src.is_file():
-        pytest.skip("../shared/llama2c/stories260K.bin is not here")
-    out = tmp_path_factory.mktemp("s260k8") / "s.img"
-    convert(src, DEMO / "tokenizer.bin", out, progress=False, weights="int8",
-            quality_positions=0)
-    return out
+    return _stories260k(tmp_path_factory, "s260k8", weights="int8", quality_positions=0)
 
 
 def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int],

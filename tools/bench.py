@@ -8,18 +8,7 @@
 Thin wrapper around mpllm.board.bench (see its docstring for what is measured).
 """
 
-from __future__ import annotations
-
-import sys
-
-# `python tools/bench.py` puts tools/ first on sys.path, so this is the checkout's
-# mpllm, installed or not. Ctrl-C is one line from here on, the imports
-# included (mpllm.interrupt; before it is in charge, the except below).
-try:
-    from mpllm.interrupt import run
-except KeyboardInterrupt:
-    print("bench.py: interrupted", file=sys.stderr)
-    sys.exit(130)
-
 if __name__ == "__main__":
-    run("mpllm.board.bench_cli:main", "bench.py")
+    from _launch import launch
+
+    launch("mpllm.board.bench_cli:main", "bench.py")
