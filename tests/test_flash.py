@@ -20,6 +20,7 @@ import pytest
 from mpllm.board import firmware_pins as pins
 from mpllm.board import flash, release
 from mpllm.formats.partitions import find, load_partitions
+from n8_refusal import refused_on_the_n8_at_once
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = load_partitions(ROOT / pins.BOARD_DIR / "partitions.csv")
@@ -826,22 +827,8 @@ def test_missing_build_tools_and_port_are_said_first(
 def test_the_release_model_is_refused_on_the_n8_at_once(
         dry: bool, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch,
         capfd: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(flash, "port_missing", lambda port: False)
-    monkeypatch.setattr(flash.urllib.request, "urlopen",
-                        lambda *a, **k: pytest.fail("downloaded"))
-    floor = flash.pinned_image_floor(ROOT / "models" / "release.json")
-    n8 = pins.BOARDS["n8"]
     # the weights of the rows the tokenizer produces: 11.6 MB, over the N8's 5 MiB
     # and within the N16R8's 13 MiB (whose image is 13.02 MB with its tables)
-    assert floor is not None and n8.model_bytes < floor < pins.BOARDS["n16r8"].model_bytes
-    rc = flash.main(["--board", "n8", "--port", "/dev/ttyUSB0", "--model", "release"]
-                    + (["--dry-run"] if dry else []))
-    out, err = capfd.readouterr()
-    said = (f"--model release cannot fit --board n8: its image holds at least {floor:,} bytes "
-            f"of weights, the board's 'model' partition {n8.model_bytes:,} (--board n16r8 "
-            f"takes it; --board n8 takes demo, llama2c-demo, stories260k)")
-    if dry:
-        assert rc == 0 and f"missing: {said}" in out and "stop first" in out
-    else:
-        assert rc == 2 and err.startswith(f"error: {said}") and "download" not in out
+    refused_on_the_n8_at_once("release", ROOT / "models" / "release.json", dry, monkeypatch,
+                              capfd)
     assert files_under(isolated_cache) == []

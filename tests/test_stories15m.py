@@ -44,6 +44,7 @@ from mpllm.costmodel.llama import (
     where_it_lives,
 )
 from mpllm.formats.image import read_image
+from n8_refusal import refused_on_the_n8_at_once
 from stories15m import PUBLISHED_BYTES, STORIES15M
 
 PINS = ROOT / "models" / "stories15m.json"
@@ -129,21 +130,7 @@ def test_the_n8_refuses_it_at_once(dry: bool, monkeypatch: pytest.MonkeyPatch,
                                    capfd: pytest.CaptureFixture[str]) -> None:
     """--board n8 --model stories15m stops before anything is downloaded:
     its int4 weights alone are more than the N8's model partition."""
-    monkeypatch.setattr(flash, "port_missing", lambda port: False)
-    monkeypatch.setattr(flash.urllib.request, "urlopen",
-                        lambda *a, **k: pytest.fail("downloaded"))
-    floor = flash.pinned_image_floor(PINS)
-    n8 = pins.BOARDS["n8"]
-    rc = flash.main(["--board", "n8", "--port", "/dev/ttyUSB0", "--model", "stories15m"]
-                    + (["--dry-run"] if dry else []))
-    out, err = capfd.readouterr()
-    said = (f"--model stories15m cannot fit --board n8: its image holds at least {floor:,} "
-            f"bytes of weights, the board's 'model' partition {n8.model_bytes:,} (--board "
-            f"n16r8 takes it; --board n8 takes demo, llama2c-demo, stories260k)")
-    if dry:
-        assert rc == 0 and f"missing: {said}" in out and "stop first" in out
-    else:
-        assert rc == 2 and err.startswith(f"error: {said}") and "download" not in out
+    refused_on_the_n8_at_once("stories15m", PINS, dry, monkeypatch, capfd)
 
 
 def test_the_n16r8_downloads_and_converts_it(capfd: pytest.CaptureFixture[str]) -> None:

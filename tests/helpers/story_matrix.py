@@ -24,6 +24,8 @@ import hashlib
 import random
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +56,23 @@ def _sha(m: Any) -> str:
     return hashlib.sha256(m.logits()).hexdigest()
 
 
-def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
-            n: int, *, plain: bool, k_dots: bool = False, preload: bool = False) -> Story:
-    """n tokens one step at a time (fewer when the context fills), every row."""
+@contextmanager
+def _opened(llm: Any, image: str, sampler: tuple[float, int, int], *, plain: bool,
+            k_dots: bool, preload: bool) -> Iterator[Any]:
+    """The engine a story is decoded with: K as dots or floats, the cache
+    preload hints on or left as they are, the sampler set."""
     with llm.Model(image, plain=plain) as m:
         m.set_k_dots(k_dots)
         if preload:
             m.set_preload(True)
         m.sampler(*sampler)
+        yield m
+
+
+def stepped(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
+            n: int, *, plain: bool, k_dots: bool = False, preload: bool = False) -> Story:
+    """n tokens one step at a time (fewer when the context fills), every row."""
+    with _opened(llm, image, sampler, plain=plain, k_dots=k_dots, preload=preload) as m:
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
         rows = {0: _sha(m)}
@@ -77,11 +88,7 @@ def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, i
     """n tokens through verify passes whose drafts are the reference story's next
     tokens (1..7 of them, in turn), every other pass with its last draft made
     wrong: passes of several positions, drafts kept and refused, rewinds."""
-    with llm.Model(image) as m:
-        m.set_k_dots(k_dots)
-        if preload:
-            m.set_preload(True)
-        m.sampler(*sampler)
+    with _opened(llm, image, sampler, plain=False, k_dots=k_dots, preload=preload) as m:
         seq = m.config()["seq_len"]
         tokens = [m.prefill(prompt)]
         rows = {0: _sha(m)}
