@@ -261,22 +261,20 @@ def decode_tokens(model, token, n, draft=None, context=None, stops=(), counts=No
             made += 1
             yield token
         else:
-            t = _work_us()
             chosen = verify_pass(model, token, n - made, draft, context, stops, counts,
-                                 seq_len, vocab)
-            if pacer is not None:
-                pacer.passed(_work_diff(_work_us(), t), len(chosen))
+                                 seq_len, vocab, pacer)
             made += len(chosen)
             yield from chosen
             token = chosen[-1]
 
 
-def verify_pass(model, token, n, draft, context, stops, counts, seq_len, vocab):
+def verify_pass(model, token, n, draft, context, stops, counts, seq_len, vocab, pacer=None):
     """One verify pass of decode_tokens (n >= 1 tokens left to write): feeds
     `token` and the drafter's guesses, appends what it fed for good to
-    `context`, adds to `counts`; returns the tokens plain decoding writes
-    next, 1 to n of them (the engine's choice after `token` and after each
-    guess kept)."""
+    `context`, adds to `counts`, tells `pacer` (a Pacer, or None) the pass's
+    time and tokens; returns the tokens plain decoding writes next, 1 to n of
+    them (the engine's choice after `token` and after each guess kept)."""
+    t = _work_us()
     context.append(token)
     at = model.pos()
     n_guess = min(n, seq_len - at, MAX_DRAFT + 1) - 1
@@ -299,6 +297,8 @@ def verify_pass(model, token, n, draft, context, stops, counts, seq_len, vocab):
     counts["accepted"] += a
     counts["produced"] += a + 1
     del got[a + 1:]  # (the engine's fresh list: cut in place, not copied)
+    if pacer is not None:
+        pacer.passed(_work_diff(_work_us(), t), len(got))
     return got
 
 
@@ -703,11 +703,8 @@ class Session:
                     stats["produced"] += 1
                     stats["steps"] += 1
                 else:
-                    t = _work_us()
                     chosen = verify_pass(model, token, budget - n, draft, fed, stops, stats,
-                                         seq_len, vocab)
-                    if pacer is not None:
-                        pacer.passed(_work_diff(_work_us(), t), len(chosen))
+                                         seq_len, vocab, pacer)
                     token = chosen[0]
                     taken = 1
             if token in stops:
