@@ -34,6 +34,13 @@ def quoted(text: str, pattern: str) -> list[str]:
     return found
 
 
+def speed_row_as_printed(printed: str, said: str, text: str, row: str) -> None:
+    """A doc's table row (context, then low / middle / high tok/s: `row`'s groups)
+    is what the report says (`said`'s groups: context, middle tok/s, (low-high))."""
+    ctx, mid, lo, hi = quoted(printed, said)[0]
+    assert quoted(text, row)[0] == (ctx, lo, mid, hi)
+
+
 def number(s: str) -> float:
     return float(s.replace(",", ""))
 
@@ -210,12 +217,11 @@ def test_stories260k_on_the_n8(s260_printed: str) -> None:
                                        r"There the model gives (\d+) tok/s sampled")[0]
     assert (said_ctx, said_toks) == (ctx, toks)
     # the certified head's row of the table, at its own default context
-    ctx, mid, lo, hi = quoted(printed, r"group 64, certified head, sampled, as the engine places "
-                                       r"it: context (\d+) \(by default, the fastest\) (\d+) "
-                                       r"tok/s \((\d+)-(\d+)\)")[0]
-    row = quoted(text, r"certified, context (\d+) by the model [^|]*\| [\d.]+ \| [\d.]+ \| "
-                       r"[\d.]+ / [\d.]+ / [\d.]+ \| (\d+) / (\d+) / (\d+) \|")[0]
-    assert row == (ctx, lo, mid, hi)
+    speed_row_as_printed(printed, r"group 64, certified head, sampled, as the engine places it: "
+                                  r"context (\d+) \(by default, the fastest\) (\d+) tok/s "
+                                  r"\((\d+)-(\d+)\)",
+                         text, r"certified, context (\d+) by the model [^|]*\| [\d.]+ \| [\d.]+ "
+                               r"\| [\d.]+ / [\d.]+ / [\d.]+ \| (\d+) / (\d+) / (\d+) \|")
     # the longest context that opens, asked for
     longest, toks = quoted(printed, r"group 64, dense head, sampled, as the engine places it: "
                                     r"context \d+ \(by default, the fastest\) \d+ tok/s \(\d+-\d+\); "
@@ -235,12 +241,11 @@ def test_stories260k_at_convert_pys_default_format(s260_printed: str) -> None:
     """performance.md's fp32 rows (convert.py's choice for stories260K) and its
     what-ifs, as `bench.py --model-s3 --shape stories260k` prints them."""
     text, printed = doc("performance.md"), s260_printed
-    ctx, mid, lo, hi = quoted(printed, r"N8 \(no PSRAM\), fp32, dense head, sampled, as the "
-                                       r"engine places it: context (\d+) \(by default\) (\d+) "
-                                       r"tok/s \((\d+)-(\d+)\)")[0]
-    row = quoted(text, r"\| fp32 \(the default\) \| N8 at its default context, (\d+) \| "
-                       r"[^|]*\| (\d+) / (\d+) / (\d+) \|")[0]
-    assert row == (ctx, lo, mid, hi)
+    speed_row_as_printed(printed, r"N8 \(no PSRAM\), fp32, dense head, sampled, as the engine "
+                                  r"places it: context (\d+) \(by default\) (\d+) tok/s "
+                                  r"\((\d+)-(\d+)\)",
+                         text, r"\| fp32 \(the default\) \| N8 at its default context, (\d+) "
+                               r"\| [^|]*\| (\d+) / (\d+) / (\d+) \|")
     core, everything, ms = quoted(printed, r"what-if, fp32 on the N16R8[^\n]*core in internal "
                                            r"SRAM (\d+) tok/s; core, KV cache and head in "
                                            r"internal SRAM (\d+) tok/s; its matvecs alone "

@@ -137,6 +137,19 @@ static void col_layout_init(col_layout *k, const llm_config *c, uint32_t head_co
                k->head_q8 + k->head_scales + k->head_floats;
 }
 
+/* One matvec input's buffers at b, in this order: its int8 codes (q_bytes),
+ * their Q8 copy and its scales (NULL where their bytes are 0). Returns the
+ * end. */
+static uint8_t *input_init(int8_t **q, llm_src *src, uint8_t *b, size_t q_bytes, size_t q8_bytes,
+                           size_t scale_bytes) {
+    *q = (int8_t *)(void *)b;
+    b += q_bytes;
+    src->q8 = q8_bytes ? (int8_t *)(void *)b : NULL;
+    b += q8_bytes;
+    src->q8_scale = scale_bytes ? (float *)(void *)b : NULL;
+    return b + scale_bytes;
+}
+
 /* Position k's buffers at base: s->col[k] and s->src[k]. */
 static void col_init(llm_run_state *s, uint32_t c, uint8_t *base, const col_layout *k) {
     llm_col *col = &s->col[c];
@@ -146,19 +159,9 @@ static void col_init(llm_run_state *s, uint32_t c, uint8_t *base, const col_layo
     COL_FLOATS(COL_POINT)
 #undef COL_POINT
     uint8_t *b = (uint8_t *)(void *)(f + k->n_floats);
-    col->act.q = (int8_t *)(void *)b;
-    b += k->act_bytes;
-    act->q8 = k->act_q8 ? (int8_t *)(void *)b : NULL;
-    b += k->act_q8;
-    act->q8_scale = k->act_scales ? (float *)(void *)b : NULL;
-    b += k->act_scales;
+    b = input_init(&col->act.q, act, b, k->act_bytes, k->act_q8, k->act_scales);
     act->own = NULL;
-    col->head_in.q = (int8_t *)(void *)b;
-    b += k->head_bytes;
-    head->q8 = k->head_q8 ? (int8_t *)(void *)b : NULL;
-    b += k->head_q8;
-    head->q8_scale = k->head_scales ? (float *)(void *)b : NULL;
-    b += k->head_scales;
+    b = input_init(&col->head_in.q, head, b, k->head_bytes, k->head_q8, k->head_scales);
     head->own = k->head_floats ? (float *)(void *)b : NULL;
 }
 

@@ -251,14 +251,24 @@ void llm_image_matrix_view(const llm_image_info *info, uint32_t i, llm_wmat *out
     }
 }
 
+/* The last three sections of every image (image_format.h's order), by their
+ * place from the end of the table. */
+enum { FROM_END_TILES = 3u, FROM_END_DRAFTS = 2u, FROM_END_WEIGHTS = 1u };
+
+/* The payload of one of the last three sections, its fixed header copied to
+ * h (h_bytes). */
+static const uint8_t *last_payload(const llm_image_info *info, uint32_t from_end, void *h,
+                                   size_t h_bytes) {
+    const uint8_t *p = payload_at(info, info->n_sections - from_end, NULL);
+    memcpy(h, p, h_bytes);
+    return p;
+}
+
 void llm_image_weights_view(const llm_image_info *info, llm_image_weights *out) {
-    const uint8_t *p = payload_at(info, info->n_sections - 1u, NULL);
     llm_image_weights_header h;
-    READ_STRUCT(&h, p);
-    memset(out, 0, sizeof *out);
-    out->chosen = h.chosen;
-    out->n_tried = h.n_tried;
-    out->positions = h.positions;
+    const uint8_t *p = last_payload(info, FROM_END_WEIGHTS, &h, sizeof h);
+    *out = (llm_image_weights){.chosen = h.chosen, .n_tried = h.n_tried,
+                               .positions = h.positions};
     for (uint32_t k = 0; k < out->n_tried; k++) READ_STRUCT(&out->tried[k], weights_tried_at(p, k));
 }
 
@@ -268,14 +278,10 @@ void llm_image_rows_view(const llm_image_info *info, uint32_t i, llm_rows *out) 
 }
 
 void llm_image_tiles_view(const llm_image_info *info, llm_tiles *out) {
-    const uint8_t *p = payload_at(info, info->n_sections - 3u, NULL);
     llm_image_tiles_header h;
-    READ_STRUCT(&h, p);
-    memset(out, 0, sizeof *out);
-    out->rows = h.rows;
-    out->tile_rows = h.tile_rows;
-    out->n_tiles = h.n_tiles;
-    out->cols_padded = h.cols_padded;
+    const uint8_t *p = last_payload(info, FROM_END_TILES, &h, sizeof h);
+    *out = (llm_tiles){.rows = h.rows, .tile_rows = h.tile_rows, .n_tiles = h.n_tiles,
+                       .cols_padded = h.cols_padded};
     if (out->n_tiles == 0) return;
     const uint8_t *q = p + sizeof(llm_image_tiles_header);
     out->order = (const uint16_t *)(const void *)q;
@@ -290,11 +296,9 @@ static uint64_t drafts_table_bytes(uint32_t n, uint64_t records) {
 }
 
 void llm_image_drafts_view(const llm_image_info *info, llm_drafts *out) {
-    const uint8_t *p = payload_at(info, info->n_sections - 2u, NULL);
     llm_image_drafts_header h;
-    READ_STRUCT(&h, p);
-    memset(out, 0, sizeof *out);
-    out->max_draft = h.max_draft;
+    const uint8_t *p = last_payload(info, FROM_END_DRAFTS, &h, sizeof h);
+    *out = (llm_drafts){.max_draft = h.max_draft};
     memcpy(out->min_odds, h.min_odds, sizeof out->min_odds);
     const uint8_t *q = p + sizeof h;
     for (uint32_t n = 1; n <= LLM_IMAGE_DRAFTS_ORDER; n++) {
@@ -490,13 +494,22 @@ static llm_status check_f32(const char *name, const uint8_t *p, uint32_t size, u
     return LLM_OK;
 }
 
+/* A section's fixed header (h_bytes at p) copied to h; LLM_E_FORMAT where the
+ * section (size bytes) is too small to hold it. */
+static llm_status read_header(const char *name, const uint8_t *p, uint32_t size, void *h,
+                              size_t h_bytes, llm_error *err) {
+    if (size < h_bytes)
+        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
+                        name, (unsigned long)size);
+    memcpy(h, p, h_bytes);
+    return LLM_OK;
+}
+
 static llm_status check_q4_header(const char *name, uint32_t kind, const uint8_t *p,
                                   uint32_t size, const expect *x, llm_image_q4_header *h,
                                   llm_error *err) {
-    if (size < sizeof(llm_image_q4_header))
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
-                        name, (unsigned long)size);
-    q4_header(p, h);
+    llm_status st = read_header(name, p, size, h, sizeof *h, err);
+    if (st != LLM_OK) return st;
     if (h->rows != x->rows || h->cols != x->cols)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': shape [%lu, %lu], config needs [%lu, %lu]",
                         name, (unsigned long)h->rows, (unsigned long)h->cols,
@@ -607,11 +620,9 @@ static llm_status check_matrix(const char *name, uint32_t kind, const uint8_t *p
 /* The converter's choice (image_format.h KIND_WEIGHTS). */
 static llm_status check_weights(const char *name, const uint8_t *p, uint32_t size,
                                 llm_error *err) {
-    if (size < sizeof(llm_image_weights_header))
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
-                        name, (unsigned long)size);
     llm_image_weights_header h;
-    READ_STRUCT(&h, p);
+    llm_status st = read_header(name, p, size, &h, sizeof h, err);
+    if (st != LLM_OK) return st;
     const uint32_t chosen = h.chosen, n = h.n_tried;
     if (n > LLM_IMAGE_WEIGHTS_MAX_TRIED || (chosen == 0) != (n == 0) || h.reserved != 0)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': chosen %lu with %lu formats tried",
@@ -674,10 +685,8 @@ static int has_eot_special(const uint8_t *ids, uint32_t n_special, const uint8_t
 static llm_status check_tokenizer(const char *name, const uint8_t *p, uint32_t size,
                                   const llm_config *c, llm_error *err) {
     llm_image_tokenizer_header h;
-    if (size < sizeof h)
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
-                        name, (unsigned long)size);
-    READ_STRUCT(&h, p);
+    llm_status st = read_header(name, p, size, &h, sizeof h, err);
+    if (st != LLM_OK) return st;
     uint32_t n_vocab = h.n_vocab, n_merges = h.n_merges, n_special = h.n_special;
     if (n_vocab != c->vocab_out)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': n_vocab %lu != vocab_out %lu", name,
@@ -759,11 +768,9 @@ static int all_zero(const uint8_t *p, uint64_t n) {
  * llm_open, which has the memory and touches the head rows anyway. */
 static llm_status check_tiles(const char *name, const uint8_t *p, uint32_t size, const expect *x,
                               llm_error *err) {
-    if (size < sizeof(llm_image_tiles_header))
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
-                        name, (unsigned long)size);
     llm_image_tiles_header h;
-    READ_STRUCT(&h, p);
+    llm_status st = read_header(name, p, size, &h, sizeof h, err);
+    if (st != LLM_OK) return st;
     const uint32_t cp = ceil_div(x->cols, LLM_IMAGE_BLOCK_COLS) * LLM_IMAGE_BLOCK_COLS;
     if (h.rows != x->rows || h.cols_padded != cp)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': [%lu rows, %lu cols], the head is "
@@ -818,11 +825,9 @@ static llm_status check_tiles(const char *name, const uint8_t *p, uint32_t size,
 /* Sizes, order, ids and padding of a drafts payload (image_format.h). */
 static llm_status check_drafts(const char *name, const uint8_t *p, uint32_t size,
                                const expect *x, llm_error *err) {
-    if (size < sizeof(llm_image_drafts_header))
-        return llm_fail(err, LLM_E_FORMAT, "section '%s': %lu bytes, too small for its header",
-                        name, (unsigned long)size);
     llm_image_drafts_header h;
-    READ_STRUCT(&h, p);
+    llm_status st = read_header(name, p, size, &h, sizeof h, err);
+    if (st != LLM_OK) return st;
     const uint32_t max_draft = h.max_draft;
     if (max_draft > LLM_IMAGE_DRAFTS_MAX)
         return llm_fail(err, LLM_E_FORMAT, "section '%s': max_draft %lu exceeds %u", name,
@@ -1091,7 +1096,7 @@ static llm_status check_head_kind(const llm_image_info *info, llm_error *err) {
     const uint32_t head_slot = tied ? (uint32_t)LLM_SEC_EMBED
                                    : LLM_SEC_LAYER0 + LLM_LSEC_COUNT * c->n_layers + 1u;
     section_at(info, llm_image_slot_index(c, head_slot), &head);
-    section_at(info, info->n_sections - 3u, &tiles);
+    section_at(info, info->n_sections - FROM_END_TILES, &tiles);
     llm_image_tiles_header t;
     READ_STRUCT(&t, info->data + tiles.offset);
     if (head.kind != LLM_IMAGE_KIND_Q4 && t.n_tiles != 0)

@@ -194,22 +194,21 @@
 #define EE_ORQ(qa, qx, qy) LLM_PIE_BIT(LLM_PIE_OP_EE_ORQ, qa, qx, qy)
 #define EE_XORQ(qa, qx, qy) LLM_PIE_BIT(LLM_PIE_OP_EE_XORQ, qa, qx, qy)
 #define EE_NOTQ(qa, qx) LLM_PIE_BIT(LLM_PIE_OP_EE_NOTQ, qa, qx, qx)
-#define EE_VSL_32(qa, qs) do { LLM_PIE_Q(qa); LLM_PIE_Q(qs); \
-    llm_pie_m_vshift_32(LLM_PIE_OP_EE_VSL_32, (qa), (qs)); } while (0)
-#define EE_VSR_32(qa, qs) do { LLM_PIE_Q(qa); LLM_PIE_Q(qs); \
-    llm_pie_m_vshift_32(LLM_PIE_OP_EE_VSR_32, (qa), (qs)); } while (0)
-#define EE_VMUL_S8(qz, qx, qy) do { LLM_PIE_Q(qz); LLM_PIE_Q(qx); LLM_PIE_Q(qy); \
-    llm_pie_m_vmul_s8((qz), (qx), (qy)); } while (0)
-#define EE_VZIP_8(qs0, qs1) do { LLM_PIE_Q(qs0); LLM_PIE_Q(qs1); \
-    llm_pie_m_vzip_8(LLM_PIE_OP_EE_VZIP_8, (qs0), (qs1)); } while (0)
-#define EE_VUNZIP_8(qs0, qs1) do { LLM_PIE_Q(qs0); LLM_PIE_Q(qs1); \
-    llm_pie_m_vzip_8(LLM_PIE_OP_EE_VUNZIP_8, (qs0), (qs1)); } while (0)
-#define EE_VCMP_LT_S8(qa, qx, qy) do { LLM_PIE_Q(qa); LLM_PIE_Q(qx); LLM_PIE_Q(qy); \
-    llm_pie_m_vcmp_lt_s8((qa), (qx), (qy)); } while (0)
-#define EE_VADDS_S8(qa, qx, qy) do { LLM_PIE_Q(qa); LLM_PIE_Q(qx); LLM_PIE_Q(qy); \
-    llm_pie_m_vadds_s8((qa), (qx), (qy)); } while (0)
-#define EE_SRC_Q(qa, qs0, qs1) do { LLM_PIE_Q(qa); LLM_PIE_Q(qs0); LLM_PIE_Q(qs1); \
-    llm_pie_m_src_q((qa), (qs0), (qs1)); } while (0)
+/* The model's two- and three-register operations: each register checked,
+ * then the model's function (`op`: which of its operations, where it has
+ * several). */
+#define LLM_PIE_QQ(fn, op, q0, q1) do { LLM_PIE_Q(q0); LLM_PIE_Q(q1); \
+    fn(op, (q0), (q1)); } while (0)
+#define LLM_PIE_QQQ(fn, q0, q1, q2) do { LLM_PIE_Q(q0); LLM_PIE_Q(q1); LLM_PIE_Q(q2); \
+    fn((q0), (q1), (q2)); } while (0)
+#define EE_VSL_32(qa, qs) LLM_PIE_QQ(llm_pie_m_vshift_32, LLM_PIE_OP_EE_VSL_32, qa, qs)
+#define EE_VSR_32(qa, qs) LLM_PIE_QQ(llm_pie_m_vshift_32, LLM_PIE_OP_EE_VSR_32, qa, qs)
+#define EE_VZIP_8(qs0, qs1) LLM_PIE_QQ(llm_pie_m_vzip_8, LLM_PIE_OP_EE_VZIP_8, qs0, qs1)
+#define EE_VUNZIP_8(qs0, qs1) LLM_PIE_QQ(llm_pie_m_vzip_8, LLM_PIE_OP_EE_VUNZIP_8, qs0, qs1)
+#define EE_VMUL_S8(qz, qx, qy) LLM_PIE_QQQ(llm_pie_m_vmul_s8, qz, qx, qy)
+#define EE_VCMP_LT_S8(qa, qx, qy) LLM_PIE_QQQ(llm_pie_m_vcmp_lt_s8, qa, qx, qy)
+#define EE_VADDS_S8(qa, qx, qy) LLM_PIE_QQQ(llm_pie_m_vadds_s8, qa, qx, qy)
+#define EE_SRC_Q(qa, qs0, qs1) LLM_PIE_QQQ(llm_pie_m_src_q, qa, qs0, qs1)
 #define WSR_SAR(as) llm_pie_m_wsr_sar((uint32_t)(as))
 #define SSAI(imm) do { LLM_PIE_IMM(imm, 0, 31, 1); llm_pie_m_ssai(imm); } while (0)
 #define NOP() llm_pie_m_nop()

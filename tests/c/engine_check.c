@@ -576,6 +576,20 @@ static void check_head_gives_way(const uint8_t *img, size_t len) {
            "cache opens\n", (unsigned long long)cap);
 }
 
+/* What a sweep of memory caps is scaled by: the image's seq_len and
+ * `everything`, twice the bytes an open with no cap takes (FAST and BULK
+ * together). 0 (and said): the intact image does not open. */
+static int cap_sweep_scale(const uint8_t *img, size_t len, uint32_t *seq, uint64_t *everything) {
+    llm_host_port hp;
+    llm_port_host_init(&hp);
+    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
+    if (e == NULL) return 0;
+    *seq = llm_get_config(e)->seq_len;
+    *everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
+    llm_close(e);
+    return 1;
+}
+
 /* Model() with no context (llm_bind_open, context 0) against every context
  * tried one by one, over a sweep of memory caps on two boards (FAST
  * unlimited with BULK capped; FAST gone, everything competing for BULK as
@@ -591,12 +605,9 @@ static void check_head_gives_way(const uint8_t *img, size_t len) {
  * steps over that narrow band). */
 static void check_fitting_context(const uint8_t *img, size_t len) {
     llm_host_port hp;
-    llm_port_host_init(&hp);
-    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
-    if (e == NULL) return;
-    const uint32_t seq = llm_get_config(e)->seq_len;
-    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
-    llm_close(e);
+    uint32_t seq;
+    uint64_t everything;
+    if (!cap_sweep_scale(img, len, &seq, &everything)) return;
     uint32_t most_opens = 0;
     const uint32_t least = seq / 2u < 64u ? seq / 2u : 64u;
     const uint32_t story = seq < 256u ? seq : 256u;
@@ -679,12 +690,9 @@ static void lying_memory(void *ctx, llm_memory *out) {
 
 static void check_planned_open_falls_back(const uint8_t *img, size_t len) {
     llm_host_port hp;
-    llm_port_host_init(&hp);
-    llm_engine *e = open_ok(img, len, &hp, "intact image does not open");
-    if (e == NULL) return;
-    const uint32_t seq = llm_get_config(e)->seq_len;
-    const uint64_t everything = 2u * (hp.in_use[LLM_REGION_FAST] + hp.in_use[LLM_REGION_BULK]);
-    llm_close(e);
+    uint32_t seq;
+    uint64_t everything;
+    if (!cap_sweep_scale(img, len, &seq, &everything)) return;
     int tried = 0, fell_back = 0;
     for (uint32_t k = 1; k <= 16; k++) { /* everything competing for BULK, as on the N8 */
         llm_bind_model m = {NULL, &hp.port, NULL, 0};

@@ -116,8 +116,7 @@ int main(int argc, char **argv) {
     }
     llm_error err;
     llm_host_map map;
-    int sys_errno = 0;
-    if (llm_host_map_file(argv[1], &map, &sys_errno, &err) != LLM_OK) {
+    if (llm_host_map_file(argv[1], &map, NULL, &err) != LLM_OK) {
         fprintf(stderr, "%s\n", err.message);
         return 1;
     }

@@ -39,17 +39,24 @@ def _has_s8_matvec(engine: Path) -> bool:
     return _declares(engine, "llm_matvec_s8_pie")
 
 
+def _compiler_for(what: str, sources: list[Path], compiler: str | None) -> str:
+    """The C compiler that builds `sources` (`compiler`, else $CC, gcc or cc),
+    once they are all here; FileNotFoundError that `what` needs them or one."""
+    for src in sources:
+        if not src.is_file():
+            raise FileNotFoundError(f"{what} needs {src} (run from a source checkout)")
+    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FileNotFoundError(f"{what} needs a C compiler (set CC or install gcc)")
+    return cc
+
+
 def _run_driver(args: list[str], defines: list[str], engine: Path, build_dir: Path | None,
                 compiler: str | None) -> list[list[str]]:
     """Build count_driver.c against `engine`'s kernels_pie.c and pie_model.c
     with `defines`, run it on `args` and return its lines, split."""
     sources = [engine / "kernels_pie.c", engine / "pie_model.c"]
-    for src in sources:
-        if not src.is_file():
-            raise FileNotFoundError(f"PIE counters need {src} (run from a source checkout)")
-    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise FileNotFoundError("PIE counters need a C compiler (set CC or install gcc)")
+    cc = _compiler_for("PIE counters", sources, compiler)
     with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
         driver = Path(tmp) / "pie_count.c"
         driver.write_text(_COUNT_DRIVER.read_text())
@@ -142,12 +149,7 @@ def measure_cols_pie(*, root: Path | None = None, build_dir: Path | None = None,
     engine, ctests = base / "native" / "engine", base / "tests" / "c"
     sources = [ctests / "pie_kernels_test.c", engine / "kernels_pie.c",
                engine / "kernels_ref.c", engine / "pie_model.c"]
-    for src in sources:
-        if not src.is_file():
-            raise FileNotFoundError(f"the many-columns PIE count needs {src} (a source checkout)")
-    cc = compiler or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise FileNotFoundError("the many-columns PIE count needs a C compiler (set CC)")
+    cc = _compiler_for("the many-columns PIE count", sources, compiler)
     with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
         exe = Path(tmp) / "pie_kernels_test"
         cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-O2",
