@@ -40,8 +40,9 @@ def _has_s8_matvec(engine: Path) -> bool:
 
 
 def _compiler_for(what: str, sources: list[Path], compiler: str | None) -> str:
-    """The C compiler that builds `sources` (`compiler`, else $CC, gcc or cc),
-    once they are all here; FileNotFoundError that `what` needs them or one."""
+    """The C compiler that builds `sources` (`compiler`, else $CC, gcc or cc);
+    FileNotFoundError, saying what `what` needs, if a source or the compiler is
+    missing."""
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(f"{what} needs {src} (run from a source checkout)")
