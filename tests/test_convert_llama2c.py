@@ -541,6 +541,81 @@ def test_quality_of_stories260k(stories260k: Path) -> None:
     assert q.mean_abs < 0.35 and q.greedy_agree >= 0.85, q
 
 
+def _float64_forward(raw: bytes, positions: int) -> tuple[list[int], np.ndarray]:
+    """A float64 forward of a legacy v0 llama2.c file written from run.c's loops
+    and the file's bytes alone (not mpllm.formats.llama2c, not the reference):
+    its greedy ids from BOS and the logits of each position."""
+    dim, hid, nl, nh, nkv, vocab, seq = struct.unpack_from("<7i", raw)
+    shared, vocab = vocab > 0, abs(vocab)
+    f = np.frombuffer(raw, "<f4", offset=28).astype(np.float64)
+    hs, kvd, at = dim // nh, dim * nkv // nh, 0
+
+    def take(*shape: int) -> np.ndarray:
+        nonlocal at
+        n = int(np.prod(shape))
+        at += n
+        return f[at - n:at].reshape(shape)
+
+    emb, rms_att, wq, wk = take(vocab, dim), take(nl, dim), take(nl, dim, dim), take(nl, kvd, dim)
+    wv, wo, rms_ffn = take(nl, kvd, dim), take(nl, dim, dim), take(nl, dim)
+    w1, w2, w3, rms_final = take(nl, hid, dim), take(nl, dim, hid), take(nl, hid, dim), take(dim)
+    take(seq, hs)  # run.c's two legacy RoPE tables, unused
+    wcls = emb if shared else take(vocab, dim)
+    freq = 1.0 / 10000.0 ** ((np.arange(dim) % hs - np.arange(dim) % 2) / hs)
+    k_cache, v_cache = np.zeros((nl, seq, kvd)), np.zeros((nl, seq, kvd))
+
+    def norm(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return g * x / np.sqrt((x * x).mean() + 1e-5)
+
+    def rope(v: np.ndarray, pos: int) -> np.ndarray:  # adjacent pairs (2i, 2i+1), as run.c
+        c, s = np.cos(pos * freq[:v.size:2]), np.sin(pos * freq[:v.size:2])
+        out = np.empty_like(v)
+        out[0::2], out[1::2] = v[0::2] * c - v[1::2] * s, v[0::2] * s + v[1::2] * c
+        return out
+
+    ids, rows = [1], []
+    for pos in range(positions):
+        x = emb[ids[-1]].copy()
+        for li in range(nl):
+            h = norm(x, rms_att[li])
+            q = rope(wq[li] @ h, pos)
+            k_cache[li, pos], v_cache[li, pos] = rope(wk[li] @ h, pos), wv[li] @ h
+            att = np.empty(dim)
+            for head in range(nh):
+                kv = slice(head // (nh // nkv) * hs, (head // (nh // nkv) + 1) * hs)
+                sc = k_cache[li, :pos + 1, kv] @ q[head * hs:(head + 1) * hs] / np.sqrt(hs)
+                w = np.exp(sc - sc.max())
+                att[head * hs:(head + 1) * hs] = (w / w.sum()) @ v_cache[li, :pos + 1, kv]
+            x = x + wo[li] @ att
+            h = norm(x, rms_ffn[li])
+            a = w1[li] @ h
+            x = x + w2[li] @ (a / (1.0 + np.exp(-a)) * (w3[li] @ h))
+        rows.append(wcls @ norm(x, rms_final))
+        ids.append(int(rows[-1].argmax()))
+    return ids[:positions], np.array(rows)
+
+
+def test_the_default_format_keeps_85_percent_by_an_independent_forward(
+        stories260k: Path) -> None:
+    """convert.py's default for stories260K (int8, Q8_0 in groups of 32) agrees with
+    a float64 forward written here from the file's bytes on >= 85 % of 200
+    teacher-forced greedy choices (174 of 200 when this was written, mean |logit
+    difference| 0.33; w2's 172-column rows as one group each gave 168), as
+    convert.py's own figure says."""
+    ids, want = _float64_forward((SHARED / "stories260K.bin").read_bytes(), 200)
+    _llm = _engine()
+    got = []
+    with _llm.Model(str(stories260k)) as m:  # type: ignore[attr-defined]
+        assert m.config()["weights"] == "int8"
+        m.sampler(0.0, 0, 0)
+        for t in ids:
+            m.prefill([t])
+            got.append(np.frombuffer(m.logits(), "<f4"))
+    agree = int((np.array(got).argmax(axis=1) == want.argmax(axis=1)).sum())
+    diff = float(np.abs(np.array(got, np.float64) - want).mean())
+    assert agree >= 170 and diff < 0.35, (agree, diff)
+
+
 PUBLISHED_STORY = ("Once upon a time, there was a little girl named Lily. She loved to play "
                    "outside in the park. One day, she saw a big, red ball. She wanted to play "
                    "with it, but it was too high.\nLily")
