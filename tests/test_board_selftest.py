@@ -48,8 +48,8 @@ def test_selftest_output(outputs: dict[str, str], flavour: str) -> None:
     assert lines[0] == "selftest kernels=pie-emu"
     assert lines[-1] == "selftest failures=0 probe_differences=0"
     passes = [ln for ln in lines if ln.startswith("PASS ")]
-    # 13 int4 / dot cases, 3 int8 and 1 fp32
-    assert len(passes) == 17 and not [ln for ln in lines if ln.startswith("FAIL")]
+    # 13 int4 / dot cases, 4 int8 and 1 fp32
+    assert len(passes) == 18 and not [ln for ln in lines if ln.startswith("FAIL")]
     assert {ln.split()[1] for ln in passes} == {"matvec_q4_pie", "matvec_q4_cols_pie",
                                                 "matvec_q8_pie", "matvec_f32_pie",
                                                 "matvec_s8_pie"}

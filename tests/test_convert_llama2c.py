@@ -19,7 +19,7 @@ from conftest import ROOT
 from mpllm.convert import ConvertError, convert
 from mpllm.convert import main as convert_main
 from mpllm.formats import llama2c as fmt
-from mpllm.formats.image import KIND_F32M, KIND_Q4, KIND_Q8, read_image
+from mpllm.formats.image import KIND_Q4, KIND_Q8, read_image
 from mpllm.formats.model import F32Matrix, Q8Matrix, Weights
 from mpllm.llama2c_weights import rope_row_order, split_half_checkpoint, to_weights
 from mpllm.reference.llama2c import F32, Llama2c
@@ -98,31 +98,35 @@ def _same(a: Weights, b: Weights) -> None:
 def test_stories260k_converts(tmp_path: Path) -> None:
     """The real llama2.c checkpoint (legacy v0) with a 512-token tokenizer.bin
     made here (the published tok512.bin is not at hand): by default the
-    converter measures int4, then int8, then fp32 and keeps fp32, the first
-    whose greedy agreement with the fp32 forward reaches 85 % (int4 23.8 %,
-    int8 83.6 % when this was written); the choice and its figures are in the
-    image and in Model.config(). At --weights int4: an image of family llama2c
-    with the checkpoint's shape, its weights what to_weights makes."""
+    converter measures int4, then int8 and keeps int8, the first whose greedy
+    agreement with the fp32 forward reaches 85 % (int4 23.8 %, int8 88.3 %
+    when this was written: groups of 32, w2's 172-column rows with a last
+    group of 12; one group for the whole row gave 83.6 %, and auto kept
+    fp32); the choice and its figures are in the image and in
+    Model.config(). At --weights int4: an image of family llama2c with the
+    checkpoint's shape, its weights what to_weights makes."""
     src = SHARED / "stories260K.bin"
     rep = _convert(src, DEMO / "tokenizer.bin", tmp_path / "auto.img")
     auto = read_image(tmp_path / "auto.img")
-    assert rep.weights == "fp32" and not rep.certified_head  # type: ignore[attr-defined]
+    assert rep.weights == "int8" and not rep.certified_head  # type: ignore[attr-defined]
     choice = auto.weights_choice
-    assert choice == rep.choice and choice.chosen == KIND_F32M  # type: ignore[attr-defined]
-    assert [t.kind for t in choice.tried] == [KIND_Q4, KIND_Q8, KIND_F32M]
+    assert choice == rep.choice and choice.chosen == KIND_Q8  # type: ignore[attr-defined]
+    assert [t.kind for t in choice.tried] == [KIND_Q4, KIND_Q8]
     agree = [t.agreement for t in choice.tried]
-    assert agree[0] < 0.5 and 0.7 < agree[1] < 0.85 <= agree[2], agree
-    assert choice.tried[2].mean_abs_diff < 1e-3 < choice.tried[1].mean_abs_diff
-    # the image as measured: all but the choice's own three records
-    assert choice.tried[2].bytes == auto.header.file_bytes - 3 * 16
-    assert set(rep.boards) == {"int4", "int8", "fp32"}  # type: ignore[attr-defined]
+    assert agree[0] < 0.5 and 0.85 <= agree[1] < 0.95, agree
+    assert 0.2 < choice.tried[1].mean_abs_diff < 0.35 and choice.tried[0].mean_abs_diff > 3
+    # the image as measured: all but the choice's own two records
+    assert choice.tried[1].bytes == auto.header.file_bytes - 2 * 16
+    assert set(rep.boards) == {"int4", "int8"}  # type: ignore[attr-defined]
     assert all(set(b) == {"n16r8", "n8"} for b in rep.boards.values())  # type: ignore[attr-defined]
     ck = fmt.read_checkpoint(src.read_bytes())
-    _same(auto.weights, to_weights(ck, None, "fp32"))
+    _same(auto.weights, to_weights(ck, None, "int8"))
+    down = auto.weights.layers[0].down
+    assert isinstance(down, Q8Matrix) and (down.cols, down.group, down.n_groups) == (172, 32, 6)
     _llm = _engine()
     with _llm.Model(str(tmp_path / "auto.img")) as m:  # type: ignore[attr-defined]
         c = m.config()
-    assert c["weights"] == "fp32" and c["weights_choice"]["chosen"] == "fp32"
+    assert c["weights"] == "int8" and c["weights_choice"]["chosen"] == "int8"
     assert c["weights_choice"]["positions"] == 256
     assert c["weights_choice"]["int8"] == pytest.approx(
         (choice.tried[1].agreement, choice.tried[1].mean_abs_diff, choice.tried[1].bytes))
@@ -162,7 +166,7 @@ def test_v2_checkpoint_keeps_its_own_int8(tmp_path: Path) -> None:
     tensor whose groups lie within its rows keeps the codes and scales the
     file stores (read here from the file's bytes), q and k rows moved to the
     engine's RoPE order; w2, whose 172-column rows straddle the 64-value
-    groups, is quantized from its values in whole-row groups instead."""
+    groups, is quantized from its values in groups of 32 instead."""
     ck = _demo()
     c = ck.config
     src = tmp_path / "v2.bin"
@@ -198,7 +202,7 @@ def test_v2_checkpoint_keeps_its_own_int8(tmp_path: Path) -> None:
              np.concatenate([rows_q, rows_k, sv.reshape(len(v_), -1)]).reshape(-1))
         for f, n in (("attn_proj", "wo"), ("gate", "w1"), ("up", "w3")):
             same(getattr(layer, f), *file[n][i])
-        assert isinstance(layer.down, Q8Matrix) and layer.down.group == c.hidden_dim
+        assert isinstance(layer.down, Q8Matrix) and layer.down.group == 32 < c.hidden_dim
 
 
 def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
@@ -386,9 +390,10 @@ def stories260k_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stories260k_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """stories260K at int8 (Q8_0: group 32, the whole 172-column row)."""
-    return _stories260k(tmp_path_factory, "s260k8", weights="int8", quality_positions=0)
+def stories260k_fp32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """stories260K at fp32 (the default, `stories260k`, is int8: Q8_0 in
+    groups of 32, the 172-column rows' last group of 12)."""
+    return _stories260k(tmp_path_factory, "s260k32", weights="fp32", quality_positions=0)
 
 
 def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int],
@@ -406,14 +411,14 @@ def _decode(m: object, prompt: list[int], n: int, sampler: tuple[float, int, int
     return ids, h.hexdigest()
 
 
-@pytest.mark.parametrize("which", ["stories260k", "stories260k_int8"])
+@pytest.mark.parametrize("which", ["stories260k", "stories260k_fp32"])
 def test_engine_equals_the_reference_of_the_quantized_model(
         request: pytest.FixtureRequest, which: str) -> None:
     """The C engine's ids and logits are the numpy reference's, bit for bit
     (mpllm.reference.forward on the image's own weights), greedy and sampled:
-    at convert.py's choice (fp32) and at int8, so the host's vector matvec
-    kernels (fp32 eight lanes in one vector, int8 four rows at once) against
-    an independent reference."""
+    at convert.py's choice (int8: four rows at once, w2's last group of 12
+    columns too) and at fp32 (eight lanes in one vector), so the host's
+    vector matvec kernels against an independent reference."""
     from mpllm.reference.forward import Reference
     from mpllm.reference.sampler import Sampler
 
@@ -463,7 +468,7 @@ def test_plain_and_default_agree_on_stories260k(stories260k: Path) -> None:
                 assert drafted == plain[0], (prompt, smp)
 
 
-@pytest.mark.parametrize("which", ["stories260k", "stories260k_int8", "stories260k_int4"])
+@pytest.mark.parametrize("which", ["stories260k", "stories260k_fp32", "stories260k_int4"])
 def test_default_equals_plain_over_long_stories(request: pytest.FixtureRequest,
                                                 which: str) -> None:
     """Default decoding (the host's vector softmax, attention over float K/V
@@ -525,7 +530,83 @@ def test_quality_of_stories260k(stories260k: Path) -> None:
 
     _llm = _engine()
     q = quality(stories260k, fmt.read_checkpoint((SHARED / "stories260K.bin").read_bytes()), _llm)
-    assert q.mean_abs < 3.5 and q.greedy_agree > 0.15, q
+    # convert.py's default (int8): 88.3 %, mean 0.318 when this was written
+    assert q.mean_abs < 0.35 and q.greedy_agree >= 0.85, q
+
+
+def _float64_forward(raw: bytes, positions: int) -> tuple[list[int], np.ndarray]:
+    """A float64 forward of a legacy v0 llama2.c file written from run.c's loops
+    and the file's bytes alone (not mpllm.formats.llama2c, not the reference):
+    its greedy ids from BOS and the logits of each position."""
+    dim, hid, nl, nh, nkv, vocab, seq = struct.unpack_from("<7i", raw)
+    shared, vocab = vocab > 0, abs(vocab)
+    f = np.frombuffer(raw, "<f4", offset=28).astype(np.float64)
+    hs, kvd, at = dim // nh, dim * nkv // nh, 0
+
+    def take(*shape: int) -> np.ndarray:
+        nonlocal at
+        n = int(np.prod(shape))
+        at += n
+        return f[at - n:at].reshape(shape)
+
+    emb, rms_att, wq, wk = take(vocab, dim), take(nl, dim), take(nl, dim, dim), take(nl, kvd, dim)
+    wv, wo, rms_ffn = take(nl, kvd, dim), take(nl, dim, dim), take(nl, dim)
+    w1, w2, w3, rms_final = take(nl, hid, dim), take(nl, dim, hid), take(nl, hid, dim), take(dim)
+    take(seq, hs)  # run.c's two legacy RoPE tables, unused
+    wcls = emb if shared else take(vocab, dim)
+    freq = 1.0 / 10000.0 ** ((np.arange(dim) % hs - np.arange(dim) % 2) / hs)
+    k_cache, v_cache = np.zeros((nl, seq, kvd)), np.zeros((nl, seq, kvd))
+
+    def norm(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return g * x / np.sqrt((x * x).mean() + 1e-5)
+
+    def rope(v: np.ndarray, pos: int) -> np.ndarray:  # adjacent pairs (2i, 2i+1), as run.c
+        c, s = np.cos(pos * freq[:v.size:2]), np.sin(pos * freq[:v.size:2])
+        out = np.empty_like(v)
+        out[0::2], out[1::2] = v[0::2] * c - v[1::2] * s, v[0::2] * s + v[1::2] * c
+        return out
+
+    ids, rows = [1], []
+    for pos in range(positions):
+        x = emb[ids[-1]].copy()
+        for li in range(nl):
+            h = norm(x, rms_att[li])
+            q = rope(wq[li] @ h, pos)
+            k_cache[li, pos], v_cache[li, pos] = rope(wk[li] @ h, pos), wv[li] @ h
+            att = np.empty(dim)
+            for head in range(nh):
+                kv = slice(head // (nh // nkv) * hs, (head // (nh // nkv) + 1) * hs)
+                sc = k_cache[li, :pos + 1, kv] @ q[head * hs:(head + 1) * hs] / np.sqrt(hs)
+                w = np.exp(sc - sc.max())
+                att[head * hs:(head + 1) * hs] = (w / w.sum()) @ v_cache[li, :pos + 1, kv]
+            x = x + wo[li] @ att
+            h = norm(x, rms_ffn[li])
+            a = w1[li] @ h
+            x = x + w2[li] @ (a / (1.0 + np.exp(-a)) * (w3[li] @ h))
+        rows.append(wcls @ norm(x, rms_final))
+        ids.append(int(rows[-1].argmax()))
+    return ids[:positions], np.array(rows)
+
+
+def test_the_default_format_keeps_85_percent_by_an_independent_forward(
+        stories260k: Path) -> None:
+    """convert.py's default for stories260K (int8, Q8_0 in groups of 32) agrees with
+    a float64 forward written here from the file's bytes on >= 85 % of 200
+    teacher-forced greedy choices (174 of 200 when this was written, mean |logit
+    difference| 0.33; w2's 172-column rows as one group each gave 168), as
+    convert.py's own figure says."""
+    ids, want = _float64_forward((SHARED / "stories260K.bin").read_bytes(), 200)
+    _llm = _engine()
+    got = []
+    with _llm.Model(str(stories260k)) as m:  # type: ignore[attr-defined]
+        assert m.config()["weights"] == "int8"
+        m.sampler(0.0, 0, 0)
+        for t in ids:
+            m.prefill([t])
+            got.append(np.frombuffer(m.logits(), "<f4"))
+    agree = int((np.array(got).argmax(axis=1) == want.argmax(axis=1)).sum())
+    diff = float(np.abs(np.array(got, np.float64) - want).mean())
+    assert agree >= 170 and diff < 0.35, (agree, diff)
 
 
 PUBLISHED_STORY = ("Once upon a time, there was a little girl named Lily. She loved to play "

@@ -238,14 +238,24 @@ def test_stories260k_on_the_n8(s260_printed: str) -> None:
 
 
 def test_stories260k_at_convert_pys_default_format(s260_printed: str) -> None:
-    """performance.md's fp32 rows (convert.py's choice for stories260K) and its
-    what-ifs, as `bench.py --model-s3 --shape stories260k` prints them."""
+    """performance.md's int8 rows (convert.py's choice for stories260K), its fp32
+    rows and their what-ifs, as `bench.py --model-s3 --shape stories260k` prints
+    them."""
     text, printed = doc("performance.md"), s260_printed
-    speed_row_as_printed(printed, r"N8 \(no PSRAM\), fp32, dense head, sampled, as the engine "
-                                  r"places it: context (\d+) \(by default\) (\d+) tok/s "
-                                  r"\((\d+)-(\d+)\)",
-                         text, r"\| fp32 \(the default\) \| N8 at its default context, (\d+) "
-                               r"\| [^|]*\| (\d+) / (\d+) / (\d+) \|")
+    for fmt, label in (("int8 in groups of 32", r"int8 Q8_0 \(the default\)"), ("fp32", "fp32")):
+        speed_row_as_printed(printed, rf"N8 \(no PSRAM\), {fmt}, dense head, sampled, as the "
+                                      r"engine places it: context (\d+) \(by default\) (\d+) "
+                                      r"tok/s \((\d+)-(\d+)\)",
+                             text, rf"\| {label} \| N8 at its default context, (\d+) \| "
+                                   r"[^|]*\| (\d+) / (\d+) / (\d+) \|")
+    placed, everything, ms = quoted(printed, r"what-if, int8 on the N16R8[^\n]*as placed (\d+) "
+                                             r"tok/s; [^\n]*; core, KV cache and head in internal "
+                                             r"SRAM (\d+) tok/s; its matvecs alone ([\d.]+) ms")[0]
+    row = quoted(text, r"\| int8 Q8_0 \(the default\) \| N16R8, context 512 \| [^|]*\| "
+                       r"\d+ / (\d+) / \d+ \|")
+    assert row == [placed]
+    assert quoted(text, r"int8's matvecs alone cost ([\d.]+) ms; it would\s+give (\d+) tok/s") \
+        == [(f"{float(ms):.2f}", everything)]
     core, everything, ms = quoted(printed, r"what-if, fp32 on the N16R8[^\n]*core in internal "
                                            r"SRAM (\d+) tok/s; core, KV cache and head in "
                                            r"internal SRAM (\d+) tok/s; its matvecs alone "

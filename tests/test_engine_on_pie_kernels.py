@@ -67,7 +67,7 @@ def test_pie_engine_equals_ref_engine_per_format(engine_image, name: str,  # typ
 
 @pytest.fixture(scope="module")
 def stories260k_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The real stories260K at fp32 (convert.py's choice), int8 and int4."""
+    """The real stories260K at int8 (convert.py's choice), fp32 and int4."""
     from mpllm.convert import convert
 
     src = STORIES260K_BIN

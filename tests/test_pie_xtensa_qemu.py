@@ -145,7 +145,7 @@ def test_selftest_under_qemu(xtensa: dict[str, Path]) -> None:
     lines = ran.stdout.splitlines()
     assert lines[0] == "selftest kernels=pie-native"
     passes = [ln for ln in lines if ln.startswith("PASS ")]
-    assert len(passes) == 17 and not [ln for ln in lines if ln.startswith("FAIL")]
+    assert len(passes) == 18 and not [ln for ln in lines if ln.startswith("FAIL")]
     assert re.fullmatch(r"selftest failures=0 probe_differences=\d+", lines[-1])
 
 

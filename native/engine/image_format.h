@@ -113,9 +113,10 @@
  *   llm_image_q4_header {rows, cols, group, row_bytes}   16 bytes
  *   codes  i8 [rows][row_bytes]   value = code * scale; columns >= cols are 0
  *   scales f32 [rows][n_groups]   finite
- *   row_bytes = cols rounded up to 32. group is a multiple of 32 below cols,
- *   or == cols (one group: the whole row, e.g. a 172-column row);
- *   n_groups = ceil(cols / group).
+ *   row_bytes = cols rounded up to 32. group is a multiple of 32 below cols
+ *   (a row's last group holds what is left: the converter's 172-column rows
+ *   in groups of 32 have five of 32 and one of 12, then 20 zero columns), or
+ *   == cols (one group: the whole row); n_groups = ceil(cols / group).
  *
  * KIND_F32M (fp32 weights; kernels.h llm_matvec_f32):
  *   llm_image_q4_header {rows, cols, group = cols, row_bytes}   16 bytes

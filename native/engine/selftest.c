@@ -330,7 +330,8 @@ int llm_selftest_run(llm_selftest_print_fn print, void *user) {
     matvec_case(&c, 16, 256, 32, 0x456789Au, 0);   /* eight groups per row */
     matvec_case(&c, 16, 256, 128, 0x56789ABu, 1);  /* codes 0/15, +-127 */
     q8_case(&c, 16, 64, 32, 0x9ABCDEFu, 0);      /* stories260K's dim: groups of 32 */
-    q8_case(&c, 9, 172, 172, 0xABCDEF1u, 0);     /* its hidden: one whole-row group */
+    q8_case(&c, 9, 172, 32, 0xABCDEF1u, 0);      /* its hidden: five 32s and a 12 */
+    q8_case(&c, 9, 172, 172, 0xDEF1234u, 0);     /* one whole-row group */
     q8_case(&c, 16, 256, 32, 0xBCDEF12u, 1);     /* +-127 codes and inputs */
     f32_case(&c, 13, 172, 0xCDEF123u);           /* a 4-column tail */
     dot_case(&c, 256, 0x6789ABCu, 0);

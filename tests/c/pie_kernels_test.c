@@ -629,8 +629,10 @@ static int mode_wide(uint64_t seed, uint32_t n) {
         const uint32_t f_m = 1 + rnd_below(LLM_MATVEC_MAX_COLS);
         compare_f32(f_rows, f_cols, f_m);
     }
-    /* the stories260K shapes: group 32 of 64 columns, the whole 172-column row */
+    /* the stories260K shapes: group 32 of 64 columns; its 172-column rows in
+     * groups of 32 (the last holds 12), and as one whole-row group */
     compare_q8(128, 64, 32, 1);
+    compare_q8(64, 172, 32, 8);
     compare_q8(64, 172, 172, 8);
     compare_f32(172, 64, 1);
     compare_f32(64, 172, 8);

@@ -644,8 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                          "head row); an esp32-ai model keeps its own")
     ap.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto",
                     help="llama2.c checkpoints: the matrices' format: int4 (groups of --group), "
-                         "int8 (groups of 32, or whole rows: llama2.c's runq.c Q8_0; a v2 "
-                         "checkpoint's own codes), fp32 (run.c's numbers), or auto (default: "
+                         "int8 (groups of 32, a row's last group what is left of it: "
+                         "llama2.c's runq.c Q8_0; a v2 checkpoint's own codes), fp32 (run.c's numbers), or auto (default: "
                          "the smallest whose greedy agreement with the fp32 forward reaches "
                          f"{100 * AUTO_AGREEMENT:.0f} %%, else the best; needs the host engine "
                          "_llm); an esp32-ai model keeps its int4")
@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                     if rep.head_left_out else
                     "no certified head: it needs an int4 head with one scale per row")
             fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
-                   "int8": "int8 in groups of 32 (or whole rows) with f32 scales",
+                   "int8": "int8 in groups of 32 with f32 scales",
                    "fp32": "fp32"}[rep.weights]
             print(f"formats: every matrix {fmt} ({cert}); norms f32 (D values each); q/k "
                   "rows in split-half RoPE order")

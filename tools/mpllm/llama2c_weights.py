@@ -15,11 +15,12 @@ Per tensor, which format and why:
     seventh of fp32), but a small model may not survive it: stories260K keeps
     24 % of its greedy choices.
   - int8 (Q8_0, llama2.c's runq.c scheme): one f32 scale per group of 32
-    columns, or per whole row where the columns are not a multiple of 32
-    (stories260K's w2, 172 columns) - `quantize.int8_group`; the engine
-    quantizes each matvec's input in the same groups. A v2 checkpoint keeps
-    its own codes and scales where its group is one the engine takes
-    (`own_int8`), nothing requantized. Under a third of fp32's bytes.
+    columns, a row's last group holding what is left where 32 does not
+    divide it (stories260K's w2, 172 columns: five of 32 and one of 12) -
+    `quantize.int8_group`; the engine quantizes each matvec's input in the
+    same groups. A v2 checkpoint keeps its own codes and scales where its
+    group is one the engine takes (`own_int8`), nothing requantized. Under a
+    third of fp32's bytes; stories260K keeps 88 % of its greedy choices.
   - fp32: the checkpoint's numbers, as run.c multiplies them (the engine's
     sum runs in eight fixed lanes: kernels.h). For models too small for
     int8.
@@ -147,8 +148,8 @@ def own_int8(ck: Llama2cCheckpoint) -> dict[tuple[str, int], Q8Matrix]:
     """A v2 (Q8_0) checkpoint's own int8 codes and scales as the engine's int8
     matrices, keyed (tensor, layer) like to_weights asks (qkv: wq, wk, wv
     stacked, q and k rows in the engine's RoPE order), for every tensor whose
-    group the engine takes (quantize.int8_group's rule: a multiple of 32 below
-    the row, or the whole row); the rest are left to quantize_int8. Nothing is
+    group the engine takes (a multiple of 32 below the row, or the whole row:
+    image_format.h KIND_Q8); the rest are left to quantize_int8. Nothing is
     requantized: value = code * scale exactly as llama2.c's runq.c reads it."""
     c, gs = ck.config, ck.group_size
     out: dict[tuple[str, int], Q8Matrix] = {}

@@ -59,9 +59,14 @@ def quantize_int4(w: np.ndarray, group: int) -> QMatrix:
 
 def int8_group(cols: int) -> int:
     """The int8 group a matrix of `cols` columns gets: 32 (llama2.c's runq.c
-    scheme at the engine's block width) where cols allows it, else the whole
-    row (one group: the engine's Q8 groups never straddle a 32-column block)."""
-    return 32 if cols % 32 == 0 else cols
+    scheme at the engine's block width), the last group holding what is left
+    of the row where 32 does not divide it (stories260K's w2, 172 columns:
+    five groups of 32 and one of 12, its padding to 192 zero on both sides);
+    a row of at most 32 columns is one group. Groups never straddle a
+    32-column block, so the kernels' 16-byte steps stay whole. One scale for a
+    whole 172-wide input cost stories260K its 85 % greedy agreement with the
+    fp32 forward (83.6 % against 88.3 % in groups of 32)."""
+    return min(cols, 32)
 
 
 def quantize_int8(w: np.ndarray, group: int | None = None) -> Q8Matrix:

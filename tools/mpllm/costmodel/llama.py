@@ -116,17 +116,18 @@ SHAPES: dict[str, Shape] = {
                         seq_len=1024, group=32),
 }
 
-#: The weight formats convert.py measures on a shape's checkpoint, its choice
+#: The weight formats convert.py offers a shape's checkpoint, its choice
 #: first (--weights auto: the smallest format whose teacher-forced greedy
 #: agreement with the fp32 forward over 256 positions is >= 85 %, else the
 #: best): (format, agreement, mean |logit difference|), as it measured them on
 #: llama2.c's stories260K (the tests' ../shared/llama2c/stories260K.bin
-#: converted with its defaults: Model.config()["weights_choice"];
-#: test_costmodel holds them equal). shape_report prices each; a shape not
-#: listed is priced at int4 only.
+#: converted with its defaults: Model.config()["weights_choice"] holds int8
+#: and int4, test_costmodel holds them equal; auto stops at int8, so fp32's
+#: figure is --weights fp32's). shape_report prices each; a shape not listed
+#: is priced at int4 only.
 CONVERT_FORMATS: dict[str, tuple[tuple[str, float, float], ...]] = {
-    "stories260k": (("fp32", 1.0, 6.37e-06), ("int8", 0.8359375, 0.362),
-                    ("int4", 0.23828125, 3.15)),
+    "stories260k": (("int8", 0.8828125, 0.318), ("int4", 0.23828125, 3.15),
+                    ("fp32", 1.0, 6.37e-06)),
 }
 
 #: The public llama2.c ports on microcontrollers, stories260K with fp32
@@ -551,7 +552,7 @@ def _variants(s: Shape, name: str = "") -> list[tuple[str, Shape]]:
         if fmt == "int4":
             continue
         how = "convert.py's default, --weights auto" if k == 0 else f"--weights {fmt}"
-        grouped = " in groups of 32 (Q8_0; a 172-wide input one group)" if fmt == "int8" else ""
+        grouped = " in groups of 32 (Q8_0; a 172-wide input's last of 12)" if fmt == "int8" else ""
         others.append((f"{fmt}{grouped} ({how}; {quality[fmt]})",
                        dataclasses.replace(s, weights=fmt, group=wide)))
     return (others + out) if formats[0][0] != "int4" else (out + others)
