@@ -835,6 +835,50 @@ def test_a_reply_never_starts_inside_the_last_word(shape, request, tiny_model) -
         llm.load(str(tiny_model.image))
 
 
+
+@pytest.mark.parametrize("shape", ["demo", "tiny", "llama2c"])
+def test_a_story_never_starts_inside_the_prompts_last_word(shape, request, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """llm.generate() heals its prompt as a co-writing turn heals its line
+    (the same rule, the same oracle): a prompt ending in a word ("Tom and his
+    dog" got "dogo the sun" on the demo) has its story start outside the
+    word, and the story is exactly healed_reply's from a fresh model; a
+    prompt ending outside a word is not touched; heal=False gives the
+    engine's story from the prompt's own ids."""
+    image = tiny_model.image if shape == "tiny" else request.getfixturevalue(
+        {"demo": "demo_image", "llama2c": "llama2c_demo_image"}[shape])
+    llm.load(str(image))
+    try:
+        tok = llm.tokenizer()
+
+        def spelled(ids: list[int], skip: int = 0) -> str:
+            return b"".join(tok.token_bytes(i) for i in ids)[skip:].decode("utf-8", "replace")
+
+        inside = 0
+        for seed in range(1, 6):
+            temperature = 0.8 if seed > 1 else 0
+            for prompt in HEAL_LINES + ["Tom and his dog", "It was a sunny day. "]:
+                story = "".join(llm.generate(prompt, seed=seed, max_tokens=6,
+                                             temperature=temperature, draft="none"))
+                whole = tok.encode(prompt)
+                engine = spelled(fresh_reply(image, whole, 6, temperature, 40, seed if seed > 1 else 0))
+                if WORD.match(prompt.encode()[-1:]):
+                    assert not WORD.match(story.encode()[:1]), (prompt, seed, story)
+                    context, word = backed_off([], prompt)
+                    healed, want, skip = healed_reply(image, context, word, 6, temperature, 40,
+                                                      seed if seed > 1 else 0)
+                    assert story == spelled(want, skip), (prompt, seed)
+                    assert llm.stats()["prompt_tokens"] == len(context) + len(healed)
+                    inside += bool(WORD.match(engine.encode()[:1]))
+                else:  # nothing to heal: the engine's story from the prompt's own ids
+                    assert story == engine, (prompt, seed)
+                raw = "".join(llm.generate(prompt, seed=seed, max_tokens=6, temperature=temperature,
+                                           draft="none", heal=False))
+                assert raw == engine, (prompt, seed)
+        assert inside > 0  # unhealed, some stories would have started inside the word
+    finally:
+        llm.load(str(tiny_model.image))
+
+
 ABANDON = """
 import sys
 sys.path.insert(0, {modules!r})

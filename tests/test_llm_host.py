@@ -1,7 +1,9 @@
 """llm.py section 2 (generate/story/chat/stats) on CPython over the real `_llm` engine.
 
 The expected tokens always come from driving the engine directly (not through
-llm.py), so these tests check the loop against the engine, not against itself.
+llm.py), so these tests check the loop against the engine, not against itself:
+on the prompt's own ids (heal=False; healing a prompt's last word is
+test_cowriting's, against its own oracle).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def test_budget_stop(tiny, capsys):
     ids = llm.tokenizer().encode(PROMPT)
     want = engine_tokens(tiny.image, ids, 7, 0.8, 40, 11)
     assert 0 not in want, "precondition: this seed's first 7 tokens hold no <|endoftext|>"
-    llm.story(PROMPT, seed=11, max_tokens=7)
+    llm.story(PROMPT, heal=False, seed=11, max_tokens=7)
     out = capsys.readouterr().out
     assert out == PROMPT + text_of(want) + "\n[stopped: token budget 7 reached]\n"
     s = llm.stats()
@@ -79,7 +81,7 @@ def test_context_stop(tiny, capsys):
     room = tiny.config.seq_len - len(ids)
     want = engine_tokens(tiny.image, ids, room)
     assert len(want) == room and 0 not in want, "precondition: greedy never writes EOT here"
-    llm.story(PROMPT, temperature=0, max_tokens=500)
+    llm.story(PROMPT, heal=False, temperature=0, max_tokens=500)
     out = capsys.readouterr().out
     assert out == PROMPT + text_of(want) + f"\n[stopped: context full ({tiny.config.seq_len} tokens)]\n"
     s = llm.stats()
@@ -97,7 +99,7 @@ def test_context_cap_stops_the_story_where_the_engine_holds_no_more(tiny, capsys
     m = llm.load(str(tiny.image), context=cap)
     assert m.config()["seq_len"] == cap and llm.load() is m
     assert llm.load(context=cap) is m and llm.load(str(tiny.image), context=cap) is m
-    llm.story(PROMPT, temperature=0, max_tokens=500)
+    llm.story(PROMPT, heal=False, temperature=0, max_tokens=500)
     out = capsys.readouterr().out
     assert out == PROMPT + text_of(want) + f"\n[stopped: context full ({cap} tokens)]\n"
     s = llm.stats()
@@ -111,7 +113,7 @@ def test_context_cap_stops_the_story_where_the_engine_holds_no_more(tiny, capsys
 def test_budget_wins_when_it_equals_the_room(tiny):
     ids = llm.tokenizer().encode(PROMPT)
     room = tiny.config.seq_len - len(ids)
-    "".join(llm.generate(PROMPT, temperature=0, max_tokens=room))
+    "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=room))
     assert (llm.stats()["stop"], llm.stats()["tokens"]) == ("budget", room)
 
 
@@ -120,7 +122,7 @@ def test_eot_stop(tiny, capsys):
     room = tiny.config.seq_len - len(ids)
     seed, n = eot_seed(tiny.image, ids, room)
     want = engine_tokens(tiny.image, ids, room, 3.0, 0, seed)
-    llm.story(PROMPT, seed=seed, temperature=3.0, top_k=0)
+    llm.story(PROMPT, heal=False, seed=seed, temperature=3.0, top_k=0)
     out = capsys.readouterr().out
     assert out == PROMPT + text_of(want[:-1]) + "\n"  # no note, and no <|endoftext|> text
     assert "endoftext" not in out
@@ -138,7 +140,7 @@ def test_pieces_concatenate_to_the_decoded_tokens(small_model):
             ids = tok.encode(prompt)
             want = engine_tokens(small_model.image, ids, 40, 1.5, 0, seed)
             want = want[:-1] if want[-1] == 0 else want
-            pieces = list(llm.generate(prompt, seed=seed, temperature=1.5, top_k=0,
+            pieces = list(llm.generate(prompt, seed=seed, temperature=1.5, top_k=0, heal=False,
                                        max_tokens=40))
             assert all(pieces), "no empty pieces"
             assert "".join(pieces) == tok.decode(want) == raw_text(want)
@@ -148,26 +150,26 @@ def test_pieces_concatenate_to_the_decoded_tokens(small_model):
 
 
 def test_same_seed_same_story_and_fresh_seeds(tiny):
-    a = "".join(llm.generate(PROMPT, seed=42, max_tokens=20))
-    b = "".join(llm.generate(PROMPT, seed=42, max_tokens=20))
+    a = "".join(llm.generate(PROMPT, heal=False, seed=42, max_tokens=20))
+    b = "".join(llm.generate(PROMPT, heal=False, seed=42, max_tokens=20))
     assert a == b
-    "".join(llm.generate(PROMPT, max_tokens=20))
+    "".join(llm.generate(PROMPT, heal=False, max_tokens=20))
     s1 = llm.stats()["seed"]
-    first = "".join(llm.generate(PROMPT, max_tokens=20))
+    first = "".join(llm.generate(PROMPT, heal=False, max_tokens=20))
     s2 = llm.stats()["seed"]
     assert isinstance(s1, int) and isinstance(s2, int) and s1 > 0 and s2 > 0
     assert s1 != s2
     # the reported seed reproduces the story
-    assert "".join(llm.generate(PROMPT, seed=s2, max_tokens=20)) == first
+    assert "".join(llm.generate(PROMPT, heal=False, seed=s2, max_tokens=20)) == first
 
 
 def test_greedy_equals_engine_greedy(tiny):
     ids = llm.tokenizer().encode(PROMPT)
     want = engine_tokens(tiny.image, ids, 30)
-    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=30)) == raw_text(want)
+    assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=30)) == raw_text(want)
     assert llm.stats()["seed"] is None
     # seed 0 is greedy too (the engine's rule), whatever the temperature
-    assert "".join(llm.generate(PROMPT, seed=0, max_tokens=30)) == raw_text(want)
+    assert "".join(llm.generate(PROMPT, heal=False, seed=0, max_tokens=30)) == raw_text(want)
 
 
 def test_story_hides_control_characters_generate_keeps_them(tiny, capsys):
@@ -175,15 +177,15 @@ def test_story_hides_control_characters_generate_keeps_them(tiny, capsys):
     want = engine_tokens(tiny.image, ids, 50)
     raw = raw_text(want)
     assert re.search("[\x00-\x08\x0b-\x1f]", raw), "precondition: the tiny model emits some"
-    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=50)) == raw
-    llm.story(PROMPT, temperature=0, max_tokens=50)
+    assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=50)) == raw
+    llm.story(PROMPT, heal=False, temperature=0, max_tokens=50)
     out = capsys.readouterr().out
     assert out == PROMPT + text_of(want) + "\n[stopped: token budget 50 reached]\n"
     assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
 
 
 def test_stats_fields(tiny):
-    "".join(llm.generate(PROMPT, seed=3, max_tokens=10))
+    "".join(llm.generate(PROMPT, heal=False, seed=3, max_tokens=10))
     s = llm.stats()
     assert s["stop"] == "budget" and s["max_tokens"] == 10 and s["seq_len"] == 64
     assert (s["temperature"], s["top_k"]) == (0.8, 40)
@@ -196,7 +198,7 @@ def test_stats_fields(tiny):
 
 
 def test_abandoned_generator_reports_interrupted(tiny):
-    g = llm.generate(PROMPT, seed=3, max_tokens=30)
+    g = llm.generate(PROMPT, heal=False, seed=3, max_tokens=30)
     next(g)
     assert llm.stats()["stop"] is None  # running
     g.close()
@@ -249,7 +251,7 @@ def test_pieces_are_the_streams_text_whatever_came_before(tiny, monkeypatch):
     script = [cont, ascii_a, lead, cont, cont, lead, ascii_a, cont, lead, lead, ascii_a, cont]
     monkeypatch.setattr(llm.default_session, "model",
                         _ScriptedModel(llm.load(), [*script, llm.default_session.eot_id]))
-    pieces = list(llm.generate(PROMPT, temperature=0, draft=None))
+    pieces = list(llm.generate(PROMPT, heal=False, temperature=0, draft=None))
     want = b"".join(tok.token_bytes(i) for i in script).decode("utf-8", "replace")
     assert "".join(pieces) == want == "\ufffda\u00e9\ufffd\ufffda\ufffd\ufffd\ufffda\ufffd"
     assert llm.stats()["tokens"] == len(script)
@@ -262,7 +264,7 @@ def test_remembered_texts_are_capped_and_change_nothing(tiny, monkeypatch):
     for cap in (0, 3, llm_session._TEXTS_MAX):
         monkeypatch.setattr(llm_session, "_TEXTS_MAX", cap)
         llm.default_session._texts = None
-        stories.append("".join(llm.generate(PROMPT, seed=4, max_tokens=40, draft=None)))
+        stories.append("".join(llm.generate(PROMPT, heal=False, seed=4, max_tokens=40, draft=None)))
         held.append(len(llm.default_session._texts))
     assert stories[0] == stories[1] == stories[2] and stories[0]
     assert held[0] == 0 and held[1] == 3 and 3 < held[2] <= 40
@@ -272,7 +274,7 @@ def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
     err = _llm.Error("bad state: simulated")
     monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 2, err))
     with pytest.raises(_llm.Error, match="simulated"):
-        "".join(llm.generate(PROMPT, seed=1))
+        "".join(llm.generate(PROMPT, heal=False, seed=1))
     assert (llm.stats()["stop"], llm.stats()["tokens"]) == ("error", 2)
     assert llm.stop_message() == "[stopped: error]"
 
@@ -280,7 +282,7 @@ def test_engine_error_is_raised_and_recorded(tiny, monkeypatch):
 def test_ctrl_c_stops_story(tiny, capsys, monkeypatch):
     monkeypatch.setattr(llm.default_session, "model", _InterruptingModel(llm.load(), 3))
     with pytest.raises(KeyboardInterrupt):
-        llm.story(PROMPT, seed=1)
+        llm.story(PROMPT, heal=False, seed=1)
     assert capsys.readouterr().out.endswith("\n[stopped: interrupted]\n")
     assert llm.stats()["stop"] == "interrupted"
     assert llm.stats()["tokens"] == 3
@@ -303,6 +305,7 @@ def test_ctrl_c_stops_story(tiny, capsys, monkeypatch):
      "top_k must be 0..256, or 0 / 280 for the whole vocabulary, got 257"),
     (lambda: llm.generate("Once", seed=2**64), ValueError, "seed must be in 0..2**64-1"),
     (lambda: llm.generate("Once", seed="1"), TypeError, "seed must be an int or None"),
+    (lambda: llm.generate("Once", heal=1), TypeError, "heal must be True or False, not int"),
     (lambda: llm.generate("Once", max_token=3), TypeError,
      "unknown option 'max_token'; the options are: max_tokens, temperature, top_k, seed"),
     (lambda: llm.story(b"Once"), TypeError, "prompt must be a str, not bytes"),
@@ -362,6 +365,14 @@ def test_chat_py_prints_a_story_from_a_fresh_cwd(tiny, tmp_path, capsys):
     assert r.stdout.startswith(PROMPT) and r.stdout.endswith("[stopped: token budget 9 reached]\n")
     assert "stop: budget   prompt tokens: 14   story tokens: 9   seed: 4" in r.stderr
     assert "ms/token" in r.stderr and "tok/s" in r.stderr
+    # --no-heal: the story after the prompt's own ids, as llama2.c's run.c writes it
+    r = run_chat(["--board", "host", "--image", str(tiny.image), "--seed", "4",
+                  "--max-tokens", "9", "--no-heal", PROMPT], tmp_path,
+                 {"MPLLM_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    ids = llm.tokenizer().encode(PROMPT)
+    assert r.stdout == (PROMPT + text_of(engine_tokens(tiny.image, ids, 9, 0.8, 40, 4))
+                        + "\n[stopped: token budget 9 reached]\n")
 
 
 def test_chat_py_errors(tiny, tmp_path):
@@ -374,6 +385,8 @@ def test_chat_py_errors(tiny, tmp_path):
     assert r.returncode == 0
     assert r.stdout.strip() == ("mpremote connect /dev/ttyACM0 exec "
                                 "'import llm; llm.story(\"Once upon a time\", seed=3)'")
+    r = run_chat(["--no-heal"], tmp_path, {})
+    assert r.returncode == 2 and "--no-heal is for a story from a prompt" in r.stderr
 
 
 def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_path, capfd):
@@ -400,7 +413,7 @@ def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_p
     img2.write_bytes(bytes(data))
     mod = hostboard.open_sources(mb, tj, cache)
     assert mod is llm and "cannot be used" in capfd.readouterr().err
-    assert "".join(llm.generate(PROMPT, temperature=0, max_tokens=3))
+    assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=3))
     llm.load(str(tiny_model.image))
 
 

@@ -147,7 +147,10 @@ def test_replay_double_is_strict(recorded, tiny_model):
     run = json.loads((rec / "replay.json").read_text())["runs"][0]
     temperature, top_k, seed = run["sampler"]
     toks = run["tokens"]
-    assert len(toks) >= 3
+    # what each step was fed: the engine's choice, or where token healing re-wrote
+    # the prompt's last word, the token it chose instead
+    fed = run["fed"]
+    assert len(toks) >= 3 and len(fed) == len(toks) - 1
 
     def start() -> int:
         m.reset()
@@ -155,13 +158,13 @@ def test_replay_double_is_strict(recorded, tiny_model):
         return m.prefill(run["prompt"])
 
     assert start() == toks[0]
-    assert m.step(toks[0]) == toks[1]
+    assert m.step(fed[0]) == toks[1]
     assert m.stats()["tokens"] == len(run["prompt"]) + 1
     with pytest.raises(double.ReplayMiss, match="the recording fed back"):
-        m.step(toks[1] + 1)  # not what the engine returned
+        m.step(fed[1] + 1)  # not what the recording fed
     start()
     with pytest.raises(double.ReplayMiss, match="prefill\\(\\) after step"):
-        m.step(toks[0])
+        m.step(fed[0])
         m.prefill([1])  # co-writing rewinds before it feeds more
     m.rewind(len(run["prompt"]) - 1)  # the context is the key: one id less, then it again
     assert m.prefill(run["prompt"][-1:]) == toks[0]
@@ -171,12 +174,11 @@ def test_replay_double_is_strict(recorded, tiny_model):
     m.sampler(temperature, top_k, seed + 1)
     with pytest.raises(double.ReplayMiss, match="no recording of context"):
         m.prefill(run["prompt"])
-    t = start()
-    for want in toks[1:]:
-        t = m.step(t)
-        assert t == want
+    start()
+    for token, want in zip(fed, toks[1:]):
+        assert m.step(token) == want
     with pytest.raises(double.ReplayMiss, match="the recording ends after"):
-        m.step(t)
+        m.step(toks[-1])
     with pytest.raises(double.ReplayMiss, match="no logits recorded"):
         m.logits()
     # token healing asked the engine for the likeliest of some ids where its

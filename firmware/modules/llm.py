@@ -148,9 +148,17 @@ def generate(prompt, **options):
                    only the number of passes changes
                    (stats()["tokens_per_pass"]).
 
+      heal         True (the default): a prompt that ends inside a word has
+                   that word re-written by the model, so that the story
+                   starts after it (see below); False: the prompt's ids as
+                   the tokenizer gives them (llama2.c's run.c does that)
+
     The story stops at <|endoftext|> (never yielded), after max_tokens
     tokens, or when prompt + story fill the context; stats() then says
     which. The pieces concatenate to the story's text (prompt excluded).
+    A prompt that ends inside a word is healed as a co-writing line is: the
+    model re-writes the word's last tokens itself, and the story starts
+    after the word, never inside it (Session.last_word, run's heal).
     Raises ValueError/TypeError at once for a bad prompt or option.
     """
     return default_session.generate(prompt, **options)

@@ -172,7 +172,7 @@ class CoWriter:
             raise ValueError("empty line: type how the story goes on")
         ends = []
         text, ids = self._line(line, ends)
-        heal, extra = self._last_word(ids, ends)
+        heal, extra = self.session.last_word(ids, ends)
         before = (self.tokens, self.text)
         self.rolled = self._rollover(ids, extra)
         want = self.tokens + ids
@@ -184,32 +184,6 @@ class CoWriter:
         self._turns.append(before)
         self.text += text
         return self._reply(want, context, self.session.context_match(context), seed, heal)
-
-    def _last_word(self, ids, ends):
-        """When the line ends inside a word (the user finished it): how many
-        of its last ids spell its last pre-tokenizer piece, which the model
-        re-writes itself before the reply (token healing: Session.run's
-        heal), and how many more positions that may take at most; else
-        (None, 0)."""
-        tok = self.session.tokenizer
-        token_bytes = tok.token_bytes
-        if ids[-1] == tok.bos_id or not llm_session.word_byte(token_bytes(ids[-1])[-1]):
-            return None, 0
-        if tok.sentencepiece:
-            # one piece for the whole line (its merges cross words): the word
-            # is the last ids back to the one that starts after a non-word
-            # byte (sentencepiece puts the space in front of a word's token)
-            n = 0
-            while n < len(ids) and ids[-1 - n] != tok.bos_id:
-                n += 1
-                if not llm_session.word_byte(token_bytes(ids[-n])[0]):
-                    break
-        else:
-            n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
-        spelled = 0
-        for i in ids[len(ids) - n:]:
-            spelled += len(token_bytes(i))
-        return n, spelled - n
 
     def _reply(self, want, context, kept, seed, heal):
         reply = []

@@ -72,6 +72,8 @@ MAX_TOKENS = 200
 TEMPERATURE = 0.8
 TOP_K = 40
 _OPTIONS = ("max_tokens", "temperature", "top_k", "seed", "draft")
+#: generate()'s own: heal=False feeds a prompt's ids as they are (as run.c does)
+_STORY_OPTIONS = _OPTIONS + ("heal",)
 #: token texts a session remembers at most (Session.run): the words a story
 #: uses again and again (~50 KB of the heap when full)
 _TEXTS_MAX = 1024
@@ -119,12 +121,13 @@ def fresh_seed():
     return s or 1
 
 
-def check_options(options):
+def check_options(options, names=_OPTIONS):
     """(max_tokens, temperature, top_k, seed) from generate()'s keyword
-    options (a dict), checked: TypeError/ValueError naming what is wrong."""
+    options (a dict; the option names allowed: `names`), checked:
+    TypeError/ValueError naming what is wrong."""
     for name in options:
-        if name not in _OPTIONS:
-            raise TypeError(f"unknown option {name!r}; the options are: " + ", ".join(_OPTIONS))
+        if name not in names:
+            raise TypeError(f"unknown option {name!r}; the options are: " + ", ".join(names))
     max_tokens = options.get("max_tokens", MAX_TOKENS)
     temperature = options.get("temperature", TEMPERATURE)
     top_k = options.get("top_k", TOP_K)
@@ -525,15 +528,16 @@ class Session:
         """llm.stats(): numbers of the last generation (a copy)."""
         return dict(self.last)
 
-    def prompt_ids(self, prompt):
-        """Token ids of a prompt, or a clear error why it cannot start a story."""
+    def prompt_ids(self, prompt, ends=None):
+        """Token ids of a prompt, or a clear error why it cannot start a story
+        (ends: as the tokenizer's encode)."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, not {type(prompt).__name__}")
         if not prompt.strip():
             raise ValueError("empty prompt: give the story a beginning, e.g. 'Once upon a time'")
         self.load()
         tok = self.tokenizer
-        ids = tok.encode(prompt)
+        ids = tok.encode(prompt, ends)
         if tok.decode(ids) != prompt:  # a byte without a token would be dropped silently
             raise ValueError("prompt has characters this model's tokenizer cannot represent")
         n = len(ids)
@@ -547,19 +551,55 @@ class Session:
 
     def generate(self, prompt, **options):
         """llm.generate(): the story after `prompt`, as text pieces."""
-        max_tokens, temperature, top_k, seed = check_options(options)
+        max_tokens, temperature, top_k, seed = check_options(options, _STORY_OPTIONS)
+        heal = options.get("heal", True)
+        if not isinstance(heal, bool):
+            raise TypeError(f"heal must be True or False, not {type(heal).__name__}")
         model = self.load()
         # the engine's own rules for the sampler (top_k's limit is _llm.MAX_TOP_K),
         # checked now rather than once the story has started
         model.reset()
         model.sampler(temperature, top_k, 0)
         draft = self.paced(drafter(model, options.get("draft", "auto")))
-        ids = self.prompt_ids(prompt)
+        ends = []
+        ids = self.prompt_ids(prompt, ends)
         if temperature == 0:
             seed = None
         elif seed is None:
             seed = fresh_seed()
-        return self.run(ids, max_tokens, temperature, top_k, seed, draft)
+        # A prompt ending in a word ("Tom and his dog") is healed as a
+        # co-writing line is: its tokenization there is where the word stops,
+        # which the model rarely saw mid-story ("dog" + "o the sun").
+        heal = self.last_word(ids, ends)[0] if heal else None
+        if heal is not None:
+            heal = min(heal, len(ids) - 1)  # one id at least to prefill
+        return self.run(ids, max_tokens, temperature, top_k, seed, draft, heal=heal)
+
+    def last_word(self, ids, ends):
+        """When text (its ids, and `ends` as encode gives it) ends inside a
+        word (a co-writing line, a prompt: the user finished the word): how
+        many of its last ids spell its last pre-tokenizer piece, which the
+        model re-writes itself before the story (token healing: run's heal),
+        and how many more positions that may take at most; else (None, 0)."""
+        tok = self.tokenizer
+        token_bytes = tok.token_bytes
+        if ids[-1] == tok.bos_id or not word_byte(token_bytes(ids[-1])[-1]):
+            return None, 0
+        if tok.sentencepiece:
+            # one piece for the whole line (its merges cross words): the word
+            # is the last ids back to the one that starts after a non-word
+            # byte (sentencepiece puts the space in front of a word's token)
+            n = 0
+            while n < len(ids) and ids[-1 - n] != tok.bos_id:
+                n += 1
+                if not word_byte(token_bytes(ids[-n])[0]):
+                    break
+        else:
+            n = len(ids) - (ends[-2] if len(ends) > 1 else 0)
+        spelled = 0
+        for i in ids[len(ids) - n:]:
+            spelled += len(token_bytes(i))
+        return n, spelled - n
 
     def paced(self, draft):
         """`draft`, or for a Pacer the one this session's model already

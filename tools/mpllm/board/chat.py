@@ -29,7 +29,7 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
     """The llm options the user gave (llm.py owns the defaults)."""
     opts: dict[str, object] = {"max_tokens": args.max_tokens, "top_k": args.top_k,
                                "temperature": 0.0 if args.greedy else args.temperature,
-                               "seed": args.seed}
+                               "seed": args.seed, "heal": False if args.no_heal else None}
     return {k: v for k, v in opts.items() if v is not None}
 
 
@@ -120,6 +120,10 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--top-k", type=int, help=f"sample among the k best, 0 = all ({llm.TOP_K})")
     ap.add_argument("--seed", type=int, help="sampling seed (default: a fresh one per story)")
     ap.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    ap.add_argument("--no-heal", action="store_true",
+                    help="feed the prompt's tokens as they are (as llama2.c's run.c does); by "
+                         "default a prompt ending in a word has the model re-write that word, "
+                         "so the story never starts inside it")
     ap.add_argument("--stats", action="store_true",
                     help="print timing and token counts after the (last) story, to stderr")
     ap.add_argument("--draft", choices=["auto", "none", "lookup", "ngram"], default="auto",
@@ -137,6 +141,8 @@ def _main(argv: list[str] | None) -> int:
                          "--quality measures by how much)")
     args = ap.parse_args(argv)
     opts = _options(args)
+    if args.no_heal and args.prompt is None:
+        ap.error("--no-heal is for a story from a prompt (the chat always heals a line)")
     if args.fast and args.plain:
         ap.error("--fast and --plain exclude each other (plain is the exact reference)")
 
