@@ -299,8 +299,9 @@ def test_import_graph_sees_each_form_and_finds_a_circle(tmp_path: Path) -> None:
     assert circles(graph) == [["p.a", "p.b", "p.c"]]
 
 
-#: The cost model's lazy entry: `bench.py --model-s3` (and its shape reports) is
-#: the cost model's own command, reached from the bench's command line.
+#: The cost model's lazy entry: `bench.py --model-s3` (and its shape reports and
+#: --refit) is the cost model's own command, reached from the bench's command line,
+#: which also hands --ab's report the cost model's overlap fit (bench_cli._costmodel).
 COSTMODEL_ENTRY = {"mpllm.board.bench_cli"}
 #: What still imports the cost model in the product, to be made data or moved
 #: (issue #36 part 1): this list only shrinks.
@@ -335,6 +336,9 @@ def test_nothing_in_the_product_imports_the_cost_model() -> None:
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
                and "costmodel" in ast.unparse(n)]
         assert not top, f"{m}: the cost model imported at module level: {ast.unparse(top[0])}"
+        every = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and "costmodel" in ast.unparse(n)]
+        assert len(every) == 1, f"{m}: one lazy import of the cost model, not at lines {every}"
 
 
 # ---- the import graph follows docs/ARCHITECTURE.md's order ----------------------
