@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..board.firmware_pins import BOARDS  # the boards' flash and PSRAM: one place
+from ..boards import BOARDS  # the boards' flash and PSRAM: one place
 from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
 from .forward import matvec_work, predict
