@@ -305,13 +305,9 @@ COSTMODEL_ENTRY = {"mpllm.board.bench_cli"}
 #: What still imports the cost model in the product, to be made data or moved
 #: (issue #36 part 1): this list only shrinks.
 COSTMODEL_NOT_YET = {
-    # where each weight format lives on the boards (its report's table, not the image):
-    # the placement rules (costmodel.llama.where_it_lives), for the engine's plan
-    "mpllm.convert",
     # at module level: the --shape choices and the --rows-fraction default of --model-s3
     "mpllm.board.bench_cli",
     "mpllm.board.bench_runs",  # the bench's modeled columns
-    "mpllm.board.flash",  # a model's bytes by region (flash.py --model's check)
     "mpllm.board.typing_latency",  # the modeled step time beside the measured
     "mpllm.board.bench_ab",  # --ab's report: the overlap fitted as the cost model prices it
 }
