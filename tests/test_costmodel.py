@@ -968,6 +968,20 @@ def test_bench_model_s3_shape(tmp_path, capsys) -> None:
     assert "--shape NAME is the cost model's" in capsys.readouterr().err
 
 
+def test_the_bench_offers_the_cost_models_shapes_and_fraction() -> None:
+    """bench.py's command line reads the cost model's --shape names and its
+    --rows-fraction default as data (mpllm.models), so it imports no cost model:
+    that data is the cost model's own."""
+    from mpllm import models
+
+    assert models.PRICED_SHAPES == tuple(cm.SHAPES)
+    assert models.RELEASE_GREEDY_FRACTION == cm.RELEASE_GREEDY_FRACTION
+    parser = bench_cli.build_parser()
+    shape = next(a for a in parser._actions if a.dest == "shape")
+    assert list(shape.choices) == ["release", *cm.SHAPES]  # type: ignore[arg-type]
+    assert parser.get_default("rows_fraction") == cm.RELEASE_GREEDY_FRACTION
+
+
 def _can_widen(image: Path) -> bool:
     from mpllm.formats.image import read_image
 

@@ -1,14 +1,16 @@
-"""The S3 boards: their flash and PSRAM (`BOARDS`, the firmware's board
-definitions), the memory the engine may place blocks in on each (`MEMORY`,
-measured on the emulated boards) and where an image lives there
-(`where_it_lives`: the engine's own plan, `_llm.plan`, against that memory).
+"""The ESP32-S3 boards mpllm is built for: their flash, PSRAM and model
+partition (`BOARDS`), the memory the engine may place blocks in on each
+(`MEMORY`, measured on the emulated boards), where an image lives there
+(`where_it_lives`: the engine's own plan, `_llm.plan`, against that memory),
+and the stages their engine times a token by: the one place of these facts,
+read by the product (convert.py's where-it-lives table, flash.py), the board
+tools (flashing, measuring) and the cost model (which prices the same boards
+and stages), so none reaches into another for them. Placement itself is
+decided once, in C (native/engine/engine_open.c llm_plan_open, its context
+by native/binding/llm_bind.c fitting_context): nothing here repeats its rules.
 
-The ONE place for these facts: the product (convert.py's where-it-lives
-table, flash.py) and the cost model (costmodel/, which prices the same
-placements) both read them here, so they cannot drift apart. Placement
-itself is decided once, in C (native/engine/engine_open.c llm_plan_open,
-its context by native/binding/llm_bind.c fitting_context): nothing here
-repeats its rules.
+`mpllm.board.firmware_pins` hands the boards on beside the firmware's pinned
+versions (tools/flash.py, the release and the docs' checks read them there).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "BOARDS",
+    "DEFAULT_BOARD",
     "FAST_RESERVE_BYTES",
     "FAST_RESERVE_NO_PSRAM_BYTES",
     "MEMORY",
@@ -26,11 +29,18 @@ __all__ = [
     "N8_LEFT_FREE_AFTER_OPEN",
     "SRAM_FREE_AT_BOOT",
     "SRAM_LARGEST_BLOCK",
+    "STAGES",
     "BoardMemory",
     "BoardPins",
     "MiB",
+    "is_core",
     "where_it_lives",
 ]
+
+#: The stages the engine times per token (native/engine/llm.h's llm_stage, in
+#: its order): the keys of a Model's stats()["stage_ms"], what a bench measures
+#: and what the cost model prices.
+STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ BOARDS = {b.name: b for b in (
               "stories260k", "ESP32-S3 N8 without PSRAM, e.g. ESP32-S3-DevKitC-1-N8: 8 MB flash "
               "(small models: llama2.c's stories260K, the demos)"),
 )}
+# The default board, the one the release is built for.
+DEFAULT_BOARD = BOARDS["n16r8"]
 
 #: Internal RAM free at the REPL, measured on the emulated board: our firmware
 #: (MicroPython v1.28.0, IDF 5.5.3, the N16R8 board with no radio: Bluetooth,

@@ -39,6 +39,20 @@ NAMED_MODELS: dict[str, NamedModel] = {m.name: m for m in (
 )}
 
 
+#: The llama2.c models the S3 cost model prices by their shape alone
+#: (`bench.py --model-s3 --shape NAME`; mpllm.costmodel.llama.SHAPES holds each
+#: shape under these names, tests/test_costmodel.py holds the two equal): data
+#: here, so the bench's command line offers them without the cost model.
+PRICED_SHAPES = ("stories260k", "stories15m", "stories42m")
+#: Published rows-scored share of the certified head for greedy on the real
+#: release model: 8,427-8,749 of 25,353 rows (esp32-ai board runs, CERT_SEED
+#: and action_bench notes). The headline uses 0.34, the range is shown. The
+#: cost model's input (costmodel.s3 hands these on) and bench.py --model-s3's
+#: --rows-fraction default.
+RELEASE_GREEDY_FRACTION = 0.34
+RELEASE_GREEDY_RANGE = (8427 / 25353, 8749 / 25353)
+
+
 def pinned_weights(model_sha256: str) -> tuple[str, str] | None:
     """(weights, why) when these model bytes are a pinned model's whose pins
     name the weight format it is converted to (models/stories15m.json: int4,

@@ -13,9 +13,10 @@ schedules: they must change no bit). The report (`AB_KEYS` of
 mpllm.costmodel, written with --json) holds per switch the mean stage times
 off and on and their on/off ratio, the baseline (every switch off) per mode
 with the positions decoded and the head rows scored, and the fill/compute
-overlap fitted from that baseline the way the cost model uses it
-(costmodel/ab.py; `bench.py --model-s3 --refit AB.json` refits the model
-with it).
+overlap fitted from that baseline the way the cost model uses it. That fit
+is the cost model's (costmodel/ab.py `ab_overlap`), handed in by bench.py's
+command line (`overlap=`): this module measures and imports no cost model;
+`bench.py --model-s3 --refit AB.json` refits the model with the report.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from .. import costmodel
+from ..boards import STAGES
 from ..checkout import board_module
 from .bench import TimedWriter, import_llm_modules, progress_close
 from .bench_runs import RunSpec, StreamRecorder
@@ -35,6 +36,11 @@ from .transport import run_port_snippet
 AB_SWITCHES = ("preload", "k_dots")
 #: Logits rows hashed per run (the gate's count: the board hashes them in Python).
 AB_ROWS = 8
+#: The fill/compute overlap fitted from a baseline (per mode: stage_ms,
+#: positions, rows_fraction) of an image of this config: {"value",
+#: "physical", "stages", "was"}, ValueError when no stage fits it (the cost
+#: model's costmodel.ab_overlap, which bench.py's command line hands in).
+OverlapFit = Callable[[Mapping[str, Mapping], Mapping], dict]
 
 
 def _ab_args(runs: Sequence[RunSpec], n_tokens: int, switches: Sequence[str], rounds: int,
@@ -61,7 +67,7 @@ def ab_code(runs: Sequence[RunSpec], n_tokens: int, switches: Sequence[str], rou
 def run_ab_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *,
                 switches: Sequence[str] = AB_SWITCHES, rounds: int = 2, rows: int = AB_ROWS,
                 soft_reset: bool = False, timeout: float = 120,
-                port_image: str | None = None) -> dict:
+                port_image: str | None = None, overlap: OverlapFit | None = None) -> dict:
     """The A/B on a board through its raw REPL; the report (ab_report)."""
     code = ab_code(runs, n_tokens, switches, rounds, rows, port_image)
     rec = StreamRecorder()
@@ -70,12 +76,14 @@ def run_ab_port(port: str, runs: Sequence[RunSpec], n_tokens: int, *,
     if err:
         raise RuntimeError(f"{port}: the A/B raised on the board:\n"
                            f"{err.decode('utf-8', 'replace')}")
-    return ab_report(parse_ab(rec.text(), port), runs, n_tokens, rounds, rows, port)
+    return ab_report(parse_ab(rec.text(), port), runs, n_tokens, rounds, rows, port,
+                     overlap=overlap)
 
 
 def run_ab_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens: int, *,
                 switches: Sequence[str] = AB_SWITCHES, rounds: int = 2, rows: int = AB_ROWS,
-                llm_module: object | None = None, board: str = "host") -> dict:
+                llm_module: object | None = None, board: str = "host",
+                overlap: OverlapFit | None = None) -> dict:
     """The A/B on the host board: the board's own llm_bench.ab() in process."""
     import_llm_modules(llm_module)
     args = _ab_args(runs, n_tokens, switches, rounds, rows)
@@ -83,7 +91,8 @@ def run_ab_host(image: str | os.PathLike[str], runs: Sequence[RunSpec], n_tokens
     with contextlib.redirect_stdout(TimedWriter(rec)):
         board_module("llm_bench").ab(*args, image=os.fspath(image), private=True)
     progress_close()
-    return ab_report(parse_ab(rec.text(), board), runs, n_tokens, rounds, rows, board)
+    return ab_report(parse_ab(rec.text(), board), runs, n_tokens, rounds, rows, board,
+                     overlap=overlap)
 
 
 def parse_ab(text: str, board: str) -> dict:
@@ -110,8 +119,8 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def _stages(ms: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    out = {st: _mean([m[st] for m in ms]) for st in costmodel.STAGES}
-    out["total"] = sum(out[st] for st in costmodel.STAGES)
+    out = {st: _mean([m[st] for m in ms]) for st in STAGES}
+    out["total"] = sum(out[st] for st in STAGES)
     return out
 
 
@@ -132,12 +141,12 @@ def _check_same(name: str, meas: Sequence[Mapping], runs: Sequence[RunSpec]) -> 
 
 
 def ab_report(parsed: Mapping, runs: Sequence[RunSpec], n_tokens: int, rounds: int, rows: int,
-              board: str) -> dict:
+              board: str, *, overlap: OverlapFit | None = None) -> dict:
     """The A/B report (costmodel.AB_KEYS). ValueError when a switch changed a
-    run's output or a measured switch is missing a state."""
+    run's output or a measured switch is missing a state. The overlaps are
+    `overlap`'s fits (None without one: the measured stages alone)."""
     info, meas = parsed["info"], parsed["measurements"]
     cfg = info["config"]
-    shape = costmodel.Shape.from_config(cfg)
     switches: dict[str, dict] = {}
     names = list(dict.fromkeys([m["switch"] for m in meas] + list(parsed["skipped"])))
     for name in names:
@@ -157,8 +166,8 @@ def ab_report(parsed: Mapping, runs: Sequence[RunSpec], n_tokens: int, rounds: i
         ratio = {st: (states["on"][st] / states["off"][st] if states["off"][st] > 0 else None)
                  for st in states["off"]}
         try:
-            ov_on = costmodel.overlap_from_stages(_baseline([m for m in mine if m["on"]], runs,
-                                                            cfg), shape)["value"]
+            ov_on = (overlap(_baseline([m for m in mine if m["on"]], runs, cfg), cfg)["value"]
+                     if overlap is not None else None)
         except ValueError:
             ov_on = None
         switches[name] = {"status": "measured", "why": None, "same_output": True,
@@ -166,19 +175,18 @@ def ab_report(parsed: Mapping, runs: Sequence[RunSpec], n_tokens: int, rounds: i
                           "overlap": {"on": ov_on}}
     off = [m for m in meas if not m["on"]]
     baseline = _baseline(off, runs, cfg) if off else {}
-    overlap = None
-    if baseline:
-        overlap = costmodel.overlap_from_stages(baseline, shape)
-        overlap["was"] = costmodel.fit().overlap
+    fitted = None
+    if baseline and overlap is not None:
+        fitted = overlap(baseline, cfg)
         for name, sw in switches.items():
             if sw["status"] == "measured":
-                sw["overlap"]["off"] = overlap["value"]
+                sw["overlap"]["off"] = fitted["value"]
     return {"kind": "mpllm-ab", "version": 1, "board": board,
             "build_info": info["build_info"], "config": cfg, "memory": info["memory"],
             "tokens": n_tokens, "rounds": rounds, "rows_hashed": rows,
             "runs": [{"prompt": r.prompt, "temperature": r.temperature, "top_k": r.top_k,
                       "seed": r.seed, "mode": r.mode} for r in runs],
-            "switches": switches, "baseline": baseline, "overlap": overlap,
+            "switches": switches, "baseline": baseline, "overlap": fitted,
             "measurements": list(meas)}
 
 
@@ -204,7 +212,7 @@ def _baseline(meas: Sequence[Mapping], runs: Sequence[RunSpec], cfg: Mapping) ->
 def format_ab(rep: Mapping) -> str:
     """The report as text: per switch the stage times off / on and the ratio,
     then the overlap."""
-    stages = (*costmodel.STAGES, "total")
+    stages = (*STAGES, "total")
     lines = [f"board: {rep['board']}", f"build_info: {rep['build_info']}",
              (f"A/B: {rep['rounds']} rounds of off/on, {len(rep['runs'])} runs of "
               f"{rep['tokens']} tokens each; ms per decoded token by stage")]

@@ -28,10 +28,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from .. import costmodel
 from ..atomic import OutputError, check_output, is_stream
 from ..image_cache import ImageFileError, check_image_file
+from ..models import PRICED_SHAPES, RELEASE_GREEDY_FRACTION
 from . import gate
 from .bench import (
     DRAFTS,
@@ -111,12 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-s3", action="store_true",
                    help="print the ESP32-S3 cost model, every figure as a low/mid/high band "
                         "(uses --image/--release-shaped if given)")
-    p.add_argument("--shape", choices=["release", *costmodel.SHAPES], default="release",
+    p.add_argument("--shape", choices=["release", *PRICED_SHAPES], default="release",
                    help="with --model-s3: the model shape (default release: the esp32-ai "
                         "model); a llama2.c shape prints its placement on the N16R8 and the "
                         "N8 (no PSRAM) and its ms/token bands, dense and certified head, "
                         "greedy and sampled (no plot)")
-    p.add_argument("--rows-fraction", type=float, default=costmodel.RELEASE_GREEDY_FRACTION,
+    p.add_argument("--rows-fraction", type=float, default=RELEASE_GREEDY_FRACTION,
                    help="with --model-s3: share of the release head's rows the certified head "
                         "scores for greedy (default %(default)s, published 0.332-0.345)")
     p.add_argument("--fraction-tokens", type=int, default=200,
@@ -374,6 +375,16 @@ class _Steps:
         print(f"[{time.perf_counter() - self.start:6.1f} s] done", file=sys.stderr, flush=True)
 
 
+def _costmodel() -> ModuleType:
+    """The S3 cost model (mpllm.costmodel), an add-on: imported here alone, when a
+    command asks for its figures (--model-s3 and its --shape and --refit, and the
+    overlap --ab's report fits), never at module level, so nothing else of the
+    bench (a board's run, the gate, --report) loads it."""
+    from .. import costmodel
+
+    return costmodel
+
+
 def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     """The ESP32-S3 cost model: anchors, our build before/after, variants.
 
@@ -384,6 +395,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     release-shaped random model."""
     if args.shape != "release":
         return _model_s3_shape(args)
+    cm = _costmodel()
     if not 0.0 < args.rows_fraction <= 1.0:
         print(f"--rows-fraction {args.rows_fraction}: expected a share in (0, 1]",
               file=sys.stderr)
@@ -403,45 +415,45 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print(f"_llm not importable ({e}): analytic counters only", file=sys.stderr)
     if image is not None and _llm is not None:
         with _llm.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
-            shape = costmodel.Shape.from_config(m.config())
-        if shape != costmodel.RELEASE:
+            shape = cm.Shape.from_config(m.config())
+        if shape != cm.RELEASE:
             print(f"{image}: not release-shaped ({shape}); the S3 prediction needs the release "
                   "shape, using the analytic counts", file=sys.stderr)
             image = None
         else:
             step(f"the engine's counters on {image}")
-            measured = costmodel.measure_host(os.fspath(image), llm_module=_llm)
+            measured = cm.measure_host(os.fspath(image), llm_module=_llm)
     demo = default_image() if _llm is not None else None
     if _llm is not None:
         step(f"the certified head's rows fractions, {args.fraction_tokens} tokens a run")
-    fractions = (costmodel.measure_fractions(demo, os.fspath(image) if image else None,
+    fractions = (cm.measure_fractions(demo, os.fspath(image) if image else None,
                                              llm_module=_llm, n_steps=args.fraction_tokens)
-                 if _llm is not None else costmodel.HeadFractions())
+                 if _llm is not None else cm.HeadFractions())
     fractions.greedy = args.rows_fraction
     # speculative builds: drafting and head sharing measured on the demo model
     # (and the head sharing on the release-shaped image when one is in use)
     if _llm is not None and demo is not None:
-        spec = costmodel.measure_spec(demo, os.fspath(image) if image else None,
+        spec = cm.measure_spec(demo, os.fspath(image) if image else None,
                                       llm_module=_llm, table_stories=args.draft_stories,
                                       n_tokens=args.draft_tokens, adaptive=not args.no_adaptive,
                                       progress=step)
     else:
-        spec = costmodel.SpecInputs.default()
+        spec = cm.SpecInputs.default()
         print("speculative inputs: no engine or demo model here, using the defaults measured "
               "at 9a6b552", file=sys.stderr)
-    rep = costmodel.report(measured, fractions, spec=spec, progress=step)
+    rep = cm.report(measured, fractions, spec=spec, progress=step)
     step.done()
     print(rep.table())
-    for name in (*costmodel.OURS, *costmodel.SPEC):
+    for name in (*cm.OURS, *cm.SPEC):
         b = rep.builds[name]
         fr = b.get("rows_fraction")
         rows = "dense head" if fr is None else f"{100 * fr:.1f} % of head rows"
-        if name in costmodel.SPEC:
+        if name in cm.SPEC:
             rows += (f", {b['drafter']}: {b['tokens_per_pass']:.2f} tokens/pass, m "
                      f"{b['positions_per_pass']:.2f}, pass {b['pass_ms']:.2f} ms")
         band = b["band"]
         print(f"ours, predicted ms/token per stage on the N16R8 ({b['label']}, {rows}): "
-              + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in costmodel.MODEL_STAGES)
+              + ", ".join(f"{st} {b['stages'][st]:.2f}" for st in cm.MODEL_STAGES)
               + f"; total {band['mid']:.2f} (band {band['low']:.2f}-{band['high']:.2f}; "
               f"{b['tok_s']:.1f} tok/s at the mid)")
     for mode, rows_d in spec.drafts.items():
@@ -452,9 +464,9 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         print(f"n-gram table: {spec.table.get('contexts', 0):,} contexts, "
               f"{spec.table.get('entries', 0):,} entries from {spec.table.get('stories', 0)} "
               "self-generated stories")
-    best = {n: rep.builds[n]["drafter"] for n in costmodel.SPEC}
+    best = {n: rep.builds[n]["drafter"] for n in cm.SPEC}
     print("speculative: best drafter measured "
-          + ", ".join(f"{costmodel.SPEC_BUILD_MODE[n]} {d}" for n, d in best.items())
+          + ", ".join(f"{cm.SPEC_BUILD_MODE[n]} {d}" for n, d in best.items())
           + "; union sources: " + "; ".join(f"{k}: {spec.source[k]}" for k in
                                              ("union", "union_release", "cols_pie")
                                              if k in spec.source))
@@ -474,7 +486,7 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
                           if measured else "analytic (the engine's formulas, no image given)"))
     if _plotting(args):
         path = _plot_path(args)
-        costmodel.plot(rep, path)
+        cm.plot(rep, path)
         print(f"plot: {path}")
     if args.json:
         write_json(rep.to_json(), args.json)
@@ -483,10 +495,11 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
 
 
 def _model_s3_shape(args: argparse.Namespace) -> int:
-    """--model-s3 --shape NAME: a llama2.c shape on the S3's boards (costmodel.llama):
+    """--model-s3 --shape NAME: a llama2.c shape on the S3's boards (cm.llama):
     analytic (no engine run), every figure a band."""
-    rep = costmodel.shape_report(args.shape)
-    print(costmodel.shape_table(rep))
+    cm = _costmodel()
+    rep = cm.shape_report(args.shape)
+    print(cm.shape_table(rep))
     if args.json:
         write_json(rep, args.json)
         print(f"json: {args.json}")
@@ -502,15 +515,17 @@ def _ab_main(args: argparse.Namespace, llm_module: object | None) -> int:
     runs = default_runs(args.prompt or PROMPTS, greedy=not args.sampled_only,
                         sampled=not args.greedy_only)
     switches = tuple(args.ab_switch or AB_SWITCHES)
+    overlap = _costmodel().ab_overlap  # the report's fitted overlap: the cost model's figure
     if args.port:
         rep = run_ab_port(args.port, runs, args.tokens, switches=switches,
                           rounds=args.ab_rounds, soft_reset=args.soft_reset,
-                          timeout=args.timeout, port_image=args.port_image)
+                          timeout=args.timeout, port_image=args.port_image, overlap=overlap)
     else:
         image = args.image or make_release_shaped(release_dir())
         rep = run_ab_host(image, runs, args.tokens, switches=switches, rounds=args.ab_rounds,
                           llm_module=llm_module,
-                          board="host:" + (args.image.name if args.image else "release-shaped"))
+                          board="host:" + (args.image.name if args.image else "release-shaped"),
+                          overlap=overlap)
     print(format_ab(rep))
     path = _ab_json(args)
     write_json(rep, path)
@@ -522,6 +537,7 @@ def _refit_main(args: argparse.Namespace) -> int:
     """bench.py --model-s3 --refit AB.json."""
     import json
 
+    cm = _costmodel()
     try:
         ab = json.loads(args.refit.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -530,7 +546,7 @@ def _refit_main(args: argparse.Namespace) -> int:
     if not isinstance(ab, dict):
         print(f"bench.py: {args.refit} is not a bench.py --ab report", file=sys.stderr)
         return 2
-    summary = costmodel.refit_summary(ab)
+    summary = cm.refit_summary(ab)
     ov = summary["overlap"]
     note = "" if ov["physical"] else " (outside [0, 1]: priced clamped)"
     print(f"{args.refit} ({summary['board']}): overlap {ov['was']:.3f} (calibration) -> "

@@ -12,11 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import costmodel
 from ..atomic import atomic_path, atomic_write_bytes
+from ..boards import STAGES
 from ..checkout import board_module
 
-STAGES = costmodel.STAGES
 #: The fixed prompt set (TinyStories openings).
 PROMPTS = ("Once upon a time", "One day, a little girl named Lily", "Tom and his dog")
 #: Sampled runs use upstream's sampler settings (T 0.8, top-k 40) and fixed seeds.

@@ -1,5 +1,5 @@
-"""The versions the firmware is built against, and its boards: the ONE place
-(the boards' definitions live in mpllm.boards, re-exported here).
+"""The versions the firmware is built against: the ONE place (and the boards,
+from mpllm.boards).
 
 `tools/flash.py` (via `mpllm.board.flash`) clones and builds exactly these, and the
 docs (firmware/README.md) and platformio.ini are checked against them by
@@ -8,9 +8,7 @@ tests/test_firmware.py, so a bump here that is not carried over fails CI.
 
 from __future__ import annotations
 
-# The boards (BoardPins, BOARDS, MiB) live in mpllm.boards, the basic module the
-# cost model reads too; re-exported here beside the firmware's versions.
-from ..boards import BOARDS, BoardPins, MiB  # noqa: F401
+from ..boards import BOARDS, DEFAULT_BOARD, BoardPins  # noqa: F401 (handed on: mpllm.boards)
 
 # MicroPython release whose esp32 port we build; its esp32 README names the
 # ESP-IDF below as the recommended one (it also lists v5.3 and v5.4.0-v5.4.2).
@@ -25,8 +23,8 @@ PLATFORMIO_PLATFORM = "espressif32 @ 6.12.0"
 PLATFORMIO_ESP_IDF = "v5.5.0"
 
 
-# The default board, the one the release is built for.
-DEFAULT_BOARD = BOARDS["n16r8"]
+# The boards themselves live in mpllm.boards (the cost model reads them too);
+# here beside the versions, for the flasher, the release and the docs' checks.
 BOARD = DEFAULT_BOARD.board
 BOARD_DIR = DEFAULT_BOARD.board_dir
 FLASH_BYTES = DEFAULT_BOARD.flash_bytes

@@ -3,15 +3,18 @@ first character of the reply, with the line typed at a given speed, with and
 without prefill-as-you-type (llm_chat.CoWriter.type_ahead).
 
     python -m mpllm.board.typing_latency [--image IMG] [--cps 5,10] [--json FILE]
+                                         [--s3-report REPORT.json]
 
 The host board is measured for real: llm.chat() runs in a child process on a
 pseudo-terminal, the keys are typed into it at the speed asked for, and the
 clock runs from the moment Enter is sent to the first byte of the reply. The
 ids Enter still has to prefill are counted in process (the same CoWriter,
 the same lines); with type-ahead they are the line's last two pre-tokenizer
-pieces. For the ESP32-S3 the cost model prices that many ids as passes of
-the layers over up to 8 positions each (costmodel pass_ms_by_m: a pass there
-also scores a head per position, so the figure is an upper bound), "modeled".
+pieces. For the ESP32-S3, with the cost model's report (`python tools/bench.py
+--model-s3 --json REPORT.json`; this command imports no cost model), that
+many ids are priced as passes of the layers over up to 8 positions each (the
+report's pass_ms_by_m: a pass there also scores a head per position, so the
+figure is an upper bound), "S3 modeled".
 """
 
 from __future__ import annotations
@@ -110,12 +113,17 @@ def ids_at_enter(image: str, typed: bool, max_tokens: int = 20,
     return out
 
 
-def s3_pass_ms() -> dict[int, float]:
-    """Modeled ms of one pass over m positions of the release model on the S3."""
-    from .. import costmodel
-
-    spec = costmodel.report().to_json()["builds"]["mpllm-spec-sampled"]
-    return {int(k): float(v) for k, v in spec["pass_ms_by_m"].items()}
+def s3_pass_ms(report: Path) -> dict[int, float]:
+    """Modeled ms of one pass over m positions of the release model on the S3:
+    the pass_ms_by_m of the mpllm-spec-sampled build in the cost model's report
+    (`bench.py --model-s3 --json`). ValueError when the file holds none."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        by_m = data["builds"]["mpllm-spec-sampled"]["pass_ms_by_m"]
+        return {int(k): float(v) for k, v in by_m.items()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{report}: not the cost model's report (bench.py --model-s3 "
+                         f"--json) with the speculative builds' passes ({e!r})") from None
 
 
 def prefill_ms(n: int, pass_ms: dict[int, float]) -> float:
@@ -129,7 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", help="a converted model image (default: the demo model)")
     ap.add_argument("--cps", default="5,10", help="typing speeds, characters per second")
     ap.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    ap.add_argument("--s3-report", type=Path, metavar="REPORT.json",
+                    help="the S3 cost model's report (python tools/bench.py --model-s3 --json "
+                         "REPORT.json): price Enter's ids on the S3 (the \"S3 modeled\" column)")
     args = ap.parse_args(argv)
+    pass_ms: dict[int, float] = {}
+    if args.s3_report is not None:
+        try:
+            pass_ms = s3_pass_ms(args.s3_report)
+        except ValueError as e:
+            ap.error(f"--s3-report: {e}")
     image = args.image
     if image is None:
         from .hostboard import demo_sources, ensure_image
@@ -137,13 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         image = str(ensure_image(*demo_sources()))
     speeds: list[float | None] = [float(c) for c in args.cps.split(",")] + [None]
     at_enter = {typed: ids_at_enter(image, typed) for typed in (True, False)}
-    try:
-        print("pricing the S3's passes with the cost model (half a minute) ...", file=sys.stderr,
-              flush=True)
-        pass_ms = s3_pass_ms()
-    except (KeyError, ValueError, RuntimeError) as e:  # the host figures stand alone
-        print(f"(no S3 figures: the cost model said {e})", file=sys.stderr)
-        pass_ms = {}
+    if not pass_ms:  # the host figures stand alone
+        print("(no S3 figures: give --s3-report REPORT.json, the cost model's "
+              "`python tools/bench.py --model-s3 --json REPORT.json`)", file=sys.stderr)
     rows = []
     print(f"{'typing':>10} {'type-ahead':>10} {'Enter->1st char':>16} {'ids at Enter':>13} "
           f"{'S3 modeled':>11}")

@@ -106,8 +106,9 @@ The package, one idea a module (each imports only modules listed above it):
                 and bands (`shape_report`, `bench.py --model-s3 --shape NAME`),
                 at each weight format convert.py measures (`CONVERT_FORMATS`),
                 its choice first
-  ab            a board's `bench.py --ab` report read back: the overlap fitted
-                from its stage times (`overlap_from_stages`), the model refitted
+  ab            a board's `bench.py --ab` report: the overlap fitted from its
+                stage times (`overlap_from_stages`; `ab_overlap`, what --ab
+                reports), read back and the model refitted
                 (`refit`, `bench.py --model-s3 --refit AB.json`)
 
 The int8 and fp32 images (convert.py --weights) are priced the same way as
@@ -183,6 +184,7 @@ __all__ = [
     "Shape",
     "SpecInputs",
     "UnionRatios",
+    "ab_overlap",
     "anchor_reuse",
     "band",
     "build_work",

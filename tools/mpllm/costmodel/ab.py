@@ -32,7 +32,7 @@ from .forward import build_work, predict
 from .shape import RELEASE, STAGES, Shape, story_positions
 from .work import Fit, stage_breakdown
 
-__all__ = ["AB_BUILDS", "AB_KEYS", "AB_SWITCH_KEYS", "overlap_from_stages", "refit",
+__all__ = ["AB_BUILDS", "AB_KEYS", "AB_SWITCH_KEYS", "ab_overlap", "overlap_from_stages", "refit",
            "refit_summary"]
 
 #: The build whose work prices a mode's runs.
@@ -81,6 +81,16 @@ def overlap_from_stages(modes: Mapping[str, Mapping[str, object]],
         raise ValueError("no stage with work shared by the two cores: nothing fits the overlap")
     value = num / den
     return {"value": value, "physical": 0.0 <= value <= 1.0, "stages": rows}
+
+
+def ab_overlap(modes: Mapping[str, Mapping[str, object]],
+               config: Mapping[str, object]) -> dict[str, object]:
+    """What `bench.py --ab` reports as its overlap (bench_ab.ab_report's
+    `overlap`, handed in by bench.py's command line): `overlap_from_stages` on
+    the shape of the image the board ran (its Model.config()), with the
+    calibration's overlap beside it ("was")."""
+    got = overlap_from_stages(modes, Shape.from_config(config))
+    return {**got, "was": fit().overlap}
 
 
 def _modes_of(ab: Mapping[str, object]) -> dict[str, dict[str, object]]:

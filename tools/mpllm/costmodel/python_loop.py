@@ -545,10 +545,15 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.micropython).is_file():
         ap.error(f"--micropython {args.micropython}: no such file")
     image = args.image
-    if image is None:
-        from ..board.hostboard import demo_sources, ensure_image
+    if image is None:  # the demo, converted once into the tools' image cache
+        from ..checkout import DEMO_DIR
+        from ..image_cache import converted, default_cache_dir
 
-        image = str(ensure_image(*demo_sources()))
+        try:
+            image = str(converted(DEMO_DIR / "model.bin", DEMO_DIR / "tokenizer.json",
+                                  default_cache_dir(), lambda line: print(line, file=sys.stderr)))
+        except (OSError, ValueError) as e:  # convert.ConvertError is a ValueError
+            ap.error(f"no --image and the demo model does not convert: {e}")
     elif not Path(image).is_file():
         ap.error(f"--image {image}: no such file")
     pystone_dir = None

@@ -5,7 +5,11 @@ of the scalar routines and libm calls; the certified head's tile constants;
 the published rows-scored share of the release head. Each says its source.
 """
 
-from ..formats.head_tiles import TILE_ROWS  # noqa: F401 (one definition, used by the package)
+# TILE_ROWS: one definition, used by the package; the published rows-scored share of
+# the release head (greedy) and its range: mpllm.models' (bench.py's command
+# line reads them without the cost model)
+from ..formats.head_tiles import TILE_ROWS  # noqa: F401
+from ..models import RELEASE_GREEDY_FRACTION, RELEASE_GREEDY_RANGE  # noqa: F401
 
 #: CPU clock: 240 MHz (the board's sdkconfig; esp32-ai's sdkconfig.defaults
 #: CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_240).
@@ -339,11 +343,6 @@ UPSTREAM_BOUND_PIE_CYCLES_PER_TILE = 0.099e-3 * CPU_HZ / 199
 QSORT_CMP_CYCLES = 52.0
 RADIX_OPS_PER_KEY = 9
 
-#: Published rows-scored share of the certified head for greedy on the real
-#: release model: 8,427-8,749 of 25,353 rows (esp32-ai board runs, CERT_SEED
-#: and action_bench notes). The headline uses 0.34, the range is shown.
-RELEASE_GREEDY_FRACTION = 0.34
-RELEASE_GREEDY_RANGE = (8427 / 25353, 8749 / 25353)
 
 #: Every constant here is public (the package hands them all on, TILE_ROWS
 #: included): the list is computed, not written out a second time; and the

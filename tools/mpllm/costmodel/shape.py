@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..boards import STAGES  # re-exported: the engine's timed stages, one definition
 from ..formats.drafts_table import MAX_DRAFT
 from ..formats.image import q4_row_bytes  # re-exported: the image layout's one definition
 from ..formats.model import WEIGHT_FORMATS, AttentionGeometry
@@ -38,7 +39,6 @@ __all__ = [
     "stream_lines",
 ]
 
-STAGES = ("embed", "attn", "ffn", "ple", "head", "sample")
 #: the engine's stages and what a token costs on the board around them:
 #: llm.py's MicroPython loop ("python") and the instruction-cache refills of
 #: the code a token runs ("icache"); the engine's own timers see neither
