@@ -1360,6 +1360,32 @@ def test_the_models_placement_is_the_engines_plan(auto_260k, llm_mod) -> None:
     assert refused["why"] == "out of memory: no memory for the KV cache (336960 bytes)"
 
 
+def test_the_plans_own_context_is_model_opens(auto_260k, llm_mod) -> None:
+    """_llm.plan(context=None) is the context Model() opens at with none
+    asked (the binding's open_fitting, tests/c/board_open.c context 0) on
+    the same memory, from the seq_len down to where nothing opens (then
+    both say why alike): the one choice convert.py's where-it-lives table and
+    the cost model read."""
+    data = auto_260k.read_bytes()
+    caps = (10**9, 900_000, 600_000, 400_000, 300_000, 250_000, 200_000, 150_000, 1000)
+    try:
+        opened = {cap: _board_open(auto_260k, 0, cap, 0) for cap in caps}
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    seen = set()
+    for cap in caps:
+        # board_open caps FAST at 1 byte for 0 (its host port's 0 is no limit)
+        plan = llm_mod.plan(data, context=None, fast=1, bulk=cap, block_overhead=0)
+        (head, blocks), = opened[cap].items()
+        if plan["opens"]:
+            assert head == f"context 0: opens at {plan['context']}", cap
+            assert [[n, str(b), r] for n, r, b in plan["blocks"]] == blocks, cap
+        else:
+            assert head == f"context 0: refused: {plan['why']}", cap
+        seen.add(plan["context"])
+    assert len(seen) >= 4  # the seq_len, shorter contexts, none: the search was exercised
+
+
 def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
     """The engine itself (the binding's Model() path, tests/c/board_open.c)
     with stories260K as convert.py writes it (int8), on each board's memory as

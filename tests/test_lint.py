@@ -305,12 +305,7 @@ def test_import_graph_sees_each_form_and_finds_a_circle(tmp_path: Path) -> None:
 COSTMODEL_ENTRY = {"mpllm.board.bench_cli"}
 #: What still imports the cost model in the product, to be made data or moved
 #: (issue #36 part 1): this list only shrinks.
-COSTMODEL_NOT_YET = {
-    # where each weight format lives on the boards (its report's table, not the image):
-    # the placement rules (costmodel.llama.where_it_lives), for the engine's plan
-    "mpllm.convert",
-    "mpllm.board.flash",  # a model's bytes by region (flash.py --model's check)
-}
+COSTMODEL_NOT_YET: set[str] = set()  # (convert and flash.py read the engine's plan now)
 
 
 def costmodel_importers() -> dict[str, int]:
@@ -359,12 +354,9 @@ LAYERS = (
     ("mpllm.web",),
     ("tools",),
 )
-#: Imports against the order still there (issue #36): convert's of the cost
-#: model (its where-each-format-lives table). This list only shrinks.
-ORDER_NOT_YET = {
-    "mpllm.convert imports mpllm.costmodel.shape",
-    "mpllm.convert imports mpllm.costmodel.llama",
-}
+#: Imports against the order still there (issue #36): none since convert's
+#: where-each-format-lives table reads the engine's plan. This list only shrinks.
+ORDER_NOT_YET: set[str] = set()
 
 
 def layer_of(module: str) -> int | None:

@@ -729,7 +729,8 @@ PLAN = """
 import _llm
 data = open({image!r}, "rb").read()
 for kw in ({{}}, {{"context": 5, "plain": True}}, {{"fast": 0, "bulk": 0}},
-           {{"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32}}):
+           {{"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32}},
+           {{"context": None, "fast": 20000, "bulk": 0, "bulk_is_fast": True}}):
     print("PLAN", repr(_llm.plan(data, **kw)))
 try:
     _llm.plan(data, fast=-1)
@@ -750,7 +751,8 @@ def test_plan_agrees_with_cpython(micropython: Path, tiny_model, tmp_path: Path)
     got = [ast.literal_eval(line[5:]) for line in out.splitlines() if line.startswith("PLAN ")]
     want = [_llm.plan(data, **kw) for kw in (
         {}, {"context": 5, "plain": True}, {"fast": 0, "bulk": 0},
-        {"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32})]
+        {"fast": 20000, "bulk": 0, "bulk_is_fast": True, "block_overhead": 32},
+        {"context": None, "fast": 20000, "bulk": 0, "bulk_is_fast": True})]
     # MicroPython's repr of a tuple list is Python's: compare as values
     assert [{**g, "blocks": [tuple(b) for b in g["blocks"]]} for g in got] == want
     with pytest.raises(ValueError) as e:

@@ -110,7 +110,10 @@ def plan(image: object, *, fast: int | None = None, bulk: int | None = None,
     on a PC, 32 on the board). The port's rule: a FAST request that does not
     fit goes to BULK (unless bulk_is_fast), a BULK one that does not fit
     fails (the weights are then read in place from flash, the head gives way
-    to the KV cache, as at open). context: 0 or None for the image's seq_len.
+    to the KV cache, as at open). context: 0 (the default) for the image's
+    seq_len; None for the context Model(image) opens at with none asked
+    (its own search over plans, against the memory above: what a board
+    would open with; "why" the seq_len's refusal if none opens).
     A buffer that is not 16-byte aligned is copied.
 
     Returns {"opens": bool, "why": "" or the open's error ("out of memory:

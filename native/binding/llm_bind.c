@@ -711,9 +711,22 @@ llm_bind_kind llm_bind_plan(const llm_port *port, const uint8_t *data, size_t le
     if (a->context.overflow || a->context.value < 0 || a->context.value > (int64_t)UINT32_MAX)
         return fail(err, LLM_BIND_VALUE_ERROR, "plan() context must be 0 (the image's seq_len) "
                     "or a number of positions, not %s", shown(a->context, buf));
-    const llm_open_options options = {(uint32_t)a->context.value, a->plain};
-    out->plan = (llm_plan){.blocks = blocks, .cap = cap};
     llm_error e;
+    uint32_t context = (uint32_t)a->context.value;
+    struct llm_checked checked = {NULL, 0, {0}, 0};
+    if (a->fit) { /* Model()'s own choice (fitting_context), so no caller keeps a copy of it */
+        fit f = {data, len, port, memory, a->plain, checked};
+        context = fitting_context(&f, &e);
+        checked = f.checked;
+        if (context == 0 && e.status != LLM_E_NOMEM) return llm_bind_status(&e, err);
+        if (context == 0) {
+            out->opens = 0;
+            snprintf(out->why, sizeof out->why, "%s: %s", llm_status_name(e.status), e.message);
+            return ok(err);
+        }
+    }
+    const llm_open_options options = {context, a->plain};
+    out->plan = (llm_plan){.blocks = blocks, .cap = cap, .checked = checked};
     const llm_status st = llm_plan_open(&out->plan, data, len, port, &memory, &options, &e);
     if (st != LLM_OK && st != LLM_E_NOMEM) return llm_bind_status(&e, err);
     out->opens = st == LLM_OK;

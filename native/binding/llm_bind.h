@@ -301,10 +301,12 @@ int llm_bind_result(const llm_bind_model *m, llm_bind_method_id id, const llm_bi
 /* plan()'s arguments as the binding read them: fast / bulk the free bytes
  * of each region (not given: what the port says it can give, unlimited if
  * it cannot say), context (0: the image's seq_len), block_overhead and
- * bulk_is_fast (not given: the port's). */
+ * bulk_is_fast (not given: the port's); fit: context None, the context
+ * Model() chooses with none asked, against that memory. */
 typedef struct llm_bind_plan_args {
     llm_bind_int fast, bulk, context, block_overhead;
     int fast_given, bulk_given, overhead_given, bulk_is_fast, bulk_is_fast_given, plain;
+    int fit;
 } llm_bind_plan_args;
 
 /* What llm_bind_plan found: whether it opens and, if not, why (the open's

@@ -375,17 +375,21 @@ static mp_obj_t llm_plan_fn(size_t n_args, const mp_obj_t *pos, mp_map_t *kw) {
         { MP_QSTR_image, MP_ARG_REQUIRED | MP_ARG_OBJ, {.u_obj = MP_OBJ_NULL} },
         { MP_QSTR_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
         { MP_QSTR_bulk, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
-        { MP_QSTR_context, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
+        /* not given: 0 (the image's seq_len); None: Model()'s own choice */
+        { MP_QSTR_context, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = MP_OBJ_NULL} },
         { MP_QSTR_plain, MP_ARG_KW_ONLY | MP_ARG_BOOL, {.u_bool = false} },
         { MP_QSTR_bulk_is_fast, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
         { MP_QSTR_block_overhead, MP_ARG_KW_ONLY | MP_ARG_OBJ, {.u_obj = mp_const_none} },
     };
     mp_arg_val_t v[MP_ARRAY_SIZE(allowed)];
     mp_arg_parse_all(n_args, pos, kw, MP_ARRAY_SIZE(allowed), allowed, v);
-    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, v[ARG_plain].u_bool};
+    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, v[ARG_plain].u_bool, 0};
     a.fast_given = llm_opt_int(v[ARG_fast].u_obj, "plan() fast", &a.fast);
     a.bulk_given = llm_opt_int(v[ARG_bulk].u_obj, "plan() bulk", &a.bulk);
-    llm_opt_int(v[ARG_context].u_obj, "plan() context", &a.context);
+    a.fit = v[ARG_context].u_obj == mp_const_none;
+    if (v[ARG_context].u_obj != MP_OBJ_NULL) {
+        llm_opt_int(v[ARG_context].u_obj, "plan() context", &a.context);
+    }
     a.overhead_given = llm_opt_int(v[ARG_overhead].u_obj, "plan() block_overhead",
         &a.block_overhead);
     a.bulk_is_fast_given = v[ARG_bulk_is_fast].u_obj != mp_const_none;

@@ -270,13 +270,14 @@ static PyObject *mod_plan(PyObject *module, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOpOO:plan", kw, &image, &fast, &bulk,
                                      &context, &plain, &bulk_is_fast, &overhead))
         return NULL;
-    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, plain};
+    llm_bind_plan_args a = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, 0, 0, 0, 0, 0, plain, 0};
     int context_given;
     if (!opt_int(fast, "plan() fast", &a.fast, &a.fast_given) ||
         !opt_int(bulk, "plan() bulk", &a.bulk, &a.bulk_given) ||
         !opt_int(context, "plan() context", &a.context, &context_given) ||
         !opt_int(overhead, "plan() block_overhead", &a.block_overhead, &a.overhead_given))
         return NULL;
+    a.fit = context == Py_None; /* as Model(context=None): its own choice of context */
     a.bulk_is_fast_given = bulk_is_fast != NULL && bulk_is_fast != Py_None;
     if (a.bulk_is_fast_given && (a.bulk_is_fast = PyObject_IsTrue(bulk_is_fast)) < 0) return NULL;
     Py_buffer view;

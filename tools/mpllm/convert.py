@@ -81,7 +81,6 @@ from .formats.tokenizer import TokenizerFormatError, TokenizerTables
 from .llama2c_weights import QUALITY_POSITIONS
 
 if TYPE_CHECKING:
-    from .costmodel.shape import Shape
     from .drafting import Payoff
     from .formats.drafts_table import DraftsTable
 
@@ -404,8 +403,7 @@ def convert(
         if llama and quality_positions:
             trimmed, choice, boards = _choose_weights(
                 staging, {f: trim_vocab_rows(w, keep) for f, w in candidates.items()}, ck,
-                quality_positions, report, write,
-                lambda w: tile_rows > 0 and certifiable(w.output_head()) is None)
+                quality_positions, report, write)
             report = write(trimmed, choice=choice)
         if drafter_stories:
             drafts, worth, drafts_seconds = _build_drafter(staging, drafter_stories,
@@ -453,15 +451,14 @@ def convert(
 def _choose_weights(
     staging: Path, candidates: dict[str, Weights], ck: Llama2cCheckpoint, positions: int,
     first: ImageReport, write: Callable[[Weights], ImageReport],
-    certified: Callable[[Weights], bool],
 ) -> tuple[Weights, WeightsChoice, dict[str, dict[str, str]]]:
     """Measure the candidates in order (each written to `staging`; the first
     already is, as `first`), stopping at the first whose greedy agreement
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
     ties to the smaller), the choice record and where each lives on the
-    boards."""
+    boards (the engine's plan of each candidate's image)."""
+    from .boards import MEMORY, where_it_lives
     from .checkout import NotBuilt, board_module
-    from .costmodel.llama import S3_BOARDS, where_it_lives
     from .llama2c_weights import quality
 
     try:
@@ -479,9 +476,9 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        shape, wide = _shape(w), _v_can_widen(w)
-        boards[fmt] = {b: where_it_lives(shape, board, certified=certified(w), v_can_widen=wide)
-                       for b, board in S3_BOARDS.items()}
+        # the engine's own plan of the image just written, on each board's memory
+        image = staging.read_bytes()
+        boards[fmt] = {b: where_it_lives(_llm.plan, image, board) for b, board in MEMORY.items()}
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
             break
@@ -489,30 +486,6 @@ def _choose_weights(
         chosen = max(tried, key=lambda t: t.agreement).name
     choice = WeightsChoice(KIND_OF[chosen], min(positions, ck.config.seq_len), tuple(tried))
     return candidates[chosen], choice, boards
-
-
-def _shape(w: Weights) -> Shape:
-    """The cost model's shape of these weights."""
-    from .costmodel.shape import Shape
-
-    c = w.config
-    return Shape(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, ffn=c.ffn,
-                 ple_dim=c.ple_dim, vocab_out=c.vocab_out, seq_len=c.seq_len, group=c.group,
-                 n_kv_heads=c.kv_heads, weights=weight_format(w.layers[0].qkv))
-
-
-def _v_can_widen(w: Weights) -> bool:
-    """Whether the engine keeps these weights' V rows float-wide (some V row's
-    int16 dots could overflow: costmodel.llama.v_rows_can_widen), which
-    makes the KV cache larger (stories15M's leaves its head no PSRAM on the
-    N16R8); only int4 rows of one scale group are cached as dots at all."""
-    from .costmodel.llama import v_rows_can_widen
-    from .costmodel.shape import one_group_a_row
-
-    if not one_group_a_row(_shape(w)):
-        return False
-    c = w.config
-    return v_rows_can_widen(c.dim, c.kv_dim, [ly.qkv.q for ly in w.layers])  # type: ignore[union-attr]
 
 
 def _priced_shape(w: Weights) -> dict[str, object]:

@@ -483,8 +483,8 @@ def pinned_image_floor(pins_json: Path) -> int | None:
     codes and scales of its weights, the rows the tokenizer can produce only;
     for a llama2.c one (family "llama2c", models/stories15m.json) its matrices
     in the format the pins name, int4 at convert.py's default group (one
-    scale a row) unless they say otherwise, as the cost model sizes them (the
-    image adds the tokenizer, RoPE, head tiles and drafter). None when the
+    scale a row) unless they say otherwise, as the image stores them (it
+    adds the tokenizer, RoPE, head tiles and drafter). None when the
     JSON records no architecture (then the converted image is checked)."""
     from ..formats.esp32ai import Config, expected_size
 
@@ -504,20 +504,34 @@ def pinned_image_floor(pins_json: Path) -> int | None:
 
 
 def _llama2c_floor(a: dict[str, object], weights: str) -> int:
-    """The matrices' bytes of a llama2.c architecture (pinned_image_floor)."""
-    from ..costmodel.shape import Shape, cdiv, matrix_row_bytes
-    from ..costmodel.sram import core_matrix_bytes
+    """The matrices' bytes of a llama2.c architecture (pinned_image_floor):
+    each matrix section of its image (formats.image.section_plan) as the
+    image stores it, its section header left out."""
+    from ..formats.align import align_up
+    from ..formats.image import (
+        KIND_Q4,
+        Q4_HEADER_BYTES,
+        f32m_size,
+        q4_size,
+        q8_size,
+        section_plan,
+    )
+    from ..formats.model import Config
+    from ..quantize import int8_group
 
     def n(key: str) -> int:
         return int(a[key])  # type: ignore[call-overload]
 
-    s = Shape(dim=n("dim"), n_layers=n("n_layers"), n_heads=n("n_heads"), ffn=n("hidden_dim"),
-              ple_dim=0, vocab_out=n("vocab_size"), seq_len=n("seq_len"),
-              group=cdiv(n("dim"), 32) * 32, n_kv_heads=n("n_kv_heads"),
-              weights="int4" if weights == "auto" else weights)
-    heads = 1 if a.get("shared_classifier", True) else 2  # the embedding, and a head of its own
-    return (heads * s.vocab_out * matrix_row_bytes(s, s.dim)
-            + sum(b for _, b in core_matrix_bytes(s).values()))
+    cfg = Config(vocab_in=n("vocab_size"), vocab_out=n("vocab_size"), dim=n("dim"),
+                 n_layers=n("n_layers"), n_heads=n("n_heads"), ffn=n("hidden_dim"), ple_dim=0,
+                 seq_len=n("seq_len"), group=align_up(n("dim"), 32),  # one scale a row
+                 tied_head=bool(a.get("shared_classifier", True)), family="llama2c",
+                 n_kv_heads=n("n_kv_heads"))
+    fmt = "int4" if weights == "auto" else weights
+    size = {"int4": lambda r, c: q4_size(r, c, cfg.group),
+            "int8": lambda r, c: q8_size(r, c, int8_group(c)), "fp32": f32m_size}[fmt]
+    return sum(size(rows, cols) - Q4_HEADER_BYTES
+               for _name, kind, (rows, cols) in section_plan(cfg) if kind == KIND_Q4)
 
 
 def _fitting(model_limit: int, but: str) -> list[str]:

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..boards import BOARDS  # the boards' flash and PSRAM: one place
+from ..boards import MEMORY, BoardMemory  # the boards' memory: one place
 from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
 from .forward import matvec_work, predict
@@ -54,7 +54,6 @@ from .s3 import (
     ICACHE_BYTES_N8,
     ICACHE_BYTES_OURS,
     ICACHE_LINE,
-    MP_GC_INITIAL_HEAP_BYTES,
     TILE_ROWS,
     python_loop_s,
 )
@@ -70,11 +69,6 @@ from .shape import (
 from .sram import (
     CANDIDATES_BYTES,
     ENGINE_STRUCT_BYTES,
-    FAST_RESERVE_BYTES,
-    FAST_RESERVE_NO_PSRAM_BYTES,
-    N8_FREE_AT_REPL,
-    N8_LEFT_FREE_AFTER_OPEN,
-    SRAM_FREE_AT_BOOT,
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
     head_scratch_bytes,
@@ -160,44 +154,18 @@ SMALL_HEAD_ROWS = (0.6, 0.8, 1.0)
 
 
 @dataclass(frozen=True)
-class Board:
-    """An S3 board as the placement needs it."""
+class Board(BoardMemory):
+    """An S3 board as the placement needs it: its memory (mpllm.boards, the
+    facts the product reads too) and its instruction cache."""
 
-    name: str
-    label: str
-    psram_bytes: int
-    icache_bytes: int
-    #: internal RAM free at the REPL (before llm.load())
-    internal_free: int
-    internal_source: str
-
-    #: what the engine leaves free once open, measured, if more than the
-    #: port's reserve (a reserve kept in one block leaves pieces unused)
-    left_free: int = 0
-
-    @property
-    def fast_reserve(self) -> int:
-        """What the port keeps free of the engine (port_esp32.c: by PSRAM)."""
-        return FAST_RESERVE_BYTES if self.psram_bytes else FAST_RESERVE_NO_PSRAM_BYTES
-
-    @property
-    def engine_room(self) -> int:
-        """Internal RAM the engine's placements may take on this board."""
-        return self.internal_free - max(self.fast_reserve, self.left_free)
+    icache_bytes: int = field(kw_only=True)
 
 
+#: The boards' memory (mpllm.boards.MEMORY) with their instruction caches.
 S3_BOARDS: dict[str, Board] = {
-    "n16r8": Board(
-        "n16r8", "N16R8 (8 MB PSRAM)", BOARDS["n16r8"].psram_bytes - MP_GC_INITIAL_HEAP_BYTES,
-        ICACHE_BYTES_OURS, SRAM_FREE_AT_BOOT,
-        "measured on the emulated board (sram.SRAM_FREE_AT_BOOT, no radio); PSRAM: "
-        "8 MB less MicroPython's first 64 KiB heap area"),
-    "n8": Board(
-        "n8", "N8 (no PSRAM)", BOARDS["n8"].psram_bytes, ICACHE_BYTES_N8, N8_FREE_AT_REPL,
-        "measured on the emulated board (the N8 firmware without PSRAM: "
-        "esp32.idf_heap_info at the REPL, MicroPython's heap already in it; what the "
-        "engine left free once open, sram.N8_LEFT_FREE_AFTER_OPEN, kept back)",
-        N8_LEFT_FREE_AFTER_OPEN),
+    name: Board(**{f.name: getattr(m, f.name) for f in fields(m)}, icache_bytes=icache)
+    for name, m, icache in (("n16r8", MEMORY["n16r8"], ICACHE_BYTES_OURS),
+                            ("n8", MEMORY["n8"], ICACHE_BYTES_N8))
 }
 
 
@@ -425,26 +393,6 @@ def opening_context(s: Shape, board: Board, *, certified: bool = False,
         else:
             hi = mid - 1
     return lo
-
-
-def where_it_lives(s: Shape, board: Board, *, certified: bool = False,
-                   v_can_widen: bool = False) -> str:
-    """One line: the context Model() opens `s` with on `board` with no context
-    asked (default_context) and where the core matrices, the head and the KV
-    cache go there (placement), or that it does not open. `v_can_widen`:
-    as placement."""
-    kw = {"certified": certified, "v_can_widen": v_can_widen}
-    fits, opens = fitting_context(s, board, **kw), opening_context(s, board, **kw)
-    if opens == 0:
-        return "does not open"
-    ctx = s.seq_len if placement(s, board, **kw)["opens"] and fits == s.seq_len \
-        else default_context(s, fits, opens)
-    p = placement(dataclasses.replace(s, seq_len=ctx), board, **kw)
-    core = set(core_matrix_bytes(s))
-    tiers = sorted({str(b["region"]) for b in p["blocks"]  # type: ignore[attr-defined]
-                    if b["name"] in core})
-    return (f"context {ctx}: core {'+'.join(tiers)}, head {_region_of(p, 'head')}, "
-            f"KV {_region_of(p, 'kv_cache')}")
 
 
 #: the contexts whose internal-SRAM needs a report lists for a board without PSRAM

@@ -165,11 +165,6 @@ def python_loop_s(kind: str) -> float:
     return python_loop_s_from_counts(*PY_LOOP_COUNTS[kind])
 
 
-#: MicroPython's first GC heap area on the ESP32-S3: 64 KiB, taken by malloc at
-#: boot (micropython v1.28 ports/esp32/mpconfigport.h MICROPY_GC_INITIAL_HEAP_SIZE;
-#: main.c MP_PLAT_ALLOC_HEAP). With PSRAM that malloc lands there; without it the
-#: heap is internal SRAM, and it grows there on demand (MICROPY_GC_SPLIT_HEAP_AUTO).
-MP_GC_INITIAL_HEAP_BYTES = 64 * 1024
 #: A random 512-byte row from memory-mapped flash costs ~20 us (published esp32-ai measurement),
 #: applied as 512 B / 20 us to the bytes of the lines read from flash.
 FLASH_ROW_BYTES = 512

@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..boards import (
+    FAST_RESERVE_BYTES,
+    FAST_RESERVE_NO_PSRAM_BYTES,
+    N8_FREE_AT_REPL,
+    N8_LEFT_FREE_AFTER_OPEN,
+    SRAM_FREE_AT_BOOT,
+    SRAM_LARGEST_BLOCK,
+)
 from .s3 import TILE_ROWS
 from .shape import RELEASE, Mat, Shape, cdiv, matrices, matrix_row_bytes
 
@@ -33,43 +41,8 @@ __all__ = [
 #: here (s3.ICACHE_BYTES_OURS; sdkconfig.board's data cache).
 SRAM_TOTAL_BYTES = 512 * 1024
 SRAM_CACHE_BYTES = (16 + 32) * 1024
-#: Internal RAM free at the REPL, measured on the emulated board: our firmware
-#: (MicroPython v1.28.0, IDF 5.5.3, the N16R8 board with no radio: Bluetooth,
-#: Wi-Fi and ESP-NOW off; the engine's token code in IRAM and the ESP-IDF code
-#: of firmware/boards/sdkconfig.mpllm out of it) under Espressif's esp32s3
-#: system model with 8 MB octal PSRAM, esp32.idf_heap_info(esp32.HEAP_DATA)
-#: summed over the internal regions: 334,031 B, the largest block 258,048 B.
-#: (Before: 280,463 B with Bluetooth and Wi-Fi linked in, the audit of issue
-#: 21; 334,623 B without the radios, before the IRAM moves, which about
-#: cancel.) The emulated firmware was built offline with stand-ins for some
-#: IDF submodules (lwip, mbedtls, nimble): a real build's figure may differ by
-#: a few KiB.
-SRAM_FREE_AT_BOOT = 334031
-SRAM_LARGEST_BLOCK = 258048
-#: The same on the board without PSRAM (MPLLM_N8: no radio, the same 16 KB
-#: instruction cache and IRAM moves as the N16R8, MicroPython's first heap
-#: 40 KiB; the emulated machine with no PSRAM device): 297,932 B free at the
-#: REPL, the largest block 253,952 B, MicroPython's heap already taken from
-#: it. (Before: 273,356 B with the port's 64 KiB first heap, of which 11 to
-#: 16 KiB were in use after a story; 258,612 B with a 32 KB instruction cache
-#: and the engine's code in flash.)
-N8_FREE_AT_REPL = 297932
-#: What the engine could not have of that, measured on the same board: free
-#: at the REPL less what Model.memory() placed in internal SRAM (263,252 B)
-#: when Model() opened stories260K (group 64, certified head) at its default
-#: context, 91, every weight in internal SRAM. It holds the port's worker task
-#: (its 4 KiB stack and state), the 16 KiB reserve, which must stay one block
-#: (FAST_RESERVE_NO_PSRAM_BYTES), and free pieces smaller than the engine's
-#: next block (29,156 B were free after the open, the largest block 18,432).
-#: The placement model takes what the engine may use on this board from it.
-N8_LEFT_FREE_AFTER_OPEN = 297932 - 263252
-#: Internal RAM the port keeps back from the engine's FAST placements
-#: (native/port/esp32/port_esp32.h LLM_ESP32_FAST_RESERVE: ESP-IDF's own
-#: internal reserve on a board with PSRAM, CONFIG_SPIRAM_MALLOC_RESERVE_INTERNAL).
-FAST_RESERVE_BYTES = 32 * 1024
-#: The same on a board without PSRAM (LLM_ESP32_FAST_RESERVE_NO_PSRAM), where
-#: no such ESP-IDF reserve exists: see port_esp32.h for what it was sized on.
-FAST_RESERVE_NO_PSRAM_BYTES = 16 * 1024
+# The boards' memory (free at the REPL, the port's reserves) is a board fact:
+# mpllm.boards, which the product reads too, holds it.
 #: What the engine placed on that emulated board after llm.load() of a
 #: release-shaped image (Model.memory(); issue 21): the engine's internal
 #: region, the core matrices in it and in PSRAM, and what was left free (the
