@@ -28,6 +28,7 @@ from .bench_runs import (
     StreamRecorder,
     parse_stream,
 )
+from .modes import DRAFTS
 from .transport import run_port_snippet
 
 
@@ -45,7 +46,6 @@ def _board(name: str):  # type: ignore[no-untyped-def]
 #: engine modes: exact (the default), plain (every speed-up off: the exact
 #: reference), fast (lossy, opt-in)
 MODES = ("exact", "plain", "fast")
-DRAFTS = ("auto", "none", "lookup", "ngram")
 
 
 def bench_code(runs: Sequence[RunSpec], n_tokens: int, mode: str = "exact",

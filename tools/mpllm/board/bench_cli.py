@@ -35,7 +35,6 @@ from ..image_cache import ImageFileError, check_image_file
 from ..models import PRICED_SHAPES, RELEASE_GREEDY_FRACTION
 from . import gate
 from .bench import (
-    DRAFTS,
     default_image,
     import_llm_modules,
     make_release_shaped,
@@ -59,6 +58,7 @@ from .bench_runs import (
     to_json,
     write_json,
 )
+from .modes import add_mode_flags
 from .quality import QUALITY_MAX_NATS
 
 
@@ -82,23 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write results here (default bench-<board>.json)")
     p.add_argument("--plot", type=Path, help="write the stage chart here (default: beside --json)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--plain", action="store_true",
-                   help="the engine with every speed-up off (dense head, one core, no "
-                        "drafting): same tokens")
-    p.add_argument("--fast", action="store_true",
-                   help="fast mode (LOSSY, opt-in): attention over an int8 KV cache; with "
-                        "--quality, the quality gate against exact mode instead of a bench")
+    add_mode_flags(p)
     p.add_argument("--quality", action="store_true",
-                   help="with --fast: cross-entropy on held-out demo text and greedy agreement "
+                   help="with --fast, instead of a bench: the quality gate against exact mode, "
+                        "cross-entropy on held-out demo text and greedy agreement "
                         "of fast vs exact mode (exit 1 if the cross-entropy differs by more "
                         f"than {QUALITY_MAX_NATS} nats)")
     p.add_argument("--report", type=Path, metavar="FILE",
                    help="one JSON for a bug report: build_info, selftest(), the gate hash, the "
                         "bench per stage, memory placement and free memory (prints a summary); "
                         "leaves the model the board has open as it was")
-    p.add_argument("--draft", choices=DRAFTS, default="auto",
-                   help="speculative decoding's drafter (default auto: the image's n-gram "
-                        "table when it has one; the tokens are the same either way)")
     p.add_argument("--compare-plain", action="store_true",
                    help="run every bench twice, with and without the speed-ups: print the "
                         "ms/token ratio and check that every run produced the same tokens")

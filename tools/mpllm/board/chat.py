@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..image_cache import check_image_file
 from . import hostboard
+from .modes import add_mode_flags
 
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
@@ -126,19 +127,7 @@ def _main(argv: list[str] | None) -> int:
                          "so the story never starts inside it")
     ap.add_argument("--stats", action="store_true",
                     help="print timing and token counts after the (last) story, to stderr")
-    ap.add_argument("--draft", choices=["auto", "none", "lookup", "ngram"], default="auto",
-                    help="speculative decoding's drafter: the image's n-gram table of what the "
-                         "model itself writes (built by convert), or prompt lookup; the story "
-                         "is the same, the engine just makes fewer passes (default auto: the "
-                         "table when the image has one)")
-    ap.add_argument("--plain", action="store_true",
-                    help="the engine with every speed-up off (every head row scored, one "
-                         "core, V cached as floats, no drafting): the same story, slower; "
-                         "for checking the speed-ups")
-    ap.add_argument("--fast", action="store_true",
-                    help="fast mode (LOSSY, opt-in): attention over an int8 KV cache with a "
-                         "cheap exp; the stories differ from exact mode's (bench.py --fast "
-                         "--quality measures by how much)")
+    add_mode_flags(ap)
     args = ap.parse_args(argv)
     opts = _options(args)
     if args.no_heal and args.prompt is None:

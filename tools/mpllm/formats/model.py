@@ -114,8 +114,8 @@ class QMatrix(GroupedMatrix):
 @dataclass
 class Q8Matrix(GroupedMatrix):
     """int8 matrix in groups (Q8_0, llama2.c's runq.c scheme): one f32 scale
-    (float32 scales [rows, n_groups]) per group of `group` columns (== cols:
-    one group per row)."""
+    (float32 scales [rows, n_groups]) per group of `group` columns, a row's
+    last group holding what is left (quantize.int8_group)."""
 
 
 @dataclass
