@@ -812,9 +812,12 @@ def test_gqa_halves_the_kv_bytes() -> None:
         return cm.build_work(b, shape)["attn"].bytes["psram"]
 
     assert kv_bytes(s) == pytest.approx(0.5 * kv_bytes(full))
-    blocks = {n: b for n, b, _, _ in cm.engine_blocks(s, certified=False)}
-    assert blocks["kv_cache"] < 0.51 * {n: b for n, b, _, _ in
-                                        cm.engine_blocks(full, certified=False)}["kv_cache"]
+
+    def kv_block(shape: cm.Shape) -> int:  # the engine's, from its plan
+        return next(int(b["bytes"]) for b in cm.internal_placement(shape, board)["blocks"]
+                    if b["name"] == "kv_cache")
+
+    assert kv_block(s) < 0.51 * kv_block(full)
 
 
 def test_the_reserves_are_the_ports() -> None:
@@ -828,31 +831,11 @@ def test_the_reserves_are_the_ports() -> None:
         assert m, name
         return int(m.group(1)) * 1024
 
-    binding = (Path(__file__).resolve().parent.parent / "native" / "binding"
-               / "llm_bind.c").read_text()
-    assert f"#define FIT_MIN_CONTEXT {cm.llama.FIT_MIN_CONTEXT}u" in binding
-    assert f"#define STORY_CONTEXT {cm.llama.STORY_CONTEXT}u" in binding
     assert kib("LLM_ESP32_FAST_RESERVE") == cm.FAST_RESERVE_BYTES
     assert kib("LLM_ESP32_FAST_RESERVE_NO_PSRAM") == cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
     assert cm.S3_BOARDS["n16r8"].fast_reserve == cm.FAST_RESERVE_BYTES
     assert cm.S3_BOARDS["n8"].fast_reserve == cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
     assert cm.FAST_RESERVE_BYTES != cm.sram.FAST_RESERVE_NO_PSRAM_BYTES
-
-
-def test_default_context_prefers_a_whole_story_to_weights_in_ram() -> None:
-    """default_context as llm_bind.c open_fitting: a story's context (256)
-    whenever it opens, weights read in place if need be (the longest with
-    every weight in RAM if that is longer); below that, the old rule."""
-    s = cm.SHAPES["stories260k"]  # seq_len 512
-    dc = cm.llama.default_context
-    assert dc(s, fits_at=90, opens_at=300) == 256  # weights in flash: a story, not 90
-    assert dc(s, fits_at=0, opens_at=256) == 256  # no context with every weight in RAM
-    assert dc(s, fits_at=280, opens_at=300) == 280  # every weight in RAM and longer still
-    assert dc(s, fits_at=90, opens_at=219) == 90  # 256 does not open: the old rule
-    assert dc(s, fits_at=56, opens_at=166) == 166
-    short = dataclasses.replace(s, seq_len=128)  # a story's context is the seq_len
-    assert dc(short, fits_at=64, opens_at=127) == 64
-    assert dc(short, fits_at=63, opens_at=127) == 127
 
 
 def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
@@ -894,16 +877,17 @@ def test_n8_has_nothing_in_psram_and_says_whether_it_fits(s260) -> None:
                 opens_at = cm.opening_context(shape, n8, certified=certified)
                 # a story's context (256) opens at neither group (the KV cache
                 # of 256 positions alone is about the engine's room)
-                assert opens_at < cm.llama.STORY_CONTEXT
+                assert opens_at < 256
                 # the head read in place (llm_open_with's second try) only at
                 # the longest context, where staged it left the KV cache no room
                 assert (r["head_rows_in"] == "flash") == (ctx == opens_at)
                 if ", by default" in r["what_if"]:
-                    # every weight in RAM if that holds FIT_MIN_CONTEXT positions
-                    # (group 64), else the longest that opens (group 32: 56 < 64)
+                    # every weight in RAM if that holds 64 positions (llm_bind.c
+                    # FIT_MIN_CONTEXT; group 64), else the longest that opens
+                    # (group 32: 56 < 64)
                     defaults += 1
-                    assert ctx == cm.llama.default_context(shape, fits_at, opens_at)
-                    assert (ctx == fits_at >= cm.llama.FIT_MIN_CONTEXT) == (r["group"] == 64)
+                    assert ctx == cm.llama.default_context(shape, n8, certified=certified)
+                    assert (ctx == fits_at >= 64) == (r["group"] == 64)
                     assert (r["core_flash_bytes"] == 0) == (ctx == fits_at)
                     assert (", the fastest " in r["what_if"]) == (ctx == fits_at)
                 elif ", the fastest, asked for " in r["what_if"]:
@@ -982,70 +966,13 @@ def test_the_bench_offers_the_cost_models_shapes_and_fraction() -> None:
     assert parser.get_default("rows_fraction") == cm.RELEASE_GREEDY_FRACTION
 
 
-def _can_widen(image: Path) -> bool:
-    from mpllm.formats.image import read_image
-
-    img = read_image(image)
-    return cm.v_rows_can_widen(img.config.dim, img.config.kv_dim,
-                               [ly.qkv.q for ly in img.weights.layers])
-
-
-@pytest.mark.parametrize("name", ["tiny_untied", "small", "release", "small-dense"])
-def test_engine_blocks_are_what_the_engine_places(test_model, llm_mod, tmp_path,
-                                                  name: str) -> None:
-    """engine_blocks (the llama2.c placement's input) against the host engine's
-    placement report: every block's bytes but the engine's own struct; with a
-    certificate and without (the dense head: stored with tile_rows 0)."""
-    image = test_model(name.removesuffix("-dense")).image
-    if name.endswith("-dense"):
-        from mpllm.convert import convert
-
-        files = test_model("small")
-        image = tmp_path / "dense.img"
-        convert(files.model_bin, files.tokenizer_json, image, progress=False, tile_rows=0)
-    with llm_mod.Model(str(image)) as m:
-        memory, shape = m.memory(), cm.Shape.from_config(m.config())
-    certified = any(n == "head_tiles" for n, _, _ in memory)
-    assert certified != name.endswith("-dense")
-    _assert_blocks_are_the_engines(memory, shape, certified, image)
-
-
-def _assert_blocks_are_the_engines(memory, shape, certified: bool, image: Path) -> None:
-    """engine_blocks' sizes equal the engine's placement report (its own
-    struct aside: the model prices it at a fixed size)."""
-    want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
-                                                     v_can_widen=_can_widen(image))}
-    got = {n: b for n, _, b in memory if n in want}
-    assert set(got) == set(want)
-    assert {n: b for n, b in got.items() if n != "engine"} == \
-        {n: b for n, b in want.items() if n != "engine"}
-
-
-@pytest.mark.parametrize("name", ["untied", "long"])
-def test_engine_blocks_of_a_llama2c_image(llm_mod, tmp_path, name: str) -> None:
-    """The same on the stories260K shape (grouped-query attention, no PLE): group
-    64 with its certificate, and group 32 at a 1024 context (V as floats, the
-    head dense). Needs the engine with the llama2.c family (its test helper)."""
-    models = pytest.importorskip("llama2c_models")
-    image = tmp_path / f"{name}.img"
-    models.write_llama2c_image(image, name)
-    with llm_mod.Model(str(image)) as m:
-        memory, shape = m.memory(), cm.Shape.from_config(m.config())
-    assert shape.n_kv_heads == 4 and not shape.has_ple
-    certified = any(n == "head_tiles" for n, _, _ in memory)
-    assert certified == (name == "untied")
-    _assert_blocks_are_the_engines(memory, shape, certified, image)
-
-
-
-
 @pytest.mark.parametrize("group", [32, 64])
 def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: int) -> None:
     """The N8 lines of `bench.py --model-s3 --shape stories260k`: what stories260K
-    needs wholly in internal SRAM at contexts 128 / 256 / 512 is what the host engine
-    places at Model(context=N) (every block but the optional batch; the engine's own
-    struct priced at sram.ENGINE_STRUCT_BYTES); the opening context is the longest
-    that opens on the N8 estimate."""
+    needs wholly in internal SRAM at contexts 128 / 256 / 512 (planned on a seeded
+    random image of the shape) is what the host engine places at Model(context=N)
+    with the published weights (every block but the optional batch); the opening
+    context is the longest that opens on the N8 estimate."""
     if not STORIES260K_BIN.is_file():
         pytest.skip("../shared/llama2c/stories260K.bin is not here")
     from mpllm.convert import convert
@@ -1054,7 +981,6 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     convert(STORIES260K_BIN, Path(__file__).resolve().parent.parent / "models" / "llama2c-demo"
             / "tokenizer.bin", image, progress=False, group=group, weights="int4",
             quality_positions=0)
-    assert not _can_widen(image)
     n8 = cm.S3_BOARDS["n8"]
     with llm_mod.Model(str(image)) as m:
         certified = any(n == "head_tiles" for n, _, _ in m.memory())
@@ -1067,8 +993,8 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     for context, need in needs.items():
         with llm_mod.Model(str(image), context=context) as m:
             mem = m.memory()
-        placed = sum(b for n, r, b in mem if r != "flash" and n not in ("batch", "engine"))
-        assert placed + cm.ENGINE_STRUCT_BYTES == need, context
+        placed = sum(b for n, r, b in mem if r != "flash" and n != "batch")
+        assert placed == need, context
         assert need > n8.engine_room  # not wholly, on the estimate
     shape = dataclasses.replace(cm.SHAPES["stories260k"], group=group)
     n = places[0]["opening_context"]
@@ -1081,8 +1007,8 @@ def test_n8_needs_per_context_are_the_engines(s260, llm_mod, tmp_path, group: in
     m = places[0]["fitting_context"]
     assert 16 < m < n
     fits = cm.placement(dataclasses.replace(shape, seq_len=m), n8, certified=certified)
-    assert fits["blocks"][-1]["name"] == "batch" and fits["blocks"][-1]["region"] == "none"
-    assert all(b["region"] == "sram" for b in fits["blocks"][:-1] if b["kind"] == "matrix")
+    assert "batch" not in {b["name"] for b in fits["blocks"]}
+    assert {b["region"] for b in fits["blocks"]} == {"sram"}
 
 
 # ---- int8 and fp32 weights (convert.py's other formats) -----------------------
@@ -1155,13 +1081,13 @@ def test_int8_and_fp32_are_priced_from_their_own_kernels() -> None:
         cm.token_work(dataclasses.replace(b, core=("f32", "sram")), s4, 100)
 
 
-#: Modeled ms/token (sampled, positions 4..203, or 4..179 at the N8's context
-#: 180) of stories260K at fp32 and int8, where the engine opens them; pinned so
-#: that a change of their pricing shows.
+#: Modeled ms/token (sampled, positions 4..203, or up to the N8's context:
+#: int8 180, fp32 181) of stories260K at fp32 and int8, where the engine's
+#: plan opens them; pinned so that a change of their pricing shows.
 _FORMAT_ROWS_MS = {
-    ("n16r8", "fp32", 512): 19.02582472007786,
+    ("n16r8", "fp32", 512): 18.842647697803535,
     ("n16r8", "int8", 512): 4.877621728088045,
-    ("n8", "fp32", 180): 49.49536727722046,
+    ("n8", "fp32", 181): 49.50138155213793,
     ("n8", "int8", 180): 14.930807309849627,
 }
 
@@ -1191,11 +1117,11 @@ def test_stories260k_formats_where_the_engine_opens_them(s260) -> None:
             s = dataclasses.replace(cm.SHAPES["stories260k"], weights=r["weights"], group=64)
             assert cm.fitting_context(s, n8) == 0  # the weights never all fit
             opens = cm.opening_context(s, n8)
-            assert r["seq_len"] == opens == cm.llama.default_context(s, 0, opens) < 256
+            assert r["seq_len"] == opens == cm.llama.default_context(s, n8) < 256
             assert ", by default" in r["what_if"] and r["positions"] == [4, opens - 1]
             assert (r["kv"], r["head_rows_in"]) == ("sram", "flash") and r["core_flash_bytes"]
-            kv = next(b for n, b, _, _ in cm.engine_blocks(
-                dataclasses.replace(s, seq_len=256), certified=False) if n == "kv_cache")
+            kv = next(b["bytes"] for b in cm.internal_placement(
+                dataclasses.replace(s, seq_len=256), n8)["blocks"] if b["name"] == "kv_cache")
             assert kv == 336960 > n8.engine_room
     assert got == pytest.approx(_FORMAT_ROWS_MS, rel=1e-9)
     assert any("fp32: everything in internal SRAM not priced" in n for n in s260["not_priced"])
@@ -1280,17 +1206,16 @@ def test_the_default_format_is_convert_pys_choice(llm_mod, auto_260k) -> None:
     shape = cm.Shape.from_config(cfg)
     assert shape.weights == want[0][0]
     # V is cached as floats whatever its rows (no int4 dots to widen)
-    want_blocks = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=False)}
-    assert {n: b for n, _, b in memory if n in want_blocks and n != "engine"} == \
-        {n: b for n, b in want_blocks.items() if n != "engine"}
+    n8 = cm.S3_BOARDS["n8"]
+    want_blocks = {b["name"]: b["bytes"] for b in cm.internal_placement(shape, n8)["blocks"]}
+    assert {n: b for n, _, b in memory if n in want_blocks} == want_blocks
     ctx = next(r["seq_len"] for r in cm.shape_report("stories260k")["rows"]
                if r["board"] == "n8" and r["weights"] == shape.weights)
     with llm_mod.Model(str(image), context=ctx) as m:
         placed = {n: b for n, _, b in m.memory()}
-    want_blocks = {n: b for n, b, _, _ in cm.engine_blocks(
-        dataclasses.replace(shape, seq_len=ctx), certified=False)}
-    assert {n: b for n, b in placed.items() if n in want_blocks and n != "engine"} == \
-        {n: b for n, b in want_blocks.items() if n != "engine"}
+    want_blocks = {b["name"]: b["bytes"] for b in cm.internal_placement(
+        dataclasses.replace(shape, seq_len=ctx), n8)["blocks"]}
+    assert {n: b for n, b in placed.items() if n in want_blocks} == want_blocks
 
 
 def _board_open(image: Path, fast: int, bulk: int, *contexts: int) -> dict[str, list[list[str]]]:
@@ -1317,47 +1242,48 @@ def _board_open(image: Path, fast: int, bulk: int, *contexts: int) -> dict[str, 
 
 def _assert_placed_as_modeled(blocks: list[list[str]], model: dict[str, object],
                               regions: dict[str, str]) -> None:
-    """The engine's blocks (board_open) where the model places them: every
-    block the model lists but the engine's own struct (priced, not measured)."""
+    """The engine's blocks (board_open, or a plan of the real image) where the
+    model places them: every block the model lists."""
     placed = {n: (int(b), regions[r]) for n, b, r in blocks}
     for blk in model["blocks"]:  # type: ignore[attr-defined]
-        if blk["name"] != "engine":
-            region = "none" if blk["name"] not in placed else placed[blk["name"]][1]
-            want = (int(blk["bytes"]), str(blk["region"]))
-            assert (placed.get(blk["name"], (want[0], "none"))[0], region) == want, blk["name"]
+        region = "none" if blk["name"] not in placed else placed[blk["name"]][1]
+        want = (int(blk["bytes"]), str(blk["region"]))
+        assert (placed.get(blk["name"], (want[0], "none"))[0], region) == want, blk["name"]
 
 
 def test_the_models_placement_is_the_engines_plan(auto_260k, llm_mod) -> None:
-    """The cost model's placement of stories260K (as convert.py writes it)
-    is the engine's own plan (_llm.plan: the open run dry, the one set of
-    placement rules) on each board's memory as the model has it: the N16R8
-    at its seq_len (FAST internal SRAM, BULK PSRAM), the N8 (one region:
-    BULK served from internal SRAM) at the model's opening context, and 256
-    positions refused there for the KV cache as the engine words it."""
+    """The cost model's placement of stories260K, the engine's plan of a
+    seeded random image of its shape (costmodel.plans), is the engine's plan
+    of the image convert.py writes from the published weights, on each
+    board's memory (BoardMemory.plan_memory): the N16R8 at its seq_len
+    (FAST internal SRAM, BULK PSRAM), the N8 (one region: BULK served from
+    internal SRAM) at the model's opening context and at the context
+    Model() chooses, and 256 positions refused there for the KV cache as the
+    engine words it: a stand-in of the same shape plans the same."""
     s = dataclasses.replace(cm.SHAPES["stories260k"], group=64,
                             weights=cm.CONVERT_FORMATS["stories260k"][0][0])
     n16, n8 = cm.S3_BOARDS["n16r8"], cm.S3_BOARDS["n8"]
     data = auto_260k.read_bytes()
-    struct = next(b for n, _r, b in llm_mod.plan(data)["blocks"] if n == "engine")
-    less = cm.ENGINE_STRUCT_BYTES - struct  # the model prices the struct at its own size
-    assert 0 <= less < 1024
 
     def blocks(plan: dict) -> list[list[str]]:
         assert plan["opens"], plan["why"]
         return [[n, str(b), r] for n, r, b in plan["blocks"]]
 
-    plan = llm_mod.plan(data, fast=n16.engine_room - less, bulk=n16.psram_bytes)
+    plan = llm_mod.plan(data, **n16.plan_memory())
     assert plan["context"] == s.seq_len == 512
     _assert_placed_as_modeled(blocks(plan), cm.placement(s, n16),
                               {"fast": "sram", "bulk": "psram", "flash": "flash"})
     ctx = cm.opening_context(s, n8)
-    n8_memory = {"fast": n8.engine_room - less, "bulk": 0, "bulk_is_fast": True}
-    plan = llm_mod.plan(data, context=ctx, **n8_memory)
+    plan = llm_mod.plan(data, context=ctx, **n8.plan_memory())
     _assert_placed_as_modeled(blocks(plan), cm.placement(dataclasses.replace(s, seq_len=ctx), n8),
-                              {"fast": "sram", "flash": "flash"})
-    assert not llm_mod.plan(data, context=ctx + 1, **n8_memory)["opens"]
-    refused = llm_mod.plan(data, context=256, **n8_memory)
+                              {"fast": "sram", "bulk": "sram", "flash": "flash"})
+    assert not llm_mod.plan(data, context=ctx + 1, **n8.plan_memory())["opens"]
+    assert cm.default_context(s, n8) == llm_mod.plan(data, context=None,
+                                                     **n8.plan_memory())["context"] == ctx
+    refused = llm_mod.plan(data, context=256, **n8.plan_memory())
     assert refused["why"] == "out of memory: no memory for the KV cache (336960 bytes)"
+    assert cm.placement(dataclasses.replace(s, seq_len=256), n8)["fails_at"] == \
+        "the KV cache (336960 bytes)"
 
 
 def test_the_plans_own_context_is_model_opens(auto_260k, llm_mod) -> None:
@@ -1389,9 +1315,7 @@ def test_the_plans_own_context_is_model_opens(auto_260k, llm_mod) -> None:
 def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
     """The engine itself (the binding's Model() path, tests/c/board_open.c)
     with stories260K as convert.py writes it (int8), on each board's memory as
-    the model has it (less the difference between the engine struct's
-    modeled and real size, so that both place the rest in the same room).
-    The N16R8 (internal SRAM for FAST, PSRAM for BULK): its seq_len, block
+    the model has it. The N16R8 (internal SRAM for FAST, PSRAM for BULK): its seq_len, block
     for block where the model puts them. The N8 (one region): 256 positions
     do not open (the KV cache of K and V as floats alone, 336,960 B, is more
     than the room); by default it opens at the longest context that does,
@@ -1404,10 +1328,6 @@ def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
         got = _board_open(auto_260k, n16.engine_room, n16.psram_bytes, 0)
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    struct = next(int(b) for n, b, _ in got["context 0: opens at 512"] if n == "engine")
-    less = cm.ENGINE_STRUCT_BYTES - struct
-    assert 0 <= less < 1024  # the model prices it at the 64-bit host's size, or a little more
-    got = _board_open(auto_260k, n16.engine_room - less, n16.psram_bytes, 0)
     assert list(got) == ["context 0: opens at 512"]
     model = cm.placement(s, n16)
     _assert_placed_as_modeled(got["context 0: opens at 512"], model,
@@ -1417,8 +1337,8 @@ def test_the_engine_opens_stories260k_where_the_model_says(auto_260k) -> None:
     assert {r for n, r in regions.items() if n.startswith("L")} == {"sram"}  # the whole core
 
     model_ctx = cm.opening_context(s, n8)
-    assert cm.llama.default_context(s, cm.fitting_context(s, n8), model_ctx) == model_ctx
-    got = _board_open(auto_260k, 0, n8.engine_room - less, 256, 0)
+    assert cm.llama.default_context(s, n8) == model_ctx
+    got = _board_open(auto_260k, 0, n8.engine_room, 256, 0)
     heads = list(got)
     assert heads == [("context 256: refused: out of memory: no memory for the KV cache "
                      "(336960 bytes)"), f"context 0: opens at {model_ctx}"], heads

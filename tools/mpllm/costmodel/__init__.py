@@ -102,8 +102,10 @@ The package, one idea a module (each imports only modules listed above it):
                 mpllm.costmodel.drafting_study`)
   spec_report   the report's speculative builds and their what-ifs
   reporting     `report`, `Report` (table and JSON), the what-ifs, `plot`
+  plans         the engine's own plan (`_llm.plan`) of a shape priced without
+                weights: a seeded random image of it, cached (`shape_image`)
   llama         llama2.c's shapes on the N16R8 and the N8 (no PSRAM): placement
-                and bands (`shape_report`, `bench.py --model-s3 --shape NAME`),
+                (the engine's plan, through plans) and bands (`shape_report`, `bench.py --model-s3 --shape NAME`),
                 at each weight format convert.py measures (`CONVERT_FORMATS`),
                 its choice first
   ab            a board's `bench.py --ab` report: the overlap fitted from its

@@ -1,7 +1,8 @@
 """llama2.c's TinyStories shapes on the S3's two boards: the shapes
 (`SHAPES`), the boards (`S3_BOARDS`: the N16R8 with 8 MB of PSRAM, the N8
-without), where the engine would put every block on each (`placement`:
-engine_open.c's order against the board's free memory) and the modeled
+without), where the engine puts every block on each (`placement`: the
+engine's own open run dry, _llm.plan, on a seeded random image of the shape,
+costmodel.plans) and the modeled
 ms/token of exact greedy and exact sampled decoding, dense and certified
 head, each as a low / mid / high band (`shape_report`).
 
@@ -25,10 +26,9 @@ native/engine/engine.c), and so what the builds here assume:
     context=N); a Shape's seq_len here): per position and layer a K row of
     floats (or, with set_k_dots, int16 dots) and a V row of int16 dots, float-
     wide when some V row could give dots too wide for int16 (engine_open.c
-    v_can_widen; `v_rows_can_widen` here), and a scale per position. The
-    shapes here assume none can (true of the published stories260K at group
-    64); plain mode then places the float V later (llm_set_plain:
-    "kv_values").
+    v_can_widen, on the image's codes: `v_as_dots` asks the engine), and a
+    scale per position; plain mode then places the float V later
+    (llm_set_plain: "kv_values").
   * int8 (Q8_0 groups) and fp32 images (convert.py --weights; auto chooses by
     measured quality, CONVERT_FORMATS) cache K and V as floats and score
     every head row (no certificate: it needs int4 rows of one group); their
@@ -42,12 +42,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-import numpy as np
-
-from ..boards import MEMORY, BoardMemory  # the boards' memory: one place
+from ..boards import MEMORY, BoardMemory, is_core  # the boards' memory: one place
 from .builds import BUILDS, OUR_FORMATS, Build
 from .calibration import fit
 from .forward import matvec_work, predict
+from .plans import engine_plan, whole_plan
 from .reporting import port_charges
 from .s3 import (
     CODE_BYTES_FORMATS,
@@ -62,16 +61,12 @@ from .shape import (
     Shape,
     cdiv,
     matrices,
-    matrix_row_bytes,
     one_group_a_row,
     story_positions,
 )
 from .sram import (
-    CANDIDATES_BYTES,
-    ENGINE_STRUCT_BYTES,
     SRAM_TOTAL_BYTES,
     core_matrix_bytes,
-    head_scratch_bytes,
 )
 from .work import Fit, Work, stage_seconds
 
@@ -82,11 +77,8 @@ __all__ = [
     "S3_BOARDS",
     "SHAPES",
     "SMALL_HEAD_ROWS",
-    "WIDE_V_SHAPES",
     "Board",
     "default_context",
-    "engine_blocks",
-    "fast_kv_bytes",
     "fitting_context",
     "internal_placement",
     "llama_build",
@@ -94,7 +86,8 @@ __all__ = [
     "placement",
     "shape_report",
     "shape_table",
-    "v_rows_can_widen",
+    "v_as_dots",
+    "weights_bytes",
 ]
 
 #: llama2.c's TinyStories checkpoints (karpathy/llama2.c README, model.py
@@ -134,15 +127,6 @@ PUBLIC_PORTS: tuple[tuple[str, str, float], ...] = (
 )
 PUBLIC_PORTS_TOK_S = (17.0, 33.0)
 
-#: Shapes whose V rows the engine keeps float-wide at one scale group a row
-#: (v_rows_can_widen; engine_open.c v_can_widen): a row of 288 int4 codes
-#: whose largest is 7 holds more than 258 |codes| in all unless nearly every
-#: weight is far below the row's largest (a normal row: ~540), so its int16
-#: dots could overflow and the KV cache keeps V as floats: 3,549,248 B at
-#: seq_len 256, not 2,664,512 B (the stories15M-shaped image of
-#: tests/test_stories15m.py, every layer). The 4.7 MB head then finds no
-#: PSRAM beside it and is read in place from flash.
-WIDE_V_SHAPES = frozenset({"stories15m"})
 
 #: Share of head rows the certified head scores on a small llama2.c head, as a
 #: band (fast end, mid, slow end). Not measured: no llama2.c head with a
@@ -169,183 +153,125 @@ S3_BOARDS: dict[str, Board] = {
 }
 
 
-def _a16(n: int) -> int:
-    return cdiv(n, 16) * 16
-
-
-def _a64(n: int) -> int:
-    return cdiv(n, 64) * 64
-
-
 _one_group_a_row = one_group_a_row
 
-
-def v_rows_can_widen(dim: int, kv_dim: int, qkv_codes: Sequence[np.ndarray]) -> bool:
-    """Whether some layer's V rows (qkv rows dim + kv_dim ..) could give int16
-    dots a value they cannot hold: |dot| <= 127 * sum |code| over the row
-    (engine_open.c v_can_widen); then the engine's V rows are float-wide.
-    `qkv_codes`: each layer's signed int4 codes [rows, cols]."""
-    return any(int(np.abs(q[dim + kv_dim: dim + 2 * kv_dim].astype(np.int64)).sum(axis=1).max())
-               * 127 > 32767 for q in qkv_codes)
+#: the engine's regions as a board names them (BULK: PSRAM, or internal SRAM
+#: on a board without it)
+_WHERE = {"fast": "sram", "flash": "flash"}
 
 
-def fast_kv_bytes(s: Shape) -> int:
-    """Fast mode's arrays (attention_fast.c layout, llm_fast_kv_need), which
-    lie over the exact cache: int8 K rows and transposed V, their scales, the
-    quantized queries and weights and the integer scores of a pass."""
-    L, S, kvh, h, dh = s.n_layers, s.seq_len, s.n_kv_heads, s.n_heads, s.head_dim
-    dhp, sp = _a16(dh), _a16(S)
-    return sum(_a16(n) for n in (L * kvh * S * dhp, L * kvh * dh * sp, 4 * L * kvh * S,
-                                 4 * L * kvh * S, 8 * h * dhp, 8 * h * sp, 4 * 8 * h * S))
+def _image_seq_len(s: Shape) -> int:
+    """The seq_len of the image `s` is planned on: its llama2.c model's
+    (SHAPES) when `s` is one at a shorter context (Model(context=N) of that
+    image), else its own."""
+    for base in SHAPES.values():
+        if dataclasses.replace(base, seq_len=s.seq_len, group=s.group, weights=s.weights) == s:
+            return max(base.seq_len, s.seq_len)
+    return s.seq_len
 
 
-def engine_blocks(s: Shape, *, certified: bool,
-                  v_can_widen: bool = False) -> list[tuple[str, int, str, str]]:
-    """The blocks llm_open asks for, in its order (engine_open.c; equal to
-    the host engine's Model.memory() on a release-shaped image but for the
-    engine's own block, priced at sram.ENGINE_STRUCT_BYTES): (name,
-    bytes, region wanted, kind) with kind "required" (open fails without it),
-    "optional" (skipped) or "matrix" (FAST, else BULK, else read in place
-    from flash). The head is staged in tile order with its ids and tile index
-    when `certified` (and the rows are one scale group), else staged dense.
-    `v_can_widen`: the image's V rows could outgrow int16 dots (see
-    v_rows_can_widen), so the V rows are float-wide (else 2 bytes a value,
-    and plain mode places the float V later: "kv_values")."""
-    d, L, S = s.dim, s.n_layers, s.seq_len
-    kvd, V = s.kv_dim, s.vocab_out
-    cp = cdiv(d, 32) * 32
-    cert = certified and _one_group_a_row(s)
-    out: list[tuple[str, int, str, str]] = [("engine", ENGINE_STRUCT_BYTES, "fast", "required")]
-    out.append(("head", V * matrix_row_bytes(s, d), "bulk", "matrix"))
-    if cert:
-        nt = s.n_tiles
-        out.append(("head_ids", _a16(2 * V), "bulk", "optional"))
-        out.append(("head_tiles", _a16(4 * nt) + nt * 2 * cp, "fast", "optional"))
-    # one position's buffers (col_layout_init) + wide flags, unit scales, head scratch
-    widest = max(d, s.ffn, s.ple_dim)
-    floats = (4 * _a16(d) + _a16(d + 2 * kvd) + 2 * _a16(widest) + 2 * _a16(L * s.ple_dim)
-              + _a16(s.n_heads * S) + 2 * _a16(s.n_heads))
-    col = 4 * floats + cdiv(widest, 32) * 32 + _a16(cp)
-    if s.weights == "int8":  # the int8-in-groups inputs and their scales (col_needs)
-        col += cdiv(widest, 32) * 32 + _a16(cdiv(widest, 32) * 4) + _a16(cp) + _a16(cp // 32 * 4)
-    elif s.weights == "fp32":  # the fp32 head input's own copy
-        col += _a16(4 * d)
-    nt, tile_rows = (s.n_tiles, TILE_ROWS) if cert else (0, 0)
-    scratch = head_scratch_bytes(s, certified=cert)
-    out.append(("activations", col + _a16(L * S) + _a16(4 * d) + scratch, "fast", "required"))
-    out.append(("logits", 4 * V, "bulk", "required"))
-    cells = L * S * kvd
-    v_floats = not _one_group_a_row(s) or v_can_widen
-    # each array on a 64-byte line: K (floats, or dots with set_k_dots), V
-    # (dots, float-wide when a V row can be wide), the scales, at least fast
-    # mode's arrays; then the streams
-    exact = _a64(4 * cells) + _a64((4 if v_floats else 2) * cells) + _a64(4 * L * S)
-    kv = max(exact, _a64(fast_kv_bytes(s))) + _a64(16 * (S + 1))
-    out.append(("kv_cache", kv, "bulk", "required"))
-    per_layer = 3 if s.has_ple else 2  # attn, ffn (and PLE) norms
-    out.append(("norms", (s.ple_dim + per_layer * L * d + d) * 4, "fast", "matrix"))
-    for name, (_, nbytes) in core_matrix_bytes(s).items():
-        out.append((name, nbytes, "fast", "matrix"))
-    # last, after the weights every token reads (engine_open.c's order): the
-    # other positions of a pass, their candidate lists and the many-positions
-    # scan's scratch (head.h LLM_HEAD_MANY_SCRATCH): without it, no verify passes
-    cand = CANDIDATES_BYTES
-    many = (8 * _a16(4 * nt) * 2 + _a16(4 * nt) + _a16(2 * nt) * 2 + 8 * _a16(cand)
-            + 8 * max(tile_rows, 1) * 4)
-    out.append(("batch", 7 * col + _a16(8 * cand) + many, "bulk", "optional"))
-    return out
+def _certified(s: Shape, certified: bool) -> bool:
+    """Whether `s`'s image carries a certificate: only an int4 head of one
+    scale group a row can (image.py write_image, engine_open.c stage_head)."""
+    return certified and s.weights == "int4" and _one_group_a_row(s)
 
 
-def placement(s: Shape, board: Board, *, certified: bool = False,
-              head_in_place: bool = False, v_can_widen: bool = False) -> dict[str, object]:
-    """Where llm_open would put every block on `board` (the port's rules,
-    native/port/esp32/port_esp32.c: FAST only while the board's reserve stays
-    free; BULK in PSRAM, or in internal SRAM under the same reserve on a board
-    without PSRAM). Fragmentation is not modelled (total free, not the
-    largest block). `head_in_place`: the head read from flash, as llm_open_with
-    opens it again when a required buffer found no memory after the head's
-    staged copy took some (the dense route: no certificate tables), which this
-    does too. Returns the blocks with their regions ("sram", "psram", "flash",
-    or "none" for a block that found no memory), whether the model opens, and
-    what is left. `v_can_widen`: as engine_blocks (V rows float-wide)."""
-    internal = board.engine_room
-    psram = board.psram_bytes
-    blocks: list[dict[str, object]] = []
-    opens, failed = True, ""
+def _plan(s: Shape, board: BoardMemory, *, certified: bool,
+          context: int | None = -1) -> dict[str, object]:
+    """_llm.plan of `s`'s image on `board` at s.seq_len positions (context
+    -1), or at `context` (None: the one Model() chooses)."""
+    n = _image_seq_len(s)
+    ctx = (0 if s.seq_len == n else s.seq_len) if context == -1 else context
+    return engine_plan(s, board, certified=_certified(s, certified), context=ctx, seq_len=n)
 
-    def take(nbytes: int, wanted: str) -> str | None:
-        nonlocal internal, psram
-        # FAST: internal SRAM, else the port's fallback to PSRAM; BULK: PSRAM;
-        # without PSRAM both are internal SRAM
-        tiers = ("sram",) if not board.psram_bytes else \
-            ("sram", "psram") if wanted == "fast" else ("psram",)
-        for t in tiers:
-            if t == "sram" and nbytes <= internal:
-                internal -= nbytes
-                return t
-            if t == "psram" and nbytes <= psram:
-                psram -= nbytes
-                return t
-        return None
 
-    for name, nbytes, wanted, kind in engine_blocks(s, certified=certified,
-                                                    v_can_widen=v_can_widen):
-        if name == "head" and head_in_place:
-            region: str | None = "flash"
-        elif kind == "matrix" and name == "head":
-            region = take(nbytes, "bulk") or "flash"
-        elif kind == "matrix":
-            region = take(nbytes, wanted) or "flash"
-        else:
-            region = take(nbytes, wanted)
-        if region is None:
-            region = "none"
-            if kind == "required" and opens:
-                opens, failed = False, name
-        blocks.append({"name": name, "bytes": nbytes, "region": region, "kind": kind})
-    if not opens and not head_in_place and _region_of_blocks(blocks, "head") != "flash":
-        return placement(s, board, certified=False, head_in_place=True,
-                         v_can_widen=v_can_widen)
+def _whole(s: Shape, *, certified: bool, plain: bool = False) -> dict[str, object]:
+    """The engine's blocks of `s` with no memory limit (every one in RAM but
+    what is always read in place: the embedding, the RoPE table)."""
+    n = _image_seq_len(s)
+    return whole_plan(s, certified=_certified(s, certified), seq_len=n, plain=plain,
+                      context=0 if s.seq_len == n else s.seq_len)
+
+
+def v_as_dots(s: Shape) -> bool:
+    """Whether the engine caches `s`'s V rows as int16 dots: plain mode then
+    places their float copy later ("kv_values"); it does not when the rows
+    are several scale groups or some row could outgrow int16 dots
+    (engine_open.c v_can_widen, on the image's own codes)."""
+    return any(b[0] == "kv_values" for b in _whole(s, certified=False, plain=True)["blocks"])  # type: ignore[attr-defined]
+
+
+def weights_bytes(s: Shape) -> int:
+    """The bytes of the weights the engine stages in RAM when it can (the
+    core matrices, the norms, the head): what the report calls the weights."""
+    return sum(int(b) for n, _r, b in _whole(s, certified=False)["blocks"]  # type: ignore[attr-defined]
+               if n in ("head", "norms") or is_core(str(n)))
+
+
+def placement(s: Shape, board: BoardMemory, *, certified: bool = False) -> dict[str, object]:
+    """Where the engine puts every block of `s` on `board`: its own open run
+    dry (_llm.plan of a seeded random image of the shape, plans.shape_image)
+    against the board's memory (BoardMemory.plan_memory), at s.seq_len
+    positions. Returns the blocks with their regions ("sram", "psram",
+    "flash"; "none" for every block of a model that does not open), whether
+    it opens (if not, "fails_at": what found no memory, as the engine says),
+    what is left, whether the head is staged certified and V cached as dots."""
+    p = _plan(s, board, certified=certified)
+    where = {**_WHERE, "bulk": "psram" if board.psram_bytes else "sram"}
+    opens = bool(p["opens"])
+    whole = _whole(s, certified=certified)["blocks"]
+    # what the engine reads in place whatever the memory (the embedding, a
+    # tied head's rows with it, the RoPE table) is no placement: left out
+    in_place = {str(n) for n, r, _b in whole if r == "flash"}  # type: ignore[attr-defined]
+    if opens:
+        blocks = [{"name": n, "bytes": int(b), "region": where[str(r)]}
+                  for n, r, b in p["blocks"] if n not in in_place]  # type: ignore[attr-defined]
+    else:  # the engine places nothing: what it asks for, placed nowhere
+        blocks = [{"name": n, "bytes": int(b), "region": "none"}
+                  for n, _r, b in whole if n not in in_place]  # type: ignore[attr-defined]
     by_region: dict[str, int] = {}
     for blk in blocks:
         by_region[str(blk["region"])] = by_region.get(str(blk["region"]), 0) + int(blk["bytes"])
-    return {"board": board.name, "opens": opens, "fails_at": failed, "blocks": blocks,
-            "by_region": by_region, "internal_left": internal,
-            "psram_left": psram if board.psram_bytes else None,
+    return {"board": board.name, "opens": opens,
+            "fails_at": str(p["why"]).removeprefix("out of memory: no memory for "),
+            "blocks": blocks, "by_region": by_region,
+            "internal_left": board.engine_room - (by_region.get("sram", 0) if opens else 0),
+            "psram_left": (board.psram_bytes - by_region.get("psram", 0)
+                           if board.psram_bytes else None),
             "internal_for_engine": board.engine_room,
-            "certified": certified and _one_group_a_row(s), "head_in_place": head_in_place,
-            "v_can_widen": v_can_widen}
+            "certified": any(b["name"] == "head_tiles" for b in blocks),
+            "head_in_place": opens and _region_of_blocks(blocks, "head") == "flash",
+            "v_as_dots": v_as_dots(s)}
 
 
 def _region_of_blocks(blocks: list[dict[str, object]], name: str) -> str:
     return next(str(b["region"]) for b in blocks if b["name"] == name)
 
 
-def internal_placement(s: Shape, board: Board, *, certified: bool = False) -> dict[str, object]:
-    """Every block in internal SRAM but the optional batch (what a board
-    without PSRAM needs to hold the model), whether or not it fits:
-    "short_by" is how many bytes more than the engine may use it takes (0 if
-    it fits)."""
-    blocks = [{"name": n, "bytes": b, "region": "sram", "kind": k}
-              for n, b, _, k in engine_blocks(s, certified=certified) if n != "batch"]
+def internal_placement(s: Shape, board: BoardMemory, *,
+                       certified: bool = False) -> dict[str, object]:
+    """Every block the engine asks for in internal SRAM but the optional
+    batch and what it always reads in place (what a board without PSRAM
+    needs to hold the model), whether or not it fits: "short_by" is how many
+    bytes more than the engine may use it takes (0 if it fits)."""
+    blocks = [{"name": n, "bytes": int(b), "region": "sram"}
+              for n, r, b in _whole(s, certified=certified)["blocks"]  # type: ignore[attr-defined]
+              if r != "flash" and n != "batch"]
     need = sum(int(b["bytes"]) for b in blocks)
     avail = board.engine_room
     return {"board": board.name, "opens": need <= avail, "fails_at": "", "blocks": blocks,
             "by_region": {"sram": need}, "internal_left": avail - need, "psram_left": None,
             "internal_for_engine": avail, "short_by": max(0, need - avail),
-            "certified": certified and _one_group_a_row(s), "head_in_place": False}
+            "certified": any(b["name"] == "head_tiles" for b in blocks),
+            "head_in_place": False, "v_as_dots": v_as_dots(s)}
 
 
-def fitting_context(s: Shape, board: Board, *, certified: bool = False,
-                    v_can_widen: bool = False) -> int:
-    """The longest context (seq_len) at which the model opens on `board` with
-    every core matrix in RAM (none read from flash); 0 if none does.
-    `v_can_widen`: as placement."""
+def _longest(s: Shape, board: BoardMemory, certified: bool, in_ram: bool) -> int:
+    """The longest context that the engine's plan opens on `board` (with
+    every weight in RAM if `in_ram`: nothing spilled); 0 if none does."""
     def ok(n: int) -> bool:
-        p = placement(dataclasses.replace(s, seq_len=n), board, certified=certified,
-                      v_can_widen=v_can_widen)
-        return bool(p["opens"]) and all(b["region"] != "flash" for b in p["blocks"]
-                                        if b["kind"] == "matrix")
+        p = _plan(dataclasses.replace(s, seq_len=n), board, certified=certified)
+        return bool(p["opens"]) and (not in_ram or p["spilled"] == 0)
     lo, hi = 0, s.seq_len
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -356,46 +282,24 @@ def fitting_context(s: Shape, board: Board, *, certified: bool = False,
     return lo
 
 
-#: The context Model() opens at when the seq_len finds no memory but this
-#: does, weights read in place from flash if need be: room for a whole story
-#: (native/binding/llm_bind.c STORY_CONTEXT), or the seq_len when that is less.
-STORY_CONTEXT = 256
-
-#: Where STORY_CONTEXT does not open: the shortest context Model() prefers
-#: with every weight in RAM to a longer one with some read in place
-#: (llm_bind.c FIT_MIN_CONTEXT), or half the seq_len when that is less.
-FIT_MIN_CONTEXT = 64
+def fitting_context(s: Shape, board: BoardMemory, *, certified: bool = False) -> int:
+    """The longest context (seq_len) at which the model opens on `board` with
+    every weight in RAM (none read from flash for want of it); 0 if none."""
+    return _longest(s, board, certified, True)
 
 
-def default_context(s: Shape, fits_at: int, opens_at: int) -> int:
-    """The context Model() opens with no context asked where the seq_len
-    finds no memory (llm_bind.c open_fitting): STORY_CONTEXT (or the seq_len)
-    if it opens (`opens_at` is the longest that does), or the longest with
-    every weight in RAM (`fits_at`) if longer; else `fits_at` if it holds
-    FIT_MIN_CONTEXT positions (or half the seq_len), else `opens_at`."""
-    story = min(STORY_CONTEXT, s.seq_len)
-    if opens_at >= story:
-        return max(fits_at, story)
-    return fits_at if fits_at >= min(FIT_MIN_CONTEXT, s.seq_len // 2) else opens_at
+def opening_context(s: Shape, board: BoardMemory, *, certified: bool = False) -> int:
+    """The longest context at which the model opens on `board` at all
+    (weights that find no RAM read in place from flash); 0 if none does."""
+    return _longest(s, board, certified, False)
 
 
-def opening_context(s: Shape, board: Board, *, certified: bool = False,
-                    v_can_widen: bool = False) -> int:
-    """The longest context at which the model opens on `board` at all (core
-    matrices that find no RAM read in place from flash); 0 if none does.
-    `v_can_widen`: as placement."""
-    lo, hi = 0, s.seq_len
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if placement(dataclasses.replace(s, seq_len=mid), board, certified=certified,
-                     v_can_widen=v_can_widen)["opens"]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def default_context(s: Shape, board: BoardMemory, *, certified: bool = False) -> int:
+    """The context Model() opens `s`'s image with on `board` with none asked
+    (the engine's own choice, llm_bind.c open_fitting); 0 if none opens."""
+    return int(_plan(s, board, certified=certified, context=None)["context"])  # type: ignore[call-overload]
 
 
-#: the contexts whose internal-SRAM needs a report lists for a board without PSRAM
 NEED_CONTEXTS = (128, 256, 512)
 
 
@@ -431,7 +335,7 @@ def llama_build(s: Shape, board: Board, p: dict[str, object], *, sampled: bool,
         "name": f"{base.name}@{board.name}", "spill_stages": tuple(sorted(spill.items())),
         "flash_stages": tuple(sorted(flash.items())), "kv_tier": tier("kv_cache"),
         "head_tier": tier("head"), "icache_bytes": board.icache_bytes,
-        "v_bytes": 2 if _one_group_a_row(s) and not p.get("v_can_widen") else 4,
+        "v_bytes": 2 if p["v_as_dots"] else 4,
         # the image's weight format: every matrix, the head too (convert.py)
         "core": (OUR_FORMATS[s.weights], "sram"), "head_fmt": OUR_FORMATS[s.weights],
         "code_bytes": base.code_bytes + CODE_BYTES_FORMATS[s.weights],
@@ -473,9 +377,8 @@ def _variants(s: Shape, name: str = "") -> list[tuple[str, Shape]]:
     """The shape at its own group, and as convert.py writes it by default,
     one scale group a row (the padded width), where that differs; where
     convert.py's formats are known (CONVERT_FORMATS), its choice first, then
-    the others, each labelled with its format and quality. A shape in
-    WIDE_V_SHAPES caches V as floats."""
-    wide_v = name in WIDE_V_SHAPES
+    the others, each labelled with its format and quality; whether V is
+    cached as int16 dots is the engine's (v_as_dots)."""
     wide = cdiv(s.dim, 32) * 32
     formats = CONVERT_FORMATS.get(name)
     int4 = f"int4, convert.py --weights int4 --group {s.group}" if formats else \
@@ -483,7 +386,7 @@ def _variants(s: Shape, name: str = "") -> list[tuple[str, Shape]]:
     out = [(f"group {s.group} ({int4})", s)]
     if not _one_group_a_row(s):
         label = (f"group {wide} (convert.py's default, one group a row: V as int16 dots, "
-                 "certified head possible)") if not wide_v else (
+                 "certified head possible)") if v_as_dots(dataclasses.replace(s, group=wide)) else (
             f"group {wide} (convert.py's default, one group a row: V as floats, its rows "
             "can outgrow int16 dots; a certificate, unused once the head is read in place)")
         out.append((label, dataclasses.replace(s, group=wide)))
@@ -543,7 +446,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
     f = fit()
     rows: list[dict[str, object]] = []
     places: list[dict[str, object]] = []
-    weights = sum(b for n, b, _, k in engine_blocks(s0, certified=False) if k == "matrix")
+    weights = weights_bytes(s0)
     not_priced: list[str] = []
     for board in S3_BOARDS.values():
         if not board.psram_bytes and weights > SRAM_TOTAL_BYTES:
@@ -554,8 +457,9 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
             for certified in (False, True):
                 if certified and not _one_group_a_row(s):
                     continue
-                wide = name in WIDE_V_SHAPES and _one_group_a_row(s)
-                p = placement(s, board, certified=certified, v_can_widen=wide)
+                p = placement(s, board, certified=certified)
+                fits_at = fitting_context(s, board, certified=certified)
+                opens_at = opening_context(s, board, certified=certified)
                 what_if = ""
                 if not board.psram_bytes:
                     # priced with every block in internal SRAM; `p` says if it fits
@@ -570,10 +474,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                     for n in NEED_CONTEXTS if n <= s.seq_len}
                 places.append({"board": board.name, "variant": vlabel,
                                "what_if": what_if,
-                               "fitting_context": fitting_context(s, board, certified=certified,
-                                                                  v_can_widen=wide),
-                               "opening_context": opening_context(s, board, certified=certified,
-                                                                  v_can_widen=wide),
+                               "fitting_context": fits_at, "opening_context": opens_at,
                                "internal_needs": needs,
                                "priced_opens": priced["opens"],
                                "short_by": priced.get("short_by"),
@@ -597,8 +498,7 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                 # and at the longest that opens (Model(context=N)), the core
                 # that finds no RAM read in place from flash
                 pricings = [(priced, what_if, s, pos)]
-                vweights = sum(b for _, b, _, k in engine_blocks(s, certified=False)
-                               if k == "matrix")
+                vweights = weights_bytes(s)
                 if not board.psram_bytes and vweights > SRAM_TOTAL_BYTES:
                     # wholly in internal SRAM is no what-if for weights larger than
                     # it: only the engine's own placement below is priced
@@ -608,11 +508,9 @@ def shape_report(name: str, positions: Sequence[int] | None = None) -> dict[str,
                             f"{board.label}, {vlabel.split(' (')[0]}: everything in internal "
                             f"SRAM not priced: the weights alone are {vweights:,} B, more than "
                             f"the S3's {SRAM_TOTAL_BYTES // 1024} KB of internal SRAM")
-                fits_at = fitting_context(s, board, certified=certified)
-                opens_at = opening_context(s, board, certified=certified)
                 contexts: list[tuple[int, str]] = []
                 if not board.psram_bytes and not p["opens"]:
-                    default = default_context(s, fits_at, opens_at)
+                    default = default_context(s, board, certified=certified)
                     contexts.append((default, "by default" + (", the fastest"
                                                              if default == fits_at else "")))
                     if fits_at not in (0, default):
