@@ -122,14 +122,23 @@ def _llm() -> Any:
     return board_module("_llm")
 
 
+@cache
+def _planned(s: Shape, certified: bool, context: int | None, plain: bool,
+             memory: tuple[tuple[str, object], ...]) -> dict[str, object]:
+    """_llm.plan of shape_image(s): the same bytes and arguments give the
+    same plan (a dry run allocates nothing), so each is asked once; its
+    checksums read the whole image, which is what a plan costs."""
+    image = shape_image(s, certified=certified)
+    return dict(_llm().plan(image, context=context, plain=plain, **dict(memory)))
+
+
 def engine_plan(s: Shape, board: BoardMemory, *, certified: bool, context: int | None = 0,
                 plain: bool = False, seq_len: int | None = None) -> dict[str, object]:
     """_llm.plan of `s`'s image (shape_image, built at `seq_len`, default
     s.seq_len) against `board`'s memory (BoardMemory.plan_memory): context 0
     the image's seq_len, N positions, None the context Model() chooses."""
-    image = shape_image(dataclasses.replace(s, seq_len=seq_len or s.seq_len),
-                        certified=certified)
-    return dict(_llm().plan(image, context=context, plain=plain, **board.plan_memory()))
+    return dict(_planned(dataclasses.replace(s, seq_len=seq_len or s.seq_len), certified,
+                         context, plain, tuple(sorted(board.plan_memory().items()))))
 
 
 def whole_plan(s: Shape, *, certified: bool, context: int = 0, plain: bool = False,
@@ -137,7 +146,6 @@ def whole_plan(s: Shape, *, certified: bool, context: int = 0, plain: bool = Fal
     """_llm.plan of `s`'s image with no memory limit, every block in
     internal SRAM (bulk served from it): what each block the engine asks for
     weighs, the head staged, at `context` (in plain mode if `plain`)."""
-    image = shape_image(dataclasses.replace(s, seq_len=seq_len or s.seq_len),
-                        certified=certified)
-    return dict(_llm().plan(image, context=context, plain=plain, fast=1 << 40, bulk=0,
-                            bulk_is_fast=True, block_overhead=0))
+    unlimited = {"fast": 1 << 40, "bulk": 0, "bulk_is_fast": True, "block_overhead": 0}
+    return dict(_planned(dataclasses.replace(s, seq_len=seq_len or s.seq_len), certified,
+                         context, plain, tuple(sorted(unlimited.items()))))
