@@ -1363,3 +1363,23 @@ def test_the_converters_prices_data_is_the_cost_models_now() -> None:
     release = draft_prices.prices_for(dict(draft_prices.shape_key(
         {k: getattr(cm.RELEASE, k) for k in draft_prices.KEYS})))
     assert release.exact and list(release.draft or []) == cm.draft_prices()
+
+
+def test_shape_images_are_seeded_and_cached(tmp_path, monkeypatch) -> None:
+    """The image a shape is planned on (costmodel.plans.shape_image) is the
+    same bytes on every build (its seed), written once into the image cache
+    and read back from there; with and without a certificate, two images."""
+    from mpllm.costmodel import plans
+
+    s = dataclasses.replace(cm.SHAPES["stories260k"], group=64)
+    monkeypatch.setenv("MPLLM_CACHE", str(tmp_path / "a"))
+    plans.shape_image.cache_clear()
+    a = plans.shape_image(s, certified=True)
+    files = list((tmp_path / "a" / "plan-images").glob("*.img"))
+    assert len(files) == 1 and files[0].read_bytes() == a
+    monkeypatch.setenv("MPLLM_CACHE", str(tmp_path / "b"))
+    plans.shape_image.cache_clear()
+    assert plans.shape_image(s, certified=True) == a
+    dense = plans.shape_image(s, certified=False)
+    assert dense != a and len(list((tmp_path / "b" / "plan-images").glob("*.img"))) == 2
+    plans.shape_image.cache_clear()

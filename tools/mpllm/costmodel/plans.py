@@ -76,11 +76,21 @@ def _cache_dir() -> Path:
     return default_cache_dir() / "plan-images"
 
 
+#: what writes a shape's image (beside the shape, seed and format version):
+#: an edit to any of them writes the images again
+_WRITERS = ("formats/image.py", "formats/head_tiles.py", "formats/tokenizer.py",
+            "formats/llama2c.py", "quantize.py", "llama2c_weights.py", "costmodel/plans.py")
+
+
 def _key(s: Shape, certified: bool) -> str:
     from ..formats.image import VERSION
 
     fields = dataclasses.asdict(s) | {"certified": certified, "seed": SEED, "image": VERSION}
-    return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
+    h = hashlib.sha256(repr(sorted(fields.items())).encode())
+    root = Path(__file__).resolve().parents[1]
+    for name in _WRITERS:
+        h.update((root / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
 @cache
