@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import engine_ext
 import numpy as np
@@ -253,11 +254,12 @@ def _kv_cache_bytes(cfg: Config, *, v_floats: bool = False, context: int | None 
 
 
 def _v_can_widen(img) -> bool:  # type: ignore[no-untyped-def]
-    """engine_open.c v_can_widen on a read image (the cost model's twin)."""
-    from mpllm.costmodel.llama import v_rows_can_widen
-
-    return v_rows_can_widen(img.config.dim, img.config.kv_dim,
-                            [ly.qkv.q for ly in img.weights.layers])
+    """engine_open.c's v_can_widen, worked out here from a read image: some
+    layer's V rows (qkv rows dim + kv_dim ..) could give an int16 dot a value
+    it cannot hold, |dot| <= 127 * sum |code| over the row."""
+    d, kvd = img.config.dim, img.config.kv_dim
+    return any(int(np.abs(ly.qkv.q[d + kvd: d + 2 * kvd].astype(np.int64)).sum(axis=1).max())
+               * 127 > 32767 for ly in img.weights.layers)
 
 
 def _decode(m, vocab: int, n_prompt: int, n_steps: int) -> dict:  # type: ignore[no-untyped-def]
@@ -572,12 +574,10 @@ def test_context_cap_is_exact_and_plain_equals_default(engine_image, name: str,
 @pytest.mark.parametrize("name", ["tiny", "llama2c_untied", "llama2c_long"])
 def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None:
     """Every block sized by seq_len is sized by the context: the KV cache as the
-    formula says, every block as the cost model's engine_blocks at that context;
+    formula says, every block as the engine's own plan at that context;
     the float V that no V row can need in default mode is placed by
     set_plain(True), K as dots' scratch (four rows of head_dim floats a head, in
     internal SRAM) by set_k_dots(True), each once."""
-    from mpllm import costmodel as cm
-
     image = engine_image(name)
     img = read_image(image)
     cfg, widen = img.config, _v_can_widen(img)
@@ -585,13 +585,10 @@ def test_context_cap_shrinks_memory_as_computed(engine_image, name: str) -> None
     for context in (cfg.seq_len, cfg.seq_len // 4, 17):
         with _llm.Model(image, context=context) as m:
             mem = {n: b for n, _r, b in m.memory()}
-            shape = cm.Shape.from_config(m.config())
-            assert shape.seq_len == context
-            certified = "head_tiles" in mem
-            want = {n: b for n, b, _, _ in cm.engine_blocks(shape, certified=certified,
-                                                             v_can_widen=widen)}
-            assert {n: mem[n] for n in want if n != "engine"} == \
-                {n: b for n, b in want.items() if n != "engine"}
+            assert m.config()["seq_len"] == context
+            planned = _llm.plan(Path(image).read_bytes(), context=context)
+            assert planned["opens"] and planned["context"] == context
+            assert {n: b for n, _r, b in planned["blocks"]} == mem
             assert mem["kv_cache"] == _kv_cache_bytes(cfg, context=context, v_floats=widen)
             assert "kv_values" not in mem and "k_rebuilt" not in mem
             m.set_plain(True)

@@ -238,10 +238,6 @@ def release_dir() -> Path:
     return Path(tempfile.gettempdir()) / "mpllm-bench-release-shaped"
 
 
-
-
-
-
 #: What a board owner's --report collects on the board itself (runs on
 #: MicroPython and CPython): build, self-test, free memory.
 def report_info(port: str | None, *, timeout: float = 300) -> dict:
