@@ -16,6 +16,7 @@
 
 #include "llm.h"
 #include "llm_bind.h"
+#include "map_image.h"
 #include "port_host.h"
 
 static const char *region_name(llm_region r) {
@@ -28,11 +29,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     llm_host_map map;
-    llm_error err;
-    if (llm_host_map_file(argv[1], &map, NULL, &err) != LLM_OK) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (!map_image(argv[1], &map)) return 2;
     const unsigned long long fast = strtoull(argv[2], NULL, 10);
     const unsigned long long bulk = strtoull(argv[3], NULL, 10);
     for (int a = 4; a < argc; a++) {

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "llm.h"
+#include "map_image.h"
 #include "port_host.h"
 #if defined(LLM_KERNELS_PIE)
 #include "pie_model.h"
@@ -114,12 +115,9 @@ int main(int argc, char **argv) {
                         "TOP_K SEED [plain|fast|k_dots]]\n");
         return 2;
     }
-    llm_error err;
     llm_host_map map;
-    if (llm_host_map_file(argv[1], &map, NULL, &err) != LLM_OK) {
-        fprintf(stderr, "%s\n", err.message);
-        return 1;
-    }
+    if (!map_image(argv[1], &map)) return 1;
+    llm_error err;
     llm_host_port hp;
     llm_port_host_init(&hp);
     hp.capacity[LLM_REGION_FAST] = caps[0];

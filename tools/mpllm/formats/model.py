@@ -72,8 +72,24 @@ class Config(AttentionGeometry):
 FAMILIES = ("esp32ai", "llama2c")
 
 
+class Shaped:
+    """rows and cols, read off the array with one entry a weight (the codes,
+    or the floats): what every format's shape is, defined once."""
+
+    def elements(self) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def rows(self) -> int:
+        return int(self.elements().shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.elements().shape[1])
+
+
 @dataclass
-class GroupedMatrix:
+class GroupedMatrix(Shaped):
     """Integer codes q [rows, cols] with one scale per group of `group`
     consecutive columns of a row (the last group may be shorter): value =
     q * scale. QMatrix and Q8Matrix are its two formats."""
@@ -82,13 +98,8 @@ class GroupedMatrix:
     scales: np.ndarray  # [rows, n_groups]
     group: int
 
-    @property
-    def rows(self) -> int:
-        return int(self.q.shape[0])
-
-    @property
-    def cols(self) -> int:
-        return int(self.q.shape[1])
+    def elements(self) -> np.ndarray:
+        return self.q
 
     @property
     def n_groups(self) -> int:
@@ -119,18 +130,13 @@ class Q8Matrix(GroupedMatrix):
 
 
 @dataclass
-class F32Matrix:
+class F32Matrix(Shaped):
     """fp32 matrix: the checkpoint's own numbers."""
 
     w: np.ndarray  # float32 [rows, cols]
 
-    @property
-    def rows(self) -> int:
-        return int(self.w.shape[0])
-
-    @property
-    def cols(self) -> int:
-        return int(self.w.shape[1])
+    def elements(self) -> np.ndarray:
+        return self.w
 
     def take_rows(self, n: int) -> F32Matrix:
         return F32Matrix(self.w[:n])
