@@ -255,6 +255,24 @@ def engine_image(test_model: Callable[[str], ModelFiles],
     return get
 
 
+@pytest.fixture(scope="session")
+def stories260k_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real stories260K (../shared/llama2c) at int8 (convert.py's choice),
+    fp32 and int4, with the llama2c demo's 512-token tokenizer."""
+    from llama2c_models import STORIES260K_BIN
+    from mpllm.convert import convert
+
+    if not STORIES260K_BIN.is_file():
+        pytest.skip("../shared/llama2c/stories260K.bin is not here")
+    tok = ROOT / "models" / "llama2c-demo" / "tokenizer.bin"
+    out = {}
+    for weights in ("fp32", "int8", "int4"):
+        out[weights] = tmp_path_factory.mktemp("s260k") / f"{weights}.img"
+        convert(STORIES260K_BIN, tok, out[weights], progress=False, weights=weights,
+                quality_positions=0)
+    return out
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     name: str

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import cbuild
 import pytest
-from llama2c_models import STORIES260K_BIN
 
 
 def _run(program: Path, image: Path, steps: int) -> str:
@@ -63,22 +62,6 @@ def test_pie_engine_equals_ref_engine_per_format(engine_image, name: str,  # typ
     assert cbuild.ids_and_hash(pie.stdout) == cbuild.ids_and_hash(ref.stdout)
     for out in (ref.stdout, pie.stdout):
         assert re.search(r"^best_of_mismatches 0 over [1-9]", out, re.MULTILINE), out
-
-
-@pytest.fixture(scope="module")
-def stories260k_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The real stories260K at int8 (convert.py's choice), fp32 and int4."""
-    from mpllm.convert import convert
-
-    src = STORIES260K_BIN
-    if not src.is_file():
-        pytest.skip("../shared/llama2c/stories260K.bin is not here")
-    tok = cbuild.ROOT / "models" / "llama2c-demo" / "tokenizer.bin"
-    out = {}
-    for weights in ("fp32", "int8", "int4"):
-        out[weights] = tmp_path_factory.mktemp("s260k") / f"{weights}.img"
-        convert(src, tok, out[weights], progress=False, weights=weights, quality_positions=0)
-    return out
 
 
 @pytest.mark.parametrize("mode", [(), ("0.8", "40", "7"), ("1.0", "0", "3"),

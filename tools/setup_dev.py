@@ -12,6 +12,9 @@ The needs, and how each is got when it is missing:
                      MPLLM_CHROMIUM names any other Chromium
   esp-web-tools      the flasher page's bundle, pinned: python -m mpllm.board.release
                      web-tools (npm pack into the cache; npm from apt-get, as root)
+  ARM64 + qemu-user  the host engine's NEON code, run on an emulated ARM64 (a Mac or a
+                     Raspberry Pi runs it): apt-get install gcc-aarch64-linux-gnu
+                     libc6-dev-arm64-cross qemu-user (as root)
 MICROPY_DIR (a MicroPython checkout for the unix-port tests) is an optional
 hand check: said, never fetched.
 
@@ -87,6 +90,32 @@ def clang_major(clang: str = "clang") -> str:
     r = subprocess.run([clang, "-dumpversion"], capture_output=True, text=True, check=False)
     return r.stdout.strip().split(".")[0] if r.returncode == 0 and r.stdout.strip() \
         else "<version>"
+
+
+#: Debian's packages for an ARM64 build of the engine and a way to run it here
+ARM64_PACKAGES = ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")
+_ARM64_PROBE = b"int main(void) { return 0; }\n"
+
+
+def arm64_tools() -> tuple[str, str]:
+    """(cross compiler, emulator) for the engine built for ARM64 Linux with its
+    NEON lanes (simd.h) and run under qemu-user, once a static probe has
+    linked and run. Raises Missing."""
+    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if cc is None or qemu is None:
+        raise Missing(f"no {'aarch64-linux-gnu-gcc' if cc is None else 'qemu-aarch64'}: "
+                      f"install an ARM64 cross compiler and qemu-user (Debian: apt-get "
+                      f"install {' '.join(ARM64_PACKAGES)})")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
+        src.write_bytes(_ARM64_PROBE)
+        for cmd in ([cc, "-static", str(src), "-o", str(exe)], [qemu, str(exe)]):
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                first = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[0]
+                raise Missing(f"{Path(cmd[0]).name} failed (exit {r.returncode}; Debian: "
+                              f"apt-get install {' '.join(ARM64_PACKAGES)}): {first}")
+    return cc, qemu
 
 
 def chromium_path() -> str:
@@ -262,6 +291,14 @@ def get_web_tools(apt: Apt) -> str:
         raise Missing(str(e)) from None
 
 
+def get_arm64(apt: Apt) -> str:
+    try:
+        return " and ".join(arm64_tools())
+    except Missing:
+        apt.install(list(ARM64_PACKAGES))
+    return " and ".join(arm64_tools())
+
+
 @dataclass(frozen=True)
 class Need:
     name: str
@@ -273,6 +310,7 @@ NEEDS = (
     Need("clang + libFuzzer", get_clang, clang_fuzzer),
     Need("Chromium", get_chromium, started_chromium),
     Need("esp-web-tools", get_web_tools, lambda: str(web_tools_tarball())),
+    Need("ARM64 + qemu-user", get_arm64, lambda: " and ".join(arm64_tools())),
 )
 
 
@@ -280,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/setup_dev.py",
                                  description="Install or fetch what the tests need beyond "
                                  "pip install -e '.[dev]': clang + libFuzzer, Chromium, the "
-                                 "pinned esp-web-tools bundle. Says what it could not get.")
+                                 "pinned esp-web-tools bundle, an ARM64 cross compiler with "
+                                 "qemu-user. Says what it could not get.")
     ap.add_argument("--check", action="store_true",
                     help="only check; install and fetch nothing")
     args = ap.parse_args(argv)

@@ -12,7 +12,8 @@
  * reached through the PIE kernels) it is 0 and the engine keeps its scalar
  * loops, so the board's code is unchanged. A host build with LLM_NO_SIMD
  * defined keeps them too: tests/test_engine_on_pie_kernels.py runs that
- * build beside the vector one and demands the same ids and logits bits.
+ * build beside the vector one and demands the same ids and logits bits, and
+ * tests/test_engine_on_arm64.py the NEON build (under qemu-user) beside it.
  */
 #ifndef LLM_SIMD_H
 #define LLM_SIMD_H

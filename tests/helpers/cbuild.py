@@ -105,10 +105,12 @@ def run(program: Path, *args: str, env: dict[str, str] | None = None,
 PIE_SOURCES = ["kernels_pie.c", "pie_model.c"]
 
 
-def engine_run(pie: bool, simd: bool = True) -> Path:
+def engine_run(pie: bool, simd: bool = True, cross: str | None = None) -> Path:
     """tests/c/engine_run.c on the host port, with the reference kernels or the PIE
     ones (`pie`): it prints a run's token ids and a hash of every logits vector.
-    simd=False: without the host's vector lanes (simd.h), the board's scalar loops."""
+    simd=False: without the host's vector lanes (simd.h), the board's scalar loops.
+    cross: an ARM64 cross compiler (setup_dev.arm64_tools): a static ARM64 Linux
+    program, NEON lanes unless simd=False, for qemu-aarch64 to run."""
     sources = engine_sources()
     sources += [PORT_HOST / "port_host.c", CTESTS / "engine_run.c"]
     defines = {"LLM_PORT_NAME": '"host"'}
@@ -117,7 +119,11 @@ def engine_run(pie: bool, simd: bool = True) -> Path:
         defines["LLM_KERNELS_PIE"] = ""
     if not simd:
         defines["LLM_NO_SIMD"] = ""
-    name = ("engine_run_pie" if pie else "engine_run_ref") + ("" if simd else "_scalar")
+    name = (("engine_run_pie" if pie else "engine_run_ref") + ("" if simd else "_scalar")
+            + ("_arm64" if cross else ""))
+    if cross:
+        return build(name, sources, ROOT / "build" / "ctests", defines=defines, compiler=cross,
+                     extra=["-static"])
     return build(name, sources, ROOT / "build" / "ctests", defines=defines)
 
 
