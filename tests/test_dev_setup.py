@@ -89,8 +89,8 @@ def _setup(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_setup_check_names_each_missing_tool(tmp_path: Path) -> None:
-    """On a machine without clang, Chromium or the bundle: one line each, and
-    exit status 1; --check installs nothing."""
+    """On a machine without clang, Chromium, the bundle or the ARM64 tools: one
+    line each, and exit status 1; --check installs nothing."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "MPLLM_CACHE": str(tmp_path / "c"),
@@ -99,11 +99,12 @@ def test_setup_check_names_each_missing_tool(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     missing = [ln.strip() for ln in lines if "MISSING:" in ln]
-    assert len(missing) == 3, r.stdout
+    assert len(missing) == 4, r.stdout
     assert "clang not found" in missing[0]
     assert "no Chromium" in missing[1]
     assert "python -m mpllm.board.release web-tools" in missing[2]
-    assert "not ready: clang + libFuzzer, Chromium, esp-web-tools" in r.stdout
+    assert "no aarch64-linux-gnu-gcc" in missing[3] and "qemu-user" in missing[3]
+    assert "not ready: clang + libFuzzer, Chromium, esp-web-tools, ARM64 + qemu-user" in r.stdout
     assert "MICROPY_DIR is not set" in r.stdout
     assert not (tmp_path / "c").exists()
 
@@ -114,10 +115,11 @@ def test_setup_check_reports_the_tools_the_tests_use() -> None:
     clang = conftest.need_tool(setup_dev.clang_fuzzer)
     chromium = conftest.need_tool(setup_dev.chromium_path)
     tarball = conftest.web_tools_tarball()
+    cross, qemu = conftest.need_tool(setup_dev.arm64_tools)
     env = {**os.environ, "MPLLM_CACHE": str(conftest.USER_CACHE), "PYTHONPATH": ""}
     r = _setup(["--check"], env)
     assert r.returncode == 0, r.stdout + r.stderr
-    for path in (clang, chromium, tarball):
+    for path in (clang, chromium, tarball, f"{cross} and {qemu}"):
         assert f"ok: {path}" in r.stdout
     assert r.stdout.rstrip().endswith("ready: python -m pytest -n 2")
 
