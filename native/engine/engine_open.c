@@ -47,10 +47,14 @@ const char *llm_status_name(llm_status status) {
 #define LLM_PORT_NAME "unnamed"
 #endif
 
+/* placement= is the order each block asks for regions in (a region with no
+ * room passes it on; flash is read in place), not where an image's blocks
+ * went: Model.memory() / llm_placement_at say that. */
 const char *llm_build_info(void) {
     return "mpllm " LLM_VERSION " kernels=" LLM_KERNELS_BUILT
-           " numerics=exact modes=exact,plain,fast(lossy) head=certified placement=embed+ple_rows:flash,core:fast>bulk,"
-           "head+kv+logits:bulk,act+tiles+norms:fast port=" LLM_PORT_NAME;
+           " numerics=exact modes=exact,plain,fast(lossy) head=certified placement=embed+ple_rows:flash,"
+           "core+tiles+norms:fast>bulk>flash,head:bulk>flash,kv+logits:bulk,act:fast>bulk"
+           " port=" LLM_PORT_NAME;
 }
 
 /* ---- placement --------------------------------------------------------- */
