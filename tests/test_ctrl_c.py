@@ -22,12 +22,13 @@ import pytest
 from conftest import ROOT, ModelFiles
 
 
-def _guarded(code: str, ignored: bool = False) -> subprocess.CompletedProcess[str]:
-    """`code` run as a tool: mpllm.interrupt.run of its main(); ignored: the
-    tool is started with SIGINT ignored (exec keeps that, as a shell's
-    background job has it)."""
+def _guarded(code: str, ignored: bool = False,
+             repeat: bool = False) -> subprocess.CompletedProcess[str]:
+    """`code` run as a tool: mpllm.interrupt.run of its main() (`repeat` as
+    there); ignored: the tool is started with SIGINT ignored (exec keeps
+    that, as a shell's background job has it)."""
     script = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom mpllm.interrupt import run, "
-              f"deferred\n{code}\nrun(main, 'tool')\n")
+              f"deferred\n{code}\nrun(main, 'tool', repeat={repeat})\n")
     argv = [sys.executable, "-c", script, str(ROOT / "tools")]
     if ignored:
         ignore = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
@@ -74,6 +75,28 @@ def test_deferred_holds_a_ctrl_c_until_the_block_ends() -> None:
     r = _guarded("import os, signal\n"
                  "def main():\n    with deferred():\n        pass\n    return 5")
     assert (r.returncode, r.stderr) == (5, "")  # nothing came: nothing delivered
+
+
+def test_a_ctrl_c_in_a_finalizer_is_not_lost() -> None:
+    """A Ctrl-C that lands while a generator's `finally` runs as the generator
+    is collected cannot leave that finalizer: it came out as "Exception
+    ignored", and the tool went on to the end, ignoring every Ctrl-C after it
+    (seen in CI under load: convert.py writing all its drafter stories after
+    SIGINT). It is delivered again, to the code that runs next: one line and
+    status 130, and in a chat (repeat=True) the KeyboardInterrupt it catches."""
+    code = ("import os, signal, time\n"
+            "def story():\n    try:\n        yield 1\n    finally:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        t = time.monotonic()\n"
+            "        while time.monotonic() - t < 0.05:\n            pass\n"
+            "def work():\n    s = story()\n    next(s)\n    del s  # its finally runs here\n"
+            "    time.sleep(5)\n    print('not reached', file=sys.stderr)\n")
+    r = _guarded(code + "main = work")
+    assert (r.returncode, r.stderr) == (130, "tool: interrupted\n")
+    r = _guarded(code + "def main():\n    try:\n        work()\n    except KeyboardInterrupt:\n"
+                 "        print('reply stopped', file=sys.stderr)\n        return 0",
+                 repeat=True)
+    assert (r.returncode, r.stderr) == (0, "reply stopped\n")
 
 
 def test_every_tool_starts_under_the_guard() -> None:

@@ -19,6 +19,12 @@ their tracebacks). The interpreter's exit after the tool returns is not
 interrupted either. A tool started with Ctrl-C ignored (a shell's background
 job) goes on ignoring it.
 
+A Ctrl-C is never lost: one that lands while Python runs a finalizer (a
+generator's `finally` as the generator is collected, a `__del__`), where no
+exception can leave, would only be printed as "Exception ignored" while the
+tool went on, deaf to Ctrl-C from then on; `run` delivers it again instead,
+to the code that runs next.
+
 `deferred()` holds a Ctrl-C back over a few statements that must happen
 together (creating a staging file and taking charge of it, removing it): it
 arrives just after.
@@ -56,6 +62,27 @@ def _first_only(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _unraisable(what: object) -> None:
+    """sys.unraisablehook: a KeyboardInterrupt raised in a finalizer (it
+    cannot leave one) comes again: _first_only re-armed if it was the one
+    (it ignores the Ctrl-Cs after it), and the signal once more, from a thread a
+    moment later (sent from here, it would be raised in this hook, where it
+    is lost the same way). Anything else goes to the hook there was."""
+    if isinstance(getattr(what, "exc_value", None), KeyboardInterrupt):
+        import threading
+
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # (_first_only's doing)
+            signal.signal(signal.SIGINT, _first_only)
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        again.daemon = True
+        again.start()
+        return
+    _hook_before(what)  # type: ignore[arg-type]
+
+
+_hook_before = sys.unraisablehook
+
+
 def run(target: str | Callable[[], int | None], prog: str | None = None, *,
         repeat: bool = False) -> NoReturn:
     """Import and run a tool's main ("package.module:function", or the
@@ -63,8 +90,10 @@ def run(target: str | Callable[[], int | None], prog: str | None = None, *,
     name = prog or os.path.basename(sys.argv[0]) or "mpllm"
     # (a tool started with Ctrl-C ignored, as a shell starts a background
     # job, keeps ignoring it)
-    if not repeat and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _first_only)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        if not repeat:
+            signal.signal(signal.SIGINT, _first_only)
+        sys.unraisablehook = _unraisable
     code: int | str | None
     try:
         if isinstance(target, str):
