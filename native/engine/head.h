@@ -31,10 +31,20 @@
  * (head.c: "Order of visits"). */
 #define LLM_HEAD_WAVE_TILES 8u
 
+/* Rows the certified head widens the fp16 scales of at once (a float each on
+ * the stack of the core scoring them), and so rows per kernel call when the
+ * scales are fp16: a tile of the release model's 128 is one call. */
+#define LLM_HEAD_SCALE_CHUNK 128u
+
 /* The head as staged: rows in tile order (row i is token ids[i]). */
 typedef struct llm_head {
     llm_wmat w;             /* [rows][row_bytes] codes or values, [rows][n_groups] scales;
-                             * only an int4 head has a certificate (image.c) */
+                             * only an int4 head has a certificate (image.c). The
+                             * copy staged in tile order has w.scales NULL: */
+    const uint16_t *scales16; /* [rows] its one scale a row as fp16 bits, the value
+                             * the image's f32 holds (the loader checks every int4
+                             * scale is an fp16 value), widened back per scored
+                             * tile; NULL: w.scales */
     const uint16_t *ids;    /* [rows] token id of staged row i; NULL: row i is id i */
     llm_wmat by_id;         /* the same rows in id order (the image's, when w holds
                              * them in tile order; else w itself): llm_head_row */
@@ -79,6 +89,12 @@ typedef struct llm_splitter {
     void *ctx;
     void (*preload)(void *ctx, const void *addr, size_t bytes);
 } llm_splitter;
+
+/* Bytes one staged row occupies, its scales included (what scoring it reads):
+ * codes + 2 with fp16 scales, else llm_wmat_row_cost. */
+static inline uint64_t llm_head_row_cost(const llm_head *h) {
+    return h->scales16 != NULL ? (uint64_t)h->w.row_bytes + 2u : llm_wmat_row_cost(&h->w);
+}
 
 /* Bytes of scratch for a head of this shape (16-byte multiples). */
 uint32_t llm_head_scratch_bytes(const llm_head *h);
