@@ -136,8 +136,8 @@ int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
 
 /* ---- the staged rows as the kernel reads them ---------------------------- */
 
-/* Rows the kernel may take in one call from staged row `first` on: all of
- * `count` with f32 scales, LLM_HEAD_SCALE_CHUNK at most with fp16 ones. */
+/* Rows of the `count` left of a range the kernel takes in its next call:
+ * all of them with f32 scales, LLM_HEAD_SCALE_CHUNK at most with fp16 ones. */
 static uint32_t LLM_HOT call_rows(const llm_head *h, uint32_t count) {
     return h->scales16 != NULL && count > LLM_HEAD_SCALE_CHUNK ? LLM_HEAD_SCALE_CHUNK : count;
 }
