@@ -329,12 +329,13 @@ def test_memory_and_stats_accounting(tiny_model) -> None:  # type: ignore[no-unt
                                                    embed_row + ple_row + hd * 4)
         assert s["v_wide"] == s["k_wide"] == 0
         kv = _kv_bytes_read(cfg, n_prompt, tokens)
-        # the head: each scored row (codes, scale) and each token id read (only rows
-        # that could enter the candidate list), counted by the engine
+        # the head: each scored row (codes, its scale as 2-byte fp16 in the copy staged
+        # in tile order) and each token id read (only rows that could enter the
+        # candidate list), counted by the engine
         assert heads <= s["head_tiles"] and s["head_waves"] >= heads
         assert heads <= s["head_rows"] <= heads * cfg.vocab_out
         assert heads <= s["head_ids"] < s["head_rows"]
-        head = s["head_rows"] * (-(-d // 32) * 16 + 4) + s["head_ids"] * 2
+        head = s["head_rows"] * (-(-d // 32) * 16 + 2) + s["head_ids"] * 2
         assert s["bytes"]["bulk"] == kv + head
         assert s["bytes"]["fast"] > 0
         m.reset()
@@ -529,7 +530,7 @@ def test_llama2c_memory_and_stats(llama2c_image) -> None:  # type: ignore[no-unt
         assert s["bytes"]["flash"] == _flash_bytes(cfg, n_prompt, tokens,
                                                    cfg.dim // 2 + 4 + cfg.head_dim * 4)
         assert 0 < s["head_ids"] < s["head_rows"]  # ids read only for possible entrants
-        head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 4) + s["head_ids"] * 2
+        head = s["head_rows"] * (-(-cfg.dim // 32) * 16 + 2) + s["head_ids"] * 2  # fp16 scales
         assert s["v_wide"] == s["k_wide"] == 0
         assert s["bytes"]["bulk"] == _kv_bytes_read(cfg, n_prompt, tokens) + head
 

@@ -1147,7 +1147,7 @@ static void LLM_HOT charge_head(llm_engine *e, const llm_head_work *work, int de
     e->stats.head_tiles += work->tiles;
     e->stats.head_waves += work->waves;
     e->stats.handoffs += work->handoffs;
-    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read * llm_wmat_row_cost(&h->w);
+    e->stats.bytes[h->rows_region] += (uint64_t)work->rows_read * llm_head_row_cost(h);
     e->stats.head_ids += work->ids;
     e->stats.preloads += work->preloads;
     e->stats.preload_bytes += work->preload_bytes;

@@ -13,6 +13,7 @@
 
 #include "align_up.h"
 #include "engine_state.h"
+#include "f32_bits.h"
 #include "llm_error.h"
 #include "llm_names.h"
 
@@ -303,20 +304,35 @@ static llm_status check_certificate(llm_engine *e, const llm_wmat *src, const ll
     return st == LLM_OK ? llm_head_check_boxes(&q, t, err) : st;
 }
 
-/* The head's rows copied to p in the certificate's order, scales after the
- * codes. */
-static void stage_rows_in_tile_order(llm_head *h, const llm_wmat *src, const llm_tiles *t,
-                                     uint8_t *p, llm_region got) {
+/* Bytes of the head's copy in tile order: each row's codes, and its one
+ * scale as the fp16 it is (2 bytes, not the image's 4). */
+static size_t tile_order_bytes(const llm_wmat *src) {
+    return (size_t)src->rows * (src->row_bytes + sizeof(uint16_t));
+}
+
+/* The head's rows copied to p in the certificate's order, the scales as fp16
+ * bits after the codes: each is the image's f32 value exactly, which the
+ * loader has checked of every int4 scale (image.c), so a scale that is not
+ * an fp16 value cannot reach here; were one to, the image is refused as the
+ * loader would refuse it, rather than staged with a scale changed. */
+static llm_status stage_rows_in_tile_order(llm_head *h, const llm_wmat *src, const llm_tiles *t,
+                                           uint8_t *p, llm_region got, llm_error *err) {
     const size_t codes = (size_t)src->rows * src->row_bytes;
+    uint16_t *scales16 = (uint16_t *)(void *)(p + codes);
     for (uint32_t i = 0; i < src->rows; i++) {
-        memcpy(p + (size_t)i * src->row_bytes, src->data + (size_t)t->order[i] * src->row_bytes,
+        const uint32_t id = t->order[i];
+        memcpy(p + (size_t)i * src->row_bytes, src->data + (size_t)id * src->row_bytes,
                src->row_bytes);
-        memcpy(p + codes + (size_t)i * sizeof(float), &src->scales[t->order[i]], sizeof(float));
+        if (!llm_f32_bits_to_f16(llm_f32_bits(src->scales[id]), &scales16[i]))
+            return llm_fail(err, LLM_E_FORMAT, "head: scale of row %lu is not an fp16 value "
+                            "widened to f32", (unsigned long)id);
     }
     h->w = *src;
     h->w.data = p;
-    h->w.scales = (const float *)(void *)(p + codes);
+    h->w.scales = NULL; /* read through scales16 (head.c staged_rows) */
+    h->scales16 = scales16;
     h->rows_region = got;
+    return LLM_OK;
 }
 
 /* The certificate's ids and boxes: small, read per evaluation. Ids per
@@ -374,7 +390,9 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
         if (st != LLM_OK) return st;
     }
     llm_region got = LLM_REGION_BULK;
-    uint8_t *p = certified && !in_place ? place64(e, name, bytes, LLM_REGION_BULK, &got) : NULL;
+    uint8_t *p = certified && !in_place
+                     ? place64(e, name, tile_order_bytes(&src), LLM_REGION_BULK, &got)
+                     : NULL;
     h->by_id = src; /* (tied: the embedding's first vocab_out rows) */
     if (p == NULL && in_place) {
         h->w = src;
@@ -397,7 +415,8 @@ static llm_status stage_head(llm_engine *e, int in_place, llm_error *err) {
         h->w = src;
         h->rows_region = got;
     } else {
-        stage_rows_in_tile_order(h, &src, &t, p, got);
+        llm_status st = stage_rows_in_tile_order(h, &src, &t, p, got, err);
+        if (st != LLM_OK) return st;
     }
     stage_tiles(e, &t);
     return LLM_OK;

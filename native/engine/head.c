@@ -85,6 +85,7 @@
 #include <string.h>
 
 #include "align_up.h"
+#include "f32_bits.h"
 #include "hot.h"
 #include "llm_error.h"
 
@@ -133,6 +134,43 @@ int LLM_HOT llm_head_certifiable(const llm_head *h, float xscale) {
     return h->n_tiles > 0 && h->w.n_groups == 1u && xscale - xscale == 0.0f;
 }
 
+/* ---- the staged rows as the kernel reads them ---------------------------- */
+
+/* Rows of the `count` left of a range the kernel takes in its next call:
+ * all of them with f32 scales, LLM_HEAD_SCALE_CHUNK at most with fp16 ones. */
+static uint32_t LLM_HOT call_rows(const llm_head *h, uint32_t count) {
+    return h->scales16 != NULL && count > LLM_HEAD_SCALE_CHUNK ? LLM_HEAD_SCALE_CHUNK : count;
+}
+
+/* Staged rows [first, first + n) as an int4 matrix for the kernel. With fp16
+ * scales (n <= LLM_HEAD_SCALE_CHUNK) each is widened into buf, the f32 the
+ * image holds bit for bit (llm_f16_to_f32_bits is exact on every finite fp16,
+ * and the staged fp16 is that f32's own value: engine_open.c), so the kernel
+ * is called exactly as on the f32 rows and every value is the same bits. */
+static llm_q4 LLM_HOT staged_rows(const llm_head *h, uint32_t first, uint32_t n, float *buf) {
+    llm_q4 q = llm_wmat_q4(&h->w);
+    q.codes += (size_t)first * q.row_bytes;
+    q.rows = n;
+    if (h->scales16 == NULL) {
+        q.scales += (size_t)first * q.n_groups;
+        return q;
+    }
+    const uint16_t *s16 = h->scales16 + first;
+    /* every scale as a positive normal (a trained head's), without a branch:
+     * the largest h - 0x0400 says afterwards whether they all were one ... */
+    uint32_t worst = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t h16 = s16[i], d = h16 - 0x0400u;
+        worst = d > worst ? d : worst;
+        buf[i] = llm_f32_from_bits((h16 << 13) + (112u << 23));
+    }
+    /* ... else all again, each by its own case (zero, subnormal, negative) */
+    if (worst >= 0x7800u)
+        for (uint32_t i = 0; i < n; i++) buf[i] = llm_f32_from_bits(llm_f16_to_f32_bits(s16[i]));
+    q.scales = buf;
+    return q;
+}
+
 /* ---- one wave: rows of several row ranges, split across cores ----------- */
 
 typedef struct wave_job {
@@ -147,13 +185,18 @@ typedef struct wave_job {
 
 static void LLM_HOT wave_ranges(void *arg, uint32_t k0, uint32_t k1) {
     const wave_job *j = arg;
+    float widened[LLM_HEAD_SCALE_CHUNK];
     for (uint32_t k = k0; k < k1; k++) {
-        /* a view of the range's rows: the kernel writes y[0..count) */
-        llm_q4 part = llm_wmat_q4(&j->h->w);
-        part.codes += (size_t)j->first[k] * part.row_bytes;
-        part.scales += (size_t)j->first[k] * part.n_groups;
-        part.rows = j->count[k];
-        llm_matvec_q4(&part, j->xq, j->xscale, j->y + (size_t)k * j->stride, 0, part.rows);
+        /* views of the range's rows, one call each: the kernel writes
+         * y[0..count) (each row on its own: kernels.h, so the same bits in
+         * one call or several) */
+        float *y = j->y + (size_t)k * j->stride;
+        for (uint32_t r = 0; r < j->count[k];) {
+            const uint32_t n = call_rows(j->h, j->count[k] - r);
+            const llm_q4 part = staged_rows(j->h, j->first[k] + r, n, widened);
+            llm_matvec_q4(&part, j->xq, j->xscale, y + r, 0, n);
+            r += n;
+        }
     }
 }
 
@@ -291,12 +334,20 @@ static void LLM_HOT many_lane(void *arg, uint32_t l0, uint32_t l1) {
             const uint32_t first = (uint32_t)t * h->tile_rows;
             const uint32_t count =
                 h->w.rows - first < h->tile_rows ? h->w.rows - first : h->tile_rows;
-            const llm_wmat rows = llm_wmat_rows(&h->w, first, count);
-            const llm_q4 part = llm_wmat_q4(&rows); /* certified heads are int4 */
-            if (n == 1u)
-                llm_matvec_q4(&part, xs[0], sc[0], ys[0], 0, count);
-            else
-                llm_matvec_q4_cols(&part, xs, sc, n, ys, 0, count);
+            /* certified heads are int4; one call a tile unless its scales
+             * are fp16 and it is longer than the widening buffer */
+            float widened[LLM_HEAD_SCALE_CHUNK];
+            for (uint32_t r0 = 0; r0 < count;) {
+                const uint32_t nr = call_rows(h, count - r0);
+                const llm_q4 part = staged_rows(h, first + r0, nr, widened);
+                float *yr[LLM_HEAD_MANY_MAX];
+                for (uint32_t k = 0; k < n; k++) yr[k] = ys[k] + r0;
+                if (n == 1u)
+                    llm_matvec_q4(&part, xs[0], sc[0], yr[0], 0, nr);
+                else
+                    llm_matvec_q4_cols(&part, xs, sc, n, yr, 0, nr);
+                r0 += nr;
+            }
             /* row by row, every position: a value below the lane's floor cannot
              * enter (claim 3 per row), so its id is never read; a floor only
              * changes when its list takes a row */

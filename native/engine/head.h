@@ -31,10 +31,22 @@
  * (head.c: "Order of visits"). */
 #define LLM_HEAD_WAVE_TILES 8u
 
+/* Rows the certified head widens the fp16 scales of at once (a float each on
+ * the stack of the core scoring them), and so rows per kernel call when the
+ * scales are fp16: a tile of the release model's 128 is one call. The 512
+ * bytes keep the worker's deepest frame where it was: xtensa gcc -O2 gives
+ * the lane scan 832 bytes with them, attention on the worker 1,312. */
+#define LLM_HEAD_SCALE_CHUNK 128u
+
 /* The head as staged: rows in tile order (row i is token ids[i]). */
 typedef struct llm_head {
     llm_wmat w;             /* [rows][row_bytes] codes or values, [rows][n_groups] scales;
-                             * only an int4 head has a certificate (image.c) */
+                             * only an int4 head has a certificate (image.c). The
+                             * copy staged in tile order has w.scales NULL: */
+    const uint16_t *scales16; /* [rows] its one scale a row as fp16 bits, the value
+                             * the image's f32 holds (the loader checks every int4
+                             * scale is an fp16 value), widened back per scored
+                             * tile; NULL: w.scales */
     const uint16_t *ids;    /* [rows] token id of staged row i; NULL: row i is id i */
     llm_wmat by_id;         /* the same rows in id order (the image's, when w holds
                              * them in tile order; else w itself): llm_head_row */
@@ -80,6 +92,12 @@ typedef struct llm_splitter {
     void (*preload)(void *ctx, const void *addr, size_t bytes);
 } llm_splitter;
 
+/* Bytes one staged row occupies, its scales included (what scoring it reads):
+ * codes + 2 with fp16 scales, else llm_wmat_row_cost. */
+static inline uint64_t llm_head_row_cost(const llm_head *h) {
+    return h->scales16 != NULL ? (uint64_t)h->w.row_bytes + 2u : llm_wmat_row_cost(&h->w);
+}
+
 /* Bytes of scratch for a head of this shape (16-byte multiples). */
 uint32_t llm_head_scratch_bytes(const llm_head *h);
 void llm_head_scratch_init(llm_head_scratch *s, const llm_head *h, void *mem);
@@ -96,8 +114,9 @@ void llm_head_dense(const llm_head *h, llm_head_scratch *s, const llm_vin *in, f
 /* The logit of token id `id` (< rows) alone: its row of by_id through the
  * kernel of the head's kind, as llm_wmat_matvec runs it for one row. The
  * same bits llm_head_dense writes to logits[id]: every kernel computes each
- * row on its own (kernels.h), and the staged rows are copies of the image's.
- * `in` as for llm_head_dense. */
+ * row on its own (kernels.h), and the staged rows are copies of the image's
+ * (their fp16 scales widened back to the image's f32 bits). `in` as for
+ * llm_head_dense. */
 float llm_head_row(const llm_head *h, const llm_vin *in, uint32_t id);
 
 /* Offer every row that can still matter to `cand` (already initialised with

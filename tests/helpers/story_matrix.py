@@ -15,6 +15,13 @@ samplers x the images given, both decodings, K as floats and as dots) runs by
 hand (--preload: the engine's stories with the cache preload hints on):
 
     python tests/helpers/story_matrix.py IMAGE [IMAGE ...] [--tokens N] [--preload]
+        [--f32-reference]
+
+Plain mode reads the head as the engine staged it: with a certificate, the
+copy in tile order whose scales are fp16 (engine_open.c). --f32-reference
+takes the reference story instead from the image with its certificate
+emptied (`uncertified`), whose head is the image's own rows with their f32
+scales, and checks plain mode against it too (tests/test_head_f16_scales.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import hashlib
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,14 +118,35 @@ def speculative(llm: Any, image: str, prompt: list[int], sampler: tuple[float, i
         return Story(tokens[:n], {i: h for i, h in rows.items() if i < n})
 
 
+def uncertified(image: Path, out: Path) -> Path:
+    """`image` written to `out` with its head certificate emptied (n_tiles 0):
+    the engine then stages the head in id order with the image's f32 scales
+    and scores it densely."""
+    from image_edit import with_section
+    from mpllm.formats import head_tiles
+    from mpllm.formats.image import read_image
+
+    cfg = read_image(image).config
+    empty = head_tiles.TILES_HEADER.pack(cfg.vocab_out, 0, 0, head_tiles.cols_padded(cfg.dim))
+    out.write_bytes(with_section(image.read_bytes(), "head_tiles", empty))
+    return out
+
+
 def check(llm: Any, image: str, prompt: list[int], sampler: tuple[float, int, int],
           n: int, vocab: int, k_dots: tuple[bool, ...] = (False, True),
-          preload: bool = False) -> list[str]:
+          preload: bool = False, reference: str | None = None) -> list[str]:
     """The differences from plain mode of the engine (K as floats and, or, as
     dots; with the cache preload hints on when `preload`) stepped and with
-    speculative decoding ([] when the stories are the same)."""
-    ref = stepped(llm, image, prompt, sampler, n, plain=True)
+    speculative decoding ([] when the stories are the same). With `reference`
+    (an image of the same weights, e.g. `uncertified`), the reference is plain
+    mode on it, and plain mode on `image` is checked against it as well."""
+    ref = stepped(llm, reference or image, prompt, sampler, n, plain=True)
     bad = []
+    if reference is not None:
+        got = stepped(llm, image, prompt, sampler, n, plain=True)
+        if got != ref:
+            bad.append(f"plain mode against {Path(reference).name}: "
+                       f"{_first_difference(ref, got)}")
     for kd in k_dots:
         how = ("K as dots" if kd else "K as floats") + (", preload on" if preload else "")
         got = stepped(llm, image, prompt, sampler, n, plain=False, k_dots=kd, preload=preload)
@@ -149,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=20, help="prompts an image (default 20)")
     ap.add_argument("--preload", action="store_true",
                     help="the engine's stories with the cache preload hints on (set_preload)")
+    ap.add_argument("--f32-reference", action="store_true",
+                    help="the reference from each image with its head certificate emptied "
+                         "(its head's f32 rows), plain mode checked against it too")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here)]
@@ -156,23 +188,30 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = engine_ext.load()
     failed = total = 0
+    tmp = tempfile.TemporaryDirectory() if args.f32_reference else None
     for image in args.images:
         with llm.Model(str(image)) as m:
             vocab = m.config()["vocab_out"]
+        reference = (str(uncertified(image, Path(tmp.name) / f"f32-{image.name}"))
+                     if tmp is not None else None)
         t0 = time.time()
         for p, prompt in enumerate(prompts(vocab, args.prompts)):
             for sampler in SAMPLERS:
                 total += 1
                 bad = check(llm, str(image), prompt, sampler, args.tokens, vocab,
-                            preload=args.preload)
+                            preload=args.preload, reference=reference)
                 failed += bool(bad)
                 for b in bad:
                     print(f"DIFFER {image.name} prompt {p} sampler {sampler}: {b}", flush=True)
             print(f"{image.name}: prompt {p + 1}/{args.prompts} done "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-    print(f"\n{total - failed} of {total} (prompt, sampler, image) stories equal plain mode's, "
+    ref = ("plain mode's on the image with its certificate emptied (f32 head rows), plain "
+           "mode's on the image too" if args.f32_reference else "plain mode's")
+    print(f"\n{total - failed} of {total} (prompt, sampler, image) stories equal {ref}, "
           f"stepped and speculative, K as floats and as dots"
           f"{', preload on' if args.preload else ''} ({args.tokens} tokens each)")
+    if tmp is not None:
+        tmp.cleanup()
     return 1 if failed else 0
 
 

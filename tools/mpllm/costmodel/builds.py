@@ -153,6 +153,10 @@ class Build:
     #: a dense head may also be "flash" (read in place: no room in RAM)
     kv_tier: str = "psram"
     head_tier: str = "psram"
+    #: bytes of a certified head row's scale as staged: 4 (f32: esp32-ai's
+    #: builds) or 2 (ours: the fp16 it is, widened per scored tile, head.c
+    #: staged_rows; s3.HEAD_SCALE_WIDEN_ROW_OPS)
+    head_scale_bytes: int = 4
     assumptions: tuple[str, ...] = field(default=())
 
 
@@ -275,14 +279,15 @@ BUILDS: dict[str, Build] = {
         ids_for_entrants=True, first_wave_tiles=1, kv="fp32-rows", kv_offset=0, softmax_exp="llm", act_exp="llm",
         quant="round", quant_per_matvec=False, split_rows=None, attn_split="heads",
         sampler="cand-greedy", rope="table", rows_from="image", v_bytes=2, attn_rows4=True,
-        chain_interleave=4, **_OUR_PORT,
+        chain_interleave=4, head_scale_bytes=2, **_OUR_PORT,
         assumptions=(
             _OUR_PORT_NOTE,
             ("certified head: rows permuted by norm at convert time, 199 tiles of 128, int8 "
              "boxes + tile scale in SRAM, max-heap order, first tile inline, then every tile "
              "still above its floor in two lanes (one per core, each with its own floor), "
-             "one hand-off; scored rows + 4-byte scale from PSRAM, and the 2-byte id only of "
-             "rows that could enter the candidate list"),
+             "one hand-off; scored rows + their scale from PSRAM, as the 2-byte fp16 it is "
+             "(widened to f32 per scored tile, 8 ops a row), and the 2-byte id only of rows "
+             "that could enter the candidate list"),
             ("no logits buffer; attention positions outer over 64-byte aligned rows: K as fp32, "
              "V as the exact int16 dots + one scale per position, each value recomputed with "
              "the kernel's two roundings when read (4 ops), one position's rows four at a "

@@ -17,6 +17,7 @@ from .shape import (
     cdiv,
     matrices,
     matrix_row_bytes,
+    one_group_a_row,
     ple_record_bytes,
 )
 
@@ -42,7 +43,8 @@ def engine_stage_bytes(s: Shape, pos: int, placement: Mapping[str, str] | None =
 
     `placement` maps "core", "head", "ids", "tiles", "logits", "kv", "norms" to
     a region (default: the board plan: core, tiles and norms "fast"; head,
-    ids, logits and KV "bulk")."""
+    ids, logits and KV "bulk"), and "head_scales" to how the head's rows keep
+    their scales (`head_eval_bytes`)."""
     pl = {"core": "fast", "kv": "bulk", "norms": "fast"}
     pl.update(placement or {})
     out = {st: dict.fromkeys(REGIONS, 0.0) for st in STAGES}
@@ -89,11 +91,24 @@ def head_eval_bytes(s: Shape, placement: Mapping[str, str] | None = None, *, mod
     enter its candidate list); a certified evaluation adds the whole tile
     index (int8 box mid+half over the padded columns + an f32 tile scale per
     tile), a dense one (plain mode, top_k 0) the logits buffer written by the
-    head and read by the sampler."""
-    pl = {"head": "bulk", "ids": "bulk", "tiles": "fast", "logits": "bulk"}
+    head and read by the sampler.
+
+    placement["head_scales"]: "fp16" when the head is the copy staged in its
+    certificate's tile order (engine_open.c: each row's one scale kept as the
+    2-byte fp16 it is; by either route, the dense one too), "f32" when its
+    rows are the image's (id order, 4-byte scales). Default: the board plan,
+    where a head of one int4 group a row has its certificate and is staged."""
+    pl = {"head": "bulk", "ids": "bulk", "tiles": "fast", "logits": "bulk",
+          "head_scales": "fp16" if one_group_a_row(s) else "f32"}
     pl.update(placement or {})
     out = dict.fromkeys(REGIONS, 0.0)
     rb = matrix_row_bytes(s, s.dim)
+    if pl["head_scales"] == "fp16":
+        if not one_group_a_row(s):
+            raise ValueError("fp16 head scales: only a head of one int4 group a row is staged so")
+        rb -= 2  # the row's one f32 scale (4 bytes) as fp16
+    elif pl["head_scales"] != "f32":
+        raise ValueError(f"head_scales {pl['head_scales']!r}: fp16 or f32")
     if mode == "dense":
         rows = float(s.vocab_out) if rows is None else rows
         out[pl["logits"]] += s.vocab_out * 2 * 4
@@ -174,6 +189,9 @@ def placement_from_memory(memory: Iterable[tuple[str, str, int]]) -> dict[str, s
     pl = {}
     if "head" in by_name:
         pl["head"] = by_name["head"]
+    # the certificate's tables are staged exactly when the head's rows are, in
+    # their tile order with fp16 scales (engine_open.c stage_head)
+    pl["head_scales"] = "fp16" if "head_tiles" in by_name else "f32"
     for key, name in (("kv", "kv_cache"), ("norms", "norms"), ("core", "L0.qkv"),
                       ("tiles", "head_tiles"), ("ids", "head_ids"), ("logits", "logits")):
         if name in by_name:

@@ -36,6 +36,8 @@ from .s3 import (
     FDOT_ROWS4_OPS,
     HALF2FLOAT_OPS,
     HEAD_ID_READS,
+    HEAD_SCALE_WIDEN_CALL_OPS,
+    HEAD_SCALE_WIDEN_ROW_OPS,
     HEAP_OPS_PER_CMP,
     ICACHE_LINE,
     ICACHE_MISS_S,
@@ -453,6 +455,11 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
     for part_rows, sp in ((inline_rows, False), (rows - inline_rows, True)):
         w.compute(split=sp, pie=part_rows * per_row_pie, ops=part_rows * per_row_ops)
     w.compute(pie=c.tiles * call_pie)  # one kernel call per tile
+    inline = min(c.tiles, float(b.first_wave_tiles)) / c.tiles  # share scored inline
+    if b.head_scale_bytes == 2:  # every fetched tile's fp16 scales widened (head.c staged_rows)
+        widen = c.tiles * (TILE_ROWS * HEAD_SCALE_WIDEN_ROW_OPS + HEAD_SCALE_WIDEN_CALL_OPS)
+        w.compute(ops=inline * widen)
+        w.compute(split=True, ops=(1 - inline) * widen)
     if b.sampler == "cand-topk":
         k = b.top_k
         inserts = k * (1.0 + math.log(max(rows / k, 1.0)))
@@ -461,14 +468,14 @@ def _head(w: Work, b: Build, s: Shape, pie_calls: Mapping[str, int] | None,
             w.compute(ops=k * (k / 2) * 3)  # lane 1's list offered into lane 0's
     w.handoff(c.handoffs, b.handoff_s)
     ids_b = 2 if b.kernels == "pie" else 0  # esp32-ai reads head4_tok only on ties
+    scale_b = b.head_scale_bytes
     lines = c.tiles * (stream_lines(TILE_ROWS * row_bytes, b.line)
-                       + stream_lines(TILE_ROWS * 4, b.line))
+                       + stream_lines(TILE_ROWS * scale_b, b.line))
     id_lines, id_reads = c.tiles * stream_lines(TILE_ROWS * ids_b, b.line), rows
     if ids_b and b.ids_for_entrants:  # each read a line, at most the rows' id lines
         id_reads = min(rows, head_id_reads(b))
         id_lines = min(id_lines, id_reads)
-    inline = min(c.tiles, float(b.first_wave_tiles)) / c.tiles  # share scored inline
-    total_b = rows * (row_bytes + 4) + id_reads * ids_b
+    total_b = rows * (row_bytes + scale_b) + id_reads * ids_b
     if b.head_tier == "sram":  # a board without PSRAM: the rows are loads in the kernel
         w.sram(total_b)
         return

@@ -39,6 +39,8 @@ from .s3 import (
     ERFF_OPS,
     FAXPY_OPS,
     FDOT_OPS,
+    HEAD_SCALE_WIDEN_CALL_OPS,
+    HEAD_SCALE_WIDEN_ROW_OPS,
     HEAP_OPS_PER_CMP,
     K_REBUILD_OPS,
     ROW_OPS_PIE,
@@ -233,16 +235,21 @@ def _head_many(w: Work, b: Build, s: Shape, m: int, ph: PassHead,
         w.handoff(1, b.handoff_s)
         k = b.top_k if b.sampler == "cand-topk" else 1
         w.compute(ops=m * k * (k / 2) * 3)  # lane 1's lists offered into lane 0's
+    scale_b = b.head_scale_bytes
+    if scale_b == 2:  # each fetched tile's fp16 scales widened once for its positions
+        w.compute(split=split, ops=ph.tiles * (TILE_ROWS * HEAD_SCALE_WIDEN_ROW_OPS
+                                               + HEAD_SCALE_WIDEN_CALL_OPS))
     row_bytes = q4_row_bytes(d)
-    tile_lines = stream_lines(TILE_ROWS * row_bytes, b.line) + stream_lines(TILE_ROWS * 4, b.line)
+    tile_lines = (stream_lines(TILE_ROWS * row_bytes, b.line)
+                  + stream_lines(TILE_ROWS * scale_b, b.line))
     # a row's id is read once for the positions it could enter (s3.HEAD_ID_READS
     # per position, each read a line, at most the rows' id lines)
     id_lines, id_reads = ph.tiles * stream_lines(TILE_ROWS * 2, b.line), float(rows_read)
     if b.ids_for_entrants:
         id_reads = min(id_reads, m * head_id_reads(b))
         id_lines = min(id_lines, id_reads)
-    w.psram(ph.tiles * tile_lines + id_lines, b.line, rows_read * (row_bytes + 4) + id_reads * 2,
-            split=split)
+    w.psram(ph.tiles * tile_lines + id_lines, b.line,
+            rows_read * (row_bytes + scale_b) + id_reads * 2, split=split)
 
 
 def _batch_buffers(work: Mapping[str, Work], b: Build, s: Shape, pos: int, m: int,

@@ -325,6 +325,17 @@ BOUND_OPS_PER_TILE = 12
 HEAP_OPS_PER_CMP = 3
 #: Candidate update per scored row: compare with the floor, branch, count.
 CAND_OPS_PER_ROW = 3
+#: The certified head's staged rows keep their one scale as fp16 (2 bytes,
+#: engine_open.c); each scored tile widens its rows' scales to f32 before the
+#: kernel call (head.c staged_rows). Counted from xtensa-esp32s3-elf-gcc
+#: -O2's code of the branch-free loop every tile of positive normal scales
+#: takes (a trained head's): per row the 16-bit load, shift, rebias add,
+#: store, the range test's subtract and maxu, and the two pointer steps (a
+#: zero-overhead `loop`) ...
+HEAD_SCALE_WIDEN_ROW_OPS = 8
+#: ... and per kernel call (one a tile of 128 rows) the view, the loop's
+#: setup (constants, trip count, pointers) and the test after it.
+HEAD_SCALE_WIDEN_CALL_OPS = 14
 #: Token ids the certified head reads per evaluation: only rows that could
 #: enter the candidate list read theirs (head.c). Measured by the host engine
 #: (stats()["head_ids"] / heads) on a random release-shaped head, 20 prompts x
