@@ -226,3 +226,25 @@ def test_json_to_a_device_is_written_in_place_and_no_plot_goes_beside_it(
     # --plot still names one
     args = bench_cli.build_parser().parse_args(["--model-s3", "--json", device, "--plot", "p.png"])
     assert bench_cli._plot_path(args) == Path("p.png")
+
+
+def test_model_s3_prices_a_llama2c_image_by_its_shape(llama2c_image, capsys) -> None:
+    """--model-s3 --image of a llama2.c model gives that shape's figures (as
+    --shape), not the release model's prediction (before: "not release-shaped,
+    using the analytic counts", then minutes measuring the esp32-ai demo, and no
+    figure of the image given); a shape the cost model does not price is said
+    in one line, exit 2."""
+    from mpllm.board import bench_cli
+
+    assert bench_cli.main(["--model-s3", "--image", str(llama2c_image("untied")),
+                           "--no-plot"]) == 0
+    cap = capsys.readouterr()
+    assert "a llama2.c model of the stories260k shape" in cap.err
+    assert cap.out.startswith("ESP32-S3 cost model, llama2.c stories260k")
+    assert "N8 (no PSRAM)" in cap.out and "demo model" not in cap.out + cap.err
+    # llama2.c's longest context: a seq_len of 1024 is no priced shape
+    assert bench_cli.main(["--model-s3", "--image", str(llama2c_image("long")),
+                           "--no-plot"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.splitlines()) == 1
+    assert "seq_len 1024) of a shape the S3 cost model does not price" in cap.err
