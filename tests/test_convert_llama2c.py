@@ -205,6 +205,23 @@ def test_v2_checkpoint_keeps_its_own_int8(tmp_path: Path) -> None:
         assert isinstance(layer.down, Q8Matrix) and layer.down.group == 32 < c.hidden_dim
 
 
+def test_formats_line_names_a_v2_checkpoints_own_groups(tmp_path: Path, capsys) -> None:
+    """convert.py's formats line says which int8 matrices keep a v2
+    checkpoint's own group (64 here) and which are in groups of 32 (before, it
+    said "every matrix int8 in groups of 32" of every int8 image)."""
+    ck = _demo()
+    for version, want in (
+            (2, ("formats: every matrix int8 in groups of 64 (embed, qkv, attn_proj, gate, "
+                 "up: the checkpoint's own codes), the rest in groups of 32 with f32 scales")),
+            (1, "formats: every matrix int8 in groups of 32 with f32 scales")):
+        src = tmp_path / f"v{version}.bin"
+        src.write_bytes(fmt.checkpoint_bytes(ck, version, group_size=64))
+        assert convert_main([str(src), str(DEMO / "tokenizer.bin"), "-o",
+                             str(tmp_path / f"v{version}.img"), "--weights", "int8",
+                             "--quality-positions", "0", "--drafter-stories", "0"]) == 0
+        assert want + " (no certified head" in capsys.readouterr().out
+
+
 def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
     ck = _demo()
     cfg = dataclasses.replace(ck.config, shared_classifier=False)

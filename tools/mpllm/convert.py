@@ -126,6 +126,8 @@ class ConvertReport:
     choice: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     #: per format tried: where the model lives on each S3 board (board -> line)
     boards: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: int8 images: their matrices' groups in words (int8_groups(); "" otherwise)
+    int8_groups: str = ""
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -445,7 +447,33 @@ def convert(
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
                          weights=weight_format(trimmed.layers[0].qkv), choice=choice,
-                         boards=boards)
+                         boards=boards, int8_groups=int8_groups(trimmed))
+
+
+def int8_groups(w: Weights) -> str:
+    """The groups of an image's int8 matrices in words, for the formats line:
+    "in groups of 32" when every one has the converter's own
+    (quantize.int8_group), else also which keep a v2 checkpoint's own codes in
+    its group (llama2c_weights.own_int8: where the engine takes that group).
+    "" when no matrix is int8."""
+    from .quantize import int8_group
+
+    mats = {"embed": w.tok_emb, "head": w.head} | {
+        name: getattr(w.layers[0], name) for name in ("qkv", "attn_proj", "gate", "up", "down")}
+    own: dict[int, list[str]] = {}
+    ours = False
+    for name, m in mats.items():
+        if not isinstance(m, Q8Matrix):
+            continue
+        if int(m.group) == int8_group(m.cols):
+            ours = True
+        else:
+            own.setdefault(int(m.group), []).append(name)
+    if not own:
+        return "in groups of 32" if ours else ""
+    return ("in groups of " + ", of ".join(f"{g} ({', '.join(names)}: the checkpoint's own "
+                                            "codes)" for g, names in sorted(own.items()))
+            + (", the rest in groups of 32" if ours else ""))
 
 
 def _choose_weights(
@@ -665,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                     if rep.head_left_out else
                     "no certified head: it needs an int4 head with one scale per row")
             fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
-                   "int8": "int8 in groups of 32 with f32 scales",
+                   "int8": f"int8 {rep.int8_groups} with f32 scales",
                    "fp32": "fp32"}[rep.weights]
             print(f"formats: every matrix {fmt} ({cert}); norms f32 (D values each); q/k "
                   "rows in split-half RoPE order")
