@@ -222,6 +222,25 @@ def test_formats_line_names_a_v2_checkpoints_own_groups(tmp_path: Path, capsys) 
         assert want + " (no certified head" in capsys.readouterr().out
 
 
+def test_where_it_lives_says_an_image_too_big_for_a_partition(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """The weights table's board columns say when a format's image is larger
+    than that board's model partition (flash.py refuses it) instead of where
+    it would live (before, a stories15M-shaped int8 image of 17.9 MB read
+    "context 256: ..." under the N16R8's 13 MiB partition). The N8's partition
+    is shrunk here to less than the demo's image."""
+    from mpllm import boards
+
+    monkeypatch.setitem(boards.BOARDS, "n8", dataclasses.replace(
+        boards.BOARDS["n8"], model_bytes=boards.MiB // 8))
+    rep = _convert(DEMO / "model.bin", DEMO / "tokenizer.bin", tmp_path / "d.img",
+                   weights="int4", quality_positions=16)
+    where = rep.boards["int4"]  # type: ignore[attr-defined]
+    assert where["n8"] == "does not fit its 0.125 MiB model partition"
+    assert where["n16r8"].startswith("context 256: ")
+    assert "does not fit its 0.125 MiB model partition" in rep.weights_table()  # type: ignore[attr-defined]
+
+
 def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
     ck = _demo()
     cfg = dataclasses.replace(ck.config, shared_classifier=False)

@@ -485,7 +485,7 @@ def _choose_weights(
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
     ties to the smaller), the choice record and where each lives on the
     boards (the engine's plan of each candidate's image)."""
-    from .boards import MEMORY, where_it_lives
+    from .boards import BOARDS, MEMORY, MiB, where_it_lives
     from .checkout import NotBuilt, board_module
     from .llama2c_weights import quality
 
@@ -506,7 +506,11 @@ def _choose_weights(
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
         # the engine's own plan of the image just written, on each board's memory
         image = staging.read_bytes()
-        boards[fmt] = {b: where_it_lives(_llm.plan, image, board) for b, board in MEMORY.items()}
+        boards[fmt] = {b: where_it_lives(_llm.plan, image, board)
+                       if len(image) <= BOARDS[b].model_bytes else
+                       # where it would live is moot: flash.py refuses the image
+                       f"does not fit its {BOARDS[b].model_bytes / MiB:g} MiB model partition"
+                       for b, board in MEMORY.items()}
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
             break
