@@ -31,7 +31,8 @@ def tiny(tiny_model) -> Iterator:
     """llm with the tiny generated model (seq_len 64) loaded."""
     llm.load(str(tiny_model.image))
     yield tiny_model
-    llm.load(str(tiny_model.image))  # a test may have swapped or closed it
+    llm.unload()  # a test may have swapped it, closed it or left it at another context
+    llm.load(str(tiny_model.image))
 
 
 def engine_tokens(image: Path, ids: list[int], n: int, temperature: float = 0.0, top_k: int = 0,
@@ -108,6 +109,21 @@ def test_context_cap_stops_the_story_where_the_engine_holds_no_more(tiny, capsys
     assert m2 is not m and m2.config()["seq_len"] == 40
     with pytest.raises(_llm.Error, match="bad argument: context 65 exceeds"):
         llm.load(str(tiny.image), context=65)
+
+
+def test_a_load_that_fails_leaves_the_open_model_open(tiny):
+    """llm.load() with a context past the image's, a bad context or a missing
+    file raises, and the model that was open stays open at its context, in its
+    mode, so that llm.load() and a story go on (before, the failed load had
+    closed it: "no model image: ... call llm.load(path_to_image) first")."""
+    llm.load(str(tiny.image), context=40, plain=True)
+    for kw in ({"context": tiny.config.seq_len + 1}, {"context": 0}, {"context": "x"},
+               {"image": str(tiny.image) + ".missing"}):
+        with pytest.raises((_llm.Error, ValueError, TypeError, OSError)):
+            llm.load(**{"image": str(tiny.image), **kw})
+        m = llm.load()
+        assert m.config()["seq_len"] == 40 and llm.mode() == "plain", kw
+        assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=3))
 
 
 def test_budget_wins_when_it_equals_the_room(tiny):
