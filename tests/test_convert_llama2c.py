@@ -292,6 +292,11 @@ def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
         (esp / "model.bin", good_tok, {},
          "is a llama2.c tokenizer.bin; an esp32-ai model.bin needs its tokenizer.json"),
         (tmp / "v0.bin", good_tok, {"group": 48}, "group 48: must be a positive multiple of 32"),
+        # the two files swapped, and the checkpoint given twice
+        (good_tok, tmp / "v0.bin", {},
+         (f"{tmp / 'v0.bin'} is a llama2.c checkpoint, not a tokenizer, and {good_tok} is a "
+          "tokenizer.bin: the model comes first (convert.py MODEL.bin TOKENIZER.bin -o OUT)")),
+        (tmp / "v0.bin", tmp / "v0.bin", {}, "v0.bin is a llama2.c checkpoint, not a tokenizer"),
     ]
 
 

@@ -305,6 +305,11 @@ def convert(
 
     tok_bytes = tok_path.read_bytes()
     model_bytes = model_path.read_bytes()
+    if is_checkpoint(tok_bytes):  # (read as a tokenizer, its first "token" is absurd)
+        raise ConvertError(
+            f"{tok_path} is a llama2.c checkpoint, not a tokenizer"
+            + (f", and {model_path} is a tokenizer.bin: the model comes first (convert.py "
+               "MODEL.bin TOKENIZER.bin -o OUT)" if _is_tokenizer_bin(model_bytes) else ""))
     llama = _is_llama2c(model_bytes, tok_bytes)
     if llama:  # the header first (its sizes against the engine's limits): nothing heavy yet
         try:
