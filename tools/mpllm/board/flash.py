@@ -313,6 +313,24 @@ def _check_local(path: Path, what: str) -> Path:
     return path
 
 
+def _smaller_hint(img: Path) -> str:
+    """For an image too big for its partition whose matrices are int8 or fp32
+    (a llama2.c checkpoint converted by --weights auto, or named): how to make
+    the smaller int4 image of the same checkpoint. "" otherwise."""
+    from ..formats.image import KIND_F32M, KIND_Q8, ImageFormatError, read_header
+
+    try:
+        with open(img, "rb") as f:
+            _, sections = read_header(f.read())
+    except (OSError, ImageFormatError):
+        return ""
+    if not any(s.kind in (KIND_Q8, KIND_F32M) for s in sections):
+        return ""
+    return (" (its matrices are int8 or fp32; the checkpoint's int4 image is about half the "
+            "size of int8's: tools/convert.py MODEL.bin TOKENIZER.bin -o IMG --weights int4, "
+            "then --image IMG)")
+
+
 def check_image(img: Path, limit: int | None = None) -> None:
     """The one check of an image before it is used, for both boards: a valid
     model image (what the engine would check at boot), within `limit` bytes
@@ -320,7 +338,7 @@ def check_image(img: Path, limit: int | None = None) -> None:
     size = img.stat().st_size if img.is_file() else 0
     if limit is not None and size > limit:  # first: no need to read all of a huge file
         raise FlashError(f"model image {img} is {size} bytes; the '{pins.MODEL_PARTITION}' "
-                         f"partition holds {limit}. Nothing was written.")
+                         f"partition holds {limit}{_smaller_hint(img)}. Nothing was written.")
     try:
         image_cache.check_image_file(img, "model image")
     except image_cache.ImageFileError as e:
