@@ -399,8 +399,15 @@ def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
     try:
         return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
     except DownloadError as e:
-        missing = [p for p in (model, tokenizer) if not (dest / p.name).is_file()]
-        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url})" for p in missing)
+        def verified(p: PinnedFile) -> bool:
+            f = dest / p.name
+            return f.is_file() and f.stat().st_size == p.size and sha256_file(f) == p.sha256
+
+        # a file there that does not match its pin is as missing as an absent one
+        missing = [p for p in (model, tokenizer) if not verified(p)]
+        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url}"
+                             + ("; the one there does not match" if (dest / p.name).exists()
+                                else "") + ")" for p in missing)
         raise DownloadError(f"{e}. No network? Put {files} in {dest} by hand and run this "
                             f"again (they are checked against {pins_json.name})") from None
 
