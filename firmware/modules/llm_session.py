@@ -222,7 +222,8 @@ def drafter(model, draft="auto", paced=True):
     if draft == "ngram":
         if not has_table:
             raise ValueError("draft='ngram': this image has no n-gram drafter table "
-                             "(convert it without --drafter-stories 0)")
+                             "(convert.py leaves it out where it does not pay, and says "
+                             "so; --drafter-stories 0 stores none)")
         ngram = lambda context, n: model.draft(context[-3:], n)
         return Pacer(ngram) if pace else ngram
     if draft == "lookup":
