@@ -241,6 +241,20 @@ def test_where_it_lives_says_an_image_too_big_for_a_partition(tmp_path: Path,
     assert "does not fit its 0.125 MiB model partition" in rep.weights_table()  # type: ignore[attr-defined]
 
 
+def test_the_chosen_formats_row_is_the_written_image(tmp_path: Path) -> None:
+    """The weights table's board columns of the chosen format are the image as
+    written: where the converter then leaves the certified head out (the demo
+    at int4), the core and the KV cache find more room than in the image it
+    measured (before: the N8 column said 87 positions, the image opens at 89)."""
+    from mpllm.convert import where_on_boards
+
+    out = tmp_path / "d.img"
+    rep = _convert(DEMO / "model.bin", DEMO / "tokenizer.bin", out, weights="int4",
+                   quality_positions=16, drafter_stories=20)
+    assert rep.head_left_out and not rep.certified_head  # type: ignore[attr-defined]
+    assert rep.boards["int4"] == where_on_boards(out.read_bytes())  # type: ignore[attr-defined]
+
+
 def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
     ck = _demo()
     cfg = dataclasses.replace(ck.config, shared_classifier=False)

@@ -427,6 +427,11 @@ def convert(
                 if head_left_out:
                     tile_rows = 0  # (write() reads it): every row scored, no certificate
             report = write(trimmed, drafts, choice)
+            if choice.chosen and head_left_out:
+                # the chosen format's row is of the image as written: without the
+                # head's certificate, which was measured with it, the core and the
+                # KV cache find more room (stories260K at int4: 89 positions on the N8, not 87)
+                boards[MATRIX_KINDS[choice.chosen]] = where_on_boards(staging.read_bytes())
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
         try:
@@ -481,6 +486,20 @@ def int8_groups(w: Weights) -> str:
             + (", the rest in groups of 32" if ours else ""))
 
 
+def where_on_boards(image: bytes) -> dict[str, str]:
+    """Where `image` lives on each S3 board (board -> line): the engine's own
+    plan of it on the board's memory (boards.where_it_lives), or that it does
+    not fit the board's model partition."""
+    from .boards import BOARDS, MEMORY, MiB, where_it_lives
+    from .checkout import board_module
+
+    plan = board_module("_llm").plan
+    return {b: where_it_lives(plan, image, board) if len(image) <= BOARDS[b].model_bytes else
+            # where it would live is moot: flash.py refuses the image
+            f"does not fit its {BOARDS[b].model_bytes / MiB:g} MiB model partition"
+            for b, board in MEMORY.items()}
+
+
 def _choose_weights(
     staging: Path, candidates: dict[str, Weights], ck: Llama2cCheckpoint, positions: int,
     first: ImageReport, write: Callable[[Weights], ImageReport],
@@ -490,7 +509,6 @@ def _choose_weights(
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
     ties to the smaller), the choice record and where each lives on the
     boards (the engine's plan of each candidate's image)."""
-    from .boards import BOARDS, MEMORY, MiB, where_it_lives
     from .checkout import NotBuilt, board_module
     from .llama2c_weights import quality
 
@@ -509,13 +527,7 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        # the engine's own plan of the image just written, on each board's memory
-        image = staging.read_bytes()
-        boards[fmt] = {b: where_it_lives(_llm.plan, image, board)
-                       if len(image) <= BOARDS[b].model_bytes else
-                       # where it would live is moot: flash.py refuses the image
-                       f"does not fit its {BOARDS[b].model_bytes / MiB:g} MiB model partition"
-                       for b, board in MEMORY.items()}
+        boards[fmt] = where_on_boards(staging.read_bytes())
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
             break
