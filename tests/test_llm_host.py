@@ -403,6 +403,14 @@ def test_chat_py_errors(tiny, tmp_path):
                                 "'import llm; llm.story(\"Once upon a time\", seed=3)'")
     r = run_chat(["--no-heal"], tmp_path, {})
     assert r.returncode == 2 and "--no-heal is for a story from a prompt" in r.stderr
+    # the board without PSRAM is a board too (flash.py --board n8 writes it): before,
+    # "invalid choice: 'n8'"
+    r = run_chat(["--board", "n8", "--port", "/dev/ttyACM0", "--greedy", PROMPT], tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("mpremote connect /dev/ttyACM0 exec "
+                                "'import llm; llm.story(\"Once upon a time\", temperature=0.0)'")
+    r = run_chat(["--board", "n8", "--image", str(tiny.image), PROMPT], tmp_path, {})
+    assert r.returncode == 2 and "tools/flash.py --board n8 --image" in r.stderr
 
 
 def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_path, capfd):
