@@ -605,9 +605,11 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
         print("--vs-runc RUN, --llama2c MODEL.bin TOKENIZER.bin and --board host go together",
               file=sys.stderr)
         return 2
-    for path in (args.vs_runc, *args.llama2c):
+    for path, what in ((args.vs_runc, "--vs-runc"), *((p, "--llama2c") for p in args.llama2c)):
         if not path.is_file():
-            print(f"bench.py: {path}: no such file", file=sys.stderr)
+            hint = (" (llama2.c's run or runq: make runfast in a llama2.c checkout builds both)"
+                    if what == "--vs-runc" else "")
+            print(f"bench.py: {what} {path}: no such file{hint}", file=sys.stderr)
             return 2
     model_bin, tokenizer_bin = args.llama2c
     image = converted(model_bin, tokenizer_bin, default_cache_dir(), weights=args.weights)
