@@ -141,7 +141,8 @@ class ConvertReport:
         boards = sorted({b for per in self.boards.values() for b in per})
         lines = [(f"weights: teacher-forced greedy agreement with the fp32 forward over "
                  f"{self.choice.positions} positions (auto keeps the smallest >= "
-                 f"{100 * AUTO_AGREEMENT:.0f} %, else the best)"),
+                 f"{100 * AUTO_AGREEMENT:.0f} %, else the best); bytes: the image measured, "
+                 "before the drafter and the certified head were settled"),
                  f"  {'format':<7} {'agree':>7} {'mean|diff|':>10} {'bytes':>11}  "
                  + "  ".join(f"{b:<50}" for b in boards)]
         for t in self.choice.tried:
