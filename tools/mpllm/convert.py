@@ -428,11 +428,12 @@ def convert(
                 if head_left_out:
                     tile_rows = 0  # (write() reads it): every row scored, no certificate
             report = write(trimmed, drafts, choice)
-            if choice.chosen and head_left_out:
-                # the chosen format's row is of the image as written: without the
-                # head's certificate, which was measured with it, the core and the
-                # KV cache find more room (stories260K at int4: 89 positions on the N8, not 87)
-                boards[MATRIX_KINDS[choice.chosen]] = where_on_boards(staging.read_bytes())
+        if choice.chosen:
+            # the chosen format's row is of the image as written, not as measured:
+            # with the certified head left out (the head tiles gone) the core and
+            # the KV cache find more room (stories260K at int4: 89 positions on
+            # the N8, not 87)
+            boards[MATRIX_KINDS[choice.chosen]] = where_on_boards(staging.read_bytes())
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
         try:
