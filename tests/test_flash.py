@@ -188,6 +188,17 @@ def test_dry_run_host_board(capfd: pytest.CaptureFixture[str]) -> None:
     assert "tools/chat.py --board host" in out
 
 
+def test_host_board_next_command_runs_from_anywhere(capfd: pytest.CaptureFixture[str],
+                                                    tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the checkout, the next command names chat.py by its path (before:
+    "python tools/chat.py", no such file from there)."""
+    monkeypatch.chdir(tmp_path)
+    assert flash.main(["--board", "host", "--dry-run"]) == 0
+    assert f"  python {ROOT / 'tools' / 'chat.py'} --board host --image " in \
+        capfd.readouterr().out
+
+
 # ---------------------------------------------------------------------------
 # with a (fake) board
 

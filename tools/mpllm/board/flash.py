@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import urllib.error
@@ -732,7 +733,10 @@ def prepare_host(args: argparse.Namespace, run: Runner) -> None:
                 f"the CPython _llm with pip and make the model image {img}. After it:")
     else:
         run.out(f"Done: model image {img}. Next:")
-    run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
+    # the checkout's chat.py as this shell reaches it (from elsewhere, tools/chat.py is no file)
+    here = Path.cwd().resolve() == ROOT.resolve()
+    chat_py = "tools/chat.py" if here else shlex.quote(str(ROOT / "tools" / "chat.py"))
+    run.out(f'  python {chat_py} --board host --image {img} "Once upon a time"')
 
 
 # ---------------------------------------------------------------------------
