@@ -248,3 +248,21 @@ def test_model_s3_prices_a_llama2c_image_by_its_shape(llama2c_image, capsys) -> 
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.splitlines()) == 1
     assert "seq_len 1024) of a shape the S3 cost model does not price" in cap.err
+
+
+def test_a_bad_image_is_one_line_without_matplotlib(tmp_path, monkeypatch, capsys) -> None:
+    """Without matplotlib, a missing --image is still the one line (before: "plot
+    skipped: matplotlib is not installed" came first), and --shape, which plots
+    nothing, says nothing of plots."""
+    from mpllm.board import bench_cli
+
+    def no_matplotlib() -> bool:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+
+    monkeypatch.setattr(bench_cli, "_have_matplotlib", no_matplotlib)
+    assert bench_cli.main(["--board", "host", "--image", str(tmp_path / "nope.img")]) == 2
+    assert capsys.readouterr().err == f"bench.py: --image {tmp_path / 'nope.img'}: file not found\n"
+    assert bench_cli.main(["--model-s3", "--shape", "stories260k"]) == 0
+    assert "plot" not in capsys.readouterr().err

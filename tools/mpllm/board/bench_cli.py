@@ -211,7 +211,7 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
     if args.model_s3 and args.refit is not None:
         return [args.json] if args.json else []
     if args.model_s3:
-        plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []  # type: ignore[list-item]
+        plots = [_plot_path(args)] if args.shape == "release" and _plotting(args) else []  # type: ignore[list-item]
         return plots + ([args.json] if args.json else [])
     if args.ab:
         return [_ab_json(args)]
@@ -659,10 +659,10 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
+        if args.image is not None:  # first: a bad image is the one line, no plot note before it
+            check_image_file(args.image)
         for path in _outputs(args):
             check_output(path)
-        if args.image is not None:
-            check_image_file(args.image)
         if args.model_s3 and args.refit is not None:
             return _refit_main(args)
         if args.model_s3:
