@@ -219,7 +219,11 @@ def test_formats_line_names_a_v2_checkpoints_own_groups(tmp_path: Path, capsys) 
         assert convert_main([str(src), str(DEMO / "tokenizer.bin"), "-o",
                              str(tmp_path / f"v{version}.img"), "--weights", "int8",
                              "--quality-positions", "0", "--drafter-stories", "0"]) == 0
-        assert want + " (no certified head" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert want + " (no certified head" in out
+        # the header names no int4 group of an int8 image (before: "S 512, group 64, ...")
+        assert out.startswith(f"llama2.c checkpoint v{version}: ") and \
+            ", group " not in out.splitlines()[0]
 
 
 def test_where_it_lives_says_an_image_too_big_for_a_partition(tmp_path: Path,

@@ -707,8 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{source}: vocab {rep.vocab_in_source} rows -> {cfg.vocab_in} kept "
               f"({rep.rows_dropped} dropped), vocab_out {cfg.vocab_out}, D {cfg.dim}, "
               f"L {cfg.n_layers}, H {cfg.n_heads}, KV {cfg.kv_heads}, F {cfg.ffn}, "
-              f"P {cfg.ple_dim}, S {cfg.seq_len}, group {cfg.group}, "
-              f"{'tied' if cfg.tied_head else 'untied'} head")
+              f"P {cfg.ple_dim}, S {cfg.seq_len}, "
+              # the int4 group: an int8 or fp32 image has none (the formats line
+              # below says its groups)
+              + (f"group {cfg.group}, " if rep.weights == "int4" else "")
+              + f"{'tied' if cfg.tied_head else 'untied'} head")
         print(rep.size_table())
         if rep.family == "llama2c":
             cert = ("the certified head" if rep.certified_head else
