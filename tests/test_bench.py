@@ -226,3 +226,43 @@ def test_json_to_a_device_is_written_in_place_and_no_plot_goes_beside_it(
     # --plot still names one
     args = bench_cli.build_parser().parse_args(["--model-s3", "--json", device, "--plot", "p.png"])
     assert bench_cli._plot_path(args) == Path("p.png")
+
+
+def test_model_s3_prices_a_llama2c_image_by_its_shape(llama2c_image, capsys) -> None:
+    """--model-s3 --image of a llama2.c model gives that shape's figures (as
+    --shape), not the release model's prediction (before: "not release-shaped,
+    using the analytic counts", then minutes measuring the esp32-ai demo, and no
+    figure of the image given); a shape the cost model does not price is said
+    in one line, exit 2."""
+    from mpllm.board import bench_cli
+
+    assert bench_cli.main(["--model-s3", "--image", str(llama2c_image("untied")),
+                           "--no-plot"]) == 0
+    cap = capsys.readouterr()
+    assert "a llama2.c model of the stories260k shape" in cap.err
+    assert cap.out.startswith("ESP32-S3 cost model, llama2.c stories260k")
+    assert "N8 (no PSRAM)" in cap.out and "demo model" not in cap.out + cap.err
+    # llama2.c's longest context: a seq_len of 1024 is no priced shape
+    assert bench_cli.main(["--model-s3", "--image", str(llama2c_image("long")),
+                           "--no-plot"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.splitlines()) == 1
+    assert "seq_len 1024) of a shape the S3 cost model does not price" in cap.err
+
+
+def test_a_bad_image_is_one_line_without_matplotlib(tmp_path, monkeypatch, capsys) -> None:
+    """Without matplotlib, a missing --image is still the one line (before: "plot
+    skipped: matplotlib is not installed" came first), and --shape, which plots
+    nothing, says nothing of plots."""
+    from mpllm.board import bench_cli
+
+    def no_matplotlib() -> bool:
+        print("plot skipped: matplotlib is not installed (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+
+    monkeypatch.setattr(bench_cli, "_have_matplotlib", no_matplotlib)
+    assert bench_cli.main(["--board", "host", "--image", str(tmp_path / "nope.img")]) == 2
+    assert capsys.readouterr().err == f"bench.py: --image {tmp_path / 'nope.img'}: file not found\n"
+    assert bench_cli.main(["--model-s3", "--shape", "stories260k"]) == 0
+    assert "plot" not in capsys.readouterr().err

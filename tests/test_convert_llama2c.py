@@ -205,6 +205,64 @@ def test_v2_checkpoint_keeps_its_own_int8(tmp_path: Path) -> None:
         assert isinstance(layer.down, Q8Matrix) and layer.down.group == 32 < c.hidden_dim
 
 
+def test_formats_line_names_a_v2_checkpoints_own_groups(tmp_path: Path, capsys) -> None:
+    """convert.py's formats line says which int8 matrices keep a v2
+    checkpoint's own group (64 here) and which are in groups of 32 (before, it
+    said "every matrix int8 in groups of 32" of every int8 image)."""
+    ck = _demo()
+    for version, want in (
+            (2, ("formats: every matrix int8 in groups of 64 (embed, qkv, attn_proj, gate, "
+                 "up: the checkpoint's own codes), the rest in groups of 32 with f32 scales")),
+            (1, "formats: every matrix int8 in groups of 32 with f32 scales")):
+        src = tmp_path / f"v{version}.bin"
+        src.write_bytes(fmt.checkpoint_bytes(ck, version, group_size=64))
+        assert convert_main([str(src), str(DEMO / "tokenizer.bin"), "-o",
+                             str(tmp_path / f"v{version}.img"), "--weights", "int8",
+                             "--quality-positions", "0", "--drafter-stories", "0"]) == 0
+        out = capsys.readouterr().out
+        assert want + " (no certified head" in out
+        # the header names no int4 group of an int8 image (before: "S 512, group 64, ...")
+        assert out.startswith(f"llama2.c checkpoint v{version}: ") and \
+            ", group " not in out.splitlines()[0]
+
+
+def test_where_it_lives_says_an_image_too_big_for_a_partition(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """The weights table's board columns say when a format's image is larger
+    than that board's model partition (flash.py refuses it) instead of where
+    it would live (before, a stories15M-shaped int8 image of 17.9 MB read
+    "context 256: ..." under the N16R8's 13 MiB partition). The N8's partition
+    is shrunk here to less than the demo's image."""
+    from mpllm import boards
+
+    monkeypatch.setitem(boards.BOARDS, "n8", dataclasses.replace(
+        boards.BOARDS["n8"], model_bytes=boards.MiB // 8))
+    rep = _convert(DEMO / "model.bin", DEMO / "tokenizer.bin", tmp_path / "d.img",
+                   weights="int4", quality_positions=16)
+    where = rep.boards["int4"]  # type: ignore[attr-defined]
+    assert where["n8"] == "does not fit its 0.125 MiB model partition"
+    assert where["n16r8"].startswith("context 256: ")
+    table = rep.weights_table()  # type: ignore[attr-defined]
+    assert "does not fit its 0.125 MiB model partition" in table
+    # the bytes column is the image measured, not the file written (before: unexplained,
+    # stories260K's int4 row said 175,840 bytes, convert then wrote 174,304)
+    assert "; bytes: the image measured, before the drafter and the certified head" in table
+
+
+def test_the_chosen_formats_row_is_the_written_image(tmp_path: Path) -> None:
+    """The weights table's board columns of the chosen format are the image as
+    written: where the converter then leaves the certified head out (the demo
+    at int4), the core and the KV cache find more room than in the image it
+    measured (before: the N8 column said 87 positions, the image opens at 89)."""
+    from mpllm.convert import where_on_boards
+
+    out = tmp_path / "d.img"
+    rep = _convert(DEMO / "model.bin", DEMO / "tokenizer.bin", out, weights="int4",
+                   quality_positions=16, drafter_stories=20)
+    assert rep.head_left_out and not rep.certified_head  # type: ignore[attr-defined]
+    assert rep.boards["int4"] == where_on_boards(out.read_bytes())  # type: ignore[attr-defined]
+
+
 def test_untied_classifier_and_a_wider_group(tmp_path: Path) -> None:
     ck = _demo()
     cfg = dataclasses.replace(ck.config, shared_classifier=False)
@@ -256,6 +314,11 @@ def _bad_inputs(tmp: Path) -> list[tuple[Path, Path, dict[str, object], str]]:
         (esp / "model.bin", good_tok, {},
          "is a llama2.c tokenizer.bin; an esp32-ai model.bin needs its tokenizer.json"),
         (tmp / "v0.bin", good_tok, {"group": 48}, "group 48: must be a positive multiple of 32"),
+        # the two files swapped, and the checkpoint given twice
+        (good_tok, tmp / "v0.bin", {},
+         (f"{tmp / 'v0.bin'} is a llama2.c checkpoint, not a tokenizer, and {good_tok} is a "
+          "tokenizer.bin: the model comes first (convert.py MODEL.bin TOKENIZER.bin -o OUT)")),
+        (tmp / "v0.bin", tmp / "v0.bin", {}, "v0.bin is a llama2.c checkpoint, not a tokenizer"),
     ]
 
 

@@ -188,6 +188,17 @@ def test_dry_run_host_board(capfd: pytest.CaptureFixture[str]) -> None:
     assert "tools/chat.py --board host" in out
 
 
+def test_host_board_next_command_runs_from_anywhere(capfd: pytest.CaptureFixture[str],
+                                                    tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the checkout, the next command names chat.py by its path (before:
+    "python tools/chat.py", no such file from there)."""
+    monkeypatch.chdir(tmp_path)
+    assert flash.main(["--board", "host", "--dry-run"]) == 0
+    assert f"  python {ROOT / 'tools' / 'chat.py'} --board host --image " in \
+        capfd.readouterr().out
+
+
 # ---------------------------------------------------------------------------
 # with a (fake) board
 
@@ -311,6 +322,19 @@ def test_image_too_large(tmp_path: Path, fake_esptool: Path, local_parts: tuple[
     assert rc == 2
     assert f"is {MODEL_SIZE + 1} bytes; the 'model' partition holds {MODEL_SIZE}" in err
     assert calls(fake_esptool) == []
+
+
+def test_an_int8_image_too_large_says_how_to_make_the_int4_one(llama2c_image) -> None:
+    """A llama2.c image whose int8 or fp32 matrices overflow the partition (a
+    stories15M-shaped checkpoint that --weights auto made int8: 17.9 MB against
+    the N16R8's 13 MiB) is refused with the command that makes its int4 image;
+    an int4 image too large gets no such hint (there is no smaller format)."""
+    for name, hint in (("int8", True), ("fp32", True), ("untied", False)):
+        img = llama2c_image(name)
+        with pytest.raises(flash.FlashError) as e:
+            flash.check_image(img, img.stat().st_size - 1)
+        assert f"is {img.stat().st_size} bytes; the 'model' partition holds" in str(e.value)
+        assert ("-o IMG --weights int4, then --image IMG)" in str(e.value)) == hint, name
 
 
 def test_firmware_overlapping_the_model(tmp_path: Path, fake_esptool: Path,

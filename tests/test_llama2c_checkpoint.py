@@ -87,6 +87,16 @@ def test_v2_group_size_is_checked():
         llama2c.read_checkpoint(bytes(data))
 
 
+def test_v2_writer_refuses_a_group_that_splits_a_tensor():
+    """checkpoint_bytes(ck, 2, g) with a g that does not divide a tensor says so
+    (before: numpy's "cannot reshape array of size 3072 into shape (40)")."""
+    with pytest.raises(ValueError, match=r"group_size 40 does not divide a tensor of 3072 "
+                                         r"values \(96 x 32\)"):
+        llama2c.checkpoint_bytes(random_checkpoint(), 2, group_size=40)
+    with pytest.raises(ValueError, match="group_size 0: must be >= 1"):
+        llama2c.checkpoint_bytes(random_checkpoint(), 2, group_size=0)
+
+
 def test_stories260k_reads():
     if not STORIES260K_BIN.is_file():
         pytest.skip(f"stories260K.bin is not at {STORIES260K_BIN}")

@@ -31,7 +31,8 @@ def tiny(tiny_model) -> Iterator:
     """llm with the tiny generated model (seq_len 64) loaded."""
     llm.load(str(tiny_model.image))
     yield tiny_model
-    llm.load(str(tiny_model.image))  # a test may have swapped or closed it
+    llm.unload()  # a test may have swapped it, closed it or left it at another context
+    llm.load(str(tiny_model.image))
 
 
 def engine_tokens(image: Path, ids: list[int], n: int, temperature: float = 0.0, top_k: int = 0,
@@ -108,6 +109,21 @@ def test_context_cap_stops_the_story_where_the_engine_holds_no_more(tiny, capsys
     assert m2 is not m and m2.config()["seq_len"] == 40
     with pytest.raises(_llm.Error, match="bad argument: context 65 exceeds"):
         llm.load(str(tiny.image), context=65)
+
+
+def test_a_load_that_fails_leaves_the_open_model_open(tiny):
+    """llm.load() with a context past the image's, a bad context or a missing
+    file raises, and the model that was open stays open at its context, in its
+    mode, so that llm.load() and a story go on (before, the failed load had
+    closed it: "no model image: ... call llm.load(path_to_image) first")."""
+    llm.load(str(tiny.image), context=40, plain=True)
+    for kw in ({"context": tiny.config.seq_len + 1}, {"context": 0}, {"context": "x"},
+               {"image": str(tiny.image) + ".missing"}):
+        with pytest.raises((_llm.Error, ValueError, TypeError, OSError)):
+            llm.load(**{"image": str(tiny.image), **kw})
+        m = llm.load()
+        assert m.config()["seq_len"] == 40 and llm.mode() == "plain", kw
+        assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=3))
 
 
 def test_budget_wins_when_it_equals_the_room(tiny):
@@ -387,6 +403,14 @@ def test_chat_py_errors(tiny, tmp_path):
                                 "'import llm; llm.story(\"Once upon a time\", seed=3)'")
     r = run_chat(["--no-heal"], tmp_path, {})
     assert r.returncode == 2 and "--no-heal is for a story from a prompt" in r.stderr
+    # the board without PSRAM is a board too (flash.py --board n8 writes it): before,
+    # "invalid choice: 'n8'"
+    r = run_chat(["--board", "n8", "--port", "/dev/ttyACM0", "--greedy", PROMPT], tmp_path, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("mpremote connect /dev/ttyACM0 exec "
+                                "'import llm; llm.story(\"Once upon a time\", temperature=0.0)'")
+    r = run_chat(["--board", "n8", "--image", str(tiny.image), PROMPT], tmp_path, {})
+    assert r.returncode == 2 and "tools/flash.py --board n8 --image" in r.stderr
 
 
 def test_hostboard_converts_once_and_again_when_sources_change(tiny_model, tmp_path, capfd):

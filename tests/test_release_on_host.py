@@ -185,3 +185,6 @@ def test_no_network_is_one_line_then_files_placed_by_hand_work(
     err = capfd.readouterr().err
     assert "tokenizer.json: the copy in" in err and "does not match its pin" in err
     assert "error: cannot download tokenizer.json" in err and not list(cache.rglob("*.img"))
+    # the line names the file to place again (before: "Put  in ...", naming none)
+    assert "No network? Put tokenizer.json (" in err and "; the one there does not match) in" in err
+    assert "Put model.bin" not in err  # (verified: it stays)

@@ -96,6 +96,11 @@ def test_vs_runc_needs_its_partners(tmp_path: Path) -> None:
     for extra, message in (
             (["--vs-runc", str(tmp_path / "run")], "go together"),
             (["--board", "host", "--vs-runc", str(tmp_path / "run"), "--llama2c",
-              str(DEMO / "model.bin"), str(DEMO / "tokenizer.bin")], "run: no such file")):
+              str(DEMO / "model.bin"), str(DEMO / "tokenizer.bin")],
+             (f"--vs-runc {tmp_path / 'run'}: no such file (llama2.c's run or runq: make "
+              "runfast in a llama2.c checkout builds both)")),
+            (["--board", "host", "--vs-runc", sys.executable, "--llama2c",
+              str(tmp_path / "m.bin"), str(DEMO / "tokenizer.bin")],
+             f"--llama2c {tmp_path / 'm.bin'}: no such file")):
         r = subprocess.run(bench + extra, capture_output=True, text=True, check=False)
         assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -102,7 +102,9 @@ def load(image=None, plain=None, fast=None, context=None):
     opening: the image's seq_len, or on a board without the memory for it,
     such as one without PSRAM, the longest context that keeps every weight
     in RAM if it holds 64 positions, else the longest that opens;
-    config()["seq_len"] says which); another N opens the model again.
+    config()["seq_len"] says which); another N opens the model again. A load
+    that fails (a context past the image's seq_len, a missing file) raises and
+    leaves the model that was open, open, its context started over.
     """
     return default_session.load(image, plain, fast, context)
 

@@ -222,7 +222,8 @@ def drafter(model, draft="auto", paced=True):
     if draft == "ngram":
         if not has_table:
             raise ValueError("draft='ngram': this image has no n-gram drafter table "
-                             "(convert it without --drafter-stories 0)")
+                             "(convert.py leaves it out where it does not pay, and says "
+                             "so; --drafter-stories 0 stores none)")
         ngram = lambda context, n: model.draft(context[-3:], n)
         return Pacer(ngram) if pace else ngram
     if draft == "lookup":
@@ -439,7 +440,24 @@ class Session:
             return model
         if same:
             image = self.source  # the open image, held for another context
+        was = None if model is None else (self.source, model.plain() or None,
+                                          model.fast() or None, self.seq_len)
         self.unload()
+        try:
+            return self._open(image, plain, fast, context)
+        except Exception:
+            # a load that fails (a context past the image's, a bad file, no
+            # memory) leaves the model that was open, open (its context starts
+            # over), rather than none: on a PC llm.load() alone cannot find it
+            if was is not None:
+                try:
+                    self._open(*was)
+                except Exception:  # noqa: BLE001, S110 - the first failure is the one to raise
+                    pass
+            raise
+
+    def _open(self, image, plain, fast, context):
+        """Open `image` (None: the runtime's default model) as load() asks."""
         import _llm
 
         # context only when asked: the engine's default is the image's seq_len,

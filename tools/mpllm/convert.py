@@ -126,6 +126,8 @@ class ConvertReport:
     choice: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     #: per format tried: where the model lives on each S3 board (board -> line)
     boards: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: int8 images: their matrices' groups in words (int8_groups(); "" otherwise)
+    int8_groups: str = ""
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -139,7 +141,8 @@ class ConvertReport:
         boards = sorted({b for per in self.boards.values() for b in per})
         lines = [(f"weights: teacher-forced greedy agreement with the fp32 forward over "
                  f"{self.choice.positions} positions (auto keeps the smallest >= "
-                 f"{100 * AUTO_AGREEMENT:.0f} %, else the best)"),
+                 f"{100 * AUTO_AGREEMENT:.0f} %, else the best); bytes: the image measured, "
+                 "before the drafter and the certified head were settled"),
                  f"  {'format':<7} {'agree':>7} {'mean|diff|':>10} {'bytes':>11}  "
                  + "  ".join(f"{b:<50}" for b in boards)]
         for t in self.choice.tried:
@@ -303,6 +306,11 @@ def convert(
 
     tok_bytes = tok_path.read_bytes()
     model_bytes = model_path.read_bytes()
+    if is_checkpoint(tok_bytes):  # (read as a tokenizer, its first "token" is absurd)
+        raise ConvertError(
+            f"{tok_path} is a llama2.c checkpoint, not a tokenizer"
+            + (f", and {model_path} is a tokenizer.bin: the model comes first (convert.py "
+               "MODEL.bin TOKENIZER.bin -o OUT)" if _is_tokenizer_bin(model_bytes) else ""))
     llama = _is_llama2c(model_bytes, tok_bytes)
     if llama:  # the header first (its sizes against the engine's limits): nothing heavy yet
         try:
@@ -420,6 +428,12 @@ def convert(
                 if head_left_out:
                     tile_rows = 0  # (write() reads it): every row scored, no certificate
             report = write(trimmed, drafts, choice)
+        if choice.chosen:
+            # the chosen format's row is of the image as written, not as measured:
+            # with the certified head left out (the head tiles gone) the core and
+            # the KV cache find more room (stories260K at int4: 89 positions on
+            # the N8, not 87)
+            boards[MATRIX_KINDS[choice.chosen]] = where_on_boards(staging.read_bytes())
         # Reading the finished file back catches any disagreement between writer and
         # reader before the image goes anywhere near a board.
         try:
@@ -445,7 +459,47 @@ def convert(
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
                          weights=weight_format(trimmed.layers[0].qkv), choice=choice,
-                         boards=boards)
+                         boards=boards, int8_groups=int8_groups(trimmed))
+
+
+def int8_groups(w: Weights) -> str:
+    """The groups of an image's int8 matrices in words, for the formats line:
+    "in groups of 32" when every one has the converter's own
+    (quantize.int8_group), else also which keep a v2 checkpoint's own codes in
+    its group (llama2c_weights.own_int8: where the engine takes that group).
+    "" when no matrix is int8."""
+    from .quantize import int8_group
+
+    mats = {"embed": w.tok_emb, "head": w.head} | {
+        name: getattr(w.layers[0], name) for name in ("qkv", "attn_proj", "gate", "up", "down")}
+    own: dict[int, list[str]] = {}
+    ours = False
+    for name, m in mats.items():
+        if not isinstance(m, Q8Matrix):
+            continue
+        if int(m.group) == int8_group(m.cols):
+            ours = True
+        else:
+            own.setdefault(int(m.group), []).append(name)
+    if not own:
+        return "in groups of 32" if ours else ""
+    return ("in groups of " + ", of ".join(f"{g} ({', '.join(names)}: the checkpoint's own "
+                                            "codes)" for g, names in sorted(own.items()))
+            + (", the rest in groups of 32" if ours else ""))
+
+
+def where_on_boards(image: bytes) -> dict[str, str]:
+    """Where `image` lives on each S3 board (board -> line): the engine's own
+    plan of it on the board's memory (boards.where_it_lives), or that it does
+    not fit the board's model partition."""
+    from .boards import BOARDS, MEMORY, MiB, where_it_lives
+    from .checkout import board_module
+
+    plan = board_module("_llm").plan
+    return {b: where_it_lives(plan, image, board) if len(image) <= BOARDS[b].model_bytes else
+            # where it would live is moot: flash.py refuses the image
+            f"does not fit its {BOARDS[b].model_bytes / MiB:g} MiB model partition"
+            for b, board in MEMORY.items()}
 
 
 def _choose_weights(
@@ -457,7 +511,6 @@ def _choose_weights(
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
     ties to the smaller), the choice record and where each lives on the
     boards (the engine's plan of each candidate's image)."""
-    from .boards import MEMORY, where_it_lives
     from .checkout import NotBuilt, board_module
     from .llama2c_weights import quality
 
@@ -476,9 +529,7 @@ def _choose_weights(
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
                                  float(np.float32(q.mean_abs)), rep.file_bytes))
-        # the engine's own plan of the image just written, on each board's memory
-        image = staging.read_bytes()
-        boards[fmt] = {b: where_it_lives(_llm.plan, image, board) for b, board in MEMORY.items()}
+        boards[fmt] = where_on_boards(staging.read_bytes())
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
             break
@@ -656,8 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{source}: vocab {rep.vocab_in_source} rows -> {cfg.vocab_in} kept "
               f"({rep.rows_dropped} dropped), vocab_out {cfg.vocab_out}, D {cfg.dim}, "
               f"L {cfg.n_layers}, H {cfg.n_heads}, KV {cfg.kv_heads}, F {cfg.ffn}, "
-              f"P {cfg.ple_dim}, S {cfg.seq_len}, group {cfg.group}, "
-              f"{'tied' if cfg.tied_head else 'untied'} head")
+              f"P {cfg.ple_dim}, S {cfg.seq_len}, "
+              # the int4 group: an int8 or fp32 image has none (the formats line
+              # below says its groups)
+              + (f"group {cfg.group}, " if rep.weights == "int4" else "")
+              + f"{'tied' if cfg.tied_head else 'untied'} head")
         print(rep.size_table())
         if rep.family == "llama2c":
             cert = ("the certified head" if rep.certified_head else
@@ -665,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
                     if rep.head_left_out else
                     "no certified head: it needs an int4 head with one scale per row")
             fmt = {"int4": f"int4, {cfg.group} columns per fp16 scale",
-                   "int8": "int8 in groups of 32 with f32 scales",
+                   "int8": f"int8 {rep.int8_groups} with f32 scales",
                    "fp32": "fp32"}[rep.weights]
             print(f"formats: every matrix {fmt} ({cert}); norms f32 (D values each); q/k "
                   "rows in split-half RoPE order")

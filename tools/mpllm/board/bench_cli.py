@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ..atomic import OutputError, check_output, is_stream
 from ..image_cache import ImageFileError, check_image_file
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect", help="with --gate: compare against this hash, not the reference")
     p.add_argument("--model-s3", action="store_true",
                    help="print the ESP32-S3 cost model, every figure as a low/mid/high band "
-                        "(uses --image/--release-shaped if given)")
+                        "(uses --image/--release-shaped if given; a llama2.c --image: its "
+                        "shape's figures, as --shape, where the cost model prices that shape)")
     p.add_argument("--shape", choices=["release", *PRICED_SHAPES], default="release",
                    help="with --model-s3: the model shape (default release: the esp32-ai "
                         "model); a llama2.c shape prints its placement on the N16R8 and the "
@@ -209,7 +211,7 @@ def _outputs(args: argparse.Namespace) -> list[Path]:
     if args.model_s3 and args.refit is not None:
         return [args.json] if args.json else []
     if args.model_s3:
-        plots = [_plot_path(args)] if _plotting(args) and args.shape == "release" else []  # type: ignore[list-item]
+        plots = [_plot_path(args)] if args.shape == "release" and _plotting(args) else []  # type: ignore[list-item]
         return plots + ([args.json] if args.json else [])
     if args.ab:
         return [_ab_json(args)]
@@ -409,6 +411,10 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
     if image is not None and _llm is not None:
         with _llm.Model(os.fspath(image)) as m:  # type: ignore[attr-defined]
             shape = cm.Shape.from_config(m.config())
+        if not shape.has_ple:
+            # a llama2.c image: the release prediction below would price the
+            # esp32-ai model (minutes of measuring the demo), not this one
+            return _model_s3_llama2c_image(args, image, shape, cm)
         if shape != cm.RELEASE:
             print(f"{image}: not release-shaped ({shape}); the S3 prediction needs the release "
                   "shape, using the analytic counts", file=sys.stderr)
@@ -485,6 +491,39 @@ def _model_s3_main(args: argparse.Namespace, llm_module: object | None) -> int:
         write_json(rep.to_json(), args.json)
         print(f"json: {args.json}")
     return 0
+
+
+def _llama2c_shape_name(shape: Any, cm: ModuleType) -> str | None:
+    """The cost model's name (--shape) of a llama2.c image's shape, if it
+    prices that shape: every dimension the same, the context too (the KV
+    cache and so the placement follow it); the weight format and group it
+    prices in every variant convert.py offers."""
+    def dims(s: Any) -> tuple[int, ...]:
+        return tuple(int(getattr(s, k)) for k in ("dim", "n_layers", "n_heads", "n_kv_heads",
+                                                   "ffn", "vocab_out", "seq_len"))
+
+    return next((name for name, s in cm.SHAPES.items() if dims(s) == dims(shape)), None)
+
+
+def _model_s3_llama2c_image(args: argparse.Namespace, image: object, shape: Any,
+                            cm: ModuleType) -> int:
+    """--model-s3 --image IMG of a llama2.c model: its shape's report when the
+    cost model prices that shape (as --shape NAME), else one line saying what
+    it prices and where this image's placement is shown."""
+    s = shape
+    what = (f"dim {s.dim}, {s.n_layers} layers, {s.n_heads} heads, {s.n_kv_heads} kv heads, "
+            f"hidden {s.ffn}, vocab {s.vocab_out}, seq_len {s.seq_len}")
+    name = _llama2c_shape_name(shape, cm)
+    if name is None:
+        print(f"{image}: a llama2.c model ({what}) of a shape the S3 cost model does not price: "
+              f"it prices the esp32-ai release model and llama2.c's "
+              f"{', '.join(cm.SHAPES)} (--shape NAME); where this image lives on each board "
+              "is in convert.py's table", file=sys.stderr)
+        return 2
+    print(f"{image}: a llama2.c model of the {name} shape ({what}): the cost model's "
+          f"figures for it (--shape {name}) follow, for every weight format", file=sys.stderr)
+    args.shape = name
+    return _model_s3_shape(args)
 
 
 def _model_s3_shape(args: argparse.Namespace) -> int:
@@ -566,9 +605,11 @@ def _vs_runc_main(args: argparse.Namespace) -> int:
         print("--vs-runc RUN, --llama2c MODEL.bin TOKENIZER.bin and --board host go together",
               file=sys.stderr)
         return 2
-    for path in (args.vs_runc, *args.llama2c):
+    for path, what in ((args.vs_runc, "--vs-runc"), *((p, "--llama2c") for p in args.llama2c)):
         if not path.is_file():
-            print(f"bench.py: {path}: no such file", file=sys.stderr)
+            hint = (" (llama2.c's run or runq: make runfast in a llama2.c checkout builds both)"
+                    if what == "--vs-runc" else "")
+            print(f"bench.py: {what} {path}: no such file{hint}", file=sys.stderr)
             return 2
     model_bin, tokenizer_bin = args.llama2c
     image = converted(model_bin, tokenizer_bin, default_cache_dir(), weights=args.weights)
@@ -618,10 +659,10 @@ def main(argv: Sequence[str] | None = None, *, llm_module: object | None = None)
         if args.port is None and args.board is None and not args.model_s3:
             print("say where to run: --port PORT (a board) or --board host", file=sys.stderr)
             return 2
+        if args.image is not None:  # first: a bad image is the one line, no plot note before it
+            check_image_file(args.image)
         for path in _outputs(args):
             check_output(path)
-        if args.image is not None:
-            check_image_file(args.image)
         if args.model_s3 and args.refit is not None:
             return _refit_main(args)
         if args.model_s3:

@@ -99,9 +99,10 @@ def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(
         description="Write a story (or chat) with the TinyStories model.")
     ap.add_argument("prompt", nargs="?", help="how the story begins (none: interactive chat)")
-    ap.add_argument("--board", choices=["host", "n16r8"], default="host",
-                    help="host: run on this PC (default); n16r8: show the command for a board")
-    ap.add_argument("--port", help="the board's serial port (with --board n16r8)")
+    ap.add_argument("--board", choices=["host", "n16r8", "n8"], default="host",
+                    help="host: run on this PC (default); n16r8 or n8: show the command for a "
+                         "board")
+    ap.add_argument("--port", help="the board's serial port (with --board n16r8 or n8)")
     ap.add_argument("--image", help="a converted model image (default: the bundled demo model)")
     ap.add_argument("--model", metavar="NAME",
                     help="a model by name instead of --image: demo (the default, bundled), "
@@ -135,11 +136,11 @@ def _main(argv: list[str] | None) -> int:
     if args.fast and args.plain:
         ap.error("--fast and --plain exclude each other (plain is the exact reference)")
 
-    if args.board == "n16r8":
+    if args.board != "host":
         if args.image or args.model:
-            ap.error("--image and --model are for the host board; the board reads its "
-                     "flashed model (tools/flash.py --board n16r8 --image ... or --model "
-                     "NAME writes one)")
+            ap.error(f"--image and --model are for the host board; the board reads its "
+                     f"flashed model (tools/flash.py --board {args.board} --image ... or "
+                     f"--model NAME writes one)")
         if args.stories:
             ap.error("--stories is for the host board (on a board, llm.chat(stories=DIR))")
         if args.plain or args.fast:
@@ -152,7 +153,7 @@ def _main(argv: list[str] | None) -> int:
         print(_board_command(args, opts))
         return 0
     if args.port:
-        ap.error("--port is for --board n16r8")
+        ap.error("--port is for a board (--board n16r8 or n8)")
     if args.model and args.image:
         ap.error("--model and --image exclude each other (an image is a converted model)")
     if args.prompt is not None and not _is_utf8(args.prompt):

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import urllib.error
@@ -313,6 +314,24 @@ def _check_local(path: Path, what: str) -> Path:
     return path
 
 
+def _smaller_hint(img: Path) -> str:
+    """For an image too big for its partition whose matrices are int8 or fp32
+    (a llama2.c checkpoint converted by --weights auto, or named): how to make
+    the smaller int4 image of the same checkpoint. "" otherwise."""
+    from ..formats.image import KIND_F32M, KIND_Q8, ImageFormatError, read_header
+
+    try:
+        with open(img, "rb") as f:
+            _, sections = read_header(f.read())
+    except (OSError, ImageFormatError):
+        return ""
+    if not any(s.kind in (KIND_Q8, KIND_F32M) for s in sections):
+        return ""
+    return (" (its matrices are int8 or fp32; the checkpoint's int4 image is about half the "
+            "size of int8's: tools/convert.py MODEL.bin TOKENIZER.bin -o IMG --weights int4, "
+            "then --image IMG)")
+
+
 def check_image(img: Path, limit: int | None = None) -> None:
     """The one check of an image before it is used, for both boards: a valid
     model image (what the engine would check at boot), within `limit` bytes
@@ -320,7 +339,7 @@ def check_image(img: Path, limit: int | None = None) -> None:
     size = img.stat().st_size if img.is_file() else 0
     if limit is not None and size > limit:  # first: no need to read all of a huge file
         raise FlashError(f"model image {img} is {size} bytes; the '{pins.MODEL_PARTITION}' "
-                         f"partition holds {limit}. Nothing was written.")
+                         f"partition holds {limit}{_smaller_hint(img)}. Nothing was written.")
     try:
         image_cache.check_image_file(img, "model image")
     except image_cache.ImageFileError as e:
@@ -381,8 +400,15 @@ def fetch_pins(pins_json: Path, dest: Path, run: Runner) -> tuple[Path, Path]:
     try:
         return fetch_pinned(model, dest, run), fetch_pinned(tokenizer, dest, run)
     except DownloadError as e:
-        missing = [p for p in (model, tokenizer) if not (dest / p.name).is_file()]
-        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url})" for p in missing)
+        def verified(p: PinnedFile) -> bool:
+            f = dest / p.name
+            return f.is_file() and f.stat().st_size == p.size and sha256_file(f) == p.sha256
+
+        # a file there that does not match its pin is as missing as an absent one
+        missing = [p for p in (model, tokenizer) if not verified(p)]
+        files = " and ".join(f"{p.name} ({p.size:,} bytes, {p.url}"
+                             + ("; the one there does not match" if (dest / p.name).exists()
+                                else "") + ")" for p in missing)
         raise DownloadError(f"{e}. No network? Put {files} in {dest} by hand and run this "
                             f"again (they are checked against {pins_json.name})") from None
 
@@ -707,7 +733,10 @@ def prepare_host(args: argparse.Namespace, run: Runner) -> None:
                 f"the CPython _llm with pip and make the model image {img}. After it:")
     else:
         run.out(f"Done: model image {img}. Next:")
-    run.out(f'  python tools/chat.py --board host --image {img} "Once upon a time"')
+    # the checkout's chat.py as this shell reaches it (from elsewhere, tools/chat.py is no file)
+    here = Path.cwd().resolve() == ROOT.resolve()
+    chat_py = "tools/chat.py" if here else shlex.quote(str(ROOT / "tools" / "chat.py"))
+    run.out(f'  python {chat_py} --board host --image {img} "Once upon a time"')
 
 
 # ---------------------------------------------------------------------------

@@ -456,7 +456,9 @@ def _q80(w: np.ndarray, group: int) -> bytes:
 
 
 def checkpoint_bytes(ck: Llama2cCheckpoint, version: int, group_size: int = 64) -> bytes:
-    """`ck` written as export.py writes version 0, 1 or 2 (models made here, tests)."""
+    """`ck` written as export.py writes version 0, 1 or 2 (models made here, tests;
+    a v2 file of a v0/v1 one: checkpoint_bytes(read_checkpoint(data), 2, 64)).
+    ValueError for a v2 group that does not divide every tensor."""
     cfg = ck.config
 
     def f32(a: np.ndarray) -> bytes:
@@ -487,5 +489,13 @@ def checkpoint_bytes(ck: Llama2cCheckpoint, version: int, group_size: int = 64) 
     tensors = [ck.tok_embeddings, *per_layer]
     if not cfg.shared_classifier:
         tensors.append(ck.output)
+    if version == 2:  # export.py's rule (it asserts it): whole groups in every tensor
+        if group_size < 1:
+            raise ValueError(f"group_size {group_size}: must be >= 1")
+        odd = next((t for t in tensors if t.size % group_size), None)
+        if odd is not None:
+            raise ValueError(f"group_size {group_size} does not divide a tensor of {odd.size} "
+                             f"values ({' x '.join(map(str, odd.shape))}): a Q8_0 checkpoint "
+                             "keeps whole groups (dim is a multiple of the group in export.py)")
     parts += [f32(t) if version == 1 else _q80(t, group_size) for t in tensors]
     return b"".join(parts)
