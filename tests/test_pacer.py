@@ -117,9 +117,18 @@ def test_the_pacer_drafts_only_where_a_pass_pays() -> None:
     # 1.5 tokens a pass for the time of 1.6 steps: it does not
     losing = _Clock(llm.Pacer(llm.prompt_lookup), 1000, 1600, 1.5).run(320)
     assert paying[:2] == [False, True] and losing[:2] == [False, True]  # one of each first
-    # then the cheaper way, but for one probe of the other in PROBE decisions
-    assert paying[2:].count(False) == len(paying) // llm.Pacer.PROBE
-    assert losing[2:].count(True) == len(losing) // llm.Pacer.PROBE
+    # then the cheaper way, but for a probe of the other after PROBE decisions,
+    # then twice as many each time the probe changed nothing, up to PROBE_MAX
+    probes, at, gap = [], 0, llm.Pacer.PROBE
+    while at + gap <= len(paying) - 2:
+        at += gap
+        probes.append(at - 1)
+        gap = min(2 * gap, llm.Pacer.PROBE_MAX)
+    assert [i for i, d in enumerate(paying[2:]) if not d] == probes == [31, 95, 223]
+    assert [i for i, d in enumerate(losing[2:]) if d] == probes
+    # a long story: a probe every PROBE_MAX decisions at most, not every PROBE
+    assert _Clock(llm.Pacer(llm.prompt_lookup), 1000, 1600, 1.5).run(3000).count(True) <= (
+        1 + 4 + 3000 // llm.Pacer.PROBE_MAX)
 
 
 def test_the_pacer_follows_a_cost_that_changes() -> None:
@@ -131,6 +140,10 @@ def test_the_pacer_follows_a_cost_that_changes() -> None:
     # the running means move 1/8 per reading: a few passes, then steps
     assert later[-200:].count(True) <= 200 // llm.Pacer.PROBE + 1
     assert later[:10].count(True) >= 3
+    # and back: passes pay again; a probe sees it within PROBE_MAX decisions
+    clock.tpp = 2.4
+    again = clock.run(600)
+    assert again[-100:].count(True) >= 90
 
 
 def test_auto_paces_and_a_named_drafter_does_not(demo_image: Path) -> None:

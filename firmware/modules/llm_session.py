@@ -165,10 +165,15 @@ class Pacer:
     then reports the time of what it did: stepped(us) for a plain step,
     passed(us, tokens) for a verify pass. Both costs are running means
     (each new reading weighs 1/8), so one slow pass (a garbage collection,
-    a line printed) does not decide. One decision in PROBE goes the other
-    way, so that a cost that changed along the story is seen again."""
+    a line printed) does not decide. Now and then a decision goes the other
+    way (a probe), so that a cost that changed along the story is seen
+    again: PROBE decisions after the first, and each time a probe leaves the
+    choice as it was, twice as long until the next (up to PROBE_MAX), so that
+    where one way is plainly the cheaper (a PC, whose verify pass costs about
+    what its steps do) probing does not cost a few per cent for ever."""
 
     PROBE = 32
+    PROBE_MAX = 256
 
     def __init__(self, draft):
         self.draft = draft
@@ -176,6 +181,9 @@ class Pacer:
         self.pass_us = 0.0  # a verify pass
         self.pass_tokens = 0.0  # tokens a verify pass writes
         self.decisions = 0
+        self.interval = self.PROBE  # decisions from one probe to the next
+        self.since = 0  # decisions since the last probe
+        self.probed = None  # the choice the last probe went against, until it is weighed
 
     def __call__(self, context, n):
         return self.draft(context, n)
@@ -189,7 +197,16 @@ class Pacer:
         if not self.pass_us:
             return True
         better = self.pass_us < self.pass_tokens * self.step_us
-        return better != (self.decisions % self.PROBE == 0)
+        if self.probed is not None:  # the probe's reading is in: weigh it
+            same = better == self.probed
+            self.interval = min(2 * self.interval, self.PROBE_MAX) if same else self.PROBE
+            self.probed = None
+        self.since += 1
+        if self.since < self.interval:
+            return better
+        self.since = 0
+        self.probed = better
+        return not better
 
     def stepped(self, us):
         self.step_us = us if not self.step_us else self.step_us + (us - self.step_us) / 8
