@@ -33,7 +33,7 @@ import story_matrix
 from conftest import ROOT, Stories15m
 from mpllm.board import firmware_pins as pins
 from mpllm.board import flash
-from mpllm.costmodel.llama import S3_BOARDS, SHAPES, placement, shape_report
+from mpllm.costmodel.llama import S3_BOARDS, SHAPES, placement, shape_report, shape_table
 from n8_refusal import refused_on_the_n8_at_once
 from stories15m import PUBLISHED_BYTES, STORIES15M
 
@@ -229,6 +229,9 @@ def test_the_cost_model_prices_that_placement() -> None:
             "flash", "psram", "floats", 0), r
         band = r["tok_s_band"]
         assert band["low"] <= r["tok_s"] <= band["high"]
+    # the table prints a figure below 10 tok/s with its decimal, not as 4/4/4
+    mid = rows[0]["tok_s"]
+    assert mid < 10 and f"/{mid:.1f}/" in shape_table(rep)
 
 
 @pytest.mark.parametrize("caps", ["0,5", "5", "5,", "x,5", "5,5,5"])

@@ -160,6 +160,12 @@ _one_group_a_row = one_group_a_row
 _WHERE = {"fast": "sram", "flash": "flash"}
 
 
+def _tps(tok_s: float) -> str:
+    """tok/s as the reports print it: whole numbers, but one decimal below 10
+    (stories15M's 3.9 read as 4/4/4)."""
+    return f"{tok_s:.1f}" if tok_s < 10 else f"{tok_s:.0f}"
+
+
 def _image_seq_len(s: Shape) -> int:
     """The seq_len of the image `s` is planned on: its llama2.c model's
     (SHAPES) when `s` is one at a shorter context (Model(context=N) of that
@@ -596,8 +602,8 @@ def _placed_summary(rep: dict[str, object]) -> list[str]:
             continue
         how = what.split(", ", 1)[1].split(" (positions")[0]
         seen.setdefault((r["board_label"], r["variant"].split(" (")[0], r["head"]), []).append(
-            f"context {r['seq_len']} ({how}) {r['tok_s']:.0f} tok/s "
-            f"({r['tok_s_band']['low']:.0f}-{r['tok_s_band']['high']:.0f})")
+            f"context {r['seq_len']} ({how}) {_tps(r['tok_s'])} tok/s "
+            f"({_tps(r['tok_s_band']['low'])}-{_tps(r['tok_s_band']['high'])})")
     for (board, variant, head), parts in seen.items():
         out.append(f"{board}, {variant}, {head} head, sampled, as the engine places it: "
                    + "; ".join(parts))
@@ -665,7 +671,8 @@ def shape_table(rep: dict[str, object]) -> str:
         lines.append(f"{'band ms':<10}" + "".join(
             f"{r['band']['low']:.2f}-{r['band']['high']:.2f}".rjust(w) for r in rs))
         lines.append(f"{'tok/s':<10}" + "".join(
-            f"{r['tok_s_band']['low']:.0f}/{r['tok_s']:.0f}/{r['tok_s_band']['high']:.0f}".rjust(w)
+            f"{_tps(r['tok_s_band']['low'])}/{_tps(r['tok_s'])}/{_tps(r['tok_s_band']['high'])}"
+            .rjust(w)
             for r in rs) + "   (low/mid/high)")
         lines.append(f"{'KV, head':<10}" + "".join(f"{r['kv'] + ', ' + r['head_rows_in']:>{w}}"
                                                     for r in rs))
