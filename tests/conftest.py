@@ -37,11 +37,17 @@ for _p in (ROOT / "tools", ROOT / "firmware" / "modules", ROOT / "build" / "inpl
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import ctrl_c
 import setup_dev
 import unix_micropython
 from locking import locked as _locked  # (the tests' name for it)
 from mpllm import image_cache
 from mpllm.formats.model import Config, QMatrix, Weights
+
+# The tools the tests start (and Ctrl-C into) get Ctrl-C as a terminal's
+# foreground job has it, however pytest was started: a shell starts a
+# background job (`.ci/run &`) with SIGINT ignored, which every child keeps.
+ctrl_c.sigint_as_a_terminal_has_it()
 
 # Where the user's cache is, read before _run_environment replaces it: the
 # esp-web-tools bundle that set-up fetched lives there.

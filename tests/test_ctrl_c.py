@@ -34,8 +34,6 @@ def _guarded(code: str, ignored: bool = False,
         ignore = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                   "os.execv(sys.argv[1], sys.argv[1:])")
         argv = [sys.executable, "-c", ignore, *argv]
-    else:
-        ctrl_c.sigint_as_a_terminal_has_it()
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -163,7 +161,6 @@ def test_ctrl_c_during_the_quality_figure(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def _start_serve(image: Path, work: Path, cache: Path) -> subprocess.Popen[bytes]:
-    ctrl_c.sigint_as_a_terminal_has_it()
     return subprocess.Popen([*ctrl_c.command("serve", work), "--image", str(image)], cwd=work,
                             env=ctrl_c.environment(cache), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)

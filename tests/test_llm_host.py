@@ -124,6 +124,11 @@ def test_a_load_that_fails_leaves_the_open_model_open(tiny):
         m = llm.load()
         assert m.config()["seq_len"] == 40 and llm.mode() == "plain", kw
         assert "".join(llm.generate(PROMPT, heal=False, temperature=0, max_tokens=3))
+    # a model its holder closed (`with llm.load(...) as m:`) is nothing to keep
+    # open: the next load opens the image asked for (before: "the model is closed")
+    with llm.load() as m:
+        pass
+    assert llm.load(str(tiny.image), context=32).config()["seq_len"] == 32
 
 
 def test_budget_wins_when_it_equals_the_room(tiny):

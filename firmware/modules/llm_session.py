@@ -457,8 +457,12 @@ class Session:
             return model
         if same:
             image = self.source  # the open image, held for another context
-        was = None if model is None else (self.source, model.plain() or None,
-                                          model.fast() or None, self.seq_len)
+        was = None  # what to open again if this load fails
+        if model is not None:
+            try:
+                was = (self.source, model.plain() or None, model.fast() or None, self.seq_len)
+            except Exception:  # noqa: BLE001 - closed by its holder (`with model:`): none
+                was = None
         self.unload()
         try:
             return self._open(image, plain, fast, context)
