@@ -128,6 +128,9 @@ class ConvertReport:
     boards: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     #: int8 images: their matrices' groups in words (int8_groups(); "" otherwise)
     int8_groups: str = ""
+    #: formats auto left out unmeasured: their image bytes, over fit_bytes
+    too_big: dict[str, int] = dataclasses.field(default_factory=dict)
+    fit_bytes: int | None = None
 
     def size_table(self) -> str:
         return format_size_table(self.sections, self.file_bytes)
@@ -151,6 +154,9 @@ class ConvertReport:
             lines.append(f"{mark} {t.name:<7} {100 * t.agreement:>6.1f}% {t.mean_abs_diff:>10.3g} "
                          f"{t.bytes:>11,}  " + "  ".join(f"{where.get(b, '?'):<50}"
                                                          for b in boards))
+        for name, size in self.too_big.items():
+            lines.append(f"  {name:<7} {'-':>7} {'-':>10} {size:>11,}  not measured: over the "
+                         f"board's model partition ({self.fit_bytes:,} bytes)")
         return "\n".join(lines).rstrip()
 
 
@@ -264,6 +270,7 @@ def convert(
     group: int | None = None,
     weights: str = "auto",
     quality_positions: int = QUALITY_POSITIONS,
+    fit_bytes: int | None = None,
 ) -> ConvertReport:
     """Convert; raises ConvertError (a ValueError) with a clear message on bad input.
 
@@ -283,7 +290,10 @@ def convert(
     weights: a llama2.c checkpoint's weight format (WEIGHTS_CHOICES; auto:
     measured, see the module doc); an esp32-ai model keeps its int4 (auto or
     int4). quality_positions: positions each format's quality is measured
-    over (0: none, which auto cannot do without)."""
+    over (0: none, which auto cannot do without). fit_bytes: the model
+    partition of the board the image is for (flash.py): auto leaves out, unmeasured,
+    a format whose image is larger (the report's too_big says which), and
+    refuses when none fits."""
     from .formats.rope import rope_table
     from .formats.tokenizer import tokenizer_section
 
@@ -394,6 +404,7 @@ def convert(
     drafts_seconds = 0.0
     left_out = head_left_out = priced_as = ""
     choice, boards = WeightsChoice(), {}
+    too_big: dict[str, int] = {}
     with atomic_path(out) as staging:
         def write(w: Weights, drafts: object = None,
                   choice: WeightsChoice | None = None) -> ImageReport:
@@ -409,9 +420,9 @@ def convert(
                 bar.close()
         callback = None
         if llama and quality_positions:
-            trimmed, choice, boards = _choose_weights(
+            trimmed, choice, boards, too_big = _choose_weights(
                 staging, {f: trim_vocab_rows(w, keep) for f, w in candidates.items()}, ck,
-                quality_positions, report, write)
+                quality_positions, report, write, fit_bytes)
             report = write(trimmed, choice=choice)
         if drafter_stories:
             drafts, worth, drafts_seconds = _build_drafter(staging, drafter_stories,
@@ -459,7 +470,8 @@ def convert(
                          certified_head=tile_rows > 0
                          and certifiable(trimmed.output_head()) is None,
                          weights=weight_format(trimmed.layers[0].qkv), choice=choice,
-                         boards=boards, int8_groups=int8_groups(trimmed))
+                         boards=boards, int8_groups=int8_groups(trimmed), too_big=too_big,
+                         fit_bytes=fit_bytes)
 
 
 def int8_groups(w: Weights) -> str:
@@ -504,13 +516,14 @@ def where_on_boards(image: bytes) -> dict[str, str]:
 
 def _choose_weights(
     staging: Path, candidates: dict[str, Weights], ck: Llama2cCheckpoint, positions: int,
-    first: ImageReport, write: Callable[[Weights], ImageReport],
-) -> tuple[Weights, WeightsChoice, dict[str, dict[str, str]]]:
+    first: ImageReport, write: Callable[[Weights], ImageReport], fit_bytes: int | None = None,
+) -> tuple[Weights, WeightsChoice, dict[str, dict[str, str]], dict[str, int]]:
     """Measure the candidates in order (each written to `staging`; the first
     already is, as `first`), stopping at the first whose greedy agreement
     reaches AUTO_AGREEMENT; the chosen weights (else the best agreement,
-    ties to the smaller), the choice record and where each lives on the
-    boards (the engine's plan of each candidate's image)."""
+    ties to the smaller), the choice record, where each lives on the
+    boards (the engine's plan of each candidate's image) and the bytes of
+    those left out unmeasured because their image is over `fit_bytes`."""
     from .checkout import NotBuilt, board_module
     from .llama2c_weights import quality
 
@@ -522,9 +535,13 @@ def _choose_weights(
                            "with --weights int4, int8 or fp32") from None
     tried: list[TriedFormat] = []
     boards: dict[str, dict[str, str]] = {}
+    too_big: dict[str, int] = {}
     chosen = ""
     for k, (fmt, w) in enumerate(candidates.items()):
         rep = first if k == 0 else write(w)
+        if fit_bytes is not None and rep.file_bytes > fit_bytes:
+            too_big[fmt] = rep.file_bytes  # (the formats after it are larger still)
+            continue
         q = quality(staging, ck, _llm, positions)
         # as the image stores them (f32), so the record reads back equal
         tried.append(TriedFormat(KIND_OF[fmt], float(np.float32(q.greedy_agree)),
@@ -533,10 +550,14 @@ def _choose_weights(
         if q.greedy_agree >= AUTO_AGREEMENT:
             chosen = fmt
             break
+    if not tried:
+        raise ConvertError(
+            "no weight format fits the board's model partition (" + f"{fit_bytes:,}"
+            + " bytes): " + ", ".join(f"{f} {b:,} bytes" for f, b in too_big.items()))
     if not chosen:  # none reached it: the best (the first of equals: the smallest)
         chosen = max(tried, key=lambda t: t.agreement).name
     choice = WeightsChoice(KIND_OF[chosen], min(positions, ck.config.seq_len), tuple(tried))
-    return candidates[chosen], choice, boards
+    return candidates[chosen], choice, boards, too_big
 
 
 def _priced_shape(w: Weights) -> dict[str, object]:

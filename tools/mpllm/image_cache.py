@@ -43,7 +43,7 @@ def pinned_choice(model_bin: Path, weights: str = "auto",
 
 
 def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
-                      weights: str = "auto") -> Path:
+                      weights: str = "auto", fit_bytes: int | None = None) -> Path:
     """Where the image converted from these two files is cached: keyed by their hashes
     and the image format version, so a newer format never reads a stale image, the
     weights the conversion uses (pinned_choice), the drafter's story count
@@ -51,7 +51,8 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
     and the version of the cost model's figures the converter reads
     (draft_prices.json: the drafts table's min_odds, whether the drafter and the
     certified head pay), so new prices convert again and nothing else of the
-    cost model does."""
+    cost model does. fit_bytes (auto's formats limited to a board's model
+    partition) keys it too, where auto chooses."""
     from .convert import DRAFTER_STORIES
     from .draft_prices import version
     from .drafting import TABLE_RULE
@@ -59,22 +60,26 @@ def cached_image_path(model_bin: Path, tokenizer: Path, cache: Path,
 
     model_sha = sha256_file(model_bin)
     weights = pinned_choice(model_bin, weights, model_sha)[0]
+    fits = f"-fits{fit_bytes}" if weights == "auto" and fit_bytes is not None else ""
     key = hashlib.sha256((model_sha + sha256_file(tokenizer)
-                          + f"image-v{VERSION}-weights-{weights}"
+                          + f"image-v{VERSION}-weights-{weights}{fits}"
                           + f"-drafter{DRAFTER_STORIES}-{TABLE_RULE}"
                           + f"-prices{version()}").encode()).hexdigest()
     return cache / "images" / f"{key[:16]}.img"
 
 
 def converted(model_bin: Path, tokenizer: Path, cache: Path,
-              out: Callable[[str], None] = print, weights: str = "auto") -> Path:
+              out: Callable[[str], None] = print, weights: str = "auto",
+              fit_bytes: int | None = None) -> Path:
     """The cached image of these sources, converting them first if needed (with
     progress; convert writes atomically, so no partial image is ever cached),
     in the weights asked for, or for a pinned model's bytes the ones its pins
-    name (pinned_choice). Raises convert.ConvertError or OSError."""
+    name (pinned_choice); auto only among the formats whose image fits
+    `fit_bytes` (a board's model partition). Raises convert.ConvertError or
+    OSError."""
     from .convert import DRAFTER_STORIES, convert
 
-    img = cached_image_path(model_bin, tokenizer, cache, weights)
+    img = cached_image_path(model_bin, tokenizer, cache, weights, fit_bytes)
     if img.is_file():
         out(f"model image: {img} (already converted from these files)")
         return img
@@ -84,7 +89,7 @@ def converted(model_bin: Path, tokenizer: Path, cache: Path,
     if why:
         out(f"weights: {weights}, as its pins say: {why}")
     rep = convert(model_bin, tokenizer, img, progress=True, drafter_stories=DRAFTER_STORIES,
-                  weights=weights)
+                  weights=weights, fit_bytes=fit_bytes)
     out(rep.size_table())
     if rep.family == "llama2c":
         out(rep.weights_table())

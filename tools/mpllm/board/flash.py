@@ -346,8 +346,11 @@ def check_image(img: Path, limit: int | None = None) -> None:
         raise FlashError(f"{e}. Nothing was written.") from None
 
 
-def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Path:
-    """Convert once per source pair (mpllm.image_cache)."""
+def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner,
+              limit: int | None = None) -> Path:
+    """Convert once per source pair (mpllm.image_cache); a checkpoint's weights
+    chosen (auto) among the formats whose image fits `limit` bytes, the
+    board's model partition."""
     if run.dry_run:
         img = cache / "images" / "<sha256 of the sources>.img"
         run.out(f"convert {model_bin} {tokenizer} -> {img}{image_cache.drafter_note()}")
@@ -355,7 +358,7 @@ def image_for(model_bin: Path, tokenizer: Path, cache: Path, run: Runner) -> Pat
     from ..convert import ConvertError
 
     try:
-        return image_cache.converted(model_bin, tokenizer, cache, run.out)
+        return image_cache.converted(model_bin, tokenizer, cache, run.out, fit_bytes=limit)
     except (ConvertError, OSError) as e:
         raise FlashError(f"conversion failed: {e}") from None
 
@@ -417,7 +420,7 @@ def resolve_model(sources: Path | tuple[Path, Path], cache: Path, run: Runner,
                   limit: int | None = None) -> Path:
     """The image of `sources` (model_sources()): as is, or converted; checked
     (check_image) unless a dry run has not made it."""
-    img = sources if isinstance(sources, Path) else image_for(*sources, cache, run)
+    img = sources if isinstance(sources, Path) else image_for(*sources, cache, run, limit)
     if img.is_file() or not run.dry_run:
         check_image(img, limit)
     return img
