@@ -270,27 +270,11 @@ void LLM_HOT llm_erff4(const float x[4], float y[4]) {
 
 /* ---- IEEE half -------------------------------------------------------- */
 
+/* Every finite half through f32_bits.h's exact widening (the one the
+ * certified head's fp16 scales use); Inf and NaN keep their sign and payload. */
 float llm_half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu;
-    uint32_t man = h & 0x3FFu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            /* subnormal half: normalise into a float exponent */
-            uint32_t e = 127 - 15 + 1;
-            while ((man & 0x400u) == 0) {
-                man <<= 1;
-                e--;
-            }
-            bits = sign | (e << 23) | ((man & 0x3FFu) << 13);
-        }
-    } else if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else {
-        bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
-    }
-    return llm_f32_from_bits(bits);
+    if ((h & 0x7C00u) == 0x7C00u)
+        return llm_f32_from_bits((uint32_t)(h & 0x8000u) << 16 | 0x7F800000u |
+                                 (uint32_t)(h & 0x3FFu) << 13);
+    return llm_f32_from_bits(llm_f16_to_f32_bits(h));
 }
